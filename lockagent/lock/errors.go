@@ -1,0 +1,61 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+var (
+	// ErrWindowTaken: another owner holds the window, or it already finished.
+	ErrWindowTaken = errors.New("window already claimed")
+	// ErrWindowLost: the caller's claim is gone (taken over, finished, or deleted).
+	ErrWindowLost = errors.New("window claim lost")
+	// ErrLeaseHeld: another owner holds a live lease.
+	ErrLeaseHeld = errors.New("lease held by another owner")
+	// ErrLeaseLost: the caller's lease expired at database time or was taken over.
+	ErrLeaseLost = errors.New("lease lost")
+	// ErrUnavailable: the database (or the pooler in front of it) could not be
+	// reached or refused to serve. Callers retry or fail closed.
+	ErrUnavailable = errors.New("database unavailable")
+	// ErrNotFound: no such window or lease.
+	ErrNotFound = errors.New("not found")
+)
+
+// classify maps driver errors onto the package's sentinels at the database
+// boundary, so that callers branch with errors.Is and never on error text.
+func (s *Store) classify(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if unavailable(err) {
+		return fmt.Errorf("%s: %w at %s: %w", op, ErrUnavailable, s.addr, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+func unavailable(err error) bool {
+	if errors.Is(err, context.Canceled) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception (also PgBouncer's own errors)
+			strings.HasPrefix(pgErr.Code, "57P"), // admin shutdown, crash shutdown, cannot connect now
+			pgErr.Code == "53300":                // too many connections
+			return true
+		}
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err) || pgconn.Timeout(err)
+}

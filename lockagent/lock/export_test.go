@@ -1,0 +1,8 @@
+package lock
+
+// ClaimWindowSQL and AcquireLeaseSQL let the benchmark hand pgbench the very
+// statements the Store runs.
+const (
+	ClaimWindowSQL  = qClaimWindow
+	AcquireLeaseSQL = qAcquireLease
+)

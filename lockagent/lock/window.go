@@ -1,0 +1,215 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// State is a window's lifecycle state.
+type State string
+
+const (
+	StateRunning   State = "running"
+	StateSucceeded State = "succeeded"
+	StateFailed    State = "failed"
+	StateSkipped   State = "skipped"
+)
+
+// Window is one row of dislock.windows; times are database times in UTC.
+type Window struct {
+	Key        string     `json:"key"`
+	Start      time.Time  `json:"window"`
+	Owner      string     `json:"owner"`
+	Cluster    string     `json:"cluster"`
+	Pod        string     `json:"pod"`
+	Token      int64      `json:"token"`
+	State      State      `json:"state"`
+	ClaimedAt  time.Time  `json:"claimedAt"`
+	AliveUntil time.Time  `json:"aliveUntil"`
+	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	ExitCode   *int       `json:"exitCode,omitempty"`
+}
+
+// ClaimOutcome says how a successful claim came about.
+type ClaimOutcome string
+
+const (
+	Claimed   ClaimOutcome = "claimed"   // first claimer of the window
+	Reentered ClaimOutcome = "reentered" // the same owner again (a retry of its Job)
+	TookOver  ClaimOutcome = "took-over" // standby took a failed or dead owner's window
+)
+
+// ClaimRequest asks for one window of one key.
+type ClaimRequest struct {
+	Key    string
+	Window time.Time
+	Owner  Owner
+	// TTL is how long the claim stays alive without a heartbeat.
+	TTL time.Duration
+	// Standby allows taking over a window whose owner failed or whose
+	// liveness lapsed at database time.
+	Standby bool
+}
+
+// Validate lists every problem with the request.
+func (r ClaimRequest) Validate() error {
+	var errs []error
+	if r.Key == "" {
+		errs = append(errs, errors.New("key is empty"))
+	}
+	if r.Window.IsZero() {
+		errs = append(errs, errors.New("window is zero (manual runs take no window)"))
+	}
+	if r.TTL <= 0 {
+		errs = append(errs, fmt.Errorf("ttl %s is not positive", r.TTL))
+	}
+	return errors.Join(r.Owner.Validate(), errors.Join(errs...))
+}
+
+// Claim is the result of ClaimWindow. On ErrWindowTaken, Window is the
+// current owner's row and Outcome is empty.
+type Claim struct {
+	Window  Window
+	Outcome ClaimOutcome
+	// DBTime is now() of the statement that decided.
+	DBTime time.Time
+}
+
+// ClaimWindow takes the window for the caller, re-enters the caller's own
+// claim, or (standby) takes over a failed or dead owner's. Anything else is
+// ErrWindowTaken with the owner's row in the result.
+func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) {
+	if err := r.Validate(); err != nil {
+		return Claim{}, fmt.Errorf("claim request: %w", err)
+	}
+	start := r.Window.UTC()
+	// The refusal read can miss the row if an operator deletes it in
+	// between; the claim is then simply tried again.
+	for attempt := 0; attempt < 3; attempt++ {
+		var c Claim
+		var inserted bool
+		row := s.pool.QueryRow(ctx, qClaimWindow, r.Key, start, r.Owner.WindowOwner(), r.Owner.Cluster,
+			r.Owner.Pod, micros(r.TTL), r.Standby)
+		err := scanWindow(row, &c.Window, &inserted, &c.DBTime)
+		switch {
+		case err == nil:
+			switch {
+			case inserted:
+				c.Outcome = Claimed
+			case c.Window.ClaimedAt.Equal(c.DBTime):
+				c.Outcome = TookOver
+			default:
+				c.Outcome = Reentered
+			}
+			return c, nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return Claim{}, s.classify(fmt.Sprintf("claiming window %s of %s", formatWindow(start), r.Key), err)
+		}
+		err = scanWindow(s.pool.QueryRow(ctx, qGetWindow, r.Key, start), &c.Window, &c.DBTime)
+		switch {
+		case err == nil:
+			return c, fmt.Errorf("window %s of %s: %w by %s (%s)", formatWindow(start), r.Key, ErrWindowTaken, c.Window.Owner, c.Window.State)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return Claim{}, s.classify(fmt.Sprintf("reading owner of window %s of %s", formatWindow(start), r.Key), err)
+		}
+	}
+	return Claim{}, fmt.Errorf("claiming window %s of %s: the row kept disappearing", formatWindow(start), r.Key)
+}
+
+// Heartbeat extends the liveness of the caller's running claim and returns
+// the new alive_until. ErrWindowLost when the claim is no longer the caller's.
+func (s *Store) Heartbeat(ctx context.Context, key string, window time.Time, token int64, ttl time.Duration) (aliveUntil, dbTime time.Time, err error) {
+	err = s.pool.QueryRow(ctx, qHeartbeatWindow, key, window.UTC(), token, micros(ttl)).Scan(&aliveUntil, &dbTime)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, time.Time{}, fmt.Errorf("heartbeat of window %s of %s token %d: %w", formatWindow(window), key, token, ErrWindowLost)
+	}
+	if err != nil {
+		return time.Time{}, time.Time{}, s.classify(fmt.Sprintf("heartbeat of window %s of %s", formatWindow(window), key), err)
+	}
+	return aliveUntil.UTC(), dbTime.UTC(), nil
+}
+
+// Finish records the outcome of the caller's claim (succeeded, failed or
+// skipped) at database time. Recording the same outcome twice succeeds.
+func (s *Store) Finish(ctx context.Context, key string, window time.Time, token int64, state State, exitCode *int) (finishedAt time.Time, err error) {
+	if state == StateRunning || state == "" {
+		return time.Time{}, fmt.Errorf("finishing window %s of %s: state %q is not an outcome", formatWindow(window), key, state)
+	}
+	err = s.pool.QueryRow(ctx, qFinishWindow, key, window.UTC(), token, string(state), exitCode).Scan(&finishedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, fmt.Errorf("finishing window %s of %s token %d: %w", formatWindow(window), key, token, ErrWindowLost)
+	}
+	if err != nil {
+		return time.Time{}, s.classify(fmt.Sprintf("finishing window %s of %s", formatWindow(window), key), err)
+	}
+	return finishedAt.UTC(), nil
+}
+
+// GetWindow reads one window; ErrNotFound when there is none.
+func (s *Store) GetWindow(ctx context.Context, key string, window time.Time) (Window, error) {
+	var w Window
+	var dbTime time.Time
+	err := scanWindow(s.pool.QueryRow(ctx, qGetWindow, key, window.UTC()), &w, &dbTime)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Window{}, fmt.Errorf("window %s of %s: %w", formatWindow(window), key, ErrNotFound)
+	}
+	return w, s.classify("reading window", err)
+}
+
+// ListWindows returns the newest windows first, of one key or (key "") all,
+// with the database time.
+func (s *Store) ListWindows(ctx context.Context, key string, limit int) ([]Window, time.Time, error) {
+	return list(ctx, s, "listing windows", scanWindow, qListWindows, key, limit)
+}
+
+// DeleteWindow removes one window so that it can be claimed again (an
+// operator's decision to re-run it). ErrNotFound when there was none.
+func (s *Store) DeleteWindow(ctx context.Context, key string, window time.Time) error {
+	tag, err := s.pool.Exec(ctx, qDeleteWindow, key, window.UTC())
+	if err != nil {
+		return s.classify("deleting window", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("window %s of %s: %w", formatWindow(window), key, ErrNotFound)
+	}
+	return nil
+}
+
+// DefaultRetention is how long finished windows are kept.
+const DefaultRetention = 30 * 24 * time.Hour
+
+// DeleteOldWindows removes windows that started more than retention ago (by
+// database time), except ones whose owner is still alive.
+func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (int64, error) {
+	if retention <= 0 {
+		return 0, fmt.Errorf("retention %s is not positive", retention)
+	}
+	tag, err := s.pool.Exec(ctx, qDeleteOldWindows, micros(retention))
+	if err != nil {
+		return 0, s.classify("deleting old windows", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+func scanWindow(row pgx.Row, w *Window, extra ...any) error {
+	var state string
+	dest := append([]any{&w.Key, &w.Start, &w.Owner, &w.Cluster, &w.Pod, &w.Token, &state,
+		&w.ClaimedAt, &w.AliveUntil, &w.FinishedAt, &w.ExitCode}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return err
+	}
+	w.State = State(state)
+	w.Start, w.ClaimedAt, w.AliveUntil = w.Start.UTC(), w.ClaimedAt.UTC(), w.AliveUntil.UTC()
+	if w.FinishedAt != nil {
+		t := w.FinishedAt.UTC()
+		w.FinishedAt = &t
+	}
+	utc(extra)
+	return nil
+}
+
+func formatWindow(t time.Time) string { return t.UTC().Format(time.RFC3339) }

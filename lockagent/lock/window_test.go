@@ -1,0 +1,201 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/lock"
+)
+
+const ttl = 30 * time.Second
+
+func claim(t *testing.T, s *lock.Store, key string, w time.Time, o lock.Owner, standby bool, ttl time.Duration) (lock.Claim, error) {
+	t.Helper()
+	return s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: w, Owner: o, TTL: ttl, Standby: standby})
+}
+
+func mustClaim(t *testing.T, s *lock.Store, key string, w time.Time, o lock.Owner, standby bool, ttl time.Duration, want lock.ClaimOutcome) lock.Claim {
+	t.Helper()
+	c, err := claim(t, s, key, w, o, standby, ttl)
+	if err != nil {
+		t.Fatalf("claim by %s: %v", o.WindowOwner(), err)
+	}
+	if c.Outcome != want {
+		t.Fatalf("claim by %s: outcome %q, want %q", o.WindowOwner(), c.Outcome, want)
+	}
+	return c
+}
+
+func mustBeTaken(t *testing.T, s *lock.Store, key string, w time.Time, o lock.Owner, standby bool, wantOwner string) lock.Claim {
+	t.Helper()
+	c, err := claim(t, s, key, w, o, standby, ttl)
+	if !errors.Is(err, lock.ErrWindowTaken) {
+		t.Fatalf("claim by %s: err %v, want ErrWindowTaken", o.WindowOwner(), err)
+	}
+	if c.Window.Owner != wantOwner {
+		t.Fatalf("refusal names owner %q, want %q", c.Window.Owner, wantOwner)
+	}
+	return c
+}
+
+func TestFirstClaimerOwnsTheWindowAndOthersAreToldWho(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 4)
+		key := uniqueKey(t)
+		a, b := owner("dc-a", "report-1", "pod-a"), owner("dc-b", "report-1", "pod-b")
+
+		won := mustClaim(t, s, key, window0, a, false, ttl, lock.Claimed)
+		if won.Window.State != lock.StateRunning || won.Window.Cluster != "dc-a" || won.Window.Pod != "pod-a" {
+			t.Fatalf("claimed row = %+v", won.Window)
+		}
+		if got := won.Window.AliveUntil.Sub(won.Window.ClaimedAt); got != ttl {
+			t.Fatalf("alive_until - claimed_at = %s, want the ttl %s", got, ttl)
+		}
+		lost := mustBeTaken(t, s, key, window0, b, false, a.WindowOwner())
+		if lost.Window.Token != won.Window.Token || lost.Window.Cluster != "dc-a" {
+			t.Fatalf("refusal shows %+v, want the owner's row %+v", lost.Window, won.Window)
+		}
+
+		// The owner's Job retries (another pod of the same Job): re-entry, same token.
+		retry := a
+		retry.Pod = "pod-a-retry"
+		again := mustClaim(t, s, key, window0, retry, false, ttl, lock.Reentered)
+		if again.Window.Token != won.Window.Token || !again.Window.ClaimedAt.Equal(won.Window.ClaimedAt) {
+			t.Fatalf("re-entry changed token or claim time: %+v then %+v", won.Window, again.Window)
+		}
+
+		// Once the owner succeeded, everyone skips, even after the run ended.
+		if _, err := s.Finish(context.Background(), key, window0, won.Window.Token, lock.StateSucceeded, ptr(0)); err != nil {
+			t.Fatal(err)
+		}
+		done := mustBeTaken(t, s, key, window0, b, true, a.WindowOwner())
+		if done.Window.State != lock.StateSucceeded || done.Window.FinishedAt == nil || *done.Window.ExitCode != 0 {
+			t.Fatalf("finished row = %+v", done.Window)
+		}
+		// Not even the owner's own Job runs a succeeded window again.
+		mustBeTaken(t, s, key, window0, a, false, a.WindowOwner())
+
+		// The next window is a new claim with a larger token.
+		next := mustClaim(t, s, key, windowAt(1), b, false, ttl, lock.Claimed)
+		if next.Window.Token <= won.Window.Token {
+			t.Fatalf("token %d after %d: tokens must increase", next.Window.Token, won.Window.Token)
+		}
+	})
+}
+
+func TestTokensStrictlyIncreaseWithEveryClaim(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 1)
+		key := uniqueKey(t)
+		var last int64
+		for i := range 50 {
+			c := mustClaim(t, s, key, windowAt(i), owner("dc-a", fmt.Sprint("job-", i), "p"), false, ttl, lock.Claimed)
+			if c.Window.Token <= last {
+				t.Fatalf("window %d: token %d after %d", i, c.Window.Token, last)
+			}
+			last = c.Window.Token
+		}
+	})
+}
+
+// Three clusters, eight claimers each, race for 200 windows of one key.
+func TestContendedWindowsHaveExactlyOneOwnerEach(t *testing.T) {
+	const clusters, claimers, windows = 3, 8, 200
+	eachTarget(t, func(t *testing.T, dsn string) {
+		key := uniqueKey(t)
+		stores := make([]*lock.Store, clusters)
+		for i := range stores {
+			stores[i] = openStore(t, dsn, claimers)
+		}
+		type result struct {
+			window int
+			owner  lock.Owner
+			token  int64
+			won    bool
+			seen   string // the owner a refusal named
+		}
+		results := make(chan result, clusters*claimers*windows)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for c := range clusters {
+			for j := range claimers {
+				wg.Go(func() {
+					// One Job per (cluster, claimer); each visits the windows in its own order.
+					o := owner(fmt.Sprintf("dc-%d", c), fmt.Sprintf("job-%d", j), "pod")
+					order := rand.Perm(windows)
+					<-start
+					for _, w := range order {
+						got, err := stores[c].ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: windowAt(w), Owner: o, TTL: ttl})
+						switch {
+						case err == nil:
+							results <- result{window: w, owner: o, token: got.Window.Token, won: true}
+						case errors.Is(err, lock.ErrWindowTaken):
+							results <- result{window: w, owner: o, seen: got.Window.Owner}
+						default:
+							t.Errorf("claim: %v", err)
+							return
+						}
+					}
+				})
+			}
+		}
+		close(start)
+		wg.Wait()
+		close(results)
+
+		owners := map[int]lock.Owner{}
+		tokens := map[int64]int{}
+		var refusals []result
+		for r := range results {
+			if !r.won {
+				refusals = append(refusals, r)
+				continue
+			}
+			if prev, dup := owners[r.window]; dup {
+				t.Fatalf("window %d owned twice: %s and %s", r.window, prev.WindowOwner(), r.owner.WindowOwner())
+			}
+			owners[r.window] = r.owner
+			if w, dup := tokens[r.token]; dup {
+				t.Fatalf("token %d handed out for windows %d and %d", r.token, w, r.window)
+			}
+			tokens[r.token] = r.window
+		}
+		if len(owners) != windows {
+			t.Fatalf("%d windows have an owner, want %d", len(owners), windows)
+		}
+		if want := clusters*claimers*windows - windows; len(refusals) != want {
+			t.Fatalf("%d refusals, want %d", len(refusals), want)
+		}
+		for _, r := range refusals {
+			if r.seen != owners[r.window].WindowOwner() {
+				t.Fatalf("refusal for window %d named %q, the owner is %q", r.window, r.seen, owners[r.window].WindowOwner())
+			}
+		}
+		// The database agrees, and a retry by each owner re-enters.
+		rows, _, err := stores[0].ListWindows(context.Background(), key, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != windows {
+			t.Fatalf("database has %d windows, want %d", len(rows), windows)
+		}
+		for _, row := range rows {
+			w := int(row.Start.Sub(window0) / time.Minute)
+			if row.Owner != owners[w].WindowOwner() {
+				t.Fatalf("database owner of window %d is %s, the claimer that won was %s", w, row.Owner, owners[w].WindowOwner())
+			}
+		}
+		for w, o := range owners {
+			retry := o
+			retry.Pod = "pod-retry"
+			mustClaim(t, stores[1], key, windowAt(w), retry, false, ttl, lock.Reentered)
+		}
+	})
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,105 @@
+package pgtest
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Credentials of the throwaway cluster. They are constants because the
+// cluster only listens on 127.0.0.1 and lives for one test process.
+const (
+	database          = "dislock"
+	appUser           = "dislock"
+	appPassword       = "dislock-secret"
+	superuser         = "postgres"
+	superuserPassword = "pgtest-superuser-secret"
+)
+
+// Bootstrap SQL, run over the private unix socket as the superuser.
+const (
+	createRoleSQL     = "CREATE ROLE " + appUser + " LOGIN PASSWORD '" + appPassword + "'"
+	createDatabaseSQL = "CREATE DATABASE " + database + " OWNER " + appUser
+)
+
+// postgresConf is appended to the postgresql.conf that initdb wrote, so that a
+// plain `pg_ctl start` (StartPostgres) brings the server back with the same
+// settings.
+func postgresConf(port int, socketDir string) string {
+	return fmt.Sprintf(`
+# --- added by pgtest ---
+listen_addresses = '127.0.0.1'
+port = %d
+unix_socket_directories = %s
+# Only the cluster's owner (and root) may use the socket, which is what makes
+# "trust" on it in pg_hba.conf safe.
+unix_socket_permissions = 0700
+max_connections = 200
+shared_buffers = 32MB
+# Benchmarks and crash tests measure durable commits: never trade these away
+# for speed.
+fsync = on
+synchronous_commit = on
+full_page_writes = on
+# pg_ctl -l captures the server's stderr into postgres.log in the temp dir.
+logging_collector = off
+password_encryption = 'scram-sha-256'
+`, port, pgQuote(socketDir))
+}
+
+// pgHBA replaces initdb's pg_hba.conf: trust on the owner-only unix socket (the
+// harness bootstraps roles through it), SCRAM for everything over TCP so that
+// tests exercise the same authentication path as production.
+const pgHBA = `# TYPE  DATABASE  USER  ADDRESS       METHOD
+local   all       all                 trust
+host    all       all   127.0.0.1/32  scram-sha-256
+`
+
+// bouncerConf is pgbouncer.ini. Settings that differ from PgBouncer's defaults
+// are explained inline.
+func bouncerConf(pgPort, port int, authFile, pidFile string) string {
+	return fmt.Sprintf(`[databases]
+%s = host=127.0.0.1 port=%d dbname=%s
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+; No unix socket: the default (/tmp) would collide between parallel harnesses.
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = %s
+; The admin console (database "pgbouncer") is reachable as the superuser for
+; tests that want SHOW POOLS and friends.
+admin_users = %s
+pool_mode = transaction
+max_client_conn = 200
+default_pool_size = 20
+; pgx sends these on startup; PgBouncer would otherwise refuse the client.
+ignore_startup_parameters = extra_float_digits,options
+server_reset_query =
+; After a failed server login PgBouncer refuses clients for this long. The
+; default (15 s) would make every restart in a crash test cost 15 s.
+server_login_retry = 1
+; No logfile: in the foreground PgBouncer logs to stderr, which the harness
+; sends to pgbouncer.log; a logfile would receive every line a second time.
+pidfile = %s
+`, database, pgPort, database, port, authFile, superuser, pidFile)
+}
+
+// bouncerAuthFile lists plain-text passwords: from them PgBouncer 1.18 both
+// verifies the client's SCRAM exchange and performs its own SCRAM login to
+// PostgreSQL, and the harness need not compute SCRAM secrets itself.
+func bouncerAuthFile() string {
+	return fmt.Sprintf("%s %s\n%s %s\n",
+		bouncerQuote(appUser), bouncerQuote(appPassword),
+		bouncerQuote(superuser), bouncerQuote(superuserPassword))
+}
+
+// pgQuote renders s as a postgresql.conf string literal.
+func pgQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// bouncerQuote renders s as a field of a PgBouncer auth_file.
+func bouncerQuote(s string) string {
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}

@@ -1,0 +1,484 @@
+// Package pgtest starts a private PostgreSQL server, with a PgBouncer in
+// transaction-pooling mode in front of it, for integration and end-to-end
+// tests.
+//
+// A Server owns one temporary directory (data directory, unix socket, configs,
+// logs) and the processes it starts. Close stops them and removes the
+// directory; if the test process dies first (panic, timeout, ^C) a small
+// watchdog process does the same, so no postgres or pgbouncer outlives a test
+// run.
+//
+// Authentication: both servers listen on 127.0.0.1 only and require
+// scram-sha-256 over TCP. The application role "dislock" (password
+// "dislock-secret") owns the database "dislock"; DirectDSN and BouncerDSN use
+// it. SuperuserDSN connects directly as "postgres" with a fixed password; the
+// harness itself bootstraps roles as "postgres" through the unix socket, which
+// uses trust and is only accessible to the server's OS user and root.
+// PgBouncer reads plain-text passwords from its auth_file and logs in to
+// PostgreSQL with SCRAM as the connecting user. Its admin console (database
+// "pgbouncer") accepts the superuser.
+//
+// When the tests run as root, initdb, postgres and pgbouncer run as the
+// "postgres" system user, because they refuse to run as root.
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Options tune a Server; the zero value is fine.
+type Options struct {
+	// Name appears in log lines and the temp directory's name (e.g. "crash").
+	Name string
+	// Logf receives harness progress lines (t.Logf); nil = silent.
+	Logf func(format string, args ...any)
+}
+
+// Target is one way to reach the database: "direct" or "pgbouncer".
+type Target struct {
+	Name, DSN string
+}
+
+// Server is a running PostgreSQL with a PgBouncer in front of it. Its methods
+// are safe for concurrent use.
+type Server struct {
+	opts Options
+	bin  binaries
+	acct account
+	dir  string
+	// pgPort and bouncerPort stay fixed across restarts.
+	pgPort, bouncerPort int
+	wd                  *watchdog
+
+	mu       sync.Mutex
+	closed   bool
+	closeErr error
+	// bouncer is the running pgbouncer, nil when stopped; bouncerExited is
+	// closed once it has been reaped.
+	bouncer       *exec.Cmd
+	bouncerExited chan struct{}
+}
+
+var errClosed = errors.New("pgtest: server is closed")
+
+// bouncerStopGrace is how long pgbouncer gets to exit after SIGTERM before it
+// is killed.
+const bouncerStopGrace = 10 * time.Second
+
+// Start runs initdb in a fresh temp directory, starts postgres on a free
+// 127.0.0.1 port, creates the "dislock" role and database, and starts
+// pgbouncer on another free port. It returns once both accept connections
+// and a query through pgbouncer succeeds. A missing program yields an error
+// wrapping ErrMissingBinary that names the apt packages to install.
+func Start(opts Options) (*Server, error) {
+	bin, err := findBinaries()
+	if err != nil {
+		return nil, err
+	}
+	acct, err := serverAccount()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "pgtest-"+dirLabel(opts.Name)+"-")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: creating temp dir: %w", err)
+	}
+	// The server account must be able to traverse and write the directory;
+	// the data directory inside it is initdb's and stays 0700.
+	if err := errors.Join(acct.checkSearchable(dir), os.Chmod(dir, 0o755), acct.chown(dir)); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("pgtest: preparing %s: %w", dir, err)
+	}
+	wd, err := startWatchdog(dir)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	s := &Server{opts: opts, bin: bin, acct: acct, dir: dir, wd: wd}
+	if err := s.setUp(); err != nil {
+		_ = s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) setUp() error {
+	begun := time.Now()
+	ports, err := freePorts(2)
+	if err != nil {
+		return err
+	}
+	s.pgPort, s.bouncerPort = ports[0], ports[1]
+	if err := s.initdb(); err != nil {
+		return err
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.startPostgresLocked(); err != nil {
+		return err
+	}
+	if _, err := s.run(s.bin.psql, "-X", "-q", "-v", "ON_ERROR_STOP=1",
+		"-h", s.dir, "-p", strconv.Itoa(s.pgPort), "-U", superuser, "-d", "postgres",
+		"-c", createRoleSQL, "-c", createDatabaseSQL); err != nil {
+		return fmt.Errorf("pgtest: creating role and database %q: %w", database, err)
+	}
+	if err := s.writeBouncerConfig(); err != nil {
+		return err
+	}
+	if err := s.startBouncerLocked(); err != nil {
+		return err
+	}
+	s.logf("postgres on %s, pgbouncer (transaction pooling) on %s, files in %s; ready in %v",
+		addr(s.pgPort), addr(s.bouncerPort), s.dir, time.Since(begun).Round(time.Millisecond))
+	return nil
+}
+
+func (s *Server) initdb() error {
+	pwFile := s.path("superuser.pw")
+	if err := s.acct.writeFile(pwFile, superuserPassword+"\n", 0o600); err != nil {
+		return fmt.Errorf("pgtest: writing superuser password file: %w", err)
+	}
+	defer os.Remove(pwFile)
+	// --no-sync skips initdb's final flush of the new cluster to disk, which
+	// only matters if the OS crashes (ending the test run anyway). The
+	// server's own fsync stays on.
+	if _, err := s.run(s.bin.initdb, "-D", s.dataDir(), "-U", superuser, "--pwfile="+pwFile,
+		"--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C", "--no-sync"); err != nil {
+		return fmt.Errorf("pgtest: initdb: %w", err)
+	}
+
+	f, err := os.OpenFile(filepath.Join(s.dataDir(), "postgresql.conf"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("pgtest: configuring postgres: %w", err)
+	}
+	_, err = f.WriteString(postgresConf(s.pgPort, s.dir))
+	if err := errors.Join(err, f.Close()); err != nil {
+		return fmt.Errorf("pgtest: configuring postgres: %w", err)
+	}
+	if err := s.acct.writeFile(filepath.Join(s.dataDir(), "pg_hba.conf"), pgHBA, 0o600); err != nil {
+		return fmt.Errorf("pgtest: writing pg_hba.conf: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) writeBouncerConfig() error {
+	authFile := s.path("pgbouncer.users")
+	if err := s.acct.writeFile(authFile, bouncerAuthFile(), 0o600); err != nil {
+		return fmt.Errorf("pgtest: writing pgbouncer auth_file: %w", err)
+	}
+	conf := bouncerConf(s.pgPort, s.bouncerPort, authFile, s.path("pgbouncer.pid"))
+	if err := s.acct.writeFile(s.path("pgbouncer.ini"), conf, 0o644); err != nil {
+		return fmt.Errorf("pgtest: writing pgbouncer.ini: %w", err)
+	}
+	return nil
+}
+
+// DirectDSN connects straight to postgres as the application role:
+// postgres://dislock:dislock-secret@127.0.0.1:PORT/dislock?sslmode=disable.
+func (s *Server) DirectDSN() string { return dsn(appUser, appPassword, s.pgPort) }
+
+// BouncerDSN is DirectDSN through pgbouncer.
+func (s *Server) BouncerDSN() string { return dsn(appUser, appPassword, s.bouncerPort) }
+
+// SuperuserDSN connects straight to postgres, database "dislock", as the
+// superuser "postgres" with its password over TCP (scram-sha-256).
+func (s *Server) SuperuserDSN() string { return dsn(superuser, superuserPassword, s.pgPort) }
+
+// Targets lists the ways to reach the database: direct, then pgbouncer.
+func (s *Server) Targets() []Target {
+	return []Target{{Name: "direct", DSN: s.DirectDSN()}, {Name: "pgbouncer", DSN: s.BouncerDSN()}}
+}
+
+// Pgbench returns the path of the pgbench matching the server, or "" if it is
+// not installed.
+func (s *Server) Pgbench() string { return s.bin.pgbench }
+
+func dsn(user, password string, port int) string {
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.UserPassword(user, password),
+		Host:     addr(port),
+		Path:     "/" + database,
+		RawQuery: "sslmode=disable",
+	}
+	return u.String()
+}
+
+// StopPostgres runs `pg_ctl stop -m mode` ("smart", "fast" or "immediate";
+// immediate is a crash: recovery runs on the next start) and returns once
+// postgres has exited and its port refuses connections. Stopping a stopped
+// server is a no-op.
+//
+// While postgres is down, direct connections are refused at once, but
+// pgbouncer still accepts clients and queues their queries while it retries
+// the server, for up to query_wait_timeout (PgBouncer's default, 120 s) before
+// failing them: give such queries a context deadline.
+func (s *Server) StopPostgres(mode string) error {
+	switch mode {
+	case "smart", "fast", "immediate":
+	default:
+		return fmt.Errorf("pgtest: StopPostgres mode %q is not a pg_ctl shutdown mode (want smart, fast or immediate)", mode)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	return s.stopPostgresLocked(mode)
+}
+
+// StartPostgres starts postgres again on the same port and data directory and
+// returns once it accepts connections and, if pgbouncer is running, once a
+// query through pgbouncer succeeds again. Starting a running server is a
+// no-op.
+func (s *Server) StartPostgres() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	if err := s.startPostgresLocked(); err != nil {
+		return err
+	}
+	if s.bouncerRunningLocked() {
+		return s.waitBouncerQueryLocked()
+	}
+	return nil
+}
+
+// StopBouncer stops pgbouncer (SIGTERM: immediate shutdown, SIGKILL after
+// 10 s) and returns once it has exited and its port refuses connections.
+// Stopping a stopped pgbouncer is a no-op.
+func (s *Server) StopBouncer() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	return s.stopBouncerLocked()
+}
+
+// StartBouncer starts pgbouncer again on the same port and returns once it
+// accepts connections and, if postgres is running, once a query through it
+// succeeds. Starting a running pgbouncer is a no-op.
+func (s *Server) StartBouncer() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	return s.startBouncerLocked()
+}
+
+// Close stops pgbouncer and then postgres (pg_ctl stop -m fast) and removes
+// the temp directory. It works whatever state the servers are in, and later
+// calls return the first call's result.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return s.closeErr
+	}
+	s.closed = true
+	errs := []error{s.stopBouncerLocked()}
+	if err := s.stopPostgresLocked("fast"); err != nil {
+		errs = append(errs, err)
+		s.killPostgres()
+	}
+	s.wd.stop()
+	if err := os.RemoveAll(s.dir); err != nil {
+		errs = append(errs, fmt.Errorf("pgtest: removing %s: %w", s.dir, err))
+	}
+	s.closeErr = errors.Join(errs...)
+	s.logf("stopped; removed %s", s.dir)
+	return s.closeErr
+}
+
+func (s *Server) startPostgresLocked() error {
+	if s.postgresRunning() {
+		return nil
+	}
+	logFile := s.path("postgres.log")
+	if _, err := s.run(s.bin.pgCtl, "start", "-w", "-t", strconv.Itoa(int(readyTimeout.Seconds())),
+		"-D", s.dataDir(), "-l", logFile); err != nil {
+		return fmt.Errorf("pgtest: starting postgres on %s: %w\n%s", addr(s.pgPort), err, logTail(logFile))
+	}
+	if err := waitAccepting(s.pgPort, nil); err != nil {
+		return fmt.Errorf("pgtest: starting postgres: %w\n%s", err, logTail(logFile))
+	}
+	return nil
+}
+
+func (s *Server) stopPostgresLocked(mode string) error {
+	if !s.postgresRunning() {
+		return nil
+	}
+	if _, err := s.run(s.bin.pgCtl, "stop", "-w", "-t", strconv.Itoa(int(readyTimeout.Seconds())),
+		"-D", s.dataDir(), "-m", mode); err != nil {
+		return fmt.Errorf("pgtest: stopping postgres (-m %s): %w\n%s", mode, err, logTail(s.path("postgres.log")))
+	}
+	return waitRefusing(s.pgPort)
+}
+
+// killPostgres is Close's fallback when pg_ctl could not stop postgres:
+// SIGQUIT makes the postmaster shut down immediately, taking its backends
+// with it.
+func (s *Server) killPostgres() {
+	pid, ok := postmasterPID(s.dataDir())
+	if !ok {
+		return
+	}
+	_ = syscall.Kill(pid, syscall.SIGQUIT)
+	_ = retry(func() error {
+		if s.postgresRunning() {
+			return errors.New("postgres still running")
+		}
+		return nil
+	})
+}
+
+// postgresRunning reports whether the postmaster's lock file exists; pg_ctl
+// relies on the same file.
+func (s *Server) postgresRunning() bool {
+	_, err := os.Stat(filepath.Join(s.dataDir(), "postmaster.pid"))
+	return err == nil
+}
+
+func (s *Server) startBouncerLocked() error {
+	if s.bouncerRunningLocked() {
+		return nil
+	}
+	// pgbouncer runs in the foreground as our child, so that we can signal
+	// and reap it. It logs to stderr, which goes straight to a file: no
+	// copying goroutine, and nothing lost if it dies before its first query.
+	logFile := s.path("pgbouncer.log")
+	out, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("pgtest: starting pgbouncer: %w", err)
+	}
+	cmd := s.command(context.Background(), s.bin.pgbouncer, s.path("pgbouncer.ini"))
+	cmd.Stdout, cmd.Stderr = out, out
+	err = cmd.Start()
+	out.Close()
+	if err != nil {
+		return fmt.Errorf("pgtest: starting pgbouncer: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	s.bouncer, s.bouncerExited = cmd, exited
+
+	if err := waitAccepting(s.bouncerPort, exited); err != nil {
+		_ = s.stopBouncerLocked()
+		return fmt.Errorf("pgtest: starting pgbouncer on %s: %w\n%s", addr(s.bouncerPort), err, logTail(logFile))
+	}
+	if s.postgresRunning() {
+		return s.waitBouncerQueryLocked()
+	}
+	return nil
+}
+
+func (s *Server) stopBouncerLocked() error {
+	if s.bouncer == nil {
+		return nil
+	}
+	_ = s.bouncer.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.bouncerExited:
+	case <-time.After(bouncerStopGrace):
+		_ = s.bouncer.Process.Kill()
+		<-s.bouncerExited
+	}
+	s.bouncer, s.bouncerExited = nil, nil
+	// A killed pgbouncer leaves its pidfile; the watchdog must not act on it.
+	_ = os.Remove(s.path("pgbouncer.pid"))
+	if err := waitRefusing(s.bouncerPort); err != nil {
+		return fmt.Errorf("pgtest: stopping pgbouncer: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) bouncerRunningLocked() bool {
+	if s.bouncer == nil {
+		return false
+	}
+	select {
+	case <-s.bouncerExited:
+		// It died on its own; forget it so that it can be started again.
+		s.bouncer, s.bouncerExited = nil, nil
+		return false
+	default:
+		return true
+	}
+}
+
+// waitBouncerQueryLocked retries a query through pgbouncer until it succeeds:
+// accepting TCP connections does not mean that authentication and the
+// upstream login work, and after a postgres restart pgbouncer may still be
+// waiting out server_login_retry.
+func (s *Server) waitBouncerQueryLocked() error {
+	err := retry(func() error {
+		_, err := s.run(s.bin.psql, "-X", "-q", "-A", "-t", "-d", s.BouncerDSN(), "-c", "select 1")
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pgtest: querying through pgbouncer on %s: %w\n%s\n%s",
+			addr(s.bouncerPort), err, logTail(s.path("pgbouncer.log")), logTail(s.path("postgres.log")))
+	}
+	return nil
+}
+
+// logTails returns the end of every log, for a failing test's output.
+func (s *Server) logTails() string {
+	var b strings.Builder
+	for _, name := range []string{"postgres.log", "pgbouncer.log"} {
+		b.WriteString(logTail(s.path(name)))
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func (s *Server) path(name string) string { return filepath.Join(s.dir, name) }
+
+func (s *Server) dataDir() string { return s.path("data") }
+
+func (s *Server) logf(format string, args ...any) {
+	if s.opts.Logf != nil {
+		s.opts.Logf("pgtest[%s]: "+format, append([]any{dirLabel(s.opts.Name)}, args...)...)
+	}
+}
+
+// dirLabel turns Options.Name into a short, path-safe label. The socket path
+// (dir/.s.PGSQL.port) must stay under the kernel's 107-byte limit.
+func dirLabel(name string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_':
+			b.WriteRune(r)
+		default:
+			b.WriteRune('-')
+		}
+		if b.Len() >= 20 {
+			break
+		}
+	}
+	if b.Len() == 0 {
+		return "pg"
+	}
+	return b.String()
+}
