@@ -113,8 +113,9 @@ func (s Schedule) String() string {
 }
 
 // Next returns the first activation strictly after after, in UTC. It returns
-// the zero Time when the schedule does not fire within five years (robfig's
-// own limit), for the zero Schedule, and for after outside years 1..9999.
+// the zero Time when the schedule does not fire by the end of the fifth year
+// after after (robfig's own limit), for the zero Schedule, and for after
+// outside years 1..9999.
 func (s Schedule) Next(after time.Time) time.Time {
 	if s.spec == nil || after.Year() < 1 || after.Year() > 9999 {
 		return time.Time{}

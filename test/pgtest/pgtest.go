@@ -113,38 +113,65 @@ func Start(opts Options) (*Server, error) {
 	return s, nil
 }
 
+// portAttempts bounds how often Start picks a new port because another process
+// began listening on the one it picked before the server could bind it.
+const portAttempts = 3
+
 func (s *Server) setUp() error {
 	begun := time.Now()
-	ports, err := freePorts(2)
-	if err != nil {
-		return err
-	}
-	s.pgPort, s.bouncerPort = ports[0], ports[1]
 	if err := s.initdb(); err != nil {
 		return err
 	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.startPostgresLocked(); err != nil {
-		return err
+	for attempt := 1; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		s.pgPort = port
+		if err := s.configurePostgres(); err != nil {
+			return err
+		}
+		err = s.startPostgresLocked()
+		if err == nil {
+			break
+		}
+		if attempt == portAttempts || s.postgresRunning() || dial(s.pgPort) != nil {
+			return err
+		}
+		s.logf("port %d was taken before postgres could bind it; picking another", s.pgPort)
 	}
 	if _, err := s.run(s.bin.psql, "-X", "-q", "-v", "ON_ERROR_STOP=1",
 		"-h", s.dir, "-p", strconv.Itoa(s.pgPort), "-U", superuser, "-d", "postgres",
 		"-c", createRoleSQL, "-c", createDatabaseSQL); err != nil {
 		return fmt.Errorf("pgtest: creating role and database %q: %w", database, err)
 	}
-	if err := s.writeBouncerConfig(); err != nil {
-		return err
-	}
-	if err := s.startBouncerLocked(); err != nil {
-		return err
+	for attempt := 1; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		s.bouncerPort = port
+		if err := s.writeBouncerConfig(); err != nil {
+			return err
+		}
+		err = s.startBouncerLocked()
+		if err == nil {
+			break
+		}
+		if attempt == portAttempts || s.bouncerRunningLocked() || dial(s.bouncerPort) != nil {
+			return err
+		}
+		s.logf("port %d was taken before pgbouncer could bind it; picking another", s.bouncerPort)
 	}
 	s.logf("postgres on %s, pgbouncer (transaction pooling) on %s, files in %s; ready in %v",
 		addr(s.pgPort), addr(s.bouncerPort), s.dir, time.Since(begun).Round(time.Millisecond))
 	return nil
 }
 
+// initdb creates the cluster with a superuser password and our pg_hba.conf.
 func (s *Server) initdb() error {
 	pwFile := s.path("superuser.pw")
 	if err := s.acct.writeFile(pwFile, superuserPassword+"\n", 0o600); err != nil {
@@ -158,7 +185,15 @@ func (s *Server) initdb() error {
 		"--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C", "--no-sync"); err != nil {
 		return fmt.Errorf("pgtest: initdb: %w", err)
 	}
+	if err := s.acct.writeFile(filepath.Join(s.dataDir(), "pg_hba.conf"), pgHBA, 0o600); err != nil {
+		return fmt.Errorf("pgtest: writing pg_hba.conf: %w", err)
+	}
+	return nil
+}
 
+// configurePostgres appends our settings for s.pgPort to postgresql.conf; on
+// a retry with another port the later lines win.
+func (s *Server) configurePostgres() error {
 	f, err := os.OpenFile(filepath.Join(s.dataDir(), "postgresql.conf"), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		return fmt.Errorf("pgtest: configuring postgres: %w", err)
@@ -166,9 +201,6 @@ func (s *Server) initdb() error {
 	_, err = f.WriteString(postgresConf(s.pgPort, s.dir))
 	if err := errors.Join(err, f.Close()); err != nil {
 		return fmt.Errorf("pgtest: configuring postgres: %w", err)
-	}
-	if err := s.acct.writeFile(filepath.Join(s.dataDir(), "pg_hba.conf"), pgHBA, 0o600); err != nil {
-		return fmt.Errorf("pgtest: writing pg_hba.conf: %w", err)
 	}
 	return nil
 }
@@ -383,7 +415,9 @@ func (s *Server) startBouncerLocked() error {
 	s.bouncer, s.bouncerExited = cmd, exited
 
 	if err := waitAccepting(s.bouncerPort, exited); err != nil {
-		_ = s.stopBouncerLocked()
+		// Not stopBouncerLocked: if another process holds the port, waiting
+		// for it to refuse connections would be in vain.
+		s.killBouncerLocked()
 		return fmt.Errorf("pgtest: starting pgbouncer on %s: %w\n%s", addr(s.bouncerPort), err, logTail(logFile))
 	}
 	if s.postgresRunning() {
@@ -396,6 +430,16 @@ func (s *Server) stopBouncerLocked() error {
 	if s.bouncer == nil {
 		return nil
 	}
+	s.killBouncerLocked()
+	if err := waitRefusing(s.bouncerPort); err != nil {
+		return fmt.Errorf("pgtest: stopping pgbouncer: %w", err)
+	}
+	return nil
+}
+
+// killBouncerLocked ends pgbouncer (SIGTERM, then SIGKILL after
+// bouncerStopGrace) and reaps it.
+func (s *Server) killBouncerLocked() {
 	_ = s.bouncer.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.bouncerExited:
@@ -406,10 +450,6 @@ func (s *Server) stopBouncerLocked() error {
 	s.bouncer, s.bouncerExited = nil, nil
 	// A killed pgbouncer leaves its pidfile; the watchdog must not act on it.
 	_ = os.Remove(s.path("pgbouncer.pid"))
-	if err := waitRefusing(s.bouncerPort); err != nil {
-		return fmt.Errorf("pgtest: stopping pgbouncer: %w", err)
-	}
-	return nil
 }
 
 func (s *Server) bouncerRunningLocked() bool {
@@ -431,8 +471,17 @@ func (s *Server) bouncerRunningLocked() bool {
 // upstream login work, and after a postgres restart pgbouncer may still be
 // waiting out server_login_retry.
 func (s *Server) waitBouncerQueryLocked() error {
+	// connect_timeout: should pgbouncer have lost its port to another
+	// process, that one may accept connections and never answer.
+	probe := s.BouncerDSN() + "&connect_timeout=5"
+	exited := s.bouncerExited
 	err := retry(func() error {
-		_, err := s.run(s.bin.psql, "-X", "-q", "-A", "-t", "-d", s.BouncerDSN(), "-c", "select 1")
+		select {
+		case <-exited:
+			return errExited
+		default:
+		}
+		_, err := s.run(s.bin.psql, "-X", "-q", "-A", "-t", "-d", probe, "-c", "select 1")
 		return err
 	})
 	if err != nil {

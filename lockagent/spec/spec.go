@@ -1,0 +1,385 @@
+// Package spec owns dislock's user-facing contract: the dislock.io/
+// annotations on a CronJob (or its job template), parsed once into a
+// validated Spec, and the environment the webhook hands the sidecar.
+//
+// It imports nothing from Kubernetes: the sidecar agent links it, and the
+// agent must stay small. The webhook uses the same parser to reject bad
+// CronJobs and Jobs, so what is accepted at apply time is exactly what the
+// agent can run.
+package spec
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Spec is the validated lock request of one CronJob.
+type Spec struct {
+	Mode      Mode
+	Name      string // lock name: dislock.io/key, or the CronJob name
+	Namespace string
+	LeaseTTL  time.Duration
+	Standby   bool
+	Catchup   time.Duration // 0 = unset
+	// Entrypoint is the command to wrap when a container has none; nil = unset.
+	Entrypoint []string
+}
+
+// Key returns the effective lock key, "<namespace>/<name>".
+func (s Spec) Key() string { return s.Namespace + "/" + s.Name }
+
+// FieldError is one bad annotation: which, its value, and what is wrong with
+// it, phrased to read after the value and to end with the allowed values.
+type FieldError struct {
+	Annotation string
+	Value      string
+	Problem    string
+}
+
+// maxShownValue bounds how much of a value an error repeats: annotation
+// values can be large, and admission messages should stay readable.
+const maxShownValue = 120
+
+// Error formats as `annotation dislock.io/lease-ttl: "5" is not a duration
+// (want e.g. "30s", between 5s and 1h)`, or, for a missing or empty value,
+// `annotation dislock.io/mode is required (...)`.
+func (e *FieldError) Error() string {
+	if e.Value == "" {
+		return "annotation " + e.Annotation + " " + e.Problem
+	}
+	return "annotation " + e.Annotation + ": " + quote(e.Value) + " " + e.Problem
+}
+
+// quote shows a value unambiguously; JSON values are backquoted rather than
+// drowned in escapes.
+func quote(v string) string {
+	if len(v) > maxShownValue {
+		cut := maxShownValue
+		for cut > 0 && !utf8.RuneStart(v[cut]) {
+			cut--
+		}
+		v = v[:cut] + "..."
+	}
+	if strings.Contains(v, `"`) && strconv.CanBackquote(v) {
+		return "`" + v + "`"
+	}
+	return strconv.Quote(v)
+}
+
+// FieldErrors returns the *FieldError values in an error from FromAnnotations,
+// in order, e.g. to turn them into an admission response's causes.
+func FieldErrors(err error) []*FieldError {
+	var out []*FieldError
+	var walk func(error)
+	walk = func(err error) {
+		if fe, ok := err.(*FieldError); ok {
+			out = append(out, fe)
+			return
+		}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				walk(e)
+			}
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	return out
+}
+
+// Enabled reports whether the annotations ask for dislock: dislock.io/mode is
+// present (even empty), or any other dislock.io/ annotation except status is.
+// The second half is deliberate: a CronJob with dislock.io/key set and the
+// mode key misspelt must be rejected with an error, not run unlocked in every
+// cluster.
+func Enabled(annotations map[string]string) bool {
+	for k := range annotations {
+		if strings.HasPrefix(k, Prefix) && k != AnnotationStatus {
+			return true
+		}
+	}
+	return false
+}
+
+// Merge returns the dislock annotations that apply to a CronJob's Jobs: the
+// CronJob's own, overridden key by key by its job template's (which the
+// controller copies onto every Job). Only keys under Prefix are kept, never
+// AnnotationStatus. Either map may be nil.
+func Merge(cronJob, jobTemplate map[string]string) map[string]string {
+	out := map[string]string{}
+	for _, src := range []map[string]string{cronJob, jobTemplate} {
+		for k, v := range src {
+			if strings.HasPrefix(k, Prefix) && k != AnnotationStatus {
+				out[k] = v
+			}
+		}
+	}
+	return out
+}
+
+// FromAnnotations parses and validates the dislock annotations of a CronJob in
+// namespace. cronJobName is the default lock name. Surrounding spaces in
+// values are ignored.
+//
+// It reports every problem at once: the error is an errors.Join of
+// *FieldError, one per bad annotation (see FieldErrors), plus a plain error if
+// namespace itself is unusable. On error the returned Spec is the zero Spec.
+func FromAnnotations(annotations map[string]string, namespace, cronJobName string) (Spec, error) {
+	var errs []error
+	bad := func(annotation, value, problem string) {
+		errs = append(errs, &FieldError{Annotation: annotation, Value: value, Problem: problem})
+	}
+	s := Spec{Namespace: namespace, LeaseTTL: DefaultLeaseTTL}
+
+	modeKnown := false
+	if v, ok := annotations[AnnotationMode]; !ok {
+		bad(AnnotationMode, "", "is required "+wantModes)
+	} else if m, problem := parseMode(v); problem != "" {
+		bad(AnnotationMode, v, problem)
+	} else {
+		s.Mode, modeKnown = m, true
+	}
+
+	if v, ok := annotations[AnnotationKey]; ok {
+		switch name := strings.TrimSpace(v); {
+		case name == "":
+			bad(AnnotationKey, v, "is empty (want a name such as \"nightly-report\", or remove it to use the CronJob name)")
+		case !validName(name):
+			bad(AnnotationKey, v, "is not a valid name "+wantName)
+		default:
+			s.Name = name
+		}
+	} else if !validName(cronJobName) {
+		// Only reachable when the caller has no CronJob name to default to.
+		bad(AnnotationKey, "", fmt.Sprintf("is required: the CronJob name %q cannot be the lock name %s", cronJobName, wantName))
+	} else {
+		s.Name = cronJobName
+	}
+
+	if v, ok := annotations[AnnotationLeaseTTL]; ok {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		switch {
+		case err != nil:
+			bad(AnnotationLeaseTTL, v, "is not a duration "+wantLeaseTTL)
+		case d < MinLeaseTTL || d > MaxLeaseTTL:
+			bad(AnnotationLeaseTTL, v, "is out of range (want between 5s and 1h)")
+		default:
+			s.LeaseTTL = d
+		}
+	}
+
+	if v, ok := annotations[AnnotationStandby]; ok {
+		// Exactly true or false: ParseBool's "1", "t" or "F" are not what a
+		// reader of the YAML would expect to be a switch.
+		switch b := strings.TrimSpace(v); {
+		case strings.EqualFold(b, "true"):
+			if modeKnown && !s.Mode.Schedule {
+				bad(AnnotationStandby, v, `needs schedule mode (set dislock.io/mode to "schedule" or "schedule,lease", or remove dislock.io/standby)`)
+			}
+			s.Standby = true
+		case strings.EqualFold(b, "false"):
+		default:
+			bad(AnnotationStandby, v, `is not a boolean (want "true" or "false")`)
+		}
+	}
+
+	if v, ok := annotations[AnnotationCatchup]; ok {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		switch {
+		case err != nil:
+			bad(AnnotationCatchup, v, "is not a duration "+wantCatchup)
+		case d <= 0 || d > MaxCatchup:
+			bad(AnnotationCatchup, v, "is out of range (want more than 0s and at most 24h)")
+		default:
+			s.Catchup = d
+		}
+	}
+
+	if v, ok := annotations[AnnotationEntrypoint]; ok {
+		cmd, problem := parseEntrypoint(v)
+		if problem != "" {
+			bad(AnnotationEntrypoint, v, problem)
+		}
+		s.Entrypoint = cmd
+	}
+
+	for _, k := range slices.Sorted(maps.Keys(annotations)) {
+		if !strings.HasPrefix(k, Prefix) || k == AnnotationStatus || slices.Contains(userAnnotations, k) {
+			continue
+		}
+		hint := "known: " + strings.Join(userAnnotations, ", ")
+		if guess := closest(k); guess != "" {
+			hint = "did you mean " + guess + "? " + hint
+		}
+		bad(k, annotations[k], "is not a dislock annotation ("+hint+")")
+	}
+
+	if !validName(namespace) {
+		errs = append(errs, fmt.Errorf("namespace %q is not a valid namespace name: every lock key is <namespace>/<name>", namespace))
+	}
+	if len(errs) > 0 {
+		return Spec{}, errors.Join(errs...)
+	}
+	return s, nil
+}
+
+const (
+	wantName     = `(want lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters, e.g. "nightly-report")`
+	wantLeaseTTL = `(want e.g. "30s", between 5s and 1h)`
+	wantCatchup  = `(want e.g. "10m", more than 0s and at most 24h)`
+	wantCommand  = `(want a JSON array of non-empty strings, e.g. ["/app/run","--daily"])`
+)
+
+// parseEntrypoint decodes a JSON array of at least one non-empty string.
+func parseEntrypoint(v string) ([]string, string) {
+	t := strings.TrimSpace(v)
+	if t == "" {
+		return nil, "is empty " + wantCommand
+	}
+	var cmd []string
+	// The '[' check rejects "null", which would decode to a nil slice.
+	if !strings.HasPrefix(t, "[") || json.Unmarshal([]byte(t), &cmd) != nil {
+		return nil, "is not a JSON array of strings " + wantCommand
+	}
+	if len(cmd) == 0 {
+		return nil, "is an empty array " + wantCommand
+	}
+	for i, arg := range cmd {
+		if arg == "" {
+			return nil, fmt.Sprintf("has an empty string at index %d %s", i, wantCommand)
+		}
+		if strings.ContainsRune(arg, 0) {
+			// exec cannot pass a NUL byte; fail here, not in every pod.
+			return nil, fmt.Sprintf("has a NUL character at index %d %s", i, wantCommand)
+		}
+	}
+	return cmd, ""
+}
+
+// validName reports whether s is a DNS-1123 subdomain: 1..253 characters of
+// [a-z0-9.-], starting and ending with a letter or digit. Such a name has no
+// '/', so "<namespace>/<name>" always splits back the same way.
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 253 {
+		return false
+	}
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }
+	if !alnum(s[0]) || !alnum(s[len(s)-1]) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !alnum(c) && c != '-' && c != '.' {
+			return false
+		}
+	}
+	return true
+}
+
+// closest suggests the known annotation an unknown dislock.io/ key was
+// probably meant to be, or "".
+func closest(key string) string {
+	norm := func(s string) string {
+		return strings.Map(func(r rune) rune {
+			if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+				return r
+			}
+			if r >= 'A' && r <= 'Z' {
+				return r + 'a' - 'A'
+			}
+			return -1
+		}, strings.TrimPrefix(s, Prefix))
+	}
+	k := norm(key)
+	best, bestDist := "", 3 // suggest only within two edits
+	for _, known := range userAnnotations {
+		if d := editDistance(k, norm(known)); d < bestDist {
+			best, bestDist = known, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance, with a bail-out for long inputs
+// (a key is at most 63 characters after the prefix; anything longer is not a typo).
+func editDistance(a, b string) int {
+	if len(a) > 64 || len(b) > 64 {
+		return len(a) + len(b)
+	}
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// Validate checks a Spec built or changed in code against the same rules
+// FromAnnotations enforces, and lists every problem.
+func (s Spec) Validate() error {
+	var errs []error
+	if s.Mode.IsZero() {
+		errs = append(errs, errors.New("mode is empty "+wantModes))
+	}
+	if !validName(s.Name) {
+		errs = append(errs, fmt.Errorf("name %q is not a valid lock name %s", s.Name, wantName))
+	}
+	if !validName(s.Namespace) {
+		errs = append(errs, fmt.Errorf("namespace %q is not a valid namespace name", s.Namespace))
+	}
+	if s.LeaseTTL < MinLeaseTTL || s.LeaseTTL > MaxLeaseTTL {
+		errs = append(errs, fmt.Errorf("lease TTL %s is out of range (want between 5s and 1h)", s.LeaseTTL))
+	}
+	if s.Standby && !s.Mode.Schedule {
+		errs = append(errs, fmt.Errorf("standby needs schedule mode, not %q", s.Mode))
+	}
+	if s.Catchup < 0 || s.Catchup > MaxCatchup {
+		errs = append(errs, fmt.Errorf("catchup %s is out of range (want 0 for unset, or more than 0s and at most 24h)", s.Catchup))
+	}
+	if s.Entrypoint != nil {
+		b, _ := json.Marshal(s.Entrypoint)
+		if _, problem := parseEntrypoint(string(b)); problem != "" {
+			errs = append(errs, fmt.Errorf("entrypoint %s %s", b, problem))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Annotations renders the Spec back as annotations that FromAnnotations
+// parses to the same Spec, defaults included explicitly.
+func (s Spec) Annotations() map[string]string {
+	a := map[string]string{
+		AnnotationMode:     s.Mode.String(),
+		AnnotationKey:      s.Name,
+		AnnotationLeaseTTL: s.LeaseTTL.String(),
+	}
+	if s.Standby {
+		a[AnnotationStandby] = "true"
+	}
+	if s.Catchup != 0 {
+		a[AnnotationCatchup] = s.Catchup.String()
+	}
+	if s.Entrypoint != nil {
+		b, _ := json.Marshal(s.Entrypoint)
+		a[AnnotationEntrypoint] = string(b)
+	}
+	return a
+}
