@@ -381,10 +381,10 @@ func (s *Server) killPostgres() {
 	})
 }
 
-// postgresRunning reports whether the postmaster's lock file exists; pg_ctl
-// relies on the same file.
+// postgresRunning asks pg_ctl, which also recognises a lock file left behind
+// by a postmaster that was killed.
 func (s *Server) postgresRunning() bool {
-	_, err := os.Stat(filepath.Join(s.dataDir(), "postmaster.pid"))
+	_, err := s.run(s.bin.pgCtl, "status", "-D", s.dataDir())
 	return err == nil
 }
 

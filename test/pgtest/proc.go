@@ -199,11 +199,6 @@ func freePort() (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("pgtest: finding a free port: %w", err)
 	}
-	if stealCount < 4 && stealCount != 1 {
-		stealCount++
-		return l.Addr().(*net.TCPAddr).Port, nil
-	}
-	stealCount++
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
@@ -297,5 +292,3 @@ func postmasterPID(dataDir string) (pid int, ok bool) {
 	pid, err = strconv.Atoi(strings.TrimSpace(first))
 	return pid, err == nil
 }
-
-var stealCount = 1
