@@ -43,6 +43,9 @@ type Options struct {
 	Name string
 	// Logf receives harness progress lines (t.Logf); nil = silent.
 	Logf func(format string, args ...any)
+	// PostgresEnv is extra environment for the postgres server, e.g.
+	// FakeClockEnv's, to give the database a clock other than the tests'.
+	PostgresEnv []string
 }
 
 // Target is one way to reach the database: "direct" or "pgbouncer".
@@ -343,7 +346,7 @@ func (s *Server) startPostgresLocked() error {
 		return nil
 	}
 	logFile := s.path("postgres.log")
-	if _, err := s.run(s.bin.pgCtl, "start", "-w", "-t", strconv.Itoa(int(readyTimeout.Seconds())),
+	if _, err := s.runEnv(s.opts.PostgresEnv, s.bin.pgCtl, "start", "-w", "-t", strconv.Itoa(int(readyTimeout.Seconds())),
 		"-D", s.dataDir(), "-l", logFile); err != nil {
 		return fmt.Errorf("pgtest: starting postgres on %s: %w\n%s", addr(s.pgPort), err, logTail(logFile))
 	}

@@ -113,9 +113,16 @@ func (s *Server) command(ctx context.Context, path string, args ...string) *exec
 
 // run runs a command to completion; the error carries its output.
 func (s *Server) run(path string, args ...string) (string, error) {
+	return s.runEnv(nil, path, args...)
+}
+
+// runEnv is run with extra environment variables.
+func (s *Server) runEnv(env []string, path string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 	defer cancel()
-	out, err := s.command(ctx, path, args...).CombinedOutput()
+	cmd := s.command(ctx, path, args...)
+	cmd.Env = append(cmd.Env, env...)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("%s: %w: %s", filepath.Base(path), err, strings.TrimSpace(string(out)))
 	}

@@ -30,10 +30,7 @@ func New(t testing.TB, opts Options) *Server {
 	}
 	s, err := Start(opts)
 	if err != nil {
-		if errors.Is(err, ErrMissingBinary) && !inCI() {
-			t.Skipf("%v", err)
-		}
-		t.Fatalf("%v", err)
+		Missing(t, err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -96,9 +93,17 @@ func Need(t testing.TB) *Server {
 	if !mainCalled {
 		t.Fatalf("pgtest: no shared server: call os.Exit(pgtest.Main(m, pgtest.Options{})) from TestMain")
 	}
-	if inCI() {
-		t.Fatalf("%v (CI=true)", sharedErr)
-	}
-	t.Skipf("%v", sharedErr)
+	Missing(t, sharedErr)
 	return nil
+}
+
+// Missing ends a test that cannot get a component: a missing program
+// (ErrMissingBinary) skips it, except under CI=true, where everything must be
+// installed and it fails; any other error fails it.
+func Missing(t testing.TB, err error) {
+	t.Helper()
+	if errors.Is(err, ErrMissingBinary) && !inCI() {
+		t.Skipf("%v", err)
+	}
+	t.Fatalf("%v", err)
 }
