@@ -40,6 +40,10 @@ const (
 	// strictly increasing token of this acquisition, for downstream systems
 	// to reject a stale holder.
 	EnvFencingToken = "DISLOCK_FENCING_TOKEN"
+	// EnvContainerName is set by the webhook on each app container: the
+	// wrapper names its result file results/<container> after it, so the
+	// agent's outcome can say which container failed.
+	EnvContainerName = "DISLOCK_CONTAINER_NAME"
 )
 
 // Defaults of the env variables that have one.

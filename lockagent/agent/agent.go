@@ -1,0 +1,200 @@
+// Package agent is the lock agent: the native sidecar the webhook injects
+// into every pod of an opted-in CronJob. It runs in phases — install (copy
+// itself where the wrappers can exec it), decide (claim the window, then the
+// lease, at database time), supervise (heartbeat, keep the safety deadline,
+// revoke before the database could give the lease away) and record (on
+// SIGTERM: the outcome, the release, the termination message). Each phase is
+// a method testable on its own; the agent imports no Kubernetes code.
+package agent
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/protocol"
+)
+
+// Main runs the agent until SIGTERM and returns its exit code: 0 whenever it
+// got to record (a native sidecar that exits non-zero is restarted, and a
+// skip must end as a successful Job), 64 for unusable flags.
+func Main(args []string, getenv func(string) string, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	return run(ctx, args, getenv, stderr)
+}
+
+type agent struct {
+	cfg   Config
+	store *lock.Store
+	dir   protocol.Dir
+	log   *slog.Logger
+
+	decision    protocol.Decision
+	window      time.Time // the window this pod claimed (zero: none)
+	windowToken int64     // our claim's token, 0 when no window is held
+	leaseToken  int64     // our lease's token, 0 when no lease is held
+	// Safety deadlines (CLOCK_MONOTONIC ns) of the window's liveness and of
+	// the lease; see deadline().
+	windowUntil, leaseUntil int64
+	revoked                 bool
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
+	cfg, cfgErr := parseConfig(args, getenv, stderr)
+	if errors.Is(cfgErr, flag.ErrHelp) {
+		return 0
+	}
+	if cfg.SharedDir == "" {
+		fmt.Fprintf(stderr, "dislock-agent agent: %v\n", cfgErr)
+		return 64
+	}
+	a := &agent{cfg: cfg, dir: protocol.Dir(cfg.SharedDir), log: newLogger(stderr, cfg.WallClockOffset)}
+	if err := a.install(); err != nil {
+		a.log.Error("installing the wrapper binary failed; app containers cannot start", "err", err)
+	}
+	if cfgErr != nil {
+		a.publish(protocol.Decision{Action: protocol.ActionError, Key: cfg.Key, Reason: "bad agent configuration: " + cfgErr.Error()})
+		<-ctx.Done()
+		return 0
+	}
+	store, err := lock.Open(ctx, cfg.DatabaseURL, lock.Options{MaxConns: 2})
+	if err != nil {
+		a.publish(protocol.Decision{Action: protocol.ActionError, Key: cfg.Key, Reason: err.Error()})
+		<-ctx.Done()
+		return 0
+	}
+	defer store.Close()
+	a.store = store
+
+	if prev, ok, err := a.dir.ReadDecision(); err == nil && ok {
+		a.resume(ctx, prev)
+	} else {
+		a.decide(ctx)
+	}
+	a.supervise(ctx)
+	a.record()
+	return 0
+}
+
+// newLogger writes JSON lines. Log timestamps are the only use of the local
+// wall clock, and the test-only offset shifts exactly them.
+func newLogger(w io.Writer, offset time.Duration) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey && len(groups) == 0 && offset != 0 {
+			a.Value = slog.TimeValue(a.Value.Time().Add(offset))
+		}
+		return a
+	}})).With("component", "dislock-agent", "pid", os.Getpid())
+}
+
+// install copies the agent's own executable into the shared directory, where
+// the app containers' wrapped commands exec it. Atomic, so a wrapper never
+// runs a half-copied binary.
+func (a *agent) install() error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	src, err := os.Open(self)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst := a.dir.Path(protocol.BinPath)
+	if err := os.MkdirAll(a.dir.Path("bin"), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(a.dir.Path("bin"), ".dislock-agent.*")
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(tmp, src)
+	err = errors.Join(err, tmp.Chmod(0o555), tmp.Close())
+	if err == nil {
+		err = os.Rename(tmp.Name(), dst)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+	}
+	return err
+}
+
+// publish writes the deadline (when something can expire) before the
+// decision, so a wrapper that sees "run" always sees the deadline too; then
+// the termination message and the decision log line.
+func (a *agent) publish(d protocol.Decision) {
+	if d.Action == protocol.ActionRun {
+		d.KillGrace = protocol.Duration(a.cfg.KillGrace())
+		if dl := a.deadline(); dl != 0 {
+			if err := a.dir.WriteDeadline(dl); err != nil {
+				a.log.Error("writing the deadline failed", "err", err)
+			}
+		}
+	}
+	a.decision = d
+	if err := a.dir.WriteDecision(d); err != nil {
+		a.log.Error("writing the decision failed", "err", err)
+	}
+	a.terminationMessage(fmt.Sprintf("%s: %s", d.Action, d.Reason))
+	a.log.Info("decision", "action", d.Action, "key", d.Key, "window", d.Window, "owner", d.Owner, "token", d.Token, "reason", d.Reason)
+}
+
+func (a *agent) terminationMessage(msg string) {
+	if len(msg) > 4000 {
+		msg = msg[:4000]
+	}
+	if err := os.WriteFile(a.cfg.TerminationLog, []byte(msg+"\n"), 0o644); err != nil {
+		a.log.Warn("writing the termination message failed", "path", a.cfg.TerminationLog, "err", err)
+	}
+}
+
+// callTimeout bounds one database call: PgBouncer queues a query while its
+// server is down, and a heartbeat that hangs is as bad as one that failed.
+func (a *agent) callTimeout() time.Duration { return min(5*time.Second, a.cfg.HeartbeatInterval()) }
+
+// retry runs op until it succeeds, fails for a reason other than an
+// unreachable database, or ctx ends (then it returns op's last error).
+func (a *agent) retry(ctx context.Context, what string, op func(ctx context.Context) error) error {
+	backoff := 100 * time.Millisecond
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, a.callTimeout())
+		err := op(callCtx)
+		cancel()
+		if err == nil || !errors.Is(err, lock.ErrUnavailable) {
+			return err
+		}
+		a.log.Warn("database unavailable, retrying", "op", what, "in", backoff.String(), "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// pollInterval paces waiting (standby, a retry pod waiting for its
+// predecessor's lease): often enough to take over soon after expiry.
+func (a *agent) pollInterval() time.Duration {
+	return min(max(a.cfg.TTL/10, 100*time.Millisecond), 2*time.Second)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

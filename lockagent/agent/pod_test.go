@@ -1,0 +1,356 @@
+package agent_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+// agentBin is dislock-agent built once for the package's tests: every
+// simulated pod runs it twice, as the sidecar and (from the copy the sidecar
+// installs in the shared directory) as the wrapper.
+var agentBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "dislock-agent-test-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		agentBin = filepath.Join(dir, "dislock-agent")
+		if out, err := exec.Command("go", "build", "-o", agentBin, "../cmd/dislock-agent").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "building dislock-agent: %v\n%s", err, out)
+			return 1
+		}
+		return pgtest.Main(m, pgtest.Options{Name: "agent"})
+	}())
+}
+
+var keySeq atomic.Int64
+
+func uniqueKey(t *testing.T) string {
+	return fmt.Sprintf("agent-%d/%s", keySeq.Add(1), strings.ToLower(strings.NewReplacer("/", "-", " ", "-", "_", "-").Replace(t.Name())))
+}
+
+// job describes what the CronJob of every simulated cluster looks like.
+type job struct {
+	dsn     string
+	key     string
+	mode    string
+	ttl     time.Duration
+	standby bool
+	catchup string
+	ledger  string // file the apps append start/stop lines to
+	extra   []string
+}
+
+// podSpec is one cluster's pod of one window.
+type podSpec struct {
+	cluster string
+	window  time.Time // zero: manual run
+	jobName string    // default <key name>-<minutes>
+	podName string    // default jobName-pod
+	// app is the shell script the wrapped container runs.
+	app string
+	// agentArgs are extra flags for the sidecar.
+	agentArgs []string
+	// clock shifts the agent's local wall clock (test-only flag).
+	clock time.Duration
+}
+
+// pod is a simulated Kubernetes pod: a sidecar process and one wrapped app
+// container process sharing a directory, started in the kubelet's order.
+type pod struct {
+	t          *testing.T
+	spec       podSpec
+	dir        string
+	termLog    string
+	env        []string
+	agent      *exec.Cmd
+	agentDone  chan struct{}
+	agentLog   *syncBuffer
+	wrapper    *exec.Cmd
+	wrapperLog *syncBuffer
+	exit       int
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func (j job) env(p podSpec, dir, termLog string) []string {
+	env := []string{
+		"PATH=" + os.Getenv("PATH"),
+		"DISLOCK_MODE=" + j.mode,
+		"DISLOCK_KEY=" + j.key,
+		"DISLOCK_LEASE_TTL=" + j.ttl.String(),
+		"DISLOCK_STANDBY=" + strconv.FormatBool(j.standby),
+		"DISLOCK_CATCHUP=" + j.catchup,
+		"DISLOCK_CLUSTER=" + p.cluster,
+		"DISLOCK_JOB_NAME=" + p.jobName,
+		"DISLOCK_JOB_UID=uid-" + p.cluster + "-" + p.jobName,
+		"DISLOCK_POD_NAME=" + p.podName,
+		"DISLOCK_DATABASE_URL=" + j.dsn,
+		"DISLOCK_SHARED_DIR=" + dir,
+		"DISLOCK_TERMINATION_LOG=" + termLog,
+		"LEDGER=" + j.ledger,
+		"CLUSTER=" + p.cluster,
+	}
+	if !p.window.IsZero() {
+		env = append(env, "DISLOCK_WINDOW="+p.window.UTC().Format(time.RFC3339))
+	}
+	return append(env, j.extra...)
+}
+
+// start runs the sidecar, waits for its startupProbe to pass, then starts
+// the wrapped app container, as the kubelet does.
+func (j job) start(t *testing.T, p podSpec) *pod {
+	t.Helper()
+	if p.jobName == "" {
+		_, name, _ := strings.Cut(j.key, "/")
+		minutes := p.window.Unix() / 60
+		if p.window.IsZero() {
+			minutes = time.Now().UnixNano()
+		}
+		p.jobName = fmt.Sprintf("%s-%d", name, minutes)
+	}
+	if p.podName == "" {
+		p.podName = p.jobName + "-pod"
+	}
+	dir := t.TempDir()
+	po := &pod{t: t, spec: p, dir: dir, termLog: filepath.Join(dir, "termination-log"), agentLog: &syncBuffer{}, wrapperLog: &syncBuffer{}}
+	po.env = j.env(p, dir, po.termLog)
+	po.startAgent()
+	t.Cleanup(po.kill)
+	po.awaitProbe()
+	po.wrapper = exec.Command(filepath.Join(dir, protocol.BinPath), "exec", "--", "/bin/sh", "-c", p.app)
+	po.wrapper.Env = po.env
+	po.wrapper.Stdout, po.wrapper.Stderr = po.wrapperLog, po.wrapperLog
+	if err := po.wrapper.Start(); err != nil {
+		t.Fatalf("starting the wrapper: %v", err)
+	}
+	return po
+}
+
+func (po *pod) startAgent() {
+	args := append([]string{"agent"}, po.spec.agentArgs...)
+	if po.spec.clock != 0 {
+		args = append(args, "--test-wall-clock-offset="+po.spec.clock.String())
+	}
+	po.agent = exec.Command(agentBin, args...)
+	po.agent.Env = po.env
+	po.agent.Stdout, po.agent.Stderr = po.agentLog, po.agentLog
+	if err := po.agent.Start(); err != nil {
+		po.t.Fatalf("starting the agent: %v", err)
+	}
+	done := make(chan struct{})
+	po.agentDone = done
+	go func(cmd *exec.Cmd) { cmd.Wait(); close(done) }(po.agent)
+}
+
+// awaitProbe polls `dislock-agent probe` like the startupProbe does.
+func (po *pod) awaitProbe() {
+	po.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		probe := exec.Command(agentBin, "probe")
+		probe.Env = po.env
+		if probe.Run() == nil {
+			return
+		}
+		select {
+		case <-po.agentDone:
+			po.t.Fatalf("agent exited before deciding:\n%s", po.agentLog)
+		default:
+		}
+		if time.Now().After(deadline) {
+			po.t.Fatalf("no decision after 60s:\n%s", po.agentLog)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// finish waits for the app container to exit, then stops the sidecar the way
+// the kubelet stops native sidecars (SIGTERM) and waits for it.
+func (po *pod) finish() int {
+	po.t.Helper()
+	po.waitWrapper()
+	po.stopAgent()
+	return po.exit
+}
+
+func (po *pod) waitWrapper() {
+	po.t.Helper()
+	err := po.wrapper.Wait()
+	po.exit = po.wrapper.ProcessState.ExitCode()
+	if po.exit < 0 {
+		po.t.Fatalf("wrapper: %v\n%s", err, po.wrapperLog)
+	}
+}
+
+func (po *pod) stopAgent() {
+	po.t.Helper()
+	if err := po.agent.Process.Signal(syscall.SIGTERM); err == nil {
+		select {
+		case <-po.agentDone:
+		case <-time.After(30 * time.Second):
+			po.t.Fatalf("agent did not stop after SIGTERM:\n%s", po.agentLog)
+		}
+	}
+	if code := po.agent.ProcessState.ExitCode(); code != 0 {
+		po.t.Fatalf("agent exited %d:\n%s", code, po.agentLog)
+	}
+}
+
+func (po *pod) kill() {
+	for _, c := range []*exec.Cmd{po.wrapper, po.agent} {
+		if c != nil && c.Process != nil && c.ProcessState == nil {
+			c.Process.Kill()
+		}
+	}
+	if po.t.Failed() {
+		po.t.Logf("pod %s/%s agent log:\n%s\nwrapper log:\n%s", po.spec.cluster, po.spec.podName, po.agentLog, po.wrapperLog)
+	}
+}
+
+func (po *pod) decision() protocol.Decision {
+	po.t.Helper()
+	d, ok, err := protocol.Dir(po.dir).ReadDecision()
+	if !ok || err != nil {
+		po.t.Fatalf("no decision: %v", err)
+	}
+	return d
+}
+
+func (po *pod) terminationMessage() string {
+	b, _ := os.ReadFile(po.termLog)
+	return strings.TrimSpace(string(b))
+}
+
+// app scripts. Each appends "start" and "stop" lines with the cluster, the
+// window, the fencing token and a nanosecond timestamp to the ledger, and
+// stops promptly (recording it) on SIGTERM.
+func app(seconds float64, exitCode int) string {
+	return fmt.Sprintf(`line() { echo "$1 $CLUSTER ${DISLOCK_WINDOW:-manual} $DISLOCK_FENCING_TOKEN $(date +%%s%%N)" >> "$LEDGER"; }
+line start
+trap 'line stop; exit 143' TERM
+sleep %g & wait $!
+line stop
+exit %d`, seconds, exitCode)
+}
+
+type run struct {
+	cluster, window string
+	token           int64
+	start, stop     int64
+}
+
+// readLedger pairs start and stop lines per cluster and window.
+func readLedger(t *testing.T, path string) []run {
+	t.Helper()
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var runs []run
+	open := map[string]int{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var ev, cluster, window string
+		var token, ts int64
+		if _, err := fmt.Sscan(sc.Text(), &ev, &cluster, &window, &token, &ts); err != nil {
+			t.Fatalf("ledger line %q: %v", sc.Text(), err)
+		}
+		id := cluster + " " + window
+		switch ev {
+		case "start":
+			open[id] = len(runs)
+			runs = append(runs, run{cluster: cluster, window: window, token: token, start: ts})
+		case "stop":
+			runs[open[id]].stop = ts
+		}
+	}
+	return runs
+}
+
+// assertNoOverlap fails if two runs were ever active at the same time, and
+// if a later start carries an older fencing token.
+func assertNoOverlap(t *testing.T, runs []run) {
+	t.Helper()
+	sorted := slices.Clone(runs)
+	slices.SortFunc(sorted, func(a, b run) int { return int(a.start - b.start) })
+	for i, r := range sorted {
+		if r.stop == 0 {
+			t.Fatalf("run %+v never recorded its stop", r)
+		}
+		if i > 0 {
+			prev := sorted[i-1]
+			if r.start < prev.stop {
+				t.Fatalf("runs overlap: %+v started %s before %+v stopped", r, time.Duration(prev.stop-r.start), prev)
+			}
+			if r.token <= prev.token {
+				t.Fatalf("run %+v has token %d after a run with token %d", r, r.token, prev.token)
+			}
+		}
+	}
+}
+
+func openStore(t *testing.T, dsn string) *lock.Store {
+	t.Helper()
+	s, err := lock.Open(context.Background(), dsn, lock.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if _, err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// awaitFile waits for a condition on the shared files or the ledger.
+func await(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

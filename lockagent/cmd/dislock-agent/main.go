@@ -1,0 +1,59 @@
+// Command dislock-agent is copied into every pod of an opted-in CronJob:
+//
+//	dislock-agent agent            the native sidecar: decide, heartbeat, record
+//	dislock-agent exec -- CMD...   the wrapper around each app container's command
+//	dislock-agent probe            the sidecar's startupProbe: exit 0 once a decision exists
+//	dislock-agent version
+//
+// It links no Kubernetes client code, to stay small (it is in every pod).
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/dislock/dislock/internal/version"
+	"github.com/dislock/dislock/lockagent/agent"
+	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/wrapper"
+
+	// CronJobs name IANA zones; a static binary in a minimal image may
+	// have no zoneinfo files.
+	_ "time/tzdata"
+)
+
+const usage = "usage: dislock-agent agent | exec [flags] -- CMD [ARGS...] | probe | version"
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, usage)
+		os.Exit(64)
+	}
+	switch os.Args[1] {
+	case "agent":
+		os.Exit(agent.Main(os.Args[2:], os.Getenv, os.Stderr))
+	case "exec":
+		os.Exit(wrapper.Main(os.Args[2:], os.Getenv, os.Stdout, os.Stderr))
+	case "probe":
+		os.Exit(probe())
+	case "version":
+		fmt.Printf("dislock-agent %s (commit %s)\n", version.Version, version.Commit)
+	default:
+		fmt.Fprintf(os.Stderr, "dislock-agent: unknown command %q\n%s\n", os.Args[1], usage)
+		os.Exit(64)
+	}
+}
+
+// probe succeeds once the agent has published a decision, so the kubelet
+// starts the app containers only then.
+func probe() int {
+	dir := os.Getenv(spec.EnvSharedDir)
+	if dir == "" {
+		dir = spec.DefaultSharedDir
+	}
+	if _, ok, err := protocol.Dir(dir).ReadDecision(); !ok || err != nil {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,232 @@
+// Package protocol is the file contract between the lock agent (the sidecar)
+// and the wrapper in each app container. The two share an emptyDir and the
+// node's kernel, nothing else: no network, no shared process namespace. So
+// the agent publishes its decision, a monotonic deadline and a revocation as
+// files, and the wrappers publish their results the same way. Every write is
+// atomic (write a temp file, then rename), so a reader never sees half a file.
+package protocol
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Paths relative to the shared directory.
+const (
+	BinPath      = "bin/dislock-agent"
+	DecisionFile = "decision"
+	DeadlineFile = "deadline"
+	RevokedFile  = "revoked"
+	ResultsDir   = "results"
+)
+
+// Action is what the app containers are told to do.
+type Action string
+
+const (
+	ActionRun   Action = "run"
+	ActionSkip  Action = "skip"
+	ActionError Action = "error"
+)
+
+// Decision is the agent's verdict for this pod.
+type Decision struct {
+	Action Action `json:"action"`
+	// Reason is one human sentence: why this pod runs, skips or failed.
+	Reason string `json:"reason"`
+	// Token is the fencing token (run only; 0 for an unlocked manual run).
+	Token int64 `json:"token,omitempty"`
+	// Window is the schedule window, RFC 3339 UTC, "" for a manual run.
+	Window string `json:"window"`
+	// Key is the effective lock key <namespace>/<name>.
+	Key string `json:"key"`
+	// Owner is who owns the window or lease: this pod's Job on run, the
+	// other owner on skip.
+	Owner string `json:"owner,omitempty"`
+	// KillGrace is how long a wrapper waits between SIGTERM and SIGKILL when
+	// the lease is lost; the agent sizes it to fit inside its safety margin.
+	KillGrace Duration `json:"killGrace,omitempty"`
+}
+
+// Duration marshals as a Go duration string.
+type Duration time.Duration
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	*d = Duration(v)
+	return err
+}
+
+// Result is what a wrapper reports about its app when it ends.
+type Result struct {
+	// Ran is false when the wrapper skipped or failed before starting the app.
+	Ran      bool   `json:"ran"`
+	ExitCode int    `json:"exitCode"`
+	Signal   string `json:"signal,omitempty"`
+	// Revoked: the wrapper stopped the app because the lease was lost.
+	Revoked  bool      `json:"revoked,omitempty"`
+	Started  time.Time `json:"started,omitzero"`
+	Finished time.Time `json:"finished,omitzero"`
+}
+
+// Dir is the shared directory (DISLOCK_SHARED_DIR, /dislock in a pod).
+type Dir string
+
+// Path joins name onto the shared directory.
+func (d Dir) Path(name string) string { return filepath.Join(string(d), name) }
+
+// WriteDecision publishes the decision atomically.
+func (d Dir) WriteDecision(dec Decision) error {
+	b, err := json.Marshal(dec)
+	if err != nil {
+		return err
+	}
+	return writeAtomic(d.Path(DecisionFile), append(b, '\n'), 0o644)
+}
+
+// ReadDecision returns the decision, or ok=false when there is none yet.
+func (d Dir) ReadDecision() (dec Decision, ok bool, err error) {
+	b, err := os.ReadFile(d.Path(DecisionFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return Decision{}, false, nil
+	}
+	if err != nil {
+		return Decision{}, false, err
+	}
+	if err := json.Unmarshal(b, &dec); err != nil {
+		return Decision{}, false, fmt.Errorf("decision file %s: %w", d.Path(DecisionFile), err)
+	}
+	switch dec.Action {
+	case ActionRun, ActionSkip, ActionError:
+		return dec, true, nil
+	}
+	return Decision{}, false, fmt.Errorf("decision file %s: unknown action %q", d.Path(DecisionFile), dec.Action)
+}
+
+// WriteDeadline publishes the CLOCK_MONOTONIC instant (ns) until which the
+// holder may act.
+func (d Dir) WriteDeadline(monoNanos int64) error {
+	return writeAtomic(d.Path(DeadlineFile), []byte(strconv.FormatInt(monoNanos, 10)+"\n"), 0o644)
+}
+
+// ReadDeadline returns the deadline, or ok=false when none was written (the
+// pod holds nothing that can expire).
+func (d Dir) ReadDeadline() (monoNanos int64, ok bool, err error) {
+	b, err := os.ReadFile(d.Path(DeadlineFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("deadline file %s: %w", d.Path(DeadlineFile), err)
+	}
+	return v, true, nil
+}
+
+// Revoke tells the wrappers the lease is lost; reason is kept for the logs.
+func (d Dir) Revoke(reason string) error {
+	return writeAtomic(d.Path(RevokedFile), []byte(reason+"\n"), 0o644)
+}
+
+// Revoked reports whether the lease was revoked, and why. A revoked file
+// that exists but cannot be read counts as revoked: fail closed.
+func (d Dir) Revoked() (bool, string) {
+	b, err := os.ReadFile(d.Path(RevokedFile))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, ""
+	case err != nil:
+		return true, "revoked file unreadable: " + err.Error()
+	}
+	return true, strings.TrimSpace(string(b))
+}
+
+// WriteResult records one wrapper's result under results/<name>.
+func (d Dir) WriteResult(name string, r Result) error {
+	if name == "" || strings.ContainsAny(name, `/\`) || strings.HasPrefix(name, ".") {
+		return fmt.Errorf("result name %q is not a plain file name (no '/', no leading '.')", name)
+	}
+	if err := os.MkdirAll(d.Path(ResultsDir), 0o755); err != nil {
+		return err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return writeAtomic(filepath.Join(d.Path(ResultsDir), name), append(b, '\n'), 0o644)
+}
+
+// ReadResults returns every wrapper's result by name.
+func (d Dir) ReadResults() (map[string]Result, error) {
+	entries, err := os.ReadDir(d.Path(ResultsDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return map[string]Result{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]Result, len(entries))
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue // a write in progress
+		}
+		b, err := os.ReadFile(filepath.Join(d.Path(ResultsDir), e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		var r Result
+		if err := json.Unmarshal(b, &r); err != nil {
+			return nil, fmt.Errorf("result file %s: %w", e.Name(), err)
+		}
+		out[e.Name()] = r
+	}
+	return out, nil
+}
+
+// MonotonicNow is CLOCK_MONOTONIC in nanoseconds. Containers of one pod share
+// the node's kernel, so the agent and the wrappers read the same clock; it
+// never jumps with NTP or a skewed wall clock.
+func MonotonicNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(fmt.Sprintf("clock_gettime(CLOCK_MONOTONIC): %v", err)) // cannot fail on Linux
+	}
+	return ts.Nano()
+}
+
+// writeAtomic writes a hidden temp file next to path and renames it over path.
+func writeAtomic(path string, data []byte, perm os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	err = errors.Join(err, f.Chmod(perm), f.Close())
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
