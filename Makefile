@@ -54,6 +54,7 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 15s).
 .PHONY: bench
 bench: deps ## Benchmark claim and lease latency/throughput through PgBouncer against SELECT 1 and pgbench.
 	CI=true $(GO) test -count=1 -run '^$$' -bench . -benchtime 4000x -timeout 20m ./lockagent/lock/
+	CI=true $(GO) test -count=1 -run '^$$' -bench . -benchtime 100x -timeout 20m ./lockagent/agent/
 
 ##@ Build
 

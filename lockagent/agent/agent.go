@@ -46,6 +46,7 @@ type agent struct {
 	// the lease; see deadline().
 	windowUntil, leaseUntil int64
 	revoked                 bool
+	installed               <-chan struct{} // closed once install is done
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
@@ -58,9 +59,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return 64
 	}
 	a := &agent{cfg: cfg, dir: protocol.Dir(cfg.SharedDir), log: newLogger(stderr, cfg.WallClockOffset)}
-	if err := a.install(); err != nil {
-		a.log.Error("installing the wrapper binary failed; app containers cannot start", "err", err)
-	}
+	// Copying the binary overlaps with reaching the database; publish waits
+	// for it, because the app containers exec the copy.
+	installed := make(chan struct{})
+	go func() {
+		defer close(installed)
+		if err := a.install(); err != nil {
+			a.log.Error("installing the wrapper binary failed; app containers cannot start", "err", err)
+		}
+	}()
+	a.installed = installed
+	a.log.Info("starting", "key", cfg.Key, "mode", cfg.Mode.String(), "window", formatWindow(cfg.Window), "manual", cfg.Manual,
+		"cluster", cfg.Owner.Cluster, "job", cfg.Owner.Job, "pod", cfg.Owner.Pod, "ttl", cfg.TTL.String(), "standby", cfg.Standby)
 	if cfgErr != nil {
 		a.publish(protocol.Decision{Action: protocol.ActionError, Key: cfg.Key, Reason: "bad agent configuration: " + cfgErr.Error()})
 		<-ctx.Done()
@@ -132,6 +142,7 @@ func (a *agent) install() error {
 // decision, so a wrapper that sees "run" always sees the deadline too; then
 // the termination message and the decision log line.
 func (a *agent) publish(d protocol.Decision) {
+	<-a.installed
 	if d.Action == protocol.ActionRun {
 		d.KillGrace = protocol.Duration(a.cfg.KillGrace())
 		if dl := a.deadline(); dl != 0 {

@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 		agentBin = filepath.Join(dir, "dislock-agent")
-		if out, err := exec.Command("go", "build", "-o", agentBin, "../cmd/dislock-agent").CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-ldflags=-s -w", "-o", agentBin, "../cmd/dislock-agent").CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "building dislock-agent: %v\n%s", err, out)
 			return 1
 		}
@@ -262,7 +262,7 @@ func (po *pod) terminationMessage() string {
 // window, the fencing token and a nanosecond timestamp to the ledger, and
 // stops promptly (recording it) on SIGTERM.
 func app(seconds float64, exitCode int) string {
-	return fmt.Sprintf(`line() { echo "$1 $CLUSTER ${DISLOCK_WINDOW:-manual} $DISLOCK_FENCING_TOKEN $(date +%%s%%N)" >> "$LEDGER"; }
+	return fmt.Sprintf(`line() { echo "$1 $CLUSTER ${DISLOCK_WINDOW:-manual} ${DISLOCK_FENCING_TOKEN:-0} $(date +%%s%%N)" >> "$LEDGER"; }
 line start
 trap 'line stop; exit 143' TERM
 sleep %g & wait $!
@@ -330,7 +330,9 @@ func assertNoOverlap(t *testing.T, runs []run) {
 	}
 }
 
-func openStore(t *testing.T, dsn string) *lock.Store {
+func openStore(t *testing.T, dsn string) *lock.Store { return openStoreB(t, dsn) }
+
+func openStoreB(t testing.TB, dsn string) *lock.Store {
 	t.Helper()
 	s, err := lock.Open(context.Background(), dsn, lock.Options{})
 	if err != nil {

@@ -1,0 +1,98 @@
+package agent_test
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+// Manual runs (kubectl create job --from=cronjob/x) are not schedule ticks:
+// they bypass the window but still honour the lease.
+func TestManualRunsBypassTheWindowAndHonourTheLease(t *testing.T) {
+	dsn := pgtest.Need(t).BouncerDSN()
+
+	t.Run("schedule mode: runs in every cluster", func(t *testing.T) {
+		j := newJob(t, dsn, "schedule", 5*time.Second)
+		for _, c := range []string{"dc-a", "dc-b"} {
+			p := j.start(t, podSpec{cluster: c, app: app(0, 0)})
+			if p.finish() != 0 || p.decision().Action != protocol.ActionRun || !strings.Contains(p.decision().Reason, "manual run") {
+				t.Fatalf("%s: %+v", c, p.decision())
+			}
+		}
+		if runs := readLedger(t, j.ledger); len(runs) != 2 {
+			t.Fatalf("ledger: %+v", runs)
+		}
+	})
+
+	t.Run("lease mode: skips while another cluster holds the lease", func(t *testing.T) {
+		j := newJob(t, dsn, "lease", 5*time.Second)
+		a := j.start(t, podSpec{cluster: "dc-a", app: app(2, 0)})
+		await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+		b := j.start(t, podSpec{cluster: "dc-b", app: app(0, 0)})
+		if b.finish() != 0 || b.decision().Action != protocol.ActionSkip {
+			t.Fatalf("dc-b: %+v", b.decision())
+		}
+		a.finish()
+		if runs := readLedger(t, j.ledger); len(runs) != 1 {
+			t.Fatalf("ledger: %+v", runs)
+		}
+	})
+}
+
+// A pod that starts long after its window (catchup exceeded) skips as stale.
+func TestCatchupSkipsAStaleWindow(t *testing.T) {
+	j := newJob(t, pgtest.Need(t).BouncerDSN(), "schedule", 5*time.Second)
+	j.catchup = "10m"
+	stale := j.start(t, podSpec{cluster: "dc-a", window: time.Now().Add(-time.Hour).Truncate(time.Minute), app: app(0, 0)})
+	if stale.finish() != 0 || stale.decision().Action != protocol.ActionSkip || !strings.Contains(stale.decision().Reason, "stale") {
+		t.Fatalf("an hour late: %+v", stale.decision())
+	}
+	fresh := j.start(t, podSpec{cluster: "dc-a", window: time.Now().Add(-time.Minute).Truncate(time.Minute), app: app(0, 0)})
+	if fresh.finish() != 0 || fresh.decision().Action != protocol.ActionRun {
+		t.Fatalf("a minute late: %+v", fresh.decision())
+	}
+}
+
+// Fail closed: with no database the app never runs and the container fails
+// (exit 75), so the Job retries by its backoffLimit.
+func TestUnreachableDatabaseFailsClosed(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	j := job{dsn: "postgres://dislock:pw@" + addr + "/dislock?connect_timeout=1", key: uniqueKey(t), mode: "schedule", ttl: 5 * time.Second, ledger: t.TempDir() + "/ledger"}
+	p := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(0, 0), agentArgs: []string{"--start-timeout=2s"}})
+	if code := p.finish(); code != 75 {
+		t.Fatalf("wrapper exited %d, want 75", code)
+	}
+	d := p.decision()
+	if d.Action != protocol.ActionError || !strings.Contains(d.Reason, addr) {
+		t.Fatalf("decision %+v does not name the database %s", d, addr)
+	}
+	if !strings.HasPrefix(p.terminationMessage(), "error: could not decide") {
+		t.Fatalf("termination message %q", p.terminationMessage())
+	}
+	if runs := readLedger(t, j.ledger); len(runs) != 0 {
+		t.Fatalf("the app ran: %+v", runs)
+	}
+}
+
+// A misconfigured sidecar says what is wrong instead of running unlocked.
+func TestBadConfigurationIsAnErrorDecisionNamingTheVariable(t *testing.T) {
+	j := job{dsn: pgtest.Need(t).BouncerDSN(), key: "no-namespace", mode: "sometimes", ttl: 5 * time.Second, ledger: t.TempDir() + "/ledger"}
+	p := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(0, 0)})
+	if code := p.finish(); code != 75 {
+		t.Fatalf("wrapper exited %d, want 75", code)
+	}
+	for _, want := range []string{"DISLOCK_MODE", "sometimes", "DISLOCK_KEY", "no-namespace"} {
+		if !strings.Contains(p.decision().Reason, want) {
+			t.Errorf("reason %q does not mention %q", p.decision().Reason, want)
+		}
+	}
+}
