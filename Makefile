@@ -5,6 +5,7 @@ COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/dislock/dislock/internal/version.Version=$(VERSION) \
            -X github.com/dislock/dislock/internal/version.Commit=$(COMMIT)
 BIN     := $(CURDIR)/bin
+SHELL   := /bin/bash
 GO      ?= go
 # Packages whose tests start nothing (no database): quick feedback while editing.
 UNIT_PKGS := ./lockagent/window/... ./lockagent/spec/... ./internal/version/...
@@ -53,8 +54,8 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 15s).
 
 .PHONY: bench
 bench: deps ## Benchmark claim and lease latency/throughput through PgBouncer against SELECT 1 and pgbench.
-	CI=true $(GO) test -count=1 -run '^$$' -bench . -benchtime 4000x -timeout 20m ./lockagent/lock/
-	CI=true $(GO) test -count=1 -run '^$$' -bench . -benchtime 100x -timeout 20m ./lockagent/agent/
+	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 4000x -count 3 -timeout 20m ./lockagent/lock/ | tee bench-lock.txt
+	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 100x -count 3 -timeout 20m ./lockagent/agent/ | tee bench-agent.txt
 
 ##@ Build
 
