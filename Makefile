@@ -7,8 +7,10 @@ LDFLAGS := -s -w -X github.com/dislock/dislock/internal/version.Version=$(VERSIO
 BIN     := $(CURDIR)/bin
 SHELL   := /bin/bash
 GO      ?= go
-# Packages whose tests start nothing (no database): quick feedback while editing.
-UNIT_PKGS := ./lockagent/window/... ./lockagent/spec/... ./internal/version/...
+# Packages whose tests start nothing (no database, no API server): quick feedback while editing.
+UNIT_PKGS := ./lockagent/window/... ./lockagent/spec/... ./lockagent/protocol/... ./lockagent/wrapper/... ./webhook/...
+# Packages whose tests need a real kube-apiserver built by `make tools`.
+KUBE_PKGS := ./test/kube/... ./test/integration/...
 FUZZTIME ?= 15s
 
 .DEFAULT_GOAL := help
@@ -37,8 +39,12 @@ deps: ## Install the Debian packages the tests start (PostgreSQL, PgBouncer, lib
 ##@ Test
 
 .PHONY: test
-test: deps vet ## Run every test: unit, PostgreSQL and PgBouncer integration (the CI command).
-	CI=true $(GO) test -count=1 -timeout 20m ./...
+test: deps vet ## Run the tests: unit, PostgreSQL and PgBouncer integration, real agent processes (the CI command).
+	CI=true $(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e /test/kube -e /test/integration)
+
+.PHONY: test-integration
+test-integration: deps tools ## Run the webhook against a real kube-apiserver and kube-controller-manager.
+	CI=true $(GO) test -count=1 -timeout 30m $(KUBE_PKGS)
 
 .PHONY: test-unit
 test-unit: ## Run the fast tests that need no database.
@@ -58,6 +64,10 @@ bench: deps ## Benchmark claim and lease latency/throughput through PgBouncer ag
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 100x -count 3 -timeout 20m ./lockagent/agent/ | tee bench-agent.txt
 
 ##@ Build
+
+.PHONY: tools
+tools: ## Build kube-apiserver, etcd and kube-controller-manager from the Go module proxy into bin/ (once; ~20 min cold).
+	test/tools/build.sh
 
 .PHONY: build
 build: ## Build bin/dislock.

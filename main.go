@@ -1,19 +1,144 @@
-// Command dislock is the operator CLI (migrate, windows, leases, release,
-// version) and, in later releases, the admission webhook server.
+// Command dislock is the admission webhook server (`dislock webhook`) and the
+// operator CLI (migrate, windows, leases, release, version).
 package main
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/dislock/dislock/internal/cli"
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/webhook"
+
+	_ "time/tzdata" // CronJob time zones in a minimal image
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "webhook" {
+		os.Exit(runWebhook(os.Args[2:]))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
+
+// runWebhook parses flags, builds the manager and hands it to the webhook
+// package; every failure is one logged line and a non-zero exit.
+func runWebhook(args []string) int {
+	fs := flag.NewFlagSet("dislock webhook", flag.ContinueOnError)
+	var (
+		cfg                          webhook.Config
+		port                         int
+		metricsAddr, probeAddr, kube string
+		leaderElect                  bool
+		agentCPU, agentMem           string
+	)
+	fs.StringVar(&cfg.Inject.ClusterName, "cluster-name", "", "name of this cluster (data centre) in every lock owner (required)")
+	fs.StringVar(&cfg.Inject.AgentImage, "agent-image", "", "image of the injected dislock-agent sidecar (required)")
+	fs.StringVar(&cfg.Inject.DBSecretName, "db-secret-name", webhook.DefaultDBSecretName, "Secret holding the database URL, in each opted-in namespace")
+	fs.StringVar(&cfg.Inject.DBSecretKey, "db-secret-key", webhook.DefaultDBSecretKey, "key of the database URL in that Secret")
+	fs.StringVar(&agentCPU, "agent-cpu-request", "", "sidecar CPU request (default "+webhook.DefaultAgentCPURequest+")")
+	fs.StringVar(&agentMem, "agent-memory-limit", "", "sidecar memory request and limit (default "+webhook.DefaultAgentMemoryLimit+")")
+	fs.StringVar(&cfg.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace the webhook runs in (default $POD_NAMESPACE)")
+	fs.BoolVar(&cfg.CopyDBSecret, "copy-db-secret", false, "copy the database Secret into every opted-in namespace")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv(cli.EnvDatabaseURL), "PostgreSQL URL for migrations and retention (optional; default $"+cli.EnvDatabaseURL+")")
+	fs.DurationVar(&cfg.Retention, "retention", lock.DefaultRetention, "delete windows older than this")
+	fs.IntVar(&port, "port", 9443, "webhook HTTPS port")
+	fs.StringVar(&cfg.Certs.CertDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory with tls.crt and tls.key (reloaded on change)")
+	fs.BoolVar(&cfg.Certs.SelfSigned, "self-signed-certs", false, "generate and rotate the serving certificate in process and keep the webhook configurations' caBundle current")
+	fs.StringVar(&cfg.Certs.SecretName, "cert-secret-name", webhook.DefaultCertSecretName, "Secret storing the self-signed certificate")
+	fs.StringVar(&cfg.Certs.ServiceName, "service-name", webhook.DefaultServiceName, "Service in front of the webhook (the certificate's DNS name)")
+	fs.StringVar(&cfg.Certs.MutatingConfigName, "mutating-webhook-configuration", webhook.DefaultMutatingConfigName, "MutatingWebhookConfiguration whose caBundle to keep current")
+	fs.StringVar(&cfg.Certs.ValidatingConfigName, "validating-webhook-configuration", webhook.DefaultValidatingConfigName, "ValidatingWebhookConfiguration whose caBundle to keep current")
+	fs.DurationVar(&cfg.Resolver.Timeout, "registry-timeout", webhook.DefaultResolveTimeout, "deadline for one image registry lookup (must fit in the webhook timeout)")
+	fs.BoolVar(&cfg.Resolver.Insecure, "insecure-registry", false, "allow plain-HTTP image registries (tests only)")
+	fs.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 disables)")
+	fs.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "health and readiness probe address")
+	fs.BoolVar(&leaderElect, "leader-elect", false, "elect a leader for the secret copier and retention")
+	fs.StringVar(&kube, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	log := ctrl.Log.WithName("setup")
+
+	var err error
+	if cfg.Inject.AgentResources, err = webhook.AgentResources(agentCPU, agentMem); err != nil {
+		log.Error(err, "bad sidecar resources")
+		return 2
+	}
+	if err := cfg.Validate(); err != nil {
+		log.Error(err, "bad flags")
+		return 2
+	}
+	restCfg, err := restConfig(kube)
+	if err != nil {
+		log.Error(err, "loading the kubeconfig")
+		return 1
+	}
+	// TLS 1.2 or newer, and HTTP/1.1 only: HTTP/2's rapid-reset and stream
+	// exhaustion attacks are not worth it for one request per admission.
+	secure := func(c *tls.Config) {
+		c.MinVersion = tls.VersionTLS12
+		c.NextProtos = []string{"http/1.1"}
+	}
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Cache:                   webhook.CacheOptions(cfg),
+		Metrics:                 metricsserver.Options{BindAddress: metricsAddr, TLSOpts: []func(*tls.Config){secure}},
+		HealthProbeBindAddress:  probeAddr,
+		LeaderElection:          leaderElect,
+		LeaderElectionID:        "dislock-webhook",
+		LeaderElectionNamespace: cfg.Namespace,
+		WebhookServer: crwebhook.NewServer(crwebhook.Options{
+			Port: port, CertDir: cfg.Certs.CertDir, TLSOpts: []func(*tls.Config){secure},
+		}),
+		GracefulShutdownTimeout: ptr(20 * time.Second),
+	})
+	if err != nil {
+		log.Error(err, "creating the manager")
+		return 1
+	}
+	if err := webhook.SetupWithManager(mgr, cfg); err != nil {
+		log.Error(err, "setting up the webhook")
+		return 1
+	}
+	log.Info("starting", "cluster", cfg.Inject.ClusterName, "port", port, "selfSignedCerts", cfg.Certs.SelfSigned)
+	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+		log.Error(err, "running the manager")
+		return 1
+	}
+	return 0
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no --kubeconfig and %w", err)
+	}
+	return cfg, nil
+}
+
+func ptr[T any](v T) *T { return &v }

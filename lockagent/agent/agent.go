@@ -123,6 +123,15 @@ func (a *agent) install() error {
 	if err := os.MkdirAll(a.dir.Path("bin"), 0o755); err != nil {
 		return err
 	}
+	// App containers may run as other users than the agent and than each
+	// other; each must be able to write its own result file.
+	results := a.dir.Path(protocol.ResultsDir)
+	if err := os.MkdirAll(results, 0o755); err != nil {
+		return err
+	}
+	if err := os.Chmod(results, 0o1777); err != nil {
+		return err
+	}
 	tmp, err := os.CreateTemp(a.dir.Path("bin"), ".dislock-agent.*")
 	if err != nil {
 		return err
@@ -173,8 +182,11 @@ func (a *agent) terminationMessage(msg string) {
 func (a *agent) callTimeout() time.Duration { return min(5*time.Second, a.cfg.HeartbeatInterval()) }
 
 // retry runs op until it succeeds, fails for a reason other than an
-// unreachable database, or ctx ends (then it returns op's last error).
+// unreachable database, the database stayed unreachable for StartTimeout,
+// or ctx ends; then it returns op's last error.
 func (a *agent) retry(ctx context.Context, what string, op func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
+	defer cancel()
 	backoff := 100 * time.Millisecond
 	for {
 		callCtx, cancel := context.WithTimeout(ctx, a.callTimeout())

@@ -13,11 +13,11 @@ import (
 
 // decide takes the locks the mode asks for and publishes run, skip or error.
 // The database being unreachable for longer than StartTimeout is "error":
-// nothing runs unlocked (fail closed).
+// nothing runs unlocked (fail closed). Waiting as a standby, or for a
+// predecessor's lease, is not bounded by it: that wait ends when the owner
+// finishes, fails or goes silent.
 func (a *agent) decide(ctx context.Context) {
-	startCtx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
-	defer cancel()
-	d, err := a.take(startCtx)
+	d, err := a.take(ctx)
 	switch {
 	case err == nil:
 		a.publish(d)

@@ -76,9 +76,11 @@ func TestStandbyTakesTheWindowOverWhenTheWinnerFailsOrDies(t *testing.T) {
 	t.Run("winner's app exits 1", func(t *testing.T) {
 		j := newJob(t, dsn, "schedule", 3*time.Second)
 		j.standby = true
-		a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(0.5, 1)})
+		a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(2.5, 1)})
 		await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
-		b := j.startAsync(t, podSpec{cluster: "dc-b", window: tick0, app: app(0, 0)})
+		// The standby waits longer than its start timeout: that bounds an
+		// unreachable database, not waiting for a live owner.
+		b := j.startAsync(t, podSpec{cluster: "dc-b", window: tick0, app: app(0, 0), agentArgs: []string{"--start-timeout=1s"}})
 		if code := a.finish(); code != 1 {
 			t.Fatalf("dc-a exited %d", code)
 		}

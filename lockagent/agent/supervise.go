@@ -102,13 +102,11 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 	if prev.Window != "" {
 		a.window, _ = time.Parse(time.RFC3339, prev.Window)
 	}
-	startCtx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
-	defer cancel()
 	if a.cfg.Mode.Schedule && !a.window.IsZero() {
 		req := lock.ClaimRequest{Key: a.cfg.Key, Window: a.window, Owner: a.cfg.Owner, TTL: a.cfg.TTL}
 		sent := protocol.MonotonicNow()
 		var claim lock.Claim
-		err := a.retry(startCtx, "re-entering the window", func(ctx context.Context) (err error) {
+		err := a.retry(ctx, "re-entering the window", func(ctx context.Context) (err error) {
 			claim, err = a.store.ClaimWindow(ctx, req)
 			return err
 		})
@@ -121,7 +119,7 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 	if a.cfg.Mode.Lease {
 		sent := protocol.MonotonicNow()
 		var grant lock.LeaseGrant
-		err := a.retry(startCtx, "re-entering the lease", func(ctx context.Context) (err error) {
+		err := a.retry(ctx, "re-entering the lease", func(ctx context.Context) (err error) {
 			grant, err = a.store.AcquireLease(ctx, a.cfg.Key, a.cfg.Owner, a.cfg.TTL)
 			return err
 		})

@@ -1,0 +1,310 @@
+// Package integration runs the dislock webhook in process against a real
+// kube-apiserver (and kube-controller-manager) built from the Kubernetes
+// module: the API server calls the webhook over TLS, validates what it
+// returns, and stores the result.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/test/kube"
+	"github.com/dislock/dislock/test/tlstest"
+	"github.com/dislock/dislock/webhook"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(kube.Main(m, kube.Options{Name: "webhook", ControllerManager: true}))
+}
+
+const webhookNamespace = "dislock-system"
+
+// startWebhook runs `dislock webhook` in process for the cluster, serving
+// real TLS on loopback, and registers its configurations the way the Helm
+// chart does (failurePolicy Fail, the opt-in namespaceSelector that also
+// excludes the webhook's own namespace and kube-system, matchConditions for
+// CronJob-controlled Jobs).
+func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface) {
+	t.Helper()
+	logs := &logBuffer{}
+	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(logs)))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("webhook logs:\n%s", logs)
+		}
+	})
+	dir := t.TempDir()
+	ca := tlstest.ServingCert(t, dir)
+	port := tlstest.FreePort(t)
+	cfg := webhook.Config{
+		Inject:    webhook.Options{ClusterName: "dc-a", AgentImage: "dislock:test", DBSecretName: webhook.DefaultDBSecretName, DBSecretKey: webhook.DefaultDBSecretKey},
+		Namespace: webhookNamespace,
+		Certs:     webhook.CertConfig{CertDir: dir},
+	}
+	mgr, err := ctrl.NewManager(c.RESTConfig(), ctrl.Options{
+		Cache:                  webhook.CacheOptions(cfg),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		WebhookServer:          crwebhook.NewServer(crwebhook.Options{Host: "127.0.0.1", Port: port, CertDir: dir}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := webhook.SetupWithManager(mgr, cfg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("webhook manager: %v", err)
+		}
+	})
+
+	url := func(path string) *string { u := "https://127.0.0.1:" + itoa(port) + path; return &u }
+	fail := admissionregistrationv1.Fail
+	none := admissionregistrationv1.SideEffectClassNone
+	ifNeeded := admissionregistrationv1.IfNeededReinvocationPolicy
+	timeout := int32(5)
+	optIn := &metav1.LabelSelector{
+		MatchLabels: map[string]string{spec.LabelInjection: spec.LabelInjectionEnabled},
+		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn,
+			Values: []string{webhookNamespace, "kube-system"}}},
+	}
+	ctx2 := context.Background()
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "dislock"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name: "jobs.dislock.io", ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: url(webhook.MutateJobPath), CABundle: ca},
+			Rules: []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"}, Resources: []string{"jobs"}}}},
+			FailurePolicy: &fail, SideEffects: &none, TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
+			NamespaceSelector: optIn, ReinvocationPolicy: &ifNeeded,
+			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "controlled-by-a-cronjob",
+				Expression: `has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, r.kind == "CronJob" && has(r.controller) && r.controller)`}},
+		}}}
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "dislock"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name: "cronjobs.dislock.io", ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: url(webhook.ValidateCronJobPath), CABundle: ca},
+			Rules: []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"}, Resources: []string{"cronjobs"}}}},
+			FailurePolicy: &fail, SideEffects: &none, TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
+			NamespaceSelector: optIn,
+		}}}
+	if _, err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx2, mwc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx2, vwc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx2, "dislock", metav1.DeleteOptions{})
+		cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx2, "dislock", metav1.DeleteOptions{})
+	})
+}
+
+func TestJobsOfAnnotatedCronJobsArriveInjected(t *testing.T) {
+	c := kube.Need(t)
+	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
+	ctx := context.Background()
+	startWebhook(t, c, cs)
+	namespace(t, cs, webhookNamespace, false)
+	namespace(t, cs, "team", true)
+	namespace(t, cs, "other", false)
+
+	cj := cronJob("team", "report", "* * * * *")
+	created, err := cs.BatchV1().CronJobs("team").Create(ctx, cj, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Opt the existing CronJob in, as `kubectl annotate` would.
+	created.Annotations = map[string]string{spec.AnnotationMode: "schedule,lease"}
+	if created, err = cs.BatchV1().CronJobs("team").Update(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("a Job created the way the CronJob controller does is stored injected", func(t *testing.T) {
+		tick := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+		job := jobFor(created, tick)
+		stored := createJob(t, cs, job)
+		assertInjected(t, stored, "2026-12-02T12:00:00Z")
+	})
+
+	t.Run("a Job in a namespace without the label is stored untouched", func(t *testing.T) {
+		other, err := cs.BatchV1().CronJobs("other").Create(ctx, withAnnotations(cronJob("other", "report", "* * * * *"), map[string]string{spec.AnnotationMode: "schedule"}), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored := createJob(t, cs, jobFor(other, time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)))
+		assertUntouched(t, stored)
+	})
+
+	t.Run("a Job no CronJob owns is stored untouched", func(t *testing.T) {
+		job := jobFor(created, time.Date(2026, 12, 2, 12, 5, 0, 0, time.UTC))
+		job.OwnerReferences = nil
+		job.Name = "handmade"
+		assertUntouched(t, createJob(t, cs, job))
+	})
+
+	t.Run("a CronJob with bad annotations is refused with every problem named", func(t *testing.T) {
+		bad := withAnnotations(cronJob("team", "bad", "* * * * *"), map[string]string{spec.AnnotationMode: "sometimes", spec.AnnotationLeaseTTL: "5"})
+		_, err := cs.BatchV1().CronJobs("team").Create(ctx, bad, metav1.CreateOptions{})
+		if err == nil || !apierrors.IsForbidden(err) && !strings.Contains(err.Error(), "denied") {
+			t.Fatalf("create: %v", err)
+		}
+		for _, want := range []string{"dislock.io/mode", "sometimes", "dislock.io/lease-ttl", `"5"`} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("refusal %q does not name %q", err, want)
+			}
+		}
+	})
+
+	t.Run("the real CronJob controller's Job arrives injected", func(t *testing.T) {
+		var got *batchv1.Job
+		deadline := time.Now().Add(90 * time.Second)
+		for got == nil {
+			jobs, err := cs.BatchV1().Jobs("team").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, j := range jobs.Items {
+				if j.Annotations["batch.kubernetes.io/cronjob-scheduled-timestamp"] != "" && strings.HasPrefix(j.Name, "report-") && j.Name != jobFor(created, time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)).Name {
+					got = &jobs.Items[i]
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("kube-controller-manager created no Job within 90s")
+			}
+			time.Sleep(time.Second)
+		}
+		assertInjected(t, got, got.Annotations["batch.kubernetes.io/cronjob-scheduled-timestamp"])
+	})
+}
+
+func assertInjected(t *testing.T, job *batchv1.Job, window string) {
+	t.Helper()
+	if job.Annotations[spec.AnnotationStatus] == "" {
+		t.Fatalf("no %s annotation: %v", spec.AnnotationStatus, job.Annotations)
+	}
+	pod := job.Spec.Template.Spec
+	if len(pod.InitContainers) == 0 || pod.InitContainers[0].Name != "dislock-agent" ||
+		pod.InitContainers[0].RestartPolicy == nil || *pod.InitContainers[0].RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Fatalf("no native sidecar: %+v", pod.InitContainers)
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range pod.InitContainers[0].Env {
+		env[e.Name] = e
+	}
+	if env[spec.EnvMode].Value != "schedule,lease" || env[spec.EnvKey].Value != job.Namespace+"/report" || env[spec.EnvCluster].Value != "dc-a" {
+		t.Errorf("sidecar env: %+v", env)
+	}
+	if w, _ := time.Parse(time.RFC3339, window); env[spec.EnvWindow].Value != w.UTC().Format(time.RFC3339) {
+		t.Errorf("DISLOCK_WINDOW %q, want %s", env[spec.EnvWindow].Value, window)
+	}
+	if ref := env[spec.EnvDatabaseURL].ValueFrom; ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != webhook.DefaultDBSecretName {
+		t.Errorf("database URL is not a secretKeyRef: %+v", env[spec.EnvDatabaseURL])
+	}
+	for _, c := range pod.Containers {
+		if len(c.Command) < 3 || c.Command[0] != "/dislock/bin/dislock-agent" || c.Command[1] != "exec" {
+			t.Errorf("container %s command %v is not wrapped", c.Name, c.Command)
+		}
+		for _, e := range c.Env {
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				t.Errorf("app container %s sees a secret: %+v", c.Name, e)
+			}
+		}
+	}
+}
+
+func assertUntouched(t *testing.T, job *batchv1.Job) {
+	t.Helper()
+	if _, ok := job.Annotations[spec.AnnotationStatus]; ok || len(job.Spec.Template.Spec.InitContainers) != 0 {
+		b, _ := json.Marshal(job.Spec.Template.Spec)
+		t.Fatalf("job %s was changed: %s", job.Name, b)
+	}
+}
+
+func namespace(t *testing.T, cs kubernetes.Interface, name string, optIn bool) {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if optIn {
+		ns.Labels = map[string]string{spec.LabelInjection: spec.LabelInjectionEnabled}
+	}
+	if _, err := cs.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+func cronJob(ns, name, schedule string) *batchv1.CronJob {
+	return &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: batchv1.CronJobSpec{Schedule: schedule, JobTemplate: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "app", Image: "busybox", Command: []string{"sh", "-c", "echo hi"}}}}}}}}}
+}
+
+func withAnnotations(cj *batchv1.CronJob, a map[string]string) *batchv1.CronJob {
+	cj.Annotations = a
+	return cj
+}
+
+// jobFor builds the Job the CronJob controller would create for tick: the
+// name suffix, the scheduled-timestamp annotation and the controller
+// ownerReference.
+func jobFor(cj *batchv1.CronJob, tick time.Time) *batchv1.Job {
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Namespace: cj.Namespace, Name: cj.Name + "-" + itoa(int(tick.Unix()/60)),
+			Annotations:     map[string]string{"batch.kubernetes.io/cronjob-scheduled-timestamp": tick.Format(time.RFC3339)},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cj, batchv1.SchemeGroupVersion.WithKind("CronJob"))}},
+		Spec: *cj.Spec.JobTemplate.Spec.DeepCopy(),
+	}
+}
+
+func createJob(t *testing.T, cs kubernetes.Interface, job *batchv1.Job) *batchv1.Job {
+	t.Helper()
+	stored, err := cs.BatchV1().Jobs(job.Namespace).Create(context.Background(), job, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating job %s: %v", job.Name, err)
+	}
+	return stored
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// logBuffer collects the webhook's logs; they are printed if the test fails
+// (the manager's goroutines may log after a test ended, so not via t.Log).
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,202 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/dislock/dislock/lockagent/spec"
+)
+
+// Paths the webhooks are served at (the chart's configurations name them).
+const (
+	MutateJobPath       = "/mutate-batch-v1-job"
+	ValidateCronJobPath = "/validate-batch-v1-cronjob"
+)
+
+// jobMutator injects the lock agent into Jobs of opted-in CronJobs.
+type jobMutator struct {
+	decoder  admission.Decoder
+	cache    client.Reader // the manager's cache: CronJobs
+	api      client.Reader // uncached reads: a just-created CronJob, pull secrets
+	opts     Options
+	resolver *Resolver
+	events   events.EventRecorder
+}
+
+func (m *jobMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	start := time.Now()
+	resp, result := m.handle(ctx, req)
+	admissionsTotal.WithLabelValues("mutate-job", result).Inc()
+	admissionDuration.WithLabelValues("mutate-job").Observe(time.Since(start).Seconds())
+	reason := ""
+	if resp.Result != nil {
+		reason = resp.Result.Message
+	}
+	log.FromContext(ctx).V(1).Info("job admission", "namespace", req.Namespace, "name", req.Name, "result", result, "reason", reason)
+	return resp
+}
+
+func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
+	if req.Operation != admissionv1.Create {
+		return admission.Allowed("dislock only changes Jobs at creation"), resultNotApplicable
+	}
+	job := &batchv1.Job{}
+	if err := m.decoder.Decode(req, job); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the Job: %w", err)), resultError
+	}
+	if job.Namespace == "" {
+		job.Namespace = req.Namespace
+	}
+	if job.Name == "" {
+		job.Name = req.Name
+	}
+	owner := metav1.GetControllerOf(job)
+	if owner == nil || owner.Kind != "CronJob" || owner.APIVersion != batchv1.SchemeGroupVersion.String() {
+		return admission.Allowed("not controlled by a CronJob"), resultNotApplicable
+	}
+	cronJob, err := m.cronJob(ctx, types.NamespacedName{Namespace: job.Namespace, Name: owner.Name}, owner.UID)
+	if err != nil {
+		// Fail closed: a Job that may need a lock is not let through unlocked.
+		return admission.Errored(http.StatusInternalServerError, err), resultError
+	}
+	if !spec.Enabled(spec.Merge(cronJob.Annotations, job.Annotations)) {
+		return admission.Allowed("the CronJob has no dislock.io/mode annotation"), resultNotApplicable
+	}
+	entrypoints, err := m.entrypoints(ctx, job, cronJob)
+	if err == nil {
+		var injected *batchv1.Job
+		var status *Status
+		injected, status, err = Inject(job, cronJob, m.opts, entrypoints)
+		if err == nil {
+			return m.patch(req, cronJob, injected, status)
+		}
+	}
+	if errors.Is(err, ErrNotOptedIn) {
+		return admission.Allowed("the CronJob is not opted in"), resultNotApplicable
+	}
+	m.events.Eventf(cronJob, job, corev1.EventTypeWarning, "DislockDenied", "Inject",
+		"Job %s was refused: %v", job.Name, err)
+	return admission.Denied("dislock: " + err.Error()), resultDenied
+}
+
+func (m *jobMutator) patch(req admission.Request, cronJob *batchv1.CronJob, injected *batchv1.Job, status *Status) (admission.Response, string) {
+	raw, err := json.Marshal(injected)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err), resultError
+	}
+	resp := admission.PatchResponseFromRaw(req.Object.Raw, raw)
+	if len(resp.Patches) == 0 {
+		return admission.Allowed("already injected"), resultNotApplicable
+	}
+	window := status.Window
+	switch status.WindowSource {
+	case "manual":
+		window = "none: a manual run takes no schedule lock"
+	case "schedule":
+		window = "computed by the agent from the schedule at database time"
+	}
+	m.events.Eventf(cronJob, injected, corev1.EventTypeNormal, "DislockInjected", "Inject",
+		"Job %s will run under %s lock %s (window %s)", injected.Name, status.Mode, status.Key, window)
+	return resp, resultInjected
+}
+
+// cronJob reads the Job's owner from the cache, falling back to the API for
+// a CronJob created moments ago; the UID must match the ownerReference.
+func (m *jobMutator) cronJob(ctx context.Context, key types.NamespacedName, uid types.UID) (*batchv1.CronJob, error) {
+	cj := &batchv1.CronJob{}
+	err := m.cache.Get(ctx, key, cj)
+	if apierrors.IsNotFound(err) || (err == nil && cj.UID != uid) {
+		err = m.api.Get(ctx, key, cj)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the Job's CronJob %s: %w", key, err)
+	}
+	if cj.UID != uid {
+		return nil, fmt.Errorf("the Job's CronJob %s has UID %s, the ownerReference names %s", key, cj.UID, uid)
+	}
+	return cj, nil
+}
+
+// entrypoints resolves, from the image registry, the entrypoint of each app
+// container that has no command and no dislock.io/entrypoint annotation.
+func (m *jobMutator) entrypoints(ctx context.Context, job *batchv1.Job, cronJob *batchv1.CronJob) (map[string][]string, error) {
+	need, err := NeedsEntrypoint(job, cronJob)
+	if err != nil || len(need) == 0 {
+		return nil, err
+	}
+	secrets, err := m.pullSecrets(ctx, job)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]string, len(need))
+	for _, c := range need {
+		ep, err := m.resolver.Entrypoint(ctx, c, secrets)
+		if err != nil {
+			return nil, err
+		}
+		out[c.Name] = ep
+	}
+	return out, nil
+}
+
+func (m *jobMutator) pullSecrets(ctx context.Context, job *batchv1.Job) ([][]byte, error) {
+	var out [][]byte
+	for _, ref := range job.Spec.Template.Spec.ImagePullSecrets {
+		s := &corev1.Secret{}
+		if err := m.api.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: ref.Name}, s); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue // the kubelet ignores a missing pull secret too
+			}
+			return nil, fmt.Errorf("reading image pull secret %s: %w", ref.Name, err)
+		}
+		for _, k := range []string{corev1.DockerConfigJsonKey, corev1.DockerConfigKey} {
+			if b, ok := s.Data[k]; ok {
+				out = append(out, b)
+			}
+		}
+	}
+	return out, nil
+}
+
+// cronJobValidator refuses opted-in CronJobs whose dislock annotations or
+// schedule are wrong, listing every problem at once.
+type cronJobValidator struct {
+	decoder admission.Decoder
+}
+
+func (v *cronJobValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	start := time.Now()
+	resp, result := v.handle(req)
+	admissionsTotal.WithLabelValues("validate-cronjob", result).Inc()
+	admissionDuration.WithLabelValues("validate-cronjob").Observe(time.Since(start).Seconds())
+	return resp
+}
+
+func (v *cronJobValidator) handle(req admission.Request) (admission.Response, string) {
+	cj := &batchv1.CronJob{}
+	if err := v.decoder.Decode(req, cj); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the CronJob: %w", err)), resultError
+	}
+	if cj.Namespace == "" {
+		cj.Namespace = req.Namespace
+	}
+	if errs := ValidateCronJob(cj); len(errs) > 0 {
+		return admission.Denied("dislock: " + errs.ToAggregate().Error()), resultDenied
+	}
+	return admission.Allowed(""), resultAllowed
+}

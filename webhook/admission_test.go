@@ -1,0 +1,105 @@
+package webhook
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+)
+
+func TestAdmissionOverHTTPS(t *testing.T) {
+	optedIn, job := cronJobAndJob(map[string]string{"dislock.io/mode": "schedule"})
+	bad, badJob := cronJobAndJob(map[string]string{"dislock.io/mode": "sometimes", "dislock.io/lease-ttl": "5"})
+	bad.Name, bad.UID = "bad", "bad-uid"
+	badJob.OwnerReferences[0].Name, badJob.OwnerReferences[0].UID = "bad", "bad-uid"
+	plain, plainJob := cronJobAndJob(nil)
+	plain.Name, plain.UID = "plain", "plain-uid"
+	plainJob.OwnerReferences[0].Name, plainJob.OwnerReferences[0].UID = "plain", "plain-uid"
+	orphan := job.DeepCopy()
+	orphan.OwnerReferences = nil
+	ts := startTestServer(t, optedIn, bad, plain)
+
+	t.Run("a CronJob's Job is patched with the sidecar", func(t *testing.T) {
+		resp, _ := ts.review(t, MutateJobPath, reviewBody(t, "Job", admissionv1.Create, job))
+		if resp == nil || !resp.Allowed || len(resp.Patch) == 0 || !strings.Contains(string(resp.Patch), "dislock-agent") {
+			t.Fatalf("response %+v", resp)
+		}
+	})
+	for name, j := range map[string]*batchv1.Job{"a Job of a CronJob that did not opt in": plainJob, "a Job no CronJob owns": orphan} {
+		t.Run(name+" is left alone", func(t *testing.T) {
+			resp, _ := ts.review(t, MutateJobPath, reviewBody(t, "Job", admissionv1.Create, j))
+			if resp == nil || !resp.Allowed || len(resp.Patch) != 0 {
+				t.Fatalf("response %+v", resp)
+			}
+		})
+	}
+	t.Run("a Job carrying bad annotations is denied with every problem named", func(t *testing.T) {
+		resp, _ := ts.review(t, MutateJobPath, reviewBody(t, "Job", admissionv1.Create, badJob))
+		if resp == nil || resp.Allowed {
+			t.Fatalf("response %+v", resp)
+		}
+		for _, want := range []string{"dislock.io/mode", "sometimes", "dislock.io/lease-ttl", `"5"`} {
+			if !strings.Contains(resp.Result.Message, want) {
+				t.Errorf("denial %q does not name %q", resp.Result.Message, want)
+			}
+		}
+	})
+	t.Run("a CronJob with bad annotations is refused", func(t *testing.T) {
+		resp, _ := ts.review(t, ValidateCronJobPath, reviewBody(t, "CronJob", admissionv1.Create, bad))
+		if resp == nil || resp.Allowed || !strings.Contains(resp.Result.Message, "sometimes") || !strings.Contains(resp.Result.Message, "lease-ttl") {
+			t.Fatalf("response %+v", resp)
+		}
+	})
+	t.Run("a garbled review is answered, not dropped", func(t *testing.T) {
+		for _, body := range []string{`{`, `{"request":{"uid":"x","operation":"CREATE","object":{"kind":"Job","spec":7}}}`, `[]`} {
+			resp, code := ts.review(t, MutateJobPath, []byte(body))
+			if resp != nil && resp.Allowed {
+				t.Fatalf("%s: allowed", body)
+			}
+			if resp == nil && code < 400 {
+				t.Fatalf("%s: status %d without a denial", body, code)
+			}
+		}
+	})
+}
+
+func fuzzHandlers(f *testing.F) (*jobMutator, *cronJobValidator) {
+	cj, _ := cronJobAndJob(map[string]string{"dislock.io/mode": "schedule,lease"})
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		f.Fatal(err)
+	}
+	reader := fake.NewClientBuilder().WithScheme(scheme).WithRuntimeObjects(cj).Build()
+	dec := admission.NewDecoder(scheme)
+	return &jobMutator{decoder: dec, cache: reader, api: reader, opts: testOptions(),
+		resolver: NewResolver(ResolverOptions{}), events: &events.FakeRecorder{}}, &cronJobValidator{decoder: dec}
+}
+
+// FuzzAdmission feeds arbitrary objects to both handlers: no panic, and
+// anything not allowed says why.
+func FuzzAdmission(f *testing.F) {
+	mutator, validator := fuzzHandlers(f)
+	cj, job := cronJobAndJob(map[string]string{"dislock.io/mode": "schedule,lease"})
+	for _, o := range []runtime.Object{job, cj} {
+		f.Add(string(reviewBody(f, "Job", admissionv1.Create, o)))
+	}
+	f.Add(`{"metadata":{"ownerReferences":[{"apiVersion":"batch/v1","kind":"CronJob","name":"report","uid":"cj-uid","controller":true}]}}`)
+	f.Add(`{"spec":{"template":{"spec":{"containers":[{"name":"a"}]}}}}`)
+	f.Fuzz(func(t *testing.T, raw string) {
+		for _, h := range []admission.Handler{mutator, validator} {
+			req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{UID: "u", Operation: admissionv1.Create, Namespace: "team",
+				Object: runtime.RawExtension{Raw: []byte(raw)}}}
+			resp := h.Handle(context.Background(), req)
+			if !resp.Allowed && (resp.Result == nil || resp.Result.Message == "") {
+				t.Fatalf("denied without a reason: %+v", resp)
+			}
+		}
+	})
+}

@@ -1,0 +1,67 @@
+// Package webhook owns dislock's admission side: the mutating webhook that
+// puts every Job of an opted-in CronJob under the lock agent, the validating
+// webhook that refuses bad CronJobs when they are applied, and the server
+// that hosts them.
+//
+// The mutation itself is a pure function, [Inject]: it reads nothing but its
+// arguments (the Job, its CronJob, the [Options] from the flags and the image
+// entrypoints the caller resolved for the containers [NeedsEntrypoint] lists)
+// and is tested with input/output golden files in testdata/inject plus an
+// idempotency re-run of every case. Decoding, owner lookups, registry
+// lookups, events and metrics stay in the admission handlers.
+//
+// # What Inject does
+//
+// The dislock annotations are the CronJob's own, overridden key by key by
+// the Job's (which the controller copied from spec.jobTemplate), parsed by
+// [spec.FromAnnotations]; any problem denies the Job with every problem
+// listed. A Job already carrying [StatusAnnotation] and the sidecar comes
+// back unchanged, so reinvocation is safe; the annotation without the
+// sidecar is refused rather than trusted, because a hand-copied annotation
+// must not switch the lock off in every cluster.
+//
+// The pod template gets the emptyDir volume "dislock" (mounted at /dislock),
+// the native sidecar "dislock-agent" as initContainers[0] (existing init
+// containers follow it, unwrapped: they run in every cluster, after the
+// decision), and each app container's command becomes
+// ["/dislock/bin/dislock-agent", "exec", "--"] followed by its original
+// entrypoint: its command, else dislock.io/entrypoint, else the image's
+// entrypoint from the registry. Kubernetes drops the image's Cmd once a
+// command is set, so dislock.io/entrypoint should include the Cmd too when
+// the container has no args. Each app container also gets
+// DISLOCK_CONTAINER_NAME; only the sidecar gets the database secret.
+//
+// # The window without a clock
+//
+// The webhook has no database clock, and the window must never come from a
+// local one. So only the clock-free rules of [window.Resolve] run here: a
+// manual run gets neither DISLOCK_WINDOW nor DISLOCK_SCHEDULE (which is how
+// the agent recognises it); the scheduled-timestamp annotation or the
+// <cronjob>-<minutes> Job name give DISLOCK_WINDOW; otherwise DISLOCK_WINDOW
+// stays empty and the agent computes the window from DISLOCK_SCHEDULE and
+// DISLOCK_TIME_ZONE at database time, after the webhook checked that the
+// schedule parses.
+//
+// # Choices in the sidecar
+//
+//   - Command ["dislock-agent", "agent"]: the dislock image has the binary at
+//     /usr/local/bin/dislock-agent, on its PATH. The agent copies itself into
+//     the shared volume before it writes a decision, which is what the app
+//     containers' wrapped commands run.
+//   - DISLOCK_JOB_UID comes from the pod's batch.kubernetes.io/controller-uid
+//     label: an admitted Job has no UID yet, and the downward API cannot read
+//     ownerReferences. Jobs with spec.manualSelector do not get that label,
+//     so they are refused.
+//   - The startupProbe (exec "dislock-agent probe") runs every second, so the
+//     app starts within a second of the decision, and by default tolerates
+//     65 minutes without one: the agent bounds its own waits (the database
+//     unreachable for 2 minutes means decision "error") and it, not the
+//     kubelet, should give up; a retry pod may wait up to the longest lease
+//     TTL (1 hour) for its predecessor's lease. A standby waiting even longer
+//     is restarted by the kubelet and waits again, having decided nothing.
+//   - The sidecar runs as uid/gid 65532, non-root, with a read-only root
+//     filesystem, no capabilities, no privilege escalation and the
+//     RuntimeDefault seccomp profile, set on the container so that it holds
+//     whatever the pod's securityContext says and meets the "restricted" Pod
+//     Security Standard.
+package webhook

@@ -1,0 +1,590 @@
+package webhook
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
+
+	"github.com/dislock/dislock/lockagent/agent"
+	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/window"
+)
+
+// Names and paths of what Inject adds to a pod template.
+const (
+	// StatusAnnotation is written on every Job Inject mutated; its presence
+	// makes Inject leave the Job alone.
+	StatusAnnotation = spec.AnnotationStatus
+	// StatusVersion is Status.Version as written by this package.
+	StatusVersion = 1
+
+	// SidecarName is the injected native sidecar, initContainers[0].
+	SidecarName = "dislock-agent"
+	// VolumeName is the emptyDir shared by the sidecar and the app containers.
+	VolumeName = "dislock"
+	// SharedDir is where VolumeName is mounted in every container; it is the
+	// agent's and the wrapper's default DISLOCK_SHARED_DIR, so neither needs
+	// the variable.
+	SharedDir = spec.DefaultSharedDir
+
+	// agentCommand is the binary's name in the dislock image, which has it
+	// at /usr/local/bin/dislock-agent, on the image's PATH. The sidecar runs
+	// it from the image; the app containers run the copy the agent installs
+	// in the shared volume, because their images do not have it.
+	agentCommand = "dislock-agent"
+
+	// UIDLabel is the label the Job controller puts on every pod of a Job,
+	// valued with the Job's UID. A Job has no UID yet when it is admitted,
+	// and the downward API cannot read a pod's ownerReferences, so the
+	// sidecar reads DISLOCK_JOB_UID from this label of its own pod.
+	UIDLabel = "batch.kubernetes.io/controller-uid"
+	// jobNameLabel is set alongside UIDLabel; it names the Job when the Job
+	// itself is admitted without a name (generateName).
+	jobNameLabel = "batch.kubernetes.io/job-name"
+)
+
+// WrapperPrefix is what every app container's command starts with after
+// injection: the agent copy in the shared volume, in wrapper mode.
+var WrapperPrefix = []string{path.Join(SharedDir, protocol.BinPath), "exec", "--"}
+
+// Defaults of Options.
+const (
+	DefaultDBSecretName         = "dislock-db"
+	DefaultDBSecretKey          = "url"
+	DefaultAgentImagePullPolicy = corev1.PullIfNotPresent
+
+	// The agent's budget is an RSS of at most 20 MiB and it is idle but for a
+	// heartbeat every ttl/3; the memory limit leaves room for a burst of
+	// reconnects without letting a leak starve the app.
+	DefaultAgentCPURequest    = "10m"
+	DefaultAgentMemoryRequest = "16Mi"
+	DefaultAgentMemoryLimit   = "64Mi"
+
+	// VolumeSizeLimit bounds the shared emptyDir. It holds the agent binary
+	// (at most 15 MB), briefly a second copy while a restarted sidecar
+	// re-installs it atomically, and a few small JSON files.
+	VolumeSizeLimit = "64Mi"
+
+	// StartupProbePeriodSeconds is how often the kubelet asks the sidecar
+	// whether a decision exists. The app containers start at most this long
+	// after the decision: one second keeps short jobs short.
+	StartupProbePeriodSeconds = 1
+	// DefaultStartupProbeFailureThreshold lets the sidecar take up to 65
+	// minutes to decide before the kubelet restarts it. The agent bounds its
+	// own waits (an unreachable database for --start-timeout, 2 minutes, then
+	// decision "error"), and it is the agent, not the kubelet, that should
+	// give up. The longest wait the design allows before a decision is a
+	// retry pod of the same Job waiting for its predecessor's lease to expire,
+	// at most the maximum lease TTL (1 hour); the rest is slack. A standby
+	// may wait longer (a whole run of the owner): if the probe gives up
+	// first, the kubelet restarts the sidecar, which has decided nothing and
+	// simply waits again, so the limit costs a restart, never a second run.
+	DefaultStartupProbeFailureThreshold = int32((spec.MaxLeaseTTL + agent.DefaultStartTimeout + 3*time.Minute) /
+		(StartupProbePeriodSeconds * time.Second))
+
+	// agentUID is the distroless "nonroot" user the dislock image runs as.
+	agentUID = 65532
+)
+
+// Options configure injection (set from the webhook's flags). Zero fields
+// take the defaults above; ClusterName and AgentImage have none.
+type Options struct {
+	// ClusterName names this cluster (data centre) in every lock owner
+	// string (--cluster-name). Required.
+	ClusterName string
+	// AgentImage is the dislock image (--agent-image). It must have the
+	// dislock-agent binary on its PATH (/usr/local/bin/dislock-agent): the
+	// sidecar's command is ["dislock-agent", "agent"]. Required.
+	AgentImage           string
+	AgentImagePullPolicy corev1.PullPolicy
+	// DBSecretName and DBSecretKey locate the DSN in the Job's namespace
+	// (--db-secret-name, --db-secret-key).
+	DBSecretName string
+	DBSecretKey  string
+	// AgentResources are the sidecar's requests and limits; all-empty means
+	// the defaults.
+	AgentResources corev1.ResourceRequirements
+	// StartupProbeFailureThreshold times StartupProbePeriodSeconds is how
+	// long the sidecar may take to decide before the kubelet restarts it.
+	StartupProbeFailureThreshold int32
+}
+
+// WithDefaults returns o with every zero field that has a default set to it.
+func (o Options) WithDefaults() Options {
+	if o.AgentImagePullPolicy == "" {
+		o.AgentImagePullPolicy = DefaultAgentImagePullPolicy
+	}
+	if o.DBSecretName == "" {
+		o.DBSecretName = DefaultDBSecretName
+	}
+	if o.DBSecretKey == "" {
+		o.DBSecretKey = DefaultDBSecretKey
+	}
+	if len(o.AgentResources.Requests) == 0 && len(o.AgentResources.Limits) == 0 && len(o.AgentResources.Claims) == 0 {
+		o.AgentResources = DefaultAgentResources()
+	} else {
+		o.AgentResources = *o.AgentResources.DeepCopy()
+	}
+	if o.StartupProbeFailureThreshold == 0 {
+		o.StartupProbeFailureThreshold = DefaultStartupProbeFailureThreshold
+	}
+	return o
+}
+
+// DefaultAgentResources are the sidecar's requests and limits by default.
+func DefaultAgentResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse(DefaultAgentCPURequest),
+			corev1.ResourceMemory: resource.MustParse(DefaultAgentMemoryRequest),
+		},
+		Limits: corev1.ResourceList{
+			corev1.ResourceMemory: resource.MustParse(DefaultAgentMemoryLimit),
+		},
+	}
+}
+
+// AgentResources builds the sidecar's resources from the webhook's flags:
+// cpuRequest is the CPU request and memoryLimit the memory limit; "" means
+// the default. The memory request stays DefaultAgentMemoryRequest, or the
+// limit if that is lower. No CPU limit: throttling the heartbeat would only
+// make a lease expire.
+func AgentResources(cpuRequest, memoryLimit string) (corev1.ResourceRequirements, error) {
+	r := DefaultAgentResources()
+	var errs []error
+	parse := func(flag, v string, into corev1.ResourceList, name corev1.ResourceName) {
+		if v == "" {
+			return
+		}
+		q, err := resource.ParseQuantity(v)
+		if err != nil || q.Sign() <= 0 {
+			def := into[name]
+			errs = append(errs, fmt.Errorf("%s %q is not a positive quantity (want e.g. %q)", flag, v, def.String()))
+			return
+		}
+		into[name] = q
+	}
+	parse("agent CPU request", cpuRequest, r.Requests, corev1.ResourceCPU)
+	parse("agent memory limit", memoryLimit, r.Limits, corev1.ResourceMemory)
+	if lim := r.Limits[corev1.ResourceMemory]; lim.Cmp(r.Requests[corev1.ResourceMemory]) < 0 {
+		r.Requests[corev1.ResourceMemory] = lim
+	}
+	if len(errs) > 0 {
+		return corev1.ResourceRequirements{}, errors.Join(errs...)
+	}
+	return r, nil
+}
+
+// Validate lists every problem of o, zero fields taken as their defaults.
+func (o Options) Validate() error {
+	o = o.WithDefaults()
+	var errs []error
+	switch {
+	case o.ClusterName == "":
+		errs = append(errs, errors.New("cluster name is empty (set --cluster-name to this data centre's name, e.g. dc-a)"))
+	case len(o.ClusterName) > 63 || strings.ContainsAny(o.ClusterName, "/ \t\r\n") || !printable(o.ClusterName):
+		errs = append(errs, fmt.Errorf("cluster name %q is not usable in a lock owner (want at most 63 printable characters without '/' or spaces, e.g. dc-a)", o.ClusterName))
+	}
+	switch {
+	case o.AgentImage == "":
+		errs = append(errs, errors.New("agent image is empty (set --agent-image to the dislock image, e.g. ghcr.io/dislock/dislock:v1.0.0)"))
+	case strings.ContainsAny(o.AgentImage, " \t\r\n") || !printable(o.AgentImage):
+		errs = append(errs, fmt.Errorf("agent image %q is not an image reference", o.AgentImage))
+	}
+	switch o.AgentImagePullPolicy {
+	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+	default:
+		errs = append(errs, fmt.Errorf("agent image pull policy %q is not valid (want Always, IfNotPresent or Never)", o.AgentImagePullPolicy))
+	}
+	if msgs := validation.IsDNS1123Subdomain(o.DBSecretName); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("database secret name %q is not a valid Secret name: %s", o.DBSecretName, strings.Join(msgs, "; ")))
+	}
+	if msgs := validation.IsConfigMapKey(o.DBSecretKey); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("database secret key %q is not a valid Secret key: %s", o.DBSecretKey, strings.Join(msgs, "; ")))
+	}
+	for name, req := range o.AgentResources.Requests {
+		if lim, ok := o.AgentResources.Limits[name]; ok && req.Cmp(lim) > 0 {
+			errs = append(errs, fmt.Errorf("agent %s request %s is above its limit %s", name, req.String(), lim.String()))
+		}
+	}
+	if o.StartupProbeFailureThreshold < 1 {
+		errs = append(errs, fmt.Errorf("startup probe failure threshold %d is below 1", o.StartupProbeFailureThreshold))
+	}
+	return errors.Join(errs...)
+}
+
+func printable(s string) bool {
+	for _, r := range s {
+		if r < 0x21 || r == 0x7f || r == 0xfffd {
+			return false
+		}
+	}
+	return true
+}
+
+// Status is the JSON in the dislock.io/status annotation of an injected Job.
+type Status struct {
+	Version int    `json:"version"`
+	Mode    string `json:"mode"`
+	Key     string `json:"key"`
+	// Window is the window start in RFC 3339 UTC; empty when the agent
+	// computes it from the schedule at database time, and for manual runs.
+	Window string `json:"window"`
+	// WindowSource is the rule that gave the window: annotation, job-name,
+	// schedule (computed by the agent) or manual (no window).
+	WindowSource string `json:"windowSource"`
+	// Containers are the app containers whose command was wrapped, in order.
+	Containers []string `json:"containers"`
+}
+
+// ErrNotOptedIn is returned when neither the CronJob nor the Job carries a
+// dislock.io/ annotation: the caller allows the Job untouched.
+var ErrNotOptedIn = errors.New("the job is not opted in to dislock (no dislock.io/ annotation on it or its CronJob)")
+
+// plan is what Inject derived from a Job before changing anything.
+type plan struct {
+	spec         spec.Spec
+	window       string // RFC 3339 UTC, or ""
+	windowSource window.Source
+	schedule     string // DISLOCK_SCHEDULE
+	timeZone     string
+	commands     [][]string // original entrypoint of each app container, by index
+}
+
+// Inject returns a mutated deep copy of job: the dislock-agent sidecar, the
+// shared volume, each app container's command wrapped, and the
+// dislock.io/status annotation. cronJob is the Job's owning CronJob.
+// entrypoints maps a container name to its image's entrypoint, resolved by
+// the caller for the containers NeedsEntrypoint lists.
+//
+// It reads nothing but its arguments. A Job that already has the status
+// annotation and the sidecar is returned unchanged. A Job with no dislock
+// annotation gives ErrNotOptedIn. Otherwise every problem (bad annotations,
+// no window, a container without a known entrypoint, names dislock needs
+// already taken) is reported at once, each saying what to fix.
+func Inject(job *batchv1.Job, cronJob *batchv1.CronJob, opts Options, entrypoints map[string][]string) (*batchv1.Job, *Status, error) {
+	if job == nil || cronJob == nil {
+		return nil, nil, errors.New("inject: job and cronJob must not be nil")
+	}
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("invalid webhook options: %w", err)
+	}
+	annotations := spec.Merge(cronJob.Annotations, job.Annotations)
+	if !spec.Enabled(annotations) {
+		return nil, nil, ErrNotOptedIn
+	}
+	if raw, ok := job.Annotations[StatusAnnotation]; ok {
+		st, err := injectedStatus(job, raw)
+		if err != nil {
+			return nil, nil, err
+		}
+		return job.DeepCopy(), st, nil
+	}
+
+	p, err := makePlan(job, cronJob, annotations, entrypoints)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	out := job.DeepCopy()
+	pod := &out.Spec.Template.Spec
+	pod.Volumes = append(pod.Volumes, corev1.Volume{
+		Name: VolumeName,
+		VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+			SizeLimit: ptr.To(resource.MustParse(VolumeSizeLimit)),
+		}},
+	})
+	pod.InitContainers = append([]corev1.Container{sidecar(job, p, opts)}, pod.InitContainers...)
+	names := make([]string, len(pod.Containers))
+	for i := range pod.Containers {
+		c := &pod.Containers[i]
+		c.Command = append(slices.Clone(WrapperPrefix), p.commands[i]...)
+		c.Env = append(slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == spec.EnvContainerName }),
+			corev1.EnvVar{Name: spec.EnvContainerName, Value: c.Name})
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeName, MountPath: SharedDir})
+		names[i] = c.Name
+	}
+
+	st := &Status{
+		Version:      StatusVersion,
+		Mode:         p.spec.Mode.String(),
+		Key:          p.spec.Key(),
+		Window:       p.window,
+		WindowSource: string(p.windowSource),
+		Containers:   names,
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encoding %s: %w", StatusAnnotation, err)
+	}
+	if out.Annotations == nil {
+		out.Annotations = map[string]string{}
+	}
+	out.Annotations[StatusAnnotation] = string(b)
+	return out, st, nil
+}
+
+// injectedStatus accepts a Job carrying the status annotation only if it
+// also carries the sidecar. The annotation alone (copied by hand into a job
+// template, say) must not switch the lock off in every cluster.
+func injectedStatus(job *batchv1.Job, raw string) (*Status, error) {
+	hasSidecar := slices.ContainsFunc(job.Spec.Template.Spec.InitContainers, func(c corev1.Container) bool {
+		return c.Name == SidecarName
+	})
+	var st Status
+	if !hasSidecar || json.Unmarshal([]byte(raw), &st) != nil {
+		return nil, fmt.Errorf("annotation %s is set but the job was not injected by dislock (no %s init container, or not the webhook's JSON): remove %s from the CronJob's spec.jobTemplate.metadata.annotations; only the webhook writes it",
+			StatusAnnotation, SidecarName, StatusAnnotation)
+	}
+	return &st, nil
+}
+
+// makePlan parses and checks everything Inject needs, and reports every
+// problem at once.
+func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, annotations map[string]string, entrypoints map[string][]string) (plan, error) {
+	var errs []error
+	namespace := jobNamespace(job, cronJob)
+	s, err := spec.FromAnnotations(annotations, namespace, cronJob.Name)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	p := plan{spec: s, timeZone: ptr.Deref(cronJob.Spec.TimeZone, "")}
+
+	// A Job of a CronJob that should not have passed ValidateCronJob (it
+	// predates the webhook, say) is denied with the same message.
+	badSchedule := scheduleProblems(cronJob, annotations)
+	for _, e := range badSchedule {
+		errs = append(errs, fmt.Errorf("CronJob %s: %w", cronJob.Name, e))
+	}
+	if err := resolveWindow(&p, job, cronJob); err != nil && len(badSchedule) == 0 {
+		errs = append(errs, err)
+	}
+	for _, e := range templateProblems(field.NewPath("spec"), &job.Spec) {
+		errs = append(errs, e)
+	}
+
+	// With dislock.io/entrypoint present but bad, its own error says
+	// everything; do not add one "no entrypoint" error per container.
+	_, haveAnnotation := annotations[spec.AnnotationEntrypoint]
+	for _, c := range job.Spec.Template.Spec.Containers {
+		cmd := originalCommand(c, s.Entrypoint, entrypoints)
+		if cmd == nil && !haveAnnotation {
+			errs = append(errs, fmt.Errorf("container %q has no command and its image's entrypoint could not be read: set the container's command, or the annotation %s on the CronJob to the image's entrypoint as a JSON array (e.g. [\"/app/run\"])",
+				c.Name, spec.AnnotationEntrypoint))
+		}
+		p.commands = append(p.commands, cmd)
+	}
+	return p, errors.Join(errs...)
+}
+
+// jobNamespace is the Job's namespace; the API server sets it before
+// admission, the CronJob's (the same) is the fallback.
+func jobNamespace(job *batchv1.Job, cronJob *batchv1.CronJob) string {
+	if job.Namespace != "" {
+		return job.Namespace
+	}
+	return cronJob.Namespace
+}
+
+// resolveWindow decides DISLOCK_WINDOW and DISLOCK_SCHEDULE. The webhook has
+// no database clock, so it asks window.Resolve for the rules that need no
+// clock only (by passing no schedule); when only the schedule can give the
+// window, it checks that the schedule parses and leaves the window to the
+// agent, which computes it at database time.
+func resolveWindow(p *plan, job *batchv1.Job, cronJob *batchv1.CronJob) error {
+	t, src, err := window.Resolve(window.Input{
+		Annotations: job.Annotations,
+		JobName:     job.Name,
+		CronJobName: cronJob.Name,
+		TimeZone:    p.timeZone,
+	}, time.Time{})
+	p.windowSource = src
+	switch {
+	case src == window.SourceManual:
+		// No window and no schedule is how the agent recognises a manual
+		// run: no schedule lock, the lease still honoured.
+		return nil
+	case err == nil:
+		p.window = t.Format(time.RFC3339)
+		p.schedule = cronJob.Spec.Schedule
+		return nil
+	case src != window.SourceSchedule:
+		return err
+	}
+	if _, err := window.ParseSchedule(cronJob.Spec.Schedule, p.timeZone); err != nil {
+		return fmt.Errorf("job %q has no window: no %s annotation, its name is not %q followed by the scheduled minute, and the CronJob's schedule cannot give one: %w",
+			job.Name, window.ScheduledTimestampAnnotation, cronJob.Name+"-", err)
+	}
+	p.schedule = cronJob.Spec.Schedule
+	return nil
+}
+
+// originalCommand is what the wrapper runs: the container's command, else
+// dislock.io/entrypoint, else the image's entrypoint from entrypoints; nil
+// if none is known. A resolved entrypoint may be empty but non-nil (an image
+// with only a Cmd, which the container's args replace): then the args are
+// the program, and the wrapper prefix alone is right.
+func originalCommand(c corev1.Container, annotated []string, entrypoints map[string][]string) []string {
+	switch ep, resolved := entrypoints[c.Name]; {
+	case len(c.Command) > 0:
+		return slices.Clone(c.Command)
+	case len(annotated) > 0:
+		return slices.Clone(annotated)
+	case resolved && (len(ep) > 0 || len(c.Args) > 0):
+		return append([]string{}, ep...)
+	}
+	return nil
+}
+
+// templateProblems finds what in a Job spec would clash with the injection.
+// ValidateCronJob shares it, so a CronJob whose Jobs could never be injected
+// is rejected when it is applied. jobSpec is the path of the Job spec.
+func templateProblems(jobSpec *field.Path, js *batchv1.JobSpec) field.ErrorList {
+	var errs field.ErrorList
+	if ptr.Deref(js.ManualSelector, false) {
+		errs = append(errs, field.Invalid(jobSpec.Child("manualSelector"), true,
+			fmt.Sprintf("the Job controller then does not label pods with %s, which the dislock agent needs to name its Job (remove manualSelector)", UIDLabel)))
+	}
+	podPath := jobSpec.Child("template", "spec")
+	pod := &js.Template.Spec
+	for i, v := range pod.Volumes {
+		if v.Name == VolumeName {
+			errs = append(errs, field.Invalid(podPath.Child("volumes").Index(i).Child("name"), v.Name,
+				"dislock adds a volume of this name (rename this volume)"))
+		}
+	}
+	for _, list := range []struct {
+		name       string
+		containers []corev1.Container
+	}{{"initContainers", pod.InitContainers}, {"containers", pod.Containers}} {
+		for i, c := range list.containers {
+			if c.Name == SidecarName {
+				errs = append(errs, field.Invalid(podPath.Child(list.name).Index(i).Child("name"), c.Name,
+					"dislock adds a container of this name (rename this container)"))
+			}
+		}
+	}
+	for i, c := range pod.Containers {
+		for j, m := range c.VolumeMounts {
+			if mp := path.Clean(m.MountPath); mp == SharedDir || strings.HasPrefix(mp, SharedDir+"/") {
+				errs = append(errs, field.Invalid(podPath.Child("containers").Index(i).Child("volumeMounts").Index(j).Child("mountPath"), m.MountPath,
+					fmt.Sprintf("dislock mounts its shared volume at %s in every app container (move this mount)", SharedDir)))
+			}
+		}
+	}
+	return errs
+}
+
+// sidecar is the dislock-agent native sidecar.
+func sidecar(job *batchv1.Job, p plan, opts Options) corev1.Container {
+	s := p.spec
+	catchup := ""
+	if s.Catchup > 0 {
+		catchup = s.Catchup.String()
+	}
+	jobName := corev1.EnvVar{Name: spec.EnvJobName, Value: job.Name}
+	if job.Name == "" {
+		jobName.ValueFrom = fieldRef("metadata.labels['" + jobNameLabel + "']")
+	}
+	return corev1.Container{
+		Name:            SidecarName,
+		Image:           opts.AgentImage,
+		ImagePullPolicy: opts.AgentImagePullPolicy,
+		Command:         []string{agentCommand, "agent"},
+		// A native sidecar: it starts before, runs alongside and is stopped
+		// after the app containers, and the kubelet restarts it if it dies.
+		RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
+		Env: []corev1.EnvVar{
+			{Name: spec.EnvMode, Value: s.Mode.String()},
+			{Name: spec.EnvKey, Value: s.Key()},
+			{Name: spec.EnvWindow, Value: p.window},
+			{Name: spec.EnvSchedule, Value: p.schedule},
+			{Name: spec.EnvTimeZone, Value: p.timeZone},
+			{Name: spec.EnvLeaseTTL, Value: s.LeaseTTL.String()},
+			{Name: spec.EnvStandby, Value: strconv.FormatBool(s.Standby)},
+			{Name: spec.EnvCatchup, Value: catchup},
+			{Name: spec.EnvCluster, Value: opts.ClusterName},
+			jobName,
+			{Name: spec.EnvJobUID, ValueFrom: fieldRef("metadata.labels['" + UIDLabel + "']")},
+			{Name: spec.EnvPodName, ValueFrom: fieldRef("metadata.name")},
+			// Only the sidecar sees the credentials.
+			{Name: spec.EnvDatabaseURL, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: opts.DBSecretName},
+				Key:                  opts.DBSecretKey,
+			}}},
+		},
+		Resources:    opts.AgentResources,
+		VolumeMounts: []corev1.VolumeMount{{Name: VolumeName, MountPath: SharedDir}},
+		// The app containers (and any later init containers) start only once
+		// this succeeds, i.e. once the agent has installed itself and
+		// written its decision.
+		StartupProbe: &corev1.Probe{
+			ProbeHandler:     corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{agentCommand, "probe"}}},
+			PeriodSeconds:    StartupProbePeriodSeconds,
+			TimeoutSeconds:   1,
+			SuccessThreshold: 1,
+			FailureThreshold: opts.StartupProbeFailureThreshold,
+		},
+		TerminationMessagePath:   spec.DefaultTerminationLog,
+		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+		// Explicit on the container, so it holds whatever the pod's own
+		// securityContext says (a pod runAsUser is overridden here), and
+		// meets the "restricted" Pod Security Standard.
+		SecurityContext: &corev1.SecurityContext{
+			RunAsNonRoot:             ptr.To(true),
+			RunAsUser:                ptr.To(int64(agentUID)),
+			RunAsGroup:               ptr.To(int64(agentUID)),
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			AllowPrivilegeEscalation: ptr.To(false),
+			Privileged:               ptr.To(false),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+	}
+}
+
+func fieldRef(path string) *corev1.EnvVarSource {
+	return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: path}}
+}
+
+// NeedsEntrypoint lists the app containers Inject will need an image
+// entrypoint for: those without a command, when dislock.io/entrypoint is not
+// set. The caller resolves them (from the registry) and passes them to
+// Inject. It returns nothing for an already injected Job, and
+// ErrNotOptedIn for a Job that is not opted in.
+func NeedsEntrypoint(job *batchv1.Job, cronJob *batchv1.CronJob) ([]corev1.Container, error) {
+	if job == nil || cronJob == nil {
+		return nil, errors.New("needs entrypoint: job and cronJob must not be nil")
+	}
+	annotations := spec.Merge(cronJob.Annotations, job.Annotations)
+	if !spec.Enabled(annotations) {
+		return nil, ErrNotOptedIn
+	}
+	if _, ok := job.Annotations[StatusAnnotation]; ok {
+		return nil, nil
+	}
+	if _, ok := annotations[spec.AnnotationEntrypoint]; ok {
+		return nil, nil
+	}
+	var out []corev1.Container
+	for _, c := range job.Spec.Template.Spec.Containers {
+		if len(c.Command) == 0 {
+			out = append(out, *c.DeepCopy())
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,642 @@
+package webhook
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dislock/dislock/lockagent/agent"
+	"github.com/dislock/dislock/lockagent/spec"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite the golden files in testdata/inject")
+
+const goldenDir = "testdata/inject"
+
+// goldenOptions are the options every golden file was made with.
+func goldenOptions() Options {
+	return Options{ClusterName: "dc-a", AgentImage: "ghcr.io/dislock/dislock:v0.1.0"}
+}
+
+// goldenCases are the inputs in testdata/inject; each <name>.yaml holds a
+// CronJob and the Job its controller (or kubectl) created, and
+// <name>.injected.yaml the Job Inject returns.
+type goldenCase struct {
+	name        string
+	entrypoints map[string][]string // what the caller resolved from the registry
+}
+
+var goldenCases = []goldenCase{
+	{name: "schedule"},
+	{name: "lease"},
+	{name: "schedule-lease"},
+	{name: "manual"},
+	{name: "entrypoint-from-registry", entrypoints: map[string][]string{"app": {"/usr/local/bin/report", "serve"}}},
+	{name: "entrypoint-annotation", entrypoints: map[string][]string{"app": {"/ignored"}}},
+	{name: "several-containers"},
+	{name: "existing-init-containers-and-volumes"},
+	{name: "already-injected"},
+	{name: "run-as-non-root"},
+	{name: "template-annotation-overrides-cronjob"},
+	{name: "window-from-job-name"},
+	{name: "window-from-schedule"},
+}
+
+// readCase decodes a case file: a CronJob, then a Job, as YAML documents.
+func readCase(t testing.TB, path string) (*batchv1.CronJob, *batchv1.Job) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cj *batchv1.CronJob
+	var job *batchv1.Job
+	for doc := range bytes.SplitSeq(b, []byte("\n---\n")) {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &tm); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		switch tm.Kind {
+		case "CronJob":
+			cj = &batchv1.CronJob{}
+			err = yaml.UnmarshalStrict(doc, cj)
+		case "Job":
+			job = &batchv1.Job{}
+			err = yaml.UnmarshalStrict(doc, job)
+		default:
+			t.Fatalf("%s: unexpected kind %q", path, tm.Kind)
+		}
+		if err != nil {
+			t.Fatalf("%s: %s: %v", path, tm.Kind, err)
+		}
+	}
+	if cj == nil || job == nil {
+		t.Fatalf("%s: want a CronJob and a Job", path)
+	}
+	return cj, job
+}
+
+func toYAML(t testing.TB, obj any) []byte {
+	t.Helper()
+	b, err := yaml.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestInjectGolden compares Inject's output with the golden files (rewrite
+// them with -update) and re-injects every output, which must come back
+// unchanged: the webhook may be called again (reinvocationPolicy IfNeeded).
+func TestInjectGolden(t *testing.T) {
+	inputs, err := filepath.Glob(filepath.Join(goldenDir, "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range inputs {
+		name := strings.TrimSuffix(filepath.Base(in), ".yaml")
+		if strings.HasSuffix(name, ".injected") {
+			continue
+		}
+		if !slices.ContainsFunc(goldenCases, func(c goldenCase) bool { return c.name == name }) {
+			t.Errorf("%s is not in goldenCases", in)
+		}
+	}
+
+	for _, tc := range goldenCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cj, job := readCase(t, filepath.Join(goldenDir, tc.name+".yaml"))
+			before := toYAML(t, job)
+
+			out, st, err := Inject(job, cj, goldenOptions(), tc.entrypoints)
+			if err != nil {
+				t.Fatalf("Inject: %v", err)
+			}
+			if !bytes.Equal(toYAML(t, job), before) {
+				t.Error("Inject modified its input")
+			}
+			got := toYAML(t, out)
+			golden := filepath.Join(goldenDir, tc.name+".injected.yaml")
+			if *updateGolden {
+				if err := os.WriteFile(golden, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./webhook -run TestInjectGolden -update)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("output differs from %s (rerun with -update and review the diff):\n%s", golden, lineDiff(string(want), string(got)))
+			}
+
+			checkInjected(t, out, st)
+
+			again, st2, err := Inject(out, cj, goldenOptions(), nil)
+			if err != nil {
+				t.Fatalf("re-injecting: %v", err)
+			}
+			if !bytes.Equal(toYAML(t, again), got) {
+				t.Errorf("re-injecting changed the Job:\n%s", lineDiff(string(got), string(toYAML(t, again))))
+			}
+			if !reflect.DeepEqual(st2, st) {
+				t.Errorf("re-injecting: status %+v, want %+v", st2, st)
+			}
+			if need, err := NeedsEntrypoint(out, cj); err != nil || len(need) != 0 {
+				t.Errorf("NeedsEntrypoint(injected) = %v, %v; want nothing", need, err)
+			}
+			if errs := ValidateCronJob(cj); len(errs) != 0 {
+				t.Errorf("the case's CronJob does not validate: %v", errs)
+			}
+		})
+	}
+}
+
+// checkInjected checks what every injected Job must have, whatever the case.
+func checkInjected(t testing.TB, out *batchv1.Job, st *Status) {
+	t.Helper()
+	var fromAnnotation Status
+	if err := json.Unmarshal([]byte(out.Annotations[StatusAnnotation]), &fromAnnotation); err != nil {
+		t.Fatalf("status annotation: %v", err)
+	}
+	if st == nil || !reflect.DeepEqual(*st, fromAnnotation) {
+		t.Errorf("returned status %+v, annotation says %+v", st, fromAnnotation)
+	}
+	pod := out.Spec.Template.Spec
+	if len(pod.InitContainers) == 0 || pod.InitContainers[0].Name != SidecarName {
+		t.Fatalf("initContainers[0] is not %s", SidecarName)
+	}
+	sc := pod.InitContainers[0]
+	if ptr.Deref(sc.RestartPolicy, "") != corev1.ContainerRestartPolicyAlways {
+		t.Error("the sidecar is not a native sidecar (restartPolicy Always)")
+	}
+	if n := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == VolumeName }); n < 0 || pod.Volumes[n].EmptyDir == nil {
+		t.Errorf("no emptyDir volume %q", VolumeName)
+	}
+	var names []string
+	for _, c := range pod.Containers {
+		names = append(names, c.Name)
+		if len(c.Command) <= len(WrapperPrefix) || !slices.Equal(c.Command[:len(WrapperPrefix)], WrapperPrefix) {
+			t.Errorf("container %s: command %q does not start with %q and a command", c.Name, c.Command, WrapperPrefix)
+		}
+		if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+			return reflect.DeepEqual(e, corev1.EnvVar{Name: spec.EnvContainerName, Value: c.Name})
+		}) {
+			t.Errorf("container %s: no %s=%s", c.Name, spec.EnvContainerName, c.Name)
+		}
+		if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return reflect.DeepEqual(m, corev1.VolumeMount{Name: VolumeName, MountPath: SharedDir})
+		}) {
+			t.Errorf("container %s: %s not mounted at %s", c.Name, VolumeName, SharedDir)
+		}
+		for _, e := range c.Env {
+			if e.Name == spec.EnvDatabaseURL {
+				t.Errorf("container %s sees %s; only the sidecar may", c.Name, spec.EnvDatabaseURL)
+			}
+		}
+	}
+	if !slices.Equal(names, st.Containers) {
+		t.Errorf("status containers %q, want %q", st.Containers, names)
+	}
+}
+
+// lineDiff shows the first differing lines of two texts.
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	shown := 0
+	for i := 0; i < max(len(w), len(g)) && shown < 20; i++ {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			b.WriteString("line " + strconv.Itoa(i+1) + ":\n  - " + wl + "\n  + " + gl + "\n")
+			shown++
+		}
+	}
+	return b.String()
+}
+
+// errCase builds a CronJob and its controller's Job for the error table.
+func errCase(annotations map[string]string, edit func(cj *batchv1.CronJob, job *batchv1.Job)) (*batchv1.CronJob, *batchv1.Job) {
+	tick := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	cj := &batchv1.CronJob{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "report", Annotations: annotations},
+		Spec: batchv1.CronJobSpec{Schedule: "0 * * * *", JobTemplate: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "app", Image: "registry.example/report", Command: []string{"/app/report"}}}}}}}},
+	}
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "report-29936880",
+			Annotations: map[string]string{"batch.kubernetes.io/cronjob-scheduled-timestamp": tick.Format(time.RFC3339)}},
+		Spec: *cj.Spec.JobTemplate.Spec.DeepCopy(),
+	}
+	if edit != nil {
+		edit(cj, job)
+	}
+	return cj, job
+}
+
+func TestInjectRefuses(t *testing.T) {
+	t.Parallel()
+	schedule := map[string]string{spec.AnnotationMode: "schedule"}
+	tests := []struct {
+		name        string
+		annotations map[string]string
+		edit        func(cj *batchv1.CronJob, job *batchv1.Job)
+		opts        *Options
+		entrypoints map[string][]string
+		wantIs      error
+		want        []string // substrings of the error, all required
+	}{
+		{
+			name: "every bad annotation is listed with its value and the allowed values",
+			annotations: map[string]string{spec.AnnotationMode: "sometimes", spec.AnnotationLeaseTTL: "5",
+				spec.AnnotationCatchup: "-1m", spec.AnnotationKey: "Bad_Key", "dislock.io/standbye": "true"},
+			want: []string{
+				`annotation dislock.io/mode: "sometimes" is not a valid mode (want "schedule", "lease" or "schedule,lease")`,
+				`annotation dislock.io/lease-ttl: "5" is not a duration (want e.g. "30s", between 5s and 1h)`,
+				`annotation dislock.io/catchup: "-1m"`,
+				`annotation dislock.io/key: "Bad_Key"`,
+				`did you mean dislock.io/standby?`,
+			},
+		},
+		{
+			name:        "a key without a mode is an error, not an unlocked Job",
+			annotations: map[string]string{spec.AnnotationKey: "report"},
+			want:        []string{"annotation dislock.io/mode is required"},
+		},
+		{
+			name:        "a container without a command or a known entrypoint is named with the fix",
+			annotations: schedule,
+			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+				job.Spec.Template.Spec.Containers = append(job.Spec.Template.Spec.Containers,
+					corev1.Container{Name: "bare", Image: "registry.example/bare"},
+					corev1.Container{Name: "resolved", Image: "registry.example/resolved"})
+			},
+			entrypoints: map[string][]string{"resolved": {"/run"}, "bare": {}},
+			want:        []string{`container "bare" has no command`, "set the container's command, or the annotation dislock.io/entrypoint"},
+		},
+		{
+			name:        "annotation and entrypoint problems are reported together",
+			annotations: map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationLeaseTTL: "2h"},
+			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+				job.Spec.Template.Spec.Containers[0].Command = nil
+			},
+			want: []string{`annotation dislock.io/lease-ttl: "2h" is out of range`, `container "app" has no command`},
+		},
+		{
+			name:        "a bad dislock.io/entrypoint is reported once, not per container",
+			annotations: map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationEntrypoint: "/app/run"},
+			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+				job.Spec.Template.Spec.Containers[0].Command = nil
+			},
+			want: []string{`annotation dislock.io/entrypoint: "/app/run" is not a JSON array of strings`},
+		},
+		{
+			name:        "no dislock annotation anywhere: not opted in",
+			annotations: map[string]string{"team.example/owner": "billing"},
+			wantIs:      ErrNotOptedIn,
+		},
+		{
+			name:        "only a status annotation, copied into the template by hand: not opted in",
+			annotations: nil,
+			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+				job.Annotations[StatusAnnotation] = `{"version":1}`
+			},
+			wantIs: ErrNotOptedIn,
+		},
+		{
+			name:        "a status annotation without the sidecar does not switch the lock off",
+			annotations: schedule,
+			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+				job.Annotations[StatusAnnotation] = `{"version":1,"mode":"schedule"}`
+			},
+			want: []string{"annotation dislock.io/status is set but the job was not injected by dislock", "remove dislock.io/status"},
+		},
+		{
+			name:        "a malformed scheduled timestamp is not guessed around",
+			annotations: schedule,
+			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+				job.Annotations["batch.kubernetes.io/cronjob-scheduled-timestamp"] = "yesterday"
+			},
+			want: []string{`batch.kubernetes.io/cronjob-scheduled-timestamp: "yesterday" is not an RFC 3339 time`},
+		},
+		{
+			name:        "schedule mode with @every, whose ticks differ per cluster",
+			annotations: schedule,
+			edit:        func(cj *batchv1.CronJob, job *batchv1.Job) { cj.Spec.Schedule = "@every 5m" },
+			want:        []string{"CronJob report: spec.schedule", "@every is not supported"},
+		},
+		{
+			name:        "no window from the Job, and a schedule that cannot give one",
+			annotations: map[string]string{spec.AnnotationMode: "lease"},
+			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+				delete(job.Annotations, "batch.kubernetes.io/cronjob-scheduled-timestamp")
+				job.Name = "report-by-hand"
+				cj.Spec.TimeZone = ptr.To("Mars/Olympus")
+			},
+			want: []string{`job "report-by-hand" has no window`, `unknown time zone "Mars/Olympus"`},
+		},
+		{
+			name:        "names and paths dislock adds are already taken",
+			annotations: schedule,
+			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+				pod := &job.Spec.Template.Spec
+				pod.Volumes = []corev1.Volume{{Name: "dislock"}}
+				pod.InitContainers = []corev1.Container{{Name: "dislock-agent", Image: "x"}}
+				pod.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/dislock/data"}}
+			},
+			want: []string{
+				`spec.template.spec.volumes[0].name: Invalid value: "dislock"`,
+				`spec.template.spec.initContainers[0].name: Invalid value: "dislock-agent"`,
+				`spec.template.spec.containers[0].volumeMounts[0].mountPath: Invalid value: "/dislock/data"`,
+			},
+		},
+		{
+			name:        "a manual selector leaves the agent without its Job's UID",
+			annotations: schedule,
+			edit:        func(cj *batchv1.CronJob, job *batchv1.Job) { job.Spec.ManualSelector = ptr.To(true) },
+			want:        []string{"spec.manualSelector", "batch.kubernetes.io/controller-uid"},
+		},
+		{
+			name:        "options without a cluster name or image",
+			annotations: schedule,
+			opts:        &Options{},
+			want:        []string{"invalid webhook options", "--cluster-name", "--agent-image"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cj, job := errCase(tc.annotations, tc.edit)
+			opts := goldenOptions()
+			if tc.opts != nil {
+				opts = *tc.opts
+			}
+			out, st, err := Inject(job, cj, opts, tc.entrypoints)
+			if err == nil {
+				t.Fatalf("Inject succeeded; want an error\n%s", toYAML(t, out))
+			}
+			if out != nil || st != nil {
+				t.Error("Inject returned a Job or status with its error")
+			}
+			if tc.wantIs != nil && !errors.Is(err, tc.wantIs) {
+				t.Errorf("error %v, want %v", err, tc.wantIs)
+			}
+			if tc.wantIs == nil && errors.Is(err, ErrNotOptedIn) {
+				t.Errorf("error %v is ErrNotOptedIn", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not contain %q:\n%v", w, err)
+				}
+			}
+			if strings.Contains(err.Error(), `"resolved"`) {
+				t.Errorf("error names a container whose entrypoint was resolved:\n%v", err)
+			}
+		})
+	}
+}
+
+func TestInjectNilArguments(t *testing.T) {
+	t.Parallel()
+	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+	if _, _, err := Inject(nil, cj, goldenOptions(), nil); err == nil {
+		t.Error("nil job: no error")
+	}
+	if _, _, err := Inject(job, nil, goldenOptions(), nil); err == nil {
+		t.Error("nil cronJob: no error")
+	}
+	if _, err := NeedsEntrypoint(nil, cj); err == nil {
+		t.Error("NeedsEntrypoint(nil job): no error")
+	}
+}
+
+// A Job admitted with generateName has no name yet; the sidecar then reads
+// it from the label the Job controller puts on its pods.
+func TestInjectJobWithoutName(t *testing.T) {
+	t.Parallel()
+	cj, job := errCase(map[string]string{spec.AnnotationMode: "lease"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
+		job.Name, job.GenerateName = "", "report-"
+	})
+	out, _, err := Inject(job, cj, goldenOptions(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := out.Spec.Template.Spec.InitContainers[0].Env
+	i := slices.IndexFunc(env, func(e corev1.EnvVar) bool { return e.Name == spec.EnvJobName })
+	if i < 0 || env[i].ValueFrom == nil || env[i].ValueFrom.FieldRef.FieldPath != "metadata.labels['batch.kubernetes.io/job-name']" {
+		t.Errorf("DISLOCK_JOB_NAME = %+v, want the job-name label", env)
+	}
+}
+
+func TestInjectUsesOptions(t *testing.T) {
+	t.Parallel()
+	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("20Mi")}}
+	opts := Options{ClusterName: "dc-b", AgentImage: "registry.example/dislock:v2", AgentImagePullPolicy: corev1.PullAlways,
+		DBSecretName: "pg", DBSecretKey: "dsn", AgentResources: res, StartupProbeFailureThreshold: 90}
+	out, _, err := Inject(job, cj, opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := out.Spec.Template.Spec.InitContainers[0]
+	if sc.Image != opts.AgentImage || sc.ImagePullPolicy != corev1.PullAlways {
+		t.Errorf("image %s %s", sc.Image, sc.ImagePullPolicy)
+	}
+	if !reflect.DeepEqual(sc.Resources, res) {
+		t.Errorf("resources %+v, want %+v", sc.Resources, res)
+	}
+	if sc.StartupProbe.FailureThreshold != 90 {
+		t.Errorf("startup probe threshold %d, want 90", sc.StartupProbe.FailureThreshold)
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range sc.Env {
+		env[e.Name] = e
+	}
+	if env[spec.EnvCluster].Value != "dc-b" {
+		t.Errorf("%s = %q", spec.EnvCluster, env[spec.EnvCluster].Value)
+	}
+	if ref := env[spec.EnvDatabaseURL].ValueFrom.SecretKeyRef; ref.Name != "pg" || ref.Key != "dsn" {
+		t.Errorf("%s from %s/%s, want pg/dsn", spec.EnvDatabaseURL, ref.Name, ref.Key)
+	}
+	// The caller's options must not share memory with the Job.
+	opts.AgentResources.Requests[corev1.ResourceMemory] = resource.MustParse("1Gi")
+	if q := sc.Resources.Requests[corev1.ResourceMemory]; q.String() != "20Mi" {
+		t.Errorf("the Job's resources changed with the options: %s", q.String())
+	}
+}
+
+func TestNeedsEntrypoint(t *testing.T) {
+	t.Parallel()
+	bare := func(cj *batchv1.CronJob, job *batchv1.Job) {
+		job.Spec.Template.Spec.Containers = append(job.Spec.Template.Spec.Containers,
+			corev1.Container{Name: "bare", Image: "registry.example/bare"})
+	}
+	tests := []struct {
+		name        string
+		annotations map[string]string
+		edit        func(cj *batchv1.CronJob, job *batchv1.Job)
+		want        []string
+		wantErr     error
+	}{
+		{name: "every container has a command", annotations: map[string]string{spec.AnnotationMode: "lease"}},
+		{name: "a container without a command", annotations: map[string]string{spec.AnnotationMode: "lease"}, edit: bare, want: []string{"bare"}},
+		{name: "dislock.io/entrypoint covers it", edit: bare,
+			annotations: map[string]string{spec.AnnotationMode: "lease", spec.AnnotationEntrypoint: `["/run"]`}},
+		{name: "a bad dislock.io/entrypoint: Inject will refuse anyway", edit: bare,
+			annotations: map[string]string{spec.AnnotationMode: "lease", spec.AnnotationEntrypoint: `nope`}},
+		{name: "not opted in", edit: bare, wantErr: ErrNotOptedIn},
+		{name: "already injected", annotations: map[string]string{spec.AnnotationMode: "lease"}, edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+			bare(cj, job)
+			job.Annotations[StatusAnnotation] = "{}"
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cj, job := errCase(tc.annotations, tc.edit)
+			got, err := NeedsEntrypoint(job, cj)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("error %v, want %v", err, tc.wantErr)
+			}
+			var names []string
+			for _, c := range got {
+				names = append(names, c.Name)
+			}
+			if !slices.Equal(names, tc.want) {
+				t.Errorf("got %q, want %q", names, tc.want)
+			}
+		})
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		opts Options
+		want []string
+	}{
+		{name: "defaults fill everything but the cluster and image", opts: goldenOptions()},
+		{name: "nothing set: both required fields named", opts: Options{},
+			want: []string{"cluster name is empty", "agent image is empty"}},
+		{name: "every bad field at once", opts: Options{ClusterName: "dc/a", AgentImage: "bad image",
+			AgentImagePullPolicy: "Sometimes", DBSecretName: "DB_Secret", DBSecretKey: "a/b",
+			AgentResources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
+				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")}},
+			StartupProbeFailureThreshold: -1},
+			want: []string{`cluster name "dc/a"`, `agent image "bad image"`, `pull policy "Sometimes"`,
+				`secret name "DB_Secret"`, `secret key "a/b"`, "memory request 128Mi is above its limit 64Mi",
+				"failure threshold -1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := tc.opts.Validate()
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("Validate: no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not contain %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestWithDefaults(t *testing.T) {
+	t.Parallel()
+	o := Options{}.WithDefaults()
+	if o.DBSecretName != DefaultDBSecretName || o.DBSecretKey != DefaultDBSecretKey ||
+		o.AgentImagePullPolicy != DefaultAgentImagePullPolicy ||
+		o.StartupProbeFailureThreshold != DefaultStartupProbeFailureThreshold ||
+		!reflect.DeepEqual(o.AgentResources, DefaultAgentResources()) {
+		t.Errorf("defaults not applied: %+v", o)
+	}
+}
+
+// The kubelet must not give up on the sidecar before the agent itself would:
+// after an unreachable database (its start timeout), or while a retry pod
+// waits out the previous pod's lease (at most the longest lease TTL).
+func TestDefaultStartupProbeOutlastsTheAgent(t *testing.T) {
+	t.Parallel()
+	budget := time.Duration(DefaultStartupProbeFailureThreshold) * StartupProbePeriodSeconds * time.Second
+	if need := agent.DefaultStartTimeout + spec.MaxLeaseTTL; budget <= need {
+		t.Errorf("startup probe gives up after %s, the agent may take %s", budget, need)
+	}
+	if budget > 2*time.Hour {
+		t.Errorf("startup probe budget %s: a hung agent would hold the pod that long", budget)
+	}
+}
+
+func TestAgentResources(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		cpu, mem       string
+		wantCPU        string
+		wantMemRequest string
+		wantMemLimit   string
+		wantErr        []string
+	}{
+		{wantCPU: DefaultAgentCPURequest, wantMemRequest: DefaultAgentMemoryRequest, wantMemLimit: DefaultAgentMemoryLimit},
+		{cpu: "50m", mem: "128Mi", wantCPU: "50m", wantMemRequest: DefaultAgentMemoryRequest, wantMemLimit: "128Mi"},
+		{mem: "8Mi", wantCPU: DefaultAgentCPURequest, wantMemRequest: "8Mi", wantMemLimit: "8Mi"},
+		{cpu: "lots", mem: "-1Mi", wantErr: []string{`agent CPU request "lots"`, `agent memory limit "-1Mi"`}},
+	}
+	for _, tc := range tests {
+		r, err := AgentResources(tc.cpu, tc.mem)
+		if len(tc.wantErr) > 0 {
+			if err == nil {
+				t.Errorf("AgentResources(%q, %q): no error", tc.cpu, tc.mem)
+			}
+			for _, w := range tc.wantErr {
+				if err != nil && !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not contain %q: %v", w, err)
+				}
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("AgentResources(%q, %q): %v", tc.cpu, tc.mem, err)
+			continue
+		}
+		cpu, memReq, memLim := r.Requests[corev1.ResourceCPU], r.Requests[corev1.ResourceMemory], r.Limits[corev1.ResourceMemory]
+		if cpu.String() != tc.wantCPU || memReq.String() != tc.wantMemRequest || memLim.String() != tc.wantMemLimit {
+			t.Errorf("AgentResources(%q, %q) = cpu %s, memory %s/%s", tc.cpu, tc.mem, cpu.String(), memReq.String(), memLim.String())
+		}
+		if _, ok := r.Limits[corev1.ResourceCPU]; ok {
+			t.Error("a CPU limit is set")
+		}
+	}
+}

@@ -1,0 +1,66 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/dislock/dislock/lockagent/lock"
+)
+
+// DefaultRetentionInterval is how often old windows are deleted.
+const DefaultRetentionInterval = time.Hour
+
+// maintenance migrates the schema at start and deletes old windows every
+// hour. It runs on the elected leader only; the migration is safe to run
+// from every cluster at once anyway (it takes an advisory lock).
+type maintenance struct {
+	databaseURL string
+	retention   time.Duration
+}
+
+func (m *maintenance) NeedLeaderElection() bool { return true }
+
+func (m *maintenance) Start(ctx context.Context) error {
+	logger := log.FromContext(ctx).WithName("maintenance")
+	store, err := lock.Open(ctx, m.databaseURL, lock.Options{MaxConns: 1})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	// The database may come up after the webhook: retry, never crash-loop.
+	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
+		applied, err := store.Migrate(ctx)
+		if err == nil {
+			logger.Info("schema dislock is up to date", "applied", applied, "version", lock.SchemaVersion())
+			break
+		}
+		if !errors.Is(err, lock.ErrUnavailable) {
+			logger.Error(err, "migrating failed; the webhook keeps serving, agents need the schema")
+		} else {
+			logger.Info("database unavailable; will retry the migration", "in", backoff.String(), "err", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+	}
+	tick := time.NewTicker(DefaultRetentionInterval)
+	defer tick.Stop()
+	for {
+		n, err := store.DeleteOldWindows(ctx, m.retention)
+		if err != nil {
+			logger.Error(err, "deleting old windows")
+		} else if n > 0 {
+			logger.Info("deleted old windows", "count", n, "olderThan", m.retention.String())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}

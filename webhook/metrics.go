@@ -1,0 +1,35 @@
+package webhook
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Admission results, the values of the "result" label.
+const (
+	resultInjected      = "injected"
+	resultNotApplicable = "not_applicable"
+	resultAllowed       = "allowed"
+	resultDenied        = "denied"
+	resultError         = "error"
+)
+
+var (
+	admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dislock_webhook_admissions_total",
+		Help: "Admission reviews answered, by webhook and result (injected, not_applicable, allowed, denied, error).",
+	}, []string{"webhook", "result"})
+	admissionDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "dislock_webhook_admission_duration_seconds",
+		Help:    "Time to answer one admission review, including registry lookups.",
+		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5},
+	}, []string{"webhook"})
+	secretCopiesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dislock_secret_copies_total",
+		Help: "Database secret copies written or deleted in opted-in namespaces, by action.",
+	}, []string{"action"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(admissionsTotal, admissionDuration, secretCopiesTotal)
+}

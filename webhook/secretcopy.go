@@ -1,0 +1,117 @@
+package webhook
+
+import (
+	"context"
+	"maps"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/dislock/dislock/lockagent/spec"
+)
+
+// CopiedFromAnnotation names the source of a database secret copy.
+const CopiedFromAnnotation = "dislock.io/copied-from"
+
+// secretCopier keeps a copy of the database secret in every namespace
+// labelled dislock.io/injection=enabled, because the sidecar's secretKeyRef
+// can only name a Secret of the pod's own namespace. It only ever updates or
+// deletes Secrets carrying its managed-by label: a Secret of the same name
+// that a user created is left alone.
+type secretCopier struct {
+	client.Client
+	source types.NamespacedName
+}
+
+func setupSecretCopier(mgr ctrl.Manager, cfg Config) error {
+	r := &secretCopier{Client: mgr.GetClient(), source: types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Inject.DBSecretName}}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("dbsecret-copier").
+		For(&corev1.Namespace{}).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.namespacesFor)).
+		Complete(r)
+}
+
+// namespacesFor maps a Secret event to the namespaces to reconcile: every
+// namespace when the source changed, the copy's namespace when a copy did.
+func (r *secretCopier) namespacesFor(ctx context.Context, o client.Object) []reconcile.Request {
+	if o.GetNamespace() == r.source.Namespace && o.GetName() == r.source.Name {
+		var nss corev1.NamespaceList
+		if err := r.List(ctx, &nss, client.MatchingLabels{spec.LabelInjection: spec.LabelInjectionEnabled}); err != nil {
+			log.FromContext(ctx).Error(err, "listing opted-in namespaces")
+			return nil
+		}
+		out := make([]reconcile.Request, 0, len(nss.Items))
+		for _, ns := range nss.Items {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: ns.Name}})
+		}
+		return out
+	}
+	if o.GetName() == r.source.Name && o.GetLabels()[ManagedByLabel] == ManagedByValue {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
+	}
+	return nil
+}
+
+func (r *secretCopier) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	logger := log.FromContext(ctx).WithValues("namespace", req.Name)
+	if req.Name == r.source.Namespace {
+		return reconcile.Result{}, nil
+	}
+	ns := &corev1.Namespace{}
+	if err := r.Get(ctx, req.NamespacedName, ns); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	want := ns.DeletionTimestamp == nil && ns.Labels[spec.LabelInjection] == spec.LabelInjectionEnabled
+	src := &corev1.Secret{}
+	if err := r.Get(ctx, r.source, src); apierrors.IsNotFound(err) {
+		want = false
+	} else if err != nil {
+		return reconcile.Result{}, err
+	}
+	cur := &corev1.Secret{}
+	err := r.Get(ctx, types.NamespacedName{Namespace: req.Name, Name: r.source.Name}, cur)
+	exists := err == nil
+	if err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	if exists && cur.Labels[ManagedByLabel] != ManagedByValue {
+		if want {
+			logger.Info("leaving a Secret dislock did not create alone", "secret", r.source.Name)
+		}
+		return reconcile.Result{}, nil
+	}
+	switch {
+	case want && !exists:
+		cp := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: req.Name, Name: r.source.Name,
+			Labels:      map[string]string{ManagedByLabel: ManagedByValue},
+			Annotations: map[string]string{CopiedFromAnnotation: r.source.String()}},
+			Type: src.Type, Data: src.Data}
+		if err := r.Create(ctx, cp); err != nil {
+			return reconcile.Result{}, err
+		}
+		secretCopiesTotal.WithLabelValues("create").Inc()
+		logger.Info("copied the database secret", "secret", r.source.Name)
+	case want && exists && !maps.EqualFunc(cur.Data, src.Data, func(a, b []byte) bool { return string(a) == string(b) }):
+		cur.Data = src.Data
+		if err := r.Update(ctx, cur); err != nil {
+			return reconcile.Result{}, err
+		}
+		secretCopiesTotal.WithLabelValues("update").Inc()
+		logger.Info("updated the database secret copy", "secret", r.source.Name)
+	case !want && exists:
+		if err := r.Delete(ctx, cur); client.IgnoreNotFound(err) != nil {
+			return reconcile.Result{}, err
+		}
+		secretCopiesTotal.WithLabelValues("delete").Inc()
+		logger.Info("deleted the database secret copy: the namespace is no longer opted in", "secret", r.source.Name)
+	}
+	return reconcile.Result{}, nil
+}

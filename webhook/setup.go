@@ -1,0 +1,178 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+)
+
+// Defaults of the server configuration.
+const (
+	DefaultCertSecretName       = "dislock-webhook-cert"
+	DefaultServiceName          = "dislock-webhook"
+	DefaultMutatingConfigName   = "dislock"
+	DefaultValidatingConfigName = "dislock"
+	// ManagedByLabel marks the database secret copies this webhook owns.
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedByValue = "dislock"
+)
+
+// Config is everything the `dislock webhook` server wires up.
+type Config struct {
+	Inject   Options
+	Resolver ResolverOptions
+	// Namespace the webhook runs in: where the database secret is copied
+	// from, and never intercepted.
+	Namespace string
+	// CopyDBSecret runs the controller that copies the database secret into
+	// every opted-in namespace.
+	CopyDBSecret bool
+	// DatabaseURL, when set, makes the webhook run migrations at start and
+	// delete windows older than Retention.
+	DatabaseURL string
+	Retention   time.Duration
+	Certs       CertConfig
+}
+
+// CertConfig chooses where the serving certificate comes from.
+type CertConfig struct {
+	// SelfSigned generates a CA and serving certificate in process, stores
+	// them in SecretName, rotates them and keeps the webhook configurations'
+	// caBundle current. Otherwise the certificate is read from the manager's
+	// CertDir (cert-manager's mounted secret), reloaded when it changes.
+	SelfSigned           bool
+	CertDir              string
+	SecretName           string
+	ServiceName          string
+	MutatingConfigName   string
+	ValidatingConfigName string
+}
+
+// Validate lists every problem.
+func (c Config) Validate() error {
+	var errs []error
+	errs = append(errs, c.Inject.Validate(), c.Resolver.Validate())
+	if c.Namespace == "" {
+		errs = append(errs, errors.New("namespace is empty (set --namespace or POD_NAMESPACE)"))
+	}
+	if c.DatabaseURL != "" && c.Retention <= 0 {
+		errs = append(errs, fmt.Errorf("retention %s must be positive", c.Retention))
+	}
+	if c.Certs.SelfSigned {
+		for _, f := range [][2]string{{"cert dir", c.Certs.CertDir}, {"cert secret name", c.Certs.SecretName},
+			{"service name", c.Certs.ServiceName}, {"mutating configuration name", c.Certs.MutatingConfigName},
+			{"validating configuration name", c.Certs.ValidatingConfigName}} {
+			if f[1] == "" {
+				errs = append(errs, fmt.Errorf("self-signed certificates need the %s", f[0]))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// CacheOptions limits what the manager caches to what the webhook reads:
+// CronJobs, opted-in namespaces, and Secrets only in its own namespace or
+// carrying its managed-by label (never every Secret of the cluster).
+func CacheOptions(cfg Config) cache.Options {
+	managed := labels.SelectorFromSet(labels.Set{ManagedByLabel: ManagedByValue})
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Namespaces: map[string]cache.Config{
+			cfg.Namespace:       {},
+			cache.AllNamespaces: {LabelSelector: managed},
+		}},
+	}}
+}
+
+// SetupWithManager registers the webhooks, health checks and controllers.
+func SetupWithManager(mgr manager.Manager, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("webhook configuration: %w", err)
+	}
+	// Start the CronJob informer with the cache rather than on the first
+	// admission review, which must answer within the webhook timeout.
+	if _, err := mgr.GetCache().GetInformer(context.Background(), &batchv1.CronJob{}); err != nil {
+		return fmt.Errorf("watching CronJobs: %w", err)
+	}
+	register := func() {
+		srv := mgr.GetWebhookServer()
+		dec := admission.NewDecoder(mgr.GetScheme())
+		srv.Register(MutateJobPath, &webhook.Admission{Handler: &jobMutator{
+			decoder: dec, cache: mgr.GetClient(), api: mgr.GetAPIReader(), opts: cfg.Inject,
+			resolver: NewResolver(cfg.Resolver), events: mgr.GetEventRecorder("dislock-webhook"),
+		}})
+		srv.Register(ValidateCronJobPath, &webhook.Admission{Handler: &cronJobValidator{decoder: dec}})
+	}
+	if !cfg.Certs.SelfSigned {
+		register()
+		if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+			return err
+		}
+	} else if err := setupSelfSigned(mgr, cfg, register); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if cfg.CopyDBSecret {
+		if err := setupSecretCopier(mgr, cfg); err != nil {
+			return err
+		}
+	}
+	if cfg.DatabaseURL != "" {
+		if err := mgr.Add(&maintenance{databaseURL: cfg.DatabaseURL, retention: cfg.Retention}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setupSelfSigned adds the certificate rotator. The webhook server can only
+// start once the certificate is on disk, so the handlers are registered (and
+// the server added to the manager) when the rotator says it is ready; until
+// then the pod is not ready.
+func setupSelfSigned(mgr manager.Manager, cfg Config, register func()) error {
+	ready := make(chan struct{})
+	err := rotator.AddRotator(mgr, &rotator.CertRotator{
+		SecretKey:      types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Certs.SecretName},
+		CertDir:        cfg.Certs.CertDir,
+		CAName:         "dislock-webhook-ca",
+		CAOrganization: "dislock",
+		DNSName:        fmt.Sprintf("%s.%s.svc", cfg.Certs.ServiceName, cfg.Namespace),
+		IsReady:        ready,
+		Webhooks: []rotator.WebhookInfo{
+			{Name: cfg.Certs.MutatingConfigName, Type: rotator.Mutating},
+			{Name: cfg.Certs.ValidatingConfigName, Type: rotator.Validating},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("adding the certificate rotator: %w", err)
+	}
+	started := make(chan struct{})
+	go func() {
+		<-ready
+		register()
+		close(started)
+	}()
+	return mgr.AddReadyzCheck("webhook", func(req *http.Request) error {
+		select {
+		case <-started:
+			return mgr.GetWebhookServer().StartedChecker()(req)
+		default:
+			return errors.New("waiting for the self-signed certificate")
+		}
+	})
+}

@@ -1,0 +1,119 @@
+package webhook
+
+import (
+	"errors"
+	"unicode/utf8"
+
+	batchv1 "k8s.io/api/batch/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
+
+	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/window"
+)
+
+// ValidateCronJob checks an opted-in CronJob: its dislock annotations (its
+// own metadata merged with spec.jobTemplate.metadata, the template winning,
+// as on the Jobs it creates), in schedule mode that spec.schedule and
+// spec.timeZone give every cluster the same windows, and that its job
+// template leaves room for the injection. Every problem is listed, each at
+// the path where it is fixed. A CronJob that is not opted in gives nil.
+func ValidateCronJob(cj *batchv1.CronJob) field.ErrorList {
+	if cj == nil {
+		return nil
+	}
+	own, tmpl := cj.Annotations, cj.Spec.JobTemplate.Annotations
+	merged := spec.Merge(own, tmpl)
+	if !spec.Enabled(merged) {
+		return nil
+	}
+	var errs field.ErrorList
+	// Where a merged annotation came from: the template wins.
+	annotationPath := func(key string) *field.Path {
+		if _, ok := tmpl[key]; ok {
+			return field.NewPath("spec", "jobTemplate", "metadata", "annotations").Key(key)
+		}
+		return field.NewPath("metadata", "annotations").Key(key)
+	}
+	if _, err := spec.FromAnnotations(merged, cj.Namespace, cj.Name); err != nil {
+		for _, e := range flatten(err) {
+			var fe *spec.FieldError
+			switch {
+			case !errors.As(e, &fe):
+				errs = append(errs, field.Invalid(field.NewPath("metadata", "namespace"), cj.Namespace, e.Error()))
+			case !hasKey(merged, fe.Annotation):
+				errs = append(errs, field.Required(annotationPath(fe.Annotation), fe.Problem))
+			default:
+				errs = append(errs, field.Invalid(annotationPath(fe.Annotation), shown(fe.Value), fe.Problem))
+			}
+		}
+	}
+	if _, ok := tmpl[StatusAnnotation]; ok {
+		// It would be copied onto every Job, where it means "already
+		// injected"; Inject refuses such Jobs, so refuse the CronJob now.
+		errs = append(errs, field.Forbidden(annotationPath(StatusAnnotation),
+			"only the dislock webhook writes this annotation, on the Jobs it injects (remove it)"))
+	}
+	errs = append(errs, scheduleProblems(cj, merged)...)
+	errs = append(errs, templateProblems(field.NewPath("spec", "jobTemplate", "spec"), &cj.Spec.JobTemplate.Spec)...)
+	return errs
+}
+
+// probeSchedule is a schedule that always parses: ParseSchedule with it
+// tells a bad time zone from a bad schedule.
+const probeSchedule = "0 0 * * *"
+
+// scheduleProblems checks, in schedule mode, that the CronJob's schedule and
+// time zone are what window.ParseSchedule accepts: the same parser the agent
+// computes windows with, which refuses @every (its ticks differ per cluster).
+func scheduleProblems(cj *batchv1.CronJob, annotations map[string]string) field.ErrorList {
+	mode, err := spec.ParseMode(annotations[spec.AnnotationMode])
+	if err != nil || !mode.Schedule {
+		return nil // a bad mode is reported by its annotation's error
+	}
+	tz := ptr.Deref(cj.Spec.TimeZone, "")
+	if _, err := window.ParseSchedule(cj.Spec.Schedule, tz); err == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if _, err := window.ParseSchedule(probeSchedule, tz); err != nil {
+		errs = append(errs, field.Invalid(field.NewPath("spec", "timeZone"), tz, err.Error()))
+	}
+	if _, err := window.ParseSchedule(cj.Spec.Schedule, ""); err != nil {
+		errs = append(errs, field.Invalid(field.NewPath("spec", "schedule"), shown(cj.Spec.Schedule),
+			err.Error()+"; dislock.io/mode "+mode.String()+" needs it"))
+	}
+	return errs
+}
+
+// flatten lists the leaves of an errors.Join tree.
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flatten(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+func hasKey(m map[string]string, k string) bool {
+	_, ok := m[k]
+	return ok
+}
+
+// maxShownValue bounds how much of a bad value an error repeats, so that a
+// large annotation does not swamp the admission message.
+const maxShownValue = 120
+
+func shown(v string) string {
+	if len(v) <= maxShownValue {
+		return v
+	}
+	cut := maxShownValue
+	for cut > 0 && !utf8.RuneStart(v[cut]) {
+		cut--
+	}
+	return v[:cut] + "..."
+}

@@ -1,0 +1,183 @@
+package webhook
+
+import (
+	"strings"
+	"testing"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
+
+	"github.com/dislock/dislock/lockagent/spec"
+)
+
+// validationCronJob is a valid CronJob with the given annotations on its own
+// metadata and on its job template.
+func validationCronJob(own, tmpl map[string]string) *batchv1.CronJob {
+	return &batchv1.CronJob{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "report", Annotations: own},
+		Spec: batchv1.CronJobSpec{Schedule: "0 * * * *", JobTemplate: batchv1.JobTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Annotations: tmpl},
+			Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "app", Image: "registry.example/report", Command: []string{"/app/report"}}}}}},
+		}},
+	}
+}
+
+func TestValidateCronJob(t *testing.T) {
+	t.Parallel()
+	type problem struct {
+		typ  field.ErrorType
+		path string
+		text string // a substring of the error
+	}
+	tests := []struct {
+		name string
+		own  map[string]string
+		tmpl map[string]string
+		edit func(cj *batchv1.CronJob)
+		want []problem
+	}{
+		{name: "a valid schedule-mode CronJob", own: map[string]string{spec.AnnotationMode: "schedule"}},
+		{name: "a valid CronJob with every annotation, in a time zone",
+			tmpl: map[string]string{spec.AnnotationMode: "schedule,lease", spec.AnnotationKey: "billing",
+				spec.AnnotationLeaseTTL: "1m", spec.AnnotationStandby: "true", spec.AnnotationCatchup: "10m",
+				spec.AnnotationEntrypoint: `["/app/run"]`},
+			edit: func(cj *batchv1.CronJob) { cj.Spec.TimeZone = ptr.To("Europe/Berlin") }},
+		{name: "not opted in: nothing is checked",
+			own:  map[string]string{"team.example/owner": "billing"},
+			edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "@every 5m" }},
+		{name: "a bad TTL and a bad mode are both named, with value and allowed values",
+			own: map[string]string{spec.AnnotationMode: "sometimes", spec.AnnotationLeaseTTL: "5"},
+			want: []problem{
+				{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/mode]", `Invalid value: "sometimes": is not a valid mode (want "schedule", "lease" or "schedule,lease")`},
+				{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/lease-ttl]", `Invalid value: "5": is not a duration (want e.g. "30s", between 5s and 1h)`},
+			}},
+		{name: "a problem in the job template is reported at the template's path",
+			own:  map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationLeaseTTL: "30s"},
+			tmpl: map[string]string{spec.AnnotationLeaseTTL: "2h"},
+			want: []problem{{field.ErrorTypeInvalid, "spec.jobTemplate.metadata.annotations[dislock.io/lease-ttl]", "out of range"}}},
+		{name: "the template's valid value overrides the CronJob's bad one",
+			own:  map[string]string{spec.AnnotationMode: "sometimes"},
+			tmpl: map[string]string{spec.AnnotationMode: "lease"}},
+		{name: "opted in by another annotation but without a mode",
+			own:  map[string]string{spec.AnnotationKey: "billing"},
+			want: []problem{{field.ErrorTypeRequired, "metadata.annotations[dislock.io/mode]", "is required"}}},
+		{name: "an unknown dislock annotation is a typo, with a suggestion",
+			own:  map[string]string{spec.AnnotationMode: "lease", "dislock.io/leasettl": "1m"},
+			want: []problem{{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/leasettl]", "did you mean dislock.io/lease-ttl?"}}},
+		{name: "schedule mode refuses @every, whose ticks differ per cluster",
+			own:  map[string]string{spec.AnnotationMode: "schedule"},
+			edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "@every 5m" },
+			want: []problem{{field.ErrorTypeInvalid, "spec.schedule", "@every is not supported"}}},
+		{name: "lease mode does not need windows, so @every is fine",
+			own:  map[string]string{spec.AnnotationMode: "lease"},
+			edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "@every 5m" }},
+		{name: "schedule mode with an unknown time zone names the time zone, not the schedule",
+			own:  map[string]string{spec.AnnotationMode: "schedule,lease"},
+			edit: func(cj *batchv1.CronJob) { cj.Spec.TimeZone = ptr.To("Mars/Olympus") },
+			want: []problem{{field.ErrorTypeInvalid, "spec.timeZone", `unknown time zone "Mars/Olympus"`}}},
+		{name: "schedule mode with TZ= in the schedule",
+			own:  map[string]string{spec.AnnotationMode: "schedule"},
+			edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "CRON_TZ=UTC 0 * * * *" },
+			want: []problem{{field.ErrorTypeInvalid, "spec.schedule", "set the CronJob's spec.timeZone instead"}}},
+		{name: "a status annotation in the job template would switch injection off",
+			own:  map[string]string{spec.AnnotationMode: "schedule"},
+			tmpl: map[string]string{StatusAnnotation: "{}"},
+			want: []problem{{field.ErrorTypeForbidden, "spec.jobTemplate.metadata.annotations[dislock.io/status]", "only the dislock webhook writes"}}},
+		{name: "the job template takes a name dislock adds",
+			own: map[string]string{spec.AnnotationMode: "lease"},
+			edit: func(cj *batchv1.CronJob) {
+				cj.Spec.JobTemplate.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "data"}, {Name: "dislock"}}
+				cj.Spec.JobTemplate.Spec.ManualSelector = ptr.To(true)
+			},
+			want: []problem{
+				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.manualSelector", "remove manualSelector"},
+				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.template.spec.volumes[1].name", "rename this volume"},
+			}},
+		{name: "every kind of problem at once",
+			own: map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationCatchup: "soon"},
+			edit: func(cj *batchv1.CronJob) {
+				cj.Spec.Schedule = "@hourly-ish"
+				cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0].Name = "dislock-agent"
+			},
+			want: []problem{
+				{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/catchup]", `"soon": is not a duration`},
+				{field.ErrorTypeInvalid, "spec.schedule", `"@hourly-ish"`},
+				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.template.spec.containers[0].name", "rename this container"},
+			}},
+		{name: "a huge bad value is shortened in the message",
+			own:  map[string]string{spec.AnnotationMode: "lease", spec.AnnotationEntrypoint: strings.Repeat("x", 5000)},
+			want: []problem{{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/entrypoint]", strings.Repeat("x", 120) + `..."`}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cj := validationCronJob(tc.own, tc.tmpl)
+			if tc.edit != nil {
+				tc.edit(cj)
+			}
+			errs := ValidateCronJob(cj)
+			if len(errs) != len(tc.want) {
+				t.Errorf("got %d problems, want %d:\n%v", len(errs), len(tc.want), errs.ToAggregate())
+			}
+			for _, w := range tc.want {
+				found := false
+				for _, e := range errs {
+					if e.Type == w.typ && e.Field == w.path && strings.Contains(e.Error(), w.text) {
+						found = true
+					}
+				}
+				if !found {
+					t.Errorf("no %s problem at %s containing %q in:\n%v", w.typ, w.path, w.text, errs.ToAggregate())
+				}
+			}
+			if len(errs) > 0 && len(errs.ToAggregate().Error()) > 2000 {
+				t.Errorf("message too long (%d bytes)", len(errs.ToAggregate().Error()))
+			}
+		})
+	}
+	if errs := ValidateCronJob(nil); errs != nil {
+		t.Errorf("ValidateCronJob(nil) = %v", errs)
+	}
+}
+
+// What ValidateCronJob accepts, Inject accepts for the Jobs the controller
+// creates from it, and what it refuses Inject refuses with the same words.
+func TestValidateAgreesWithInject(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		own  map[string]string
+		edit func(cj *batchv1.CronJob)
+	}{
+		{name: "valid", own: map[string]string{spec.AnnotationMode: "schedule"}},
+		{name: "bad ttl", own: map[string]string{spec.AnnotationMode: "lease", spec.AnnotationLeaseTTL: "5"}},
+		{name: "@every", own: map[string]string{spec.AnnotationMode: "schedule"}, edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "@every 1m" }},
+		{name: "mount clash", own: map[string]string{spec.AnnotationMode: "lease"}, edit: func(cj *batchv1.CronJob) {
+			cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "x", MountPath: "/dislock/"}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cj := validationCronJob(tc.own, nil)
+			if tc.edit != nil {
+				tc.edit(cj)
+			}
+			_, job := errCase(nil, nil)
+			job.Spec = *cj.Spec.JobTemplate.Spec.DeepCopy()
+			verrs := ValidateCronJob(cj)
+			_, _, err := Inject(job, cj, goldenOptions(), nil)
+			if (len(verrs) == 0) != (err == nil) {
+				t.Fatalf("ValidateCronJob: %v; Inject: %v", verrs.ToAggregate(), err)
+			}
+			for _, e := range verrs {
+				if !strings.Contains(err.Error(), e.Detail) {
+					t.Errorf("Inject's error does not say %q:\n%v", e.Detail, err)
+				}
+			}
+		})
+	}
+}
