@@ -458,7 +458,7 @@ func findBinaries(dir string, names []string) (map[string]string, error) {
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("%w: %s not found in %s; run `make tools` to build them "+
-			"(test/tools/build.sh, about 15 minutes the first time)",
+			"(test/tools/build.sh; 15-45 minutes the first time, seconds after that)",
 			ErrMissingBinary, strings.Join(missing, ", "), dir)
 	}
 	return bins, nil
