@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/test/benchmark"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -56,7 +57,7 @@ func BenchmarkDecision(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	reportLatency(b, lat)
+	benchmark.Report(b, lat, time.Millisecond, "", 0)
 	slices.Sort(rss)
 	b.ReportMetric(rss[len(rss)/2], "idle-RSS-MiB")
 }
@@ -70,17 +71,7 @@ func BenchmarkProcessStart(b *testing.B) {
 		}
 		lat = append(lat, time.Since(t0))
 	}
-	reportLatency(b, lat)
-}
-
-func reportLatency(b *testing.B, lat []time.Duration) {
-	slices.Sort(lat)
-	ms := func(p float64) float64 {
-		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
-	}
-	b.ReportMetric(ms(0.5), "p50-ms")
-	b.ReportMetric(ms(0.99), "p99-ms")
-	b.ReportMetric(0, "ns/op")
+	benchmark.Report(b, lat, time.Millisecond, "", 0)
 }
 
 // vmRSSMiB is the resident set of a process, from /proc.

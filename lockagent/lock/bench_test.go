@@ -10,17 +10,15 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/test/benchmark"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -141,8 +139,7 @@ func pgbenchSQL(b *testing.B, query, prelude string, args []string) {
 				b.Fatalf("no tps in pgbench output:\n%s", out)
 			}
 			tps, _ := strconv.ParseFloat(string(m[1]), 64)
-			lat := pgbenchLatencies(b, dir)
-			report(b, lat, tps)
+			benchmark.Report(b, pgbenchLatencies(b, dir), time.Microsecond, "ops/s", tps)
 		})
 	}
 }
@@ -179,42 +176,6 @@ func pgbenchLatencies(b *testing.B, dir string) []time.Duration {
 // measure runs b.N operations on `clients` goroutines and reports latency
 // percentiles and throughput.
 func measure(b *testing.B, clients int, op func(ctx context.Context, i int64) error) {
-	ctx := context.Background()
-	var next atomic.Int64
-	lat := make([][]time.Duration, clients)
-	var wg sync.WaitGroup
-	b.ResetTimer()
-	start := time.Now()
-	for c := range clients {
-		wg.Go(func() {
-			for {
-				i := next.Add(1)
-				if i > int64(b.N) {
-					return
-				}
-				t0 := time.Now()
-				if err := op(ctx, i); err != nil {
-					b.Error(err)
-					return
-				}
-				lat[c] = append(lat[c], time.Since(t0))
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
-	all := slices.Concat(lat...)
-	report(b, all, float64(len(all))/elapsed.Seconds())
-}
-
-func report(b *testing.B, lat []time.Duration, perSecond float64) {
-	slices.Sort(lat)
-	pct := func(p float64) float64 {
-		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds())
-	}
-	b.ReportMetric(pct(0.50), "p50-µs")
-	b.ReportMetric(pct(0.99), "p99-µs")
-	b.ReportMetric(perSecond, "ops/s")
-	b.ReportMetric(0, "ns/op") // wall time per op over several clients is misleading; ops/s says it
+	lat, elapsed := benchmark.Run(b, clients, func(i int64) error { return op(context.Background(), i) })
+	benchmark.Report(b, lat, time.Microsecond, "ops/s", float64(len(lat))/elapsed.Seconds())
 }
