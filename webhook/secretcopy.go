@@ -27,11 +27,14 @@ const CopiedFromAnnotation = "dislock.io/copied-from"
 // that a user created is left alone.
 type secretCopier struct {
 	client.Client
+	// api reads the copy uncached: the cache only holds Secrets carrying the
+	// managed-by label, so a user's own Secret of that name is not in it.
+	api    client.Reader
 	source types.NamespacedName
 }
 
 func setupSecretCopier(mgr ctrl.Manager, cfg Config) error {
-	r := &secretCopier{Client: mgr.GetClient(), source: types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Inject.DBSecretName}}
+	r := &secretCopier{Client: mgr.GetClient(), api: mgr.GetAPIReader(), source: types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Inject.DBSecretName}}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("dbsecret-copier").
 		For(&corev1.Namespace{}).
@@ -77,7 +80,7 @@ func (r *secretCopier) Reconcile(ctx context.Context, req reconcile.Request) (re
 		return reconcile.Result{}, err
 	}
 	cur := &corev1.Secret{}
-	err := r.Get(ctx, types.NamespacedName{Namespace: req.Name, Name: r.source.Name}, cur)
+	err := r.api.Get(ctx, types.NamespacedName{Namespace: req.Name, Name: r.source.Name}, cur)
 	exists := err == nil
 	if err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err

@@ -43,7 +43,7 @@ const webhookNamespace = "dislock-system"
 // chart does (failurePolicy Fail, the opt-in namespaceSelector that also
 // excludes the webhook's own namespace and kube-system, matchConditions for
 // CronJob-controlled Jobs).
-func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface) {
+func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface, tune ...func(*webhook.Config)) {
 	t.Helper()
 	logs := &logBuffer{}
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(logs)))
@@ -59,6 +59,9 @@ func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface) {
 		Inject:    webhook.Options{ClusterName: "dc-a", AgentImage: "dislock:test", DBSecretName: webhook.DefaultDBSecretName, DBSecretKey: webhook.DefaultDBSecretKey},
 		Namespace: webhookNamespace,
 		Certs:     webhook.CertConfig{CertDir: dir},
+	}
+	for _, f := range tune {
+		f(&cfg)
 	}
 	mgr, err := ctrl.NewManager(c.RESTConfig(), ctrl.Options{
 		Cache:                  webhook.CacheOptions(cfg),
