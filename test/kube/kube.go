@@ -28,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dislock/dislock/test/harness"
 	"k8s.io/client-go/rest"
 )
 
@@ -87,7 +88,7 @@ type Cluster struct {
 	caPEM []byte
 	// apiPort is the apiserver's secure port on 127.0.0.1.
 	apiPort int
-	wd      *watchdog
+	wd      *harness.Watchdog
 
 	mu       sync.Mutex
 	closed   bool
@@ -123,7 +124,8 @@ func Start(opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube: creating temp dir: %w", err)
 	}
-	wd, err := startWatchdog(dir)
+	// Not spawned with a parent-death signal: it must outlive us.
+	wd, err := harness.StartWatchdog("kube", watchdogScript, dir)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -381,7 +383,7 @@ func (c *Cluster) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	c.wd.stop()
+	c.wd.Stop()
 	if err := os.RemoveAll(c.dir); err != nil {
 		errs = append(errs, fmt.Errorf("kube: removing %s: %w", c.dir, err))
 	}

@@ -163,7 +163,7 @@ func TestCloseStopsEveryComponentAndRemovesItsDirectory(t *testing.T) {
 			t.Fatalf("%s is not running after Start; running: %v", name, pids)
 		}
 	}
-	watchdogPid := c.wd.cmd.Process.Pid
+	watchdogPid := c.wd.Pid()
 
 	begun := time.Now()
 	if err := c.Close(); err != nil {

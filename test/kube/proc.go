@@ -21,6 +21,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/dislock/dislock/test/harness"
 )
 
 const (
@@ -240,38 +242,6 @@ done
 rm -rf "$dir"
 `
 
-// watchdog is the running watchdogScript.
-type watchdog struct {
-	cmd *exec.Cmd
-	// lifeline is the pipe's write end. Closing it (or losing it: *os.File
-	// closes itself when collected) fires the watchdog.
-	lifeline *os.File
-}
-
-func startWatchdog(dir string) (*watchdog, error) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("kube: watchdog pipe: %w", err)
-	}
-	defer r.Close()
-	// Not spawned with a parent-death signal: it must outlive us.
-	cmd := exec.Command("/bin/sh", "-c", watchdogScript, "kube-watchdog", dir)
-	cmd.Stdin = r
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		w.Close()
-		return nil, fmt.Errorf("kube: starting watchdog: %w", err)
-	}
-	return &watchdog{cmd: cmd, lifeline: w}, nil
-}
-
-// stop dismisses the watchdog without letting it act: Close has done its job.
-func (w *watchdog) stop() {
-	_ = w.cmd.Process.Kill()
-	_ = w.cmd.Wait()
-	_ = w.lifeline.Close()
-}
-
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func freePort() (int, error) {
 	ports, err := freePorts(1)
@@ -298,18 +268,4 @@ func freePorts(n int) ([]int, error) {
 }
 
 // logTail returns the last lines of a log file, for error messages.
-func logTail(path string) string {
-	const maxLines, maxBytes = 30, 6144
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(no log: %v)", err)
-	}
-	if len(b) > maxBytes {
-		b = b[len(b)-maxBytes:]
-	}
-	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
-	if len(lines) > maxLines {
-		lines = lines[len(lines)-maxLines:]
-	}
-	return fmt.Sprintf("--- last lines of %s ---\n%s", path, bytes.Join(lines, []byte("\n")))
-}
+func logTail(path string) string { return harness.LogTail(path, 30, 6144) }

@@ -35,6 +35,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/dislock/dislock/test/harness"
 )
 
 // Options tune a Server; the zero value is fine.
@@ -62,7 +64,7 @@ type Server struct {
 	dir  string
 	// pgPort and bouncerPort stay fixed across restarts.
 	pgPort, bouncerPort int
-	wd                  *watchdog
+	wd                  *harness.Watchdog
 
 	mu       sync.Mutex
 	closed   bool
@@ -103,7 +105,7 @@ func Start(opts Options) (*Server, error) {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("pgtest: preparing %s: %w", dir, err)
 	}
-	wd, err := startWatchdog(dir)
+	wd, err := harness.StartWatchdog("pgtest", watchdogScript, dir)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -332,7 +334,7 @@ func (s *Server) Close() error {
 		errs = append(errs, err)
 		s.killPostgres()
 	}
-	s.wd.stop()
+	s.wd.Stop()
 	if err := os.RemoveAll(s.dir); err != nil {
 		errs = append(errs, fmt.Errorf("pgtest: removing %s: %w", s.dir, err))
 	}

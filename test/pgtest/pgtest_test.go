@@ -303,7 +303,7 @@ func TestWatchdogStopsAnAbandonedServer(t *testing.T) {
 	postmaster, _ := postmasterPID(s.dataDir())
 	bouncer := s.bouncer.Process.Pid
 
-	s.wd.lifeline.Close()
+	s.wd.Abandon()
 	err = retry(func() error {
 		if _, err := os.Stat(s.dir); err == nil {
 			return errors.New(s.dir + " still exists")

@@ -4,7 +4,6 @@ package pgtest
 // watchdog that cleans up after a test process that died, and the waits.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dislock/dislock/test/harness"
 )
 
 const (
@@ -167,47 +168,15 @@ while [ -e "$dir/data/postmaster.pid" ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((
 rm -rf "$dir"
 `
 
-// watchdog is the running watchdogScript.
-type watchdog struct {
-	cmd *exec.Cmd
-	// lifeline is the pipe's write end. Closing it (or losing it: *os.File
-	// closes itself when collected) fires the watchdog.
-	lifeline *os.File
-}
-
-func startWatchdog(dir string) (*watchdog, error) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("pgtest: watchdog pipe: %w", err)
-	}
-	defer r.Close()
-	cmd := exec.Command("/bin/sh", "-c", watchdogScript, "pgtest-watchdog", dir)
-	cmd.Stdin = r
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		w.Close()
-		return nil, fmt.Errorf("pgtest: starting watchdog: %w", err)
-	}
-	return &watchdog{cmd: cmd, lifeline: w}, nil
-}
-
-// stop dismisses the watchdog without letting it act: Close has done its job.
-func (w *watchdog) stop() {
-	_ = w.cmd.Process.Kill()
-	_ = w.cmd.Wait()
-	_ = w.lifeline.Close()
-}
-
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 // Another process may take it before the server binds it; Start then picks
 // again.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := harness.FreePort()
 	if err != nil {
-		return 0, fmt.Errorf("pgtest: finding a free port: %w", err)
+		return 0, fmt.Errorf("pgtest: %w", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return port, nil
 }
 
 func dial(port int) error {
@@ -272,21 +241,7 @@ func retry(f func() error) error {
 }
 
 // logTail returns the last lines of a log file, for error messages.
-func logTail(path string) string {
-	const maxLines, maxBytes = 25, 4096
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(no log: %v)", err)
-	}
-	if len(b) > maxBytes {
-		b = b[len(b)-maxBytes:]
-	}
-	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
-	if len(lines) > maxLines {
-		lines = lines[len(lines)-maxLines:]
-	}
-	return fmt.Sprintf("--- last lines of %s ---\n%s", path, bytes.Join(lines, []byte("\n")))
-}
+func logTail(path string) string { return harness.LogTail(path, 25, 4096) }
 
 // postmasterPID reads the pid of a running postmaster from its lock file; ok is
 // false when the file is absent, i.e. postgres is not running.

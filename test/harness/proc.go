@@ -1,0 +1,83 @@
+package harness
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// Watchdog is a /bin/sh script running beside an instance. Its stdin is a
+// pipe whose only writer is the test process, so the script's `read -r _`
+// returns only when that process is gone (panic, timeout, ^C, SIGKILL)
+// without Stop having dismissed the watchdog: the script then cleans up what
+// the instance's Close would have.
+type Watchdog struct {
+	cmd *exec.Cmd
+	// lifeline is the pipe's write end. Closing it (or losing it: *os.File
+	// closes itself when collected) fires the watchdog.
+	lifeline *os.File
+}
+
+// StartWatchdog starts script with $0 set to label+"-watchdog" and $1 to dir,
+// in its own process group and without a parent-death signal: it must outlive
+// us. Its errors start with label, the harness's name ("pgtest", "kube").
+func StartWatchdog(label, script, dir string) (*Watchdog, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("%s: watchdog pipe: %w", label, err)
+	}
+	defer r.Close()
+	cmd := exec.Command("/bin/sh", "-c", script, label+"-watchdog", dir)
+	cmd.Stdin = r
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("%s: starting watchdog: %w", label, err)
+	}
+	return &Watchdog{cmd: cmd, lifeline: w}, nil
+}
+
+// Stop dismisses the watchdog without letting it act: Close has done its job.
+func (w *Watchdog) Stop() {
+	_ = w.cmd.Process.Kill()
+	_ = w.cmd.Wait()
+	_ = w.lifeline.Close()
+}
+
+// Pid is the watchdog's process id.
+func (w *Watchdog) Pid() int { return w.cmd.Process.Pid }
+
+// Abandon closes the lifeline, which is what the death of the test process
+// looks like to the watchdog: it fires. For tests of the watchdog itself.
+func (w *Watchdog) Abandon() { _ = w.lifeline.Close() }
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// Another process may take it before it is bound; callers pick again then.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// LogTail returns the last lines of a log file, at most maxLines and
+// maxBytes, for error messages.
+func LogTail(path string, maxLines, maxBytes int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	if len(b) > maxBytes {
+		b = b[len(b)-maxBytes:]
+	}
+	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+	if len(lines) > maxLines {
+		lines = lines[len(lines)-maxLines:]
+	}
+	return fmt.Sprintf("--- last lines of %s ---\n%s", path, bytes.Join(lines, []byte("\n")))
+}
