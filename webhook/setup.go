@@ -54,10 +54,14 @@ type CertConfig struct {
 	// them in SecretName, rotates them and keeps the webhook configurations'
 	// caBundle current. Otherwise the certificate is read from the manager's
 	// CertDir (cert-manager's mounted secret), reloaded when it changes.
-	SelfSigned           bool
-	CertDir              string
-	SecretName           string
-	ServiceName          string
+	SelfSigned  bool
+	CertDir     string
+	SecretName  string
+	ServiceName string
+	// ExtraDNSNames are added to the generated certificate (e.g. the
+	// Service's fully qualified name, or localhost for a webhook the API
+	// server reaches on loopback).
+	ExtraDNSNames        []string
 	MutatingConfigName   string
 	ValidatingConfigName string
 }
@@ -152,6 +156,7 @@ func setupSelfSigned(mgr manager.Manager, cfg Config, register func()) error {
 		CAName:         "dislock-webhook-ca",
 		CAOrganization: "dislock",
 		DNSName:        fmt.Sprintf("%s.%s.svc", cfg.Certs.ServiceName, cfg.Namespace),
+		ExtraDNSNames:  cfg.Certs.ExtraDNSNames,
 		IsReady:        ready,
 		Webhooks: []rotator.WebhookInfo{
 			{Name: cfg.Certs.MutatingConfigName, Type: rotator.Mutating},

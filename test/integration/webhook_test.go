@@ -53,7 +53,6 @@ func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface, tune .
 		}
 	})
 	dir := t.TempDir()
-	ca := tlstest.ServingCert(t, dir)
 	port := tlstest.FreePort(t)
 	cfg := webhook.Config{
 		Inject:    webhook.Options{ClusterName: "dc-a", AgentImage: "dislock:test", DBSecretName: webhook.DefaultDBSecretName, DBSecretKey: webhook.DefaultDBSecretKey},
@@ -62,6 +61,14 @@ func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface, tune .
 	}
 	for _, f := range tune {
 		f(&cfg)
+	}
+	// With self-signed certificates the webhook writes its own certificate
+	// and fills in the configurations' caBundle; the API server reaches it as
+	// localhost, a name the generated certificate carries.
+	var ca []byte
+	host := "localhost"
+	if !cfg.Certs.SelfSigned {
+		ca, host = tlstest.ServingCert(t, dir), "127.0.0.1"
 	}
 	mgr, err := ctrl.NewManager(c.RESTConfig(), ctrl.Options{
 		Cache:                  webhook.CacheOptions(cfg),
@@ -85,7 +92,7 @@ func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface, tune .
 		}
 	})
 
-	url := func(path string) *string { u := "https://127.0.0.1:" + itoa(port) + path; return &u }
+	url := func(path string) *string { u := "https://" + host + ":" + itoa(port) + path; return &u }
 	fail := admissionregistrationv1.Fail
 	none := admissionregistrationv1.SideEffectClassNone
 	ifNeeded := admissionregistrationv1.IfNeededReinvocationPolicy
@@ -150,7 +157,7 @@ func TestJobsOfAnnotatedCronJobsArriveInjected(t *testing.T) {
 		tick := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 		job := jobFor(created, tick)
 		stored := createJob(t, cs, job)
-		assertInjected(t, stored, "2026-12-02T12:00:00Z")
+		assertInjected(t, stored, "2026-12-02T12:00:00Z", "schedule,lease")
 	})
 
 	t.Run("a Job in a namespace without the label is stored untouched", func(t *testing.T) {
@@ -200,11 +207,11 @@ func TestJobsOfAnnotatedCronJobsArriveInjected(t *testing.T) {
 			}
 			time.Sleep(time.Second)
 		}
-		assertInjected(t, got, got.Annotations["batch.kubernetes.io/cronjob-scheduled-timestamp"])
+		assertInjected(t, got, got.Annotations["batch.kubernetes.io/cronjob-scheduled-timestamp"], "schedule,lease")
 	})
 }
 
-func assertInjected(t *testing.T, job *batchv1.Job, window string) {
+func assertInjected(t *testing.T, job *batchv1.Job, window, mode string) {
 	t.Helper()
 	if job.Annotations[spec.AnnotationStatus] == "" {
 		t.Fatalf("no %s annotation: %v", spec.AnnotationStatus, job.Annotations)
@@ -218,7 +225,7 @@ func assertInjected(t *testing.T, job *batchv1.Job, window string) {
 	for _, e := range pod.InitContainers[0].Env {
 		env[e.Name] = e
 	}
-	if env[spec.EnvMode].Value != "schedule,lease" || env[spec.EnvKey].Value != job.Namespace+"/report" || env[spec.EnvCluster].Value != "dc-a" {
+	if env[spec.EnvMode].Value != mode || env[spec.EnvKey].Value != job.Namespace+"/report" || env[spec.EnvCluster].Value != "dc-a" {
 		t.Errorf("sidecar env: %+v", env)
 	}
 	if w, _ := time.Parse(time.RFC3339, window); env[spec.EnvWindow].Value != w.UTC().Format(time.RFC3339) {
