@@ -59,9 +59,10 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 15s).
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDatabaseURL$$' -fuzztime $(FUZZTIME) ./lockagent/lock/
 
 .PHONY: bench
-bench: deps ## Benchmark claim and lease latency/throughput through PgBouncer against SELECT 1 and pgbench.
+bench: deps ## Benchmark locks (vs SELECT 1 and pgbench), pod decision latency, and admission (vs a no-op handler).
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 4000x -count 3 -timeout 20m ./lockagent/lock/ | tee bench-lock.txt
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 100x -count 3 -timeout 20m ./lockagent/agent/ | tee bench-agent.txt
+	set -o pipefail; $(GO) test -run '^$$' -bench . -benchtime 3000x -count 3 -timeout 20m ./webhook/ | tee bench-webhook.txt
 
 ##@ Build
 
