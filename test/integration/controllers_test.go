@@ -136,16 +136,30 @@ func TestInjectionsAndDenialsAreEventsOnTheCronJob(t *testing.T) {
 	if _, err := cs.BatchV1().Jobs("events").Create(ctx, jobFor(bad, tick), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "lease-ttl") {
 		t.Fatalf("the bad CronJob's Job: %v", err)
 	}
+	// What the namespace held at the last look, for the failure message.
+	var seen []string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("events seen in namespace events:\n%s", strings.Join(seen, "\n"))
+		}
+	})
 	for _, want := range []struct{ cronJob, reason, text string }{
 		{"good", "DislockInjected", "lease lock events/good"},
 		{"bad", "DislockDenied", "dislock.io/lease-ttl"},
 	} {
 		await(t, want.reason+" event on "+want.cronJob, func() (bool, error) {
-			evs, err := cs.EventsV1().Events("events").List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + want.cronJob})
+			evs, err := cs.EventsV1().Events("events").List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return false, err
 			}
+			seen = seen[:0]
 			for _, e := range evs.Items {
+				seen = append(seen, e.Regarding.Kind+"/"+e.Regarding.Name+" "+e.Reason+": "+e.Note)
+			}
+			for _, e := range evs.Items {
+				if e.Regarding.Name != want.cronJob {
+					continue
+				}
 				if e.Reason == want.reason && e.Regarding.Kind == "CronJob" && strings.Contains(e.Note, want.text) {
 					return true, nil
 				}
