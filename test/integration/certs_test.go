@@ -60,6 +60,7 @@ func TestSelfSignedCertificatesAreGeneratedAndPublished(t *testing.T) {
 	}
 
 	namespace(t, cs, "selfsigned", true)
+	awaitOptedIn(t, cs, "selfsigned")
 	// The server starts serving once the certificate is on disk; until then
 	// the API server's calls fail and, with failurePolicy Fail, so do creates.
 	var cj *batchv1.CronJob

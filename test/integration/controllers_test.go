@@ -132,10 +132,18 @@ func TestInjectionsAndDenialsAreEventsOnTheCronJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	tick := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-	createJob(t, cs, jobFor(good, tick))
-	if _, err := cs.BatchV1().Jobs("events").Create(ctx, jobFor(bad, tick), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "lease-ttl") {
-		t.Fatalf("the bad CronJob's Job: %v", err)
-	}
+	// The API server matches namespaceSelector against its own informer's
+	// copy of the namespace, so the new label takes a moment to count: the
+	// bad CronJob's Job is retried until the webhook denies it.
+	await(t, "the webhook to see the namespace opted in", func() (bool, error) {
+		_, err := cs.BatchV1().Jobs("events").Create(ctx, jobFor(bad, tick), metav1.CreateOptions{})
+		if err == nil {
+			cs.BatchV1().Jobs("events").Delete(ctx, jobFor(bad, tick).Name, metav1.DeleteOptions{})
+			return false, nil
+		}
+		return strings.Contains(err.Error(), "lease-ttl"), nil
+	})
+	assertInjected(t, createJob(t, cs, jobFor(good, tick)), tick.Format(time.RFC3339), "lease")
 	// What the namespace held at the last look, for the failure message.
 	var seen []string
 	t.Cleanup(func() {
@@ -167,4 +175,16 @@ func TestInjectionsAndDenialsAreEventsOnTheCronJob(t *testing.T) {
 			return false, nil
 		})
 	}
+}
+
+// awaitOptedIn waits until the API server's namespaceSelector sees ns as
+// opted in (it matches against its own informer's copy of the namespace): a
+// dry-run CronJob with a bad mode is refused by the webhook.
+func awaitOptedIn(t *testing.T, cs kubernetes.Interface, ns string) {
+	t.Helper()
+	probe := withAnnotations(cronJob(ns, "opt-in-probe", "* * * * *"), map[string]string{spec.AnnotationMode: "sometimes"})
+	await(t, "the webhook to see namespace "+ns+" opted in", func() (bool, error) {
+		_, err := cs.BatchV1().CronJobs(ns).Create(context.Background(), probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "sometimes"), nil
+	})
 }

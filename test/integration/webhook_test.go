@@ -141,6 +141,7 @@ func TestJobsOfAnnotatedCronJobsArriveInjected(t *testing.T) {
 	namespace(t, cs, webhookNamespace, false)
 	namespace(t, cs, "team", true)
 	namespace(t, cs, "other", false)
+	awaitOptedIn(t, cs, "team")
 
 	cj := cronJob("team", "report", "* * * * *")
 	created, err := cs.BatchV1().CronJobs("team").Create(ctx, cj, metav1.CreateOptions{})
@@ -225,7 +226,8 @@ func assertInjected(t *testing.T, job *batchv1.Job, window, mode string) {
 	for _, e := range pod.InitContainers[0].Env {
 		env[e.Name] = e
 	}
-	if env[spec.EnvMode].Value != mode || env[spec.EnvKey].Value != job.Namespace+"/report" || env[spec.EnvCluster].Value != "dc-a" {
+	cronJob := job.Name[:max(0, strings.LastIndex(job.Name, "-"))] // <cronjob>-<minutes>
+	if env[spec.EnvMode].Value != mode || env[spec.EnvKey].Value != job.Namespace+"/"+cronJob || env[spec.EnvCluster].Value != "dc-a" {
 		t.Errorf("sidecar env: %+v", env)
 	}
 	if w, _ := time.Parse(time.RFC3339, window); env[spec.EnvWindow].Value != w.UTC().Format(time.RFC3339) {
