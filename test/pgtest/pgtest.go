@@ -362,9 +362,17 @@ func (s *Server) stopPostgresLocked(mode string) error {
 	if !s.postgresRunning() {
 		return nil
 	}
+	pid, _ := postmasterPID(s.dataDir())
 	if _, err := s.run(s.bin.pgCtl, "stop", "-w", "-t", strconv.Itoa(int(readyTimeout.Seconds())),
 		"-D", s.dataDir(), "-m", mode); err != nil {
 		return fmt.Errorf("pgtest: stopping postgres (-m %s): %w\n%s", mode, err, logTail(s.path("postgres.log")))
+	}
+	// pg_ctl returns once the pid file is gone; the postmaster may still be
+	// exiting for a moment after that.
+	if pid > 0 {
+		if err := waitGone(pid); err != nil {
+			return err
+		}
 	}
 	return waitRefusing(s.pgPort)
 }

@@ -254,3 +254,22 @@ func postmasterPID(dataDir string) (pid int, ok bool) {
 	pid, err = strconv.Atoi(strings.TrimSpace(first))
 	return pid, err == nil
 }
+
+// waitGone waits until process pid has exited (a zombie counts as exited:
+// the postmaster is not our child and may wait for a reaper that never comes).
+func waitGone(pid int) error {
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+		if err != nil {
+			return nil
+		}
+		if _, rest, _ := strings.Cut(string(b), ") "); strings.HasPrefix(rest, "Z") || strings.HasPrefix(rest, "X") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pgtest: postmaster %d still running %s after pg_ctl stop", pid, readyTimeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
