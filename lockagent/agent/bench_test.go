@@ -26,7 +26,7 @@ func BenchmarkDecision(b *testing.B) {
 	key := fmt.Sprintf("bench-%d/decision", time.Now().UnixNano())
 	env := []string{"DISLOCK_MODE=schedule", "DISLOCK_KEY=" + key, "DISLOCK_LEASE_TTL=30s", "DISLOCK_CLUSTER=dc-a",
 		"DISLOCK_JOB_UID=uid", "DISLOCK_POD_NAME=pod", "DISLOCK_DATABASE_URL=" + srv.BouncerDSN()}
-	openStoreB(b, srv.BouncerDSN())
+	openStore(b, srv.BouncerDSN())
 	var lat []time.Duration
 	var rss []float64
 	b.ResetTimer()

@@ -43,11 +43,8 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 		}
 		a.window, d.Window = w, formatWindow(w)
 		if c.Catchup > 0 {
-			var now time.Time
-			if err := a.retry(ctx, "reading database time", func(ctx context.Context) (err error) {
-				now, err = a.store.Now(ctx)
-				return err
-			}); err != nil {
+			now, err := a.dbNow(ctx)
+			if err != nil {
 				return d, err
 			}
 			if late := now.Sub(w); late > c.Catchup {
@@ -108,14 +105,20 @@ func (a *agent) resolveWindow(ctx context.Context) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	var now time.Time
-	if err := a.retry(ctx, "reading database time", func(ctx context.Context) (err error) {
-		now, err = a.store.Now(ctx)
-		return err
-	}); err != nil {
+	now, err := a.dbNow(ctx)
+	if err != nil {
 		return time.Time{}, err
 	}
 	return sched.Latest(now)
+}
+
+// dbNow reads the database clock, retrying while the database is unreachable.
+func (a *agent) dbNow(ctx context.Context) (now time.Time, err error) {
+	err = a.retry(ctx, "reading database time", func(ctx context.Context) (err error) {
+		now, err = a.store.Now(ctx)
+		return err
+	})
+	return now, err
 }
 
 // claimWindow claims the window. A refusal is a skip, except for a standby,

@@ -330,9 +330,7 @@ func assertNoOverlap(t *testing.T, runs []run) {
 	}
 }
 
-func openStore(t *testing.T, dsn string) *lock.Store { return openStoreB(t, dsn) }
-
-func openStoreB(t testing.TB, dsn string) *lock.Store {
+func openStore(t testing.TB, dsn string) *lock.Store {
 	t.Helper()
 	s, err := lock.Open(context.Background(), dsn, lock.Options{})
 	if err != nil {
@@ -345,7 +343,7 @@ func openStoreB(t testing.TB, dsn string) *lock.Store {
 	return s
 }
 
-// awaitFile waits for a condition on the shared files or the ledger.
+// await waits for a condition on the shared files or the ledger.
 func await(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
