@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -62,6 +63,13 @@ func runWebhook(args []string) int {
 	fs.StringVar(&cfg.Certs.CertDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory with tls.crt and tls.key (reloaded on change)")
 	fs.BoolVar(&cfg.Certs.SelfSigned, "self-signed-certs", false, "generate and rotate the serving certificate in process and keep the webhook configurations' caBundle current")
 	fs.StringVar(&cfg.Certs.SecretName, "cert-secret-name", webhook.DefaultCertSecretName, "Secret storing the self-signed certificate")
+	fs.Func("cert-extra-dns-name", "another DNS name for the self-signed certificate (repeatable; e.g. localhost when the API server calls the webhook on loopback)", func(v string) error {
+		if v = strings.TrimSpace(v); v == "" {
+			return errors.New("empty name")
+		}
+		cfg.Certs.ExtraDNSNames = append(cfg.Certs.ExtraDNSNames, v)
+		return nil
+	})
 	fs.StringVar(&cfg.Certs.ServiceName, "service-name", webhook.DefaultServiceName, "Service in front of the webhook (the certificate's DNS name)")
 	fs.StringVar(&cfg.Certs.MutatingConfigName, "mutating-webhook-configuration", webhook.DefaultMutatingConfigName, "MutatingWebhookConfiguration whose caBundle to keep current")
 	fs.StringVar(&cfg.Certs.ValidatingConfigName, "validating-webhook-configuration", webhook.DefaultValidatingConfigName, "ValidatingWebhookConfiguration whose caBundle to keep current")

@@ -3,8 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
-	"os"
-	"path/filepath"
+	"maps"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/kube"
+	"github.com/dislock/dislock/test/tlstest"
 	"github.com/dislock/dislock/webhook"
 )
 
@@ -81,9 +81,10 @@ func TestSelfSignedCertificatesAreGeneratedAndPublished(t *testing.T) {
 	})
 }
 
-// projectSecret copies the Secret's keys into dir as files whenever they
-// change, as the kubelet does for a secret volume.
+// projectSecret writes the Secret's keys into dir whenever they change, the
+// way the kubelet updates a secret volume.
 func projectSecret(cs kubernetes.Interface, ns, name, dir string, stop <-chan struct{}) {
+	var last map[string][]byte
 	for {
 		select {
 		case <-stop:
@@ -91,18 +92,11 @@ func projectSecret(cs kubernetes.Interface, ns, name, dir string, stop <-chan st
 		case <-time.After(100 * time.Millisecond):
 		}
 		s, err := cs.CoreV1().Secrets(ns).Get(context.Background(), name, metav1.GetOptions{})
-		if err != nil {
+		if err != nil || len(s.Data) == 0 || maps.EqualFunc(s.Data, last, bytes.Equal) {
 			continue
 		}
-		for k, v := range s.Data {
-			p := filepath.Join(dir, k)
-			if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, v) {
-				continue
-			}
-			tmp := p + ".tmp"
-			if os.WriteFile(tmp, v, 0o600) == nil {
-				os.Rename(tmp, p)
-			}
+		if tlstest.WriteFiles(dir, s.Data) == nil {
+			last = s.Data
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,10 +40,7 @@ func TestMain(m *testing.M) {
 const webhookNamespace = "dislock-system"
 
 // startWebhook runs `dislock webhook` in process for the cluster, serving
-// real TLS on loopback, and registers its configurations the way the Helm
-// chart does (failurePolicy Fail, the opt-in namespaceSelector that also
-// excludes the webhook's own namespace and kube-system, matchConditions for
-// CronJob-controlled Jobs).
+// real TLS on loopback, and registers its configurations (registerWebhooks).
 func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface, tune ...func(*webhook.Config)) {
 	t.Helper()
 	logs := &logBuffer{}
@@ -92,7 +90,17 @@ func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface, tune .
 		}
 	})
 
-	url := func(path string) *string { u := "https://" + host + ":" + itoa(port) + path; return &u }
+	registerWebhooks(t, cs, "https://"+host+":"+itoa(port), ca)
+}
+
+// registerWebhooks creates the two webhook configurations the way the Helm
+// chart does (failurePolicy Fail, the opt-in namespaceSelector that also
+// excludes the webhook's own namespace and kube-system, matchConditions for
+// CronJob-controlled Jobs), calling the server at base, and deletes them when
+// the test ends.
+func registerWebhooks(t *testing.T, cs kubernetes.Interface, base string, ca []byte) {
+	t.Helper()
+	url := func(path string) *string { u := base + path; return &u }
 	fail := admissionregistrationv1.Fail
 	none := admissionregistrationv1.SideEffectClassNone
 	ifNeeded := admissionregistrationv1.IfNeededReinvocationPolicy
@@ -177,16 +185,44 @@ func TestJobsOfAnnotatedCronJobsArriveInjected(t *testing.T) {
 		assertUntouched(t, createJob(t, cs, job))
 	})
 
-	t.Run("a CronJob with bad annotations is refused with every problem named", func(t *testing.T) {
-		bad := withAnnotations(cronJob("team", "bad", "* * * * *"), map[string]string{spec.AnnotationMode: "sometimes", spec.AnnotationLeaseTTL: "5"})
-		_, err := cs.BatchV1().CronJobs("team").Create(ctx, bad, metav1.CreateOptions{})
-		if err == nil || !apierrors.IsForbidden(err) && !strings.Contains(err.Error(), "denied") {
-			t.Fatalf("create: %v", err)
+	t.Run("kubectl apply of a CronJob with bad annotations is refused with every problem named", func(t *testing.T) {
+		manifest := func(mode, ttl string) string {
+			return `apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: applied
+  namespace: team
+  annotations:
+    dislock.io/mode: "` + mode + `"
+    dislock.io/lease-ttl: "` + ttl + `"
+spec:
+  schedule: "*/5 * * * *"
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+          - name: app
+            image: busybox
+            command: ["sh", "-c", "echo hi"]
+`
 		}
-		for _, want := range []string{"dislock.io/mode", "sometimes", "dislock.io/lease-ttl", `"5"`} {
-			if !strings.Contains(err.Error(), want) {
-				t.Errorf("refusal %q does not name %q", err, want)
+		out, err := kubectl(t, c, manifest("sometimes", "5"), "apply", "-f", "-")
+		if err == nil {
+			t.Fatalf("kubectl apply succeeded:\n%s", out)
+		}
+		for _, want := range []string{"denied", "dislock.io/mode", "sometimes", "dislock.io/lease-ttl", `"5"`} {
+			if !strings.Contains(out, want) {
+				t.Errorf("kubectl's refusal does not name %q:\n%s", want, out)
 			}
+		}
+		if _, err := cs.BatchV1().CronJobs("team").Get(ctx, "applied", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the refused CronJob was stored anyway (get: %v)", err)
+		}
+		// The same manifest with the problems fixed goes through.
+		if out, err := kubectl(t, c, manifest("schedule,lease", "5m"), "apply", "-f", "-"); err != nil {
+			t.Fatalf("kubectl apply of the fixed CronJob: %v\n%s", err, out)
 		}
 	})
 
@@ -301,6 +337,20 @@ func createJob(t *testing.T, cs kubernetes.Interface, job *batchv1.Job) *batchv1
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// kubectl runs bin/kubectl against the cluster with stdin and returns its
+// combined output.
+func kubectl(t *testing.T, c *kube.Cluster, stdin string, args ...string) (string, error) {
+	t.Helper()
+	bin, err := c.Binary("kubectl")
+	if err != nil {
+		kube.Missing(t, err)
+	}
+	cmd := exec.Command(bin, append([]string{"--kubeconfig", c.Kubeconfig()}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
 
 // logBuffer collects the webhook's logs; they are printed if the test fails
 // (the manager's goroutines may log after a test ended, so not via t.Log).

@@ -1,5 +1,5 @@
-// Package tlstest writes a throwaway serving certificate for tests that run
-// the webhook server with real TLS on loopback.
+// Package tlstest writes throwaway certificates for tests that run the
+// webhook server with real TLS on loopback.
 package tlstest
 
 import (
@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,35 +25,131 @@ import (
 // certificate in PEM: it is its own CA, so it is also the caBundle.
 func ServingCert(t testing.TB, dir string) []byte {
 	t.Helper()
+	ca := NewCA(t)
+	if err := WriteFiles(dir, map[string][]byte{"tls.crt": ca.CertPEM, "tls.key": ca.keyPEM(t)}); err != nil {
+		t.Fatal(err)
+	}
+	return ca.CertPEM
+}
+
+// CA signs serving certificates, as cert-manager's issuer does: renewing a
+// leaf keeps the caBundle the API server trusts.
+type CA struct {
+	CertPEM []byte
+	cert    *x509.Certificate
+	key     *ecdsa.PrivateKey
+}
+
+// serial makes every certificate of a test run distinct.
+var serial atomic.Int64
+
+// NewCA returns a self-signed CA that can also serve 127.0.0.1 and localhost.
+func NewCA(t testing.TB) *CA {
+	t.Helper()
+	ca := &CA{}
+	ca.cert, ca.key, ca.CertPEM = sign(t, "dislock-webhook-test-ca", true, nil, nil)
+	return ca
+}
+
+// Leaf is one serving certificate and its key, in PEM.
+type Leaf struct {
+	CertPEM, KeyPEM []byte
+	// Serial identifies the certificate a server presents.
+	Serial *big.Int
+}
+
+// Issue signs a new serving certificate for 127.0.0.1 and localhost.
+func (ca *CA) Issue(t testing.TB) Leaf {
+	t.Helper()
+	cert, key, certPEM := sign(t, "dislock-webhook-test", false, ca.cert, ca.key)
+	return Leaf{CertPEM: certPEM, KeyPEM: encodeKey(t, key), Serial: cert.SerialNumber}
+}
+
+// Files is the leaf as the Secret keys controller-runtime's server reads.
+func (l Leaf) Files() map[string][]byte {
+	return map[string][]byte{"tls.crt": l.CertPEM, "tls.key": l.KeyPEM}
+}
+
+func (ca *CA) keyPEM(t testing.TB) []byte { return encodeKey(t, ca.key) }
+
+// sign creates a certificate signed by parent (self-signed when nil).
+func sign(t testing.TB, name string, isCA bool, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "dislock-webhook-test"},
+		SerialNumber: big.NewInt(time.Now().UnixNano() + serial.Add(1)), Subject: pkix.Name{CommonName: name},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true,
-		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		IsCA: isCA, BasicConstraintsValid: true,
+		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if isCA {
+		tmpl.KeyUsage |= x509.KeyUsageCertSign
+	}
+	if parent == nil {
+		parent, parentKey = tmpl, key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		t.Fatal(err)
 	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
-	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), certPEM, 0o600); err != nil {
+	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+func encodeKey(t testing.TB, key *ecdsa.PrivateKey) []byte {
+	t.Helper()
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "tls.key"), keyPEM, 0o600); err != nil {
-		t.Fatal(err)
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+}
+
+// WriteFiles replaces the files in dir the way the kubelet updates a secret
+// volume: the new set goes into a fresh timestamped directory, the ..data
+// symlink is swapped to it in one rename, and each file name is a symlink
+// through ..data. A reader never sees a new tls.crt beside an old tls.key.
+func WriteFiles(dir string, files map[string][]byte) error {
+	gen, err := os.MkdirTemp(dir, "..gen_")
+	if err != nil {
+		return err
 	}
-	return certPEM
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(gen, name), data, 0o600); err != nil {
+			return err
+		}
+	}
+	data := filepath.Join(dir, "..data")
+	old, _ := os.Readlink(data)
+	tmp := filepath.Join(dir, "..data_tmp")
+	os.Remove(tmp)
+	if err := os.Symlink(filepath.Base(gen), tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, data); err != nil {
+		return err
+	}
+	for name := range files {
+		link := filepath.Join(dir, name)
+		if _, err := os.Lstat(link); err == nil {
+			continue
+		}
+		if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
+			return err
+		}
+	}
+	if old != "" {
+		return os.RemoveAll(filepath.Join(dir, old))
+	}
+	return nil
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.

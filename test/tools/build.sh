@@ -5,6 +5,7 @@
 #
 #   test/tools/build.sh                      # kube-apiserver etcd kube-controller-manager
 #   test/tools/build.sh kube-scheduler kubelet
+#   test/tools/build.sh kubectl helm
 #
 # A binary that is already in bin/ and reports the pinned version is kept, so
 # a second run costs a second. A cold kube-apiserver build takes 10-14 minutes
@@ -42,6 +43,7 @@ export GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly"
 
 k8s_version=$(go list -m -f '{{.Version}}' k8s.io/kubernetes) || die "FAILED: go list -m k8s.io/kubernetes (in $here)"
 etcd_version=$(go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3) || die "FAILED: go list -m go.etcd.io/etcd/server/v3 (in $here)"
+helm_version=$(cd helm && go list -m -f '{{.Version}}' helm.sh/helm/v4) || die "FAILED: go list -m helm.sh/helm/v4 (in $here/helm)"
 
 # Every staging module that kubernetes replaces with ./staging/src/... must be
 # replaced here too: kubernetes requires them at v0.0.0, which does not exist,
@@ -70,16 +72,45 @@ k8s_ldflags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/
 package_of() {
 	case "$1" in
 	etcd) echo go.etcd.io/etcd/server/v3 ;;
-	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet) echo "k8s.io/kubernetes/cmd/$1" ;;
-	*) die "unknown binary $1 (want kube-apiserver, etcd, kube-controller-manager, kube-scheduler or kubelet)" ;;
+	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl) echo "k8s.io/kubernetes/cmd/$1" ;;
+	helm) echo helm.sh/helm/v4/cmd/helm ;;
+	*) die "unknown binary $1 (want kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kubelet, kubectl or helm)" ;;
 	esac
 }
 
-# expected_version is what "<binary> --version" must print for a binary in
-# bin/ to be kept: a binary from an older pin is rebuilt.
+# module_dir is the folder whose go.mod pins the binary: helm has its own
+# module because it needs newer versions of modules that kubernetes pins.
+module_dir() {
+	case "$1" in
+	helm) echo "$here/helm" ;;
+	*) echo "$here" ;;
+	esac
+}
+
+ldflags_of() {
+	case "$1" in
+	etcd) echo "" ;;
+	helm) echo "-X helm.sh/helm/v4/internal/version.version=$helm_version" ;;
+	*) echo "$k8s_ldflags" ;;
+	esac
+}
+
+# reported_version prints what a binary in bin/ says its version is.
+reported_version() {
+	case "$1" in
+	helm) "$bin/helm" version --short ;;
+	kubectl) "$bin/kubectl" version --client ;;
+	*) "$bin/$1" --version ;;
+	esac
+}
+
+# expected_version is what reported_version must contain for a binary in bin/
+# to be kept: a binary from an older pin is rebuilt.
 expected_version() {
 	case "$1" in
 	etcd) echo "etcd Version: ${etcd_version#v}" ;;
+	helm) echo "$helm_version" ;;
+	kubectl) echo "Client Version: $k8s_version" ;;
 	*) echo "Kubernetes $k8s_version" ;;
 	esac
 }
@@ -88,6 +119,7 @@ cold_time() {
 	case "$1" in
 	kube-apiserver) echo "~10-14 min cold" ;;
 	kubelet) echo "~10 min cold, ~1 min after kube-apiserver" ;;
+	kubectl | helm) echo "~3-5 min cold" ;;
 	kube-controller-manager) echo "~3 min cold" ;;
 	*) echo "under 1 min" ;;
 	esac
@@ -96,7 +128,7 @@ cold_time() {
 up_to_date() {
 	local out
 	[[ -x "$bin/$1" ]] || return 1
-	out=$("$bin/$1" --version 2>&1) || return 1
+	out=$(reported_version "$1" 2>&1) || return 1
 	[[ "$out" == *"$(expected_version "$1")"* ]]
 }
 
@@ -123,15 +155,14 @@ main() {
 			checked=1
 		fi
 		pkg=$(package_of "$name")
-		ldflags=
-		[[ "$name" == etcd ]] || ldflags=$k8s_ldflags
+		ldflags=$(ldflags_of "$name")
 		echo "building $name (first time only, $(cold_time "$name"))"
 		start=$SECONDS
 		# Build to a temporary name and rename, so an interrupted build never
 		# leaves a half-written binary that looks present.
-		run go build -trimpath -ldflags "$ldflags" -o "$bin/.$name.tmp" "$pkg"
+		run go -C "$(module_dir "$name")" build -trimpath -ldflags "$ldflags" -o "$bin/.$name.tmp" "$pkg"
 		run mv -f "$bin/.$name.tmp" "$bin/$name"
-		up_to_date "$name" || die "FAILED: $bin/$name --version does not print $(expected_version "$name")"
+		up_to_date "$name" || die "FAILED: $bin/$name does not report $(expected_version "$name")"
 		echo "built $name in $((SECONDS - start))s"
 	done
 }
