@@ -11,6 +11,8 @@ GO      ?= go
 UNIT_PKGS := ./lockagent/window/... ./lockagent/spec/... ./lockagent/protocol/... ./lockagent/wrapper/... ./webhook/...
 # Packages whose tests need a real kube-apiserver built by `make tools`.
 KUBE_PKGS := ./test/kube/... ./test/integration/...
+# What `make tools` builds from the Go module proxy into bin/ (test/tools/build.sh).
+TOOLS := kube-apiserver etcd kube-controller-manager kube-scheduler kubelet kubectl helm
 FUZZTIME ?= 15s
 
 .DEFAULT_GOAL := help
@@ -39,11 +41,11 @@ deps: ## Install the Debian packages the tests start (PostgreSQL, PgBouncer, lib
 ##@ Test
 
 .PHONY: test
-test: deps vet ## Run the tests: unit, PostgreSQL and PgBouncer integration, real agent processes (the CI command).
-	CI=true $(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e /test/kube -e /test/integration)
+test: deps vet tools ## Run every test: unit, PostgreSQL and PgBouncer, real agent processes, the webhook on a real API server (the CI command).
+	CI=true $(GO) test -count=1 -timeout 60m ./...
 
 .PHONY: test-integration
-test-integration: deps tools ## Run the webhook against a real kube-apiserver and kube-controller-manager.
+test-integration: deps tools ## Run only the tests that start a real kube-apiserver and kube-controller-manager.
 	CI=true $(GO) test -count=1 -timeout 30m $(KUBE_PKGS)
 
 .PHONY: test-unit
@@ -67,8 +69,8 @@ bench: deps ## Benchmark locks (vs SELECT 1 and pgbench), pod decision latency, 
 ##@ Build
 
 .PHONY: tools
-tools: ## Build kube-apiserver, etcd and kube-controller-manager from the Go module proxy into bin/ (once; ~20 min cold).
-	test/tools/build.sh
+tools: ## Build the Kubernetes binaries, etcd, kubectl and helm from the Go module proxy into bin/ (once; ~25 min cold).
+	test/tools/build.sh $(TOOLS)
 
 .PHONY: build
 build: ## Build bin/dislock.
