@@ -73,11 +73,12 @@ func setupLeases(*flag.FlagSet) func(context.Context, *common) error {
 		return c.print(views, func(t *table) {
 			t.row("KEY", "STATE", "TOKEN", "HELD FOR", "EXPIRES", "OWNER")
 			for _, l := range views {
-				state, expires := "expired", "-"
+				// An expired lease was held until it expired (or was released).
+				state, expires, until := "expired", "-", l.ExpireAt
 				if l.Live {
-					state, expires = "held", "in "+l.ExpireAt.Sub(dbNow).Round(time.Second).String()
+					state, expires, until = "held", "in "+l.ExpireAt.Sub(dbNow).Round(time.Second).String(), dbNow
 				}
-				t.row(l.Key, state, fmt.Sprint(l.Token), dbNow.Sub(l.AcquiredAt).Round(time.Second).String(), expires, l.Owner)
+				t.row(l.Key, state, fmt.Sprint(l.Token), until.Sub(l.AcquiredAt).Round(time.Second).String(), expires, l.Owner)
 			}
 		})
 	}
