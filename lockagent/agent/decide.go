@@ -29,6 +29,42 @@ func (a *agent) decide(ctx context.Context) {
 	default:
 		a.publish(protocol.Decision{Action: protocol.ActionError, Key: a.cfg.Key, Window: formatWindow(a.window),
 			Reason: "could not decide: " + err.Error()})
+		a.retryAfterError(ctx)
+	}
+}
+
+// Pauses between decision attempts after an "error" decision.
+const (
+	errorRetryFirst = 5 * time.Second
+	errorRetryMax   = time.Minute
+)
+
+// retryAfterError keeps trying to decide after publishing "error". With
+// restartPolicy OnFailure the kubelet restarts the app container inside this
+// pod and its wrapper reads the decision again: once the database answers,
+// that restart must get run or skip instead of the same error until the
+// Job's backoffLimit is used up. With restartPolicy Never the pod ends after
+// the wrapper's exit 75 and the kubelet stops the agent (ctx), and the Job's
+// next pod decides afresh.
+func (a *agent) retryAfterError(ctx context.Context) {
+	pause := errorRetryFirst
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		d, err := a.take(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			a.log.Info("decided after an earlier error; the app container's next start uses this decision", "action", d.Action)
+			a.publish(d)
+			return
+		}
+		a.log.Warn("still cannot decide; retrying", "err", err, "in", min(2*pause, errorRetryMax).String())
+		pause = min(2*pause, errorRetryMax)
 	}
 }
 

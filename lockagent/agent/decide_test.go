@@ -1,12 +1,17 @@
 package agent_test
 
 import (
+	"context"
+	"io"
 	"net"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -81,6 +86,84 @@ func TestUnreachableDatabaseFailsClosed(t *testing.T) {
 	if runs := readLedger(t, j.ledger); len(runs) != 0 {
 		t.Fatalf("the app ran: %+v", runs)
 	}
+}
+
+// restartPolicy OnFailure: the kubelet restarts the app container in the same
+// pod after its exit 75, and its wrapper reads the decision again. Once the
+// database answers, the agent's new decision lets that restart run, exactly
+// once, instead of failing with the same error until the backoffLimit.
+func TestAnAppRestartedAfterAnErrorDecisionRunsOnceTheDatabaseAnswers(t *testing.T) {
+	bouncer, err := url.Parse(pgtest.Need(t).BouncerDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := openStore(t, bouncer.String())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyAddr := l.Addr().String()
+	l.Close() // nothing listens: the database is unreachable
+	dsn := *bouncer
+	dsn.Host = proxyAddr
+	q := dsn.Query()
+	q.Set("connect_timeout", "1")
+	dsn.RawQuery = q.Encode()
+	// The webhook names each app container; a restarted container reports
+	// under the same name, replacing its earlier result.
+	j := job{dsn: dsn.String(), key: uniqueKey(t), mode: "schedule", ttl: 5 * time.Second, ledger: t.TempDir() + "/ledger",
+		extra: []string{spec.EnvContainerName + "=app"}}
+	p := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(0, 0), agentArgs: []string{"--start-timeout=2s"}})
+	p.waitWrapper()
+	if p.exit != 75 || p.decision().Action != protocol.ActionError {
+		t.Fatalf("first start: exit %d, decision %+v", p.exit, p.decision())
+	}
+
+	forward(t, proxyAddr, bouncer.Host) // the database is back
+	await(t, "a decision after the error", 90*time.Second, func() bool { return p.decision().Action != protocol.ActionError })
+	if d := p.decision(); d.Action != protocol.ActionRun {
+		t.Fatalf("decision after the database came back: %+v", d)
+	}
+	p.startWrapper()
+	if code := p.finish(); code != 0 {
+		t.Fatalf("restarted app container exited %d:\n%s\n%s", code, p.wrapperLog, p.agentLog)
+	}
+	if runs := readLedger(t, j.ledger); len(runs) != 1 {
+		t.Fatalf("the app ran %d times, want once: %+v", len(runs), runs)
+	}
+	w, err := store.GetWindow(context.Background(), j.key, tick0)
+	if err != nil || w.State != lock.StateSucceeded {
+		t.Fatalf("window after the run: %+v %v", w, err)
+	}
+}
+
+// forward accepts connections on addr (which must be free) and pipes each to
+// target until the test ends.
+func forward(t *testing.T, addr, target string) {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { _, _ = io.Copy(up, c); up.Close() }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
 }
 
 // A misconfigured sidecar says what is wrong instead of running unlocked.

@@ -154,13 +154,21 @@ func (j job) start(t *testing.T, p podSpec) *pod {
 	po.startAgent()
 	t.Cleanup(po.kill)
 	po.awaitProbe()
-	po.wrapper = exec.Command(filepath.Join(dir, protocol.BinPath), "exec", "--", "/bin/sh", "-c", p.app)
+	po.startWrapper()
+	return po
+}
+
+// startWrapper starts the wrapped app container; called again after it
+// exited, it is the kubelet restarting it in the same pod (restartPolicy
+// OnFailure).
+func (po *pod) startWrapper() {
+	po.t.Helper()
+	po.wrapper = exec.Command(filepath.Join(po.dir, protocol.BinPath), "exec", "--", "/bin/sh", "-c", po.spec.app)
 	po.wrapper.Env = po.env
 	po.wrapper.Stdout, po.wrapper.Stderr = po.wrapperLog, po.wrapperLog
 	if err := po.wrapper.Start(); err != nil {
-		t.Fatalf("starting the wrapper: %v", err)
+		po.t.Fatalf("starting the wrapper: %v", err)
 	}
-	return po
 }
 
 func (po *pod) startAgent() {
