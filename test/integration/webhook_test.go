@@ -342,7 +342,7 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // combined output.
 func kubectl(t *testing.T, c *kube.Cluster, stdin string, args ...string) (string, error) {
 	t.Helper()
-	bin, err := c.Binary("kubectl")
+	bin, err := kube.FindBinary("kubectl")
 	if err != nil {
 		kube.Missing(t, err)
 	}

@@ -79,12 +79,10 @@ const (
 
 // Cluster is a running control plane. Its methods are safe for concurrent use.
 type Cluster struct {
-	opts Options
-	bins map[string]string
-	// binDir is where the binaries came from; kubectl and helm are there too.
-	binDir string
-	dir    string
-	token  string
+	opts  Options
+	bins  map[string]string
+	dir   string
+	token string
 	// caPEM is the apiserver's serving certificate chain (self-signed CA
 	// included), which clients trust.
 	caPEM []byte
@@ -132,7 +130,7 @@ func Start(opts Options) (*Cluster, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	c := &Cluster{opts: opts, bins: bins, binDir: binDir, dir: dir, wd: wd}
+	c := &Cluster{opts: opts, bins: bins, dir: dir, wd: wd}
 	if err := c.setUp(); err != nil {
 		err = fmt.Errorf("%w\n%s", err, c.logTails())
 		_ = c.Close()
@@ -351,17 +349,6 @@ func (c *Cluster) RESTConfig() *rest.Config {
 		Burst:           clientBurst,
 		UserAgent:       "dislock-test/kube",
 	}
-}
-
-// Binary returns the path of another binary built by `make tools` (kubectl,
-// helm, kube-scheduler, kubelet) from the directory the cluster's binaries
-// came from; if it is missing the error wraps ErrMissingBinary (see Missing).
-func (c *Cluster) Binary(name string) (string, error) {
-	bins, err := findBinaries(c.binDir, []string{name})
-	if err != nil {
-		return "", err
-	}
-	return bins[name], nil
 }
 
 // Kubeconfig returns the path of a kubeconfig file for the admin user, for
