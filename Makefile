@@ -75,3 +75,34 @@ tools: ## Build the Kubernetes binaries, etcd, kubectl and helm from the Go modu
 .PHONY: build
 build: ## Build bin/dislock.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dislock .
+
+##@ Deploy
+
+IMG            ?= ghcr.io/dislock/dislock:$(VERSION)
+CONTAINER_TOOL ?= docker
+HELM           ?= $(BIN)/helm
+KUBECTL        ?= $(BIN)/kubectl
+NAMESPACE      ?= dislock-system
+
+$(BIN)/helm $(BIN)/kubectl:
+	test/tools/build.sh $(notdir $@) >&2
+
+.PHONY: manifests
+manifests: $(HELM) ## Render the chart for one data centre to stdout: make -s manifests CLUSTER_NAME=dc-a [VALUES=dc-a.yaml] > dislock.yaml
+	@$(HELM) template dislock charts/dislock --namespace $(NAMESPACE) \
+		$(if $(VALUES),--values $(VALUES),--set database.existingSecret=dislock-db) \
+		$(if $(CLUSTER_NAME),--set-string clusterName=$(CLUSTER_NAME))
+
+.PHONY: helm-lint
+helm-lint: $(HELM) ## Lint the chart (strict) with its own certificates and with cert-manager.
+	$(HELM) lint --strict charts/dislock --set clusterName=lint --set database.existingSecret=dislock-db
+	$(HELM) lint --strict charts/dislock --set clusterName=lint --set database.existingSecret=dislock-db \
+		--set certManager.enabled=true --set serviceMonitor.enabled=true --set networkPolicy.enabled=true
+
+.PHONY: docker-build
+docker-build: ## Build the image with both binaries (IMG=..., CONTAINER_TOOL=docker|podman).
+	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(IMG) .
+
+.PHONY: docker-push
+docker-push: ## Push IMG.
+	$(CONTAINER_TOOL) push $(IMG)

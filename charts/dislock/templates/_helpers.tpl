@@ -1,0 +1,111 @@
+{{/*
+Prefix of every object name: the release name when it already says "dislock", else
+"<release>-dislock". Truncated so that "<fullname>-webhook-cert" stays a valid name.
+*/}}
+{{- define "dislock.fullname" -}}
+{{- $name := .Values.fullnameOverride -}}
+{{- if not $name -}}
+{{- $name = ternary .Release.Name (printf "%s-dislock" .Release.Name) (contains "dislock" .Release.Name) -}}
+{{- end -}}
+{{- $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Name of the webhook's Deployment, Service, ServiceAccount, RBAC objects and configurations. */}}
+{{- define "dislock.webhookName" -}}
+{{- printf "%s-webhook" (include "dislock.fullname" .) -}}
+{{- end -}}
+
+{{- define "dislock.serviceAccountName" -}}
+{{- default (include "dislock.webhookName" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The Secret holding the serving certificate: written by the webhook itself or by cert-manager. */}}
+{{- define "dislock.certSecretName" -}}
+{{- printf "%s-webhook-cert" (include "dislock.fullname" .) -}}
+{{- end -}}
+
+{{/* The database Secret in the release namespace, and the name of its copies. */}}
+{{- define "dislock.dbSecretName" -}}
+{{- default (printf "%s-db" (include "dislock.fullname" .)) .Values.database.existingSecret -}}
+{{- end -}}
+
+{{/* controller-runtime's leader election Lease (LeaderElectionID in main.go). */}}
+{{- define "dislock.leaseName" -}}
+dislock-webhook
+{{- end -}}
+
+{{/* Where the serving certificate is mounted; the webhook reads tls.crt and tls.key there. */}}
+{{- define "dislock.certDir" -}}
+/tmp/k8s-webhook-server/serving-certs
+{{- end -}}
+
+{{- define "dislock.selectorLabels" -}}
+app.kubernetes.io/name: dislock
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{- define "dislock.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "dislock.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* image renders repository:tag or repository@digest from an image dict and defaults. */}}
+{{- define "dislock.imageRef" -}}
+{{- $repo := .repository -}}
+{{- if .digest -}}
+{{- printf "%s@%s" $repo .digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo .tag -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dislock.image" -}}
+{{- include "dislock.imageRef" (dict "repository" .Values.image.repository "tag" (default .Chart.AppVersion .Values.image.tag) "digest" .Values.image.digest) -}}
+{{- end -}}
+
+{{/* The sidecar's image: the webhook's own unless agent.image names another. */}}
+{{- define "dislock.agentImage" -}}
+{{- $a := .Values.agent.image -}}
+{{- if or $a.repository $a.tag $a.digest -}}
+{{- include "dislock.imageRef" (dict "repository" (default .Values.image.repository $a.repository) "tag" (default (default .Chart.AppVersion .Values.image.tag) $a.tag) "digest" $a.digest) -}}
+{{- else -}}
+{{- include "dislock.image" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Namespaces neither webhook ever intercepts, whatever their labels: the release namespace (nothing
+that keeps dislock running may depend on dislock's webhook answering) and kube-system (the cluster's
+own CronJobs must never wait for it), plus webhook.excludeNamespaces.
+*/}}
+{{- define "dislock.namespaceSelector" -}}
+matchLabels:
+  dislock.io/injection: enabled
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values:
+      {{- range uniq (concat (list .Release.Namespace "kube-system") .Values.webhook.excludeNamespaces) }}
+      - {{ . | quote }}
+      {{- end }}
+{{- end -}}
+
+{{/*
+Checks of values that the schema cannot express; each failure says what to set.
+*/}}
+{{- define "dislock.validate" -}}
+{{- if not .Values.clusterName -}}
+{{- fail "clusterName is required: set it to this data centre's name, different in every cluster (e.g. --set clusterName=dc-a)" -}}
+{{- else if not (regexMatch "^[[:graph:]]{1,63}$" .Values.clusterName) | or (contains "/" .Values.clusterName) -}}
+{{- fail (printf "clusterName %q is not usable in a lock owner: want at most 63 printable characters without '/' or spaces (e.g. dc-a)" .Values.clusterName) -}}
+{{- end -}}
+{{- if and .Values.database.url .Values.database.existingSecret -}}
+{{- fail "database.url and database.existingSecret are both set: set one (existingSecret is preferred: the URL holds a password)" -}}
+{{- end -}}
+{{- if not (or .Values.database.url .Values.database.existingSecret) -}}
+{{- fail "the database is not set: set database.existingSecret to a Secret in the release namespace holding the PostgreSQL URL under database.secretKey, or database.url" -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,76 @@
+package chart
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/dislock/dislock/test/kube"
+)
+
+// optionalCRDs stand in for the Prometheus Operator's and cert-manager's
+// CRDs, which a bare API server lacks: the kinds exist, and any spec is
+// accepted (so the dry run shows these objects are well-formed and
+// namespaced as the CRDs want, not that cert-manager would like their spec).
+var optionalCRDs = func() string {
+	var b strings.Builder
+	for _, k := range [][2]string{{"monitoring.coreos.com", "ServiceMonitor"}, {"cert-manager.io", "Certificate"}, {"cert-manager.io", "Issuer"}} {
+		group, kind := k[0], k[1]
+		singular := strings.ToLower(kind)
+		fmt.Fprintf(&b, `---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: %[3]ss.%[1]s}
+spec:
+  group: %[1]s
+  scope: Namespaced
+  names: {kind: %[2]s, listKind: %[2]sList, plural: %[3]ss, singular: %[3]s}
+  versions:
+    - {name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
+`, group, kind, singular)
+	}
+	return b.String()
+}()
+
+// Every object the chart renders and kustomize builds, with every option
+// on, passes the API server's validation and admission (server-side apply,
+// dry run): schemas, the webhooks' CEL matchConditions, RBAC rules, the
+// PodDisruptionBudget, the NetworkPolicy, the priority class.
+func TestTheAPIServerAcceptsEveryRenderedObject(t *testing.T) {
+	c := kube.Need(t)
+	ensureOptionalCRDs(t, c)
+	// A dry run creates nothing, so the namespaces must exist for real.
+	for _, ns := range []string{"accept-defaults", "accept-options", "dislock-system"} {
+		createNamespace(t, c, ns)
+	}
+	every := values("clusterName", "dc-b", "database.url", testURL, "certManager.enabled", true,
+		"serviceMonitor.enabled", true, "serviceMonitor.labels", map[string]any{"release": "prometheus"},
+		"networkPolicy.enabled", true, "networkPolicy.metricsFrom", []any{map[string]any{"namespaceSelector": map[string]any{
+			"matchLabels": map[string]any{"kubernetes.io/metadata.name": "monitoring"}}}},
+		"webhook.excludeNamespaces", []any{"monitoring"}, "webhook.priorityClassName", "system-cluster-critical",
+		"webhook.tolerations", []any{map[string]any{"key": "dedicated", "operator": "Exists"}},
+		"webhook.nodeSelector", map[string]any{"kubernetes.io/os": "linux"},
+		"webhook.topologySpreadConstraints", []any{map[string]any{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+			"whenUnsatisfiable": "ScheduleAnyway", "labelSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "dislock"}}}},
+		"webhook.podAnnotations", map[string]any{"example.com/team": "platform"}, "webhook.podLabels", map[string]any{"team": "platform"},
+		"imagePullSecrets", []any{map[string]any{"name": "registry"}}, "serviceAccount.annotations", map[string]any{"example.com/role": "dislock"},
+		"agent.cpuRequest", "20m", "agent.memoryLimit", "96Mi", "certManager.issuerRef.name", "corporate-ca",
+		"certManager.issuerRef.kind", "ClusterIssuer")
+	for _, tc := range []struct {
+		name string
+		m    manifest
+	}{
+		{"the chart's defaults", helmTemplate(t, "dislock", "accept-defaults", base())},
+		{"the chart with every option", helmTemplate(t, "everything", "accept-options", every)},
+		{"config/default as it is", kustomize(t, "resources:\n  - CONFIG/default\n")},
+		{"config/default with a cluster name", kustomize(t, clusterOverlay)},
+		{"config/default with cert-manager and a ServiceMonitor", kustomize(t, clusterOverlay+"components:\n  - CONFIG/certmanager\n  - CONFIG/prometheus\n")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := kubectl(t, c, tc.m.yaml(t), "apply", "--server-side", "--dry-run=server", "--field-manager=dislock-test", "-f", "-")
+			if got := strings.Count(out, "serverside-applied (server dry run)"); got != len(tc.m) {
+				t.Errorf("%d of %d objects applied (%s):\n%s", got, len(tc.m), tc.m.ids(), out)
+			}
+		})
+	}
+}
