@@ -10,7 +10,9 @@ GO      ?= go
 # Packages whose tests start nothing (no database, no API server): quick feedback while editing.
 UNIT_PKGS := ./lockagent/window/... ./lockagent/spec/... ./lockagent/protocol/... ./lockagent/wrapper/... ./webhook/...
 # Packages whose tests need a real kube-apiserver built by `make tools`.
-KUBE_PKGS := ./test/kube/... ./test/integration/...
+KUBE_PKGS := ./test/kube/... ./test/integration/... ./test/chart/...
+# Packages whose tests run real nodes (kubelet + containerd) as root: one at a time, after the rest.
+E2E_PKGS := ./test/node/... ./test/e2e/...
 # What `make tools` builds from the Go module proxy into bin/ (test/tools/build.sh).
 TOOLS := kube-apiserver etcd kube-controller-manager kube-scheduler kubelet kubectl helm
 FUZZTIME ?= 15s
@@ -38,15 +40,24 @@ vet: ## Check formatting and run go vet.
 deps: ## Install the Debian packages the tests start (PostgreSQL, PgBouncer, libfaketime) when missing.
 	@hack/install-deps.sh
 
+.PHONY: node-deps
+node-deps: ## Install what a real test node runs (containerd, runc, CNI plugins, busybox-static) when missing.
+	@hack/install-node-deps.sh
+
 ##@ Test
 
 .PHONY: test
-test: deps vet tools ## Run every test: unit, PostgreSQL and PgBouncer, real agent processes, the webhook on a real API server (the CI command).
-	CI=true $(GO) test -count=1 -timeout 60m ./...
+test: deps node-deps vet tools ## Run every test against real components, the multi-cluster e2e last (the CI command; as root).
+	CI=true $(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /test/node -e /test/e2e)
+	CI=true $(GO) test -count=1 -p 1 -timeout 40m $(E2E_PKGS)
 
 .PHONY: test-integration
-test-integration: deps tools ## Run only the tests that start a real kube-apiserver and kube-controller-manager.
+test-integration: deps tools ## Run only the tests that start a real kube-apiserver (webhook, chart).
 	CI=true $(GO) test -count=1 -timeout 30m $(KUBE_PKGS)
+
+.PHONY: test-e2e
+test-e2e: deps node-deps tools ## Run only the multi-cluster end-to-end tests on real kubelets (as root).
+	CI=true $(GO) test -count=1 -p 1 -v -timeout 40m $(E2E_PKGS)
 
 .PHONY: test-unit
 test-unit: ## Run the fast tests that need no database.
