@@ -110,6 +110,9 @@ func startWebhook(dc, dir, dislockBin string, cluster *kube.Cluster, databaseURL
 		"--metrics-bind-address=0",
 		"--health-probe-bind-address=127.0.0.1:"+strconv.Itoa(ports[1]),
 		"--database-url="+databaseURL,
+		// A test serves images from an in-process registry on loopback,
+		// over plain HTTP, for the webhook to resolve entrypoints from.
+		"--insecure-registry",
 	)
 	cmd.Env = append(os.Environ(), "KUBECONFIG=")
 	p, err := node.StartProcess(dir, "webhook-"+dc, cmd)

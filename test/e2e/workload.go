@@ -6,6 +6,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -102,6 +103,12 @@ type Run struct {
 	WindowTime time.Time
 }
 
+// String is how a failing test shows the run.
+func (r Run) String() string {
+	return fmt.Sprintf("%s/%s window %q token %d %s–%s exit %s", r.Cluster, r.Pod, r.Window, r.Token,
+		fmtTime(&r.Started), fmtTime(r.Finished), fmtInt(r.ExitCode))
+}
+
 // Runs reads the ledger, oldest first, with each run's window claim time.
 func (e *Env) Runs(ctx context.Context) ([]Run, error) {
 	c, err := pgx.Connect(ctx, e.PG.DirectDSN())
@@ -123,6 +130,20 @@ ORDER BY l.started_at, l.id`)
 		}
 		return run, err
 	})
+}
+
+// Overlaps lists each run (of runs, oldest first, as Runs returns them)
+// that started before the run before it had finished, or after one that
+// never recorded its end: two holders at once.
+func Overlaps(runs []Run) []string {
+	var out []string
+	for i := 1; i < len(runs); i++ {
+		prev, r := runs[i-1], runs[i]
+		if prev.Finished == nil || r.Started.Before(*prev.Finished) {
+			out = append(out, fmt.Sprintf("%v started before %v finished", r, prev))
+		}
+	}
+	return out
 }
 
 // Jobs lists the Jobs of a CronJob in one data centre.
@@ -170,7 +191,7 @@ func (dc *DC) Pods(ctx context.Context, job string) ([]corev1.Pod, error) {
 func AgentMessage(p *corev1.Pod) string {
 	for _, s := range p.Status.InitContainerStatuses {
 		if s.Name == "dislock-agent" && s.State.Terminated != nil {
-			return s.State.Terminated.Message
+			return strings.TrimSpace(s.State.Terminated.Message)
 		}
 	}
 	return ""

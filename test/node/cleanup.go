@@ -4,7 +4,8 @@ package node
 // Close runs it after stopping the components in order; the watchdog runs the
 // same script when the test process dies without closing its nodes (panic,
 // timeout, ^C, SIGKILL), so the path a crashed run takes is the one every
-// Close exercises.
+// Close exercises. Kill, a node's sudden death, shares its way of finding
+// the node's processes.
 
 import (
 	"bufio"
@@ -21,48 +22,11 @@ import (
 // waits for its stdin (a pipe whose only writer is the test process) to
 // close, i.e. for the test process to die, and then also removes the host
 // paths the node's process created outside its directory ($1/host-paths).
-// Close runs it with $2 = "now".
-//
-// What a node leaves behind, and how each is found:
-//   - kubelet, kube-scheduler and containerd: pid files in the directory;
-//   - container processes: every process in the node's cgroup subtree
-//     (cgroupRoot, named after the directory) in every hierarchy;
-//   - containerd shims, which daemonize and so outlive containerd: the
-//     processes whose command line names the node's containerd socket; their
-//     sockets live in /run/containerd/s (a path containerd 1.6 hardcodes) and
-//     are found through the shims' open file descriptors;
-//   - mounts (the kubelet's root-dir bind mount, pod volumes, container root
-//     filesystems, sandbox /dev/shm): every mount point under the directory,
-//     deepest first;
-//   - the cgroup subtree, deepest first, once it holds no process;
-//   - the directory itself, only once nothing is mounted under it.
-const cleanupScript = `
-dir="$1"
+// Close runs it with $2 = "now". What it removes, and how each is found, is
+// listed at scriptLib.
+const cleanupScript = scriptLib + `
 [ "$2" = now ] || read -r _
-root="/$(basename "$dir")"
 status=0
-
-cgmounts() { awk '$3 == "cgroup" || $3 == "cgroup2" {print $2}' /proc/mounts; }
-cgprocs() {
-	for m in $(cgmounts); do
-		[ -d "$m$root" ] && find "$m$root" -name cgroup.procs -exec cat {} + 2>/dev/null
-	done
-}
-mounts() { awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r; }
-# A zombie counts as gone: shims are reparented to init, which reaps them
-# when it gets to it.
-alive() {
-	st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)
-	[ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
-}
-gone() {
-	for pid in "$@"; do alive "$pid" && return 1; done
-	return 0
-}
-waitgone() {
-	n=0
-	while ! gone "$@" && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n+1)); done
-}
 
 # The kubelet and the scheduler first, so that nothing restarts what follows.
 pids=
@@ -71,32 +35,13 @@ for name in kube-scheduler kubelet; do
 done
 waitgone $pids
 
-# Containers. A process may fork while we read: repeat until none is left.
-n=0
-while [ -n "$(cgprocs)" ] && [ "$n" -lt 50 ]; do
-	for pid in $(cgprocs); do kill -KILL "$pid" 2>/dev/null; done
-	sleep 0.1
-	n=$((n+1))
-done
+killcgroup
 
-# Shims, and the sockets they listen on.
-shims=
-socks=
-for p in /proc/[0-9]*; do
-	case "$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" in
-	*containerd-shim*"$dir/containerd.sock"*) shims="$shims ${p#/proc/}" ;;
-	esac
-done
-for pid in $shims; do
-	for fd in /proc/"$pid"/fd/*; do
-		l=$(readlink "$fd" 2>/dev/null) || continue
-		case "$l" in socket:*) ;; *) continue ;; esac
-		i=${l#socket:[}
-		i=${i%]}
-		socks="$socks $(awk -v i="$i" '$7 == i && index($8, "/run/containerd/s/") == 1 {print $8}' /proc/net/unix)"
-	done
-	kill -KILL "$pid" 2>/dev/null
-done
+# Shims, and the sockets they listen on: those of live shims, and those Kill
+# noted before it killed their shims.
+shims=$(shims)
+socks="$(shimsockets $shims) $(cat "$dir/shim-sockets" 2>/dev/null)"
+for pid in $shims; do kill -KILL "$pid" 2>/dev/null; done
 waitgone $shims
 for s in $socks; do rm -f "$s"; done
 
@@ -132,11 +77,116 @@ rm -rf "$dir"
 exit $status
 `
 
+// killScript's $1 is the node directory. It is the node losing power: the
+// kubelet, the scheduler, containerd, the shims and every container process
+// get SIGKILL in one kill(1) call, and nothing is stopped in order, unmounted
+// or removed. The shims' sockets can only be found through live shims, so
+// they are noted in $1/shim-sockets first, for cleanupScript. A container
+// process forked while the kill ran is killed by the loop after it.
+const killScript = scriptLib + `
+pids=
+for name in kube-scheduler kubelet containerd; do
+	pid=$(cat "$dir/$name.pid" 2>/dev/null) && pids="$pids $pid"
+done
+shims=$(shims)
+shimsockets $shims >> "$dir/shim-sockets"
+kill -KILL $pids $shims $(cgprocs) 2>/dev/null
+killcgroup
+waitgone $pids $shims
+left=$(cgprocs)
+for pid in $pids $shims; do alive "$pid" && left="$left $pid"; done
+[ -z "$left" ] || { echo "still running after SIGKILL: $left" >&2; exit 1; }
+exit 0
+`
+
+// scriptLib holds what cleanupScript and killScript share: $1 is the node
+// directory.
+//
+// What a node leaves behind, and how each is found:
+//   - kubelet, kube-scheduler and containerd: pid files in the directory;
+//   - container processes: every process in the node's cgroup subtree
+//     (cgroupRoot, named after the directory) in every hierarchy;
+//   - containerd shims, which daemonize and so outlive containerd: the
+//     processes whose command line names the node's containerd socket; their
+//     sockets live in /run/containerd/s (a path containerd 1.6 hardcodes) and
+//     are found through the shims' open file descriptors;
+//   - mounts (the kubelet's root-dir bind mount, pod volumes, container root
+//     filesystems, sandbox /dev/shm): every mount point under the directory,
+//     deepest first;
+//   - the cgroup subtree, deepest first, once it holds no process;
+//   - the directory itself, only once nothing is mounted under it.
+const scriptLib = `
+dir="$1"
+root="/$(basename "$dir")"
+
+cgmounts() { awk '$3 == "cgroup" || $3 == "cgroup2" {print $2}' /proc/mounts; }
+cgprocs() {
+	for m in $(cgmounts); do
+		[ -d "$m$root" ] && find "$m$root" -name cgroup.procs -exec cat {} + 2>/dev/null
+	done
+}
+mounts() { awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r; }
+# A zombie counts as gone: shims are reparented to init, which reaps them
+# when it gets to it.
+alive() {
+	st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)
+	[ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
+}
+gone() {
+	for pid in "$@"; do alive "$pid" && return 1; done
+	return 0
+}
+waitgone() {
+	n=0
+	while ! gone "$@" && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n+1)); done
+}
+# Container processes. A process may fork while we read: repeat until none
+# is left.
+killcgroup() {
+	n=0
+	while [ -n "$(cgprocs)" ] && [ "$n" -lt 50 ]; do
+		for pid in $(cgprocs); do kill -KILL "$pid" 2>/dev/null; done
+		sleep 0.1
+		n=$((n+1))
+	done
+}
+# One grep over every command line: a tr per process takes seconds on a busy
+# host, and Kill must be quick.
+shims() {
+	for f in $(grep -l -a -F -e "$dir/containerd.sock" /proc/[0-9]*/cmdline 2>/dev/null); do
+		case "$(tr '\0' ' ' < "$f" 2>/dev/null)" in
+		*containerd-shim*) p=${f%/cmdline}; echo "${p#/proc/}" ;;
+		esac
+	done
+}
+# The sockets in /run/containerd/s the shims $@ listen on.
+shimsockets() {
+	for pid in "$@"; do
+		for fd in /proc/"$pid"/fd/*; do
+			l=$(readlink "$fd" 2>/dev/null) || continue
+			case "$l" in socket:*) ;; *) continue ;; esac
+			i=${l#socket:[}
+			i=${i%]}
+			awk -v i="$i" '$7 == i && index($8, "/run/containerd/s/") == 1 {print $8}' /proc/net/unix
+		done
+	done
+}
+`
+
 // runCleanup runs cleanupScript for dir at once (Close's path).
 func runCleanup(dir string) error {
 	out, err := exec.Command("/bin/sh", "-c", cleanupScript, "node-cleanup", dir, "now").CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("node: cleaning up %s: %w: %s", dir, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// runKill runs killScript for dir.
+func runKill(dir string) error {
+	out, err := exec.Command("/bin/sh", "-c", killScript, "node-kill", dir).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("node: killing %s: %w: %s", dir, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

@@ -13,7 +13,9 @@
 // Close stops the kubelet, the containers, the shims and containerd,
 // unmounts everything under the directory, removes the cgroups and the
 // directory, and checks that nothing is left. A watchdog does the same if the
-// test process dies first. The kubelet is told not to create iptables chains
+// test process dies first. Kill is the node's sudden death (every process
+// SIGKILLed at once, nothing cleaned up), for tests of what survives a lost
+// node; Close still removes everything after it. The kubelet is told not to create iptables chains
 // (they are host-wide); the two host paths a kubelet and containerd create
 // whatever they are told (/var/lib/kubelet/device-plugins,
 // /run/containerd/s) are removed by the last node to close, if they did not
@@ -296,6 +298,32 @@ func (n *Node) Close() error {
 	n.closeErr = errors.Join(errs...)
 	n.logf("stopped in %v; removed %s and cgroup %s", time.Since(begun).Round(time.Millisecond), n.dir, n.cgroupRoot())
 	return n.closeErr
+}
+
+// Kill is the node dying at once, as in a power cut: the kubelet, the
+// scheduler (if the node runs one), containerd, every shim and every
+// container process get SIGKILL together; nothing is stopped in order,
+// nothing recorded, unmounted or removed. The shims are killed too because
+// they keep containers running without containerd. Kill returns once every
+// one of those processes is gone. Close still removes everything afterwards.
+func (n *Node) Kill() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return errors.New("node: Kill after Close")
+	}
+	begun := time.Now()
+	if err := runKill(n.dir); err != nil {
+		return err
+	}
+	// Reap our own children, so that Pids and Close see them gone.
+	for name, p := range n.procs {
+		if !p.awaitExit(stopGrace) {
+			return fmt.Errorf("node: %s (pid %d) not reaped %v after SIGKILL", name, p.Pid(), stopGrace)
+		}
+	}
+	n.logf("killed in %v: kubelet, containerd, shims and containers SIGKILLed", time.Since(begun).Round(time.Millisecond))
+	return nil
 }
 
 // removeContainersLocked deletes every task and container in the

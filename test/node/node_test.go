@@ -316,14 +316,32 @@ func assertGone(t *testing.T, n *Node, fp footprint) {
 	}
 }
 
-func TestCloseLeavesNoProcessMountCgroupOrChainBehind(t *testing.T) {
-	chainsBefore := iptablesChains(t)
-	var absentBefore []string
+// absentHostPaths lists the host paths a node creates that do not exist now.
+func absentHostPaths() []string {
+	var out []string
 	for _, p := range hostPaths {
 		if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
-			absentBefore = append(absentBefore, p)
+			out = append(out, p)
 		}
 	}
+	return out
+}
+
+// assertHostPathsGone checks that the host paths that did not exist before
+// the node started are gone again: with no other node running, the last
+// one to close removes them.
+func assertHostPathsGone(t *testing.T, absentBefore []string) {
+	t.Helper()
+	for _, p := range absentBefore {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s did not exist before the node started and is still there after Close (stat: %v)", p, err)
+		}
+	}
+}
+
+func TestCloseLeavesNoProcessMountCgroupOrChainBehind(t *testing.T) {
+	chainsBefore := iptablesChains(t)
+	absentBefore := absentHostPaths()
 	n, cs := newNode(t, "close", false)
 	runningPod(t, cs, "close", n.Name())
 
@@ -357,11 +375,106 @@ func TestCloseLeavesNoProcessMountCgroupOrChainBehind(t *testing.T) {
 	}
 	// The kubelet's device-plugin socket and the shims' sockets live in
 	// host paths; with no other node running, they go as well.
-	for _, p := range absentBefore {
-		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("%s did not exist before the node started and is still there after Close (stat: %v)", p, err)
+	assertHostPathsGone(t, absentBefore)
+}
+
+// shimSocketDir is where containerd 1.6 puts its shims' sockets, whatever
+// its configuration says.
+const shimSocketDir = "/run/containerd/s"
+
+// shimSockets lists the sockets in shimSocketDir.
+func shimSockets(t *testing.T) map[string]bool {
+	t.Helper()
+	entries, err := os.ReadDir(shimSocketDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, e := range entries {
+		out[filepath.Join(shimSocketDir, e.Name())] = true
+	}
+	return out
+}
+
+// containerPids lists the processes in the node's cgroup subtree: its
+// containers' processes.
+func containerPids(t *testing.T, n *Node) []int {
+	t.Helper()
+	mounts, err := cgroupMounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	var out []int
+	for _, m := range mounts {
+		_ = filepath.WalkDir(filepath.Join(m, n.CgroupRoot()), func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.Name() != "cgroup.procs" {
+				return nil
+			}
+			b, _ := os.ReadFile(path)
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && !seen[pid] {
+					seen[pid] = true
+					out = append(out, pid)
+				}
+			}
+			return nil
+		})
+	}
+	return out
+}
+
+func TestAKilledNodeLeavesNothingRunningAndCloseStillRemovesEverything(t *testing.T) {
+	absentBefore := absentHostPaths()
+	socketsBefore := shimSockets(t)
+	n, cs := newNode(t, "killed", false)
+	runningPod(t, cs, "killed", n.Name())
+	fp := footprintOf(t, n)
+	containers := containerPids(t, n)
+	var sockets []string
+	for s := range shimSockets(t) {
+		if !socketsBefore[s] {
+			sockets = append(sockets, s)
 		}
 	}
+	// Without these, the test would prove nothing.
+	if len(containers) == 0 || len(sockets) == 0 || len(fp.mounts) == 0 {
+		t.Fatalf("a node running a pod should have container processes, shim sockets and mounts; found pids %v, sockets %v, mounts %v", containers, sockets, fp.mounts)
+	}
+
+	begun := time.Now()
+	if err := n.Kill(); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	t.Logf("Kill took %v: %d node processes and shims, %d container processes", time.Since(begun).Round(time.Millisecond), len(fp.pids), len(containers))
+	for name, pid := range fp.pids {
+		if alive(pid) {
+			t.Errorf("%s (pid %d) still runs after Kill", name, pid)
+		}
+	}
+	for _, pid := range containers {
+		if alive(pid) {
+			t.Errorf("container process %d still runs after Kill: the shims keep containers alive unless they are killed too", pid)
+		}
+	}
+	if left := n.Pids(); len(left) > 0 {
+		t.Errorf("Pids after Kill: %v, want none", left)
+	}
+	// A power cut cleans nothing up: what is left is Close's to remove.
+	if after := footprintOf(t, n); len(after.mounts) == 0 || len(after.cgroups) == 0 {
+		t.Errorf("after Kill the mounts (%v) and cgroups (%v) should still be there, as after a power cut", after.mounts, after.cgroups)
+	}
+
+	if err := n.Close(); err != nil {
+		t.Fatalf("Close after Kill: %v", err)
+	}
+	assertGone(t, n, fp)
+	for _, s := range sockets {
+		if _, err := os.Stat(s); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the socket %s of a killed shim is still there after Close (stat: %v)", s, err)
+		}
+	}
+	assertHostPathsGone(t, absentBefore)
 }
 
 func TestTheWatchdogCleansUpANodeWhoseTestProcessDied(t *testing.T) {

@@ -68,6 +68,20 @@ func (p *Process) Running() bool {
 	}
 }
 
+// awaitExit waits up to d for the process to exit and reports whether it
+// has.
+func (p *Process) awaitExit(d time.Duration) bool {
+	if p == nil {
+		return true
+	}
+	select {
+	case <-p.exited:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
 // Pid is the process id.
 func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
@@ -84,18 +98,14 @@ func (p *Process) Stop() error {
 		return nil
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
+	if p.awaitExit(stopGrace) {
 		return nil
-	case <-time.After(stopGrace):
 	}
 	_ = p.cmd.Process.Kill()
-	select {
-	case <-p.exited:
+	if p.awaitExit(stopGrace) {
 		return nil
-	case <-time.After(stopGrace):
-		return fmt.Errorf("%s (pid %d) still running %v after SIGKILL", p.name, p.Pid(), stopGrace)
 	}
+	return fmt.Errorf("%s (pid %d) still running %v after SIGKILL", p.name, p.Pid(), stopGrace)
 }
 
 // start runs one of the node's programs and records it.
