@@ -77,6 +77,17 @@ bench: deps ## Benchmark locks (vs SELECT 1 and pgbench), pod decision latency, 
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 100x -count 3 -timeout 20m ./lockagent/agent/ | tee bench-agent.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench . -benchtime 3000x -count 3 -timeout 20m ./webhook/ | tee bench-webhook.txt
 
+##@ Demo
+
+.PHONY: demo
+demo: demo-notice deps node-deps tools ## Two data centres on real kubelets, one CronJob every minute: who ran each window, who skipped and why (as root; DEMO_FLAGS="-minutes 5 -dcs 3 -mode schedule,lease").
+	$(GO) build -o $(BIN)/dislock-demo ./test/demo
+	$(BIN)/dislock-demo $(DEMO_FLAGS)
+
+.PHONY: demo-notice
+demo-notice:
+	@test -x $(BIN)/kubelet || echo "demo: first run on this machine: installing Debian packages and building the Kubernetes tools into bin/ (~25 min, once)"
+
 ##@ Build
 
 .PHONY: tools

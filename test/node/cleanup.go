@@ -21,7 +21,9 @@ import (
 // cleanupScript's $1 is the node directory. As the watchdog (no $2) it first
 // waits for its stdin (a pipe whose only writer is the test process) to
 // close, i.e. for the test process to die, and then also removes the host
-// paths the node's process created outside its directory ($1/host-paths).
+// paths the node's process created outside its directory, listed in
+// $1.host-paths: beside the directory, not in it, because a Close cut short
+// by a signal may already have removed the directory when the watchdog runs.
 // Close runs it with $2 = "now". What it removes, and how each is found, is
 // listed at scriptLib.
 const cleanupScript = scriptLib + `
@@ -64,8 +66,9 @@ for m in $(cgmounts); do
 	[ -d "$m$root" ] && { echo "cgroup $m$root still exists" >&2; status=1; }
 done
 
-if [ "$2" != now ] && [ -f "$dir/host-paths" ]; then
-	while read -r p; do rm -rf "$p"; done < "$dir/host-paths"
+if [ "$2" != now ] && [ -f "$dir.host-paths" ]; then
+	while read -r p; do rm -rf "$p"; done < "$dir.host-paths"
+	rm -f "$dir.host-paths"
 fi
 
 left=$(mounts)
@@ -207,8 +210,8 @@ var hostPathUse struct {
 	created []string
 }
 
-// acquireHostPaths is called before a node starts; it records in dir/host-paths
-// the host paths that do not exist yet, for the watchdog.
+// acquireHostPaths is called before a node starts; it records in
+// hostPathsFile(dir) the host paths that do not exist yet, for the watchdog.
 func acquireHostPaths(dir string) error {
 	hostPathUse.Lock()
 	defer hostPathUse.Unlock()
@@ -225,11 +228,14 @@ func acquireHostPaths(dir string) error {
 	for _, p := range hostPathUse.created {
 		b.WriteString(p + "\n")
 	}
-	if err := os.WriteFile(filepath.Join(dir, "host-paths"), []byte(b.String()), 0o644); err != nil {
+	if err := os.WriteFile(hostPathsFile(dir), []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
 	return nil
 }
+
+// hostPathsFile is where a node's watchdog finds the host paths to remove.
+func hostPathsFile(dir string) string { return dir + ".host-paths" }
 
 // releaseHostPaths is called after a node stopped; the last one removes the
 // host paths the nodes created.

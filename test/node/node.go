@@ -294,6 +294,7 @@ func (n *Node) Close() error {
 		if err := releaseHostPaths(); err != nil {
 			errs = append(errs, err)
 		}
+		_ = os.Remove(hostPathsFile(n.dir))
 	}
 	n.closeErr = errors.Join(errs...)
 	n.logf("stopped in %v; removed %s and cgroup %s", time.Since(begun).Round(time.Millisecond), n.dir, n.cgroupRoot())
