@@ -70,6 +70,10 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 15s).
 	$(GO) test -run '^$$' -fuzz '^FuzzFromJobName$$' -fuzztime $(FUZZTIME) ./lockagent/window/
 	$(GO) test -run '^$$' -fuzz '^FuzzFromAnnotations$$' -fuzztime $(FUZZTIME) ./lockagent/spec/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDatabaseURL$$' -fuzztime $(FUZZTIME) ./lockagent/lock/
+	$(GO) test -run '^$$' -fuzz '^FuzzAdmission$$' -fuzztime $(FUZZTIME) ./webhook/
+	$(GO) test -run '^$$' -fuzz '^FuzzInject$$' -fuzztime $(FUZZTIME) ./webhook/
+	$(GO) test -run '^$$' -fuzz '^FuzzPatch$$' -fuzztime $(FUZZTIME) ./webhook/
+	$(GO) test -run '^$$' -fuzz '^FuzzValidateCronJob$$' -fuzztime $(FUZZTIME) ./webhook/
 
 .PHONY: bench
 bench: deps ## Benchmark locks (vs SELECT 1 and pgbench), pod decision latency, and admission (vs a no-op handler).

@@ -2,7 +2,6 @@ package webhook
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -30,7 +29,6 @@ const (
 
 // jobMutator injects the lock agent into Jobs of opted-in CronJobs.
 type jobMutator struct {
-	decoder  admission.Decoder
 	cache    client.Reader // the manager's cache: CronJobs
 	api      client.Reader // uncached reads: a just-created CronJob, pull secrets
 	opts     Options
@@ -55,8 +53,8 @@ func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admissi
 	if req.Operation != admissionv1.Create {
 		return admission.Allowed("dislock only changes Jobs at creation"), resultNotApplicable
 	}
-	job := &batchv1.Job{}
-	if err := m.decoder.Decode(req, job); err != nil {
+	job, err := decodeJob(req.Object.Raw)
+	if err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the Job: %w", err)), resultError
 	}
 	if job.Namespace == "" {
@@ -83,7 +81,7 @@ func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admissi
 		var status *Status
 		injected, status, err = Inject(job, cronJob, m.opts, entrypoints)
 		if err == nil {
-			return m.patch(req, cronJob, injected, status)
+			return m.patch(req, job, cronJob, injected, status)
 		}
 	}
 	if errors.Is(err, ErrNotOptedIn) {
@@ -94,13 +92,12 @@ func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admissi
 	return admission.Denied("dislock: " + err.Error()), resultDenied
 }
 
-func (m *jobMutator) patch(req admission.Request, cronJob *batchv1.CronJob, injected *batchv1.Job, status *Status) (admission.Response, string) {
-	raw, err := json.Marshal(injected)
+func (m *jobMutator) patch(req admission.Request, job *batchv1.Job, cronJob *batchv1.CronJob, injected *batchv1.Job, status *Status) (admission.Response, string) {
+	resp, err := patchResponse(req.Object.Raw, job, injected)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err), resultError
 	}
-	resp := admission.PatchResponseFromRaw(req.Object.Raw, raw)
-	if len(resp.Patches) == 0 {
+	if len(resp.Patch) == 0 && len(resp.Patches) == 0 {
 		return admission.Allowed("already injected"), resultNotApplicable
 	}
 	window := status.Window

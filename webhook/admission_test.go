@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -78,8 +79,10 @@ func fuzzHandlers(f *testing.F) (*jobMutator, *cronJobValidator) {
 	}
 	reader := fake.NewClientBuilder().WithScheme(scheme).WithRuntimeObjects(cj).Build()
 	dec := admission.NewDecoder(scheme)
-	return &jobMutator{decoder: dec, cache: reader, api: reader, opts: testOptions(),
-		resolver: NewResolver(ResolverOptions{}), events: &events.FakeRecorder{}}, &cronJobValidator{decoder: dec}
+	return &jobMutator{cache: reader, api: reader, opts: testOptions(),
+		// Registry lookups fail fast: there is no registry, and a fuzzer waiting
+		// out the default timeout on every input explores nothing.
+		resolver: NewResolver(ResolverOptions{Timeout: 50 * time.Millisecond}), events: &events.FakeRecorder{}}, &cronJobValidator{decoder: dec}
 }
 
 // FuzzAdmission feeds arbitrary objects to both handlers: no panic, and

@@ -52,7 +52,7 @@ func startTestServer(t testing.TB, objects ...runtime.Object) *testServer {
 	}
 	reader := fake.NewClientBuilder().WithScheme(scheme).WithRuntimeObjects(objects...).Build()
 	dec := admission.NewDecoder(scheme)
-	srv.Register(MutateJobPath, &crwebhook.Admission{Handler: &jobMutator{decoder: dec, cache: reader, api: reader,
+	srv.Register(MutateJobPath, &crwebhook.Admission{Handler: &jobMutator{cache: reader, api: reader,
 		opts: testOptions(), resolver: NewResolver(ResolverOptions{}), events: &events.FakeRecorder{}}})
 	srv.Register(ValidateCronJobPath, &crwebhook.Admission{Handler: &cronJobValidator{decoder: dec}})
 	srv.Register("/noop", &crwebhook.Admission{Handler: admission.HandlerFunc(func(context.Context, admission.Request) admission.Response {

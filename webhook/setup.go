@@ -115,7 +115,7 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 		srv := mgr.GetWebhookServer()
 		dec := admission.NewDecoder(mgr.GetScheme())
 		srv.Register(MutateJobPath, &webhook.Admission{Handler: &jobMutator{
-			decoder: dec, cache: mgr.GetClient(), api: mgr.GetAPIReader(), opts: cfg.Inject,
+			cache: mgr.GetClient(), api: mgr.GetAPIReader(), opts: cfg.Inject,
 			resolver: NewResolver(cfg.Resolver), events: mgr.GetEventRecorder("dislock-webhook"),
 		}})
 		srv.Register(ValidateCronJobPath, &webhook.Admission{Handler: &cronJobValidator{decoder: dec}})
