@@ -8,15 +8,7 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -33,50 +25,12 @@ import (
 	"github.com/dislock/dislock/test/images"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/node"
+	"github.com/dislock/dislock/test/tlstest"
 )
 
 // WebhookNamespace is where the chart installs the webhook; the webhook
 // configurations never intercept it.
 const WebhookNamespace = "dislock-system"
-
-// servingCert writes tls.crt and tls.key for 127.0.0.1 into dir, the layout
-// the webhook's --cert-dir reads, and returns the certificate, which is its
-// own CA and so the caBundle.
-func servingCert(dir string) ([]byte, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("e2e: %w", err)
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(now.UnixNano()),
-		Subject:               pkix.Name{CommonName: "dislock-webhook-e2e"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(24 * time.Hour),
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, fmt.Errorf("e2e: %w", err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, fmt.Errorf("e2e: %w", err)
-	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), certPEM, 0o644); err != nil {
-		return nil, fmt.Errorf("e2e: %w", err)
-	}
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
-	if err := os.WriteFile(filepath.Join(dir, "tls.key"), keyPEM, 0o600); err != nil {
-		return nil, fmt.Errorf("e2e: %w", err)
-	}
-	return certPEM, nil
-}
 
 // webhook is one data centre's webhook process.
 type webhook struct {
@@ -92,11 +46,11 @@ func startWebhook(dc, dir, dislockBin string, cluster *kube.Cluster, databaseURL
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
 		return nil, fmt.Errorf("e2e: %w", err)
 	}
-	ca, err := servingCert(certDir)
+	ca, err := tlstest.WriteServingCert(certDir)
 	if err != nil {
 		return nil, err
 	}
-	ports, err := twoPorts()
+	ports, err := harness.FreePorts(2) // the admission and the probe port
 	if err != nil {
 		return nil, err
 	}
@@ -214,19 +168,4 @@ func (w *webhook) pointAt(cc *admissionregistrationv1.WebhookClientConfig) {
 	cc.Service = nil
 	cc.URL = w.url(path)
 	cc.CABundle = w.caBundle
-}
-
-// twoPorts picks the admission and the probe port.
-func twoPorts() ([2]int, error) {
-	var ports [2]int
-	for ports[0] == ports[1] {
-		for i := range ports {
-			p, err := harness.FreePort()
-			if err != nil {
-				return ports, err
-			}
-			ports[i] = p
-		}
-	}
-	return ports, nil
 }

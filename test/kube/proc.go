@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -161,15 +160,7 @@ func (p *proc) exitError() error {
 // childEnv is our environment without variables that would configure the
 // components behind their flags' back: etcd reads ETCD_* as flags.
 func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "ETCD_") || k == "KUBECONFIG" {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
+	return harness.ChildEnv(func(k string) bool { return strings.HasPrefix(k, "ETCD_") || k == "KUBECONFIG" })
 }
 
 // waitReady polls probe until it succeeds, p exits (an error wrapping
@@ -243,29 +234,12 @@ rm -rf "$dir"
 `
 
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	ports, err := freePorts(1)
-	if err != nil {
-		return 0, err
-	}
-	return ports[0], nil
-}
-
-// freePorts returns n distinct TCP ports on 127.0.0.1 that were free a moment
-// ago. Another process may take one before the component binds it; Start then
+// Another process may take one before the component binds it; Start then
 // tries again with new ports.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("kube: finding a free port: %w", err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
+func freePort() (int, error) { return harness.FreePort() }
+
+// freePorts is harness.FreePorts: distinct ports.
+func freePorts(n int) ([]int, error) { return harness.FreePorts(n) }
 
 // logTail returns the last lines of a log file, for error messages.
 func logTail(path string) string { return harness.LogTail(path, 30, 6144) }

@@ -157,7 +157,7 @@ func (n *Node) setUp() error {
 	if err := createCgroupRoot(n.cgroupRoot()); err != nil {
 		return err
 	}
-	ports, err := freePorts(2)
+	ports, err := harness.FreePorts(2)
 	if err != nil {
 		return err
 	}

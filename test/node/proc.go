@@ -126,31 +126,7 @@ func (n *Node) start(name string, args ...string) (*Process, error) {
 // childEnv is our environment without variables that would point the
 // programs elsewhere.
 func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if k == "KUBECONFIG" || strings.HasPrefix(k, "CONTAINERD_") || k == "NOTIFY_SOCKET" {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
-
-// freePorts returns n distinct ports on 127.0.0.1 that were free a moment
-// ago.
-func freePorts(n int) ([]int, error) {
-	seen := map[int]bool{}
-	var ports []int
-	for len(ports) < n {
-		p, err := harness.FreePort()
-		if err != nil {
-			return nil, fmt.Errorf("node: %w", err)
-		}
-		if !seen[p] {
-			seen[p] = true
-			ports = append(ports, p)
-		}
-	}
-	return ports, nil
+	return harness.ChildEnv(func(k string) bool {
+		return k == "KUBECONFIG" || strings.HasPrefix(k, "CONTAINERD_") || k == "NOTIFY_SOCKET"
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -25,11 +26,28 @@ import (
 // certificate in PEM: it is its own CA, so it is also the caBundle.
 func ServingCert(t testing.TB, dir string) []byte {
 	t.Helper()
-	ca := NewCA(t)
-	if err := WriteFiles(dir, map[string][]byte{"tls.crt": ca.CertPEM, "tls.key": ca.keyPEM(t)}); err != nil {
+	ca, err := WriteServingCert(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return ca.CertPEM
+	return ca
+}
+
+// WriteServingCert is ServingCert for code that has no testing.TB (the e2e
+// environment, the demo).
+func WriteServingCert(dir string) ([]byte, error) {
+	_, key, certPEM, err := sign("dislock-webhook-test-ca", true, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := encodeKey(key)
+	if err != nil {
+		return nil, err
+	}
+	if err := WriteFiles(dir, map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM}); err != nil {
+		return nil, fmt.Errorf("tlstest: %w", err)
+	}
+	return certPEM, nil
 }
 
 // CA signs serving certificates, as cert-manager's issuer does: renewing a
@@ -47,7 +65,10 @@ var serial atomic.Int64
 func NewCA(t testing.TB) *CA {
 	t.Helper()
 	ca := &CA{}
-	ca.cert, ca.key, ca.CertPEM = sign(t, "dislock-webhook-test-ca", true, nil, nil)
+	var err error
+	if ca.cert, ca.key, ca.CertPEM, err = sign("dislock-webhook-test-ca", true, nil, nil); err != nil {
+		t.Fatal(err)
+	}
 	return ca
 }
 
@@ -61,8 +82,15 @@ type Leaf struct {
 // Issue signs a new serving certificate for 127.0.0.1 and localhost.
 func (ca *CA) Issue(t testing.TB) Leaf {
 	t.Helper()
-	cert, key, certPEM := sign(t, "dislock-webhook-test", false, ca.cert, ca.key)
-	return Leaf{CertPEM: certPEM, KeyPEM: encodeKey(t, key), Serial: cert.SerialNumber}
+	cert, key, certPEM, err := sign("dislock-webhook-test", false, ca.cert, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := encodeKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Leaf{CertPEM: certPEM, KeyPEM: keyPEM, Serial: cert.SerialNumber}
 }
 
 // Files is the leaf as the Secret keys controller-runtime's server reads.
@@ -70,14 +98,12 @@ func (l Leaf) Files() map[string][]byte {
 	return map[string][]byte{"tls.crt": l.CertPEM, "tls.key": l.KeyPEM}
 }
 
-func (ca *CA) keyPEM(t testing.TB) []byte { return encodeKey(t, ca.key) }
-
-// sign creates a certificate signed by parent (self-signed when nil).
-func sign(t testing.TB, name string, isCA bool, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
-	t.Helper()
+// sign creates a certificate for 127.0.0.1 and localhost signed by parent
+// (self-signed when nil).
+func sign(name string, isCA bool, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*x509.Certificate, *ecdsa.PrivateKey, []byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, nil, fmt.Errorf("tlstest: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano() + serial.Add(1)), Subject: pkix.Name{CommonName: name},
@@ -95,22 +121,21 @@ func sign(t testing.TB, name string, isCA bool, parent *x509.Certificate, parent
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, nil, fmt.Errorf("tlstest: %w", err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, nil, fmt.Errorf("tlstest: %w", err)
 	}
-	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
 
-func encodeKey(t testing.TB, key *ecdsa.PrivateKey) []byte {
-	t.Helper()
+func encodeKey(key *ecdsa.PrivateKey) ([]byte, error) {
 	der, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("tlstest: %w", err)
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
 }
 
 // WriteFiles replaces the files in dir the way the kubelet updates a secret
