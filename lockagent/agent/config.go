@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,6 +37,11 @@ type Config struct {
 	Standby  bool
 	Catchup  time.Duration
 	Owner    lock.Owner
+	// JobIndex is the completion index of an Indexed Job's pod, -1 otherwise.
+	JobIndex int
+	// AppStartTimeout: after "run", if no wrapper started the app by then,
+	// the claim is given up so that a standby or the Job's retry can take it.
+	AppStartTimeout time.Duration
 
 	DatabaseURL    string
 	SharedDir      string
@@ -118,6 +124,18 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	if v := getenv(spec.EnvCatchup); v != "" {
 		if c.Catchup, err = time.ParseDuration(v); err != nil || c.Catchup <= 0 {
 			bad(spec.EnvCatchup, v, "is not a positive duration (want e.g. 10m)")
+		}
+	}
+	c.AppStartTimeout = spec.DefaultAppStartTimeout
+	if v := getenv(spec.EnvAppStartTimeout); v != "" {
+		if c.AppStartTimeout, err = time.ParseDuration(v); err != nil || c.AppStartTimeout <= 0 {
+			bad(spec.EnvAppStartTimeout, v, "is not a positive duration (want e.g. 10m)")
+		}
+	}
+	c.JobIndex = -1
+	if v := getenv(spec.EnvJobIndex); v != "" {
+		if c.JobIndex, err = strconv.Atoi(v); err != nil || c.JobIndex < 0 {
+			bad(spec.EnvJobIndex, v, "is not a completion index (want 0, 1, ...)")
 		}
 	}
 	c.Owner = lock.Owner{Cluster: getenv(spec.EnvCluster), Namespace: ns, Job: getenv(spec.EnvJobName),

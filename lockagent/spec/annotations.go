@@ -58,6 +58,9 @@ const (
 	MinLeaseTTL = 5 * time.Second
 	// MaxLeaseTTL bounds how long a dead holder blocks everyone else.
 	MaxLeaseTTL = time.Hour
+	// DefaultAppStartTimeout is how long a pod that won a window may take to
+	// start its app before the claim is given up.
+	DefaultAppStartTimeout = 10 * time.Minute
 	// MaxCatchup keeps a catch-up far inside the retention of old windows
 	// (30 days by default): a pod must never start a run so late that the
 	// record of that window's earlier run could already have been deleted.

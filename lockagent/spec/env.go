@@ -21,6 +21,14 @@ const (
 	EnvStandby = "DISLOCK_STANDBY"
 	// EnvCatchup is Spec.Catchup as a Go duration, empty when unset.
 	EnvCatchup = "DISLOCK_CATCHUP"
+	// EnvAppStartTimeout is Spec.AppStartTimeout as a Go duration: after a
+	// "run" decision, how long the agent waits for a wrapper to start the app
+	// before it gives the claim up.
+	EnvAppStartTimeout = "DISLOCK_APP_START_TIMEOUT"
+	// EnvJobIndex is the completion index of an Indexed Job's pod (from the
+	// batch.kubernetes.io/job-completion-index annotation), empty otherwise.
+	// Each index claims its own window.
+	EnvJobIndex = "DISLOCK_JOB_INDEX"
 	// EnvCluster names the data centre (the webhook's --cluster-name).
 	EnvCluster = "DISLOCK_CLUSTER"
 	// EnvJobName, EnvJobUID and EnvPodName come from the downward API.
