@@ -18,12 +18,15 @@
 // PostgreSQL with SCRAM as the connecting user. Its admin console (database
 // "pgbouncer") accepts the superuser.
 //
+// AddBouncer starts more PgBouncers in front of the same PostgreSQL, one per
+// simulated cluster, each of which can be stopped, restarted or paused
+// (SIGSTOP: a partition as its clients see it) on its own.
+//
 // When the tests run as root, initdb, postgres and pgbouncer run as the
 // "postgres" system user, because they refuse to run as root.
 package pgtest
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -73,6 +76,8 @@ type Server struct {
 	// closed once it has been reaped.
 	bouncer       *exec.Cmd
 	bouncerExited chan struct{}
+	// extra are the bouncers AddBouncer started.
+	extra []*Bouncer
 }
 
 var errClosed = errors.New("pgtest: server is closed")
@@ -329,7 +334,7 @@ func (s *Server) Close() error {
 		return s.closeErr
 	}
 	s.closed = true
-	errs := []error{s.stopBouncerLocked()}
+	errs := []error{s.closeBouncers(s.extra), s.stopBouncerLocked()}
 	if err := s.stopPostgresLocked("fast"); err != nil {
 		errs = append(errs, err)
 		s.killPostgres()
@@ -405,27 +410,13 @@ func (s *Server) startBouncerLocked() error {
 	if s.bouncerRunningLocked() {
 		return nil
 	}
-	// pgbouncer runs in the foreground as our child, so that we can signal
-	// and reap it. It logs to stderr, which goes straight to a file: no
-	// copying goroutine, and nothing lost if it dies before its first query.
 	logFile := s.path("pgbouncer.log")
-	out, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := s.spawnBouncer(s.path("pgbouncer.ini"), logFile)
 	if err != nil {
-		return fmt.Errorf("pgtest: starting pgbouncer: %w", err)
+		return err
 	}
-	cmd := s.command(context.Background(), s.bin.pgbouncer, s.path("pgbouncer.ini"))
-	cmd.Stdout, cmd.Stderr = out, out
-	err = cmd.Start()
-	out.Close()
-	if err != nil {
-		return fmt.Errorf("pgtest: starting pgbouncer: %w", err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	s.bouncer, s.bouncerExited = cmd, exited
+	exited := p.exited
+	s.bouncer, s.bouncerExited = p.cmd, p.exited
 
 	if err := waitAccepting(s.bouncerPort, exited); err != nil {
 		// Not stopBouncerLocked: if another process holds the port, waiting
@@ -453,16 +444,8 @@ func (s *Server) stopBouncerLocked() error {
 // killBouncerLocked ends pgbouncer (SIGTERM, then SIGKILL after
 // bouncerStopGrace) and reaps it.
 func (s *Server) killBouncerLocked() {
-	_ = s.bouncer.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.bouncerExited:
-	case <-time.After(bouncerStopGrace):
-		_ = s.bouncer.Process.Kill()
-		<-s.bouncerExited
-	}
+	(&bouncerProc{cmd: s.bouncer, exited: s.bouncerExited}).kill(s.path("pgbouncer.pid"))
 	s.bouncer, s.bouncerExited = nil, nil
-	// A killed pgbouncer leaves its pidfile; the watchdog must not act on it.
-	_ = os.Remove(s.path("pgbouncer.pid"))
 }
 
 func (s *Server) bouncerRunningLocked() bool {
@@ -484,24 +467,7 @@ func (s *Server) bouncerRunningLocked() bool {
 // upstream login work, and after a postgres restart pgbouncer may still be
 // waiting out server_login_retry.
 func (s *Server) waitBouncerQueryLocked() error {
-	// connect_timeout: should pgbouncer have lost its port to another
-	// process, that one may accept connections and never answer.
-	probe := s.BouncerDSN() + "&connect_timeout=5"
-	exited := s.bouncerExited
-	err := retry(func() error {
-		select {
-		case <-exited:
-			return errExited
-		default:
-		}
-		_, err := s.run(s.bin.psql, "-X", "-q", "-A", "-t", "-d", probe, "-c", "select 1")
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("pgtest: querying through pgbouncer on %s: %w\n%s\n%s",
-			addr(s.bouncerPort), err, logTail(s.path("pgbouncer.log")), logTail(s.path("postgres.log")))
-	}
-	return nil
+	return s.waitQuery(s.bouncerPort, s.bouncerExited, s.path("pgbouncer.log"))
 }
 
 // logTails returns the end of every log, for a failing test's output.

@@ -256,6 +256,53 @@ func TestStopBouncerRefusesConnectionsUntilStartBouncer(t *testing.T) {
 	}
 }
 
+func TestAddedBouncerPausesStopsAndRestartsOnItsOwn(t *testing.T) {
+	t.Parallel()
+	s := Need(t)
+	b, err := s.AddBouncer("smoke")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddBouncer("smoke"); err == nil {
+		t.Error("a second bouncer with the same name was added")
+	}
+	if err := selectOneWithin(b.DSN(), 5*time.Second); err != nil {
+		t.Fatalf("query through the added bouncer: %v", err)
+	}
+
+	if err := b.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if err := selectOneWithin(b.DSN(), 500*time.Millisecond); err == nil {
+		t.Error("query through a paused bouncer succeeded")
+	}
+	if err := selectOneWithin(s.BouncerDSN(), 5*time.Second); err != nil {
+		t.Errorf("the server's own bouncer stopped answering while another was paused: %v", err)
+	}
+	if err := b.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := selectOneWithin(b.DSN(), 5*time.Second); err != nil {
+		t.Errorf("query after Resume: %v", err)
+	}
+
+	if err := b.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Stop(); err != nil {
+		t.Fatalf("stopping a paused bouncer: %v", err)
+	}
+	if err := dial(b.port); err == nil {
+		t.Error("the stopped bouncer's port accepts connections")
+	}
+	if err := b.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := selectOneWithin(b.DSN(), 5*time.Second); err != nil {
+		t.Errorf("query after Restart: %v", err)
+	}
+}
+
 func TestCloseAfterCrashStopsEverythingAndRemovesTheDirectory(t *testing.T) {
 	t.Parallel()
 	s, err := Start(Options{Name: "close", Logf: t.Logf})

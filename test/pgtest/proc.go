@@ -162,7 +162,9 @@ const watchdogScript = `
 read -r _
 dir="$1"
 if pid=$(head -n 1 "$dir/data/postmaster.pid" 2>/dev/null); then kill -QUIT "$pid" 2>/dev/null; fi
-if pid=$(cat "$dir/pgbouncer.pid" 2>/dev/null); then kill -KILL "$pid" 2>/dev/null; fi
+for f in "$dir"/pgbouncer*.pid; do
+	if pid=$(cat "$f" 2>/dev/null); then kill -KILL "$pid" 2>/dev/null; fi
+done
 n=0
 while [ -e "$dir/data/postmaster.pid" ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n+1)); done
 rm -rf "$dir"
