@@ -42,15 +42,15 @@ func TestWindowsTellWhichClusterRanWhichTick(t *testing.T) {
 			tick := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 			a := lock.Owner{Cluster: "dc-a", Namespace: "cli-" + tg.Name, Job: "report-1", JobUID: "u1", Pod: "p1"}
 			b := lock.Owner{Cluster: "dc-b", Namespace: "cli-" + tg.Name, Job: "report-1", JobUID: "u2", Pod: "p2"}
-			c, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick, Owner: a, TTL: time.Minute})
+			c, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick, Index: lock.NotIndexed, Owner: a, TTL: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
 			code := 0
-			if _, err := s.Finish(context.Background(), key, tick, c.Window.Token, lock.StateSucceeded, &code); err != nil {
+			if _, err := s.Finish(context.Background(), key, tick, lock.NotIndexed, c.Window.Token, lock.StateSucceeded, &code); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick.Add(time.Minute), Owner: b, TTL: time.Minute}); err != nil {
+			if _, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick.Add(time.Minute), Index: lock.NotIndexed, Owner: b, TTL: time.Minute}); err != nil {
 				t.Fatal(err)
 			}
 
@@ -81,7 +81,7 @@ func TestWindowsTellWhichClusterRanWhichTick(t *testing.T) {
 			if code, out, errOut := run(t, "release", "--database-url", tg.DSN, "--key", key, "--window", "2026-12-02T12:00:00Z"); code != 0 || !strings.Contains(out, "runs it again") {
 				t.Fatalf("release window: %d %q %q", code, out, errOut)
 			}
-			if got, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick, Owner: b, TTL: time.Minute}); err != nil || got.Outcome != lock.Claimed {
+			if got, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick, Index: lock.NotIndexed, Owner: b, TTL: time.Minute}); err != nil || got.Outcome != lock.Claimed {
 				t.Fatalf("claim after release: %+v %v", got, err)
 			}
 		})

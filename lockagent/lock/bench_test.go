@@ -59,7 +59,7 @@ func BenchmarkClaimWindow(b *testing.B) {
 			key := uniqueKey(b)
 			o := owner("dc-a", "job", "pod")
 			measure(b, clients, func(ctx context.Context, i int64) error {
-				_, err := s.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: window0.Add(time.Duration(i) * time.Minute), Owner: o, TTL: ttl})
+				_, err := s.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: window0.Add(time.Duration(i) * time.Minute), Index: lock.NotIndexed, Owner: o, TTL: ttl})
 				return err
 			})
 		})

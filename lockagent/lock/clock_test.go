@@ -81,7 +81,7 @@ func skewStory(t *testing.T, s *lock.Store) []string {
 	awaitDBPast(t, s, first.Window.AliveUntil)
 	took, err := claim(t, s, key, w, b, true, ttl)
 	note("b claims after a went silent", err, string(took.Outcome))
-	_, _, err = s.Heartbeat(ctx, key, w, first.Window.Token, short)
+	_, _, err = s.Heartbeat(ctx, key, w, lock.NotIndexed, first.Window.Token, short)
 	note("a heartbeats", err, "")
 
 	g, err := s.AcquireLease(ctx, key, a, short)

@@ -40,7 +40,7 @@ func TestClaimedWindowsSurviveADatabaseCrash(t *testing.T) {
 			// query_wait_timeout), so callers bound every call with a deadline.
 			down, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
-			if _, err := s.ClaimWindow(down, lock.ClaimRequest{Key: key, Window: windowAt(100), Owner: b, TTL: ttl}); !errors.Is(err, lock.ErrUnavailable) {
+			if _, err := s.ClaimWindow(down, lock.ClaimRequest{Key: key, Window: windowAt(100), Index: lock.NotIndexed, Owner: b, TTL: ttl}); !errors.Is(err, lock.ErrUnavailable) {
 				t.Fatalf("claim while the database is down: %v, want ErrUnavailable", err)
 			}
 			if err := srv.StartPostgres(); err != nil {

@@ -6,10 +6,12 @@ import (
 	"strings"
 )
 
-// Owner names who claims: a Job in a namespace of one cluster, and the pod
-// doing the work. Windows are owned by the Job (so the Job controller's
-// retries re-enter); leases by the pod (so only a restarted sidecar of the
-// same pod re-enters, and a retry pod waits for the old pod's lease).
+// Owner names who claims: the pod doing the work, of a Job in a namespace of
+// one cluster. Windows and leases are both owned by the pod: only the same pod
+// (a restarted sidecar) re-enters a claim with its token. Another pod of the
+// same Job (a retry, a replacement while the old pod terminates) waits while
+// the owner is alive and takes over, with a new token, once it failed or
+// lapsed; see JobPrefix.
 type Owner struct {
 	Cluster   string
 	Namespace string
@@ -36,16 +38,22 @@ func (o Owner) Validate() error {
 	return errors.Join(errs...)
 }
 
-// WindowOwner is <cluster>/<namespace>/<job>/<job-uid>.
-func (o Owner) WindowOwner() string {
-	return o.Cluster + "/" + o.Namespace + "/" + o.Job + "/" + o.JobUID
+// String is <cluster>/<namespace>/<job>/<job-uid>/<pod>, the owner column of
+// windows and leases.
+func (o Owner) String() string { return o.JobPrefix() + o.Pod }
+
+// JobPrefix is <cluster>/<namespace>/<job>/<job-uid>/: every owner string of
+// a pod of the same Job starts with it.
+func (o Owner) JobPrefix() string {
+	return o.Cluster + "/" + o.Namespace + "/" + o.Job + "/" + o.JobUID + "/"
 }
 
-// LeaseOwner is <cluster>/<namespace>/<job>/<job-uid>/<pod>.
-func (o Owner) LeaseOwner() string { return o.WindowOwner() + "/" + o.Pod }
+// WindowOwner is the owner of the pod's window claims (String).
+func (o Owner) WindowOwner() string { return o.String() }
 
-// SameJob reports whether a lease owner string belongs to another pod of the
-// caller's Job (a retry must wait for the lease, never skip).
-func (o Owner) SameJob(leaseOwner string) bool {
-	return strings.HasPrefix(leaseOwner, o.WindowOwner()+"/")
-}
+// LeaseOwner is the owner of the pod's leases (String).
+func (o Owner) LeaseOwner() string { return o.String() }
+
+// SameJob reports whether an owner string belongs to a pod of the caller's
+// Job, the caller's own pod included.
+func (o Owner) SameJob(owner string) bool { return strings.HasPrefix(owner, o.JobPrefix()) }

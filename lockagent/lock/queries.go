@@ -6,20 +6,25 @@ package lock
 
 const qNow = `SELECT now()`
 
-// qClaimWindow inserts the window or, on conflict, takes it over when the
-// caller is the same owner (a retry of the owner's Job) or when standby is on
-// and the owner failed or stopped proving it is alive. A succeeded or skipped
-// window never changes hands. Re-entry keeps the token and claim time. A
-// takeover draws its token only once it holds the row lock, so it is larger
-// than any token handed out for the row before (the VALUES token is drawn
-// before the conflict is known and may be older). xmax = 0 only for a freshly
-// inserted row.
+// qClaimWindow inserts the window or, on conflict, takes it when the rules of
+// "Ownership and re-entry" allow:
+//   - the same pod (a restarted sidecar) re-enters its running claim and keeps
+//     its token and claim time;
+//   - another pod of the same Job ($8 is the Job's owner prefix), or any pod
+//     when standby ($9) is on, takes a window whose owner failed or whose
+//     liveness lapsed at database time, with a new token.
+//
+// A succeeded or skipped window never changes hands, and a live owner is
+// never displaced. A take draws its token only once it holds the row lock,
+// so it is larger than any token handed out for the row before (the VALUES
+// token is drawn before the conflict is known and may be older). xmax = 0
+// only for a freshly inserted row.
 const qClaimWindow = `
 INSERT INTO dislock.windows AS w
-    (lock_key, window_start, owner, cluster, pod, token, state, claimed_at, alive_until)
-VALUES ($1::text, $2::timestamptz, $3::text, $4::text, $5::text,
-        nextval('dislock.fencing_token'), 'running', now(), now() + $6::bigint * interval '1 microsecond')
-ON CONFLICT (lock_key, window_start) DO UPDATE SET
+    (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
+VALUES ($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
+        nextval('dislock.fencing_token'), 'running', now(), now() + $7::bigint * interval '1 microsecond')
+ON CONFLICT (lock_key, window_start, job_index) DO UPDATE SET
     token       = CASE WHEN w.owner = EXCLUDED.owner THEN w.token ELSE nextval('dislock.fencing_token') END,
     claimed_at  = CASE WHEN w.owner = EXCLUDED.owner THEN w.claimed_at ELSE EXCLUDED.claimed_at END,
     owner       = EXCLUDED.owner,
@@ -29,40 +34,43 @@ ON CONFLICT (lock_key, window_start) DO UPDATE SET
     alive_until = EXCLUDED.alive_until,
     finished_at = NULL,
     exit_code   = NULL
-WHERE w.state IN ('running', 'failed')
-  AND (w.owner = EXCLUDED.owner
-       OR ($7::boolean AND (w.state = 'failed' OR w.alive_until <= now())))
+WHERE (w.owner = EXCLUDED.owner AND w.state = 'running')
+   OR (w.owner <> EXCLUDED.owner
+       AND (w.state = 'failed' OR (w.state = 'running' AND w.alive_until <= now()))
+       AND (starts_with(w.owner, $8::text) OR $9::boolean))
 RETURNING ` + windowColumns + `, (xmax = 0), now()`
 
-const windowColumns = `lock_key, window_start, owner, cluster, pod, token, state,
+const windowColumns = `lock_key, window_start, job_index, owner, cluster, pod, token, state,
     claimed_at, alive_until, finished_at, exit_code`
 
 const qGetWindow = `SELECT ` + windowColumns + `, now() FROM dislock.windows
-WHERE lock_key = $1::text AND window_start = $2::timestamptz`
+WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int`
 
 // qHeartbeatWindow extends the owner's liveness. The token identifies the
 // claim: after a takeover the old owner's token no longer matches.
 const qHeartbeatWindow = `
-UPDATE dislock.windows SET alive_until = now() + $4::bigint * interval '1 microsecond'
-WHERE lock_key = $1::text AND window_start = $2::timestamptz AND token = $3::bigint AND state = 'running'
+UPDATE dislock.windows SET alive_until = now() + $5::bigint * interval '1 microsecond'
+WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int
+  AND token = $4::bigint AND state = 'running'
 RETURNING alive_until, now()`
 
 // qFinishWindow records the outcome. Repeating the same outcome succeeds, so
 // a retry after a lost reply does not report a lost window. Liveness ends at
-// once so that a standby does not wait out the TTL of a finished run.
+// once so that a waiting pod does not wait out the TTL of a finished run.
 const qFinishWindow = `
 UPDATE dislock.windows
-SET state = $4::text, exit_code = $5::int, finished_at = COALESCE(finished_at, now()),
+SET state = $5::text, exit_code = $6::int, finished_at = COALESCE(finished_at, now()),
     alive_until = LEAST(alive_until, now())
-WHERE lock_key = $1::text AND window_start = $2::timestamptz AND token = $3::bigint
-  AND (state = 'running' OR (state = $4::text AND exit_code IS NOT DISTINCT FROM $5::int))
+WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int AND token = $4::bigint
+  AND (state = 'running' OR (state = $5::text AND exit_code IS NOT DISTINCT FROM $6::int))
 RETURNING finished_at`
 
 const qListWindows = `SELECT ` + windowColumns + `, now() FROM dislock.windows
 WHERE ($1::text = '' OR lock_key = $1::text)
-ORDER BY window_start DESC, lock_key
+ORDER BY window_start DESC, lock_key, job_index
 LIMIT $2::int`
 
+// qDeleteWindow deletes every completion index of the window.
 const qDeleteWindow = `DELETE FROM dislock.windows WHERE lock_key = $1::text AND window_start = $2::timestamptz`
 
 // qDeleteOldWindows keeps a window that still claims to be running and is
@@ -71,6 +79,8 @@ const qDeleteOldWindows = `
 DELETE FROM dislock.windows
 WHERE window_start < now() - $1::bigint * interval '1 microsecond'
   AND (state <> 'running' OR alive_until < now())`
+
+const qDeleteOldViews = `DELETE FROM dislock.views WHERE seen_at < now() - $1::bigint * interval '1 microsecond'`
 
 // qAcquireLease takes a free or expired lease, or re-enters the caller's own
 // live lease (same pod: a restarted sidecar) keeping its token. Taking an
@@ -113,3 +123,26 @@ const qForceReleaseLease = `UPDATE dislock.leases SET expire_at = now()
 WHERE lock_key = $1::text AND expire_at > now()`
 
 const qListLeases = `SELECT ` + leaseColumns + `, now() FROM dislock.leases ORDER BY lock_key`
+
+// qRecordView stores this cluster's view of the job and returns the views of
+// other clusters seen within $4 that differ from it: one statement, so it is
+// as pooler-safe as the claims. The SELECT does not see the upsert's row, and
+// does not need to: it reads other clusters only.
+const qRecordView = `
+WITH mine AS (
+    INSERT INTO dislock.views AS v (lock_key, cluster, view, seen_at)
+    VALUES ($1::text, $2::text, $3::jsonb, now())
+    ON CONFLICT (lock_key, cluster) DO UPDATE SET view = EXCLUDED.view, seen_at = EXCLUDED.seen_at)
+SELECT lock_key, cluster, view::text, seen_at FROM dislock.views
+WHERE lock_key = $1::text AND cluster <> $2::text AND view <> $3::jsonb
+  AND seen_at > now() - $4::bigint * interval '1 microsecond'
+ORDER BY cluster`
+
+// qListDisagreements lists the keys whose clusters' recent views differ.
+const qListDisagreements = `
+SELECT lock_key, cluster, view::text, seen_at FROM dislock.views v
+WHERE seen_at > now() - $1::bigint * interval '1 microsecond'
+  AND EXISTS (SELECT 1 FROM dislock.views o
+              WHERE o.lock_key = v.lock_key AND o.cluster <> v.cluster AND o.view <> v.view
+                AND o.seen_at > now() - $1::bigint * interval '1 microsecond')
+ORDER BY lock_key, cluster`

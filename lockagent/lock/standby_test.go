@@ -26,7 +26,7 @@ func TestStandbyTakesOverOnlyAFailedOrDeadOwnersWindow(t *testing.T) {
 		t.Run("owner failed: standby takes over with a new token and the old owner is locked out", func(t *testing.T) {
 			key := uniqueKey(t)
 			first := mustClaim(t, s, key, window0, a, true, ttl, lock.Claimed)
-			if _, err := s.Finish(ctx, key, window0, first.Window.Token, lock.StateFailed, ptr(1)); err != nil {
+			if _, err := s.Finish(ctx, key, window0, lock.NotIndexed, first.Window.Token, lock.StateFailed, ptr(1)); err != nil {
 				t.Fatal(err)
 			}
 			// Without standby a failed window still belongs to its owner.
@@ -35,17 +35,17 @@ func TestStandbyTakesOverOnlyAFailedOrDeadOwnersWindow(t *testing.T) {
 			if took.Window.Token <= first.Window.Token || took.Window.Cluster != "dc-b" || took.Window.FinishedAt != nil || took.Window.ExitCode != nil {
 				t.Fatalf("took over row = %+v (first %+v)", took.Window, first.Window)
 			}
-			if _, _, err := s.Heartbeat(ctx, key, window0, first.Window.Token, ttl); !errors.Is(err, lock.ErrWindowLost) {
+			if _, _, err := s.Heartbeat(ctx, key, window0, lock.NotIndexed, first.Window.Token, ttl); !errors.Is(err, lock.ErrWindowLost) {
 				t.Fatalf("old owner's heartbeat: %v, want ErrWindowLost", err)
 			}
-			if _, err := s.Finish(ctx, key, window0, first.Window.Token, lock.StateSucceeded, ptr(0)); !errors.Is(err, lock.ErrWindowLost) {
+			if _, err := s.Finish(ctx, key, window0, lock.NotIndexed, first.Window.Token, lock.StateSucceeded, ptr(0)); !errors.Is(err, lock.ErrWindowLost) {
 				t.Fatalf("old owner's finish: %v, want ErrWindowLost", err)
 			}
-			if _, err := s.Finish(ctx, key, window0, took.Window.Token, lock.StateSucceeded, ptr(0)); err != nil {
+			if _, err := s.Finish(ctx, key, window0, lock.NotIndexed, took.Window.Token, lock.StateSucceeded, ptr(0)); err != nil {
 				t.Fatal(err)
 			}
 			// Recording the same outcome again (a retry after a lost reply) is fine.
-			if _, err := s.Finish(ctx, key, window0, took.Window.Token, lock.StateSucceeded, ptr(0)); err != nil {
+			if _, err := s.Finish(ctx, key, window0, lock.NotIndexed, took.Window.Token, lock.StateSucceeded, ptr(0)); err != nil {
 				t.Fatalf("repeated finish: %v", err)
 			}
 		})
@@ -66,7 +66,7 @@ func TestStandbyTakesOverOnlyAFailedOrDeadOwnersWindow(t *testing.T) {
 			until := first.Window.AliveUntil
 			for range 3 {
 				awaitDBPast(t, s, until.Add(-short/2))
-				next, _, err := s.Heartbeat(ctx, key, window0, first.Window.Token, short)
+				next, _, err := s.Heartbeat(ctx, key, window0, lock.NotIndexed, first.Window.Token, short)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -82,7 +82,7 @@ func TestStandbyTakesOverOnlyAFailedOrDeadOwnersWindow(t *testing.T) {
 			for _, state := range []lock.State{lock.StateSucceeded, lock.StateSkipped} {
 				key := uniqueKey(t)
 				first := mustClaim(t, s, key, window0, a, true, 200*time.Millisecond, lock.Claimed)
-				if _, err := s.Finish(ctx, key, window0, first.Window.Token, state, nil); err != nil {
+				if _, err := s.Finish(ctx, key, window0, lock.NotIndexed, first.Window.Token, state, nil); err != nil {
 					t.Fatal(err)
 				}
 				awaitDBPast(t, s, first.Window.AliveUntil)
@@ -142,7 +142,7 @@ func TestRetentionDeletesOnlyOldFinishedWindows(t *testing.T) {
 		recent := now.Add(-time.Hour).Truncate(time.Minute)
 		a := owner("dc-a", "job", "pod")
 		done := mustClaim(t, s, key, old, a, false, ttl, lock.Claimed)
-		if _, err := s.Finish(ctx, key, old, done.Window.Token, lock.StateSucceeded, ptr(0)); err != nil {
+		if _, err := s.Finish(ctx, key, old, lock.NotIndexed, done.Window.Token, lock.StateSucceeded, ptr(0)); err != nil {
 			t.Fatal(err)
 		}
 		alive := old.Add(time.Minute)
@@ -153,7 +153,7 @@ func TestRetentionDeletesOnlyOldFinishedWindows(t *testing.T) {
 			t.Fatal(err)
 		}
 		for w, want := range map[time.Time]bool{old: false, alive: true, recent: true} {
-			_, err := s.GetWindow(ctx, key, w)
+			_, err := s.GetWindow(ctx, key, w, lock.NotIndexed)
 			if exists := err == nil; exists != want {
 				t.Errorf("window %s exists=%v after retention, want %v (err %v)", w, exists, want, err)
 			}

@@ -21,8 +21,10 @@ const (
 
 // Window is one row of dislock.windows; times are database times in UTC.
 type Window struct {
-	Key        string     `json:"key"`
-	Start      time.Time  `json:"window"`
+	Key   string    `json:"key"`
+	Start time.Time `json:"window"`
+	// Index is the completion index of an Indexed Job, NotIndexed otherwise.
+	Index      int        `json:"index"`
 	Owner      string     `json:"owner"`
 	Cluster    string     `json:"cluster"`
 	Pod        string     `json:"pod"`
@@ -34,24 +36,31 @@ type Window struct {
 	ExitCode   *int       `json:"exitCode,omitempty"`
 }
 
+// NotIndexed is the index of a window of a Job that is not Indexed.
+const NotIndexed = -1
+
 // ClaimOutcome says how a successful claim came about.
 type ClaimOutcome string
 
 const (
 	Claimed   ClaimOutcome = "claimed"   // first claimer of the window
-	Reentered ClaimOutcome = "reentered" // the same owner again (a retry of its Job)
-	TookOver  ClaimOutcome = "took-over" // standby took a failed or dead owner's window
+	Reentered ClaimOutcome = "reentered" // the same pod again (a restarted sidecar): same token
+	TookOver  ClaimOutcome = "took-over" // took a failed or lapsed owner's window: new token
 )
 
 // ClaimRequest asks for one window of one key.
 type ClaimRequest struct {
 	Key    string
 	Window time.Time
-	Owner  Owner
+	// Index is the completion index of an Indexed Job's pod (each index is
+	// its own window), NotIndexed otherwise.
+	Index int
+	Owner Owner
 	// TTL is how long the claim stays alive without a heartbeat.
 	TTL time.Duration
-	// Standby allows taking over a window whose owner failed or whose
-	// liveness lapsed at database time.
+	// Standby allows taking over another Job's window whose owner failed or
+	// whose liveness lapsed at database time. Another pod of the caller's own
+	// Job may always do so.
 	Standby bool
 }
 
@@ -63,6 +72,9 @@ func (r ClaimRequest) Validate() error {
 	}
 	if r.Window.IsZero() {
 		errs = append(errs, errors.New("window is zero (manual runs take no window)"))
+	}
+	if r.Index < NotIndexed {
+		errs = append(errs, fmt.Errorf("index %d is not a completion index", r.Index))
 	}
 	if r.TTL <= 0 {
 		errs = append(errs, fmt.Errorf("ttl %s is not positive", r.TTL))
@@ -79,9 +91,11 @@ type Claim struct {
 	DBTime time.Time
 }
 
-// ClaimWindow takes the window for the caller, re-enters the caller's own
-// claim, or (standby) takes over a failed or dead owner's. Anything else is
-// ErrWindowTaken with the owner's row in the result.
+// ClaimWindow takes the window for the caller, re-enters the caller pod's own
+// running claim, or takes over a failed or lapsed owner's claim when the
+// caller is another pod of the same Job or a standby. Anything else is
+// ErrWindowTaken with the owner's row in the result: the caller decides from
+// it whether to wait or skip (see Waits).
 func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) {
 	if err := r.Validate(); err != nil {
 		return Claim{}, fmt.Errorf("claim request: %w", err)
@@ -92,8 +106,8 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 	for attempt := 0; attempt < 3; attempt++ {
 		var c Claim
 		var inserted bool
-		row := s.pool.QueryRow(ctx, qClaimWindow, r.Key, start, r.Owner.WindowOwner(), r.Owner.Cluster,
-			r.Owner.Pod, micros(r.TTL), r.Standby)
+		row := s.pool.QueryRow(ctx, qClaimWindow, r.Key, start, r.Index, r.Owner.String(), r.Owner.Cluster,
+			r.Owner.Pod, micros(r.TTL), r.Owner.JobPrefix(), r.Standby)
 		err := scanWindow(row, &c.Window, &inserted, &c.DBTime)
 		switch {
 		case err == nil:
@@ -109,7 +123,7 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		case !errors.Is(err, pgx.ErrNoRows):
 			return Claim{}, s.classify(fmt.Sprintf("claiming window %s of %s", formatWindow(start), r.Key), err)
 		}
-		err = scanWindow(s.pool.QueryRow(ctx, qGetWindow, r.Key, start), &c.Window, &c.DBTime)
+		err = scanWindow(s.pool.QueryRow(ctx, qGetWindow, r.Key, start, r.Index), &c.Window, &c.DBTime)
 		switch {
 		case err == nil:
 			return c, fmt.Errorf("window %s of %s: %w by %s (%s)", formatWindow(start), r.Key, ErrWindowTaken, c.Window.Owner, c.Window.State)
@@ -122,8 +136,8 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 
 // Heartbeat extends the liveness of the caller's running claim and returns
 // the new alive_until. ErrWindowLost when the claim is no longer the caller's.
-func (s *Store) Heartbeat(ctx context.Context, key string, window time.Time, token int64, ttl time.Duration) (aliveUntil, dbTime time.Time, err error) {
-	err = s.pool.QueryRow(ctx, qHeartbeatWindow, key, window.UTC(), token, micros(ttl)).Scan(&aliveUntil, &dbTime)
+func (s *Store) Heartbeat(ctx context.Context, key string, window time.Time, index int, token int64, ttl time.Duration) (aliveUntil, dbTime time.Time, err error) {
+	err = s.pool.QueryRow(ctx, qHeartbeatWindow, key, window.UTC(), index, token, micros(ttl)).Scan(&aliveUntil, &dbTime)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, time.Time{}, fmt.Errorf("heartbeat of window %s of %s token %d: %w", formatWindow(window), key, token, ErrWindowLost)
 	}
@@ -135,11 +149,11 @@ func (s *Store) Heartbeat(ctx context.Context, key string, window time.Time, tok
 
 // Finish records the outcome of the caller's claim (succeeded, failed or
 // skipped) at database time. Recording the same outcome twice succeeds.
-func (s *Store) Finish(ctx context.Context, key string, window time.Time, token int64, state State, exitCode *int) (finishedAt time.Time, err error) {
+func (s *Store) Finish(ctx context.Context, key string, window time.Time, index int, token int64, state State, exitCode *int) (finishedAt time.Time, err error) {
 	if state == StateRunning || state == "" {
 		return time.Time{}, fmt.Errorf("finishing window %s of %s: state %q is not an outcome", formatWindow(window), key, state)
 	}
-	err = s.pool.QueryRow(ctx, qFinishWindow, key, window.UTC(), token, string(state), exitCode).Scan(&finishedAt)
+	err = s.pool.QueryRow(ctx, qFinishWindow, key, window.UTC(), index, token, string(state), exitCode).Scan(&finishedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, fmt.Errorf("finishing window %s of %s token %d: %w", formatWindow(window), key, token, ErrWindowLost)
 	}
@@ -149,11 +163,12 @@ func (s *Store) Finish(ctx context.Context, key string, window time.Time, token 
 	return finishedAt.UTC(), nil
 }
 
-// GetWindow reads one window; ErrNotFound when there is none.
-func (s *Store) GetWindow(ctx context.Context, key string, window time.Time) (Window, error) {
+// GetWindow reads one window (index: NotIndexed, or a completion index);
+// ErrNotFound when there is none.
+func (s *Store) GetWindow(ctx context.Context, key string, window time.Time, index int) (Window, error) {
 	var w Window
 	var dbTime time.Time
-	err := scanWindow(s.pool.QueryRow(ctx, qGetWindow, key, window.UTC()), &w, &dbTime)
+	err := scanWindow(s.pool.QueryRow(ctx, qGetWindow, key, window.UTC(), index), &w, &dbTime)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Window{}, fmt.Errorf("window %s of %s: %w", formatWindow(window), key, ErrNotFound)
 	}
@@ -166,7 +181,7 @@ func (s *Store) ListWindows(ctx context.Context, key string, limit int) ([]Windo
 	return list(ctx, s, "listing windows", scanWindow, qListWindows, key, limit)
 }
 
-// DeleteWindow removes one window so that it can be claimed again (an
+// DeleteWindow removes one window (every completion index of it) so that it can be claimed again (an
 // operator's decision to re-run it). ErrNotFound when there was none.
 func (s *Store) DeleteWindow(ctx context.Context, key string, window time.Time) error {
 	tag, err := s.pool.Exec(ctx, qDeleteWindow, key, window.UTC())
@@ -192,12 +207,15 @@ func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (
 	if err != nil {
 		return 0, s.classify("deleting old windows", err)
 	}
+	if _, err := s.pool.Exec(ctx, qDeleteOldViews, micros(retention)); err != nil {
+		return tag.RowsAffected(), s.classify("deleting old job views", err)
+	}
 	return tag.RowsAffected(), nil
 }
 
 func scanWindow(row pgx.Row, w *Window, extra ...any) error {
 	var state string
-	dest := append([]any{&w.Key, &w.Start, &w.Owner, &w.Cluster, &w.Pod, &w.Token, &state,
+	dest := append([]any{&w.Key, &w.Start, &w.Index, &w.Owner, &w.Cluster, &w.Pod, &w.Token, &state,
 		&w.ClaimedAt, &w.AliveUntil, &w.FinishedAt, &w.ExitCode}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return err

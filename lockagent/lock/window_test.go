@@ -16,7 +16,7 @@ const ttl = 30 * time.Second
 
 func claim(t *testing.T, s *lock.Store, key string, w time.Time, o lock.Owner, standby bool, ttl time.Duration) (lock.Claim, error) {
 	t.Helper()
-	return s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: w, Owner: o, TTL: ttl, Standby: standby})
+	return s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: w, Index: lock.NotIndexed, Owner: o, TTL: ttl, Standby: standby})
 }
 
 func mustClaim(t *testing.T, s *lock.Store, key string, w time.Time, o lock.Owner, standby bool, ttl time.Duration, want lock.ClaimOutcome) lock.Claim {
@@ -61,16 +61,19 @@ func TestFirstClaimerOwnsTheWindowAndOthersAreToldWho(t *testing.T) {
 			t.Fatalf("refusal shows %+v, want the owner's row %+v", lost.Window, won.Window)
 		}
 
-		// The owner's Job retries (another pod of the same Job): re-entry, same token.
-		retry := a
-		retry.Pod = "pod-a-retry"
-		again := mustClaim(t, s, key, window0, retry, false, ttl, lock.Reentered)
+		// The same pod again (a restarted sidecar): re-entry, same token.
+		again := mustClaim(t, s, key, window0, a, false, ttl, lock.Reentered)
 		if again.Window.Token != won.Window.Token || !again.Window.ClaimedAt.Equal(won.Window.ClaimedAt) {
 			t.Fatalf("re-entry changed token or claim time: %+v then %+v", won.Window, again.Window)
 		}
+		// Another pod of the same Job while the owner is alive is refused
+		// (it waits); it never shares the token.
+		retry := a
+		retry.Pod = "pod-a-retry"
+		mustBeTaken(t, s, key, window0, retry, false, a.WindowOwner())
 
 		// Once the owner succeeded, everyone skips, even after the run ended.
-		if _, err := s.Finish(context.Background(), key, window0, won.Window.Token, lock.StateSucceeded, ptr(0)); err != nil {
+		if _, err := s.Finish(context.Background(), key, window0, lock.NotIndexed, won.Window.Token, lock.StateSucceeded, ptr(0)); err != nil {
 			t.Fatal(err)
 		}
 		done := mustBeTaken(t, s, key, window0, b, true, a.WindowOwner())
@@ -130,7 +133,7 @@ func TestContendedWindowsHaveExactlyOneOwnerEach(t *testing.T) {
 					order := rand.Perm(windows)
 					<-start
 					for _, w := range order {
-						got, err := stores[c].ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: windowAt(w), Owner: o, TTL: ttl})
+						got, err := stores[c].ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: windowAt(w), Index: lock.NotIndexed, Owner: o, TTL: ttl})
 						switch {
 						case err == nil:
 							results <- result{window: w, owner: o, token: got.Window.Token, won: true}
@@ -176,7 +179,7 @@ func TestContendedWindowsHaveExactlyOneOwnerEach(t *testing.T) {
 				t.Fatalf("refusal for window %d named %q, the owner is %q", r.window, r.seen, owners[r.window].WindowOwner())
 			}
 		}
-		// The database agrees, and a retry by each owner re-enters.
+		// The database agrees, and each owner's restarted sidecar re-enters.
 		rows, _, err := stores[0].ListWindows(context.Background(), key, 1000)
 		if err != nil {
 			t.Fatal(err)
@@ -191,9 +194,7 @@ func TestContendedWindowsHaveExactlyOneOwnerEach(t *testing.T) {
 			}
 		}
 		for w, o := range owners {
-			retry := o
-			retry.Pod = "pod-retry"
-			mustClaim(t, stores[1], key, windowAt(w), retry, false, ttl, lock.Reentered)
+			mustClaim(t, stores[1], key, windowAt(w), o, false, ttl, lock.Reentered)
 		}
 	})
 }

@@ -1,0 +1,92 @@
+package lock
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// View is how one cluster's CronJob looks to dislock: the settings every
+// cluster must agree on for "once per window" to mean the same window
+// everywhere. Clusters whose views differ can turn one tick into two windows
+// (a different time zone or schedule: both run) or break a promise (standby
+// set in one cluster only).
+type View struct {
+	Schedule string `json:"schedule"`
+	TimeZone string `json:"timeZone"`
+	Mode     string `json:"mode"`
+	Standby  bool   `json:"standby"`
+	LeaseTTL string `json:"leaseTTL"`
+	Catchup  string `json:"catchup"`
+}
+
+// ClusterView is a View as a cluster last recorded it.
+type ClusterView struct {
+	Key     string    `json:"key"`
+	Cluster string    `json:"cluster"`
+	View    View      `json:"view"`
+	SeenAt  time.Time `json:"seenAt"`
+}
+
+// Diff names the settings in which other differs from v, e.g.
+// `timeZone "Europe/Berlin" ≠ ""`.
+func (v View) Diff(other View) []string {
+	var out []string
+	add := func(name string, a, b any) {
+		if a != b {
+			out = append(out, fmt.Sprintf("%s %q here, %q there", name, fmt.Sprint(a), fmt.Sprint(b)))
+		}
+	}
+	add("schedule", v.Schedule, other.Schedule)
+	add("timeZone", v.TimeZone, other.TimeZone)
+	add("mode", v.Mode, other.Mode)
+	add("standby", v.Standby, other.Standby)
+	add("leaseTTL", v.LeaseTTL, other.LeaseTTL)
+	add("catchup", v.Catchup, other.Catchup)
+	return out
+}
+
+// DefaultViewRecency is how far back another cluster's view counts as
+// current: a cluster that has not claimed for a week has probably had its
+// CronJob removed or suspended.
+const DefaultViewRecency = 7 * 24 * time.Hour
+
+// RecordView stores cluster's view of key and returns the other clusters'
+// views seen within recency that differ from it.
+func (s *Store) RecordView(ctx context.Context, key, cluster string, v View, recency time.Duration) ([]ClusterView, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return s.views(ctx, "recording the job's view of "+key, qRecordView, key, cluster, string(b), micros(recency))
+}
+
+// ListDisagreements returns, for every key whose clusters' views seen within
+// recency differ, each of those clusters' views.
+func (s *Store) ListDisagreements(ctx context.Context, recency time.Duration) ([]ClusterView, error) {
+	return s.views(ctx, "listing disagreeing views", qListDisagreements, micros(recency))
+}
+
+// views runs a query returning (lock_key, cluster, view, seen_at) rows.
+func (s *Store) views(ctx context.Context, op, query string, args ...any) ([]ClusterView, error) {
+	rows, err := s.pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, s.classify(op, err)
+	}
+	defer rows.Close()
+	var out []ClusterView
+	for rows.Next() {
+		var cv ClusterView
+		var raw string
+		if err := rows.Scan(&cv.Key, &cv.Cluster, &raw, &cv.SeenAt); err != nil {
+			return nil, s.classify(op, err)
+		}
+		if err := json.Unmarshal([]byte(raw), &cv.View); err != nil {
+			return nil, fmt.Errorf("%s: view of %s in cluster %s: %w", op, cv.Key, cv.Cluster, err)
+		}
+		cv.SeenAt = cv.SeenAt.UTC()
+		out = append(out, cv)
+	}
+	return out, s.classify(op, rows.Err())
+}
