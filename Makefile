@@ -69,6 +69,7 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 15s).
 	$(GO) test -run '^$$' -fuzz '^FuzzParseScheduledTimestamp$$' -fuzztime $(FUZZTIME) ./lockagent/window/
 	$(GO) test -run '^$$' -fuzz '^FuzzFromJobName$$' -fuzztime $(FUZZTIME) ./lockagent/window/
 	$(GO) test -run '^$$' -fuzz '^FuzzFromAnnotations$$' -fuzztime $(FUZZTIME) ./lockagent/spec/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseAgentEnv$$' -fuzztime $(FUZZTIME) ./lockagent/spec/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDatabaseURL$$' -fuzztime $(FUZZTIME) ./lockagent/lock/
 	$(GO) test -run '^$$' -fuzz '^FuzzAdmission$$' -fuzztime $(FUZZTIME) ./webhook/
 	$(GO) test -run '^$$' -fuzz '^FuzzInject$$' -fuzztime $(FUZZTIME) ./webhook/

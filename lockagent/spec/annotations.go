@@ -33,6 +33,14 @@ const (
 	// as stale. Unset means no limit.
 	AnnotationCatchup = Prefix + "catchup"
 
+	// AnnotationAppStartTimeout is a Go duration between MinAppStartTimeout
+	// and MaxAppStartTimeout (default DefaultAppStartTimeout): after a pod
+	// won a window or a lease, if none of its app containers has started by
+	// then (an image that cannot be pulled, a ConfigMap missing in one
+	// cluster), the claim is given up as failed, so that a standby or the
+	// Job's retry can take it instead of the window being blocked everywhere.
+	AnnotationAppStartTimeout = Prefix + "app-start-timeout"
+
 	// AnnotationEntrypoint is a JSON array of strings: the command to wrap for
 	// containers without a command when the image's entrypoint cannot be read
 	// from the registry.
@@ -61,6 +69,13 @@ const (
 	// DefaultAppStartTimeout is how long a pod that won a window may take to
 	// start its app before the claim is given up.
 	DefaultAppStartTimeout = 10 * time.Minute
+	// MinAppStartTimeout leaves time to pull an image and start a container
+	// on a busy node: giving a claim up that a healthy pod was about to use
+	// only moves the run elsewhere.
+	MinAppStartTimeout = 30 * time.Second
+	// MaxAppStartTimeout bounds how long a pod whose app never starts keeps
+	// the window from every other cluster (and keeps its Job from ending).
+	MaxAppStartTimeout = 24 * time.Hour
 	// MaxCatchup keeps a catch-up far inside the retention of old windows
 	// (30 days by default): a pod must never start a run so late that the
 	// record of that window's earlier run could already have been deleted.
@@ -71,5 +86,5 @@ const (
 // userAnnotations are the keys users set, in the order errors list them.
 var userAnnotations = []string{
 	AnnotationMode, AnnotationKey, AnnotationLeaseTTL,
-	AnnotationStandby, AnnotationCatchup, AnnotationEntrypoint,
+	AnnotationStandby, AnnotationCatchup, AnnotationAppStartTimeout, AnnotationEntrypoint,
 }

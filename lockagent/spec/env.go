@@ -9,7 +9,10 @@ const (
 	EnvMode = "DISLOCK_MODE"
 	// EnvKey is the effective lock key, Spec.Key(): "<namespace>/<name>".
 	EnvKey = "DISLOCK_KEY"
-	// EnvWindow is the window start in RFC 3339 UTC, empty for a manual run.
+	// EnvWindow is the window start in RFC 3339 UTC; WindowManual for a
+	// manual run; empty when the agent computes the window from EnvSchedule
+	// at database time. Empty with no schedule is read as a manual run too:
+	// that is how Jobs injected by older webhooks say it.
 	EnvWindow = "DISLOCK_WINDOW"
 	// EnvSchedule is the CronJob's spec.schedule.
 	EnvSchedule = "DISLOCK_SCHEDULE"
@@ -59,3 +62,8 @@ const (
 	DefaultSharedDir      = "/dislock"
 	DefaultTerminationLog = "/dev/termination-log"
 )
+
+// WindowManual is EnvWindow's value for a manual run (kubectl create job
+// --from=cronjob/...): it is no schedule tick, so it takes no schedule lock
+// and still honours the lease.
+const WindowManual = "manual"

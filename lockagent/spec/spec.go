@@ -28,6 +28,9 @@ type Spec struct {
 	LeaseTTL  time.Duration
 	Standby   bool
 	Catchup   time.Duration // 0 = unset
+	// AppStartTimeout bounds the time from winning a claim to the first app
+	// container starting; DefaultAppStartTimeout when unset.
+	AppStartTimeout time.Duration
 	// Entrypoint is the command to wrap when a container has none; nil = unset.
 	Entrypoint []string
 }
@@ -137,7 +140,7 @@ func FromAnnotations(annotations map[string]string, namespace, cronJobName strin
 	bad := func(annotation, value, problem string) {
 		errs = append(errs, &FieldError{Annotation: annotation, Value: value, Problem: problem})
 	}
-	s := Spec{Namespace: namespace, LeaseTTL: DefaultLeaseTTL}
+	s := Spec{Namespace: namespace, LeaseTTL: DefaultLeaseTTL, AppStartTimeout: DefaultAppStartTimeout}
 
 	modeKnown := false
 	if v, ok := annotations[AnnotationMode]; !ok {
@@ -170,7 +173,7 @@ func FromAnnotations(annotations map[string]string, namespace, cronJobName strin
 		case err != nil:
 			bad(AnnotationLeaseTTL, v, "is not a duration "+wantLeaseTTL)
 		case d < MinLeaseTTL || d > MaxLeaseTTL:
-			bad(AnnotationLeaseTTL, v, "is out of range (want between 5s and 1h)")
+			bad(AnnotationLeaseTTL, v, "is out of range (want "+between(MinLeaseTTL, MaxLeaseTTL)+")")
 		default:
 			s.LeaseTTL = d
 		}
@@ -197,9 +200,21 @@ func FromAnnotations(annotations map[string]string, namespace, cronJobName strin
 		case err != nil:
 			bad(AnnotationCatchup, v, "is not a duration "+wantCatchup)
 		case d <= 0 || d > MaxCatchup:
-			bad(AnnotationCatchup, v, "is out of range (want more than 0s and at most 24h)")
+			bad(AnnotationCatchup, v, "is out of range (want "+catchupRange+")")
 		default:
 			s.Catchup = d
+		}
+	}
+
+	if v, ok := annotations[AnnotationAppStartTimeout]; ok {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		switch {
+		case err != nil:
+			bad(AnnotationAppStartTimeout, v, "is not a duration "+wantAppStartTimeout)
+		case d < MinAppStartTimeout || d > MaxAppStartTimeout:
+			bad(AnnotationAppStartTimeout, v, "is out of range (want "+between(MinAppStartTimeout, MaxAppStartTimeout)+")")
+		default:
+			s.AppStartTimeout = d
 		}
 	}
 
@@ -232,11 +247,36 @@ func FromAnnotations(annotations map[string]string, namespace, cronJobName strin
 }
 
 const (
-	wantName     = `(want lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters, e.g. "nightly-report")`
-	wantLeaseTTL = `(want e.g. "30s", between 5s and 1h)`
-	wantCatchup  = `(want e.g. "10m", more than 0s and at most 24h)`
-	wantCommand  = `(want a JSON array of non-empty strings, e.g. ["/app/run","--daily"])`
+	wantName    = `(want lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters, e.g. "nightly-report")`
+	wantCommand = `(want a JSON array of non-empty strings, e.g. ["/app/run","--daily"])`
 )
+
+// The allowed ranges, spelt from the same constants that enforce them, so
+// that a message can never name other bounds than the check uses.
+var (
+	catchupRange        = "more than 0s and at most " + shortDuration(MaxCatchup)
+	wantLeaseTTL        = `(want e.g. "30s", ` + between(MinLeaseTTL, MaxLeaseTTL) + ")"
+	wantCatchup         = `(want e.g. "10m", ` + catchupRange + ")"
+	wantAppStartTimeout = `(want e.g. "10m", ` + between(MinAppStartTimeout, MaxAppStartTimeout) + ")"
+)
+
+func between(lo, hi time.Duration) string {
+	return "between " + shortDuration(lo) + " and " + shortDuration(hi)
+}
+
+// shortDuration spells d as a Go duration without trailing zero units:
+// "1h" and "10m" rather than "1h0m0s" and "10m0s". time.ParseDuration reads
+// it back to d.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
 
 // parseEntrypoint decodes a JSON array of at least one non-empty string.
 func parseEntrypoint(v string) ([]string, string) {
@@ -346,13 +386,16 @@ func (s Spec) Validate() error {
 		errs = append(errs, fmt.Errorf("namespace %q is not a valid namespace name", s.Namespace))
 	}
 	if s.LeaseTTL < MinLeaseTTL || s.LeaseTTL > MaxLeaseTTL {
-		errs = append(errs, fmt.Errorf("lease TTL %s is out of range (want between 5s and 1h)", s.LeaseTTL))
+		errs = append(errs, fmt.Errorf("lease TTL %s is out of range (want %s)", s.LeaseTTL, between(MinLeaseTTL, MaxLeaseTTL)))
 	}
 	if s.Standby && !s.Mode.Schedule {
 		errs = append(errs, fmt.Errorf("standby needs schedule mode, not %q", s.Mode))
 	}
 	if s.Catchup < 0 || s.Catchup > MaxCatchup {
-		errs = append(errs, fmt.Errorf("catchup %s is out of range (want 0 for unset, or more than 0s and at most 24h)", s.Catchup))
+		errs = append(errs, fmt.Errorf("catchup %s is out of range (want 0 for unset, or %s)", s.Catchup, catchupRange))
+	}
+	if s.AppStartTimeout < MinAppStartTimeout || s.AppStartTimeout > MaxAppStartTimeout {
+		errs = append(errs, fmt.Errorf("app start timeout %s is out of range (want %s)", s.AppStartTimeout, between(MinAppStartTimeout, MaxAppStartTimeout)))
 	}
 	if s.Entrypoint != nil {
 		b, _ := json.Marshal(s.Entrypoint)
@@ -367,9 +410,10 @@ func (s Spec) Validate() error {
 // parses to the same Spec, defaults included explicitly.
 func (s Spec) Annotations() map[string]string {
 	a := map[string]string{
-		AnnotationMode:     s.Mode.String(),
-		AnnotationKey:      s.Name,
-		AnnotationLeaseTTL: s.LeaseTTL.String(),
+		AnnotationMode:            s.Mode.String(),
+		AnnotationKey:             s.Name,
+		AnnotationLeaseTTL:        s.LeaseTTL.String(),
+		AnnotationAppStartTimeout: s.AppStartTimeout.String(),
 	}
 	if s.Standby {
 		a[AnnotationStandby] = "true"

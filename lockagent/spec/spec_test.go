@@ -76,35 +76,36 @@ func TestFromAnnotations(t *testing.T) {
 		{
 			name:        "only the mode: everything else defaults",
 			annotations: map[string]string{AnnotationMode: "schedule"},
-			want:        Spec{Mode: Mode{Schedule: true}, Name: "report", Namespace: "team-a", LeaseTTL: 30 * time.Second},
+			want:        Spec{Mode: Mode{Schedule: true}, Name: "report", Namespace: "team-a", LeaseTTL: 30 * time.Second, AppStartTimeout: DefaultAppStartTimeout},
 		},
 		{
 			name: "every annotation set",
 			annotations: map[string]string{
-				AnnotationMode:        "schedule,lease",
-				AnnotationKey:         "billing.daily-export",
-				AnnotationLeaseTTL:    "2m",
-				AnnotationStandby:     "TRUE",
-				AnnotationCatchup:     "15m",
-				AnnotationEntrypoint:  `["/app/run", "--daily"]`,
-				AnnotationStatus:      `{"version":1}`,
-				"other.io/annotation": "ignored",
+				AnnotationMode:            "schedule,lease",
+				AnnotationKey:             "billing.daily-export",
+				AnnotationLeaseTTL:        "2m",
+				AnnotationStandby:         "TRUE",
+				AnnotationCatchup:         "15m",
+				AnnotationAppStartTimeout: "90m",
+				AnnotationEntrypoint:      `["/app/run", "--daily"]`,
+				AnnotationStatus:          `{"version":1}`,
+				"other.io/annotation":     "ignored",
 			},
 			want: Spec{
 				Mode: Mode{Schedule: true, Lease: true}, Name: "billing.daily-export", Namespace: "team-a",
-				LeaseTTL: 2 * time.Minute, Standby: true, Catchup: 15 * time.Minute,
+				LeaseTTL: 2 * time.Minute, Standby: true, Catchup: 15 * time.Minute, AppStartTimeout: 90 * time.Minute,
 				Entrypoint: []string{"/app/run", "--daily"},
 			},
 		},
 		{
 			name:        "surrounding spaces are ignored",
 			annotations: map[string]string{AnnotationMode: " lease ", AnnotationKey: " k ", AnnotationLeaseTTL: " 5s ", AnnotationStandby: " false "},
-			want:        Spec{Mode: Mode{Lease: true}, Name: "k", Namespace: "team-a", LeaseTTL: 5 * time.Second},
+			want:        Spec{Mode: Mode{Lease: true}, Name: "k", Namespace: "team-a", LeaseTTL: 5 * time.Second, AppStartTimeout: DefaultAppStartTimeout},
 		},
 		{
 			name:        "the lease TTL bounds are inclusive",
 			annotations: map[string]string{AnnotationMode: "lease", AnnotationLeaseTTL: "1h"},
-			want:        Spec{Mode: Mode{Lease: true}, Name: "report", Namespace: "team-a", LeaseTTL: time.Hour},
+			want:        Spec{Mode: Mode{Lease: true}, Name: "report", Namespace: "team-a", LeaseTTL: time.Hour, AppStartTimeout: DefaultAppStartTimeout},
 		},
 		{
 			name:        "the issue's example names both problems in one error",
@@ -183,7 +184,7 @@ func TestFromAnnotations(t *testing.T) {
 		{
 			name:        "standby false in lease mode is harmless",
 			annotations: map[string]string{AnnotationMode: "lease", AnnotationStandby: "false"},
-			want:        Spec{Mode: Mode{Lease: true}, Name: "report", Namespace: "team-a", LeaseTTL: 30 * time.Second},
+			want:        Spec{Mode: Mode{Lease: true}, Name: "report", Namespace: "team-a", LeaseTTL: 30 * time.Second, AppStartTimeout: DefaultAppStartTimeout},
 		},
 		{
 			name:        "catchup must be positive",
@@ -199,6 +200,21 @@ func TestFromAnnotations(t *testing.T) {
 			name:        "catchup without a unit",
 			annotations: map[string]string{AnnotationMode: "schedule", AnnotationCatchup: "10"},
 			wantErrs:    []string{`"10" is not a duration (want e.g. "10m"`},
+		},
+		{
+			name:        "the app-start timeout bounds are inclusive",
+			annotations: map[string]string{AnnotationMode: "schedule", AnnotationAppStartTimeout: "24h"},
+			want:        Spec{Mode: Mode{Schedule: true}, Name: "report", Namespace: "team-a", LeaseTTL: DefaultLeaseTTL, AppStartTimeout: 24 * time.Hour},
+		},
+		{
+			name:        "an app-start timeout below the minimum names the bounds",
+			annotations: map[string]string{AnnotationMode: "schedule", AnnotationAppStartTimeout: "10s"},
+			wantErrs:    []string{`annotation dislock.io/app-start-timeout: "10s" is out of range (want between 30s and 24h)`},
+		},
+		{
+			name:        "an app-start timeout without a unit",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationAppStartTimeout: "600"},
+			wantErrs:    []string{`annotation dislock.io/app-start-timeout: "600" is not a duration (want e.g. "10m", between 30s and 24h)`},
 		},
 		{
 			name:        "an entrypoint that is a string, not an array",
@@ -234,7 +250,7 @@ func TestFromAnnotations(t *testing.T) {
 			name:        "a misspelt annotation is an error with a suggestion",
 			annotations: map[string]string{AnnotationMode: "lease", "dislock.io/leasettl": "30s"},
 			wantErrs: []string{
-				`annotation dislock.io/leasettl: "30s" is not a dislock annotation (did you mean dislock.io/lease-ttl? known: dislock.io/mode, dislock.io/key, dislock.io/lease-ttl, dislock.io/standby, dislock.io/catchup, dislock.io/entrypoint)`,
+				`annotation dislock.io/leasettl: "30s" is not a dislock annotation (did you mean dislock.io/lease-ttl? known: dislock.io/mode, dislock.io/key, dislock.io/lease-ttl, dislock.io/standby, dislock.io/catchup, dislock.io/app-start-timeout, dislock.io/entrypoint)`,
 			},
 		},
 		{
@@ -258,10 +274,11 @@ func TestFromAnnotations(t *testing.T) {
 			annotations: map[string]string{
 				AnnotationMode: "lease", AnnotationKey: "A", AnnotationLeaseTTL: "x", AnnotationStandby: "true",
 				AnnotationCatchup: "-1m", AnnotationEntrypoint: "[]", "dislock.io/standy": "true",
+				AnnotationAppStartTimeout: "forever",
 			},
 			wantErrs: []string{
 				"dislock.io/key:", "dislock.io/lease-ttl:", "dislock.io/standby:", "dislock.io/catchup:",
-				"dislock.io/entrypoint:", "dislock.io/standy:",
+				"dislock.io/entrypoint:", "dislock.io/standy:", "dislock.io/app-start-timeout:",
 			},
 		},
 	}
@@ -383,7 +400,7 @@ func TestSpecKey(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	good := Spec{Mode: Mode{Schedule: true}, Name: "report", Namespace: "team-a", LeaseTTL: DefaultLeaseTTL}
+	good := Spec{Mode: Mode{Schedule: true}, Name: "report", Namespace: "team-a", LeaseTTL: DefaultLeaseTTL, AppStartTimeout: DefaultAppStartTimeout}
 	tests := []struct {
 		name    string
 		change  func(*Spec)
@@ -396,6 +413,7 @@ func TestValidate(t *testing.T) {
 		{"a zero lease TTL", func(s *Spec) { s.LeaseTTL = 0 }, "lease TTL 0s"},
 		{"standby in lease mode", func(s *Spec) { s.Mode, s.Standby = Mode{Lease: true}, true }, "standby needs schedule mode"},
 		{"a negative catchup", func(s *Spec) { s.Catchup = -time.Second }, "catchup -1s"},
+		{"no app-start timeout", func(s *Spec) { s.AppStartTimeout = 0 }, "app start timeout 0s is out of range (want between 30s and 24h)"},
 		{"an empty entrypoint", func(s *Spec) { s.Entrypoint = []string{} }, "empty array"},
 		{"an entrypoint with an empty argument", func(s *Spec) { s.Entrypoint = []string{"run", ""} }, "index 1"},
 	}
