@@ -1,11 +1,9 @@
 package agent
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"time"
 
@@ -65,97 +63,60 @@ func (c Config) KillGrace() time.Duration { return c.Margin() / 2 }
 // HeartbeatInterval is ttl/3: two renewals can fail before the margin starts.
 func (c Config) HeartbeatInterval() time.Duration { return c.TTL / 3 }
 
-// parseConfig reads flags (which override) and the environment. It returns
-// every problem at once, each naming the variable and the fix.
+// parseConfig reads flags (which override) and the environment, which
+// spec.ParseAgentEnv parses: the same code that renders it in the webhook
+// holds it to the same bounds. It returns every problem at once, each naming
+// the variable, its value and the fix. On error the Config still holds what
+// could be read, so that the agent can publish an error decision.
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (Config, error) {
 	fs := flag.NewFlagSet("dislock-agent agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := Config{}
-	shared := fs.String("shared-dir", or(getenv(spec.EnvSharedDir), spec.DefaultSharedDir), "directory shared with the wrappers ($"+spec.EnvSharedDir+")")
-	termLog := fs.String("termination-log", or(getenv(spec.EnvTerminationLog), spec.DefaultTerminationLog), "file for the one-line outcome ($"+spec.EnvTerminationLog+")")
+	shared := fs.String("shared-dir", "", "directory shared with the wrappers ($"+spec.EnvSharedDir+", default "+spec.DefaultSharedDir+")")
+	termLog := fs.String("termination-log", "", "file for the one-line outcome ($"+spec.EnvTerminationLog+", default "+spec.DefaultTerminationLog+")")
 	fs.DurationVar(&c.StartTimeout, "start-timeout", DefaultStartTimeout, "how long to retry an unreachable database before deciding error")
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", DefaultStopTimeout, "how long to try recording the outcome after SIGTERM")
+	// Test-only flags, left out of the usage text: neither has a use in a
+	// pod, and the short TTLs would be unsafe there.
 	fs.DurationVar(&c.WallClockOffset, "test-wall-clock-offset", 0, "test only: shift the local wall clock (decisions must not change)")
+	var opts spec.ParseOptions
+	fs.BoolVar(&opts.AllowShortTTL, "test-allow-short-ttl", false, "test only: allow a lease TTL and an app-start timeout down to 1s")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: dislock-agent agent [flags] (configured by the DISLOCK_* environment)\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			if !strings.HasPrefix(f.Name, "test-") {
+				fmt.Fprintf(fs.Output(), "  -%s\n    \t%s\n", f.Name, f.Usage)
+			}
+		})
+	}
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("unexpected argument %q (the agent is configured by DISLOCK_* env)", fs.Arg(0))
 	}
-	c.SharedDir, c.TerminationLog = *shared, *termLog
 
-	var errs []error
-	bad := func(env, value, want string) {
-		errs = append(errs, fmt.Errorf("%s=%q %s", env, value, want))
-	}
-	var err error
-	if c.Mode, err = spec.ParseMode(getenv(spec.EnvMode)); err != nil {
-		bad(spec.EnvMode, getenv(spec.EnvMode), `is not a mode (want "schedule", "lease" or "schedule,lease")`)
-	}
-	c.Key = getenv(spec.EnvKey)
-	ns, name, ok := strings.Cut(c.Key, "/")
-	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-		bad(spec.EnvKey, c.Key, "is not <namespace>/<name>")
-	}
-	c.Schedule, c.TimeZone = getenv(spec.EnvSchedule), getenv(spec.EnvTimeZone)
-	switch w := getenv(spec.EnvWindow); {
-	case w != "":
-		if c.Window, err = time.Parse(time.RFC3339, w); err != nil {
-			bad(spec.EnvWindow, w, "is not an RFC 3339 time (want e.g. 2026-12-02T12:00:00Z)")
+	// The flags mirror their variables.
+	env, err := spec.ParseAgentEnv(func(name string) string {
+		switch {
+		case name == spec.EnvSharedDir && *shared != "":
+			return *shared
+		case name == spec.EnvTerminationLog && *termLog != "":
+			return *termLog
 		}
-		c.Window = c.Window.UTC()
-	case c.Schedule == "":
-		// Neither a window nor a schedule to compute one: a manual run.
-		c.Manual = true
-	}
-	c.TTL = spec.DefaultLeaseTTL
-	if v := getenv(spec.EnvLeaseTTL); v != "" {
-		if c.TTL, err = time.ParseDuration(v); err != nil || c.TTL < time.Second {
-			bad(spec.EnvLeaseTTL, v, "is not a duration of at least 1s (want e.g. 30s)")
-		}
-	}
-	switch v := strings.ToLower(getenv(spec.EnvStandby)); v {
-	case "", "false":
-	case "true":
-		c.Standby = true
-	default:
-		bad(spec.EnvStandby, v, `is not "true" or "false"`)
-	}
-	if v := getenv(spec.EnvCatchup); v != "" {
-		if c.Catchup, err = time.ParseDuration(v); err != nil || c.Catchup <= 0 {
-			bad(spec.EnvCatchup, v, "is not a positive duration (want e.g. 10m)")
-		}
-	}
-	c.AppStartTimeout = spec.DefaultAppStartTimeout
-	if v := getenv(spec.EnvAppStartTimeout); v != "" {
-		if c.AppStartTimeout, err = time.ParseDuration(v); err != nil || c.AppStartTimeout <= 0 {
-			bad(spec.EnvAppStartTimeout, v, "is not a positive duration (want e.g. 10m)")
-		}
-	}
+		return getenv(name)
+	}, opts)
+	c.Mode, c.Key = env.Mode, env.Key
+	c.Window, c.Manual = env.Window, env.Manual
+	c.Schedule, c.TimeZone = env.Schedule, env.TimeZone
+	c.TTL, c.Standby, c.Catchup = env.LeaseTTL, env.Standby, env.Catchup
+	c.AppStartTimeout = env.AppStartTimeout
 	c.JobIndex = -1
-	if v := getenv(spec.EnvJobIndex); v != "" {
-		if c.JobIndex, err = strconv.Atoi(v); err != nil || c.JobIndex < 0 {
-			bad(spec.EnvJobIndex, v, "is not a completion index (want 0, 1, ...)")
-		}
+	if env.Indexed {
+		c.JobIndex = env.JobIndex
 	}
-	c.Owner = lock.Owner{Cluster: getenv(spec.EnvCluster), Namespace: ns, Job: getenv(spec.EnvJobName),
-		JobUID: getenv(spec.EnvJobUID), Pod: getenv(spec.EnvPodName)}
-	for _, f := range [][2]string{{spec.EnvCluster, c.Owner.Cluster}, {spec.EnvJobName, c.Owner.Job},
-		{spec.EnvJobUID, c.Owner.JobUID}, {spec.EnvPodName, c.Owner.Pod}} {
-		if f[1] == "" || strings.Contains(f[1], "/") {
-			bad(f[0], f[1], "must be set and contain no '/'")
-		}
-	}
-	c.DatabaseURL = getenv(spec.EnvDatabaseURL)
-	if c.DatabaseURL == "" {
-		errs = append(errs, fmt.Errorf("%s is not set (the webhook injects it from the DB secret)", spec.EnvDatabaseURL))
-	}
-	return c, errors.Join(errs...)
-}
-
-func or(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
+	c.Owner = lock.Owner{Cluster: env.Cluster, Namespace: env.Namespace(), Job: env.JobName, JobUID: env.JobUID, Pod: env.PodName}
+	c.DatabaseURL = env.DatabaseURL
+	c.SharedDir, c.TerminationLog = env.SharedDir, env.TerminationLog
+	return c, err
 }
