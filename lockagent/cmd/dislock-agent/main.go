@@ -2,7 +2,7 @@
 //
 //	dislock-agent agent            the native sidecar: decide, heartbeat, record
 //	dislock-agent exec -- CMD...   the wrapper around each app container's command
-//	dislock-agent probe            the sidecar's startupProbe: exit 0 once a decision exists
+//	dislock-agent probe            the sidecar's startupProbe: exit 0 once the agent binary is installed
 //	dislock-agent version
 //
 // It links no Kubernetes client code, to stay small (it is in every pod).
@@ -11,6 +11,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/dislock/dislock/internal/version"
 	"github.com/dislock/dislock/lockagent/agent"
@@ -45,14 +46,21 @@ func main() {
 	}
 }
 
-// probe succeeds once the agent has published a decision, so the kubelet
-// starts the app containers only then.
+// probe succeeds once the agent has installed its binary in the shared
+// directory, so the kubelet starts the app containers only when their
+// wrapped command exists. It does not wait for the decision: the wrapper
+// waits for that itself, and a standby may wait for the owner's whole run,
+// hours. A probe that waited too would have the kubelet restart a sidecar
+// that is waiting as it should once the probe's budget ran out.
 func probe() int {
 	dir := os.Getenv(spec.EnvSharedDir)
 	if dir == "" {
 		dir = spec.DefaultSharedDir
 	}
-	if _, ok, err := protocol.Dir(dir).ReadDecision(); !ok || err != nil {
+	// The agent installs the binary by rename, so a regular executable file
+	// here is a whole one.
+	fi, err := os.Stat(filepath.Join(dir, protocol.BinPath))
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
 		return 1
 	}
 	return 0
