@@ -1,0 +1,226 @@
+package chaos
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+var (
+	flagSchedules = flag.Int("chaos.schedules", 100, "how many fault schedules to run")
+	flagSeed      = flag.Uint64("chaos.seed", 0, "seed of the first schedule (schedule i uses seed+i); 0 = random")
+	flagParallel  = flag.Int("chaos.parallel", 3, "schedules run at once, on distinct keys")
+	flagTTL       = flag.Duration("chaos.ttl", 2*time.Second, "DISLOCK_LEASE_TTL of every simulated CronJob")
+	flagDumps     = flag.Int("chaos.dumps", 3, "how many violating schedules to print in full (all are written to files)")
+	flagKeep      = flag.Bool("chaos.keep", false, "keep every schedule's files (pods, logs, ledger), not only the violating ones'")
+)
+
+// agentBin is dislock-agent, built once.
+var agentBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "dislock-chaos-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		agentBin = filepath.Join(dir, "dislock-agent")
+		if out, err := exec.Command("go", "build", "-ldflags=-s -w", "-o", agentBin,
+			"github.com/dislock/dislock/lockagent/cmd/dislock-agent").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "building dislock-agent: %v\n%s", err, out)
+			return 1
+		}
+		return pgtest.Main(m, pgtest.Options{Name: "chaos"})
+	}())
+}
+
+// shortTTLArgs returns the hidden flag that lets the agent accept a TTL and
+// an app-start timeout under the production minimums, if this agent has it
+// (an unknown flag fails to parse; a known one with -h prints the usage).
+func shortTTLArgs(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command(agentBin, "agent", "--test-allow-short-ttl", "-h").CombinedOutput()
+	if err == nil && !strings.Contains(string(out), "not defined") {
+		return []string{"--test-allow-short-ttl"}
+	}
+	t.Logf("dislock-agent has no --test-allow-short-ttl flag; passing DISLOCK_LEASE_TTL=%s as is", *flagTTL)
+	return nil
+}
+
+// TestChaos runs -chaos.schedules fault schedules, -chaos.parallel at a
+// time, and checks each against the invariants. On a violation it prints
+// the seed and everything needed to understand it.
+func TestChaos(t *testing.T) {
+	pg := pgtest.Need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store, err := lock.Open(ctx, pg.DirectDSN(), lock.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Migrate(ctx); err != nil {
+		t.Fatalf("migrating: %v", err)
+	}
+	store.Close()
+
+	schedules, parallel := *flagSchedules, max(1, *flagParallel)
+	if testing.Short() {
+		schedules = min(schedules, 10)
+	}
+	seed := *flagSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano()) % 1_000_000_000
+	}
+	ttl := *flagTTL
+	w := &World{AgentBin: agentBin, AgentArgs: shortTTLArgs(t), PG: pg, Settings: Settings{
+		TTL:             ttl,
+		AppStartTimeout: 2 * ttl,
+		MaxRun:          1500 * time.Millisecond,
+		Grace:           30 * time.Second,
+		BackoffLimit:    4,
+		ProbePeriod:     250 * time.Millisecond,
+		ProbeBudget:     5 * ttl,
+	}}
+	dir, err := os.MkdirTemp("", fmt.Sprintf("dislock-chaos-%d-", seed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("chaos: %d schedules from seed %d, %d at a time, TTL %s; files in %s", schedules, seed, parallel, ttl, dir)
+
+	type result struct {
+		o  *Outcome
+		vs []Violation
+	}
+	var (
+		mu      sync.Mutex
+		results []result
+		dumped  int
+	)
+	next := make(chan int)
+	go func() {
+		defer close(next)
+		for i := range schedules {
+			next <- i
+		}
+	}()
+	begun := time.Now()
+	var wg sync.WaitGroup
+	for worker := range parallel {
+		slot := &Slot{}
+		for c := range 3 {
+			b, err := pg.AddBouncer(fmt.Sprintf("w%d-%s", worker, ClusterName(c)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			slot.Bouncers = append(slot.Bouncers, b)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				plan := Draw(seed+uint64(i), w.Settings)
+				start := time.Now()
+				o, err := w.Run(plan, i, slot, dir)
+				if err != nil {
+					t.Errorf("schedule seed %d: %v", plan.Seed, err)
+					continue
+				}
+				vs := Check(o)
+				line := fmt.Sprintf("schedule %d seed %d: %s standby=%t %d clusters × %d windows, %d fault kinds %v, %s",
+					i, plan.Seed, plan.Mode, plan.Standby, plan.Clusters, plan.Windows, len(o.Kinds), o.Kinds,
+					time.Since(start).Round(100*time.Millisecond))
+				mu.Lock()
+				results = append(results, result{o, vs})
+				full := len(vs) > 0 && dumped < *flagDumps
+				if full {
+					dumped++
+				}
+				mu.Unlock()
+				if len(vs) == 0 {
+					t.Log(line + ": ok")
+					if !*flagKeep {
+						os.RemoveAll(o.Dir)
+					}
+					continue
+				}
+				report := o.Report(vs)
+				file := filepath.Join(dir, fmt.Sprintf("violation-seed-%d.txt", plan.Seed))
+				_ = os.WriteFile(file, []byte(report), 0o644)
+				var kinds []string
+				for _, v := range vs {
+					kinds = append(kinds, v.Kind)
+				}
+				slices.Sort(kinds)
+				kinds = slices.Compact(kinds)
+				if full {
+					t.Errorf("%s: VIOLATED %s\n%s", line, strings.Join(kinds, "; "), report)
+				} else {
+					t.Errorf("%s: VIOLATED %s (report: %s)", line, strings.Join(kinds, "; "), file)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(begun)
+
+	// The tally.
+	byKind := map[string][]uint64{}
+	minK, maxK, sumK, bad := len(Kinds()), 0, 0, 0
+	used := map[Kind]bool{}
+	for _, r := range results {
+		n := len(r.o.Kinds)
+		minK, maxK, sumK = min(minK, n), max(maxK, n), sumK+n
+		for _, k := range r.o.Kinds {
+			used[k] = true
+		}
+		if len(r.vs) > 0 {
+			bad++
+		}
+		seen := map[string]bool{}
+		for _, v := range r.vs {
+			if !seen[v.Kind] {
+				seen[v.Kind] = true
+				byKind[v.Kind] = append(byKind[v.Kind], r.o.Plan.Seed)
+			}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "chaos summary: %d schedules from seed %d in %s (%s per 100, %d at a time); %d with violations\n",
+		len(results), seed, elapsed.Round(time.Second), (elapsed * 100 / time.Duration(max(1, len(results)))).Round(time.Second), parallel, bad)
+	if len(results) > 0 {
+		fmt.Fprintf(&b, "distinct fault kinds per schedule: min %d, mean %.1f, max %d; %d of %d kinds used overall\n",
+			minK, float64(sumK)/float64(len(results)), maxK, len(used), len(Kinds()))
+	}
+	kinds := make([]string, 0, len(byKind))
+	for k := range byKind {
+		kinds = append(kinds, k)
+	}
+	slices.Sort(kinds)
+	for _, k := range kinds {
+		seeds := byKind[k]
+		slices.Sort(seeds)
+		shown := seeds[:min(len(seeds), 10)]
+		fmt.Fprintf(&b, "  %-48s %4d schedule(s), seeds %v\n", k, len(seeds), shown)
+	}
+	if bad > 0 {
+		fmt.Fprintf(&b, "reports of violating schedules: %s/violation-seed-*.txt\n", dir)
+	} else if !*flagKeep {
+		os.RemoveAll(dir)
+	}
+	t.Log(b.String())
+	fmt.Print(b.String())
+}

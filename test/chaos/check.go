@@ -1,0 +1,375 @@
+package chaos
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Run is one run of the app, as its own ledger lines (and, for an app that
+// was killed, the harness's kill or exit time) tell it.
+type Run struct {
+	Cluster, Pod string
+	Window       int
+	// Token is DISLOCK_FENCING_TOKEN, -1 when the app had none.
+	Token      int64
+	Start, End time.Time
+	// Code is the stop line's exit code, -1 when the app wrote none.
+	Code int
+}
+
+// Success is a run that reached its end: a stop line with code 0.
+func (r Run) Success() bool { return r.Code == 0 }
+
+func (r Run) String() string {
+	tok := "none"
+	if r.Token >= 0 {
+		tok = strconv.FormatInt(r.Token, 10)
+	}
+	code := "killed"
+	if r.Code >= 0 {
+		code = "exit " + strconv.Itoa(r.Code)
+	}
+	return fmt.Sprintf("%s %s window %d token %s [%s, %s] %s", r.Cluster, r.Pod, r.Window, tok,
+		r.Start.Format("15:04:05.000"), r.End.Format("15:04:05.000"), code)
+}
+
+func (r Run) overlaps(o Run) bool { return r.Start.Before(o.End) && o.Start.Before(r.End) }
+
+// Violation is one broken invariant.
+type Violation struct {
+	// Kind is short and stable ("a: window ran twice"), for the run's tally.
+	Kind string
+	Text string
+	// Pods involved, whose agent logs the report shows.
+	Pods []string
+}
+
+// Runs parses the ledger. A run without a stop line ends when its app
+// container was killed or exited; one still running ends at o.End.
+func (o *Outcome) Runs() ([]Run, []string) {
+	var runs []Run
+	var problems []string
+	byPod := map[string]int{}
+	pods := map[string]PodRecord{}
+	for _, p := range o.Pods {
+		pods[p.Cluster+"/"+p.Name] = p
+	}
+	sc := bufio.NewScanner(strings.NewReader(o.Ledger))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 {
+			continue
+		}
+		ns, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			problems = append(problems, "bad ledger line: "+sc.Text())
+			continue
+		}
+		kv := map[string]string{}
+		for _, x := range f[2:] {
+			k, v, _ := strings.Cut(x, "=")
+			kv[k] = v
+		}
+		id := kv["cluster"] + "/" + kv["pod"]
+		at := time.Unix(0, ns)
+		switch f[0] {
+		case "start":
+			if _, dup := byPod[id]; dup {
+				problems = append(problems, "the app of pod "+id+" started twice")
+			}
+			w, _ := strconv.Atoi(kv["w"])
+			tok, err := strconv.ParseInt(kv["token"], 10, 64)
+			if err != nil {
+				tok = -1
+			}
+			run := Run{Cluster: kv["cluster"], Pod: kv["pod"], Window: w, Token: tok, Start: at, End: o.End, Code: -1}
+			if p, ok := pods[id]; ok && p.AppRan && !p.AppEnd.IsZero() {
+				run.End = p.AppEnd
+			}
+			byPod[id] = len(runs)
+			runs = append(runs, run)
+		case "stop":
+			i, ok := byPod[id]
+			if !ok {
+				continue // SIGTERM before the start line: nothing ran
+			}
+			runs[i].End = at
+			runs[i].Code, _ = strconv.Atoi(kv["code"])
+		}
+	}
+	slices.SortStableFunc(runs, func(a, b Run) int { return a.Start.Compare(b.Start) })
+	return runs, problems
+}
+
+// Check holds the schedule to DESIGN.md's invariants:
+//
+//	(a) at most one run of a (key, window) ends successfully (modes with
+//	    schedule); a window's runs never overlap; with lease in the mode no
+//	    two runs of the key overlap;
+//	(b) with standby (and schedule), a window where at least one cluster's
+//	    Job was clean (its bouncer never cut while the Job lived, no app of
+//	    its never started, exited non-zero or was killed) got a successful
+//	    run; under schedule,lease a window skipped because an earlier
+//	    window's run held the lease is exempt, as designed;
+//	(c) fencing tokens of the key's runs strictly increase in start order,
+//	    and every run has one;
+//	(d) every pod ended within StuckBound of the later of its creation and
+//	    the last healed fault (pods whose app never started excepted: they
+//	    wait for their Job's deadline as in Kubernetes);
+//	(e) the database agrees with the ledger: a window with a successful
+//	    run is recorded succeeded, and one recorded succeeded had one.
+func Check(o *Outcome) []Violation {
+	var vs []Violation
+	add := func(kind string, pods []string, format string, args ...any) {
+		vs = append(vs, Violation{Kind: kind, Text: fmt.Sprintf(format, args...), Pods: pods})
+	}
+	runs, problems := o.Runs()
+	for _, p := range problems {
+		add("ledger", nil, "%s", p)
+	}
+	p := o.Plan
+
+	for _, pr := range o.Pods {
+		if b, err := os.ReadFile(pr.AgentLog); err == nil && strings.Contains(string(b), "bad agent configuration") {
+			add("harness: the agent rejected its configuration", []string{pr.Cluster + "/" + pr.Name},
+				"the sidecar of %s/%s rejected the environment the simulator gave it (see its log)", pr.Cluster, pr.Name)
+			break
+		}
+	}
+
+	// (a)
+	for w := range p.Windows {
+		var done []Run
+		for _, r := range runs {
+			if r.Window == w && r.Success() {
+				done = append(done, r)
+			}
+		}
+		if p.HasSchedule() && len(done) > 1 {
+			kind := "a: window ran to completion twice"
+			if o.cutAround(done[0]) {
+				// The owner's app succeeded, but its cluster was cut before
+				// the success could be recorded: to the others it looked
+				// like an owner that died.
+				kind += " (owner cut before recording its success)"
+			}
+			add(kind, podsOf(done...), "window %d ran to completion %d times:\n  %s", w, len(done), joinRuns(done))
+		}
+	}
+	for i, a := range runs {
+		for _, b := range runs[i+1:] {
+			switch {
+			case !a.overlaps(b):
+			case a.Window == b.Window:
+				add("a: runs of one window overlap", podsOf(a, b), "runs of window %d overlap:\n  %s\n  %s", a.Window, a, b)
+			case p.HasLease():
+				add("a: runs of the key overlap under lease", podsOf(a, b), "runs of the key overlap though the mode has lease:\n  %s\n  %s", a, b)
+			}
+		}
+	}
+
+	// (b)
+	if p.HasSchedule() && p.Standby && !o.Overran {
+		for w := range p.Windows {
+			if slices.ContainsFunc(runs, func(r Run) bool { return r.Window == w && r.Success() }) {
+				continue
+			}
+			state := o.WindowStates[o.windowKey(w)]
+			if p.HasLease() && state == "skipped" {
+				continue
+			}
+			if clean := o.cleanClusters(w); len(clean) > 0 {
+				var pods []string
+				for _, pr := range o.Pods {
+					if pr.Window == w {
+						pods = append(pods, pr.Cluster+"/"+pr.Name)
+					}
+				}
+				add("b: window lost although a cluster was healthy", pods,
+					"window %d (row state %q) got no successful run although %s stayed healthy", w, state, strings.Join(clean, ", "))
+			}
+		}
+	}
+
+	// (c)
+	for i, r := range runs {
+		if r.Token < 0 {
+			add("c: run without a fencing token", podsOf(r), "run without a fencing token: %s", r)
+			continue
+		}
+		if i > 0 && runs[i-1].Token >= 0 && r.Token <= runs[i-1].Token {
+			add("c: tokens do not increase", podsOf(runs[i-1], r), "fencing tokens do not strictly increase in start order:\n  %s\n  %s", runs[i-1], r)
+		}
+	}
+
+	// (d)
+	for _, pr := range o.Pods {
+		id := pr.Cluster + "/" + pr.Name
+		switch {
+		case pr.App.NeverStart:
+		case pr.Ended.IsZero():
+			add("d: pod never ended", []string{id}, "pod %s never ended, even when killed", id)
+		case pr.Stuck:
+			add("d: pod stuck", []string{id}, "pod %s (window %d) was still alive %s after the later of its creation (%s) and the last healed fault (%s); its Job's deadline deleted it",
+				id, pr.Window, o.Settings.StuckBound(), pr.Created.Format("15:04:05.000"), o.Quiet.Format("15:04:05.000"))
+		}
+	}
+	if o.Overran {
+		add("d: schedule overran", nil, "the schedule overran its hard deadline; everything was killed")
+	}
+
+	// (e)
+	if p.HasSchedule() && o.WindowStates != nil {
+		for w := range p.Windows {
+			var done []Run
+			for _, r := range runs {
+				if r.Window == w && r.Success() {
+					done = append(done, r)
+				}
+			}
+			state := o.WindowStates[o.windowKey(w)]
+			switch {
+			case len(done) > 0 && state != "succeeded":
+				add("e: success not recorded", podsOf(done...), "window %d ran to completion but its row is %q:\n  %s", w, state, joinRuns(done))
+			case len(done) == 0 && state == "succeeded":
+				add("e: recorded success without a run", nil, "window %d is recorded succeeded but no run of it completed", w)
+			}
+		}
+	}
+	return vs
+}
+
+func (o *Outcome) windowKey(w int) string { return o.Windows[w] }
+
+// cleanClusters are the clusters whose Job for window w no fault made
+// unable to run it: the bouncer was never cut while the Job lived, and none
+// of its apps never started, exited non-zero or was killed.
+func (o *Outcome) cleanClusters(w int) []string {
+	var clean []string
+	for c := range o.Plan.Clusters {
+		name := ClusterName(c)
+		var from, to time.Time
+		ok := false
+		for _, pr := range o.Pods {
+			if pr.Cluster != name || pr.Window != w {
+				continue
+			}
+			if from.IsZero() || pr.Created.Before(from) {
+				from = pr.Created
+			}
+			to = maxTime(to, pr.Ended)
+			ok = true
+			if pr.App.NeverStart || (pr.App.Exit != 0 && pr.AppRan) {
+				ok = false
+				break
+			}
+			for _, e := range o.Events {
+				if e.Fault && e.Pod == pr.Name && e.Cluster == name && e.Kind == string(KillApp) {
+					ok = false
+				}
+			}
+		}
+		if !ok {
+			continue
+		}
+		if to.IsZero() {
+			to = o.End
+		}
+		for _, cut := range o.Cuts[name] {
+			if cut[0].Before(to) && from.Before(cut[1]) {
+				ok = false
+			}
+		}
+		if ok {
+			clean = append(clean, name)
+		}
+	}
+	return clean
+}
+
+// cutAround reports whether r's cluster was cut from the database at r's
+// end or within a TTL after it, while its sidecar had to record the outcome.
+func (o *Outcome) cutAround(r Run) bool {
+	for _, cut := range o.Cuts[r.Cluster] {
+		if cut[0].Before(r.End.Add(o.Settings.TTL)) && cut[1].After(r.End) {
+			return true
+		}
+	}
+	return false
+}
+
+func podsOf(runs ...Run) []string {
+	var ps []string
+	for _, r := range runs {
+		ps = append(ps, r.Cluster+"/"+r.Pod)
+	}
+	return ps
+}
+
+func joinRuns(runs []Run) string {
+	var ss []string
+	for _, r := range runs {
+		ss = append(ss, r.String())
+	}
+	return strings.Join(ss, "\n  ")
+}
+
+// Report is the full account of a schedule with violations: the seed, the
+// plan, the fault and event log, the runs and ledger, the database rows and
+// the agent logs of the pods involved.
+func (o *Outcome) Report(vs []Violation) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "=== schedule seed %d (key %s, files in %s): %d violation(s); reproduce: make chaos SEED=%d SCHEDULES=1\n",
+		o.Plan.Seed, o.Key, o.Dir, len(vs), o.Plan.Seed)
+	for _, v := range vs {
+		fmt.Fprintf(&b, "VIOLATION %s\n  %s\n", v.Kind, strings.ReplaceAll(v.Text, "\n", "\n  "))
+	}
+	b.WriteString("--- plan\n")
+	b.WriteString(o.Plan.String())
+	b.WriteString("--- events (! = injected fault)\n")
+	for _, e := range o.Events {
+		b.WriteString(e.String() + "\n")
+	}
+	b.WriteString("--- jobs\n")
+	for _, j := range o.Jobs {
+		fmt.Fprintf(&b, "%s %s window %d: %s after %d pod(s)\n", j.Cluster, j.Name, j.Window, j.Result, j.Pods)
+	}
+	runs, _ := o.Runs()
+	b.WriteString("--- runs\n")
+	for _, r := range runs {
+		b.WriteString(r.String() + "\n")
+	}
+	b.WriteString("--- ledger\n" + o.Ledger)
+	b.WriteString("--- database rows\n" + o.Rows)
+	involved := map[string]bool{}
+	for _, v := range vs {
+		for _, p := range v.Pods {
+			involved[p] = true
+		}
+	}
+	for _, pr := range o.Pods {
+		if !involved[pr.Cluster+"/"+pr.Name] {
+			continue
+		}
+		log, err := os.ReadFile(pr.AgentLog)
+		if err != nil {
+			log = []byte(err.Error())
+		}
+		fmt.Fprintf(&b, "--- agent log of %s/%s (sidecar started %d times)\n%s", pr.Cluster, pr.Name, pr.SidecarStarts, tail(string(log), 80))
+	}
+	return b.String()
+}
+
+// tail keeps the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.SplitAfter(s, "\n")
+	if len(lines) > n {
+		lines = append([]string{fmt.Sprintf("[... %d lines]\n", len(lines)-n)}, lines[len(lines)-n:]...)
+	}
+	return strings.Join(lines, "")
+}

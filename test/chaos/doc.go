@@ -1,0 +1,54 @@
+// Package chaos is dislock's seeded fault-schedule suite: it searches for
+// schedules of faults under which the lock protocol breaks one of the
+// invariants in DESIGN.md, instead of replaying stories someone imagined.
+//
+// It owns a small simulator of Kubernetes' pod lifecycle built from real
+// processes. A simulated cluster is a PgBouncer (transaction pooling) of its
+// own in front of the one PostgreSQL (test/pgtest); its CronJob creates one
+// Job per window; a Job runs pods by the Job controller's rules
+// (restartPolicy Never, a new pod after a failed one up to backoffLimit, the
+// others deleted once one succeeds); a pod is the dislock-agent native
+// sidecar, started first and restarted by the kubelet whenever it dies while
+// the pod runs, and, once `dislock-agent probe` passes (polled like a
+// startupProbe, whose budget exceeded restarts the sidecar), an app container
+// running `dislock-agent exec -- /bin/sh -c <ledger app>`. Each container is
+// PID 1 of its own PID namespace, so killing it kills everything in it, as
+// the kernel does for a real container. When the app exits the kubelet
+// SIGTERMs the sidecar and SIGKILLs it after the grace period.
+//
+// The ledger app appends a start and a stop line (cluster, pod, window,
+// DISLOCK_FENCING_TOKEN, nanosecond time) to a ledger file; a SIGKILLed app
+// writes no stop line, and the checker then takes the kill time, recorded by
+// the harness, as the run's end.
+//
+// A nemesis draws a schedule from a seed (Draw) and injects its faults at
+// their times: SIGKILL of sidecars (early, mostly before the decision, and
+// later) and of app containers; SIGSTOP/SIGCONT of sidecars for any length
+// and of wrappers for less than half the safety margin (TTL/3) — the design
+// promises safety only for pauses shorter than the margin, so longer wrapper
+// pauses are not drawn; a replacement pod of the same Job while the old one
+// lives (evicted, or on a lost node where it runs on); an app container that
+// never starts (ImagePullBackOff); an app exiting non-zero; a PgBouncer
+// restart; a PostgreSQL `-m immediate` restart; a cluster cut from the
+// database for longer than the TTL (its bouncer paused or stopped). After
+// each schedule Check holds the ledger, the event log and the database rows
+// to the invariants (see Check for exactly what is checked).
+//
+// Reproducibility: a schedule's plan — mode, standby, clusters, windows,
+// jitter, every fault's kind, time, target and length, every app's sleep and
+// exit code — is a pure function of its seed (make chaos SEED=<seed>
+// SCHEDULES=1 replays it). What the faults then hit is not: it depends on
+// real process and database timing (whether a kill lands before or after a
+// decision, which pod is the newest), so a failing seed reproduces the same
+// faults at the same offsets and usually, not always, the same violation.
+// Schedules run in parallel on distinct keys with their own bouncers, so a
+// bouncer fault stays in its schedule; a PostgreSQL restart hits every
+// schedule running at the time (shown in their logs as "(other)") and is
+// skipped when another schedule restarted PostgreSQL within 8 s.
+//
+// Not injected, because the design does not promise to survive them: a
+// sidecar killed while its pod terminates after a successful app (the
+// kubelet does not restart sidecars then, so the success is never recorded
+// and a standby may run the window again after the liveness lapses), wrapper
+// pauses longer than the margin, and clock jumps.
+package chaos

@@ -1,0 +1,626 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+// World is what the schedules of one run share: the agent binary and the
+// one PostgreSQL.
+type World struct {
+	AgentBin string
+	// AgentArgs are extra sidecar flags (--test-allow-short-ttl).
+	AgentArgs []string
+	PG        *pgtest.Server
+	Settings  Settings
+
+	// pgMu serialises PostgreSQL restarts; pgEvents records them for every
+	// schedule's log, since they hit every schedule running then.
+	pgMu       sync.Mutex
+	lastPG     time.Time
+	pgEvents   []Event
+	pgEventsMu sync.Mutex
+}
+
+// Slot is one worker's set of clusters: a PgBouncer per cluster, reused by
+// the schedules the worker runs one after another (so a bouncer fault hits
+// only its own schedule).
+type Slot struct {
+	Bouncers []*pgtest.Bouncer
+}
+
+type cluster struct {
+	idx     int
+	name    string
+	bouncer *pgtest.Bouncer
+}
+
+// run is one schedule being executed.
+type run struct {
+	w     *World
+	plan  Plan
+	index int
+	key   string
+	name  string
+	dir   string
+	start time.Time
+
+	ledger   string
+	clusters []*cluster
+
+	mu     sync.Mutex
+	events []Event
+	jobs   []*job
+	pods   []*pod
+	faults int
+	kinds  map[Kind]bool
+	// cuts are the [from, to) times each cluster was cut from the database.
+	cuts map[string][][2]time.Time
+}
+
+func (r *run) event(e Event) {
+	if e.At.IsZero() {
+		e.At = time.Now()
+	}
+	r.mu.Lock()
+	r.events = append(r.events, e)
+	r.mu.Unlock()
+}
+
+func (r *run) fault(k Kind, cl, pod, format string, args ...any) {
+	r.mu.Lock()
+	r.faults++
+	r.kinds[k] = true
+	r.mu.Unlock()
+	r.event(Event{Fault: true, Kind: string(k), Cluster: cl, Pod: pod, Detail: fmt.Sprintf(format, args...)})
+}
+
+func (r *run) missed(f Fault, why string) {
+	r.event(Event{Kind: "missed " + string(f.Kind), Detail: f.String() + ": " + why})
+}
+
+func (r *run) addPod(p *pod) {
+	r.mu.Lock()
+	r.pods = append(r.pods, p)
+	r.mu.Unlock()
+}
+
+// windowStart is window w's instant: distinct minutes, any will do because
+// no catchup is set.
+func (r *run) windowStart(w int) time.Time {
+	return time.Unix((29_000_000+int64(r.index)*10+int64(w))*60, 0).UTC()
+}
+
+// podEnv is the sidecar's environment (DESIGN.md "Sidecar env") and the app
+// container's.
+func (r *run) podEnv(j *job, p *pod) (agent, app []string) {
+	s := r.w.Settings
+	path := "PATH=" + os.Getenv("PATH")
+	agent = []string{
+		path,
+		spec.EnvMode + "=" + r.plan.Mode,
+		spec.EnvKey + "=" + r.key,
+		spec.EnvWindow + "=" + r.windowStart(j.window).Format(time.RFC3339),
+		spec.EnvSchedule + "=* * * * *",
+		spec.EnvTimeZone + "=UTC",
+		spec.EnvLeaseTTL + "=" + s.TTL.String(),
+		spec.EnvStandby + "=" + strconv.FormatBool(r.plan.Standby),
+		spec.EnvCluster + "=" + j.cl.name,
+		spec.EnvJobName + "=" + j.name,
+		spec.EnvJobUID + "=" + j.uid,
+		spec.EnvPodName + "=" + p.name,
+		spec.EnvAppStartTimeout + "=" + s.AppStartTimeout.String(),
+		spec.EnvDatabaseURL + "=" + j.cl.bouncer.DSN(),
+		spec.EnvSharedDir + "=" + p.dir,
+		spec.EnvTerminationLog + "=" + filepath.Join(p.dir, "termination-log"),
+	}
+	app = []string{
+		path,
+		spec.EnvSharedDir + "=" + p.dir,
+		spec.EnvContainerName + "=app",
+		"LEDGER=" + r.ledger,
+		fmt.Sprintf("RUN_ID=cluster=%s job=%s pod=%s w=%d", j.cl.name, j.name, p.name, j.window),
+		fmt.Sprintf("APP_SLEEP=%.3f", p.app.Sleep.Seconds()),
+		"APP_EXIT=" + strconv.Itoa(p.app.Exit),
+	}
+	return agent, app
+}
+
+// createJob is cluster c's CronJob controller at window w's tick.
+func (r *run) createJob(c, w int) {
+	cl := r.clusters[c]
+	minutes := r.windowStart(w).Unix() / 60
+	j := &job{r: r, cl: cl, window: w, created: time.Now(), doneCh: make(chan struct{})}
+	j.name = fmt.Sprintf("%s-%d", r.name, minutes)
+	j.uid = fmt.Sprintf("uid-%s-%s-%d", cl.name, r.name, minutes)
+	r.mu.Lock()
+	r.jobs = append(r.jobs, j)
+	r.mu.Unlock()
+	r.event(Event{Kind: "job-created", Cluster: cl.name, Pod: j.name, Detail: "window " + strconv.Itoa(w) + " " + r.windowStart(w).Format(time.RFC3339)})
+	j.mu.Lock()
+	j.newPodLocked("new Job")
+	j.mu.Unlock()
+}
+
+func (r *run) jobOf(c, w int) *job {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, j := range r.jobs {
+		if j.cl.idx == c && j.window == w {
+			return j
+		}
+	}
+	return nil
+}
+
+// Outcome is everything a finished schedule left for the checker.
+type Outcome struct {
+	Plan     Plan
+	Settings Settings
+	Key      string
+	Dir      string
+	Start    time.Time
+	// Quiet is when the last injected fault was healed.
+	Quiet time.Time
+	End   time.Time
+	// Faults counts injected faults; Kinds lists the distinct kinds.
+	Faults int
+	Kinds  []Kind
+	Events []Event
+	Ledger string
+	Pods   []PodRecord
+	Jobs   []JobRecord
+	// Cuts are the intervals each cluster was cut from the database.
+	Cuts map[string][][2]time.Time
+	// Rows are the database rows of the key, one JSON object a line per table.
+	Rows string
+	// Windows are the windows' starts, RFC 3339.
+	Windows []string
+	// WindowStates maps a window's RFC 3339 start to its row's state.
+	WindowStates map[string]string
+	// Overran: the schedule had to be killed at its hard deadline.
+	Overran bool
+}
+
+// PodRecord is what the checker knows about one pod.
+type PodRecord struct {
+	Cluster, Job, Name string
+	Window, Attempt    int
+	App                App
+	Created, Ended     time.Time
+	DeletedWhy         string
+	// Stuck: still alive StuckBound after the later of its creation and the
+	// last healed fault; deleted by its Job's deadline.
+	Stuck bool
+	AppRan             bool
+	AppEnd             time.Time
+	AppCode            int
+	AgentLog           string
+	SidecarStarts      int
+}
+
+// JobRecord is one Job's end.
+type JobRecord struct {
+	Cluster, Name string
+	Window        int
+	Result        string
+	Pods          int
+}
+
+// Run executes one schedule of plan on slot's clusters, with key
+// chaos/j<index>, in a fresh directory under dir.
+func (w *World) Run(plan Plan, index int, slot *Slot, dir string) (*Outcome, error) {
+	r := &run{w: w, plan: plan, index: index, name: fmt.Sprintf("j%d", index), kinds: map[Kind]bool{},
+		cuts: map[string][][2]time.Time{}}
+	r.key = "chaos/" + r.name
+	r.dir = filepath.Join(dir, fmt.Sprintf("schedule-%d-seed-%d", index, plan.Seed))
+	if err := os.MkdirAll(filepath.Join(r.dir, "logs"), 0o755); err != nil {
+		return nil, err
+	}
+	r.ledger = filepath.Join(r.dir, "ledger")
+	if err := os.WriteFile(r.ledger, nil, 0o666); err != nil {
+		return nil, err
+	}
+	for i := range plan.Clusters {
+		b := slot.Bouncers[i]
+		// A previous schedule's fault may have left it paused or stopped.
+		if err := b.Start(); err != nil {
+			return nil, fmt.Errorf("resetting bouncer %s: %w", b.Name(), err)
+		}
+		r.clusters = append(r.clusters, &cluster{idx: i, name: ClusterName(i), bouncer: b})
+	}
+	r.start = time.Now()
+
+	// The CronJob controllers.
+	var timers []*time.Timer
+	lastJob := time.Duration(0)
+	for c := range plan.Clusters {
+		for win := range plan.Windows {
+			at := plan.JobAt(c, win)
+			lastJob = max(lastJob, at)
+			timers = append(timers, time.AfterFunc(at, func() { r.createJob(c, win) }))
+		}
+	}
+	// The nemesis.
+	var faults sync.WaitGroup
+	for _, f := range plan.Faults {
+		if f.Kind == NeverStart || f.Kind == AppExit {
+			continue // part of the pods' apps (AppOf)
+		}
+		faults.Add(1)
+		timers = append(timers, time.AfterFunc(f.At, func() {
+			defer faults.Done()
+			r.inject(f)
+		}))
+	}
+	time.Sleep(lastJob)
+	for r.jobCount() < plan.Clusters*plan.Windows {
+		time.Sleep(10 * time.Millisecond)
+	}
+	faults.Wait()
+	quiet := time.Now()
+	overran := r.drain(quiet)
+	for _, t := range timers {
+		t.Stop()
+	}
+	for _, cl := range r.clusters {
+		if err := cl.bouncer.Start(); err != nil {
+			r.event(Event{Kind: "error", Cluster: cl.name, Detail: "restoring the bouncer: " + err.Error()})
+		}
+	}
+	return r.outcome(quiet, overran), nil
+}
+
+func (r *run) jobCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.jobs)
+}
+
+// drain lets the schedule finish once every fault is healed. A pod still
+// alive StuckBound after the later of its creation and quiet is stuck: its
+// Job's deadline deletes it (and the checker reports it). Pods whose app
+// never starts live on, like a pod in ImagePullBackOff, until no other pod
+// is left that could be waiting for them; then their Jobs' deadline deletes
+// them too. drain reports whether the schedule overran its hard deadline
+// and had to be killed.
+func (r *run) drain(quiet time.Time) bool {
+	s := r.w.Settings
+	hard := quiet.Add(s.StuckBound() + s.Grace + 15*time.Second)
+	for {
+		r.mu.Lock()
+		pods := slices.Clone(r.pods)
+		r.mu.Unlock()
+		var live, waiting []*pod
+		for _, p := range pods {
+			if p.isEnded() {
+				continue
+			}
+			live = append(live, p)
+			if !p.app.NeverStart {
+				waiting = append(waiting, p)
+			}
+		}
+		if len(live) == 0 {
+			break
+		}
+		now := time.Now()
+		if now.After(hard) {
+			for _, p := range live {
+				p.event(false, "overran", "killing everything")
+				p.killAll()
+			}
+			r.awaitJobs(10 * time.Second)
+			return true
+		}
+		for _, p := range waiting {
+			if !p.deleted() && now.After(maxTime(p.created, quiet).Add(s.StuckBound())) {
+				p.mu.Lock()
+				p.stuck = true
+				p.mu.Unlock()
+				p.event(false, "stuck", "alive %s after the later of its creation and the last healed fault", s.StuckBound())
+				p.job.deadline()
+			}
+		}
+		if len(waiting) == 0 {
+			for _, p := range live {
+				if !p.deleted() {
+					p.job.deadline()
+				}
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	r.awaitJobs(s.Grace + 10*time.Second)
+	return false
+}
+
+// awaitJobs waits up to d for every Job to be done.
+func (r *run) awaitJobs(d time.Duration) {
+	r.mu.Lock()
+	jobs := slices.Clone(r.jobs)
+	r.mu.Unlock()
+	limit := time.After(d)
+	for _, j := range jobs {
+		select {
+		case <-j.doneCh:
+		case <-limit:
+			return
+		}
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// inject carries out one planned fault.
+func (r *run) inject(f Fault) {
+	s := r.w.Settings
+	switch f.Kind {
+	case RestartPostgres:
+		r.restartPostgres(f)
+		return
+	case RestartBouncer:
+		cl := r.clusters[f.Cluster]
+		r.fault(f.Kind, cl.name, "", "stop and start PgBouncer")
+		if err := cl.bouncer.Restart(); err != nil {
+			r.event(Event{Kind: "error", Cluster: cl.name, Detail: err.Error()})
+		}
+		r.event(Event{Kind: "bouncer-up", Cluster: cl.name})
+		return
+	case CutCluster:
+		cl := r.clusters[f.Cluster]
+		from := time.Now()
+		var err error
+		if f.Variant == "pause" {
+			err = cl.bouncer.Pause()
+		} else {
+			err = cl.bouncer.Stop()
+		}
+		r.fault(f.Kind, cl.name, "", "%s PgBouncer for %s", f.Variant, f.For.Round(time.Millisecond))
+		if err != nil {
+			r.event(Event{Kind: "error", Cluster: cl.name, Detail: err.Error()})
+		}
+		time.Sleep(f.For - time.Since(from))
+		if err := cl.bouncer.Start(); err != nil {
+			r.event(Event{Kind: "error", Cluster: cl.name, Detail: "healing the cut: " + err.Error()})
+		}
+		r.mu.Lock()
+		r.cuts[cl.name] = append(r.cuts[cl.name], [2]time.Time{from, time.Now()})
+		r.mu.Unlock()
+		r.event(Event{Kind: "cut-healed", Cluster: cl.name})
+		return
+	}
+
+	// Pod faults: the newest live pod of the target Job, waiting briefly
+	// for the part the fault needs (the app container) to exist.
+	j := r.jobOf(f.Cluster, f.Window)
+	if j == nil {
+		r.missed(f, "no such Job yet")
+		return
+	}
+	var p *pod
+	var agent, app *container
+	for try := 0; ; try++ {
+		p = j.newestPod()
+		if p != nil {
+			p.mu.Lock()
+			agent, app = p.agent, p.appC
+			terminating := p.terminating
+			p.mu.Unlock()
+			ready := !terminating && !p.deleted()
+			if f.Kind == KillApp || f.Kind == PauseWrapper {
+				ready = ready && app != nil && !app.exited()
+			}
+			if ready {
+				break
+			}
+		}
+		if try == 15 {
+			r.missed(f, "no live target")
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	switch f.Kind {
+	case KillAgentEarly, KillAgent:
+		_, err := os.Stat(filepath.Join(p.dir, protocol.DecisionFile))
+		agent.signal(syscall.SIGKILL)
+		r.fault(f.Kind, j.cl.name, p.name, "SIGKILL sidecar (decision published: %t)", err == nil)
+	case KillApp:
+		app.signal(syscall.SIGKILL)
+		r.fault(f.Kind, j.cl.name, p.name, "SIGKILL app container")
+	case PauseAgent, PauseWrapper:
+		c := agent
+		if f.Kind == PauseWrapper {
+			c = app
+		}
+		c.signal(syscall.SIGSTOP)
+		r.fault(f.Kind, j.cl.name, p.name, "SIGSTOP %s for %s", c.name, f.For.Round(time.Millisecond))
+		time.Sleep(f.For)
+		c.signal(syscall.SIGCONT)
+		r.event(Event{Kind: "resumed", Cluster: j.cl.name, Pod: p.name, Detail: "SIGCONT " + c.name})
+	case EvictPod, LostNode:
+		if j.replace(p, f.Kind == EvictPod) {
+			r.fault(f.Kind, j.cl.name, p.name, "replacement pod created while this one lives")
+		} else {
+			r.missed(f, "Job done")
+		}
+	default:
+		r.missed(f, fmt.Sprintf("unknown kind (margin %s)", s.Margin()))
+	}
+}
+
+// minPostgresGap spaces PostgreSQL restarts across concurrent schedules, so
+// that the database is up most of the time.
+const minPostgresGap = 8 * time.Second
+
+func (r *run) restartPostgres(f Fault) {
+	w := r.w
+	w.pgMu.Lock()
+	defer w.pgMu.Unlock()
+	if since := time.Since(w.lastPG); since < minPostgresGap {
+		r.missed(f, fmt.Sprintf("another schedule restarted PostgreSQL %s ago", since.Round(time.Millisecond)))
+		return
+	}
+	from := time.Now()
+	r.fault(f.Kind, "", "", "pg_ctl stop -m immediate; start")
+	err := w.PG.StopPostgres("immediate")
+	if err == nil {
+		err = w.PG.StartPostgres()
+	}
+	if err != nil {
+		r.event(Event{Kind: "error", Detail: err.Error()})
+	}
+	w.lastPG = time.Now()
+	r.event(Event{Kind: "postgres-up", Detail: "down for " + time.Since(from).Round(time.Millisecond).String()})
+	w.pgEventsMu.Lock()
+	w.pgEvents = append(w.pgEvents, Event{At: from, Kind: "restart-postgres", Detail: fmt.Sprintf("by schedule seed %d, until %s", r.plan.Seed, w.lastPG.Format("15:04:05.000"))})
+	w.pgEventsMu.Unlock()
+}
+
+func (r *run) outcome(quiet time.Time, overran bool) *Outcome {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o := &Outcome{Plan: r.plan, Settings: r.w.Settings, Key: r.key, Dir: r.dir, Start: r.start, Quiet: quiet,
+		End: time.Now(), Faults: r.faults, Events: slices.Clone(r.events), Cuts: r.cuts, Overran: overran}
+	for w := range r.plan.Windows {
+		o.Windows = append(o.Windows, r.windowStart(w).Format(time.RFC3339))
+	}
+	for k := range r.kinds {
+		o.Kinds = append(o.Kinds, k)
+	}
+	// A pod fault planned into the app counts once a pod with it ran.
+	for _, p := range r.pods {
+		if p.app.NeverStart {
+			o.addKind(NeverStart)
+		}
+		if p.app.Exit != 0 && p.appCode() >= 0 {
+			o.addKind(AppExit)
+		}
+	}
+	o.Faults += len(o.Kinds) - len(r.kinds)
+	slices.Sort(o.Kinds)
+	// Other schedules' PostgreSQL restarts hit this one too.
+	r.w.pgEventsMu.Lock()
+	for _, e := range r.w.pgEvents {
+		if e.At.After(r.start) && e.At.Before(o.End) && !strings.Contains(e.Detail, fmt.Sprintf("seed %d,", r.plan.Seed)) {
+			e.Kind = "restart-postgres (other)"
+			o.Events = append(o.Events, e)
+		}
+	}
+	r.w.pgEventsMu.Unlock()
+	slices.SortStableFunc(o.Events, func(a, b Event) int { return a.At.Compare(b.At) })
+
+	for _, j := range r.jobs {
+		j.mu.Lock()
+		o.Jobs = append(o.Jobs, JobRecord{Cluster: j.cl.name, Name: j.name, Window: j.window, Result: j.result, Pods: len(j.pods)})
+		j.mu.Unlock()
+	}
+	for _, p := range r.pods {
+		p.mu.Lock()
+		pr := PodRecord{Cluster: p.job.cl.name, Job: p.job.name, Name: p.name, Window: p.job.window, Attempt: p.attempt,
+			App: p.app, Created: p.created, DeletedWhy: p.deleteWhy, Stuck: p.stuck, AgentLog: p.agentLog, SidecarStarts: p.agentStarts,
+			AppCode: -1}
+		if p.appC != nil {
+			pr.AppRan, pr.AppEnd, pr.AppCode = true, p.appC.end(), p.appC.code
+		}
+		p.mu.Unlock()
+		if p.isEnded() {
+			pr.Ended = p.endedAt
+		}
+		o.Pods = append(o.Pods, pr)
+	}
+	if b, err := os.ReadFile(r.ledger); err == nil {
+		o.Ledger = string(b)
+	}
+	o.Rows, o.WindowStates = r.dumpRows()
+	return o
+}
+
+func (o *Outcome) addKind(k Kind) {
+	if !slices.Contains(o.Kinds, k) {
+		o.Kinds = append(o.Kinds, k)
+	}
+}
+
+// dumpRows reads every row of the key from every table of schema dislock
+// that has a lock_key column (whatever the schema version), straight from
+// PostgreSQL, retrying while another schedule restarts it.
+func (r *run) dumpRows() (string, map[string]string) {
+	var rows strings.Builder
+	states := map[string]string{}
+	for attempt := 0; attempt < 20; attempt++ {
+		rows.Reset()
+		clear(states)
+		err := func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			conn, err := pgx.Connect(ctx, r.w.PG.DirectDSN())
+			if err != nil {
+				return err
+			}
+			defer conn.Close(context.Background())
+			var tables []string
+			rs, err := conn.Query(ctx, `SELECT table_name FROM information_schema.columns
+				WHERE table_schema = 'dislock' AND column_name = 'lock_key' ORDER BY table_name`)
+			if err != nil {
+				return err
+			}
+			if tables, err = pgx.CollectRows(rs, pgx.RowTo[string]); err != nil {
+				return err
+			}
+			for _, t := range tables {
+				rs, err := conn.Query(ctx, fmt.Sprintf(`SELECT to_jsonb(t)::text FROM dislock.%s t WHERE lock_key = $1`,
+					pgx.Identifier{t}.Sanitize()), r.key)
+				if err != nil {
+					return err
+				}
+				lines, err := pgx.CollectRows(rs, pgx.RowTo[string])
+				if err != nil {
+					return err
+				}
+				for _, l := range lines {
+					fmt.Fprintf(&rows, "%s: %s\n", t, l)
+					if t == "windows" {
+						var w struct {
+							WindowStart time.Time `json:"window_start"`
+							State       string    `json:"state"`
+						}
+						if json.Unmarshal([]byte(l), &w) == nil {
+							states[w.WindowStart.UTC().Format(time.RFC3339)] = w.State
+						}
+					}
+				}
+			}
+			return nil
+		}()
+		if err == nil {
+			return rows.String(), states
+		}
+		if attempt == 19 {
+			return "reading rows: " + err.Error(), nil
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return "", nil
+}
