@@ -46,7 +46,12 @@ type agent struct {
 	// the lease; see deadline().
 	windowUntil, leaseUntil int64
 	revoked                 bool
-	installed               <-chan struct{} // closed once install is done
+	// gaveUp says why the claim was given up because no app started in
+	// time; empty otherwise.
+	gaveUp string
+	// disagreement warns that other clusters see the job differently.
+	disagreement string
+	installed    <-chan struct{} // closed once install is done
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
@@ -85,9 +90,28 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer store.Close()
 	a.store = store
 
-	if prev, ok, err := a.dir.ReadDecision(); err == nil && ok {
+	// A restarted sidecar (the kubelet restarts a native sidecar that died)
+	// finds its earlier decision. run and skip stand; error is never final
+	// while the pod lives, so it is withdrawn and decided again.
+	prev, ok, err := a.dir.ReadDecision()
+	switch {
+	case err != nil:
+		a.log.Warn("the earlier decision is unreadable; deciding again", "err", err)
+		ok = false
+	case ok && prev.Action == protocol.ActionError:
+		a.log.Info("restarted after an error decision; deciding again", "reason", prev.Reason)
+		ok = false
+	}
+	switch {
+	case ok && prev.Action == protocol.ActionRun:
 		a.resume(ctx, prev)
-	} else {
+	case ok:
+		a.decision = prev
+		a.log.Info("restarted: keeping the earlier decision", "action", prev.Action, "reason", prev.Reason)
+	default:
+		if err := a.dir.RemoveDecision(); err != nil {
+			a.log.Error("withdrawing the earlier decision failed", "err", err)
+		}
 		a.decide(ctx)
 	}
 	a.supervise(ctx)
@@ -124,13 +148,14 @@ func (a *agent) install() error {
 		return err
 	}
 	// App containers may run as other users than the agent and than each
-	// other; each must be able to write its own result file.
-	results := a.dir.Path(protocol.ResultsDir)
-	if err := os.MkdirAll(results, 0o755); err != nil {
-		return err
-	}
-	if err := os.Chmod(results, 0o1777); err != nil {
-		return err
+	// other; each must be able to write its own result and started files.
+	for _, dir := range []string{protocol.ResultsDir, protocol.StartedDir} {
+		if err := os.MkdirAll(a.dir.Path(dir), 0o755); err != nil {
+			return err
+		}
+		if err := os.Chmod(a.dir.Path(dir), 0o1777); err != nil {
+			return err
+		}
 	}
 	tmp, err := os.CreateTemp(a.dir.Path("bin"), ".dislock-agent.*")
 	if err != nil {
@@ -154,6 +179,7 @@ func (a *agent) publish(d protocol.Decision) {
 	<-a.installed
 	if d.Action == protocol.ActionRun {
 		d.KillGrace = protocol.Duration(a.cfg.KillGrace())
+		d.DecidedAt = protocol.MonotonicNow()
 		if dl := a.deadline(); dl != 0 {
 			if err := a.dir.WriteDeadline(dl); err != nil {
 				a.log.Error("writing the deadline failed", "err", err)

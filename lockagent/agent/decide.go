@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/dislock/dislock/lockagent/lock"
@@ -13,19 +14,20 @@ import (
 
 // decide takes the locks the mode asks for and publishes run, skip or error.
 // The database being unreachable for longer than StartTimeout is "error":
-// nothing runs unlocked (fail closed). Waiting as a standby, or for a
-// predecessor's lease, is not bounded by it: that wait ends when the owner
-// finishes, fails or goes silent.
+// nothing runs unlocked (fail closed). Waiting (a standby, another pod of the
+// same Job whose owner is alive, a predecessor's lease) is not bounded by it:
+// that wait ends when the owner finishes, fails or lapses.
+//
+// A stop signal before a decision writes none: a waiting pod that is stopped
+// has decided nothing, and a restarted sidecar decides afresh. Publishing
+// "skip" here would turn a kubelet restart into a permanent skip.
 func (a *agent) decide(ctx context.Context) {
 	d, err := a.take(ctx)
 	switch {
 	case err == nil:
 		a.publish(d)
 	case ctx.Err() != nil:
-		// SIGTERM before a decision (e.g. a standby's pod deleted while it
-		// waited): nothing ran; record says so.
-		a.publish(protocol.Decision{Action: protocol.ActionSkip, Key: a.cfg.Key, Window: formatWindow(a.window),
-			Reason: "stopped before a decision was reached"})
+		a.log.Info("stopped before a decision was reached; no decision written", "key", a.cfg.Key, "window", formatWindow(a.window))
 	default:
 		a.publish(protocol.Decision{Action: protocol.ActionError, Key: a.cfg.Key, Window: formatWindow(a.window),
 			Reason: "could not decide: " + err.Error()})
@@ -92,6 +94,7 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 	}
 	var tookOver bool
 	if c.Mode.Schedule && !c.Manual {
+		a.recordView(ctx)
 		claim, skip, err := a.claimWindow(ctx)
 		if err != nil || skip != "" {
 			d.Action, d.Reason, d.Owner = protocol.ActionSkip, skip, claim.Window.Owner
@@ -99,7 +102,7 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 		}
 		tookOver = claim.Outcome == lock.TookOver
 		d.Token, d.Owner = claim.Window.Token, claim.Window.Owner
-		d.Reason = fmt.Sprintf("window %s of %s %s", d.Window, c.Key, claim.Outcome)
+		d.Reason = fmt.Sprintf("window %s of %s%s %s", d.Window, c.Key, a.indexSuffix(), claim.Outcome)
 	}
 	if c.Mode.Lease {
 		grant, skip, err := a.acquireLease(ctx, tookOver)
@@ -110,6 +113,7 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 			if err := a.finishWindow(ctx, lock.StateSkipped, nil); err != nil {
 				a.log.Warn("marking the window skipped failed", "err", err)
 			}
+			a.windowToken = 0
 			d.Action, d.Reason, d.Owner, d.Token = protocol.ActionSkip, skip, grant.Lease.Owner, 0
 			return d, nil
 		}
@@ -117,11 +121,50 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 		d.Reason = joinReason(d.Reason, fmt.Sprintf("lease %s acquired until %s", c.Key, grant.Lease.ExpireAt.Format(time.RFC3339)))
 	}
 	if c.Manual && !c.Mode.Lease {
-		d.Owner = c.Owner.WindowOwner()
+		d.Owner = c.Owner.String()
 		d.Reason = "manual run: no schedule window to lock, and the mode takes no lease"
 	}
 	d.Action = protocol.ActionRun
+	if a.disagreement != "" {
+		d.Reason = joinReason(d.Reason, a.disagreement)
+	}
 	return d, nil
+}
+
+// indexSuffix names the completion index of an Indexed Job's pod.
+func (a *agent) indexSuffix() string {
+	if a.cfg.JobIndex == lock.NotIndexed {
+		return ""
+	}
+	return fmt.Sprintf(" index %d", a.cfg.JobIndex)
+}
+
+// recordView stores this cluster's view of the job and warns when another
+// cluster's recent view differs: one tick may then be two windows. It never
+// holds up the decision; a failure is logged.
+func (a *agent) recordView(ctx context.Context) {
+	c := a.cfg
+	v := lock.View{Schedule: c.Schedule, TimeZone: c.TimeZone, Mode: c.Mode.String(), Standby: c.Standby, LeaseTTL: c.TTL.String()}
+	if c.Catchup > 0 {
+		v.Catchup = c.Catchup.String()
+	}
+	callCtx, cancel := context.WithTimeout(ctx, a.callTimeout())
+	defer cancel()
+	others, err := a.store.RecordView(callCtx, c.Key, c.Owner.Cluster, v, lock.DefaultViewRecency)
+	if err != nil {
+		a.log.Warn("recording this cluster's view of the job failed; disagreement with other clusters goes unnoticed this time", "err", err)
+		return
+	}
+	var parts []string
+	for _, o := range others {
+		parts = append(parts, fmt.Sprintf("cluster %s has %s", o.Cluster, strings.Join(v.Diff(o.View), ", ")))
+	}
+	if len(parts) == 0 {
+		return
+	}
+	a.disagreement = "WARNING clusters disagree about this job (" + strings.Join(parts, "; ") +
+		"): the same tick may be a different window in each cluster and run once in each; make the CronJobs identical (set spec.timeZone)"
+	a.log.Warn("clusters disagree about this job", "key", c.Key, "cluster", c.Owner.Cluster, "others", parts)
 }
 
 func joinReason(a, b string) string {
@@ -157,11 +200,14 @@ func (a *agent) dbNow(ctx context.Context) (now time.Time, err error) {
 	return now, err
 }
 
-// claimWindow claims the window. A refusal is a skip, except for a standby,
-// which waits while the owner is alive and running and takes the window over
-// once the owner failed or went silent (the store decides, at database time).
+// claimWindow claims the window (the database applies "Ownership and
+// re-entry"). A refusal is a skip, except that the pod waits while the owner
+// is alive and running when it is another pod of the owner's Job (a retry, a
+// replacement while the old pod terminates: never skip, never run alongside)
+// or a standby; the database hands it the window, with a new token, once the
+// owner failed or its liveness lapsed.
 func (a *agent) claimWindow(ctx context.Context) (lock.Claim, string, error) {
-	req := lock.ClaimRequest{Key: a.cfg.Key, Window: a.window, Owner: a.cfg.Owner, TTL: a.cfg.TTL, Standby: a.cfg.Standby}
+	req := lock.ClaimRequest{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Owner: a.cfg.Owner, TTL: a.cfg.TTL, Standby: a.cfg.Standby}
 	waiting := false
 	for {
 		var claim lock.Claim
@@ -179,19 +225,38 @@ func (a *agent) claimWindow(ctx context.Context) (lock.Claim, string, error) {
 			return claim, "", err
 		}
 		owner := claim.Window
-		if !a.cfg.Standby || owner.State == lock.StateSucceeded || owner.State == lock.StateSkipped {
-			return claim, fmt.Sprintf("window %s already claimed by cluster %s (%s, state %s)",
-				formatWindow(a.window), owner.Cluster, owner.Owner, owner.State), nil
+		var why string
+		switch {
+		case owner.Owner == a.cfg.Owner.String():
+			// Only a claim this pod gave up or finished is refused to it.
+			return claim, fmt.Sprintf("window %s%s was claimed by this pod and is %s: nothing more to run",
+				formatWindow(a.window), a.indexSuffix(), owner.State), nil
+		case owner.State != lock.StateRunning:
+			return claim, fmt.Sprintf("window %s%s already claimed by cluster %s (%s, state %s)",
+				formatWindow(a.window), a.indexSuffix(), owner.Cluster, owner.Owner, owner.State), nil
+		case a.cfg.Owner.SameJob(owner.Owner):
+			why = "another pod of this Job owns the window and is alive; waiting until it finishes, fails or lapses"
+		case a.cfg.Standby:
+			why = "standby: the window's owner is alive; waiting to take over if it fails or lapses"
+		default:
+			return claim, fmt.Sprintf("window %s%s already claimed by cluster %s (%s, state %s)",
+				formatWindow(a.window), a.indexSuffix(), owner.Cluster, owner.Owner, owner.State), nil
 		}
 		if !waiting {
-			a.log.Info("standby: the window's owner is alive; waiting to take over if it fails or goes silent",
-				"window", formatWindow(a.window), "owner", owner.Owner, "aliveUntil", owner.AliveUntil)
+			a.waiting(why, "window", formatWindow(a.window), "owner", owner.Owner, "aliveUntil", owner.AliveUntil)
 			waiting = true
 		}
 		if err := sleep(ctx, a.pollInterval()); err != nil {
 			return claim, "", err
 		}
 	}
+}
+
+// waiting reports that the pod waits: a log line, and a termination message
+// in case the sidecar is stopped or restarted before it decides.
+func (a *agent) waiting(why string, attrs ...any) {
+	a.log.Info("waiting: "+why, append([]any{"key", a.cfg.Key}, attrs...)...)
+	a.terminationMessage("waiting: " + why)
 }
 
 // acquireLease takes the lease. Another Job's live lease means an earlier run
@@ -221,7 +286,7 @@ func (a *agent) acquireLease(ctx context.Context, tookOver bool) (lock.LeaseGran
 				holder.ExpireAt.Format(time.RFC3339)), nil
 		}
 		if !waiting {
-			a.log.Info("waiting for the previous holder's lease to be released or expire", "holder", holder.Owner, "expireAt", holder.ExpireAt)
+			a.waiting("the previous holder's lease must be released or expire first", "holder", holder.Owner, "expireAt", holder.ExpireAt)
 			waiting = true
 		}
 		if err := sleep(ctx, a.pollInterval()); err != nil {
@@ -230,7 +295,7 @@ func (a *agent) acquireLease(ctx context.Context, tookOver bool) (lock.LeaseGran
 		if a.windowToken != 0 {
 			sent := protocol.MonotonicNow()
 			if err := a.retry(ctx, "heartbeat", func(ctx context.Context) error {
-				_, _, err := a.store.Heartbeat(ctx, a.cfg.Key, a.window, a.windowToken, a.cfg.TTL)
+				_, _, err := a.store.Heartbeat(ctx, a.cfg.Key, a.window, a.cfg.JobIndex, a.windowToken, a.cfg.TTL)
 				return err
 			}); err != nil {
 				return grant, "", err
@@ -248,14 +313,15 @@ func (a *agent) safeFrom(sent int64) int64 {
 }
 
 // deadline is the earliest safety deadline of what this pod holds that
-// another cluster could take once it lapses: the lease, and a standby
-// window's liveness. 0 when nothing can be taken away.
+// another pod could take once it lapses: the lease, and the window's liveness
+// (another pod of the same Job, or a standby, may take a lapsed window). 0
+// when nothing can be taken away.
 func (a *agent) deadline() int64 {
 	var d int64
 	if a.leaseToken != 0 {
 		d = a.leaseUntil
 	}
-	if a.windowToken != 0 && a.cfg.Standby && (d == 0 || a.windowUntil < d) {
+	if a.windowToken != 0 && (d == 0 || a.windowUntil < d) {
 		d = a.windowUntil
 	}
 	return d

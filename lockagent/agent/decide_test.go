@@ -131,7 +131,7 @@ func TestAnAppRestartedAfterAnErrorDecisionRunsOnceTheDatabaseAnswers(t *testing
 	if runs := readLedger(t, j.ledger); len(runs) != 1 {
 		t.Fatalf("the app ran %d times, want once: %+v", len(runs), runs)
 	}
-	w, err := store.GetWindow(context.Background(), j.key, tick0)
+	w, err := store.GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
 	if err != nil || w.State != lock.StateSucceeded {
 		t.Fatalf("window after the run: %+v %v", w, err)
 	}

@@ -16,8 +16,12 @@ import (
 // safety deadline moves on. If no renewal succeeds before the deadline, or
 // the database says the lock is gone, the agent revokes: the wrappers stop
 // the app before the database could give the lease to someone else.
+//
+// It also watches the app-start timeout: a winner whose app never starts
+// (an image that cannot be pulled, a missing ConfigMap) must not hold the
+// window in every cluster forever.
 func (a *agent) supervise(ctx context.Context) {
-	if a.decision.Action != protocol.ActionRun || (a.windowToken == 0 && a.leaseToken == 0) {
+	if a.decision.Action != protocol.ActionRun || (a.windowToken == 0 && a.leaseToken == 0) || a.revoked {
 		<-ctx.Done()
 		return
 	}
@@ -26,7 +30,19 @@ func (a *agent) supervise(ctx context.Context) {
 	defer beat.Stop()
 	expire := time.NewTimer(time.Hour)
 	defer expire.Stop()
+	decidedAt := a.decision.DecidedAt
+	if decidedAt == 0 {
+		decidedAt = protocol.MonotonicNow() // a decision from before DecidedAt existed
+	}
+	appStart := time.NewTimer(time.Duration(decidedAt + int64(a.cfg.AppStartTimeout) - protocol.MonotonicNow()))
+	defer appStart.Stop()
+	appStartC := appStart.C
 	for {
+		if a.windowToken == 0 && a.leaseToken == 0 {
+			// Given up: nothing left to keep alive.
+			<-ctx.Done()
+			return
+		}
 		// The deadline timer is re-armed from the current deadline each time
 		// round; a nil channel never fires once revoked or with no deadline.
 		var expireC <-chan time.Time
@@ -37,6 +53,9 @@ func (a *agent) supervise(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-appStartC:
+			appStartC = nil
+			a.checkAppStarted(ctx)
 		case <-expireC:
 			a.revoke(fmt.Sprintf("no renewal succeeded for %s; the safety deadline passed before the lease could expire at database time", a.cfg.TTL-a.cfg.Margin()))
 		case <-beat.C:
@@ -64,7 +83,7 @@ func (a *agent) heartbeat(ctx context.Context) error {
 	callCtx, cancel := context.WithTimeout(ctx, a.callTimeout())
 	defer cancel()
 	if a.windowToken != 0 {
-		if _, _, err := a.store.Heartbeat(callCtx, a.cfg.Key, a.window, a.windowToken, a.cfg.TTL); err != nil {
+		if _, _, err := a.store.Heartbeat(callCtx, a.cfg.Key, a.window, a.cfg.JobIndex, a.windowToken, a.cfg.TTL); err != nil {
 			return err
 		}
 		a.windowUntil = a.safeFrom(sent)
@@ -81,6 +100,40 @@ func (a *agent) heartbeat(ctx context.Context) error {
 	return nil
 }
 
+// checkAppStarted runs once the app-start timeout passed after "run". If no
+// wrapper marked that it starts its app, the agent revokes first and looks
+// again (the wrappers mark first and then look at revoked; see
+// protocol.Dir.MarkStarted): if still nobody started, nobody can, and the
+// claim is given up at once — the window recorded failed, the lease released
+// — so that a standby or the Job's retry takes it. If a wrapper marked in
+// between, it sees revoked and stops its app; the claim then lapses as after
+// any revocation.
+func (a *agent) checkAppStarted(ctx context.Context) {
+	if names, err := a.dir.Started(); err != nil || len(names) > 0 {
+		if err != nil {
+			a.log.Error("cannot tell whether an app container started; keeping the claim", "err", err)
+		}
+		return
+	}
+	why := fmt.Sprintf("no app container started within the app-start timeout %s after the run decision (image pull failing, or a missing volume?)", a.cfg.AppStartTimeout)
+	a.revoke(why)
+	if names, err := a.dir.Started(); err != nil || len(names) > 0 {
+		a.log.Warn("an app container started just as the claim was given up; it is stopped and the claim lapses", "containers", names, "err", err)
+		return
+	}
+	a.gaveUp = why
+	recordCtx, cancel := context.WithTimeout(ctx, a.cfg.StopTimeout)
+	defer cancel()
+	if err := a.finishWindow(recordCtx, lock.StateFailed, nil); err != nil {
+		a.log.Error("recording the given-up window as failed failed; it lapses after the TTL instead", "err", err)
+	}
+	a.releaseLease(recordCtx)
+	a.windowToken, a.leaseToken = 0, 0
+	msg := "gave the claim up: " + why
+	a.terminationMessage(msg)
+	a.log.Error(msg, "key", a.cfg.Key, "window", formatWindow(a.window))
+}
+
 // revoke tells the wrappers to stop the app now.
 func (a *agent) revoke(reason string) {
 	a.revoked = true
@@ -93,17 +146,22 @@ func (a *agent) revoke(reason string) {
 // resume is a restarted agent (the kubelet restarts a native sidecar that
 // died) picking up its own decision: it re-enters its window claim and lease
 // as the same owner and resumes heartbeats. If either is gone, it revokes.
+//
+// A revocation stands: the app was stopped (or never started), and a
+// restarted sidecar must not lift it.
 func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 	a.decision = prev
 	a.log.Info("restarted: resuming the earlier decision", "action", prev.Action, "window", prev.Window, "token", prev.Token)
-	if prev.Action != protocol.ActionRun {
+	if revoked, why := a.dir.Revoked(); revoked {
+		a.revoked = true
+		a.log.Info("the claim was revoked before the restart; it stays revoked", "reason", why)
 		return
 	}
 	if prev.Window != "" {
 		a.window, _ = time.Parse(time.RFC3339, prev.Window)
 	}
 	if a.cfg.Mode.Schedule && !a.window.IsZero() {
-		req := lock.ClaimRequest{Key: a.cfg.Key, Window: a.window, Owner: a.cfg.Owner, TTL: a.cfg.TTL}
+		req := lock.ClaimRequest{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Owner: a.cfg.Owner, TTL: a.cfg.TTL}
 		sent := protocol.MonotonicNow()
 		var claim lock.Claim
 		err := a.retry(ctx, "re-entering the window", func(ctx context.Context) (err error) {
@@ -148,9 +206,28 @@ func (a *agent) record() {
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.StopTimeout)
 	defer cancel()
 	d := a.decision
-	if d.Action != protocol.ActionRun {
+	switch {
+	case d.Action == "":
+		// Stopped while waiting or deciding: nothing ran. A window claimed
+		// while waiting for the lease is recorded failed so that another pod
+		// of the Job, or a standby, need not wait out its liveness.
+		if a.windowToken != 0 {
+			if err := a.finishWindow(ctx, lock.StateFailed, nil); err != nil {
+				a.log.Error("recording the unused window claim failed; it lapses after the TTL", "err", err)
+			}
+		}
+		a.releaseLease(ctx)
+		msg := "stopped before a decision was reached: nothing ran; a restarted sidecar decides again"
+		a.terminationMessage(msg)
+		a.log.Info("stopping: " + msg)
+		return
+	case d.Action != protocol.ActionRun:
 		a.terminationMessage(fmt.Sprintf("%s: %s", d.Action, d.Reason))
 		a.log.Info("stopping", "action", d.Action, "reason", d.Reason)
+		return
+	case a.gaveUp != "":
+		a.terminationMessage("gave the claim up: " + a.gaveUp)
+		a.log.Info("stopping after giving the claim up", "reason", a.gaveUp)
 		return
 	}
 	results, err := a.dir.ReadResults()
@@ -164,15 +241,7 @@ func (a *agent) record() {
 			summary += " (not recorded: " + err.Error() + ")"
 		}
 	}
-	if a.leaseToken != 0 {
-		err := a.retry(ctx, "releasing the lease", func(ctx context.Context) error {
-			_, err := a.store.ReleaseLease(ctx, a.cfg.Key, a.leaseToken)
-			return err
-		})
-		if err != nil {
-			a.log.Error("releasing the lease failed; it expires on its own", "err", err)
-		}
-	}
+	a.releaseLease(ctx)
 	where := "manual run"
 	if d.Window != "" {
 		where = "window " + d.Window
@@ -187,9 +256,23 @@ func (a *agent) finishWindow(ctx context.Context, state lock.State, code *int) e
 		return nil
 	}
 	return a.retry(ctx, "recording the outcome", func(ctx context.Context) error {
-		_, err := a.store.Finish(ctx, a.cfg.Key, a.window, a.windowToken, state, code)
+		_, err := a.store.Finish(ctx, a.cfg.Key, a.window, a.cfg.JobIndex, a.windowToken, state, code)
 		return err
 	})
+}
+
+// releaseLease gives the pod's lease up, if it holds one.
+func (a *agent) releaseLease(ctx context.Context) {
+	if a.leaseToken == 0 {
+		return
+	}
+	err := a.retry(ctx, "releasing the lease", func(ctx context.Context) error {
+		_, err := a.store.ReleaseLease(ctx, a.cfg.Key, a.leaseToken)
+		return err
+	})
+	if err != nil {
+		a.log.Error("releasing the lease failed; it expires on its own", "err", err)
+	}
 }
 
 // outcome folds the wrappers' results into the window's state: succeeded

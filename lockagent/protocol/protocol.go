@@ -27,6 +27,7 @@ const (
 	DeadlineFile = "deadline"
 	RevokedFile  = "revoked"
 	ResultsDir   = "results"
+	StartedDir   = "started"
 )
 
 // Action is what the app containers are told to do.
@@ -55,6 +56,9 @@ type Decision struct {
 	// KillGrace is how long a wrapper waits between SIGTERM and SIGKILL when
 	// the lease is lost; the agent sizes it to fit inside its safety margin.
 	KillGrace Duration `json:"killGrace,omitempty"`
+	// DecidedAt is when the agent published a run (CLOCK_MONOTONIC ns): the
+	// app-start timeout counts from it, across restarts of the agent.
+	DecidedAt int64 `json:"decidedAt,omitempty"`
 }
 
 // Duration marshals as a Go duration string.
@@ -118,6 +122,54 @@ func (d Dir) ReadDecision() (dec Decision, ok bool, err error) {
 	return Decision{}, false, fmt.Errorf("decision file %s: unknown action %q", d.Path(DecisionFile), dec.Action)
 }
 
+// RemoveDecision withdraws the decision (an "error" that a restarted agent
+// decides again). A missing file is not an error.
+func (d Dir) RemoveDecision() error {
+	if err := os.Remove(d.Path(DecisionFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// MarkStarted records, just before a wrapper starts its app, that it is about
+// to: the agent's app-start timeout gives the claim up only while no wrapper
+// has marked. The wrapper marks first and then checks revoked; the agent
+// revokes first and then checks the marks. So either the agent sees the mark
+// and keeps the claim, or the wrapper sees revoked and does not start.
+func (d Dir) MarkStarted(name string, at time.Time) error {
+	if !PlainName(name) {
+		return fmt.Errorf("started name %q is not a plain file name (no '/', no leading '.')", name)
+	}
+	if err := os.MkdirAll(d.Path(StartedDir), 0o755); err != nil {
+		return err
+	}
+	b, err := json.Marshal(struct {
+		Started time.Time `json:"started"`
+	}{at.UTC()})
+	if err != nil {
+		return err
+	}
+	return writeAtomic(filepath.Join(d.Path(StartedDir), name), append(b, '\n'), 0o644)
+}
+
+// Started lists the wrappers that marked they started their app.
+func (d Dir) Started() ([]string, error) {
+	entries, err := os.ReadDir(d.Path(StartedDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ".") {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
 // WriteDeadline publishes the CLOCK_MONOTONIC instant (ns) until which the
 // holder may act.
 func (d Dir) WriteDeadline(monoNanos int64) error {
@@ -161,7 +213,7 @@ func (d Dir) Revoked() (bool, string) {
 
 // WriteResult records one wrapper's result under results/<name>.
 func (d Dir) WriteResult(name string, r Result) error {
-	if name == "" || strings.ContainsAny(name, `/\`) || strings.HasPrefix(name, ".") {
+	if !PlainName(name) {
 		return fmt.Errorf("result name %q is not a plain file name (no '/', no leading '.')", name)
 	}
 	if err := os.MkdirAll(d.Path(ResultsDir), 0o755); err != nil {
@@ -199,6 +251,12 @@ func (d Dir) ReadResults() (map[string]Result, error) {
 		out[e.Name()] = r
 	}
 	return out, nil
+}
+
+// PlainName is a file name without separators and not hidden (hidden names
+// are writes in progress).
+func PlainName(name string) bool {
+	return name != "" && !strings.ContainsAny(name, `/\`) && !strings.HasPrefix(name, ".")
 }
 
 // MonotonicNow is CLOCK_MONOTONIC in nanoseconds. Containers of one pod share

@@ -83,7 +83,7 @@ func (o Options) Validate() error {
 	if o.SharedDir == "" {
 		errs = append(errs, errors.New(`--shared-dir is empty (want the directory shared with the agent, e.g. "/dislock")`))
 	}
-	if !plainName(o.Name) {
+	if !protocol.PlainName(o.Name) {
 		errs = append(errs, fmt.Errorf(`--name %q is not a plain file name (want e.g. the container name "app")`, o.Name))
 	}
 	if o.Poll <= 0 {
@@ -96,13 +96,6 @@ func (o Options) Validate() error {
 		errs = append(errs, errors.New("no command to run (usage: "+usageLine+")"))
 	}
 	return errors.Join(errs...)
-}
-
-// plainName accepts what protocol.Dir.WriteResult writes and ReadResults
-// reads back: no path separators, and no leading dot (hidden names are taken
-// for writes in progress and ignored).
-func plainName(name string) bool {
-	return name != "" && !strings.ContainsAny(name, `/\`) && !strings.HasPrefix(name, ".")
 }
 
 // Main runs the wrapper. args are the arguments after "exec" (flags, then
@@ -293,6 +286,14 @@ func clusterOf(owner string) string {
 // runCommand starts the command, supervises it until it exits, and records
 // the result.
 func (w *wrapper) runCommand(dec protocol.Decision, sigs <-chan os.Signal) int {
+	// Mark first, then look at revoked: the agent's app-start timeout
+	// revokes first, then looks for marks (see protocol.Dir.MarkStarted), so
+	// an app never starts after the agent gave its claim up.
+	if err := w.dir.MarkStarted(w.opts.Name, time.Now()); err != nil {
+		w.log.Error("not running the command: cannot tell the agent it starts", "err", err)
+		w.record(protocol.Result{ExitCode: ExitError})
+		return ExitError
+	}
 	watch := &leaseWatch{dir: w.dir, now: w.now}
 	if why, lost := watch.check(); lost {
 		// Starting it only to stop it at the next poll would let it act
