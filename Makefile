@@ -16,6 +16,14 @@ E2E_PKGS := ./test/node/... ./test/e2e/...
 # What `make tools` builds from the Go module proxy into bin/ (test/tools/build.sh).
 TOOLS := kube-apiserver etcd kube-controller-manager kube-scheduler kubelet kubectl helm
 FUZZTIME ?= 15s
+# make chaos: how many seeded fault schedules, from which seed (0 = random;
+# schedule i uses SEED+i, so a printed seed replays with SCHEDULES=1), how
+# many at once.
+SCHEDULES ?= 2000
+SEED      ?= 0
+PARALLEL  ?= 3
+# The bounded fault-schedule run inside `make test`.
+TEST_SCHEDULES ?= 100
 
 .DEFAULT_GOAL := help
 
@@ -48,7 +56,8 @@ node-deps: ## Install what a real test node runs (containerd, runc, CNI plugins,
 
 .PHONY: test
 test: deps node-deps vet tools ## Run every test against real components, the multi-cluster e2e last (the CI command; as root).
-	CI=true $(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /test/node -e /test/e2e)
+	CI=true $(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /test/node -e /test/e2e -e /test/chaos)
+	CI=true $(GO) test -count=1 -timeout 15m ./test/chaos/ -run '^TestChaos$$' -chaos.schedules=$(TEST_SCHEDULES) -chaos.parallel=$(PARALLEL)
 	CI=true $(GO) test -count=1 -p 1 -timeout 40m $(E2E_PKGS)
 
 .PHONY: test-integration
@@ -62,6 +71,11 @@ test-e2e: deps node-deps tools ## Run only the multi-cluster end-to-end tests on
 .PHONY: test-unit
 test-unit: ## Run the fast tests that need no database.
 	$(GO) test -count=1 $(UNIT_PKGS)
+
+.PHONY: chaos
+chaos: deps ## Run SCHEDULES seeded fault schedules (default 2000; SEED=..., PARALLEL=...) against real agents, PgBouncers and PostgreSQL, and check the invariants.
+	CI=true $(GO) test -count=1 -v -timeout 0 ./test/chaos/ -run '^TestChaos$$' \
+		-chaos.schedules=$(SCHEDULES) -chaos.seed=$(SEED) -chaos.parallel=$(PARALLEL)
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 15s).
