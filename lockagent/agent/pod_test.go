@@ -74,6 +74,8 @@ type podSpec struct {
 	agentArgs []string
 	// clock shifts the agent's local wall clock (test-only flag).
 	clock time.Duration
+	// env is extra environment for this pod's sidecar and wrapper.
+	env []string
 }
 
 // pod is a simulated Kubernetes pod: a sidecar process and one wrapped app
@@ -130,12 +132,22 @@ func (j job) env(p podSpec, dir, termLog string) []string {
 	if !p.window.IsZero() {
 		env = append(env, "DISLOCK_WINDOW="+p.window.UTC().Format(time.RFC3339))
 	}
-	return append(env, j.extra...)
+	return append(append(env, j.extra...), p.env...)
 }
 
 // start runs the sidecar, waits for its startupProbe to pass, then starts
 // the wrapped app container, as the kubelet does.
 func (j job) start(t *testing.T, p podSpec) *pod {
+	t.Helper()
+	po := j.sidecar(t, p)
+	po.startWrapper()
+	return po
+}
+
+// sidecar runs only the sidecar and waits for its startupProbe: a pod whose
+// app container has not started (yet, or ever: an image that cannot be
+// pulled).
+func (j job) sidecar(t *testing.T, p podSpec) *pod {
 	t.Helper()
 	if p.jobName == "" {
 		_, name, _ := strings.Cut(j.key, "/")
@@ -154,7 +166,6 @@ func (j job) start(t *testing.T, p podSpec) *pod {
 	po.startAgent()
 	t.Cleanup(po.kill)
 	po.awaitProbe()
-	po.startWrapper()
 	return po
 }
 

@@ -247,7 +247,7 @@ func (a *agent) record() {
 		where = "window " + d.Window
 	}
 	msg := fmt.Sprintf("ran %s of %s with token %d: %s", where, d.Key, d.Token, summary)
-	a.terminationMessage(msg)
+	a.terminationMessage(joinReason(msg, a.disagreement))
 	a.log.Info("recorded", "key", d.Key, "window", d.Window, "token", d.Token, "state", state, "exitCode", code, "summary", summary)
 }
 
