@@ -31,16 +31,29 @@
 // the container has no args. Each app container also gets
 // DISLOCK_CONTAINER_NAME; only the sidecar gets the database secret.
 //
+// The sidecar's environment is a [spec.AgentEnv], planned once per Job and
+// rendered by spec, which also parses it in the agent: the two sides cannot
+// spell or bound a variable differently. This package only maps spec's
+// neutral variables (a value, a downward-API field, the database Secret) to
+// corev1.EnvVar.
+//
+// Job shapes: an Indexed Job's pods each read DISLOCK_JOB_INDEX from their
+// completion-index annotation and claim one window per index; parallelism or
+// completions above 1 without completionMode Indexed is refused (the pods
+// would all claim one window). A Job that leaves podReplacementPolicy unset
+// gets Failed, so that a replacement pod is normally created only once the
+// old one is gone; the lock is safe without it, but the replacement would
+// wait out the old pod's claim.
+//
 // # The window without a clock
 //
 // The webhook has no database clock, and the window must never come from a
 // local one. So only the clock-free rules of [window.Resolve] run here: a
-// manual run gets neither DISLOCK_WINDOW nor DISLOCK_SCHEDULE (which is how
-// the agent recognises it); the scheduled-timestamp annotation or the
-// <cronjob>-<minutes> Job name give DISLOCK_WINDOW; otherwise DISLOCK_WINDOW
-// stays empty and the agent computes the window from DISLOCK_SCHEDULE and
-// DISLOCK_TIME_ZONE at database time, after the webhook checked that the
-// schedule parses.
+// manual run gets DISLOCK_WINDOW=manual; the scheduled-timestamp annotation
+// or the <cronjob>-<minutes> Job name give DISLOCK_WINDOW; otherwise
+// DISLOCK_WINDOW stays empty and the agent computes the window from
+// DISLOCK_SCHEDULE and DISLOCK_TIME_ZONE at database time, after the webhook
+// checked that the schedule parses.
 //
 // # Choices in the sidecar
 //
@@ -52,13 +65,12 @@
 //     label: an admitted Job has no UID yet, and the downward API cannot read
 //     ownerReferences. Jobs with spec.manualSelector do not get that label,
 //     so they are refused.
-//   - The startupProbe (exec "dislock-agent probe") runs every second, so the
-//     app starts within a second of the decision, and by default tolerates
-//     65 minutes without one: the agent bounds its own waits (the database
-//     unreachable for 2 minutes means decision "error") and it, not the
-//     kubelet, should give up; a retry pod may wait up to the longest lease
-//     TTL (1 hour) for its predecessor's lease. A standby waiting even longer
-//     is restarted by the kubelet and waits again, having decided nothing.
+//   - The startupProbe (exec "dislock-agent probe") passes once the agent has
+//     installed its binary in the shared volume, not once it has decided: the
+//     wrapper in each app container waits for the decision itself. A standby
+//     may wait for the owner's whole run, hours, and no probe budget may
+//     restart a sidecar that is waiting as it should. Installing takes
+//     seconds; the default budget of 5 minutes is slack for a slow node.
 //   - The sidecar runs as uid/gid 65532, non-root, with a read-only root
 //     filesystem, no capabilities, no privilege escalation and the
 //     RuntimeDefault seccomp profile, set on the container so that it holds

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
-	"github.com/dislock/dislock/lockagent/agent"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/lockagent/window"
@@ -50,10 +48,7 @@ const (
 	// valued with the Job's UID. A Job has no UID yet when it is admitted,
 	// and the downward API cannot read a pod's ownerReferences, so the
 	// sidecar reads DISLOCK_JOB_UID from this label of its own pod.
-	UIDLabel = "batch.kubernetes.io/controller-uid"
-	// jobNameLabel is set alongside UIDLabel; it names the Job when the Job
-	// itself is admitted without a name (generateName).
-	jobNameLabel = "batch.kubernetes.io/job-name"
+	UIDLabel = spec.LabelJobUID
 )
 
 // WrapperPrefix is what every app container's command starts with after
@@ -79,21 +74,18 @@ const (
 	VolumeSizeLimit = "64Mi"
 
 	// StartupProbePeriodSeconds is how often the kubelet asks the sidecar
-	// whether a decision exists. The app containers start at most this long
-	// after the decision: one second keeps short jobs short.
+	// whether the agent binary is installed in the shared volume. The app
+	// containers start at most this long after it is: one second keeps short
+	// jobs short.
 	StartupProbePeriodSeconds = 1
-	// DefaultStartupProbeFailureThreshold lets the sidecar take up to 65
-	// minutes to decide before the kubelet restarts it. The agent bounds its
-	// own waits (an unreachable database for --start-timeout, 2 minutes, then
-	// decision "error"), and it is the agent, not the kubelet, that should
-	// give up. The longest wait the design allows before a decision is a
-	// retry pod of the same Job waiting for its predecessor's lease to expire,
-	// at most the maximum lease TTL (1 hour); the rest is slack. A standby
-	// may wait longer (a whole run of the owner): if the probe gives up
-	// first, the kubelet restarts the sidecar, which has decided nothing and
-	// simply waits again, so the limit costs a restart, never a second run.
-	DefaultStartupProbeFailureThreshold = int32((spec.MaxLeaseTTL + agent.DefaultStartTimeout + 3*time.Minute) /
-		(StartupProbePeriodSeconds * time.Second))
+	// DefaultStartupProbeFailureThreshold gives the sidecar 5 minutes to
+	// install the agent binary, which takes seconds; the rest is slack for a
+	// slow disk or an overloaded node. The probe gates only that, not the
+	// decision: the wrapper in each app container waits for the decision
+	// itself, because a standby may wait as long as the owner's whole run
+	// (hours), and a probe waiting for the decision would have the kubelet
+	// restart a sidecar that is waiting exactly as it should.
+	DefaultStartupProbeFailureThreshold = int32(5 * time.Minute / (StartupProbePeriodSeconds * time.Second))
 
 	// agentUID is the distroless "nonroot" user the dislock image runs as.
 	agentUID = 65532
@@ -118,7 +110,8 @@ type Options struct {
 	// the defaults.
 	AgentResources corev1.ResourceRequirements
 	// StartupProbeFailureThreshold times StartupProbePeriodSeconds is how
-	// long the sidecar may take to decide before the kubelet restarts it.
+	// long the sidecar may take to install the agent binary before the
+	// kubelet restarts it.
 	StartupProbeFailureThreshold int32
 }
 
@@ -195,7 +188,7 @@ func (o Options) Validate() error {
 	switch {
 	case o.ClusterName == "":
 		errs = append(errs, errors.New("cluster name is empty (set --cluster-name to this data centre's name, e.g. dc-a)"))
-	case len(o.ClusterName) > 63 || strings.ContainsAny(o.ClusterName, "/ \t\r\n") || !printable(o.ClusterName):
+	case !spec.ValidClusterName(o.ClusterName):
 		errs = append(errs, fmt.Errorf("cluster name %q is not usable in a lock owner (want at most 63 printable characters without '/' or spaces, e.g. dc-a)", o.ClusterName))
 	}
 	switch {
@@ -254,13 +247,13 @@ type Status struct {
 // dislock.io/ annotation: the caller allows the Job untouched.
 var ErrNotOptedIn = errors.New("the job is not opted in to dislock (no dislock.io/ annotation on it or its CronJob)")
 
-// plan is what Inject derived from a Job before changing anything.
+// plan is everything Inject decided about a Job before changing anything:
+// the lock request, the sidecar's environment, where the window came from
+// and what each app container runs. The injection only applies it.
 type plan struct {
 	spec         spec.Spec
-	window       string // RFC 3339 UTC, or ""
+	env          spec.AgentEnv
 	windowSource window.Source
-	schedule     string // DISLOCK_SCHEDULE
-	timeZone     string
 	commands     [][]string // original entrypoint of each app container, by index
 }
 
@@ -295,7 +288,7 @@ func Inject(job *batchv1.Job, cronJob *batchv1.CronJob, opts Options, entrypoint
 		return job.DeepCopy(), st, nil
 	}
 
-	p, err := makePlan(job, cronJob, annotations, entrypoints)
+	p, err := makePlan(job, cronJob, annotations, entrypoints, opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -308,7 +301,7 @@ func Inject(job *batchv1.Job, cronJob *batchv1.CronJob, opts Options, entrypoint
 			SizeLimit: ptr.To(resource.MustParse(VolumeSizeLimit)),
 		}},
 	})
-	pod.InitContainers = append([]corev1.Container{sidecar(job, p, opts)}, pod.InitContainers...)
+	pod.InitContainers = append([]corev1.Container{sidecar(p, opts)}, pod.InitContainers...)
 	names := make([]string, len(pod.Containers))
 	for i := range pod.Containers {
 		c := &pod.Containers[i]
@@ -318,12 +311,25 @@ func Inject(job *batchv1.Job, cronJob *batchv1.CronJob, opts Options, entrypoint
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeName, MountPath: SharedDir})
 		names[i] = c.Name
 	}
+	// With the default policy, TerminatingOrFailed, the Job controller
+	// creates a replacement pod while the old one is still terminating (a
+	// drain, an eviction, a preemption). The lock keeps the two from running
+	// together, but the replacement would wait out the old pod's claim;
+	// with Failed it is normally created only once the old pod is gone. A
+	// user's explicit choice stands.
+	if out.Spec.PodReplacementPolicy == nil {
+		out.Spec.PodReplacementPolicy = ptr.To(batchv1.Failed)
+	}
 
+	window := ""
+	if !p.env.Window.IsZero() {
+		window = p.env.Window.UTC().Format(time.RFC3339)
+	}
 	st := &Status{
 		Version:      StatusVersion,
 		Mode:         p.spec.Mode.String(),
 		Key:          p.spec.Key(),
-		Window:       p.window,
+		Window:       window,
 		WindowSource: string(p.windowSource),
 		Containers:   names,
 	}
@@ -355,14 +361,28 @@ func injectedStatus(job *batchv1.Job, raw string) (*Status, error) {
 
 // makePlan parses and checks everything Inject needs, and reports every
 // problem at once.
-func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, annotations map[string]string, entrypoints map[string][]string) (plan, error) {
+func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, annotations map[string]string, entrypoints map[string][]string, opts Options) (plan, error) {
 	var errs []error
 	namespace := jobNamespace(job, cronJob)
 	s, err := spec.FromAnnotations(annotations, namespace, cronJob.Name)
 	if err != nil {
 		errs = append(errs, err)
 	}
-	p := plan{spec: s, timeZone: ptr.Deref(cronJob.Spec.TimeZone, "")}
+	p := plan{spec: s, env: spec.AgentEnv{
+		Mode:            s.Mode,
+		Key:             s.Key(),
+		Schedule:        cronJob.Spec.Schedule,
+		TimeZone:        ptr.Deref(cronJob.Spec.TimeZone, ""),
+		LeaseTTL:        s.LeaseTTL,
+		Standby:         s.Standby,
+		Catchup:         s.Catchup,
+		AppStartTimeout: s.AppStartTimeout,
+		// Each pod reads its own index from the downward API.
+		Indexed: ptr.Deref(job.Spec.CompletionMode, batchv1.NonIndexedCompletion) == batchv1.IndexedCompletion,
+		Cluster: opts.ClusterName,
+		// Empty for a Job admitted with generateName: the pod reads it then.
+		JobName: job.Name,
+	}}
 
 	// A Job of a CronJob that should not have passed ValidateCronJob (it
 	// predates the webhook, say) is denied with the same message.
@@ -400,36 +420,34 @@ func jobNamespace(job *batchv1.Job, cronJob *batchv1.CronJob) string {
 	return cronJob.Namespace
 }
 
-// resolveWindow decides DISLOCK_WINDOW and DISLOCK_SCHEDULE. The webhook has
-// no database clock, so it asks window.Resolve for the rules that need no
-// clock only (by passing no schedule); when only the schedule can give the
-// window, it checks that the schedule parses and leaves the window to the
-// agent, which computes it at database time.
+// resolveWindow decides the window the sidecar gets. The webhook has no
+// database clock, so it asks window.Resolve for the rules that need no clock
+// only (by passing no schedule); when only the schedule can give the window,
+// it checks that the schedule parses and leaves the window to the agent,
+// which computes it at database time.
 func resolveWindow(p *plan, job *batchv1.Job, cronJob *batchv1.CronJob) error {
 	t, src, err := window.Resolve(window.Input{
 		Annotations: job.Annotations,
 		JobName:     job.Name,
 		CronJobName: cronJob.Name,
-		TimeZone:    p.timeZone,
+		TimeZone:    p.env.TimeZone,
 	}, time.Time{})
 	p.windowSource = src
 	switch {
 	case src == window.SourceManual:
-		// No window and no schedule is how the agent recognises a manual
-		// run: no schedule lock, the lease still honoured.
+		// No schedule tick: no schedule lock, the lease still honoured.
+		p.env.Manual = true
 		return nil
 	case err == nil:
-		p.window = t.Format(time.RFC3339)
-		p.schedule = cronJob.Spec.Schedule
+		p.env.Window = t.UTC()
 		return nil
 	case src != window.SourceSchedule:
 		return err
 	}
-	if _, err := window.ParseSchedule(cronJob.Spec.Schedule, p.timeZone); err != nil {
+	if _, err := window.ParseSchedule(cronJob.Spec.Schedule, p.env.TimeZone); err != nil {
 		return fmt.Errorf("job %q has no window: no %s annotation, its name is not %q followed by the scheduled minute, and the CronJob's schedule cannot give one: %w",
 			job.Name, window.ScheduledTimestampAnnotation, cronJob.Name+"-", err)
 	}
-	p.schedule = cronJob.Spec.Schedule
 	return nil
 }
 
@@ -455,6 +473,19 @@ func originalCommand(c corev1.Container, annotated []string, entrypoints map[str
 // is rejected when it is applied. jobSpec is the path of the Job spec.
 func templateProblems(jobSpec *field.Path, js *batchv1.JobSpec) field.ErrorList {
 	var errs field.ErrorList
+	if ptr.Deref(js.CompletionMode, batchv1.NonIndexedCompletion) != batchv1.IndexedCompletion {
+		// Every pod of a non-Indexed Job claims the same window: one would
+		// run, the others wait for it and then find the window done.
+		for _, f := range []struct {
+			name  string
+			value *int32
+		}{{"parallelism", js.Parallelism}, {"completions", js.Completions}} {
+			if n := ptr.Deref(f.value, 1); n > 1 {
+				errs = append(errs, field.Invalid(jobSpec.Child(f.name), n,
+					fmt.Sprintf("dislock claims one window per Job, so of %d pods only one would run (set completionMode: Indexed so that each completion index claims its own window, or set %s to 1)", n, f.name)))
+			}
+		}
+	}
 	if ptr.Deref(js.ManualSelector, false) {
 		errs = append(errs, field.Invalid(jobSpec.Child("manualSelector"), true,
 			fmt.Sprintf("the Job controller then does not label pods with %s, which the dislock agent needs to name its Job (remove manualSelector)", UIDLabel)))
@@ -490,16 +521,7 @@ func templateProblems(jobSpec *field.Path, js *batchv1.JobSpec) field.ErrorList 
 }
 
 // sidecar is the dislock-agent native sidecar.
-func sidecar(job *batchv1.Job, p plan, opts Options) corev1.Container {
-	s := p.spec
-	catchup := ""
-	if s.Catchup > 0 {
-		catchup = s.Catchup.String()
-	}
-	jobName := corev1.EnvVar{Name: spec.EnvJobName, Value: job.Name}
-	if job.Name == "" {
-		jobName.ValueFrom = fieldRef("metadata.labels['" + jobNameLabel + "']")
-	}
+func sidecar(p plan, opts Options) corev1.Container {
 	return corev1.Container{
 		Name:            SidecarName,
 		Image:           opts.AgentImage,
@@ -508,30 +530,12 @@ func sidecar(job *batchv1.Job, p plan, opts Options) corev1.Container {
 		// A native sidecar: it starts before, runs alongside and is stopped
 		// after the app containers, and the kubelet restarts it if it dies.
 		RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
-		Env: []corev1.EnvVar{
-			{Name: spec.EnvMode, Value: s.Mode.String()},
-			{Name: spec.EnvKey, Value: s.Key()},
-			{Name: spec.EnvWindow, Value: p.window},
-			{Name: spec.EnvSchedule, Value: p.schedule},
-			{Name: spec.EnvTimeZone, Value: p.timeZone},
-			{Name: spec.EnvLeaseTTL, Value: s.LeaseTTL.String()},
-			{Name: spec.EnvStandby, Value: strconv.FormatBool(s.Standby)},
-			{Name: spec.EnvCatchup, Value: catchup},
-			{Name: spec.EnvCluster, Value: opts.ClusterName},
-			jobName,
-			{Name: spec.EnvJobUID, ValueFrom: fieldRef("metadata.labels['" + UIDLabel + "']")},
-			{Name: spec.EnvPodName, ValueFrom: fieldRef("metadata.name")},
-			// Only the sidecar sees the credentials.
-			{Name: spec.EnvDatabaseURL, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-				LocalObjectReference: corev1.LocalObjectReference{Name: opts.DBSecretName},
-				Key:                  opts.DBSecretKey,
-			}}},
-		},
-		Resources:    opts.AgentResources,
-		VolumeMounts: []corev1.VolumeMount{{Name: VolumeName, MountPath: SharedDir}},
+		Env:           envVars(p.env.Render(), opts),
+		Resources:     opts.AgentResources,
+		VolumeMounts:  []corev1.VolumeMount{{Name: VolumeName, MountPath: SharedDir}},
 		// The app containers (and any later init containers) start only once
-		// this succeeds, i.e. once the agent has installed itself and
-		// written its decision.
+		// this succeeds, i.e. once the agent has installed itself in the
+		// shared volume; their wrappers then wait for the decision.
 		StartupProbe: &corev1.Probe{
 			ProbeHandler:     corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{agentCommand, "probe"}}},
 			PeriodSeconds:    StartupProbePeriodSeconds,
@@ -555,6 +559,26 @@ func sidecar(job *batchv1.Job, p plan, opts Options) corev1.Container {
 			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 	}
+}
+
+// envVars maps the sidecar's environment, as spec renders it, to the
+// container's variables. Only the sidecar gets the database credentials.
+func envVars(vars []spec.EnvVar, opts Options) []corev1.EnvVar {
+	out := make([]corev1.EnvVar, len(vars))
+	for i, v := range vars {
+		switch {
+		case v.FieldPath != "":
+			out[i] = corev1.EnvVar{Name: v.Name, ValueFrom: fieldRef(v.FieldPath)}
+		case v.FromDatabaseSecret:
+			out[i] = corev1.EnvVar{Name: v.Name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: opts.DBSecretName},
+				Key:                  opts.DBSecretKey,
+			}}}
+		default:
+			out[i] = corev1.EnvVar{Name: v.Name, Value: v.Value}
+		}
+	}
+	return out
 }
 
 func fieldRef(path string) *corev1.EnvVarSource {

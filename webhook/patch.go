@@ -94,8 +94,9 @@ func patchResponse(raw []byte, job, injected *batchv1.Job) (admission.Response, 
 }
 
 // jobPatch returns the JSON patch from job to injected (nil if they do not
-// differ), covering the Job's annotations and labels and the pod template's
-// init containers, containers and volumes. ok is false when injected differs
+// differ), covering the Job's annotations and labels, its
+// podReplacementPolicy and the pod template's init containers, containers
+// and volumes. ok is false when injected differs
 // from job anywhere else, or when the request's JSON may lack the object a
 // path of the patch lies in: the caller must diff the documents then.
 func jobPatch(job, injected *batchv1.Job) (patch []byte, ok bool, err error) {
@@ -115,6 +116,13 @@ func jobPatch(job, injected *batchv1.Job) (patch []byte, ok bool, err error) {
 	p := patcher{scratch: s, ops: make([]patchOp, 0, 8)}
 	p.stringMap("/metadata/annotations", job.Annotations, injected.Annotations)
 	p.stringMap("/metadata/labels", job.Labels, injected.Labels)
+	// /spec exists: the pod spec below it was decoded.
+	switch old, cur := job.Spec.PodReplacementPolicy, injected.Spec.PodReplacementPolicy; {
+	case cur == nil && old != nil:
+		p.remove("/spec/podReplacementPolicy")
+	case cur != nil && (old == nil || *old != *cur):
+		p.add("/spec/podReplacementPolicy", cur)
+	}
 	const pod = "/spec/template/spec"
 	old, cur := &job.Spec.Template.Spec, &injected.Spec.Template.Spec
 	diffList(&p, pod+"/initContainers", old.InitContainers, cur.InitContainers, whole[corev1.Container](&p))
@@ -156,6 +164,7 @@ func (s *scratch) sameUncovered(a, b *batchv1.Job) bool {
 	for i := range s.jobs {
 		u := &s.jobs[i]
 		u.Annotations, u.Labels = nil, nil
+		u.Spec.PodReplacementPolicy = nil
 		u.Spec.Template.Spec.InitContainers = nil
 		u.Spec.Template.Spec.Containers = nil
 		u.Spec.Template.Spec.Volumes = nil
