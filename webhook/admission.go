@@ -192,8 +192,9 @@ func (v *cronJobValidator) handle(req admission.Request) (admission.Response, st
 	if cj.Namespace == "" {
 		cj.Namespace = req.Namespace
 	}
+	warnings := CronJobWarnings(cj)
 	if errs := ValidateCronJob(cj); len(errs) > 0 {
-		return admission.Denied("dislock: " + errs.ToAggregate().Error()), resultDenied
+		return admission.Denied("dislock: " + errs.ToAggregate().Error()).WithWarnings(warnings...), resultDenied
 	}
-	return admission.Allowed(""), resultAllowed
+	return admission.Allowed("").WithWarnings(warnings...), resultAllowed
 }

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
@@ -56,6 +57,18 @@ func TestAdmissionOverHTTPS(t *testing.T) {
 		resp, _ := ts.review(t, ValidateCronJobPath, reviewBody(t, "CronJob", admissionv1.Create, bad))
 		if resp == nil || resp.Allowed || !strings.Contains(resp.Result.Message, "sometimes") || !strings.Contains(resp.Result.Message, "lease-ttl") {
 			t.Fatalf("response %+v", resp)
+		}
+	})
+	t.Run("a CronJob without a time zone is admitted with a warning kubectl prints", func(t *testing.T) {
+		resp, _ := ts.review(t, ValidateCronJobPath, reviewBody(t, "CronJob", admissionv1.Create, optedIn))
+		if resp == nil || !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "spec.timeZone") {
+			t.Fatalf("response %+v", resp)
+		}
+		zoned := optedIn.DeepCopy()
+		zoned.Spec.TimeZone = ptr.To("Etc/UTC")
+		resp, _ = ts.review(t, ValidateCronJobPath, reviewBody(t, "CronJob", admissionv1.Create, zoned))
+		if resp == nil || !resp.Allowed || len(resp.Warnings) != 0 {
+			t.Fatalf("with a time zone: response %+v", resp)
 		}
 	})
 	t.Run("a garbled review is answered, not dropped", func(t *testing.T) {

@@ -59,6 +59,25 @@ func ValidateCronJob(cj *batchv1.CronJob) field.ErrorList {
 	return errs
 }
 
+// CronJobWarnings lists what an opted-in CronJob is admitted with but should
+// fix, as admission warnings (kubectl prints them). A CronJob that is not
+// opted in gives none.
+func CronJobWarnings(cj *batchv1.CronJob) []string {
+	if cj == nil || !spec.Enabled(spec.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)) {
+		return nil
+	}
+	var out []string
+	if ptr.Deref(cj.Spec.TimeZone, "") == "" {
+		// Kubernetes reads a schedule without a zone in each
+		// controller-manager's local zone: nothing in the CronJob says
+		// when its ticks are, and the clusters cannot be made to agree.
+		out = append(out, "dislock: spec.timeZone is not set, so each cluster's CronJob controller reads spec.schedule in its own local time zone: "+
+			"controllers in different zones fire at different instants, and the same tick becomes two windows that both run. "+
+			`Set spec.timeZone to the same zone in every cluster, e.g. "Etc/UTC".`)
+	}
+	return out
+}
+
 // probeSchedule is a schedule that always parses: ParseSchedule with it
 // tells a bad time zone from a bad schedule.
 const probeSchedule = "0 0 * * *"

@@ -44,7 +44,7 @@ func TestValidateCronJob(t *testing.T) {
 		{name: "a valid CronJob with every annotation, in a time zone",
 			tmpl: map[string]string{spec.AnnotationMode: "schedule,lease", spec.AnnotationKey: "billing",
 				spec.AnnotationLeaseTTL: "1m", spec.AnnotationStandby: "true", spec.AnnotationCatchup: "10m",
-				spec.AnnotationEntrypoint: `["/app/run"]`},
+				spec.AnnotationAppStartTimeout: "30m", spec.AnnotationEntrypoint: `["/app/run"]`},
 			edit: func(cj *batchv1.CronJob) { cj.Spec.TimeZone = ptr.To("Europe/Berlin") }},
 		{name: "not opted in: nothing is checked",
 			own:  map[string]string{"team.example/owner": "billing"},
@@ -54,6 +54,36 @@ func TestValidateCronJob(t *testing.T) {
 			want: []problem{
 				{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/mode]", `Invalid value: "sometimes": is not a valid mode (want "schedule", "lease" or "schedule,lease")`},
 				{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/lease-ttl]", `Invalid value: "5": is not a duration (want e.g. "30s", between 5s and 1h)`},
+			}},
+		{name: "an app-start timeout out of range names the bounds",
+			own: map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationAppStartTimeout: "48h"},
+			want: []problem{{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/app-start-timeout]",
+				`Invalid value: "48h": is out of range (want between 30s and 24h)`}}},
+		{name: "parallel pods without Indexed would share one window",
+			own: map[string]string{spec.AnnotationMode: "schedule"},
+			edit: func(cj *batchv1.CronJob) {
+				cj.Spec.JobTemplate.Spec.Parallelism = ptr.To(int32(4))
+				cj.Spec.JobTemplate.Spec.Completions = ptr.To(int32(8))
+			},
+			want: []problem{
+				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.parallelism", "Invalid value: 4: dislock claims one window per Job, so of 4 pods only one would run (set completionMode: Indexed so that each completion index claims its own window, or set parallelism to 1)"},
+				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.completions", "Invalid value: 8:"},
+			}},
+		{name: "completions alone: later pods would find the window done",
+			own:  map[string]string{spec.AnnotationMode: "lease"},
+			edit: func(cj *batchv1.CronJob) { cj.Spec.JobTemplate.Spec.Completions = ptr.To(int32(2)) },
+			want: []problem{{field.ErrorTypeInvalid, "spec.jobTemplate.spec.completions", "or set completions to 1"}}},
+		{name: "an Indexed Job claims one window per index",
+			own: map[string]string{spec.AnnotationMode: "schedule"},
+			edit: func(cj *batchv1.CronJob) {
+				js := &cj.Spec.JobTemplate.Spec
+				js.CompletionMode = ptr.To(batchv1.IndexedCompletion)
+				js.Parallelism, js.Completions = ptr.To(int32(3)), ptr.To(int32(3))
+			}},
+		{name: "parallelism and completions of 1 are one pod",
+			own: map[string]string{spec.AnnotationMode: "schedule"},
+			edit: func(cj *batchv1.CronJob) {
+				cj.Spec.JobTemplate.Spec.Parallelism, cj.Spec.JobTemplate.Spec.Completions = ptr.To(int32(1)), ptr.To(int32(1))
 			}},
 		{name: "a problem in the job template is reported at the template's path",
 			own:  map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationLeaseTTL: "30s"},
@@ -156,6 +186,13 @@ func TestValidateAgreesWithInject(t *testing.T) {
 		{name: "valid", own: map[string]string{spec.AnnotationMode: "schedule"}},
 		{name: "bad ttl", own: map[string]string{spec.AnnotationMode: "lease", spec.AnnotationLeaseTTL: "5"}},
 		{name: "@every", own: map[string]string{spec.AnnotationMode: "schedule"}, edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "@every 1m" }},
+		{name: "parallel pods", own: map[string]string{spec.AnnotationMode: "schedule"}, edit: func(cj *batchv1.CronJob) {
+			cj.Spec.JobTemplate.Spec.Parallelism = ptr.To(int32(2))
+		}},
+		{name: "indexed", own: map[string]string{spec.AnnotationMode: "schedule"}, edit: func(cj *batchv1.CronJob) {
+			cj.Spec.JobTemplate.Spec.CompletionMode = ptr.To(batchv1.IndexedCompletion)
+			cj.Spec.JobTemplate.Spec.Parallelism, cj.Spec.JobTemplate.Spec.Completions = ptr.To(int32(2)), ptr.To(int32(4))
+		}},
 		{name: "mount clash", own: map[string]string{spec.AnnotationMode: "lease"}, edit: func(cj *batchv1.CronJob) {
 			cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "x", MountPath: "/dislock/"}}
 		}},
@@ -179,5 +216,49 @@ func TestValidateAgreesWithInject(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestCronJobWarnings(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		own  map[string]string
+		tz   *string
+		want []string // substrings of the one warning; nil = no warning
+	}{
+		{name: "no time zone: the clusters' controllers may fire at different instants",
+			own: map[string]string{spec.AnnotationMode: "schedule"},
+			want: []string{"spec.timeZone is not set", "controllers in different zones fire at different instants",
+				"the same tick becomes two windows", `Set spec.timeZone to the same zone in every cluster, e.g. "Etc/UTC"`}},
+		{name: "an empty time zone is no time zone", own: map[string]string{spec.AnnotationMode: "lease"}, tz: ptr.To(""),
+			want: []string{"spec.timeZone is not set"}},
+		{name: "a time zone set", own: map[string]string{spec.AnnotationMode: "schedule"}, tz: ptr.To("Etc/UTC")},
+		{name: "not opted in", own: map[string]string{"team.example/owner": "billing"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cj := validationCronJob(tc.own, nil)
+			cj.Spec.TimeZone = tc.tz
+			got := CronJobWarnings(cj)
+			if tc.want == nil {
+				if len(got) != 0 {
+					t.Errorf("warnings %q, want none", got)
+				}
+				return
+			}
+			if len(got) != 1 {
+				t.Fatalf("warnings %q, want one", got)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(got[0], w) {
+					t.Errorf("warning does not say %q:\n%s", w, got[0])
+				}
+			}
+		})
+	}
+	if CronJobWarnings(nil) != nil {
+		t.Error("CronJobWarnings(nil) is not empty")
 	}
 }
