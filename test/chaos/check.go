@@ -152,11 +152,11 @@ func Check(o *Outcome) []Violation {
 		}
 		if p.HasSchedule() && len(done) > 1 {
 			kind := "a: window ran to completion twice"
-			if o.cutAround(done[0]) {
-				// The owner's app succeeded, but its cluster was cut before
-				// the success could be recorded: to the others it looked
-				// like an owner that died.
-				kind += " (owner cut before recording its success)"
+			if causes := o.recordHindrances(done[0], done[1].Start); len(causes) > 0 {
+				// The owner's app succeeded, but something kept its sidecar
+				// from recording that before its liveness lapsed: to the
+				// others it looked like an owner that died.
+				kind += " (owner's success not recorded in time: " + strings.Join(causes, ", ") + ")"
 			}
 			add(kind, podsOf(done...), "window %d ran to completion %d times:\n  %s", w, len(done), joinRuns(done))
 		}
@@ -292,15 +292,41 @@ func (o *Outcome) cleanClusters(w int) []string {
 	return clean
 }
 
-// cutAround reports whether r's cluster was cut from the database at r's
-// end or within a TTL after it, while its sidecar had to record the outcome.
-func (o *Outcome) cutAround(r Run) bool {
+// recordHindrances lists the faults that could have kept the sidecar of
+// run r from recording its success between r's end (less a TTL) and until:
+// a cut of its cluster, a pause or kill of its sidecar, a PostgreSQL restart.
+func (o *Outcome) recordHindrances(r Run, until time.Time) []string {
+	from := r.End.Add(-o.Settings.TTL)
+	var causes []string
 	for _, cut := range o.Cuts[r.Cluster] {
-		if cut[0].Before(r.End.Add(o.Settings.TTL)) && cut[1].After(r.End) {
-			return true
+		if cut[0].Before(until) && cut[1].After(from) {
+			causes = append(causes, string(CutCluster))
 		}
 	}
-	return false
+	for _, e := range o.Events {
+		if e.At.Before(from) || e.At.After(until) {
+			continue
+		}
+		switch {
+		case e.Fault && e.Cluster == r.Cluster && e.Pod == r.Pod &&
+			(e.Kind == string(PauseAgent) || e.Kind == string(KillAgent) || e.Kind == string(KillAgentEarly)):
+			causes = append(causes, e.Kind)
+		case strings.HasPrefix(e.Kind, string(RestartPostgres)), e.Kind == string(RestartBouncer) && e.Cluster == r.Cluster:
+			causes = append(causes, e.Kind)
+		}
+	}
+	// A pause that began before the run ended still holds the sidecar.
+	for _, e := range o.Events {
+		if e.Fault && e.Kind == string(PauseAgent) && e.Pod == r.Pod && e.Cluster == r.Cluster && e.At.Before(from) {
+			for _, x := range o.Events {
+				if x.Kind == "resumed" && x.Pod == r.Pod && x.At.After(from) && !slices.Contains(causes, e.Kind) {
+					causes = append(causes, e.Kind)
+				}
+			}
+		}
+	}
+	slices.Sort(causes)
+	return slices.Compact(causes)
 }
 
 func podsOf(runs ...Run) []string {

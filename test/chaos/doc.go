@@ -47,8 +47,11 @@
 // skipped when another schedule restarted PostgreSQL within 8 s.
 //
 // Not injected, because the design does not promise to survive them: a
-// sidecar killed while its pod terminates after a successful app (the
-// kubelet does not restart sidecars then, so the success is never recorded
-// and a standby may run the window again after the liveness lapses), wrapper
-// pauses longer than the margin, and clock jumps.
+// sidecar killed while its pod terminates (the kubelet does not restart
+// sidecars then, so a success is never recorded and a standby may run the
+// window again once the liveness lapses), wrapper pauses longer than the
+// margin, and clock jumps. The first still happens when a sidecar killed
+// while the app runs is waiting out the kubelet's restart backoff as the app
+// exits, as in Kubernetes; the checker reports it (the violation names the
+// faults that kept the owner from recording its success).
 package chaos

@@ -227,7 +227,7 @@ func Draw(seed uint64, s Settings) Plan {
 		case KillAgentEarly:
 			f.At = jobAt + between(r, 0, 150*time.Millisecond)
 		case KillAgent, KillApp, EvictPod, LostNode:
-			f.At = jobAt + between(r, 100*time.Millisecond, 2500*time.Millisecond)
+			f.At = jobAt + between(r, 100*time.Millisecond, 1800*time.Millisecond)
 		case PauseAgent:
 			f.At = jobAt + between(r, 0, 2500*time.Millisecond)
 			f.For = between(r, s.TTL/5, 3*s.TTL)

@@ -157,15 +157,33 @@ func (r *run) createJob(c, w int) {
 	j.mu.Unlock()
 }
 
-func (r *run) jobOf(c, w int) *job {
+// faultTargets are the Jobs a pod fault may hit, best first: the planned
+// one, the same window's in the other clusters, then the others, newest
+// window first.
+func (r *run) faultTargets(f Fault) []*job {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, j := range r.jobs {
-		if j.cl.idx == c && j.window == w {
-			return j
+	var ts []*job
+	rank := func(j *job) int {
+		switch {
+		case j.cl.idx == f.Cluster && j.window == f.Window:
+			return 0
+		case j.window == f.Window:
+			return 1
+		default:
+			return 2
 		}
 	}
-	return nil
+	for _, j := range r.jobs {
+		ts = append(ts, j)
+	}
+	slices.SortStableFunc(ts, func(a, b *job) int {
+		if d := rank(a) - rank(b); d != 0 {
+			return d
+		}
+		return b.window - a.window
+	})
+	return ts
 }
 
 // Outcome is everything a finished schedule left for the checker.
@@ -412,17 +430,19 @@ func (r *run) inject(f Fault) {
 	}
 
 	// Pod faults: the newest live pod of the target Job, waiting briefly
-	// for the part the fault needs (the app container) to exist.
-	j := r.jobOf(f.Cluster, f.Window)
-	if j == nil {
-		r.missed(f, "no such Job yet")
-		return
-	}
+	// for the part the fault needs (the app container) to exist. Should that
+	// Job have no such pod (it skipped and ended quickly), the fault goes to
+	// the same window's Job in another cluster, then to any live Job, so that
+	// planned faults land: the plan stays the seed's, the hit is timing's.
+	var j *job
 	var p *pod
 	var agent, app *container
 	for try := 0; ; try++ {
-		p = j.newestPod()
-		if p != nil {
+		for _, cand := range r.faultTargets(f) {
+			p = cand.newestPod()
+			if p == nil {
+				continue
+			}
 			p.mu.Lock()
 			agent, app = p.agent, p.appC
 			terminating := p.terminating
@@ -432,10 +452,14 @@ func (r *run) inject(f Fault) {
 				ready = ready && app != nil && !app.exited()
 			}
 			if ready {
+				j = cand
 				break
 			}
 		}
-		if try == 15 {
+		if j != nil {
+			break
+		}
+		if try == 10 {
 			r.missed(f, "no live target")
 			return
 		}
