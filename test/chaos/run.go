@@ -224,12 +224,12 @@ type PodRecord struct {
 	DeletedWhy         string
 	// Stuck: still alive StuckBound after the later of its creation and the
 	// last healed fault; deleted by its Job's deadline.
-	Stuck bool
-	AppRan             bool
-	AppEnd             time.Time
-	AppCode            int
-	AgentLog           string
-	SidecarStarts      int
+	Stuck         bool
+	AppRan        bool
+	AppEnd        time.Time
+	AppCode       int
+	AgentLog      string
+	SidecarStarts int
 }
 
 // JobRecord is one Job's end.

@@ -132,16 +132,16 @@ func (c *container) end() time.Time {
 // pod is one simulated pod: the dislock-agent native sidecar and one wrapped
 // app container sharing a directory.
 type pod struct {
-	r       *run
-	job     *job
-	name    string
-	attempt int
-	app     App
-	dir     string // the shared emptyDir (DISLOCK_SHARED_DIR)
-	env     []string
-	appEnv  []string
+	r                *run
+	job              *job
+	name             string
+	attempt          int
+	app              App
+	dir              string // the shared emptyDir (DISLOCK_SHARED_DIR)
+	env              []string
+	appEnv           []string
 	agentLog, appLog string
-	created time.Time
+	created          time.Time
 
 	mu          sync.Mutex
 	agent       *container // the current sidecar incarnation
