@@ -77,6 +77,17 @@ func TestWindowsTellWhichClusterRanWhichTick(t *testing.T) {
 				t.Fatalf("json windows: %v %+v\n%s", err, rows, out)
 			}
 
+			// The two clusters' CronJobs differ in time zone: the table warns.
+			for cluster, tz := range map[string]string{"dc-a": "Europe/Berlin", "dc-b": ""} {
+				if _, err := s.RecordView(context.Background(), key, cluster, lock.View{Schedule: "0 2 * * *", TimeZone: tz, Mode: "schedule", LeaseTTL: "30s"}, time.Hour); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, out, _ = run(t, "windows", "--database-url", tg.DSN, "--key", key)
+			if !strings.Contains(out, "WARNING clusters disagree about "+key) || !strings.Contains(out, `dc-a: schedule "0 2 * * *" timeZone "Europe/Berlin"`) {
+				t.Fatalf("windows table does not warn about the clusters' time zones:\n%s", out)
+			}
+
 			// An operator deletes the 12:00 window: the next claim runs it again.
 			if code, out, errOut := run(t, "release", "--database-url", tg.DSN, "--key", key, "--window", "2026-12-02T12:00:00Z"); code != 0 || !strings.Contains(out, "runs it again") {
 				t.Fatalf("release window: %d %q %q", code, out, errOut)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/dislock/dislock/lockagent/lock"
@@ -26,14 +27,59 @@ func setupWindows(fs *flag.FlagSet) func(context.Context, *common) error {
 		if rows == nil {
 			rows = []lock.Window{}
 		}
+		disagree, err := disagreements(ctx, c.store, rows)
+		if err != nil {
+			return err
+		}
 		return c.print(rows, func(t *table) {
-			t.row("KEY", "WINDOW", "STATE", "CLUSTER", "TOKEN", "DURATION", "EXIT", "OWNER")
+			t.row("KEY", "WINDOW", "INDEX", "STATE", "CLUSTER", "TOKEN", "DURATION", "EXIT", "OWNER")
 			for _, w := range rows {
-				t.row(w.Key, w.Start.Format(time.RFC3339), string(w.State), w.Cluster, fmt.Sprint(w.Token),
+				t.row(w.Key, w.Start.Format(time.RFC3339), index(w.Index), string(w.State), w.Cluster, fmt.Sprint(w.Token),
 					windowDuration(w, dbNow), exitCode(w.ExitCode), w.Owner)
+			}
+			for _, line := range disagree {
+				t.line("%s", line)
 			}
 		})
 	}
+}
+
+func index(i int) string {
+	if i == lock.NotIndexed {
+		return "-"
+	}
+	return fmt.Sprint(i)
+}
+
+// disagreements warns, for each listed key, about clusters whose recent view
+// of the job differs: one tick may then be a different window in each.
+func disagreements(ctx context.Context, s *lock.Store, rows []lock.Window) ([]string, error) {
+	views, err := s.ListDisagreements(ctx, lock.DefaultViewRecency)
+	if err != nil {
+		return nil, err
+	}
+	listed := map[string]bool{}
+	for _, w := range rows {
+		listed[w.Key] = true
+	}
+	byKey := map[string][]string{}
+	var keys []string
+	for _, v := range views {
+		if !listed[v.Key] {
+			continue
+		}
+		if byKey[v.Key] == nil {
+			keys = append(keys, v.Key)
+		}
+		byKey[v.Key] = append(byKey[v.Key], fmt.Sprintf("%s: schedule %q timeZone %q mode %s standby %t leaseTTL %s catchup %q",
+			v.Cluster, v.View.Schedule, v.View.TimeZone, v.View.Mode, v.View.Standby, v.View.LeaseTTL, v.View.Catchup))
+	}
+	var out []string
+	for _, k := range keys {
+		out = append(out, fmt.Sprintf("WARNING clusters disagree about %s (make the CronJobs identical; set spec.timeZone): %s",
+			k, strings.Join(byKey[k], "; ")))
+	}
+	return out, nil
 }
 
 // windowDuration is how long the run took, or has been running, by database time.

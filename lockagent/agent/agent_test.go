@@ -15,7 +15,7 @@ import (
 	"github.com/dislock/dislock/test/pgtest"
 )
 
-var tick0 = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+var tick0 = time.Now().UTC().Truncate(time.Hour).Add(-2 * time.Hour)
 
 func newJob(t *testing.T, dsn, mode string, ttl time.Duration) job {
 	openStore(t, dsn) // migrated

@@ -75,21 +75,28 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 	c := a.cfg
 	d := protocol.Decision{Key: c.Key}
 	if !c.Manual {
-		w, err := a.resolveWindow(ctx)
+		now, err := a.dbNow(ctx)
+		if err != nil {
+			return d, err
+		}
+		w, err := a.resolveWindow(now)
 		if err != nil {
 			return d, err
 		}
 		a.window, d.Window = w, formatWindow(w)
-		if c.Catchup > 0 {
-			now, err := a.dbNow(ctx)
-			if err != nil {
-				return d, err
-			}
-			if late := now.Sub(w); late > c.Catchup {
-				d.Action = protocol.ActionSkip
-				d.Reason = fmt.Sprintf("stale: window %s started %s ago by database time, more than catchup %s", d.Window, late.Round(time.Second), c.Catchup)
-				return d, nil
-			}
+		late := now.Sub(w)
+		switch {
+		case c.Catchup > 0 && late > c.Catchup:
+			d.Action = protocol.ActionSkip
+			d.Reason = fmt.Sprintf("stale: window %s started %s ago by database time, more than catchup %s", d.Window, late.Round(time.Second), c.Catchup)
+			return d, nil
+		case c.Mode.Schedule && late > lock.MaxClaimAge:
+			// Retention may already have deleted this window's record, and
+			// claiming it again would run it a second time.
+			d.Action = protocol.ActionSkip
+			d.Reason = fmt.Sprintf("stale: window %s started %s ago by database time, more than %s, after which its record may have been deleted by retention",
+				d.Window, late.Round(time.Second), lock.MaxClaimAge)
+			return d, nil
 		}
 	}
 	var tookOver bool
@@ -175,16 +182,12 @@ func joinReason(a, b string) string {
 }
 
 // resolveWindow is DISLOCK_WINDOW, or the schedule's latest activation at or
-// before the database clock.
-func (a *agent) resolveWindow(ctx context.Context) (time.Time, error) {
+// before the database clock now.
+func (a *agent) resolveWindow(now time.Time) (time.Time, error) {
 	if !a.cfg.Window.IsZero() {
 		return a.cfg.Window, nil
 	}
 	sched, err := window.ParseSchedule(a.cfg.Schedule, a.cfg.TimeZone)
-	if err != nil {
-		return time.Time{}, err
-	}
-	now, err := a.dbNow(ctx)
 	if err != nil {
 		return time.Time{}, err
 	}

@@ -62,6 +62,19 @@ func TestCatchupSkipsAStaleWindow(t *testing.T) {
 	}
 }
 
+// A window older than any retention allows is never claimed, catchup or not:
+// its record may be gone, and claiming it again would run it twice.
+func TestAWindowOlderThanRetentionAllowsIsSkippedAsStale(t *testing.T) {
+	j := newJob(t, pgtest.Need(t).BouncerDSN(), "schedule", 5*time.Second)
+	old := j.start(t, podSpec{cluster: "dc-a", window: time.Now().Add(-lock.MinRetention).Truncate(time.Minute), app: app(0, 0)})
+	if old.finish() != 0 || old.decision().Action != protocol.ActionSkip || !strings.Contains(old.decision().Reason, "deleted by retention") {
+		t.Fatalf("a window %s old: %+v", lock.MinRetention, old.decision())
+	}
+	if runs := readLedger(t, j.ledger); len(runs) != 0 {
+		t.Fatalf("ran: %+v", runs)
+	}
+}
+
 // Fail closed: with no database the app never runs and the container fails
 // (exit 75), so the Job retries by its backoffLimit.
 func TestUnreachableDatabaseFailsClosed(t *testing.T) {

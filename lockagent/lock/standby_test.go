@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -149,6 +150,9 @@ func TestRetentionDeletesOnlyOldFinishedWindows(t *testing.T) {
 		mustClaim(t, s, key, alive, a, false, time.Hour, lock.Claimed) // an old window whose owner is still running
 		mustClaim(t, s, key, recent, a, false, ttl, lock.Claimed)
 
+		if _, err := s.DeleteOldWindows(ctx, lock.MinRetention-time.Minute); err == nil || !strings.Contains(err.Error(), "shorter than 48h0m0s") {
+			t.Fatalf("a retention below the minimum: %v, want a refusal naming the bound", err)
+		}
 		if _, err := s.DeleteOldWindows(ctx, lock.DefaultRetention); err != nil {
 			t.Fatal(err)
 		}

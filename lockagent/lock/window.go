@@ -194,14 +194,26 @@ func (s *Store) DeleteWindow(ctx context.Context, key string, window time.Time) 
 	return nil
 }
 
-// DefaultRetention is how long finished windows are kept.
-const DefaultRetention = 30 * 24 * time.Hour
+// Retention of old windows.
+const (
+	// DefaultRetention is how long finished windows are kept.
+	DefaultRetention = 30 * 24 * time.Hour
+	// MinRetention is the shortest retention the webhook accepts: deleting
+	// a window's record lets a late pod of that window claim and run it
+	// again, so records must outlive every pod that could still ask.
+	MinRetention = 48 * time.Hour
+	// MaxClaimAge is how old (by database time) a window may be and still
+	// be claimed: agents skip older windows as stale, so a window is never
+	// claimed after a retention of at least MinRetention could have deleted
+	// it. It is above the longest catchup (24h).
+	MaxClaimAge = MinRetention - time.Hour
+)
 
 // DeleteOldWindows removes windows that started more than retention ago (by
 // database time), except ones whose owner is still alive.
 func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (int64, error) {
-	if retention <= 0 {
-		return 0, fmt.Errorf("retention %s is not positive", retention)
+	if retention < MinRetention {
+		return 0, fmt.Errorf("retention %s is shorter than %s: a late pod could claim and run a deleted window again", retention, MinRetention)
 	}
 	tag, err := s.pool.Exec(ctx, qDeleteOldWindows, micros(retention))
 	if err != nil {
