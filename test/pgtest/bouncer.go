@@ -12,7 +12,7 @@ import (
 )
 
 // Bouncer is an extra PgBouncer (transaction pooling, same settings and
-// credentials as the Server's own) in front of the Server's PostgreSQL, on a
+// credentials as the Server's own but a pool of 4 server connections) in front of the Server's PostgreSQL, on a
 // port of its own. Tests that simulate several clusters give each cluster
 // one, so that one cluster can lose its path to the database (Stop, Pause)
 // while the others keep theirs. Its methods are safe for concurrent use and
@@ -65,7 +65,7 @@ func (s *Server) AddBouncer(name string) (*Bouncer, error) {
 			return nil, err
 		}
 		b.port = port
-		if err := s.acct.writeFile(b.ini, bouncerConf(s.pgPort, port, s.path("pgbouncer.users"), b.pid), 0o644); err != nil {
+		if err := s.acct.writeFile(b.ini, bouncerConf(s.pgPort, port, extraPoolSize, s.path("pgbouncer.users"), b.pid), 0o644); err != nil {
 			return nil, fmt.Errorf("pgtest: writing %s: %w", b.ini, err)
 		}
 		err = b.startLocked()

@@ -54,9 +54,19 @@ local   all       all                 trust
 host    all       all   127.0.0.1/32  scram-sha-256
 `
 
+// Server connections per bouncer: the Server's own bouncer keeps PgBouncer's
+// default; an extra one (AddBouncer) gets a small pool, so that a dozen of
+// them stay well inside max_connections even when each has just been
+// resumed with a queue of clients. Transaction pooling multiplexes many
+// clients onto few server connections, so a small pool only queues them.
+const (
+	mainPoolSize  = 20
+	extraPoolSize = 4
+)
+
 // bouncerConf is pgbouncer.ini. Settings that differ from PgBouncer's defaults
 // are explained inline.
-func bouncerConf(pgPort, port int, authFile, pidFile string) string {
+func bouncerConf(pgPort, port, poolSize int, authFile, pidFile string) string {
 	return fmt.Sprintf(`[databases]
 %s = host=127.0.0.1 port=%d dbname=%s
 
@@ -72,7 +82,10 @@ auth_file = %s
 admin_users = %s
 pool_mode = transaction
 max_client_conn = 200
-default_pool_size = 20
+default_pool_size = %d
+; Idle server connections go back to PostgreSQL after a minute rather than
+; ten: many bouncers share one max_connections.
+server_idle_timeout = 60
 ; pgx sends these on startup; PgBouncer would otherwise refuse the client.
 ignore_startup_parameters = extra_float_digits,options
 server_reset_query =
@@ -82,7 +95,7 @@ server_login_retry = 1
 ; No logfile: in the foreground PgBouncer logs to stderr, which the harness
 ; sends to pgbouncer.log; a logfile would receive every line a second time.
 pidfile = %s
-`, database, pgPort, database, port, authFile, superuser, pidFile)
+`, database, pgPort, database, port, authFile, superuser, poolSize, pidFile)
 }
 
 // bouncerAuthFile lists plain-text passwords: from them PgBouncer 1.18 both

@@ -220,7 +220,7 @@ func (s *Server) writeBouncerConfig() error {
 	if err := s.acct.writeFile(authFile, bouncerAuthFile(), 0o600); err != nil {
 		return fmt.Errorf("pgtest: writing pgbouncer auth_file: %w", err)
 	}
-	conf := bouncerConf(s.pgPort, s.bouncerPort, authFile, s.path("pgbouncer.pid"))
+	conf := bouncerConf(s.pgPort, s.bouncerPort, mainPoolSize, authFile, s.path("pgbouncer.pid"))
 	if err := s.acct.writeFile(s.path("pgbouncer.ini"), conf, 0o644); err != nil {
 		return fmt.Errorf("pgtest: writing pgbouncer.ini: %w", err)
 	}
