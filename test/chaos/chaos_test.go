@@ -86,15 +86,16 @@ func TestChaos(t *testing.T) {
 		seed = uint64(time.Now().UnixNano()) % 1_000_000_000
 	}
 	ttl := *flagTTL
-	w := &World{AgentBin: agentBin, AgentArgs: shortTTLArgs(t), PG: pg, Settings: Settings{
-		TTL:             ttl,
-		AppStartTimeout: 2 * ttl,
-		MaxRun:          1500 * time.Millisecond,
-		Grace:           30 * time.Second,
-		BackoffLimit:    4,
-		ProbePeriod:     250 * time.Millisecond,
-		ProbeBudget:     5 * ttl,
-	}}
+	w := &World{AgentBin: agentBin, AgentArgs: shortTTLArgs(t), PG: pg,
+		WindowBase: time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Minute), Settings: Settings{
+			TTL:             ttl,
+			AppStartTimeout: 2 * ttl,
+			MaxRun:          1500 * time.Millisecond,
+			Grace:           30 * time.Second,
+			BackoffLimit:    4,
+			ProbePeriod:     250 * time.Millisecond,
+			ProbeBudget:     5 * ttl,
+		}}
 	dir, err := os.MkdirTemp("", fmt.Sprintf("dislock-chaos-%d-", seed))
 	if err != nil {
 		t.Fatal(err)
@@ -223,4 +224,27 @@ func TestChaos(t *testing.T) {
 	}
 	t.Log(b.String())
 	fmt.Print(b.String())
+}
+
+// TestDrawIsAFunctionOfTheSeed: a printed seed replays the same plan, and
+// different seeds give different plans.
+func TestDrawIsAFunctionOfTheSeed(t *testing.T) {
+	t.Parallel()
+	s := Settings{TTL: 2 * time.Second, MaxRun: time.Second}
+	for seed := uint64(1); seed <= 50; seed++ {
+		a, b := Draw(seed, s), Draw(seed, s)
+		if a.String() != b.String() {
+			t.Fatalf("seed %d drew two plans:\n%s\n%s", seed, a, b)
+		}
+		if a.String() == Draw(seed+1, s).String() {
+			t.Errorf("seeds %d and %d drew the same plan:\n%s", seed, seed+1, a)
+		}
+		for c := range a.Clusters {
+			for w := range a.Windows {
+				if a.AppOf(s, c, w, 0) != b.AppOf(s, c, w, 0) {
+					t.Errorf("seed %d: the app of cluster %d window %d differs between draws", seed, c, w)
+				}
+			}
+		}
+	}
 }

@@ -28,6 +28,10 @@ type World struct {
 	AgentArgs []string
 	PG        *pgtest.Server
 	Settings  Settings
+	// WindowBase is window 0's start in every schedule (keys differ, so
+	// windows may repeat): a recent minute, because the agent skips windows
+	// older than what retention keeps.
+	WindowBase time.Time
 
 	// pgMu serialises PostgreSQL restarts; pgEvents records them for every
 	// schedule's log, since they hit every schedule running then.
@@ -100,10 +104,9 @@ func (r *run) addPod(p *pod) {
 	r.mu.Unlock()
 }
 
-// windowStart is window w's instant: distinct minutes, any will do because
-// no catchup is set.
+// windowStart is window w's instant: WindowBase plus w minutes.
 func (r *run) windowStart(w int) time.Time {
-	return time.Unix((29_000_000+int64(r.index)*10+int64(w))*60, 0).UTC()
+	return r.w.WindowBase.Add(time.Duration(w) * time.Minute).UTC()
 }
 
 // podEnv is the sidecar's environment (DESIGN.md "Sidecar env") and the app
