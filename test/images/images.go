@@ -61,11 +61,13 @@ var busyboxApplets = []string{"sh", "sleep", "touch", "test", "cat", "echo", "tr
 const binPath = "/usr/local/bin"
 
 // LedgerSchema creates the table ledger-app writes: one row per run, with
-// database times, so that runs of different clusters compare on one clock.
+// database times, so that runs of different clusters compare on one clock,
+// and the completion index of an Indexed Job's run (NULL otherwise).
 const LedgerSchema = `CREATE SCHEMA IF NOT EXISTS e2e;
 CREATE TABLE IF NOT EXISTS e2e.ledger (
   id bigserial PRIMARY KEY,
   window_start text NOT NULL,
+  job_index int,
   token bigint NOT NULL,
   cluster text NOT NULL,
   pod text NOT NULL,

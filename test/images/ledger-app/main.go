@@ -6,8 +6,12 @@
 // pods use the host network, so the database is on 127.0.0.1.
 //
 // Environment: LEDGER_DATABASE_URL (required), LEDGER_CLUSTER, LEDGER_POD,
-// LEDGER_SLEEP (a Go duration to work for), LEDGER_EXIT (the exit code);
-// DISLOCK_WINDOW and DISLOCK_FENCING_TOKEN come from the dislock wrapper.
+// LEDGER_SLEEP (a Go duration to work for), LEDGER_EXIT (the exit code),
+// LEDGER_SHUTDOWN (a Go duration: how long the app goes on after SIGTERM,
+// as one that finishes the work in hand before it stops, so that its pod
+// stays Terminating that long); DISLOCK_WINDOW and DISLOCK_FENCING_TOKEN
+// come from the dislock wrapper, JOB_COMPLETION_INDEX from the Job
+// controller (Indexed Jobs only).
 package main
 
 import (
@@ -23,8 +27,8 @@ import (
 )
 
 const (
-	insertRun = `INSERT INTO e2e.ledger (window_start, token, cluster, pod, started_at)
-VALUES ($1, $2, $3, $4, now()) RETURNING id`
+	insertRun = `INSERT INTO e2e.ledger (window_start, job_index, token, cluster, pod, started_at)
+VALUES ($1, $2, $3, $4, $5, now()) RETURNING id`
 	finishRun = `UPDATE e2e.ledger SET finished_at = now(), exit_code = $2 WHERE id = $1`
 )
 
@@ -45,6 +49,21 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "ledger-app:", err)
 		return 64
 	}
+	shutdown, err := durationEnv("LEDGER_SHUTDOWN")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ledger-app:", err)
+		return 64
+	}
+	// NULL unless the pod is one of an Indexed Job's.
+	var index *int
+	if s := os.Getenv("JOB_COMPLETION_INDEX"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "ledger-app: JOB_COMPLETION_INDEX=%q is not a number\n", s)
+			return 64
+		}
+		index = &n
+	}
 	exitCode := 0
 	if s := os.Getenv("LEDGER_EXIT"); s != "" {
 		if exitCode, err = strconv.Atoi(s); err != nil {
@@ -56,7 +75,7 @@ func run() int {
 
 	var id int64
 	err = exec(func(ctx context.Context, c *pgx.Conn) error {
-		return c.QueryRow(ctx, insertRun, os.Getenv("DISLOCK_WINDOW"), token,
+		return c.QueryRow(ctx, insertRun, os.Getenv("DISLOCK_WINDOW"), index, token,
 			os.Getenv("LEDGER_CLUSTER"), os.Getenv("LEDGER_POD")).Scan(&id)
 	})
 	if err != nil {
@@ -73,7 +92,8 @@ func run() int {
 	select {
 	case <-time.After(work):
 	case s := <-stop:
-		fmt.Printf("ledger-app: run %d stopped by %v\n", id, s)
+		fmt.Printf("ledger-app: run %d stopped by %v; shutting down for %v\n", id, s, shutdown)
+		time.Sleep(shutdown)
 		exitCode = 143
 	}
 	err = exec(func(ctx context.Context, c *pgx.Conn) error {
