@@ -322,6 +322,17 @@ func ungate(t *testing.T, dc *DC, job string) {
 // shows an operator, by window start (RFC 3339, UTC).
 func windowsOf(t *testing.T, e *Env, cronJob string) map[string]lock.Window {
 	t.Helper()
+	byStart := map[string]lock.Window{}
+	for _, w := range windowRowsOf(t, e, cronJob) {
+		byStart[w.Start.UTC().Format(time.RFC3339)] = w
+	}
+	return byStart
+}
+
+// windowRowsOf is every row `dislock windows --key <namespace>/<cronJob> -o
+// json` shows: an Indexed Job's window has one per completion index.
+func windowRowsOf(t *testing.T, e *Env, cronJob string) []lock.Window {
+	t.Helper()
 	out, err := e.Dislock("windows", "--key", Namespace+"/"+cronJob, "-o", "json")
 	if err != nil {
 		t.Fatalf("dislock windows: %v\n%s", err, out)
@@ -330,11 +341,7 @@ func windowsOf(t *testing.T, e *Env, cronJob string) map[string]lock.Window {
 	if err := json.Unmarshal([]byte(out), &rows); err != nil {
 		t.Fatalf("dislock windows -o json: %v\n%s", err, out)
 	}
-	byStart := map[string]lock.Window{}
-	for _, w := range rows {
-		byStart[w.Start.UTC().Format(time.RFC3339)] = w
-	}
-	return byStart
+	return rows
 }
 
 // runsOf reads the ledger's runs of a CronJob (its pods are named after

@@ -69,7 +69,7 @@ func (e *Env) Dump() string {
 		runs, err := e.Runs(ctx)
 		fmt.Fprintf(&b, "===== ledger (%v) =====\n", err)
 		for _, r := range runs {
-			fmt.Fprintf(&b, "%s token=%d %s %s started=%s finished=%v exit=%v\n", r.Window, r.Token, r.Cluster, r.Pod,
+			fmt.Fprintf(&b, "%s index=%s token=%d %s %s started=%s finished=%v exit=%v\n", r.Window, fmtInt(r.Index), r.Token, r.Cluster, r.Pod,
 				r.Started.Format(time.StampMilli), fmtTime(r.Finished), fmtInt(r.ExitCode))
 		}
 	}

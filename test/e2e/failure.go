@@ -52,11 +52,18 @@ func SpareNode(t *testing.T, e *Env, dc *DC, name string) *node.Node {
 		}
 		_ = dc.Client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
 	})
-	cordon := []byte(`{"spec":{"unschedulable":true}}`)
-	if _, err := dc.Client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, cordon, metav1.PatchOptions{}); err != nil {
-		t.Fatalf("%s: cordoning node %s: %v", dc.Name, name, err)
-	}
+	Cordon(t, dc, name, true)
 	return n
+}
+
+// Cordon marks a node unschedulable (kubectl cordon), or schedulable again
+// (kubectl uncordon) when cordon is false.
+func Cordon(t *testing.T, dc *DC, node string, cordon bool) {
+	t.Helper()
+	patch := []byte(fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, cordon))
+	if _, err := dc.Client.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("%s: setting node %s unschedulable=%t: %v", dc.Name, node, cordon, err)
+	}
 }
 
 // WindowRow is a row of dislock.windows, with the database times that tell

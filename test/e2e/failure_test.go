@@ -375,24 +375,36 @@ func createTickIn(t *testing.T, dc *DC, cj *batchv1.CronJob, tick time.Time, edi
 // with its pod (backoffLimit 0: one pod).
 func finishJob(t *testing.T, dc *DC, name string) (*batchv1.Job, corev1.Pod) {
 	t.Helper()
-	ctx := context.Background()
+	return awaitFinished(t, dc, name), podOf(t, dc, name)
+}
+
+// awaitFinished waits for a Job to finish, Complete or Failed, and returns
+// it.
+func awaitFinished(t *testing.T, dc *DC, name string) *batchv1.Job {
+	t.Helper()
 	var job *batchv1.Job
 	await(t, jobTimeout, dc.Name+": Job "+name+" finished", func() bool {
 		var err error
-		job, err = dc.Client.BatchV1().Jobs(Namespace).Get(ctx, name, metav1.GetOptions{})
+		job, err = dc.Client.BatchV1().Jobs(Namespace).Get(context.Background(), name, metav1.GetOptions{})
 		done, _ := Finished(job)
 		return err == nil && done
 	})
-	return job, podOf(t, dc, name)
+	return job
 }
 
 // podOf waits for the pod of a Job and returns it.
 func podOf(t *testing.T, dc *DC, job string) corev1.Pod {
 	t.Helper()
+	return podsOf(t, dc, job, 1)[0]
+}
+
+// podsOf waits until a Job has n pods and returns them.
+func podsOf(t *testing.T, dc *DC, job string, n int) []corev1.Pod {
+	t.Helper()
 	var pods []corev1.Pod
-	await(t, jobTimeout, dc.Name+": the pod of Job "+job, func() bool {
+	await(t, jobTimeout, fmt.Sprintf("%s: the %d pod(s) of Job %s", dc.Name, n, job), func() bool {
 		pods, _ = dc.Pods(context.Background(), job)
-		return len(pods) == 1
+		return len(pods) == n
 	})
-	return pods[0]
+	return pods
 }

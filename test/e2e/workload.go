@@ -37,6 +37,13 @@ type Ledger struct {
 	Work time.Duration
 	// Exit is each run's exit code.
 	Exit int
+	// Shutdown is how long a run goes on after SIGTERM before it stops
+	// (exit 143): its pod stays Terminating that long, as one whose app
+	// finishes the work in hand does.
+	Shutdown time.Duration
+	// Indexed, when above 0, makes the Jobs Indexed with that many
+	// completions, Parallelism of them at a time (all when 0).
+	Indexed, Parallelism int32
 	// Annotations are added to the CronJob (dislock.io/lease-ttl, ...).
 	Annotations map[string]string
 	// Suspend keeps the CronJob controller from creating Jobs.
@@ -59,12 +66,24 @@ func LedgerCronJob(dc, name, schedule, mode string, l Ledger) *batchv1.CronJob {
 			Suspend:                    ptr.To(l.Suspend),
 			SuccessfulJobsHistoryLimit: ptr.To(int32(100)),
 			FailedJobsHistoryLimit:     ptr.To(int32(100)),
-			JobTemplate: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{
-				BackoffLimit: ptr.To(int32(0)),
-				Template:     ledgerPod(dc, l),
-			}},
+			JobTemplate:                batchv1.JobTemplateSpec{Spec: ledgerJob(dc, l)},
 		},
 	}
+}
+
+func ledgerJob(dc string, l Ledger) batchv1.JobSpec {
+	js := batchv1.JobSpec{
+		BackoffLimit: ptr.To(int32(0)),
+		Template:     ledgerPod(dc, l),
+	}
+	if l.Indexed > 0 {
+		js.CompletionMode = ptr.To(batchv1.IndexedCompletion)
+		js.Completions, js.Parallelism = ptr.To(l.Indexed), ptr.To(l.Indexed)
+		if l.Parallelism > 0 {
+			js.Parallelism = ptr.To(l.Parallelism)
+		}
+	}
+	return js
 }
 
 func ledgerPod(dc string, l Ledger) corev1.PodTemplateSpec {
@@ -85,6 +104,7 @@ func ledgerPod(dc string, l Ledger) corev1.PodTemplateSpec {
 				{Name: "LEDGER_POD", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 				{Name: "LEDGER_SLEEP", Value: l.Work.String()},
 				{Name: "LEDGER_EXIT", Value: fmt.Sprint(l.Exit)},
+				{Name: "LEDGER_SHUTDOWN", Value: l.Shutdown.String()},
 			},
 		}},
 	}}
@@ -93,6 +113,7 @@ func ledgerPod(dc string, l Ledger) corev1.PodTemplateSpec {
 // Run is one row of the ledger: one time the app ran.
 type Run struct {
 	Window     string
+	Index      *int // the completion index of an Indexed Job's run
 	Token      int64
 	Cluster    string
 	Pod        string
@@ -105,7 +126,11 @@ type Run struct {
 
 // String is how a failing test shows the run.
 func (r Run) String() string {
-	return fmt.Sprintf("%s/%s window %q token %d %s–%s exit %s", r.Cluster, r.Pod, r.Window, r.Token,
+	index := ""
+	if r.Index != nil {
+		index = fmt.Sprintf(" index %d", *r.Index)
+	}
+	return fmt.Sprintf("%s/%s window %q%s token %d %s–%s exit %s", r.Cluster, r.Pod, r.Window, index, r.Token,
 		fmtTime(&r.Started), fmtTime(r.Finished), fmtInt(r.ExitCode))
 }
 
@@ -116,7 +141,7 @@ func (e *Env) Runs(ctx context.Context) ([]Run, error) {
 		return nil, err
 	}
 	defer c.Close(ctx)
-	rows, err := c.Query(ctx, `SELECT l.window_start, l.token, l.cluster, l.pod, l.started_at, l.finished_at, l.exit_code, w.claimed_at
+	rows, err := c.Query(ctx, `SELECT l.window_start, l.job_index, l.token, l.cluster, l.pod, l.started_at, l.finished_at, l.exit_code, w.claimed_at
 FROM e2e.ledger l LEFT JOIN dislock.windows w ON w.token = l.token
 ORDER BY l.started_at, l.id`)
 	if err != nil {
@@ -124,7 +149,7 @@ ORDER BY l.started_at, l.id`)
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Run, error) {
 		var run Run
-		err := r.Scan(&run.Window, &run.Token, &run.Cluster, &run.Pod, &run.Started, &run.Finished, &run.ExitCode, &run.ClaimedAt)
+		err := r.Scan(&run.Window, &run.Index, &run.Token, &run.Cluster, &run.Pod, &run.Started, &run.Finished, &run.ExitCode, &run.ClaimedAt)
 		if err == nil && run.Window != "" {
 			run.WindowTime, err = time.Parse(time.RFC3339, run.Window)
 		}
