@@ -141,8 +141,8 @@ func TestChaos(t *testing.T) {
 					continue
 				}
 				vs := Check(o)
-				line := fmt.Sprintf("schedule %d seed %d: %s standby=%t %d clusters × %d windows, %d fault kinds %v, %s",
-					i, plan.Seed, plan.Mode, plan.Standby, plan.Clusters, plan.Windows, len(o.Kinds), o.Kinds,
+				line := fmt.Sprintf("schedule %d seed %d: %s standby=%t %d clusters × %d windows × %d completions, %d fault kinds %v, %s",
+					i, plan.Seed, plan.Mode, plan.Standby, plan.Clusters, plan.Windows, plan.Completions, len(o.Kinds), o.Kinds,
 					time.Since(start).Round(100*time.Millisecond))
 				mu.Lock()
 				results = append(results, result{o, vs})
@@ -241,7 +241,7 @@ func TestDrawIsAFunctionOfTheSeed(t *testing.T) {
 		}
 		for c := range a.Clusters {
 			for w := range a.Windows {
-				if a.AppOf(s, c, w, 0) != b.AppOf(s, c, w, 0) {
+				if a.AppOf(s, c, w, 0, 0) != b.AppOf(s, c, w, 0, 0) {
 					t.Errorf("seed %d: the app of cluster %d window %d differs between draws", seed, c, w)
 				}
 			}

@@ -15,6 +15,7 @@ import (
 type Run struct {
 	Cluster, Pod string
 	Window       int
+	Index        int // completion index, -1 when not Indexed
 	// Token is DISLOCK_FENCING_TOKEN, -1 when the app had none.
 	Token      int64
 	Start, End time.Time
@@ -34,9 +35,11 @@ func (r Run) String() string {
 	if r.Code >= 0 {
 		code = "exit " + strconv.Itoa(r.Code)
 	}
-	return fmt.Sprintf("%s %s window %d token %s [%s, %s] %s", r.Cluster, r.Pod, r.Window, tok,
+	return fmt.Sprintf("%s %s window %s token %s [%s, %s] %s", r.Cluster, r.Pod, unitKey(strconv.Itoa(r.Window), r.Index), tok,
 		r.Start.Format("15:04:05.000"), r.End.Format("15:04:05.000"), code)
 }
+
+func (r Run) sameUnit(o Run) bool { return r.Window == o.Window && r.Index == o.Index }
 
 func (r Run) overlaps(o Run) bool { return r.Start.Before(o.End) && o.Start.Before(r.End) }
 
@@ -89,11 +92,15 @@ func (o *Outcome) Runs() ([]Run, []string) {
 				problems = append(problems, "the app of pod "+id+" started twice")
 			}
 			w, _ := strconv.Atoi(kv["w"])
+			index := -1
+			if v, ok := kv["i"]; ok {
+				index, _ = strconv.Atoi(v)
+			}
 			tok, err := strconv.ParseInt(kv["token"], 10, 64)
 			if err != nil {
 				tok = -1
 			}
-			run := Run{Cluster: kv["cluster"], Pod: kv["pod"], Window: w, Token: tok, Start: at, End: o.End, Code: -1}
+			run := Run{Cluster: kv["cluster"], Pod: kv["pod"], Window: w, Index: index, Token: tok, Start: at, End: o.End, Code: -1}
 			if p, ok := pods[id]; ok && p.AppRan && !p.AppEnd.IsZero() {
 				run.End = p.AppEnd
 			}
@@ -121,7 +128,7 @@ func (o *Outcome) Runs() ([]Run, []string) {
 
 // Check holds the schedule to DESIGN.md's invariants:
 //
-//	(a) at most one run of a (key, window) ends successfully (modes with
+//	(a) at most one run of a (key, window[, index]) ends successfully (modes with
 //	    schedule); a window's runs never overlap; with lease in the mode no
 //	    two runs of the key overlap;
 //	(b) with standby (and schedule), a window where at least one cluster's
@@ -157,10 +164,10 @@ func Check(o *Outcome) []Violation {
 	}
 
 	// (a)
-	for w := range p.Windows {
+	for _, u := range o.units() {
 		var done []Run
 		for _, r := range runs {
-			if r.Window == w && r.Success() {
+			if r.Window == u.window && r.Index == u.index && r.Success() {
 				done = append(done, r)
 			}
 		}
@@ -172,15 +179,15 @@ func Check(o *Outcome) []Violation {
 				// others it looked like an owner that died.
 				kind += " (owner's success not recorded in time: " + strings.Join(causes, ", ") + ")"
 			}
-			add(kind, podsOf(done...), "window %d ran to completion %d times:\n  %s", w, len(done), joinRuns(done))
+			add(kind, podsOf(done...), "window %s ran to completion %d times:\n  %s", u, len(done), joinRuns(done))
 		}
 	}
 	for i, a := range runs {
 		for _, b := range runs[i+1:] {
 			switch {
 			case !a.overlaps(b):
-			case a.Window == b.Window:
-				add("a: runs of one window overlap", podsOf(a, b), "runs of window %d overlap:\n  %s\n  %s", a.Window, a, b)
+			case a.sameUnit(b):
+				add("a: runs of one window overlap", podsOf(a, b), "runs of window %s overlap:\n  %s\n  %s", unitKey(strconv.Itoa(a.Window), a.Index), a, b)
 			case p.HasLease():
 				add("a: runs of the key overlap under lease", podsOf(a, b), "runs of the key overlap though the mode has lease:\n  %s\n  %s", a, b)
 			}
@@ -189,23 +196,23 @@ func Check(o *Outcome) []Violation {
 
 	// (b)
 	if p.HasSchedule() && p.Standby && !o.Overran {
-		for w := range p.Windows {
-			if slices.ContainsFunc(runs, func(r Run) bool { return r.Window == w && r.Success() }) {
+		for _, u := range o.units() {
+			if slices.ContainsFunc(runs, func(r Run) bool { return r.Window == u.window && r.Index == u.index && r.Success() }) {
 				continue
 			}
-			state := o.WindowStates[o.windowKey(w)]
+			state := o.WindowStates[o.unitKey(u)]
 			if p.HasLease() && state == "skipped" {
 				continue
 			}
-			if clean := o.cleanClusters(w); len(clean) > 0 {
+			if clean := o.cleanClusters(u); len(clean) > 0 {
 				var pods []string
 				for _, pr := range o.Pods {
-					if pr.Window == w {
+					if pr.Window == u.window && pr.Index == u.index {
 						pods = append(pods, pr.Cluster+"/"+pr.Name)
 					}
 				}
 				add("b: window lost although a cluster was healthy", pods,
-					"window %d (row state %q) got no successful run although %s stayed healthy", w, state, strings.Join(clean, ", "))
+					"window %s (row state %q) got no successful run although %s stayed healthy", u, state, strings.Join(clean, ", "))
 			}
 		}
 	}
@@ -247,38 +254,58 @@ func Check(o *Outcome) []Violation {
 
 	// (e)
 	if p.HasSchedule() && o.WindowStates != nil {
-		for w := range p.Windows {
+		for _, u := range o.units() {
 			var done []Run
 			for _, r := range runs {
-				if r.Window == w && r.Success() {
+				if r.Window == u.window && r.Index == u.index && r.Success() {
 					done = append(done, r)
 				}
 			}
-			state := o.WindowStates[o.windowKey(w)]
+			state := o.WindowStates[o.unitKey(u)]
 			switch {
 			case len(done) > 0 && state != "succeeded":
-				add("e: success not recorded", podsOf(done...), "window %d ran to completion but its row is %q:\n  %s", w, state, joinRuns(done))
+				add("e: success not recorded", podsOf(done...), "window %s ran to completion but its row is %q:\n  %s", u, state, joinRuns(done))
 			case len(done) == 0 && state == "succeeded":
-				add("e: recorded success without a run", nil, "window %d is recorded succeeded but no run of it completed", w)
+				add("e: recorded success without a run", nil, "window %s is recorded succeeded but no run of it completed", u)
 			}
 		}
 	}
 	return vs
 }
 
-func (o *Outcome) windowKey(w int) string { return o.Windows[w] }
+// unit is what runs at most once: a window, or one completion index of it.
+type unit struct{ window, index int }
+
+func (u unit) String() string { return unitKey(strconv.Itoa(u.window), u.index) }
+
+func (o *Outcome) units() []unit {
+	var us []unit
+	for w := range o.Plan.Windows {
+		if o.Plan.Completions <= 1 {
+			us = append(us, unit{w, -1})
+			continue
+		}
+		for i := range o.Plan.Completions {
+			us = append(us, unit{w, i})
+		}
+	}
+	return us
+}
+
+// unitKey is u's key in WindowStates.
+func (o *Outcome) unitKey(u unit) string { return unitKey(o.Windows[u.window], u.index) }
 
 // cleanClusters are the clusters whose Job for window w no fault made
 // unable to run it: the bouncer was never cut while the Job lived, and none
 // of its apps never started, exited non-zero or was killed.
-func (o *Outcome) cleanClusters(w int) []string {
+func (o *Outcome) cleanClusters(u unit) []string {
 	var clean []string
 	for c := range o.Plan.Clusters {
 		name := ClusterName(c)
 		var from, to time.Time
 		ok := false
 		for _, pr := range o.Pods {
-			if pr.Cluster != name || pr.Window != w {
+			if pr.Cluster != name || pr.Window != u.window || pr.Index != u.index {
 				continue
 			}
 			if from.IsZero() || pr.Created.Before(from) {
@@ -385,7 +412,7 @@ func (o *Outcome) Report(vs []Violation) string {
 	}
 	b.WriteString("--- jobs\n")
 	for _, j := range o.Jobs {
-		fmt.Fprintf(&b, "%s %s window %d: %s after %d pod(s)\n", j.Cluster, j.Name, j.Window, j.Result, j.Pods)
+		fmt.Fprintf(&b, "%s %s window %s: %s after %d pod(s)\n", j.Cluster, j.Name, unitKey(strconv.Itoa(j.Window), j.Index), j.Result, j.Pods)
 	}
 	runs, _ := o.Runs()
 	b.WriteString("--- runs\n")

@@ -117,8 +117,11 @@ type Plan struct {
 	// Period is the CronJob's (scaled) period: window w's Jobs are created
 	// w*Period after the schedule starts, plus each cluster's Jitter.
 	Period time.Duration
-	Jitter [][]time.Duration // [cluster][window]
-	Faults []Fault
+	// Completions > 1 makes every Job Indexed (schedule mode only): one pod
+	// per completion index at once, each index claiming its own window.
+	Completions int
+	Jitter      [][]time.Duration // [cluster][window]
+	Faults      []Fault
 }
 
 // Fault is one planned fault.
@@ -179,8 +182,12 @@ func (p Plan) HasLease() bool    { return strings.Contains(p.Mode, "lease") }
 
 func (p Plan) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d: mode %s, standby %t, %d clusters, %d windows every %s\n",
+	fmt.Fprintf(&b, "seed %d: mode %s, standby %t, %d clusters, %d windows every %s",
 		p.Seed, p.Mode, p.Standby, p.Clusters, p.Windows, p.Period.Round(time.Millisecond))
+	if p.Completions > 1 {
+		fmt.Fprintf(&b, ", Indexed Jobs of %d completions", p.Completions)
+	}
+	b.WriteString("\n")
 	for _, f := range p.Faults {
 		fmt.Fprintf(&b, "  planned %s\n", f)
 	}
@@ -200,6 +207,10 @@ func Draw(seed uint64, s Settings) Plan {
 	}
 	// standby needs schedule mode (DESIGN.md: it is about windows).
 	p.Standby = p.Standby && p.HasSchedule()
+	p.Completions = 1
+	if p.Mode == "schedule" && r.IntN(3) == 0 {
+		p.Completions = 2 + r.IntN(2)
+	}
 	p.Jitter = make([][]time.Duration, p.Clusters)
 	for c := range p.Jitter {
 		for range p.Windows {
@@ -268,16 +279,17 @@ type App struct {
 	NeverStart bool
 }
 
-// AppOf is the app of cluster c's Job for window w, pod number attempt. It
-// depends only on the plan, not on the order in which pods happen to be
-// created.
-func (p Plan) AppOf(s Settings, c, w, attempt int) App {
+// AppOf is the app of cluster c's Job for window w, completion index (0 when
+// not Indexed), pod number attempt (per index). It depends only on the plan,
+// not on the order in which pods happen to be created. Planned app faults
+// hit index 0.
+func (p Plan) AppOf(s Settings, c, w, index, attempt int) App {
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%d/%d/%d", c, w, attempt)
+	fmt.Fprintf(h, "%d/%d/%d/%d", c, w, index, attempt)
 	r := rand.New(rand.NewPCG(p.Seed, h.Sum64()))
 	a := App{Sleep: between(r, 200*time.Millisecond, s.MaxRun)}
 	for _, f := range p.Faults {
-		if f.Cluster == c && f.Window == w && f.Attempt == attempt {
+		if f.Cluster == c && f.Window == w && f.Attempt == attempt && index == 0 {
 			switch f.Kind {
 			case AppExit:
 				a.Exit = 3

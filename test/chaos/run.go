@@ -129,6 +129,7 @@ func (r *run) podEnv(j *job, p *pod) (agent, app []string) {
 		spec.EnvPodName + "=" + p.name,
 		spec.EnvAppStartTimeout + "=" + s.AppStartTimeout.String(),
 		spec.EnvDatabaseURL + "=" + j.cl.bouncer.DSN(),
+		spec.EnvJobIndex + "=" + indexEnv(j.index),
 		spec.EnvSharedDir + "=" + p.dir,
 		spec.EnvTerminationLog + "=" + filepath.Join(p.dir, "termination-log"),
 	}
@@ -137,27 +138,45 @@ func (r *run) podEnv(j *job, p *pod) (agent, app []string) {
 		spec.EnvSharedDir + "=" + p.dir,
 		spec.EnvContainerName + "=app",
 		"LEDGER=" + r.ledger,
-		fmt.Sprintf("RUN_ID=cluster=%s job=%s pod=%s w=%d", j.cl.name, j.name, p.name, j.window),
+		fmt.Sprintf("RUN_ID=cluster=%s job=%s pod=%s w=%d i=%d", j.cl.name, j.name, p.name, j.window, j.index),
 		fmt.Sprintf("APP_SLEEP=%.3f", p.app.Sleep.Seconds()),
 		"APP_EXIT=" + strconv.Itoa(p.app.Exit),
 	}
 	return agent, app
 }
 
-// createJob is cluster c's CronJob controller at window w's tick.
+func indexEnv(index int) string {
+	if index < 0 {
+		return ""
+	}
+	return strconv.Itoa(index)
+}
+
+// createJob is cluster c's CronJob controller at window w's tick. An
+// Indexed Job starts a pod for every completion index at once.
 func (r *run) createJob(c, w int) {
 	cl := r.clusters[c]
 	minutes := r.windowStart(w).Unix() / 60
-	j := &job{r: r, cl: cl, window: w, created: time.Now(), doneCh: make(chan struct{})}
-	j.name = fmt.Sprintf("%s-%d", r.name, minutes)
-	j.uid = fmt.Sprintf("uid-%s-%s-%d", cl.name, r.name, minutes)
-	r.mu.Lock()
-	r.jobs = append(r.jobs, j)
-	r.mu.Unlock()
-	r.event(Event{Kind: "job-created", Cluster: cl.name, Pod: j.name, Detail: "window " + strconv.Itoa(w) + " " + r.windowStart(w).Format(time.RFC3339)})
-	j.mu.Lock()
-	j.newPodLocked("new Job")
-	j.mu.Unlock()
+	indexes := []int{-1}
+	if r.plan.Completions > 1 {
+		indexes = nil
+		for i := range r.plan.Completions {
+			indexes = append(indexes, i)
+		}
+	}
+	r.event(Event{Kind: "job-created", Cluster: cl.name, Pod: fmt.Sprintf("%s-%d", r.name, minutes),
+		Detail: "window " + strconv.Itoa(w) + " " + r.windowStart(w).Format(time.RFC3339)})
+	for _, i := range indexes {
+		j := &job{r: r, cl: cl, window: w, index: i, created: time.Now(), doneCh: make(chan struct{})}
+		j.name = fmt.Sprintf("%s-%d", r.name, minutes)
+		j.uid = fmt.Sprintf("uid-%s-%s-%d", cl.name, r.name, minutes)
+		r.mu.Lock()
+		r.jobs = append(r.jobs, j)
+		r.mu.Unlock()
+		j.mu.Lock()
+		j.newPodLocked("new Job")
+		j.mu.Unlock()
+	}
 }
 
 // faultTargets are the Jobs a pod fault may hit, best first: the planned
@@ -169,7 +188,7 @@ func (r *run) faultTargets(f Fault) []*job {
 	var ts []*job
 	rank := func(j *job) int {
 		switch {
-		case j.cl.idx == f.Cluster && j.window == f.Window:
+		case j.cl.idx == f.Cluster && j.window == f.Window && j.index <= 0:
 			return 0
 		case j.window == f.Window:
 			return 1
@@ -212,7 +231,8 @@ type Outcome struct {
 	Rows string
 	// Windows are the windows' starts, RFC 3339.
 	Windows []string
-	// WindowStates maps a window's RFC 3339 start to its row's state.
+	// WindowStates maps a window's RFC 3339 start (and "/<index>" for an
+	// Indexed Job's) to its row's state.
 	WindowStates map[string]string
 	// Overran: the schedule had to be killed at its hard deadline.
 	Overran bool
@@ -222,6 +242,7 @@ type Outcome struct {
 type PodRecord struct {
 	Cluster, Job, Name string
 	Window, Attempt    int
+	Index              int // -1: not Indexed
 	App                App
 	Created, Ended     time.Time
 	DeletedWhy         string
@@ -239,6 +260,7 @@ type PodRecord struct {
 type JobRecord struct {
 	Cluster, Name string
 	Window        int
+	Index         int
 	Result        string
 	Pods          int
 }
@@ -290,7 +312,7 @@ func (w *World) Run(plan Plan, index int, slot *Slot, dir string) (*Outcome, err
 		}))
 	}
 	time.Sleep(lastJob)
-	for r.jobCount() < plan.Clusters*plan.Windows {
+	for r.jobCount() < plan.Clusters*plan.Windows*plan.Completions {
 		time.Sleep(10 * time.Millisecond)
 	}
 	faults.Wait()
@@ -560,12 +582,12 @@ func (r *run) outcome(quiet time.Time, overran bool) *Outcome {
 
 	for _, j := range r.jobs {
 		j.mu.Lock()
-		o.Jobs = append(o.Jobs, JobRecord{Cluster: j.cl.name, Name: j.name, Window: j.window, Result: j.result, Pods: len(j.pods)})
+		o.Jobs = append(o.Jobs, JobRecord{Cluster: j.cl.name, Name: j.name, Window: j.window, Index: j.index, Result: j.result, Pods: len(j.pods)})
 		j.mu.Unlock()
 	}
 	for _, p := range r.pods {
 		p.mu.Lock()
-		pr := PodRecord{Cluster: p.job.cl.name, Job: p.job.name, Name: p.name, Window: p.job.window, Attempt: p.attempt,
+		pr := PodRecord{Cluster: p.job.cl.name, Job: p.job.name, Name: p.name, Window: p.job.window, Index: p.job.index, Attempt: p.attempt,
 			App: p.app, Created: p.created, DeletedWhy: p.deleteWhy, Stuck: p.stuck, AgentLog: p.agentLog, SidecarStarts: p.agentStarts,
 			AppCode: -1}
 		if p.appC != nil {
@@ -582,6 +604,15 @@ func (r *run) outcome(quiet time.Time, overran bool) *Outcome {
 	}
 	o.Rows, o.WindowStates = r.dumpRows()
 	return o
+}
+
+// unitKey names what runs at most once: a window, or a window's completion
+// index.
+func unitKey(window string, index int) string {
+	if index < 0 {
+		return window
+	}
+	return fmt.Sprintf("%s/%d", window, index)
 }
 
 func (o *Outcome) addKind(k Kind) {
@@ -629,12 +660,13 @@ func (r *run) dumpRows() (string, map[string]string) {
 				for _, l := range lines {
 					fmt.Fprintf(&rows, "%s: %s\n", t, l)
 					if t == "windows" {
-						var w struct {
+						w := struct {
 							WindowStart time.Time `json:"window_start"`
 							State       string    `json:"state"`
-						}
+							JobIndex    int       `json:"job_index"`
+						}{JobIndex: -1}
 						if json.Unmarshal([]byte(l), &w) == nil {
-							states[w.WindowStart.UTC().Format(time.RFC3339)] = w.State
+							states[unitKey(w.WindowStart.UTC().Format(time.RFC3339), w.JobIndex)] = w.State
 						}
 					}
 				}

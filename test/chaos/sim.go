@@ -385,9 +385,13 @@ func (p *pod) killAll() {
 // complete after the first pod whose app succeeded (the others are
 // deleted), and the deadline the runner enforces.
 type job struct {
-	r       *run
-	cl      *cluster
-	window  int
+	r      *run
+	cl     *cluster
+	window int
+	// index is the completion index of an Indexed Job, -1 otherwise. An
+	// Indexed Job is simulated as one job value per index (each with its
+	// own pods and backoff), sharing name and UID.
+	index   int
 	name    string
 	uid     string
 	created time.Time
@@ -406,8 +410,8 @@ func (j *job) newPodLocked(why string) *pod {
 	attempt := len(j.pods)
 	p := &pod{
 		r: j.r, job: j, attempt: attempt,
-		name:     fmt.Sprintf("%s-%s-p%d", j.name, j.cl.name[len(j.cl.name)-1:], attempt),
-		app:      j.r.plan.AppOf(j.r.w.Settings, j.cl.idx, j.window, attempt),
+		name:     fmt.Sprintf("%s-%s%s-p%d", j.name, j.cl.name[len(j.cl.name)-1:], j.indexLabel(), attempt),
+		app:      j.r.plan.AppOf(j.r.w.Settings, j.cl.idx, j.window, max(j.index, 0), attempt),
 		created:  time.Now(),
 		deleteCh: make(chan struct{}),
 		ended:    make(chan struct{}),
@@ -425,6 +429,14 @@ func (j *job) newPodLocked(why string) *pod {
 	p.event(false, "pod-created", "%s", why)
 	go p.kubelet()
 	return p
+}
+
+// indexLabel is "" or "-i<index>", for pod names.
+func (j *job) indexLabel() string {
+	if j.index < 0 {
+		return ""
+	}
+	return fmt.Sprintf("-i%d", j.index)
 }
 
 func (j *job) podEnded(p *pod) {
