@@ -7,7 +7,9 @@
 // own in front of the one PostgreSQL (test/pgtest); its CronJob creates one
 // Job per window; a Job runs pods by the Job controller's rules
 // (restartPolicy Never, a new pod after a failed one up to backoffLimit, the
-// others deleted once one succeeds); a pod is the dislock-agent native
+// others deleted once one succeeds; an Indexed Job runs a pod per
+// completion index at once, each index a window of its own); a pod is the
+// dislock-agent native
 // sidecar, started first and restarted by the kubelet whenever it dies while
 // the pod runs, and, once `dislock-agent probe` passes (polled like a
 // startupProbe, whose budget exceeded restarts the sidecar), an app container
