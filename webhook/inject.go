@@ -316,9 +316,16 @@ func Inject(job *batchv1.Job, cronJob *batchv1.CronJob, opts Options, entrypoint
 	// drain, an eviction, a preemption). The lock keeps the two from running
 	// together, but the replacement would wait out the old pod's claim;
 	// with Failed it is normally created only once the old pod is gone. A
-	// user's explicit choice stands.
-	if out.Spec.PodReplacementPolicy == nil {
+	// user's explicit choice stands. The choice is read from the CronJob's
+	// job template: the API server defaults a Job's policy to
+	// TerminatingOrFailed before admission webhooks see it, so on the Job
+	// "unset" and "chosen" look the same, while a CronJob's template keeps
+	// it unset.
+	switch chosen := cronJob.Spec.JobTemplate.Spec.PodReplacementPolicy; {
+	case chosen == nil:
 		out.Spec.PodReplacementPolicy = ptr.To(batchv1.Failed)
+	case out.Spec.PodReplacementPolicy == nil:
+		out.Spec.PodReplacementPolicy = ptr.To(*chosen)
 	}
 
 	window := ""
@@ -407,6 +414,7 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, annotations map[string
 				c.Name, spec.AnnotationEntrypoint))
 		}
 		p.commands = append(p.commands, cmd)
+		p.env.AppContainers = append(p.env.AppContainers, c.Name)
 	}
 	return p, errors.Join(errs...)
 }

@@ -57,6 +57,7 @@ var goldenCases = []goldenCase{
 	{name: "window-from-schedule"},
 	{name: "indexed"},
 	{name: "explicit-pod-replacement-policy"},
+	{name: "defaulted-pod-replacement-policy"},
 }
 
 // readCase decodes a case file: a CronJob, then a Job, as YAML documents.

@@ -49,6 +49,8 @@ type agent struct {
 	// gaveUp says why the claim was given up because no app started in
 	// time; empty otherwise.
 	gaveUp string
+	// finished: the run's outcome was handled (recorded, or left to lapse).
+	finished bool
 	// disagreement warns that other clusters see the job differently.
 	disagreement string
 	installed    <-chan struct{} // closed once install is done
@@ -180,6 +182,7 @@ func (a *agent) publish(d protocol.Decision) {
 	if d.Action == protocol.ActionRun {
 		d.KillGrace = protocol.Duration(a.cfg.KillGrace())
 		d.DecidedAt = protocol.MonotonicNow()
+		d.BootID = protocol.BootID()
 		if dl := a.deadline(); dl != 0 {
 			if err := a.dir.WriteDeadline(dl); err != nil {
 				a.log.Error("writing the deadline failed", "err", err)

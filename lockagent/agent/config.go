@@ -40,6 +40,9 @@ type Config struct {
 	// AppStartTimeout: after "run", if no wrapper started the app by then,
 	// the claim is given up so that a standby or the Job's retry can take it.
 	AppStartTimeout time.Duration
+	// AppContainers are the names of the pod's app containers; empty when
+	// unknown (then the first wrapper to start counts).
+	AppContainers []string
 
 	DatabaseURL    string
 	SharedDir      string
@@ -110,7 +113,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	c.Window, c.Manual = env.Window, env.Manual
 	c.Schedule, c.TimeZone = env.Schedule, env.TimeZone
 	c.TTL, c.Standby, c.Catchup = env.LeaseTTL, env.Standby, env.Catchup
-	c.AppStartTimeout = env.AppStartTimeout
+	c.AppStartTimeout, c.AppContainers = env.AppStartTimeout, env.AppContainers
 	c.JobIndex = -1
 	if env.Indexed {
 		c.JobIndex = env.JobIndex

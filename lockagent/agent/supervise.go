@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/dislock/dislock/lockagent/lock"
@@ -37,9 +39,19 @@ func (a *agent) supervise(ctx context.Context) {
 	appStart := time.NewTimer(time.Duration(decidedAt + int64(a.cfg.AppStartTimeout) - protocol.MonotonicNow()))
 	defer appStart.Stop()
 	appStartC := appStart.C
+	// With the app containers known, a success is recorded as soon as every
+	// one of them succeeded, not only when the kubelet stops the sidecar:
+	// the sooner it is recorded, the smaller the chance that a database
+	// outage lets the window lapse to a standby after it already ran.
+	var doneC <-chan time.Time
+	if len(a.cfg.AppContainers) > 0 {
+		done := time.NewTicker(250 * time.Millisecond)
+		defer done.Stop()
+		doneC = done.C
+	}
 	for {
 		if a.windowToken == 0 && a.leaseToken == 0 {
-			// Given up: nothing left to keep alive.
+			// Given up or finished: nothing left to keep alive.
 			<-ctx.Done()
 			return
 		}
@@ -56,6 +68,10 @@ func (a *agent) supervise(ctx context.Context) {
 		case <-appStartC:
 			appStartC = nil
 			a.checkAppStarted(ctx)
+		case <-doneC:
+			if a.allSucceeded() {
+				a.finishRun(ctx)
+			}
 		case <-expireC:
 			a.revoke(fmt.Sprintf("no renewal succeeded for %s; the safety deadline passed before the lease could expire at database time", a.cfg.TTL-a.cfg.Margin()))
 		case <-beat.C:
@@ -109,16 +125,22 @@ func (a *agent) heartbeat(ctx context.Context) error {
 // between, it sees revoked and stops its app; the claim then lapses as after
 // any revocation.
 func (a *agent) checkAppStarted(ctx context.Context) {
-	if names, err := a.dir.Started(); err != nil || len(names) > 0 {
-		if err != nil {
-			a.log.Error("cannot tell whether an app container started; keeping the claim", "err", err)
-		}
+	missing, err := a.notStarted()
+	switch {
+	case err != nil:
+		a.log.Error("cannot tell whether the app containers started; keeping the claim", "err", err)
+		return
+	case len(missing) == 0:
 		return
 	}
-	why := fmt.Sprintf("no app container started within the app-start timeout %s after the run decision (image pull failing, or a missing volume?)", a.cfg.AppStartTimeout)
+	why := fmt.Sprintf("app container(s) %s did not start within the app-start timeout %s after the run decision (image pull failing, or a missing volume?)",
+		strings.Join(missing, ", "), a.cfg.AppStartTimeout)
 	a.revoke(why)
 	if names, err := a.dir.Started(); err != nil || len(names) > 0 {
-		a.log.Warn("an app container started just as the claim was given up; it is stopped and the claim lapses", "containers", names, "err", err)
+		// Some wrapper marked before it saw revoked: its app may run until
+		// it sees it. Recording the window now would let another pod run
+		// alongside; the revocation stops the app and the claim lapses.
+		a.log.Warn("an app container started before the claim was given up; it is stopped and the claim lapses", "containers", names, "err", err)
 		return
 	}
 	a.gaveUp = why
@@ -132,6 +154,43 @@ func (a *agent) checkAppStarted(ctx context.Context) {
 	msg := "gave the claim up: " + why
 	a.terminationMessage(msg)
 	a.log.Error(msg, "key", a.cfg.Key, "window", formatWindow(a.window))
+}
+
+// notStarted lists the app containers that have not marked started: every
+// one of AppContainers, or, when those are unknown, "any" until one has.
+func (a *agent) notStarted() ([]string, error) {
+	names, err := a.dir.Started()
+	if err != nil {
+		return nil, err
+	}
+	if len(a.cfg.AppContainers) == 0 {
+		if len(names) == 0 {
+			return []string{"any"}, nil
+		}
+		return nil, nil
+	}
+	var missing []string
+	for _, c := range a.cfg.AppContainers {
+		if !slices.Contains(names, c) {
+			missing = append(missing, c)
+		}
+	}
+	return missing, nil
+}
+
+// allSucceeded reports whether every app container ran and exited 0.
+func (a *agent) allSucceeded() bool {
+	results, err := a.dir.ReadResults()
+	if err != nil {
+		return false
+	}
+	for _, c := range a.cfg.AppContainers {
+		r, ok := results[c]
+		if !ok || !r.Ran || r.ExitCode != 0 || r.Revoked {
+			return false
+		}
+	}
+	return true
 }
 
 // revoke tells the wrappers to stop the app now.
@@ -157,6 +216,12 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 		a.log.Info("the claim was revoked before the restart; it stays revoked", "reason", why)
 		return
 	}
+	if prev.BootID != "" && prev.BootID != protocol.BootID() {
+		// The node rebooted: whatever ran was stopped with it, and the
+		// monotonic deadline and decision time are of another boot.
+		a.revoke("the node rebooted since the decision; the pod's claim ended with it")
+		return
+	}
 	if prev.Window != "" {
 		a.window, _ = time.Parse(time.RFC3339, prev.Window)
 	}
@@ -170,6 +235,19 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 		})
 		if err != nil {
 			a.revoke("re-entering the window after a restart: " + err.Error())
+			return
+		}
+		if claim.Outcome != lock.Reentered {
+			// The claim lapsed and another pod of this Job took it and let
+			// it go, so this pod took it anew with a new token: the app
+			// may have been stopped at its deadline meanwhile, and must not
+			// run on with its old token. Give the new claim back.
+			a.windowToken = claim.Window.Token
+			if err := a.finishWindow(ctx, lock.StateFailed, nil); err != nil {
+				a.log.Error("giving back the window taken anew failed; it lapses", "err", err)
+			}
+			a.windowToken = 0
+			a.revoke(fmt.Sprintf("re-entering the window after a restart: the claim had lapsed (%s with token %d, had %d)", claim.Outcome, claim.Window.Token, prev.Token))
 			return
 		}
 		a.windowToken, a.windowUntil = claim.Window.Token, a.safeFrom(sent)
@@ -209,14 +287,9 @@ func (a *agent) record() {
 	switch {
 	case d.Action == "":
 		// Stopped while waiting or deciding: nothing ran. A window claimed
-		// while waiting for the lease is recorded failed so that another pod
-		// of the Job, or a standby, need not wait out its liveness.
-		if a.windowToken != 0 {
-			if err := a.finishWindow(ctx, lock.StateFailed, nil); err != nil {
-				a.log.Error("recording the unused window claim failed; it lapses after the TTL", "err", err)
-			}
-		}
-		a.releaseLease(ctx)
+		// meanwhile is left to lapse, not recorded failed: a restarted
+		// sidecar of this pod re-enters it (a failed claim it would have to
+		// skip), and anyone else may take it after the TTL.
 		msg := "stopped before a decision was reached: nothing ran; a restarted sidecar decides again"
 		a.terminationMessage(msg)
 		a.log.Info("stopping: " + msg)
@@ -229,12 +302,33 @@ func (a *agent) record() {
 		a.terminationMessage("gave the claim up: " + a.gaveUp)
 		a.log.Info("stopping after giving the claim up", "reason", a.gaveUp)
 		return
+	case a.finished:
+		return
 	}
-	results, err := a.dir.ReadResults()
-	if err != nil {
-		a.log.Error("reading the wrappers' results failed", "err", err)
+	a.finishRun(ctx)
+}
+
+// finishRun ends the pod's run: it revokes first, so that no wrapper starts
+// or goes on after it; waits until every app that started has reported (the
+// kubelet normally stops the sidecar only after the apps exited, but a
+// sidecar can also be stopped while they run); then records the outcome at
+// database time, releases the lease and leaves the termination message.
+func (a *agent) finishRun(ctx context.Context) {
+	d := a.decision
+	if err := a.dir.Revoke("the pod's run is over"); err != nil {
+		a.log.Error("writing revoked failed", "err", err)
 	}
-	state, code, summary := outcome(results, a.revoked)
+	results, settled := a.awaitResults(ctx)
+	a.finished = true
+	if !settled {
+		// An app may still run on its deadline: recording now would let
+		// another pod run alongside. The claim lapses after it.
+		msg := fmt.Sprintf("stopped while an app of window %s of %s may still run; the claim is left to lapse", d.Window, d.Key)
+		a.terminationMessage(msg)
+		a.log.Error(msg)
+		return
+	}
+	state, code, summary := outcome(results, a.cfg.AppContainers)
 	if a.windowToken != 0 {
 		if err := a.finishWindow(ctx, state, code); err != nil {
 			a.log.Error("recording the outcome failed", "state", state, "err", err)
@@ -242,6 +336,7 @@ func (a *agent) record() {
 		}
 	}
 	a.releaseLease(ctx)
+	a.windowToken, a.leaseToken = 0, 0
 	where := "manual run"
 	if d.Window != "" {
 		where = "window " + d.Window
@@ -249,6 +344,33 @@ func (a *agent) record() {
 	msg := fmt.Sprintf("ran %s of %s with token %d: %s", where, d.Key, d.Token, summary)
 	a.terminationMessage(joinReason(msg, a.disagreement))
 	a.log.Info("recorded", "key", d.Key, "window", d.Window, "token", d.Token, "state", state, "exitCode", code, "summary", summary)
+}
+
+// awaitResults waits until every wrapper that marked started has written its
+// result, or until the safety deadline and the wrappers' kill grace passed
+// (a wrapper stops its app by then on its own), or ctx ends. settled is
+// false only when an app may still be running.
+func (a *agent) awaitResults(ctx context.Context) (map[string]protocol.Result, bool) {
+	for {
+		results, err := a.dir.ReadResults()
+		if err != nil {
+			a.log.Error("reading the wrappers' results failed", "err", err)
+		}
+		started, err := a.dir.Started()
+		if err != nil {
+			a.log.Error("reading which app containers started failed", "err", err)
+		}
+		pending := slices.DeleteFunc(started, func(n string) bool { _, ok := results[n]; return ok })
+		dl := a.deadline()
+		// The wrappers poll every 100 ms; a second covers a slow one.
+		if len(pending) == 0 || dl == 0 || protocol.MonotonicNow() > dl+int64(a.cfg.KillGrace()+time.Second) {
+			return results, true
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			a.log.Error("app container(s) still running when the stop timeout ended", "containers", pending)
+			return results, false
+		}
+	}
 }
 
 func (a *agent) finishWindow(ctx context.Context, state lock.State, code *int) error {
@@ -276,10 +398,17 @@ func (a *agent) releaseLease(ctx context.Context) {
 }
 
 // outcome folds the wrappers' results into the window's state: succeeded
-// only if every app container ran and exited 0 and the lease was never lost.
-func outcome(results map[string]protocol.Result, revoked bool) (lock.State, *int, string) {
+// only if every app container (every one of expected, when known) ran,
+// exited 0 and was not stopped because the claim was lost. A revocation
+// after the apps ended does not undo their success.
+func outcome(results map[string]protocol.Result, expected []string) (lock.State, *int, string) {
 	if len(results) == 0 {
 		return lock.StateFailed, nil, "failed: no app container reported a result (killed, or never started)"
+	}
+	for _, n := range expected {
+		if _, ok := results[n]; !ok {
+			return lock.StateFailed, nil, fmt.Sprintf("failed: container %s reported no result (killed, or never started)", n)
+		}
 	}
 	names := make([]string, 0, len(results))
 	for n := range results {
@@ -299,9 +428,6 @@ func outcome(results map[string]protocol.Result, revoked bool) (lock.State, *int
 			}
 			return lock.StateFailed, &code, fmt.Sprintf("failed: container %s %s", n, why)
 		}
-	}
-	if revoked {
-		return lock.StateFailed, nil, "failed: the lease was lost during the run"
 	}
 	zero := 0
 	return lock.StateSucceeded, &zero, fmt.Sprintf("succeeded (%d container(s), exit code 0)", len(results))

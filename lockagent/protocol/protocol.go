@@ -59,6 +59,10 @@ type Decision struct {
 	// DecidedAt is when the agent published a run (CLOCK_MONOTONIC ns): the
 	// app-start timeout counts from it, across restarts of the agent.
 	DecidedAt int64 `json:"decidedAt,omitempty"`
+	// BootID is the node's boot when the agent decided. CLOCK_MONOTONIC
+	// starts again at every boot while an emptyDir survives a node reboot,
+	// so monotonic instants from another boot mean nothing.
+	BootID string `json:"bootID,omitempty"`
 }
 
 // Duration marshals as a Go duration string.
@@ -171,13 +175,22 @@ func (d Dir) Started() ([]string, error) {
 }
 
 // WriteDeadline publishes the CLOCK_MONOTONIC instant (ns) until which the
-// holder may act.
+// holder may act, with the boot it belongs to.
 func (d Dir) WriteDeadline(monoNanos int64) error {
-	return writeAtomic(d.Path(DeadlineFile), []byte(strconv.FormatInt(monoNanos, 10)+"\n"), 0o644)
+	line := strconv.FormatInt(monoNanos, 10)
+	if id := BootID(); id != "" {
+		line += " " + id
+	}
+	return writeAtomic(d.Path(DeadlineFile), []byte(line+"\n"), 0o644)
 }
 
+// ErrOtherBoot: the deadline was written before the node rebooted. The
+// monotonic clock started again since, so the deadline must count as passed.
+var ErrOtherBoot = errors.New("written before the node rebooted")
+
 // ReadDeadline returns the deadline, or ok=false when none was written (the
-// pod holds nothing that can expire).
+// pod holds nothing that can expire). A deadline of an earlier boot is
+// ErrOtherBoot.
 func (d Dir) ReadDeadline() (monoNanos int64, ok bool, err error) {
 	b, err := os.ReadFile(d.Path(DeadlineFile))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -186,11 +199,29 @@ func (d Dir) ReadDeadline() (monoNanos int64, ok bool, err error) {
 	if err != nil {
 		return 0, false, err
 	}
-	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	num, boot, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	v, err := strconv.ParseInt(num, 10, 64)
 	if err != nil {
 		return 0, false, fmt.Errorf("deadline file %s: %w", d.Path(DeadlineFile), err)
 	}
+	if boot != "" && boot != BootID() {
+		return 0, false, fmt.Errorf("deadline file %s: %w", d.Path(DeadlineFile), ErrOtherBoot)
+	}
 	return v, true, nil
+}
+
+// bootIDPath is the kernel's random id of the current boot; containers can
+// read it.
+var bootIDPath = "/proc/sys/kernel/random/boot_id"
+
+// BootID is the current boot's id, "" when it cannot be read (then boots are
+// not told apart).
+func BootID() string {
+	b, err := os.ReadFile(bootIDPath)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // Revoke tells the wrappers the lease is lost; reason is kept for the logs.

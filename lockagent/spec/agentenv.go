@@ -35,6 +35,12 @@ type AgentEnv struct {
 	// per completion index; JobIndex is then its index.
 	Indexed  bool
 	JobIndex int
+	// AppContainers names the pod's app containers (each wrapper's
+	// DISLOCK_CONTAINER_NAME). The agent waits for every one of them to
+	// start before the app-start timeout, and may record a success as soon
+	// as every one of them succeeded. Empty: not known (a pod run by hand);
+	// the first wrapper to start counts.
+	AppContainers []string
 
 	// The parts of the lock owner: the data centre (the webhook's
 	// --cluster-name) and the pod's Job, the Job's UID and the pod.
@@ -124,6 +130,9 @@ func (e AgentEnv) Render() []EnvVar {
 		{Name: EnvCatchup, Value: catchup},
 		{Name: EnvAppStartTimeout, Value: shortDuration(e.AppStartTimeout)},
 		{Name: EnvCluster, Value: e.Cluster},
+	}
+	if len(e.AppContainers) > 0 {
+		vars = append(vars, EnvVar{Name: EnvAppContainers, Value: strings.Join(e.AppContainers, ",")})
 	}
 	if e.JobName != "" {
 		vars = append(vars, EnvVar{Name: EnvJobName, Value: e.JobName})
@@ -312,6 +321,17 @@ func ParseAgentEnv(getenv func(string) string, opts ParseOptions) (AgentEnv, err
 		}
 	}
 
+	if v := getenv(EnvAppContainers); v != "" {
+		for _, name := range strings.Split(v, ",") {
+			if !containerName(name) {
+				bad(EnvAppContainers, v, `is not a comma-separated list of container names (want e.g. "app,report")`)
+				e.AppContainers = nil
+				break
+			}
+			e.AppContainers = append(e.AppContainers, name)
+		}
+	}
+
 	e.Cluster = getenv(EnvCluster)
 	switch {
 	case e.Cluster == "":
@@ -341,6 +361,20 @@ func ParseAgentEnv(getenv func(string) string, opts ParseOptions) (AgentEnv, err
 		bad(EnvDatabaseURL, "", "is empty (want a PostgreSQL URL; the webhook sets it from the namespace's database Secret, whose key must hold one)")
 	}
 	return e, errors.Join(errs...)
+}
+
+// containerName accepts a Kubernetes container name (a DNS-1123 label), which
+// is also a plain file name for the started/ and results/ files.
+func containerName(s string) bool {
+	if s == "" || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, r := range s {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
+			return false
+		}
+	}
+	return true
 }
 
 // parseDuration reads a Go duration in [lo, hi], or returns the problem.

@@ -88,7 +88,8 @@ func validEnv() AgentEnv {
 		Window:   time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC),
 		Schedule: "0 * * * *", TimeZone: "Europe/Berlin",
 		LeaseTTL: 45 * time.Second, Standby: true, Catchup: 10 * time.Minute, AppStartTimeout: 90 * time.Minute,
-		Cluster: "dc-a", JobName: "nightly-report-29936880", JobUID: "6f1c2f6e-5b1a-4c52-9d0b-1a2b3c4d5e6f",
+		AppContainers: []string{"extract", "load"},
+		Cluster:       "dc-a", JobName: "nightly-report-29936880", JobUID: "6f1c2f6e-5b1a-4c52-9d0b-1a2b3c4d5e6f",
 		PodName: "nightly-report-29936880-x7k2p", DatabaseURL: "postgres://tenant:secret@pg:6432/dislock",
 		SharedDir: DefaultSharedDir, TerminationLog: DefaultTerminationLog,
 	}
@@ -176,7 +177,7 @@ func TestRenderReadsPodFactsFromThePod(t *testing.T) {
 		}
 	}
 	wantNames := []string{EnvMode, EnvKey, EnvWindow, EnvSchedule, EnvTimeZone, EnvLeaseTTL, EnvStandby, EnvCatchup,
-		EnvAppStartTimeout, EnvCluster, EnvJobName, EnvJobUID, EnvPodName, EnvJobIndex, EnvDatabaseURL}
+		EnvAppStartTimeout, EnvCluster, EnvAppContainers, EnvJobName, EnvJobUID, EnvPodName, EnvJobIndex, EnvDatabaseURL}
 	if !reflect.DeepEqual(names, wantNames) {
 		t.Errorf("rendered %q, want %q", names, wantNames)
 	}
@@ -240,6 +241,8 @@ func TestParseAgentEnv(t *testing.T) {
 			errs: []string{`DISLOCK_LEASE_TTL="2s" is out of range (want between 5s and 1h)`, `DISLOCK_APP_START_TIMEOUT="1s" is out of range (want between 30s and 24h)`}},
 		{name: "even the test flag keeps a floor", short: true, env: map[string]string{EnvLeaseTTL: "500ms"},
 			errs: []string{`DISLOCK_LEASE_TTL="500ms" is out of range (want between 1s and 1h)`}},
+		{name: "app containers that are not container names", env: map[string]string{EnvAppContainers: "app,,../x"},
+			errs: []string{`DISLOCK_APP_CONTAINERS="app,,../x" is not a comma-separated list of container names (want e.g. "app,report")`}},
 		{name: "a lease TTL above the maximum", env: map[string]string{EnvLeaseTTL: "2h"},
 			errs: []string{`DISLOCK_LEASE_TTL="2h" is out of range (want between 5s and 1h)`}},
 		{name: "a bad mode and key name the variable, the value and the fix",

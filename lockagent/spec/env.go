@@ -28,6 +28,9 @@ const (
 	// "run" decision, how long the agent waits for a wrapper to start the app
 	// before it gives the claim up.
 	EnvAppStartTimeout = "DISLOCK_APP_START_TIMEOUT"
+	// EnvAppContainers is AgentEnv.AppContainers, comma-separated: the names
+	// of the pod's app containers, as each wrapper's EnvContainerName.
+	EnvAppContainers = "DISLOCK_APP_CONTAINERS"
 	// EnvJobIndex is the completion index of an Indexed Job's pod (from the
 	// batch.kubernetes.io/job-completion-index annotation), empty otherwise.
 	// Each index claims its own window.

@@ -432,6 +432,10 @@ func (lw *leaseWatch) check() (why string, lost bool) {
 	}
 	dl, ok, err := lw.dir.ReadDeadline()
 	switch {
+	case errors.Is(err, protocol.ErrOtherBoot):
+		// A node reboot restarted the monotonic clock: the old deadline
+		// would read as hours away. It passed with the old boot.
+		return "safety deadline passed: " + err.Error(), true
 	case err != nil && !lw.known:
 		// A deadline exists but says nothing usable: fail closed.
 		return "safety deadline unreadable: " + err.Error(), true

@@ -1,0 +1,213 @@
+package agent_test
+
+// Pod lifecycles found by a hostile review of the ownership protocol: each
+// test replays an execution, reachable by a real pod's lifecycle, that broke
+// one of the four invariants of the design before it was fixed (R1..R5 name
+// the review's findings). They run through PgBouncer, the production path;
+// the lock statements themselves are tested direct and through PgBouncer in
+// package lock.
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+func bouncerDSN(t *testing.T) string { return pgtest.Need(t).BouncerDSN() }
+
+func decisionOf(po *pod) (protocol.Decision, bool) {
+	d, ok, _ := protocol.Dir(po.dir).ReadDecision()
+	return d, ok
+}
+
+// R1 — Indexed Job, schedule,lease. Index 1's pod claims its window and waits
+// for the key's lease, which index 0's pod of the same Job holds. Its sidecar
+// is stopped while it waits (SIGTERM: the same "stopped while waiting" that
+// story 2 covers) and restarted by the kubelet. record() marks the window it
+// claimed "failed"; the restarted sidecar then finds "claimed by this pod and
+// is failed" and SKIPS: index 1 never runs, the Job reports success. The
+// ownership table says the same pod re-enters a failed claim unless revoked,
+// and "a waiting pod is never turned into a skip by being stopped".
+func TestAPodStoppedWhileWaitingForTheLeaseRunsAfterItsRestart(t *testing.T) {
+	j := newJob(t, bouncerDSN(t), "schedule,lease", 3*time.Second)
+	p0 := j.start(t, podSpec{cluster: "dc-a", window: tick0, jobName: "job-1", podName: "job-1-0-aaaaa", app: app(4, 0),
+		env: []string{spec.EnvJobIndex + "=0", "CLUSTER=dc-a-index-0"}})
+	await(t, "index 0 to run", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	p1 := j.sidecar(t, podSpec{cluster: "dc-a", window: tick0, jobName: "job-1", podName: "job-1-1-bbbbb", app: app(0.2, 0),
+		env: []string{spec.EnvJobIndex + "=1", "CLUSTER=dc-a-index-1"}})
+	await(t, "index 1 to wait for the lease", 10*time.Second, func() bool {
+		return strings.Contains(p1.agentLog.String(), "lease must be released or expire first")
+	})
+	p1.stopAgent() // SIGTERM while waiting: decides nothing
+	if _, ok := decisionOf(p1); ok {
+		t.Fatalf("a decision was written on a stop while waiting")
+	}
+	p1.startAgent() // the kubelet restarts the sidecar
+	p1.startWrapper()
+	if code := p0.finish(); code != 0 {
+		t.Fatalf("index 0 exited %d", code)
+	}
+	code := p1.finish()
+	d := p1.decision()
+	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, 1)
+	t.Logf("index 1: exit %d, decision %s %q; window index 1: %+v %v", code, d.Action, d.Reason, w, err)
+	ran := map[string]int{}
+	for _, r := range readLedger(t, j.ledger) {
+		ran[r.cluster]++
+	}
+	if ran["dc-a-index-1"] != 1 {
+		t.Fatalf("VIOLATION: index 1 never ran (runs %v), its pod decided %s: %s; window row state %s", ran, d.Action, d.Reason, w.State)
+	}
+}
+
+// R2 — schedule mode, standby. dc-a's sidecar receives SIGTERM while its app
+// is still running (a sidecar restart while the pod lives: the lifecycle
+// story 2 relies on). record() assumes the apps exited: it finds no result,
+// records the window "failed" and exits — without writing `revoked`. dc-a's
+// app keeps running on its old deadline (up to TTL−margin) and, after the
+// kubelet restarts the sidecar, until the wrapper notices the revocation;
+// meanwhile dc-b's waiting standby takes the failed window and runs it.
+func TestASidecarStoppedWhileItsAppRunsStopsTheAppBeforeAStandbyTakesOver(t *testing.T) {
+	j := newJob(t, bouncerDSN(t), "schedule", 3*time.Second)
+	j.standby = true
+	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(5, 0)})
+	await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	b := j.start(t, podSpec{cluster: "dc-b", window: tick0, app: app(1, 0)})
+	await(t, "dc-b to wait", 10*time.Second, func() bool { return strings.Contains(b.agentLog.String(), "waiting: standby") })
+	a.stopAgent()  // SIGTERM to the sidecar; dc-a's app is still running
+	a.startAgent() // the kubelet restarts the sidecar
+	await(t, "the restarted sidecar to start", 10*time.Second, func() bool {
+		return strings.Count(a.agentLog.String(), `"msg":"starting"`) == 2
+	})
+	a.finish()
+	b.finish()
+	runs := readLedger(t, j.ledger)
+	t.Logf("ledger: %+v", runs)
+	t.Logf("dc-a agent log:\n%s", a.agentLog)
+	assertNoOverlap(t, runs)
+}
+
+// R3 — schedule mode, no standby; the Job's pod uses restartPolicy
+// OnFailure. Pod A runs (token t1); its sidecar dies (SIGKILL/OOM) and stays
+// down longer than the TTL (restart backoff, or restarted but unable to reach
+// the database); the wrapper kills the app at the deadline. A replacement pod
+// B of the same Job takes the lapsed window (t2) and fails. A's sidecar comes
+// back: resume() calls ClaimWindow, which — B being of the same Job and
+// failed — TAKES the window over with a new token t3, and resume() accepts
+// that without comparing it with the decision's token. The decision file
+// still says run with t1, no `revoked`, and a fresh deadline: the app
+// container restarted by the kubelet runs the window with the stale token t1
+// after B ran with t2 (invariant 3), and the run succeeds under t1.
+func TestASidecarBackAfterItsClaimLapsedNeverRunsTheAppWithAStaleToken(t *testing.T) {
+	j := newJob(t, bouncerDSN(t), "schedule", 3*time.Second)
+	first := podSpec{cluster: "dc-a", window: tick0, jobName: "job-1", podName: "job-1-aaaaa", app: app(30, 0)}
+	a := j.start(t, first)
+	await(t, "A's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	a.agent.Process.Kill() // sidecar SIGKILLed / OOM-killed
+	<-a.agentDone
+	a.waitWrapper() // the wrapper stops the app at the deadline
+	t.Logf("A's wrapper exited %d after its sidecar died", a.exit)
+	second := replacement(first, "job-1-bbbbb")
+	second.app = app(0.2, 1)
+	b := j.start(t, second)
+	if code := b.finish(); code != 1 {
+		t.Fatalf("B exited %d", code)
+	}
+	a.startAgent() // the kubelet finally restarts A's sidecar
+	await(t, "A's sidecar to resume", 10*time.Second, func() bool {
+		return strings.Contains(a.agentLog.String(), "restarted: resuming")
+	})
+	await(t, "A's restarted sidecar to revoke its lapsed claim", 10*time.Second, func() bool {
+		revoked, _ := protocol.Dir(a.dir).Revoked()
+		return revoked
+	})
+	a.spec.app = app(0.2, 0)
+	a.startWrapper() // restartPolicy OnFailure: the app container starts again
+	code := a.finish()
+	if code != 75 {
+		t.Fatalf("A's restarted app container exited %d, want 75 (not run):\n%s", code, a.wrapperLog)
+	}
+	w, _ := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
+	runs := readLedger(t, j.ledger)
+	t.Logf("A's second start exited %d with decision token %d; window row %+v; ledger %+v", code, a.decision().Token, w, runs)
+	if len(runs) > 2 {
+		// successive runs: A(t1), B(t2), A again (t1?)
+		last, prev := runs[len(runs)-1], runs[len(runs)-2]
+		if last.token <= prev.token {
+			t.Fatalf("VIOLATION (invariant 3): run %+v after run %+v carries an older fencing token; the database's token for the window is %d (state %s)",
+				last, prev, w.Token, w.State)
+		}
+	}
+}
+
+// R4 — schedule mode, standby. dc-a's app exits 0 while its lease is valid.
+// Before the kubelet stops the sidecar, dc-a's database connection drops for
+// longer than TTL−margin: the agent revokes (nothing is running any more).
+// The database comes back and the sidecar gets its SIGTERM: outcome() turns
+// the known, timely success into "failed: the lease was lost during the run"
+// and records the window failed — and dc-b's standby runs the window a
+// second time. Two successful runs of one window (invariant 1), although
+// dc-a's success was known and recordable.
+func TestASuccessBeforeARevocationIsRecordedAsASuccess(t *testing.T) {
+	srv := pgtest.Need(t)
+	bn, err := srv.AddBouncer(fmt.Sprintf("review-r4-%d", time.Now().UnixNano()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := newJob(t, srv.BouncerDSN(), "schedule", 3*time.Second)
+	j.standby = true
+	ja := j
+	ja.dsn = bn.DSN()
+	a := ja.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(0.2, 0)})
+	a.waitWrapper()
+	if a.exit != 0 {
+		t.Fatalf("dc-a's app exited %d", a.exit)
+	}
+	if err := bn.Stop(); err != nil { // dc-a loses the database for a few seconds
+		t.Fatal(err)
+	}
+	await(t, "dc-a to revoke", 10*time.Second, func() bool { return strings.Contains(a.agentLog.String(), "lease lost: stopping the app") })
+	if err := bn.Start(); err != nil {
+		t.Fatal(err)
+	}
+	a.stopAgent() // the kubelet stops the sidecar
+	w, _ := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
+	t.Logf("after dc-a's record: window %s (termination message %q)", w.State, a.terminationMessage())
+	b := j.start(t, podSpec{cluster: "dc-b", window: tick0, app: app(0.2, 0)})
+	b.finish()
+	runs := readLedger(t, j.ledger)
+	if len(runs) > 1 {
+		t.Fatalf("VIOLATION (invariant 1): the window ran to a successful end twice: %+v; dc-a recorded %s though its app had exited 0 before the revocation; dc-b decided %s",
+			runs, w.State, b.decision().Action)
+	}
+}
+
+// R5 — two app containers; one of them never starts (its image cannot be
+// pulled). The app-start check is satisfied by any started/* mark, so the
+// claim is kept and heartbeated for as long as the pod lives, i.e. forever:
+// the waiting standby in dc-b waits past the app-start timeout + TTLs and the
+// window never ends (invariant 4; story 3 in a two-container pod).
+func TestASecondAppContainerThatNeverStartsGivesTheWindowUp(t *testing.T) {
+	j := newJob(t, bouncerDSN(t), "schedule", 2*time.Second)
+	j.standby = true
+	j.extra = append(j.extra, spec.EnvAppStartTimeout+"=2s", spec.EnvAppContainers+"=one,two", spec.EnvContainerName+"=one")
+	a := j.sidecar(t, podSpec{cluster: "dc-a", window: tick0, app: app(0.2, 0)})
+	a.startWrapper() // container "one" starts and finishes; container "two" never starts
+	a.waitWrapper()
+	b := j.sidecar(t, podSpec{cluster: "dc-b", window: tick0, app: app(0.2, 0)})
+	limit := 2*time.Second + 3*2*time.Second + 2*time.Second
+	deadline := time.Now().Add(limit)
+	for _, ok := decisionOf(b); !ok && time.Now().Before(deadline); _, ok = decisionOf(b) {
+		time.Sleep(50 * time.Millisecond) // polling for a condition, not waiting out a time
+	}
+	if _, ok := decisionOf(b); !ok {
+		t.Fatalf("VIOLATION (invariant 4): dc-b's standby still waits %s after dc-a's run decision (app-start timeout 2s, ttl 2s): dc-a's second container never started and dc-a keeps the window alive", limit)
+	}
+}
