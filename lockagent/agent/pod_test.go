@@ -188,6 +188,7 @@ func (po *pod) startAgent() {
 	if po.spec.clock != 0 {
 		args = append(args, "--test-wall-clock-offset="+po.spec.clock.String())
 	}
+	starts := strings.Count(po.agentLog.String(), `"msg":"starting"`)
 	po.agent = exec.Command(agentBin, args...)
 	po.agent.Env = po.env
 	po.agent.Stdout, po.agent.Stderr = po.agentLog, po.agentLog
@@ -197,6 +198,17 @@ func (po *pod) startAgent() {
 	done := make(chan struct{})
 	po.agentDone = done
 	go func(cmd *exec.Cmd) { cmd.Wait(); close(done) }(po.agent)
+	// The agent logs "starting" after it installed its signal handler: a
+	// SIGTERM before that would kill it, which a test must not mistake for
+	// the agent's behaviour.
+	await(po.t, "the agent to start", 30*time.Second, func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+		}
+		return strings.Count(po.agentLog.String(), `"msg":"starting"`) > starts
+	})
 }
 
 // awaitProbe polls `dislock-agent probe` like the startupProbe does.
