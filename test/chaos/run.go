@@ -109,47 +109,70 @@ func (r *run) windowStart(w int) time.Time {
 	return r.w.WindowBase.Add(time.Duration(w) * time.Minute).UTC()
 }
 
-// podEnv is the sidecar's environment (DESIGN.md "Sidecar env") and the app
-// container's.
-func (r *run) podEnv(j *job, p *pod) (agent, app []string) {
+// appContainer is the name of every simulated pod's one app container.
+const appContainer = "app"
+
+// podEnv is the sidecar's environment and the app container's, as the
+// webhook renders them: the sidecar's from spec.AgentEnv.Render (so the
+// simulator sets exactly the variables the webhook does, DISLOCK_APP_CONTAINERS
+// included), with the references the kubelet resolves (downward API, the
+// database Secret) resolved here; the app container's wrapper gets
+// DISLOCK_CONTAINER_NAME.
+func (r *run) podEnv(j *job, p *pod) (agent, app []string, err error) {
 	s := r.w.Settings
+	mode, err := spec.ParseMode(r.plan.Mode)
+	if err != nil {
+		return nil, nil, err
+	}
+	e := spec.AgentEnv{
+		Mode:            mode,
+		Key:             r.key,
+		Window:          r.windowStart(j.window),
+		Schedule:        "* * * * *",
+		TimeZone:        "UTC",
+		LeaseTTL:        s.TTL,
+		Standby:         r.plan.Standby,
+		AppStartTimeout: s.AppStartTimeout,
+		Indexed:         j.index >= 0,
+		JobIndex:        max(j.index, 0),
+		AppContainers:   []string{appContainer},
+		Cluster:         j.cl.name,
+		JobName:         j.name,
+		JobUID:          j.uid,
+		PodName:         p.name,
+		SharedDir:       p.dir,
+		TerminationLog:  filepath.Join(p.dir, "termination-log"),
+	}
 	path := "PATH=" + os.Getenv("PATH")
-	agent = []string{
-		path,
-		spec.EnvMode + "=" + r.plan.Mode,
-		spec.EnvKey + "=" + r.key,
-		spec.EnvWindow + "=" + r.windowStart(j.window).Format(time.RFC3339),
-		spec.EnvSchedule + "=* * * * *",
-		spec.EnvTimeZone + "=UTC",
-		spec.EnvLeaseTTL + "=" + s.TTL.String(),
-		spec.EnvStandby + "=" + strconv.FormatBool(r.plan.Standby),
-		spec.EnvCluster + "=" + j.cl.name,
-		spec.EnvJobName + "=" + j.name,
-		spec.EnvJobUID + "=" + j.uid,
-		spec.EnvPodName + "=" + p.name,
-		spec.EnvAppStartTimeout + "=" + s.AppStartTimeout.String(),
-		spec.EnvDatabaseURL + "=" + j.cl.bouncer.DSN(),
-		spec.EnvJobIndex + "=" + indexEnv(j.index),
-		spec.EnvSharedDir + "=" + p.dir,
-		spec.EnvTerminationLog + "=" + filepath.Join(p.dir, "termination-log"),
+	agent = []string{path}
+	for _, v := range e.Render() {
+		val := v.Value
+		switch {
+		case v.FromDatabaseSecret:
+			val = j.cl.bouncer.DSN()
+		case v.FieldPath == spec.FieldPodName:
+			val = p.name
+		case v.FieldPath == spec.FieldJobUID:
+			val = j.uid
+		case v.FieldPath == spec.FieldJobName:
+			val = j.name
+		case v.FieldPath == spec.FieldJobCompletionIndex:
+			val = strconv.Itoa(j.index)
+		case v.FieldPath != "":
+			return nil, nil, fmt.Errorf("the simulator cannot resolve %s from field %s", v.Name, v.FieldPath)
+		}
+		agent = append(agent, v.Name+"="+val)
 	}
 	app = []string{
 		path,
 		spec.EnvSharedDir + "=" + p.dir,
-		spec.EnvContainerName + "=app",
+		spec.EnvContainerName + "=" + appContainer,
 		"LEDGER=" + r.ledger,
 		fmt.Sprintf("RUN_ID=cluster=%s job=%s pod=%s w=%d i=%d", j.cl.name, j.name, p.name, j.window, j.index),
 		fmt.Sprintf("APP_SLEEP=%.3f", p.app.Sleep.Seconds()),
 		"APP_EXIT=" + strconv.Itoa(p.app.Exit),
 	}
-	return agent, app
-}
-
-func indexEnv(index int) string {
-	if index < 0 {
-		return ""
-	}
-	return strconv.Itoa(index)
+	return agent, app, nil
 }
 
 // createJob is cluster c's CronJob controller at window w's tick. An

@@ -324,7 +324,7 @@ func (p *pod) restartSidecar(done chan<- struct{}) {
 // stops it when the pod is deleted.
 func (p *pod) runApp() {
 	bin := filepath.Join(p.dir, protocol.BinPath)
-	c, err := startContainer("app", p.dir, p.appLog, p.appEnv, bin, "exec", "--", "/bin/sh", "-c", appScript)
+	c, err := startContainer(appContainer, p.dir, p.appLog, p.appEnv, bin, "exec", "--", "/bin/sh", "-c", appScript)
 	if err != nil {
 		p.event(false, "app-failed", "%v (CreateContainerError)", err)
 		<-p.deleteCh
@@ -422,7 +422,10 @@ func (j *job) newPodLocked(why string) *pod {
 	if err := os.MkdirAll(p.dir, 0o755); err != nil {
 		j.r.event(Event{Kind: "error", Detail: err.Error()})
 	}
-	p.env, p.appEnv = j.r.podEnv(j, p)
+	var err error
+	if p.env, p.appEnv, err = j.r.podEnv(j, p); err != nil {
+		j.r.event(Event{Kind: "error", Detail: err.Error()})
+	}
 	j.pods = append(j.pods, p)
 	j.active++
 	j.r.addPod(p)
