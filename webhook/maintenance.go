@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dislock/dislock/lockagent/lock"
@@ -19,7 +21,15 @@ const DefaultRetentionInterval = time.Hour
 type maintenance struct {
 	databaseURL string
 	retention   time.Duration
+	// cronJobs and events report clusters that see a job differently as
+	// Events on this cluster's CronJobs.
+	cronJobs client.Reader
+	events   events.EventRecorder
 }
+
+// DisagreementInterval is how often the views the clusters recorded are
+// compared; a disagreement is in the agents' logs at once.
+const DisagreementInterval = 5 * time.Minute
 
 func (m *maintenance) NeedLeaderElection() bool { return true }
 
@@ -50,6 +60,9 @@ func (m *maintenance) Start(ctx context.Context) error {
 	}
 	tick := time.NewTicker(DefaultRetentionInterval)
 	defer tick.Stop()
+	compare := time.NewTicker(DisagreementInterval)
+	defer compare.Stop()
+	seen := map[client.ObjectKey]string{}
 	for {
 		n, err := store.DeleteOldWindows(ctx, m.retention)
 		if err != nil {
@@ -57,10 +70,19 @@ func (m *maintenance) Start(ctx context.Context) error {
 		} else if n > 0 {
 			logger.Info("deleted old windows", "count", n, "olderThan", m.retention.String())
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
+		for again := true; again; {
+			if m.cronJobs != nil {
+				if err := reportDisagreements(ctx, store, m.cronJobs, m.events, seen); err != nil {
+					logger.Error(err, "comparing the clusters' views of the jobs")
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-tick.C:
+				again = false
+			case <-compare.C:
+			}
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dislock/dislock/lockagent/lock"
 	"net/http"
 	"time"
 
@@ -73,8 +74,9 @@ func (c Config) Validate() error {
 	if c.Namespace == "" {
 		errs = append(errs, errors.New("namespace is empty (set --namespace or POD_NAMESPACE)"))
 	}
-	if c.DatabaseURL != "" && c.Retention <= 0 {
-		errs = append(errs, fmt.Errorf("retention %s must be positive", c.Retention))
+	if c.DatabaseURL != "" && c.Retention < lock.MinRetention {
+		errs = append(errs, fmt.Errorf("retention %s is shorter than %s (set --retention to at least %s): a pod that starts late could claim a deleted window and run it again",
+			c.Retention, lock.MinRetention, lock.MinRetention))
 	}
 	if c.Certs.SelfSigned {
 		for _, f := range [][2]string{{"cert dir", c.Certs.CertDir}, {"cert secret name", c.Certs.SecretName},
@@ -137,7 +139,8 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 		}
 	}
 	if cfg.DatabaseURL != "" {
-		if err := mgr.Add(&maintenance{databaseURL: cfg.DatabaseURL, retention: cfg.Retention}); err != nil {
+		if err := mgr.Add(&maintenance{databaseURL: cfg.DatabaseURL, retention: cfg.Retention,
+			cronJobs: mgr.GetClient(), events: mgr.GetEventRecorder("dislock-webhook")}); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,89 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/spec"
+)
+
+// ReasonClustersDisagree is the reason of the Warning Event put on a CronJob
+// whose clusters see the job differently.
+const ReasonClustersDisagree = "DislockClustersDisagree"
+
+// disagreement is one Event to put on one CronJob of this cluster.
+type disagreement struct {
+	cronJob client.ObjectKey
+	message string
+}
+
+// disagreements matches the keys whose clusters' views differ (from
+// lock.Store.ListDisagreements) with this cluster's opted-in CronJobs that
+// lock those keys, and says what differs. Pure: the caller lists and emits.
+func disagreements(views []lock.ClusterView, cronJobs []batchv1.CronJob) []disagreement {
+	byKey := map[string][]lock.ClusterView{}
+	for _, v := range views {
+		byKey[v.Key] = append(byKey[v.Key], v)
+	}
+	var out []disagreement
+	for _, cj := range cronJobs {
+		annotations := spec.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)
+		if !spec.Enabled(annotations) {
+			continue
+		}
+		s, err := spec.FromAnnotations(annotations, cj.Namespace, cj.Name)
+		if err != nil {
+			continue
+		}
+		vs := byKey[s.Key()]
+		if len(vs) == 0 {
+			continue
+		}
+		parts := make([]string, 0, len(vs))
+		for _, v := range vs {
+			parts = append(parts, fmt.Sprintf("%s: schedule %q, timeZone %q, mode %s, standby %t, leaseTTL %s, catchup %q",
+				v.Cluster, v.View.Schedule, v.View.TimeZone, v.View.Mode, v.View.Standby, v.View.LeaseTTL, v.View.Catchup))
+		}
+		sort.Strings(parts)
+		out = append(out, disagreement{
+			cronJob: client.ObjectKeyFromObject(&cj),
+			message: fmt.Sprintf("clusters see lock %s differently (%s): one tick may be a different window in each cluster and run once in each; make the CronJobs identical, above all spec.timeZone",
+				s.Key(), strings.Join(parts, "; ")),
+		})
+	}
+	return out
+}
+
+// reportDisagreements puts a Warning Event on each CronJob of this cluster
+// whose lock's clusters disagree. It says a message again only once it
+// changed (seen holds what was said; Events aggregate repeats anyway).
+func reportDisagreements(ctx context.Context, store *lock.Store, c client.Reader, rec events.EventRecorder, seen map[client.ObjectKey]string) error {
+	views, err := store.ListDisagreements(ctx, lock.DefaultViewRecency)
+	if err != nil || len(views) == 0 {
+		return err
+	}
+	var list batchv1.CronJobList
+	if err := c.List(ctx, &list); err != nil {
+		return fmt.Errorf("listing CronJobs: %w", err)
+	}
+	for _, d := range disagreements(views, list.Items) {
+		if seen[d.cronJob] == d.message {
+			continue
+		}
+		seen[d.cronJob] = d.message
+		for i := range list.Items {
+			if cj := &list.Items[i]; client.ObjectKeyFromObject(cj) == d.cronJob {
+				rec.Eventf(cj, nil, corev1.EventTypeWarning, ReasonClustersDisagree, "Check", "%s", d.message)
+			}
+		}
+	}
+	return nil
+}

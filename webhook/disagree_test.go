@@ -1,0 +1,38 @@
+package webhook
+
+import (
+	"strings"
+	"testing"
+
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dislock/dislock/lockagent/lock"
+)
+
+func TestDisagreementsNameTheCronJobsThatLockTheKey(t *testing.T) {
+	t.Parallel()
+	cronJob := func(ns, name string, annotations map[string]string) batchv1.CronJob {
+		return batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations}}
+	}
+	views := []lock.ClusterView{
+		{Key: "reports/nightly", Cluster: "dc-a", View: lock.View{Schedule: "0 2 * * *", TimeZone: "Europe/Berlin", Mode: "schedule"}},
+		{Key: "reports/nightly", Cluster: "dc-b", View: lock.View{Schedule: "0 2 * * *", Mode: "schedule"}},
+	}
+	got := disagreements(views, []batchv1.CronJob{
+		cronJob("reports", "nightly", map[string]string{"dislock.io/mode": "schedule"}),
+		// The lock name comes from dislock.io/key, not the CronJob's name.
+		cronJob("reports", "nightly-v2", map[string]string{"dislock.io/mode": "schedule", "dislock.io/key": "nightly"}),
+		cronJob("reports", "other", map[string]string{"dislock.io/mode": "schedule"}),
+		cronJob("billing", "nightly", map[string]string{"dislock.io/mode": "schedule"}),
+		cronJob("reports", "unlocked", nil),
+	})
+	if len(got) != 2 || got[0].cronJob.Name != "nightly" || got[1].cronJob.Name != "nightly-v2" {
+		t.Fatalf("disagreements = %+v, want the two CronJobs locking reports/nightly", got)
+	}
+	for _, want := range []string{`dc-a: schedule "0 2 * * *", timeZone "Europe/Berlin"`, `dc-b: schedule "0 2 * * *", timeZone ""`, "spec.timeZone"} {
+		if !strings.Contains(got[0].message, want) {
+			t.Errorf("message %q lacks %q", got[0].message, want)
+		}
+	}
+}
