@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -410,12 +410,7 @@ func outcome(results map[string]protocol.Result, expected []string) (lock.State,
 			return lock.StateFailed, nil, fmt.Sprintf("failed: container %s reported no result (killed, or never started)", n)
 		}
 	}
-	names := make([]string, 0, len(results))
-	for n := range results {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(results)) {
 		r := results[n]
 		switch {
 		case !r.Ran:

@@ -109,3 +109,14 @@ func LogTail(path string, maxLines, maxBytes int) string {
 	}
 	return fmt.Sprintf("--- last lines of %s ---\n%s", path, bytes.Join(lines, []byte("\n")))
 }
+
+// Closed reports whether ch is closed (a process's "exited" channel, say)
+// without blocking.
+func Closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

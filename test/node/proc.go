@@ -56,17 +56,7 @@ func StartProcess(dir, name string, cmd *exec.Cmd) (*Process, error) {
 }
 
 // Running reports whether the process has not exited yet.
-func (p *Process) Running() bool {
-	if p == nil {
-		return false
-	}
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (p *Process) Running() bool { return p != nil && !harness.Closed(p.exited) }
 
 // awaitExit waits up to d for the process to exit and reports whether it
 // has.

@@ -1,6 +1,8 @@
 package pgtest
 
 import (
+	"github.com/dislock/dislock/test/harness"
+
 	"context"
 	"errors"
 	"fmt"
@@ -233,17 +235,7 @@ func (s *Server) spawnBouncer(ini, logFile string) (*bouncerProc, error) {
 }
 
 // running reports whether p is a live process (false for nil).
-func (p *bouncerProc) running() bool {
-	if p == nil {
-		return false
-	}
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (p *bouncerProc) running() bool { return p != nil && !harness.Closed(p.exited) }
 
 // kill ends pgbouncer (SIGTERM, then SIGKILL after bouncerStopGrace) and
 // reaps it. SIGCONT follows SIGTERM so that a paused bouncer acts on it.
