@@ -1,8 +1,6 @@
 package pgtest
 
 import (
-	"github.com/dislock/dislock/test/harness"
-
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/dislock/dislock/test/harness"
 )
 
 // Bouncer is an extra PgBouncer (transaction pooling, same settings and
