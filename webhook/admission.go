@@ -87,8 +87,10 @@ func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admissi
 	if errors.Is(err, ErrNotOptedIn) {
 		return admission.Allowed("the CronJob is not opted in"), resultNotApplicable
 	}
-	m.events.Eventf(cronJob, job, corev1.EventTypeWarning, "DislockDenied", "Inject",
-		"Job %s was refused: %v", job.Name, err)
+	if !dryRun(req) {
+		m.events.Eventf(cronJob, job, corev1.EventTypeWarning, "DislockDenied", "Inject",
+			"Job %s was refused: %v", job.Name, err)
+	}
 	return admission.Denied("dislock: " + err.Error()), resultDenied
 }
 
@@ -107,10 +109,16 @@ func (m *jobMutator) patch(req admission.Request, job *batchv1.Job, cronJob *bat
 	case "schedule":
 		window = "computed by the agent from the schedule at database time"
 	}
-	m.events.Eventf(cronJob, injected, corev1.EventTypeNormal, "DislockInjected", "Inject",
-		"Job %s will run under %s lock %s (window %s)", injected.Name, status.Mode, status.Key, window)
+	if !dryRun(req) {
+		m.events.Eventf(cronJob, injected, corev1.EventTypeNormal, "DislockInjected", "Inject",
+			"Job %s will run under %s lock %s (window %s)", injected.Name, status.Mode, status.Key, window)
+	}
 	return resp, resultInjected
 }
+
+// dryRun: a server-side dry run (kubectl --dry-run=server) stores nothing,
+// so it gets no Event saying a Job was injected or refused.
+func dryRun(req admission.Request) bool { return req.DryRun != nil && *req.DryRun }
 
 // cronJob reads the Job's owner from the cache, falling back to the API for
 // a CronJob created moments ago; the UID must match the ownerReference.

@@ -42,14 +42,15 @@ func TestADrainedNodesPodIsReplacedWhileItTerminatesAndTheWindowStillRunsOnceWit
 	Cordon(t, a, drained.Name(), false)
 	Cordon(t, a, a.Node.Name(), true)
 	t.Cleanup(func() { Cordon(t, a, a.Node.Name(), false) })
-	jobA := createTickIn(t, a, cjs[a.Name], tick, func(j *batchv1.Job) {
+	// The user's choice in dc-a's CronJob (the Job controller's own
+	// default): a replacement while the old pod terminates.
+	cjA := choosePodReplacementPolicy(t, a, cjs[a.Name], tick, batchv1.TerminatingOrFailed)
+	jobA := createTickIn(t, a, cjA, tick, func(j *batchv1.Job) {
 		setEnv(&j.Spec.Template, "LEDGER_SLEEP", work.String())
 		setEnv(&j.Spec.Template, "LEDGER_SHUTDOWN", shutdown.String())
 		j.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To(int64(2 * shutdown / time.Second))
-		// The user's choice (the Job controller's own default): a
-		// replacement while the old pod terminates. The Job controller
-		// counts the evicted pod as failed at once; one retry is allowed.
-		j.Spec.PodReplacementPolicy = ptr.To(batchv1.TerminatingOrFailed)
+		// The Job controller counts the evicted pod as failed at once; one
+		// retry is allowed.
 		j.Spec.BackoffLimit = ptr.To(int32(1))
 	})
 	if got := jobA.Spec.PodReplacementPolicy; got == nil || *got != batchv1.TerminatingOrFailed {
@@ -280,4 +281,25 @@ func ptrString[T ~string](p *T) string {
 		return "unset"
 	}
 	return string(*p)
+}
+
+// choosePodReplacementPolicy sets policy in the CronJob's job template, where
+// a user chooses it (the API server defaults every Job's own field before
+// the webhook sees it), and returns once the webhook admits the CronJob's
+// Jobs with it: a server-side dry run goes through the webhook and stores
+// nothing.
+func choosePodReplacementPolicy(t *testing.T, dc *DC, cj *batchv1.CronJob, tick time.Time, policy batchv1.PodReplacementPolicy) *batchv1.CronJob {
+	t.Helper()
+	ctx := context.Background()
+	cj = cj.DeepCopy()
+	cj.Spec.JobTemplate.Spec.PodReplacementPolicy = ptr.To(policy)
+	updated, err := dc.Client.BatchV1().CronJobs(Namespace).Update(ctx, cj, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatalf("%s: choosing podReplacementPolicy %s: %v", dc.Name, policy, err)
+	}
+	await(t, jobTimeout, dc.Name+"'s webhook to see podReplacementPolicy "+string(policy), func() bool {
+		got, err := dc.Client.BatchV1().Jobs(Namespace).Create(ctx, controllerJob(updated, tick), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil && got.Spec.PodReplacementPolicy != nil && *got.Spec.PodReplacementPolicy == policy
+	})
+	return updated
 }
