@@ -249,8 +249,36 @@ func (a *agent) claimWindow(ctx context.Context) (lock.Claim, string, error) {
 			a.waiting(why, "window", formatWindow(a.window), "owner", owner.Owner, "aliveUntil", owner.AliveUntil)
 			waiting = true
 		}
-		if err := sleep(ctx, a.pollInterval()); err != nil {
+		if err := a.awaitOwnerChange(ctx, owner); err != nil {
 			return claim, "", err
+		}
+	}
+}
+
+// awaitOwnerChange polls the window, reading only, until it may have
+// changed hands or may be taken: the owner lapsed, or the row is no longer
+// the running claim of owner. Claiming on every poll would draw a fencing
+// token and lock the row each time.
+func (a *agent) awaitOwnerChange(ctx context.Context, owner lock.Window) error {
+	for {
+		if err := sleep(ctx, a.pollInterval()); err != nil {
+			return err
+		}
+		var w lock.Window
+		var now time.Time
+		err := a.retry(ctx, "watching the window's owner", func(ctx context.Context) (err error) {
+			w, now, err = a.store.WindowAt(ctx, a.cfg.Key, a.window, a.cfg.JobIndex)
+			return err
+		})
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			// Gone (deleted by an operator) or unreadable: let the claim
+			// say what it is now.
+			return nil
+		case w.Token != owner.Token || w.State != lock.StateRunning || !w.AliveUntil.After(now):
+			return nil
 		}
 	}
 }

@@ -166,13 +166,21 @@ func (s *Store) Finish(ctx context.Context, key string, window time.Time, index 
 // GetWindow reads one window (index: NotIndexed, or a completion index);
 // ErrNotFound when there is none.
 func (s *Store) GetWindow(ctx context.Context, key string, window time.Time, index int) (Window, error) {
+	w, _, err := s.WindowAt(ctx, key, window, index)
+	return w, err
+}
+
+// WindowAt is GetWindow with the database time of the read, so that a
+// waiting caller can tell whether the owner is still alive without trying
+// to claim (a claim attempt draws a token and locks the row).
+func (s *Store) WindowAt(ctx context.Context, key string, window time.Time, index int) (Window, time.Time, error) {
 	var w Window
 	var dbTime time.Time
 	err := scanWindow(s.pool.QueryRow(ctx, qGetWindow, key, window.UTC(), index), &w, &dbTime)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Window{}, fmt.Errorf("window %s of %s: %w", formatWindow(window), key, ErrNotFound)
+		return Window{}, time.Time{}, fmt.Errorf("window %s of %s: %w", formatWindow(window), key, ErrNotFound)
 	}
-	return w, s.classify("reading window", err)
+	return w, dbTime, s.classify("reading window", err)
 }
 
 // ListWindows returns the newest windows first, of one key or (key "") all,
