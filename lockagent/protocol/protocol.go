@@ -144,6 +144,11 @@ func (d Dir) MarkStarted(name string, at time.Time) error {
 	if !PlainName(name) {
 		return fmt.Errorf("started name %q is not a plain file name (no '/', no leading '.')", name)
 	}
+	// A container restarted in the same pod (restartPolicy OnFailure)
+	// starts anew: its earlier result must not pass for this run's.
+	if err := os.Remove(filepath.Join(d.Path(ResultsDir), name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
 	if err := os.MkdirAll(d.Path(StartedDir), 0o755); err != nil {
 		return err
 	}

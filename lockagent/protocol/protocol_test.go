@@ -2,6 +2,7 @@ package protocol_test
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -273,5 +274,51 @@ func TestMonotonicNowMovesForwardWithElapsedTime(t *testing.T) {
 			t.Fatalf("MonotonicNow went back from %d to %d", prev, now)
 		}
 		prev = now
+	}
+}
+
+// A container's new start clears the result of its previous attempt in the
+// same pod, so the agent waits for this attempt's.
+func TestMarkingAStartClearsTheContainersEarlierResult(t *testing.T) {
+	d := newDir(t)
+	if err := d.WriteResult("app", protocol.Result{Ran: true, ExitCode: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WriteResult("sidecar-app", protocol.Result{Ran: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.MarkStarted("app", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	results, err := d.ReadResults()
+	if _, stale := results["app"]; err != nil || stale || len(results) != 1 {
+		t.Fatalf("results after app's new start: %+v, %v; want only sidecar-app's", results, err)
+	}
+	if started, err := d.Started(); err != nil || len(started) != 1 || started[0] != "app" {
+		t.Fatalf("started = %v, %v", started, err)
+	}
+	if err := d.MarkStarted("../app", time.Now()); err == nil {
+		t.Fatal("a name with a path was accepted")
+	}
+}
+
+// A deadline written before the node rebooted reads as ErrOtherBoot: the
+// monotonic clock started again, so its instant means nothing now.
+func TestADeadlineOfAnotherBootIsAnError(t *testing.T) {
+	d := newDir(t)
+	if protocol.BootID() == "" {
+		t.Fatal("no boot id on this machine: /proc/sys/kernel/random/boot_id unreadable")
+	}
+	if err := os.WriteFile(d.Path(protocol.DeadlineFile), []byte("123 00000000-0000-0000-0000-000000000000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := d.ReadDeadline(); !errors.Is(err, protocol.ErrOtherBoot) {
+		t.Fatalf("ReadDeadline = %v, want ErrOtherBoot", err)
+	}
+	if err := d.WriteDeadline(456); err != nil {
+		t.Fatal(err)
+	}
+	if dl, ok, err := d.ReadDeadline(); err != nil || !ok || dl != 456 {
+		t.Fatalf("ReadDeadline = %d %v %v", dl, ok, err)
 	}
 }
