@@ -125,7 +125,11 @@ func dryRun(req admission.Request) bool { return req.DryRun != nil && *req.DryRu
 func (m *jobMutator) cronJob(ctx context.Context, key types.NamespacedName, uid types.UID) (*batchv1.CronJob, error) {
 	cj := &batchv1.CronJob{}
 	err := m.cache.Get(ctx, key, cj)
-	if apierrors.IsNotFound(err) || (err == nil && cj.UID != uid) {
+	// The cache may lag a CronJob just created, or just annotated (`kubectl
+	// annotate cronjob/x dislock.io/mode=schedule` a moment before a tick):
+	// a cached copy that is not opted in is read again from the API, so
+	// that such a Job is never let through unlocked.
+	if apierrors.IsNotFound(err) || (err == nil && (cj.UID != uid || !spec.Enabled(spec.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)))) {
 		err = m.api.Get(ctx, key, cj)
 	}
 	if err != nil {

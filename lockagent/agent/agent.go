@@ -181,6 +181,7 @@ func (a *agent) publish(d protocol.Decision) {
 	<-a.installed
 	if d.Action == protocol.ActionRun {
 		d.KillGrace = protocol.Duration(a.cfg.KillGrace())
+		d.TTL = protocol.Duration(a.cfg.TTL)
 		d.DecidedAt = protocol.MonotonicNow()
 		d.BootID = protocol.BootID()
 		if dl := a.deadline(); dl != 0 {

@@ -125,17 +125,37 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 			return d, nil
 		}
 		d.Token, d.Owner = grant.Lease.Token, grant.Lease.Owner
-		d.Reason = joinReason(d.Reason, fmt.Sprintf("lease %s acquired until %s", c.Key, grant.Lease.ExpireAt.Format(time.RFC3339)))
+		d.Reason = joinReason(d.Reason, fmt.Sprintf("lease %s acquired until %s", a.leaseKey(), grant.Lease.ExpireAt.Format(time.RFC3339)))
 	}
 	if c.Manual && !c.Mode.Lease {
 		d.Owner = c.Owner.String()
 		d.Reason = "manual run: no schedule window to lock, and the mode takes no lease"
+	}
+	// Waiting for the lease, or retrying an unreachable database, may
+	// have used up the window claim's safety deadline: renew both before
+	// running rather than hand the app a deadline already passed.
+	if dl := a.deadline(); dl != 0 && dl-protocol.MonotonicNow() < int64(a.cfg.Margin()) {
+		if err := a.retry(ctx, "renewing the claims before the run", a.heartbeat); err != nil {
+			return d, err
+		}
 	}
 	d.Action = protocol.ActionRun
 	if a.disagreement != "" {
 		d.Reason = joinReason(d.Reason, a.disagreement)
 	}
 	return d, nil
+}
+
+// leaseKey is the lease's key: the lock key, or for an Indexed Job's pod
+// "<key>#<index>". The indexes of one window run side by side, each with
+// its own window claim; a lease per key would make one index skip another.
+// Per index, the lease still keeps a shard's run from overlapping the same
+// shard's run of the next window.
+func (a *agent) leaseKey() string {
+	if a.cfg.JobIndex == lock.NotIndexed {
+		return a.cfg.Key
+	}
+	return fmt.Sprintf("%s#%d", a.cfg.Key, a.cfg.JobIndex)
 }
 
 // indexSuffix names the completion index of an Indexed Job's pod.
@@ -249,8 +269,15 @@ func (a *agent) claimWindow(ctx context.Context) (lock.Claim, string, error) {
 			a.waiting(why, "window", formatWindow(a.window), "owner", owner.Owner, "aliveUntil", owner.AliveUntil)
 			waiting = true
 		}
-		if err := a.awaitOwnerChange(ctx, owner); err != nil {
+		now, err := a.awaitOwnerChange(ctx, owner)
+		if err != nil {
 			return claim, "", err
+		}
+		// A wait can outlast retention: never claim a window whose record
+		// may have been deleted meanwhile.
+		if late := now.Sub(a.window); late > lock.MaxClaimAge {
+			return claim, fmt.Sprintf("stale: waited until window %s%s was %s old by database time, more than %s, after which its record may have been deleted by retention",
+				formatWindow(a.window), a.indexSuffix(), late.Round(time.Second), lock.MaxClaimAge), nil
 		}
 	}
 }
@@ -258,11 +285,12 @@ func (a *agent) claimWindow(ctx context.Context) (lock.Claim, string, error) {
 // awaitOwnerChange polls the window, reading only, until it may have
 // changed hands or may be taken: the owner lapsed, or the row is no longer
 // the running claim of owner. Claiming on every poll would draw a fencing
-// token and lock the row each time.
-func (a *agent) awaitOwnerChange(ctx context.Context, owner lock.Window) error {
+// token and lock the row each time. It returns the database time of its
+// last look.
+func (a *agent) awaitOwnerChange(ctx context.Context, owner lock.Window) (time.Time, error) {
 	for {
 		if err := sleep(ctx, a.pollInterval()); err != nil {
-			return err
+			return time.Time{}, err
 		}
 		var w lock.Window
 		var now time.Time
@@ -272,13 +300,14 @@ func (a *agent) awaitOwnerChange(ctx context.Context, owner lock.Window) error {
 		})
 		switch {
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return time.Time{}, ctx.Err()
 		case err != nil:
-			// Gone (deleted by an operator) or unreadable: let the claim
-			// say what it is now.
-			return nil
+			// Gone (deleted by an operator, or by retention) or
+			// unreadable: the claim says what it is now, once the clock
+			// says the window may still be claimed.
+			return a.dbNow(ctx)
 		case w.Token != owner.Token || w.State != lock.StateRunning || !w.AliveUntil.After(now):
-			return nil
+			return now, nil
 		}
 	}
 }
@@ -300,7 +329,7 @@ func (a *agent) acquireLease(ctx context.Context, tookOver bool) (lock.LeaseGran
 		var grant lock.LeaseGrant
 		sent := protocol.MonotonicNow()
 		err := a.retry(ctx, "acquiring the lease", func(ctx context.Context) (err error) {
-			grant, err = a.store.AcquireLease(ctx, a.cfg.Key, a.cfg.Owner, a.cfg.TTL)
+			grant, err = a.store.AcquireLease(ctx, a.leaseKey(), a.cfg.Owner, a.cfg.TTL)
 			return err
 		})
 		if err == nil {
@@ -313,7 +342,7 @@ func (a *agent) acquireLease(ctx context.Context, tookOver bool) (lock.LeaseGran
 		}
 		holder := grant.Lease
 		if !tookOver && !a.cfg.Owner.SameJob(holder.Owner) {
-			return grant, fmt.Sprintf("lease %s held by %s until %s: an earlier run is still going", a.cfg.Key, holder.Owner,
+			return grant, fmt.Sprintf("lease %s held by %s until %s: an earlier run is still going", a.leaseKey(), holder.Owner,
 				holder.ExpireAt.Format(time.RFC3339)), nil
 		}
 		if !waiting {

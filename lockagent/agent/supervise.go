@@ -105,7 +105,7 @@ func (a *agent) heartbeat(ctx context.Context) error {
 		a.windowUntil = a.safeFrom(sent)
 	}
 	if a.leaseToken != 0 {
-		if _, _, err := a.store.RenewLease(callCtx, a.cfg.Key, a.leaseToken, a.cfg.TTL); err != nil {
+		if _, _, err := a.store.RenewLease(callCtx, a.leaseKey(), a.leaseToken, a.cfg.TTL); err != nil {
 			return err
 		}
 		a.leaseUntil = a.safeFrom(sent)
@@ -256,7 +256,7 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 		sent := protocol.MonotonicNow()
 		var grant lock.LeaseGrant
 		err := a.retry(ctx, "re-entering the lease", func(ctx context.Context) (err error) {
-			grant, err = a.store.AcquireLease(ctx, a.cfg.Key, a.cfg.Owner, a.cfg.TTL)
+			grant, err = a.store.AcquireLease(ctx, a.leaseKey(), a.cfg.Owner, a.cfg.TTL)
 			return err
 		})
 		if err == nil {
@@ -389,7 +389,7 @@ func (a *agent) releaseLease(ctx context.Context) {
 		return
 	}
 	err := a.retry(ctx, "releasing the lease", func(ctx context.Context) error {
-		_, err := a.store.ReleaseLease(ctx, a.cfg.Key, a.leaseToken)
+		_, err := a.store.ReleaseLease(ctx, a.leaseKey(), a.leaseToken)
 		return err
 	})
 	if err != nil {

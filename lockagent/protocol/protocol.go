@@ -56,6 +56,8 @@ type Decision struct {
 	// KillGrace is how long a wrapper waits between SIGTERM and SIGKILL when
 	// the lease is lost; the agent sizes it to fit inside its safety margin.
 	KillGrace Duration `json:"killGrace,omitempty"`
+	// TTL is the claim's TTL: no deadline lies further ahead than it.
+	TTL Duration `json:"ttl,omitempty"`
 	// DecidedAt is when the agent published a run (CLOCK_MONOTONIC ns): the
 	// app-start timeout counts from it, across restarts of the agent.
 	DecidedAt int64 `json:"decidedAt,omitempty"`

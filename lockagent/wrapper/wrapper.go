@@ -294,7 +294,7 @@ func (w *wrapper) runCommand(dec protocol.Decision, sigs <-chan os.Signal) int {
 		w.record(protocol.Result{ExitCode: ExitError})
 		return ExitError
 	}
-	watch := &leaseWatch{dir: w.dir, now: w.now}
+	watch := &leaseWatch{dir: w.dir, now: w.now, ttl: int64(dec.TTL)}
 	if why, lost := watch.check(); lost {
 		// Starting it only to stop it at the next poll would let it act
 		// without a lease.
@@ -417,6 +417,11 @@ func (w *wrapper) record(r protocol.Result) {
 type leaseWatch struct {
 	dir protocol.Dir
 	now func() int64 // CLOCK_MONOTONIC ns, the clock the agent writes
+	// ttl (ns, 0: unknown) bounds how far ahead a deadline can be: a renewal
+	// never earns more. A deadline further ahead is of another boot (the
+	// monotonic clock starts again at boot), even where the node's boot id
+	// cannot be read.
+	ttl int64
 	// deadline is the last one read; known once one was.
 	deadline int64
 	known    bool
@@ -446,6 +451,9 @@ func (lw *leaseWatch) check() (why string, lost bool) {
 	// only expire, never be lifted, without a fresh renewal.
 	if lw.known && lw.now() > lw.deadline {
 		return "safety deadline passed: the agent stopped renewing the lease", true
+	}
+	if lw.known && lw.ttl > 0 && lw.deadline-lw.now() > lw.ttl {
+		return "safety deadline passed: it lies further ahead than a renewal can give, so it is of an earlier boot of the node", true
 	}
 	return "", false
 }

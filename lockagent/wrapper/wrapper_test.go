@@ -551,6 +551,7 @@ func TestTheLeaseWatch(t *testing.T) {
 	}
 	gone := func(p *pod) { os.Remove(p.shared.Path(protocol.DeadlineFile)) }
 	future, past := strconv.FormatInt(now+1, 10), strconv.FormatInt(now-1, 10)
+	const ttl = int64(30 * time.Second)
 	for _, tc := range []struct {
 		name  string
 		steps []func(p *pod) // each followed by a check; the last check's verdict counts
@@ -566,11 +567,14 @@ func TestTheLeaseWatch(t *testing.T) {
 		{"a garbled later deadline keeps the last good one", []func(*pod){deadline(past), deadline("soon")}, "safety deadline passed"},
 		{"a garbled later deadline does not lose a good one", []func(*pod){deadline(future), deadline("soon")}, ""},
 		{"a vanished deadline keeps the last one in force", []func(*pod){deadline(past), gone}, "safety deadline passed"},
+		{"a deadline further ahead than the TTL is of another boot", []func(*pod){deadline(strconv.FormatInt(now+2*ttl, 10))}, "safety deadline passed"},
+		{"a deadline one TTL ahead holds", []func(*pod){deadline(strconv.FormatInt(now+ttl, 10))}, ""},
+		{"a deadline of another boot by its id", []func(*pod){deadline(future + " 00000000-0000-0000-0000-000000000000")}, "safety deadline passed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			p := newPod(t)
-			lw := &leaseWatch{dir: p.shared, now: func() int64 { return now }}
+			lw := &leaseWatch{dir: p.shared, now: func() int64 { return now }, ttl: ttl}
 			var why string
 			var lost bool
 			for _, step := range tc.steps {

@@ -1,0 +1,44 @@
+package agent_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/spec"
+)
+
+// Indexed Job, schedule,lease, standby, two healthy clusters. With a lease
+// per key (as it once was) rather than per (key, index): dc-a's index 0 holds it while it runs.
+// dc-b's pod for index 1 claims window/index 1 first (a fresh claim, not a
+// takeover), finds the lease held by another Job and — taking it for "an
+// earlier run still going" — marks window/index 1 SKIPPED. dc-a's pod for
+// index 1 then finds it skipped and skips too. Index 1 of this window never
+// runs anywhere, though standby is on and every cluster is healthy
+// (invariant 2; docs: "each index runs once across clusters").
+func TestEachIndexOfAnIndexedJobHasItsOwnLease(t *testing.T) {
+	j := newJob(t, bouncerDSN(t), "schedule,lease", 3*time.Second)
+	j.standby = true
+	a0 := j.start(t, podSpec{cluster: "dc-a", window: tick0, jobName: "job-a", podName: "job-a-0", app: app(3, 0),
+		env: []string{spec.EnvJobIndex + "=0", "CLUSTER=dc-a-index-0"}})
+	await(t, "dc-a index 0 to run", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	b1 := j.start(t, podSpec{cluster: "dc-b", window: tick0, jobName: "job-b", podName: "job-b-1", app: app(0.2, 0),
+		env: []string{spec.EnvJobIndex + "=1", "CLUSTER=dc-b-index-1"}})
+	a1 := j.start(t, podSpec{cluster: "dc-a", window: tick0, jobName: "job-a", podName: "job-a-1", app: app(0.2, 0),
+		env: []string{spec.EnvJobIndex + "=1", "CLUSTER=dc-a-index-1"}})
+	a0.finish()
+	b1.finish()
+	a1.finish()
+	w1, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, 1)
+	ran := map[string]int{}
+	for _, r := range readLedger(t, j.ledger) {
+		ran[r.cluster]++
+	}
+	t.Logf("runs %v; dc-b index 1: %s %q; dc-a index 1: %s %q; window index 1 %+v %v",
+		ran, b1.decision().Action, b1.decision().Reason, a1.decision().Action, a1.decision().Reason, w1, err)
+	if ran["dc-a-index-1"]+ran["dc-b-index-1"] != 1 || w1.State != lock.StateSucceeded {
+		t.Fatalf("VIOLATION (invariant 2): index 1 of the window ran %d times (window state %s) with standby on and both clusters healthy",
+			ran["dc-a-index-1"]+ran["dc-b-index-1"], w1.State)
+	}
+}
