@@ -32,13 +32,51 @@ type World struct {
 	// windows may repeat): a recent minute, because the agent skips windows
 	// older than what retention keeps.
 	WindowBase time.Time
+	// Bouncers are every slot's, probed after a PostgreSQL restart: a
+	// bouncer serves again only once its server login works, which may be
+	// a server_login_retry after PostgreSQL is up.
+	Bouncers []*pgtest.Bouncer
 
 	// pgMu serialises PostgreSQL restarts; pgEvents records them for every
 	// schedule's log, since they hit every schedule running then.
-	pgMu       sync.Mutex
-	lastPG     time.Time
-	pgEvents   []Event
+	pgMu      sync.Mutex
+	lastPG    time.Time
+	pgEvents  []Event
+	pgOutages []Outage
+	// pgBusy: a PostgreSQL restart is under way; pgHealed: when the last
+	// one ended (every bouncer serving again).
+	pgBusy     bool
+	pgHealed   time.Time
 	pgEventsMu sync.Mutex
+}
+
+// pgQuiet is when PostgreSQL restarts, any schedule's, last stopped
+// hindering: now while one is under way.
+func (w *World) pgQuiet() time.Time {
+	w.pgEventsMu.Lock()
+	defer w.pgEventsMu.Unlock()
+	if w.pgBusy {
+		return time.Now()
+	}
+	return w.pgHealed
+}
+
+// Outage is a time during which some pods could not reach the database
+// whatever their sidecars did: a PostgreSQL restart (Cluster ""), a cluster
+// cut or a bouncer restart (Pod ""), or one pod's sidecar paused.
+type Outage struct {
+	From, To     time.Time
+	Cluster, Pod string
+	What         string
+	// Serving is, for a PostgreSQL restart, when each bouncer (by name)
+	// served a query again; a cluster's outage lasts until its bouncer's.
+	Serving map[string]time.Time
+	seed    uint64 // of the schedule that restarted PostgreSQL
+}
+
+// hits reports whether o cuts pod of cluster off.
+func (o Outage) hits(cluster, pod string) bool {
+	return (o.Cluster == "" || o.Cluster == cluster) && (o.Pod == "" || o.Pod == pod)
 }
 
 // Slot is one worker's set of clusters: a PgBouncer per cluster, reused by
@@ -75,6 +113,14 @@ type run struct {
 	kinds  map[Kind]bool
 	// cuts are the [from, to) times each cluster was cut from the database.
 	cuts map[string][][2]time.Time
+	// outages are this schedule's own (PostgreSQL's are the World's).
+	outages []Outage
+}
+
+func (r *run) outage(from time.Time, cluster, pod, what string) {
+	r.mu.Lock()
+	r.outages = append(r.outages, Outage{From: from, To: time.Now(), Cluster: cluster, Pod: pod, What: what})
+	r.mu.Unlock()
 }
 
 func (r *run) event(e Event) {
@@ -238,7 +284,8 @@ type Outcome struct {
 	Key      string
 	Dir      string
 	Start    time.Time
-	// Quiet is when the last injected fault was healed.
+	// Quiet is when the last injected fault was healed, or the last PostgreSQL
+	// restart (another schedule's too) ended, whichever is later.
 	Quiet time.Time
 	End   time.Time
 	// Faults counts injected faults; Kinds lists the distinct kinds.
@@ -250,6 +297,10 @@ type Outcome struct {
 	Jobs   []JobRecord
 	// Cuts are the intervals each cluster was cut from the database.
 	Cuts map[string][][2]time.Time
+	// Outages are the times pods could not reach the database whatever
+	// their sidecars did (cuts, bouncer and PostgreSQL restarts, paused
+	// sidecars); a sidecar's own absence is in PodRecord.Sidecars.
+	Outages []Outage
 	// Rows are the database rows of the key, one JSON object a line per table.
 	Rows string
 	// Windows are the windows' starts, RFC 3339.
@@ -277,7 +328,22 @@ type PodRecord struct {
 	AppCode       int
 	AgentLog      string
 	SidecarStarts int
+	// Sidecars are the sidecar's incarnations.
+	Sidecars []Incarnation
 }
+
+// Incarnation is one run of a sidecar, from its start to its exit or
+// SIGKILL (To zero: still running at the end).
+type Incarnation struct {
+	From, To time.Time
+	// Killed: ended by SIGKILL (the nemesis, or the kubelet after the
+	// grace period), not by exiting.
+	Killed bool
+	Code   int
+}
+
+// Span is an interval of time.
+type Span struct{ From, To time.Time }
 
 // JobRecord is one Job's end.
 type JobRecord struct {
@@ -340,7 +406,7 @@ func (w *World) Run(plan Plan, index int, slot *Slot, dir string) (*Outcome, err
 	}
 	faults.Wait()
 	quiet := time.Now()
-	overran := r.drain(quiet)
+	quiet, overran := r.drain(quiet)
 	for _, t := range timers {
 		t.Stop()
 	}
@@ -358,17 +424,20 @@ func (r *run) jobCount() int {
 	return len(r.jobs)
 }
 
-// drain lets the schedule finish once every fault is healed. A pod still
-// alive StuckBound after the later of its creation and quiet is stuck: its
+// drain lets the schedule finish once every fault is healed. Quiet is the
+// later of quiet (its own faults healed) and the end of the last PostgreSQL
+// restart, another schedule's too: the database was down for everyone. A pod
+// still alive StuckBound after the later of its creation and Quiet is stuck: its
 // Job's deadline deletes it (and the checker reports it). Pods whose app
 // never starts live on, like a pod in ImagePullBackOff, until no other pod
 // is left that could be waiting for them; then their Jobs' deadline deletes
-// them too. drain reports whether the schedule overran its hard deadline
-// and had to be killed.
-func (r *run) drain(quiet time.Time) bool {
+// them too. drain returns Quiet and whether the schedule overran its hard
+// deadline and had to be killed.
+func (r *run) drain(quiet time.Time) (time.Time, bool) {
 	s := r.w.Settings
-	hard := quiet.Add(s.StuckBound() + s.Grace + 15*time.Second)
 	for {
+		quiet = maxTime(quiet, r.w.pgQuiet())
+		hard := quiet.Add(s.StuckBound() + s.Grace + 15*time.Second)
 		r.mu.Lock()
 		pods := slices.Clone(r.pods)
 		r.mu.Unlock()
@@ -392,7 +461,7 @@ func (r *run) drain(quiet time.Time) bool {
 				p.killAll()
 			}
 			r.awaitJobs(10 * time.Second)
-			return true
+			return quiet, true
 		}
 		for _, p := range waiting {
 			if !p.deleted() && now.After(maxTime(p.created, quiet).Add(s.StuckBound())) {
@@ -413,7 +482,7 @@ func (r *run) drain(quiet time.Time) bool {
 		time.Sleep(250 * time.Millisecond)
 	}
 	r.awaitJobs(s.Grace + 10*time.Second)
-	return false
+	return quiet, false
 }
 
 // awaitJobs waits up to d for every Job to be done.
@@ -447,10 +516,12 @@ func (r *run) inject(f Fault) {
 		return
 	case RestartBouncer:
 		cl := r.clusters[f.Cluster]
+		from := time.Now()
 		r.fault(f.Kind, cl.name, "", "stop and start PgBouncer")
 		if err := cl.bouncer.Restart(); err != nil {
 			r.event(Event{Kind: "error", Cluster: cl.name, Detail: err.Error()})
 		}
+		r.outage(from, cl.name, "", string(f.Kind))
 		r.event(Event{Kind: "bouncer-up", Cluster: cl.name})
 		return
 	case CutCluster:
@@ -473,6 +544,7 @@ func (r *run) inject(f Fault) {
 		r.mu.Lock()
 		r.cuts[cl.name] = append(r.cuts[cl.name], [2]time.Time{from, time.Now()})
 		r.mu.Unlock()
+		r.outage(from, cl.name, "", string(f.Kind)+" ("+f.Variant+")")
 		r.event(Event{Kind: "cut-healed", Cluster: cl.name})
 		return
 	}
@@ -526,10 +598,14 @@ func (r *run) inject(f Fault) {
 		if f.Kind == PauseWrapper {
 			c = app
 		}
+		from := time.Now()
 		c.signal(syscall.SIGSTOP)
 		r.fault(f.Kind, j.cl.name, p.name, "SIGSTOP %s for %s", c.name, f.For.Round(time.Millisecond))
 		time.Sleep(f.For)
 		c.signal(syscall.SIGCONT)
+		if f.Kind == PauseAgent {
+			r.outage(from, j.cl.name, p.name, string(f.Kind))
+		}
 		r.event(Event{Kind: "resumed", Cluster: j.cl.name, Pod: p.name, Detail: "SIGCONT " + c.name})
 	case EvictPod, LostNode:
 		if j.replace(p, f.Kind == EvictPod) {
@@ -555,6 +631,9 @@ func (r *run) restartPostgres(f Fault) {
 		return
 	}
 	from := time.Now()
+	w.pgEventsMu.Lock()
+	w.pgBusy = true
+	w.pgEventsMu.Unlock()
 	r.fault(f.Kind, "", "", "pg_ctl stop -m immediate; start")
 	err := w.PG.StopPostgres("immediate")
 	if err == nil {
@@ -565,9 +644,54 @@ func (r *run) restartPostgres(f Fault) {
 	}
 	w.lastPG = time.Now()
 	r.event(Event{Kind: "postgres-up", Detail: "down for " + time.Since(from).Round(time.Millisecond).String()})
+	serving := w.probeBouncers(from, 15*time.Second)
 	w.pgEventsMu.Lock()
 	w.pgEvents = append(w.pgEvents, Event{At: from, Kind: "restart-postgres", Detail: fmt.Sprintf("by schedule seed %d, until %s", r.plan.Seed, w.lastPG.Format("15:04:05.000"))})
+	w.pgOutages = append(w.pgOutages, Outage{From: from, To: w.lastPG, What: "restart-postgres", Serving: serving, seed: r.plan.Seed})
+	w.pgBusy, w.pgHealed = false, w.lastPG
+	for _, t := range serving {
+		w.pgHealed = maxTime(w.pgHealed, t)
+	}
 	w.pgEventsMu.Unlock()
+}
+
+// probeBouncers queries through every bouncer until each answers, for at
+// most limit, and returns when each did (a bouncer that never did within
+// limit, because a cut paused or stopped it, counts as serving at the end:
+// the cut covers the rest).
+func (w *World) probeBouncers(from time.Time, limit time.Duration) map[string]time.Time {
+	var mu sync.Mutex
+	serving := map[string]time.Time{}
+	deadline := time.Now().Add(limit)
+	var wg sync.WaitGroup
+	for _, b := range w.Bouncers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				err := func() error {
+					conn, err := pgx.Connect(ctx, b.DSN())
+					if err != nil {
+						return err
+					}
+					defer conn.Close(context.Background())
+					_, err = conn.Exec(ctx, "SELECT 1")
+					return err
+				}()
+				cancel()
+				if err == nil {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			mu.Lock()
+			serving[b.Name()] = minTime(time.Now(), deadline)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return serving
 }
 
 func (r *run) outcome(quiet time.Time, overran bool) *Outcome {
@@ -600,7 +724,28 @@ func (r *run) outcome(quiet time.Time, overran bool) *Outcome {
 			o.Events = append(o.Events, e)
 		}
 	}
+	for _, x := range r.w.pgOutages {
+		if !x.From.Before(o.End) {
+			continue
+		}
+		what := x.What
+		if x.seed != r.plan.Seed {
+			what += " (other)"
+		}
+		// Each cluster is cut off until its bouncer serves again.
+		for _, cl := range r.clusters {
+			to := maxTime(x.To, x.Serving[cl.bouncer.Name()])
+			if to.After(r.start) {
+				o.Outages = append(o.Outages, Outage{From: x.From, To: to, Cluster: cl.name, What: what})
+				if t, ok := x.Serving[cl.bouncer.Name()]; ok && x.From.After(r.start) {
+					o.Events = append(o.Events, Event{At: t, Kind: "bouncer-serving", Cluster: cl.name,
+						Detail: fmt.Sprintf("again after the PostgreSQL restart (up at %s)", x.To.Format("15:04:05.000"))})
+				}
+			}
+		}
+	}
 	r.w.pgEventsMu.Unlock()
+	o.Outages = append(o.Outages, r.outages...)
 	slices.SortStableFunc(o.Events, func(a, b Event) int { return a.At.Compare(b.At) })
 
 	for _, j := range r.jobs {
@@ -613,6 +758,13 @@ func (r *run) outcome(quiet time.Time, overran bool) *Outcome {
 		pr := PodRecord{Cluster: p.job.cl.name, Job: p.job.name, Name: p.name, Window: p.job.window, Index: p.job.index, Attempt: p.attempt,
 			App: p.app, Created: p.created, DeletedWhy: p.deleteWhy, Stuck: p.stuck, AgentLog: p.agentLog, SidecarStarts: p.agentStarts,
 			AppCode: -1}
+		for _, c := range p.agents {
+			in := Incarnation{From: c.started, To: c.killed(), Killed: !c.killed().IsZero(), Code: -1}
+			if c.exited() {
+				in.To, in.Code = c.end(), c.code
+			}
+			pr.Sidecars = append(pr.Sidecars, in)
+		}
 		if p.appC != nil {
 			pr.AppRan, pr.AppEnd, pr.AppCode = true, p.appC.end(), p.appC.code
 		}

@@ -42,9 +42,10 @@ func (e Event) String() string {
 // that killing it kills everything it started, as the kernel does for a
 // real container.
 type container struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
+	name    string
+	cmd     *exec.Cmd
+	started time.Time
+	done    chan struct{}
 	// Set before done is closed.
 	exitedAt time.Time
 	code     int // exit code, 128+signal when signalled
@@ -70,7 +71,7 @@ func startContainer(name, dir, logFile string, env []string, path string, args .
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting container %s: %w", name, err)
 	}
-	c := &container{name: name, cmd: cmd, done: make(chan struct{})}
+	c := &container{name: name, cmd: cmd, started: time.Now(), done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		c.exitedAt = time.Now()
@@ -96,6 +97,13 @@ func (c *container) signal(sig syscall.Signal) {
 		c.mu.Unlock()
 	}
 	_ = c.cmd.Process.Signal(sig)
+}
+
+// killed is when SIGKILL was sent, zero if never.
+func (c *container) killed() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.killedAt
 }
 
 func (c *container) exited() bool {
@@ -144,7 +152,8 @@ type pod struct {
 	created          time.Time
 
 	mu          sync.Mutex
-	agent       *container // the current sidecar incarnation
+	agent       *container   // the current sidecar incarnation
+	agents      []*container // every incarnation
 	agentStart  time.Time
 	agentStarts int
 	appC        *container
@@ -212,6 +221,7 @@ func (p *pod) startAgentLocked() error {
 		return err
 	}
 	p.agent, p.agentStart = c, time.Now()
+	p.agents = append(p.agents, c)
 	p.agentStarts++
 	return nil
 }

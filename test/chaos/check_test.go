@@ -1,0 +1,110 @@
+package chaos
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestUnrecordable: a double success is the documented exception only when
+// the fault log covers the owner's pod from its app's end until its claim
+// could have lapsed, give or take recordSlack.
+func TestUnrecordable(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	const ttl = 2 * time.Second
+
+	type tc struct {
+		name      string
+		outages   []Outage
+		sidecars  []Incarnation // the owner's; default: one running throughout
+		take      *time.Time    // the standby's run decision; nil: none
+		exception bool
+		says      string
+	}
+	ptr := func(t time.Time) *time.Time { return &t }
+	// The owner decided at 0, its app ran from 100 to 1000 ms.
+	cases := []tc{
+		{name: "cut from before the end until the take", take: ptr(at(4000)),
+			outages:   []Outage{{From: at(500), To: at(6000), Cluster: "dc-a", What: "cut-cluster (pause)"}},
+			exception: true, says: "cut-cluster"},
+		{name: "cut, then healthy after the lapse bound", take: ptr(at(9000)),
+			// M = max(E+TTL, T-TTL) = 7000: healthy from 7000 on does not count.
+			outages:   []Outage{{From: at(500), To: at(7000), Cluster: "dc-a", What: "cut-cluster (stop)"}},
+			exception: true},
+		{name: "healthy for 1.5 s before the lapse bound", take: ptr(at(9000)),
+			outages:   []Outage{{From: at(500), To: at(5500), Cluster: "dc-a", What: "cut-cluster (stop)"}},
+			exception: false, says: "could reach the database for 1.5s"},
+		{name: "healthy for 0.8 s only", take: ptr(at(4000)),
+			outages: []Outage{{From: at(500), To: at(1500), Cluster: "dc-a", What: "restart-bouncer"},
+				{From: at(2300), To: at(5000), What: "restart-postgres (seed 1)"}},
+			exception: true, says: "restart-postgres"},
+		{name: "another cluster's cut does not count", take: ptr(at(4000)),
+			outages:   []Outage{{From: at(500), To: at(6000), Cluster: "dc-b", What: "cut-cluster (pause)"}},
+			exception: false},
+		{name: "another pod's pause does not count", take: ptr(at(4000)),
+			outages:   []Outage{{From: at(500), To: at(6000), Cluster: "dc-a", Pod: "other", What: "pause-agent"}},
+			exception: false},
+		{name: "sidecar paused, then dead", take: ptr(at(4000)),
+			outages:   []Outage{{From: at(800), To: at(2000), Cluster: "dc-a", Pod: "owner", What: "pause-agent"}},
+			sidecars:  []Incarnation{{From: at(-500), To: at(2200), Killed: true}, {From: at(5000)}},
+			exception: true, says: "sidecar not running"},
+		{name: "sidecar restarted in time", take: ptr(at(6000)),
+			sidecars:  []Incarnation{{From: at(-500), To: at(900), Killed: true}, {From: at(2000)}},
+			exception: false},
+		{name: "claim taken while the app ran", take: ptr(at(700)),
+			outages:   []Outage{{From: at(0), To: at(9000), Cluster: "dc-a", What: "cut-cluster (pause)"}},
+			exception: false, says: "before its app ended"},
+		{name: "no take: sidecar killed while cut off", take: nil,
+			outages:   []Outage{{From: at(500), To: at(6000), Cluster: "dc-a", What: "cut-cluster (pause)"}},
+			sidecars:  []Incarnation{{From: at(-500), To: at(5000), Killed: true}},
+			exception: true, says: "sidecar killed"},
+		{name: "no take: sidecar lived on after the cut", take: nil,
+			outages:   []Outage{{From: at(500), To: at(6000), Cluster: "dc-a", What: "cut-cluster (pause)"}},
+			sidecars:  []Incarnation{{From: at(-500), To: at(8000), Code: 0}},
+			exception: false, says: "exited (code 0) at 12:00:08.000 without recording"},
+		{name: "no take: sidecar exited at once", take: nil,
+			sidecars:  []Incarnation{{From: at(-500), To: at(1020), Code: 0}},
+			exception: false, says: "without recording the success"},
+		{name: "sidecar exited at once, then taken", take: ptr(at(3500)),
+			sidecars:  []Incarnation{{From: at(-500), To: at(1020), Code: 0}},
+			exception: false, says: "without recording the success"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			log := func(name string, lines ...string) string {
+				f := filepath.Join(dir, name+".agent.log")
+				if err := os.WriteFile(f, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return f
+			}
+			dec := func(at time.Time, token int) string {
+				return fmt.Sprintf(`{"time":%q,"level":"INFO","msg":"decision","action":"run","token":%d}`, at.Format(time.RFC3339Nano), token)
+			}
+			sidecars := c.sidecars
+			if sidecars == nil {
+				sidecars = []Incarnation{{From: at(-500)}}
+			}
+			owner := PodRecord{Cluster: "dc-a", Name: "owner", Window: 0, Index: -1, Sidecars: sidecars,
+				AgentLog: log("owner", `{"msg":"starting"}`, dec(at(0), 7))}
+			standby := PodRecord{Cluster: "dc-b", Name: "standby", Window: 0, Index: -1, Sidecars: []Incarnation{{From: at(-500)}}}
+			if c.take != nil {
+				standby.AgentLog = log("standby", dec(*c.take, 9))
+			} else {
+				standby.AgentLog = log("standby", `{"msg":"waiting"}`)
+			}
+			o := &Outcome{Settings: Settings{TTL: ttl}, End: at(20000), Outages: c.outages, Pods: []PodRecord{owner, standby}}
+			run := Run{Cluster: "dc-a", Pod: "owner", Window: 0, Index: -1, Token: 7, Start: at(100), End: at(1000), Code: 0}
+			ok, why := o.unrecordable(run, unit{0, -1})
+			if ok != c.exception || !strings.Contains(why, c.says) {
+				t.Errorf("unrecordable = %t, %q; want %t, saying %q", ok, why, c.exception, c.says)
+			}
+		})
+	}
+}
