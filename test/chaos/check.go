@@ -148,7 +148,7 @@ func (o *Outcome) Runs() ([]Run, []string) {
 //
 //	(a) at most one run of a (key, window[, index]) ends successfully (modes with
 //	    schedule); a window's runs never overlap; with lease in the mode no
-//	    two runs of the key overlap;
+//	    two runs of the key (of the key and index, for Indexed Jobs) overlap;
 //	(b) with standby (and schedule), a window where at least one cluster's
 //	    Job was clean (its bouncer never cut while the Job lived, no app of
 //	    its never started, exited non-zero or was killed) got a successful
@@ -229,7 +229,8 @@ func Check(o *Outcome) []Violation {
 			case !a.overlaps(b):
 			case a.sameUnit(b):
 				add("a: runs of one window overlap", podsOf(a, b), "runs of window %s overlap:\n  %s\n  %s", unitKey(strconv.Itoa(a.Window), a.Index), a, b)
-			case p.HasLease():
+			case p.HasLease() && a.Index == b.Index:
+				// An Indexed Job holds a lease per index: its indexes run side by side.
 				add("a: runs of the key overlap under lease", podsOf(a, b), "runs of the key overlap though the mode has lease:\n  %s\n  %s", a, b)
 			}
 		}
@@ -462,6 +463,19 @@ func (o *Outcome) unrecordable(r Run, u unit) (bool, string) {
 		until = fmt.Sprintf("%s (its claim lapsed by then: %s (token %d) took it at %s)", m.Format("15:04:05.000"),
 			take.Pod, take.Token, take.At.Format("15:04:05.000"))
 	}
+	// A sidecar that exits by itself while its pod can reach the database
+	// chose not to record: however briefly the pod then lived.
+	if n := len(pod.Sidecars); n > 0 {
+		last := pod.Sidecars[n-1]
+		if !last.To.IsZero() && !last.Killed && !last.To.Before(e) && !last.To.After(m) && !o.cutOff(*pod, last.To) {
+			taken := "nobody took the claim"
+			if take != nil {
+				taken = fmt.Sprintf("%s (token %d) took the claim at %s", take.Pod, take.Token, take.At.Format("15:04:05.000"))
+			}
+			return false, fmt.Sprintf("its sidecar exited (code %d) at %s, when its pod could reach the database, without recording the success (app's end at %s; %s)",
+				last.Code, last.To.Format("15:04:05.000"), e.Format("15:04:05.000"), taken)
+		}
+	}
 	if d := longest.To.Sub(longest.From); d > recordSlack {
 		return false, fmt.Sprintf("its pod could reach the database for %s (%s to %s) between the app's end at %s and %s%s",
 			d.Round(time.Millisecond), longest.From.Format("15:04:05.000"), longest.To.Format("15:04:05.000"), e.Format("15:04:05.000"), until,
@@ -524,6 +538,16 @@ func (o *Outcome) downSpans(pod PodRecord) []labelledSpan {
 	}
 	slices.SortFunc(ds, func(a, b labelledSpan) int { return a.From.Compare(b.From) })
 	return ds
+}
+
+// cutOff reports whether an outage cut pod off at t.
+func (o *Outcome) cutOff(pod PodRecord, t time.Time) bool {
+	for _, x := range o.Outages {
+		if x.hits(pod.Cluster, pod.Name) && !t.Before(x.From) && !t.After(x.To) {
+			return true
+		}
+	}
+	return false
 }
 
 // sidecarExit says how pod's last sidecar ended, if it exited by itself

@@ -117,8 +117,9 @@ type Plan struct {
 	// Period is the CronJob's (scaled) period: window w's Jobs are created
 	// w*Period after the schedule starts, plus each cluster's Jitter.
 	Period time.Duration
-	// Completions > 1 makes every Job Indexed (schedule mode only): one pod
-	// per completion index at once, each index claiming its own window.
+	// Completions > 1 makes every Job Indexed (modes with schedule): one pod
+	// per completion index at once, each index claiming its own window (and,
+	// with lease, holding a lease of its own).
 	Completions int
 	Jitter      [][]time.Duration // [cluster][window]
 	Faults      []Fault
@@ -208,7 +209,7 @@ func Draw(seed uint64, s Settings) Plan {
 	// standby needs schedule mode (DESIGN.md: it is about windows).
 	p.Standby = p.Standby && p.HasSchedule()
 	p.Completions = 1
-	if p.Mode == "schedule" && r.IntN(3) == 0 {
+	if p.HasSchedule() && r.IntN(3) == 0 {
 		p.Completions = 2 + r.IntN(2)
 	}
 	p.Jitter = make([][]time.Duration, p.Clusters)

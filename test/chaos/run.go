@@ -823,7 +823,7 @@ func (r *run) dumpRows() (string, map[string]string) {
 				return err
 			}
 			for _, t := range tables {
-				rs, err := conn.Query(ctx, fmt.Sprintf(`SELECT to_jsonb(t)::text FROM dislock.%s t WHERE lock_key = $1`,
+				rs, err := conn.Query(ctx, fmt.Sprintf(`SELECT to_jsonb(t)::text FROM dislock.%s t WHERE lock_key = $1 OR starts_with(lock_key, $1 || '#')`,
 					pgx.Identifier{t}.Sanitize()), r.key)
 				if err != nil {
 					return err
