@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,10 @@ var (
 	flagDumps     = flag.Int("chaos.dumps", 3, "how many violating schedules to print in full (all are written to files)")
 	flagKeep      = flag.Bool("chaos.keep", false, "keep every schedule's files (pods, logs, ledger), not only the violating ones'")
 )
+
+// scheduleMargin is more than one schedule can take (its hard deadline
+// included).
+const scheduleMargin = 4 * time.Minute
 
 // agentBin is dislock-agent, built once.
 var agentBin string
@@ -111,11 +116,19 @@ func TestChaos(t *testing.T) {
 		results []result
 		dumped  int
 	)
+	// No schedule starts within scheduleMargin of the test's -timeout, so
+	// that a long run ends with its summary rather than a panic.
 	next := make(chan int)
+	var handedOut atomic.Int64
+	deadline, hasDeadline := t.Deadline()
 	go func() {
 		defer close(next)
 		for i := range schedules {
+			if hasDeadline && time.Until(deadline) < scheduleMargin {
+				return
+			}
 			next <- i
+			handedOut.Add(1)
 		}
 	}()
 	begun := time.Now()
@@ -223,6 +236,9 @@ func TestChaos(t *testing.T) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "chaos summary: %d schedules from seed %d in %s (%s per 100, %d at a time); %d with violations, %d more with documented exceptions only\n",
 		len(results), seed, elapsed.Round(time.Second), (elapsed * 100 / time.Duration(max(1, len(results)))).Round(time.Second), parallel, bad, excepted)
+	if n := int(handedOut.Load()); n < schedules {
+		fmt.Fprintf(&b, "stopped after %d of %d schedules: the test's -timeout was less than %s away\n", n, schedules, scheduleMargin)
+	}
 	if len(results) > 0 {
 		fmt.Fprintf(&b, "distinct fault kinds per schedule: min %d, mean %.1f, max %d; %d of %d kinds used overall\n",
 			minK, float64(sumK)/float64(len(results)), maxK, len(used), len(Kinds()))

@@ -464,6 +464,16 @@ func (r *run) drain(quiet time.Time) (time.Time, bool) {
 			return quiet, true
 		}
 		for _, p := range waiting {
+			// A pod whose app has ended waits for nothing: the kubelet
+			// stops its sidecar, with SIGKILL after the grace period (a
+			// sidecar restarted just then may miss the SIGTERM, as PID 1
+			// without a handler yet).
+			p.mu.Lock()
+			terminatingAt := p.terminatingAt
+			p.mu.Unlock()
+			if !terminatingAt.IsZero() {
+				continue
+			}
 			if !p.deleted() && now.After(maxTime(p.created, quiet).Add(s.StuckBound())) {
 				p.mu.Lock()
 				p.stuck = true

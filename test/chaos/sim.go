@@ -158,10 +158,12 @@ type pod struct {
 	agentStarts int
 	appC        *container
 	terminating bool
-	deleteCh    chan struct{}
-	deleteOnce  sync.Once
-	deleteWhy   string
-	stuck       bool
+	// terminatingAt is when the kubelet began stopping the sidecar.
+	terminatingAt time.Time
+	deleteCh      chan struct{}
+	deleteOnce    sync.Once
+	deleteWhy     string
+	stuck         bool
 	// Set before ended is closed.
 	ended   chan struct{}
 	endedAt time.Time
@@ -255,10 +257,13 @@ func (p *pod) kubelet() {
 	}
 
 	p.mu.Lock()
-	p.terminating = true
+	p.terminating, p.terminatingAt = true, time.Now()
 	agent := p.agent
 	p.mu.Unlock()
 	agent.stop(s.Grace)
+	if k := agent.killed(); !k.IsZero() && k.After(p.terminatingAt) {
+		p.event(false, "sidecar-killed", "still running %s after SIGTERM: SIGKILL", s.Grace)
+	}
 	<-restarter
 }
 
