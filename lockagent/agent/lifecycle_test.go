@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -206,5 +207,43 @@ func TestASecondAppContainerThatNeverStartsGivesTheWindowUp(t *testing.T) {
 	}
 	if _, ok := decisionOf(b); !ok {
 		t.Fatalf("VIOLATION (invariant 4): dc-b's standby still waits %s after dc-a's run decision (app-start timeout 2s, ttl 2s): dc-a's second container never started and dc-a keeps the window alive", limit)
+	}
+}
+
+// The kubelet stops the sidecar the moment the app exits, which is also the
+// moment the agent records the success. A slow database at that instant (its
+// PgBouncer paused) must not let the SIGTERM cut the recording short: the
+// window ends succeeded, not running until it lapses to a standby.
+func TestASIGTERMWhileTheSuccessIsBeingRecordedDoesNotLoseIt(t *testing.T) {
+	srv := pgtest.Need(t)
+	bn, err := srv.AddBouncer(fmt.Sprintf("sigterm-record-%d", time.Now().UnixNano()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := newJob(t, srv.BouncerDSN(), "schedule", 5*time.Second)
+	j.extra = append(j.extra, spec.EnvAppContainers+"=app", spec.EnvContainerName+"=app")
+	ja := j
+	ja.dsn = bn.DSN()
+	a := ja.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(1, 0)})
+	await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	if err := bn.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	a.waitWrapper()
+	// The agent starts recording with revoking: the run is over.
+	await(t, "the agent to start recording", 10*time.Second, func() bool {
+		revoked, _ := protocol.Dir(a.dir).Revoked()
+		return revoked
+	})
+	if err := a.agent.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := bn.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	<-a.agentDone
+	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
+	if err != nil || w.State != lock.StateSucceeded {
+		t.Fatalf("window after a SIGTERM during the recording: %+v, %v; want succeeded\n%s", w, err, a.agentLog)
 	}
 }

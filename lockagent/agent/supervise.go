@@ -70,7 +70,11 @@ func (a *agent) supervise(ctx context.Context) {
 			a.checkAppStarted(ctx)
 		case <-doneC:
 			if a.allSucceeded() {
-				a.finishRun(ctx)
+				// Its own context: the kubelet's SIGTERM, which follows
+				// the apps' exit at once, must not cut the recording short.
+				recordCtx, cancel := context.WithTimeout(context.Background(), a.cfg.StopTimeout)
+				a.finishRun(recordCtx)
+				cancel()
 			}
 		case <-expireC:
 			a.revoke(fmt.Sprintf("no renewal succeeded for %s; the safety deadline passed before the lease could expire at database time", a.cfg.TTL-a.cfg.Margin()))
