@@ -580,6 +580,10 @@ func (r *run) inject(f Fault) {
 			ready := !terminating && !p.deleted()
 			if f.Kind == KillApp || f.Kind == PauseWrapper {
 				ready = ready && app != nil && !app.exited()
+			} else {
+				// Between a sidecar's death and the kubelet's restart the
+				// pod has none to hit.
+				ready = ready && agent != nil
 			}
 			if ready {
 				j = cand

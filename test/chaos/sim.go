@@ -89,6 +89,9 @@ func exitCode(ps *os.ProcessState) int {
 }
 
 func (c *container) signal(sig syscall.Signal) {
+	if c == nil {
+		return
+	}
 	if sig == syscall.SIGKILL {
 		c.mu.Lock()
 		if c.killedAt.IsZero() {
