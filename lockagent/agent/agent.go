@@ -182,6 +182,7 @@ func (a *agent) publish(d protocol.Decision) {
 	if d.Action == protocol.ActionRun {
 		d.KillGrace = protocol.Duration(a.cfg.KillGrace())
 		d.TTL = protocol.Duration(a.cfg.TTL)
+		d.WindowToken, d.LeaseToken = a.windowToken, a.leaseToken
 		d.DecidedAt = protocol.MonotonicNow()
 		d.BootID = protocol.BootID()
 		if dl := a.deadline(); dl != 0 {

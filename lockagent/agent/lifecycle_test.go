@@ -28,43 +28,44 @@ func decisionOf(po *pod) (protocol.Decision, bool) {
 	return d, ok
 }
 
-// R1 — Indexed Job, schedule,lease. Index 1's pod claims its window and waits
-// for the key's lease, which index 0's pod of the same Job holds. Its sidecar
-// is stopped while it waits (SIGTERM: the same "stopped while waiting" that
-// story 2 covers) and restarted by the kubelet. record() marks the window it
-// claimed "failed"; the restarted sidecar then finds "claimed by this pod and
-// is failed" and SKIPS: index 1 never runs, the Job reports success. The
-// ownership table says the same pod re-enters a failed claim unless revoked,
-// and "a waiting pod is never turned into a skip by being stopped".
+// R1: a pod that claimed its window and waits for the lease, which another
+// pod of its Job still holds (here a pod that is only in the database: its
+// replacement started while it terminates). Its sidecar is stopped while it
+// waits and restarted by the kubelet. A stop before a decision once recorded
+// the claimed window "failed", and the restarted sidecar then found "claimed
+// by this pod and is failed" and skipped: the window never ran. The claim is
+// now left to lapse, and the restarted sidecar re-enters it.
 func TestAPodStoppedWhileWaitingForTheLeaseRunsAfterItsRestart(t *testing.T) {
 	j := newJob(t, bouncerDSN(t), "schedule,lease", 3*time.Second)
-	p0 := j.start(t, podSpec{cluster: "dc-a", window: tick0, jobName: "job-1", podName: "job-1-0-aaaaa", app: app(4, 0),
-		env: []string{spec.EnvJobIndex + "=0", "CLUSTER=dc-a-index-0"}})
-	await(t, "index 0 to run", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
-	p1 := j.sidecar(t, podSpec{cluster: "dc-a", window: tick0, jobName: "job-1", podName: "job-1-1-bbbbb", app: app(0.2, 0),
-		env: []string{spec.EnvJobIndex + "=1", "CLUSTER=dc-a-index-1"}})
-	await(t, "index 1 to wait for the lease", 10*time.Second, func() bool {
-		return strings.Contains(p1.agentLog.String(), "lease must be released or expire first")
+	s := openStore(t, j.dsn)
+	ctx := context.Background()
+	spec1 := podSpec{cluster: "dc-a", window: tick0, jobName: "job-1", podName: "job-1-bbbbb", app: app(0.2, 0)}
+	old := lock.Owner{Cluster: "dc-a", Namespace: strings.SplitN(j.key, "/", 2)[0], Job: "job-1", JobUID: "uid-dc-a-job-1", Pod: "job-1-aaaaa"}
+	held, err := s.AcquireLease(ctx, j.key, old, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := j.sidecar(t, spec1)
+	await(t, "the pod to wait for the lease", 10*time.Second, func() bool {
+		return strings.Contains(p.agentLog.String(), "lease must be released or expire first")
 	})
-	p1.stopAgent() // SIGTERM while waiting: decides nothing
-	if _, ok := decisionOf(p1); ok {
+	p.stopAgent() // SIGTERM while waiting: decides nothing
+	if _, ok := decisionOf(p); ok {
 		t.Fatalf("a decision was written on a stop while waiting")
 	}
-	p1.startAgent() // the kubelet restarts the sidecar
-	p1.startWrapper()
-	if code := p0.finish(); code != 0 {
-		t.Fatalf("index 0 exited %d", code)
+	p.startAgent() // the kubelet restarts the sidecar
+	p.startWrapper()
+	await(t, "the restarted pod to wait for the lease again", 10*time.Second, func() bool {
+		return strings.Count(p.agentLog.String(), "lease must be released or expire first") == 2
+	})
+	if _, err := s.ReleaseLease(ctx, j.key, held.Lease.Token); err != nil { // the old pod is gone
+		t.Fatal(err)
 	}
-	code := p1.finish()
-	d := p1.decision()
-	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, 1)
-	t.Logf("index 1: exit %d, decision %s %q; window index 1: %+v %v", code, d.Action, d.Reason, w, err)
-	ran := map[string]int{}
-	for _, r := range readLedger(t, j.ledger) {
-		ran[r.cluster]++
+	if code := p.finish(); code != 0 || p.decision().Action != protocol.ActionRun {
+		t.Fatalf("after the restart: exit %d, decision %+v", code, p.decision())
 	}
-	if ran["dc-a-index-1"] != 1 {
-		t.Fatalf("VIOLATION: index 1 never ran (runs %v), its pod decided %s: %s; window row state %s", ran, d.Action, d.Reason, w.State)
+	if runs := readLedger(t, j.ledger); len(runs) != 1 {
+		t.Fatalf("ledger %+v, want one run", runs)
 	}
 }
 
@@ -245,5 +246,45 @@ func TestASIGTERMWhileTheSuccessIsBeingRecordedDoesNotLoseIt(t *testing.T) {
 	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
 	if err != nil || w.State != lock.StateSucceeded {
 		t.Fatalf("window after a SIGTERM during the recording: %+v, %v; want succeeded\n%s", w, err, a.agentLog)
+	}
+}
+
+// A sidecar restarted while its pod cannot reach the database, and stopped
+// (the app having succeeded) before it could re-enter its claim, still
+// records the success with its earlier process's token once the database
+// answers: the decision carries the claims' tokens. It once left the window
+// running until it lapsed, and a standby ran it again. (Found by the fault
+// schedules.)
+func TestARestartedSidecarStoppedBeforeItReenteredStillRecordsTheSuccess(t *testing.T) {
+	srv := pgtest.Need(t)
+	bn, err := srv.AddBouncer(fmt.Sprintf("resume-record-%d", time.Now().UnixNano()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := newJob(t, srv.BouncerDSN(), "schedule", 5*time.Second)
+	ja := j
+	ja.dsn = bn.DSN()
+	a := ja.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(1, 0)})
+	await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	a.agent.Process.Kill()
+	<-a.agentDone
+	if err := bn.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	a.startAgent() // the kubelet restarts it; it cannot re-enter yet
+	a.waitWrapper()
+	if a.exit != 0 {
+		t.Fatalf("the app exited %d", a.exit)
+	}
+	if err := a.agent.Process.Signal(syscall.SIGTERM); err != nil { // the pod ends
+		t.Fatal(err)
+	}
+	if err := bn.Start(); err != nil {
+		t.Fatal(err)
+	}
+	<-a.agentDone
+	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
+	if err != nil || w.State != lock.StateSucceeded {
+		t.Fatalf("window: %+v, %v; want succeeded\n%s", w, err, a.agentLog)
 	}
 }

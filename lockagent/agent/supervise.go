@@ -215,6 +215,20 @@ func (a *agent) revoke(reason string) {
 func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 	a.decision = prev
 	a.log.Info("restarted: resuming the earlier decision", "action", prev.Action, "window", prev.Window, "token", prev.Token)
+	// Until re-entered, the claims are the earlier process's: its tokens let
+	// record finish them (every write is guarded by the token) even if the
+	// pod is stopped before the database answers, and its deadline (or, not
+	// knowing it, the longest one a renewal could have given) bounds how
+	// long an app it let run may still be running.
+	a.windowToken, a.leaseToken = prev.WindowToken, prev.LeaseToken
+	until := protocol.MonotonicNow() + int64(a.cfg.TTL)
+	if dl, ok, err := a.dir.ReadDeadline(); err == nil && ok {
+		until = dl
+	}
+	a.windowUntil, a.leaseUntil = until, until
+	if prev.Window != "" {
+		a.window, _ = time.Parse(time.RFC3339, prev.Window)
+	}
 	if revoked, why := a.dir.Revoked(); revoked {
 		a.revoked = true
 		a.log.Info("the claim was revoked before the restart; it stays revoked", "reason", why)
@@ -225,9 +239,6 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 		// monotonic deadline and decision time are of another boot.
 		a.revoke("the node rebooted since the decision; the pod's claim ended with it")
 		return
-	}
-	if prev.Window != "" {
-		a.window, _ = time.Parse(time.RFC3339, prev.Window)
 	}
 	if a.cfg.Mode.Schedule && !a.window.IsZero() {
 		req := lock.ClaimRequest{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Owner: a.cfg.Owner, TTL: a.cfg.TTL}
@@ -333,11 +344,14 @@ func (a *agent) finishRun(ctx context.Context) {
 		return
 	}
 	state, code, summary := outcome(results, a.cfg.AppContainers)
-	if a.windowToken != 0 {
+	switch {
+	case a.windowToken != 0:
 		if err := a.finishWindow(ctx, state, code); err != nil {
 			a.log.Error("recording the outcome failed", "state", state, "err", err)
 			summary += " (not recorded: " + err.Error() + ")"
 		}
+	case a.cfg.Mode.Schedule && !a.cfg.Manual:
+		summary += " (not recorded: this pod holds no window claim)"
 	}
 	a.releaseLease(ctx)
 	a.windowToken, a.leaseToken = 0, 0

@@ -56,6 +56,10 @@ type Decision struct {
 	// KillGrace is how long a wrapper waits between SIGTERM and SIGKILL when
 	// the lease is lost; the agent sizes it to fit inside its safety margin.
 	KillGrace Duration `json:"killGrace,omitempty"`
+	// WindowToken and LeaseToken are the tokens of the claims behind a run
+	// (0: none), so that a restarted agent can still finish them.
+	WindowToken int64 `json:"windowToken,omitempty"`
+	LeaseToken  int64 `json:"leaseToken,omitempty"`
 	// TTL is the claim's TTL: no deadline lies further ahead than it.
 	TTL Duration `json:"ttl,omitempty"`
 	// DecidedAt is when the agent published a run (CLOCK_MONOTONIC ns): the
