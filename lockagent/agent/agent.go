@@ -232,7 +232,10 @@ func (a *agent) retry(ctx context.Context, what string, op func(ctx context.Cont
 			return err
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 5*time.Second)
+		// Never back off for longer than a heartbeat interval: recording
+		// an outcome, or re-entering a claim, races the claim's liveness,
+		// and a database back for a second must not be missed.
+		backoff = min(2*backoff, 5*time.Second, a.cfg.HeartbeatInterval())
 	}
 }
 
