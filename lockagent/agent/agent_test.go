@@ -103,7 +103,7 @@ func TestShortJobFinishedBeforeTheOtherClusterStartsIsSkipped(t *testing.T) {
 func TestLongRunHoldsTheLeaseAndTheNextWindowSkips(t *testing.T) {
 	j := newJob(t, pgtest.Need(t).BouncerDSN(), "schedule,lease", 3*time.Second)
 	long := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(4, 0)})
-	await(t, "the long run to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "the long run to start", 1)
 	next := j.start(t, podSpec{cluster: "dc-b", window: tick0.Add(time.Minute), app: app(0, 0)})
 	if next.finish() != 0 {
 		t.Fatal("next window's pod failed")
@@ -132,7 +132,7 @@ func TestKilledAgentsAppStopsBeforeTheLeaseExpires(t *testing.T) {
 	j := newJob(t, pgtest.Need(t).BouncerDSN(), "lease", 3*time.Second)
 	s := openStore(t, j.dsn)
 	a := j.start(t, podSpec{cluster: "dc-a", podName: "a", jobName: "job-a", app: app(60, 0)})
-	await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "dc-a's app to start", 1)
 	held, _, err := s.GetLease(context.Background(), j.key)
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +172,7 @@ func TestKilledAgentsAppStopsBeforeTheLeaseExpires(t *testing.T) {
 func TestRestartedAgentReentersItsOwnLease(t *testing.T) {
 	j := newJob(t, pgtest.Need(t).BouncerDSN(), "schedule,lease", 3*time.Second)
 	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(5, 0)})
-	await(t, "the app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "the app to start", 1)
 	token := a.decision().Token
 	a.agent.Process.Signal(syscall.SIGKILL)
 	<-a.agentDone

@@ -36,7 +36,7 @@ func TestManualRunsBypassTheWindowAndHonourTheLease(t *testing.T) {
 	t.Run("lease mode: skips while another cluster holds the lease", func(t *testing.T) {
 		j := newJob(t, dsn, "lease", 5*time.Second)
 		a := j.start(t, podSpec{cluster: "dc-a", app: app(2, 0)})
-		await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+		j.awaitRuns(t, "dc-a's app to start", 1)
 		b := j.start(t, podSpec{cluster: "dc-b", app: app(0, 0)})
 		if b.finish() != 0 || b.decision().Action != protocol.ActionSkip {
 			t.Fatalf("dc-b: %+v", b.decision())

@@ -22,7 +22,7 @@ func TestDatabaseLostMidRunStopsTheAppBeforeExpiry(t *testing.T) {
 			srv := pgtest.New(t, pgtest.Options{Name: "lost-" + lose})
 			j := newJob(t, srv.BouncerDSN(), "schedule,lease", 3*time.Second)
 			a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(60, 0)})
-			await(t, "the app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+			j.awaitRuns(t, "the app to start", 1)
 			token := a.decision().Token
 			stop, start := srv.StopBouncer, srv.StartBouncer
 			if lose == "postgres" {
@@ -77,7 +77,7 @@ func TestStandbyTakesTheWindowOverWhenTheWinnerFailsOrDies(t *testing.T) {
 		j := newJob(t, dsn, "schedule", 3*time.Second)
 		j.standby = true
 		a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(2.5, 1)})
-		await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+		j.awaitRuns(t, "dc-a's app to start", 1)
 		// The standby waits longer than its start timeout: that bounds an
 		// unreachable database, not waiting for a live owner.
 		b := j.startAsync(t, podSpec{cluster: "dc-b", window: tick0, app: app(0, 0), agentArgs: []string{"--start-timeout=1s"}})
@@ -100,7 +100,7 @@ func TestStandbyTakesTheWindowOverWhenTheWinnerFailsOrDies(t *testing.T) {
 		j.standby = true
 		s := openStore(t, dsn)
 		a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(60, 0)})
-		await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+		j.awaitRuns(t, "dc-a's app to start", 1)
 		b := j.startAsync(t, podSpec{cluster: "dc-b", window: tick0, app: app(0, 0)})
 		// dc-a is lost: its sidecar dies. Its wrapper stops the app at the
 		// deadline, before the liveness lapses and dc-b may take over.

@@ -46,7 +46,7 @@ func TestASidecarRestartedWithinItsDeadlineReentersWithTheSameToken(t *testing.T
 	j := newJob(t, bouncerDSN(t), "schedule,lease", 3*time.Second)
 	j.standby = true
 	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(3, 0)})
-	await(t, "dc-a's app", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "dc-a's app", 1)
 	b := j.start(t, podSpec{cluster: "dc-b", window: tick0, app: app(0.2, 0)})
 	tok := a.decision().Token
 	a.agent.Process.Kill()
@@ -75,7 +75,7 @@ func TestAReplacementPodWaitsForTheDrainedOwnerInScheduleLeaseMode(t *testing.T)
 	j := newJob(t, bouncerDSN(t), "schedule,lease", 3*time.Second)
 	first := podSpec{cluster: "dc-a", window: tick0, jobName: "job-1", podName: "job-1-aaaaa", app: app(5, 0)}
 	a := j.start(t, first)
-	await(t, "A's app", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "A's app", 1)
 	second := replacement(first, "job-1-bbbbb")
 	second.app = app(0.3, 0)
 	b := j.start(t, second)

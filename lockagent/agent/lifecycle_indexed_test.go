@@ -22,7 +22,7 @@ func TestEachIndexOfAnIndexedJobHasItsOwnLease(t *testing.T) {
 	j.standby = true
 	a0 := j.start(t, podSpec{cluster: "dc-a", window: tick0, jobName: "job-a", podName: "job-a-0", app: app(3, 0),
 		env: []string{spec.EnvJobIndex + "=0", "CLUSTER=dc-a-index-0"}})
-	await(t, "dc-a index 0 to run", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "dc-a index 0 to run", 1)
 	b1 := j.start(t, podSpec{cluster: "dc-b", window: tick0, jobName: "job-b", podName: "job-b-1", app: app(0.2, 0),
 		env: []string{spec.EnvJobIndex + "=1", "CLUSTER=dc-b-index-1"}})
 	a1 := j.start(t, podSpec{cluster: "dc-a", window: tick0, jobName: "job-a", podName: "job-a-1", app: app(0.2, 0),

@@ -30,17 +30,13 @@ func TestAfterANodeRebootTheOldDeadlineNoLongerLetsTheAppRun(t *testing.T) {
 		{"without a boot id", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := pgtest.Need(t)
-			bn, err := srv.AddBouncer(fmt.Sprintf("reboot-%d", time.Now().UnixNano()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			j := newJob(t, srv.BouncerDSN(), "schedule", 2*time.Second)
+			bn := ownBouncer(t, "reboot")
+			j := newJob(t, pgtest.Need(t).BouncerDSN(), "schedule", 2*time.Second)
 			j.standby = true
 			ja := j
 			ja.dsn = bn.DSN()
 			a := ja.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(30, 0)})
-			await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+			j.awaitRuns(t, "dc-a's app to start", 1)
 
 			// The node goes down: the app is stopped, the sidecar dies without recording.
 			a.wrapper.Process.Signal(syscall.SIGTERM)

@@ -53,7 +53,7 @@ func TestAnEarlierAttemptsResultDoesNotLetAStandbyRunAlongside(t *testing.T) {
 	j.extra = append(j.extra, spec.EnvAppContainers+"=app", spec.EnvContainerName+"=app")
 	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: "exit 1"})
 	failedFirstAttempt(t, a, slowStopApp(30, 1.8))
-	await(t, "dc-a's second attempt to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "dc-a's second attempt to start", 1)
 	b := j.start(t, podSpec{cluster: "dc-b", window: tick0, app: app(3, 0)})
 	await(t, "dc-b to wait", 10*time.Second, func() bool { return strings.Contains(b.agentLog.String(), "waiting: standby") })
 	a.stopAgent() // as in R2: the sidecar is stopped while its app runs
@@ -77,7 +77,7 @@ func TestAnEarlierAttemptsResultDoesNotReleaseTheLeaseWhileTheAppRuns(t *testing
 	j.extra = append(j.extra, spec.EnvAppContainers+"=app", spec.EnvContainerName+"=app")
 	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: "exit 1"})
 	failedFirstAttempt(t, a, slowStopApp(30, 1.8))
-	await(t, "dc-a's second attempt to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "dc-a's second attempt to start", 1)
 	a.stopAgent() // the sidecar is stopped while its app runs
 	// The next window's Job starts now.
 	next := j.start(t, podSpec{cluster: "dc-a", window: tick0.Add(time.Hour), app: app(1, 0),

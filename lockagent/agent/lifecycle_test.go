@@ -9,7 +9,6 @@ package agent_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -80,7 +79,7 @@ func TestASidecarStoppedWhileItsAppRunsStopsTheAppBeforeAStandbyTakesOver(t *tes
 	j := newJob(t, bouncerDSN(t), "schedule", 3*time.Second)
 	j.standby = true
 	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(5, 0)})
-	await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "dc-a's app to start", 1)
 	b := j.start(t, podSpec{cluster: "dc-b", window: tick0, app: app(1, 0)})
 	await(t, "dc-b to wait", 10*time.Second, func() bool { return strings.Contains(b.agentLog.String(), "waiting: standby") })
 	a.stopAgent()  // SIGTERM to the sidecar; dc-a's app is still running
@@ -108,7 +107,7 @@ func TestASidecarBackAfterItsClaimLapsedNeverRunsTheAppWithAStaleToken(t *testin
 	j := newJob(t, bouncerDSN(t), "schedule", 3*time.Second)
 	first := podSpec{cluster: "dc-a", window: tick0, jobName: "job-1", podName: "job-1-aaaaa", app: app(30, 0)}
 	a := j.start(t, first)
-	await(t, "A's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "A's app to start", 1)
 	a.agent.Process.Kill() // sidecar SIGKILLed / OOM-killed
 	<-a.agentDone
 	a.waitWrapper() // the wrapper stops the app at the deadline
@@ -155,12 +154,8 @@ func TestASidecarBackAfterItsClaimLapsedNeverRunsTheAppWithAStaleToken(t *testin
 // second time. Two successful runs of one window (invariant 1), although
 // dc-a's success was known and recordable.
 func TestASuccessBeforeARevocationIsRecordedAsASuccess(t *testing.T) {
-	srv := pgtest.Need(t)
-	bn, err := srv.AddBouncer(fmt.Sprintf("review-r4-%d", time.Now().UnixNano()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	j := newJob(t, srv.BouncerDSN(), "schedule", 3*time.Second)
+	bn := ownBouncer(t, "review-r4")
+	j := newJob(t, pgtest.Need(t).BouncerDSN(), "schedule", 3*time.Second)
 	j.standby = true
 	ja := j
 	ja.dsn = bn.DSN()
@@ -216,17 +211,13 @@ func TestASecondAppContainerThatNeverStartsGivesTheWindowUp(t *testing.T) {
 // PgBouncer paused) must not let the SIGTERM cut the recording short: the
 // window ends succeeded, not running until it lapses to a standby.
 func TestASIGTERMWhileTheSuccessIsBeingRecordedDoesNotLoseIt(t *testing.T) {
-	srv := pgtest.Need(t)
-	bn, err := srv.AddBouncer(fmt.Sprintf("sigterm-record-%d", time.Now().UnixNano()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	j := newJob(t, srv.BouncerDSN(), "schedule", 5*time.Second)
+	bn := ownBouncer(t, "sigterm-record")
+	j := newJob(t, pgtest.Need(t).BouncerDSN(), "schedule", 5*time.Second)
 	j.extra = append(j.extra, spec.EnvAppContainers+"=app", spec.EnvContainerName+"=app")
 	ja := j
 	ja.dsn = bn.DSN()
 	a := ja.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(1, 0)})
-	await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "dc-a's app to start", 1)
 	if err := bn.Pause(); err != nil {
 		t.Fatal(err)
 	}
@@ -256,16 +247,12 @@ func TestASIGTERMWhileTheSuccessIsBeingRecordedDoesNotLoseIt(t *testing.T) {
 // running until it lapsed, and a standby ran it again. (Found by the fault
 // schedules.)
 func TestARestartedSidecarStoppedBeforeItReenteredStillRecordsTheSuccess(t *testing.T) {
-	srv := pgtest.Need(t)
-	bn, err := srv.AddBouncer(fmt.Sprintf("resume-record-%d", time.Now().UnixNano()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	j := newJob(t, srv.BouncerDSN(), "schedule", 5*time.Second)
+	bn := ownBouncer(t, "resume-record")
+	j := newJob(t, pgtest.Need(t).BouncerDSN(), "schedule", 5*time.Second)
 	ja := j
 	ja.dsn = bn.DSN()
 	a := ja.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(1, 0)})
-	await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+	j.awaitRuns(t, "dc-a's app to start", 1)
 	a.agent.Process.Kill()
 	<-a.agentDone
 	if err := bn.Stop(); err != nil {

@@ -386,3 +386,20 @@ func await(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// awaitRuns waits until the ledger holds n runs.
+func (j job) awaitRuns(t *testing.T, what string, n int) {
+	t.Helper()
+	await(t, what, 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == n })
+}
+
+// ownBouncer starts a PgBouncer of the test's own, to cut one simulated
+// cluster off from the database (Stop, Pause) while the others keep theirs.
+func ownBouncer(t *testing.T, name string) *pgtest.Bouncer {
+	t.Helper()
+	bn, err := pgtest.Need(t).AddBouncer(fmt.Sprintf("%s-%d", name, time.Now().UnixNano()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bn
+}

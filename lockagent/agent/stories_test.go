@@ -46,7 +46,7 @@ func TestASecondPodOfTheSameJobWaitsAndNeverRunsAlongside(t *testing.T) {
 			j := newJob(t, dsn, "schedule", 3*time.Second)
 			first := podSpec{cluster: "dc-a", window: tick0, jobName: "report-1", podName: "report-1-aaaaa", app: app(1.5, 0)}
 			a := j.start(t, first)
-			await(t, "the first pod's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+			j.awaitRuns(t, "the first pod's app to start", 1)
 			b := j.start(t, replacement(first, "report-1-bbbbb"))
 			if code := a.finish(); code != 0 {
 				t.Fatalf("first pod exited %d", code)
@@ -62,7 +62,7 @@ func TestASecondPodOfTheSameJobWaitsAndNeverRunsAlongside(t *testing.T) {
 			j := newJob(t, dsn, "schedule", 3*time.Second)
 			first := podSpec{cluster: "dc-a", window: tick0, jobName: "report-1", podName: "report-1-aaaaa", app: app(1.5, 1)}
 			a := j.start(t, first)
-			await(t, "the first pod's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+			j.awaitRuns(t, "the first pod's app to start", 1)
 			second := replacement(first, "report-1-bbbbb")
 			second.app = app(0.2, 0)
 			b := j.start(t, second)
@@ -93,7 +93,7 @@ func TestAStandbyStoppedWhileWaitingDecidesAgainAndTakesOver(t *testing.T) {
 		j := newJob(t, dsn, "schedule", 3*time.Second)
 		j.standby = true
 		a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(3, 1)})
-		await(t, "dc-a's app to start", 10*time.Second, func() bool { return len(readLedger(t, j.ledger)) == 1 })
+		j.awaitRuns(t, "dc-a's app to start", 1)
 		b := j.start(t, podSpec{cluster: "dc-b", window: tick0, app: app(0.2, 0)})
 		await(t, "dc-b to wait", 10*time.Second, func() bool { return strings.Contains(b.agentLog.String(), "waiting: standby") })
 
