@@ -48,7 +48,10 @@ func unavailable(err error) bool {
 		switch {
 		case strings.HasPrefix(pgErr.Code, "08"), // connection exception (also PgBouncer's own errors)
 			strings.HasPrefix(pgErr.Code, "57P"), // admin shutdown, crash shutdown, cannot connect now
-			pgErr.Code == "53300":                // too many connections
+			pgErr.Code == "53300",                // too many connections
+			// a read-only node: a standby, or a demoted primary a pooler
+			// still holds connections to during a failover
+			pgErr.Code == "25006":
 			return true
 		}
 		return false

@@ -41,7 +41,8 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 	for attempt := 0; attempt < 3; attempt++ {
 		var g LeaseGrant
 		var inserted bool
-		err := scanLease(s.pool.QueryRow(ctx, qAcquireLease, key, owner.LeaseOwner(), micros(ttl)), &g.Lease, &inserted, &g.DBTime)
+		err := s.writeRow(ctx, func(row pgx.Row) error { return scanLease(row, &g.Lease, &inserted, &g.DBTime) },
+			qAcquireLease, key, owner.LeaseOwner(), micros(ttl))
 		switch {
 		case err == nil:
 			g.Reentered = !inserted && !g.Lease.AcquiredAt.Equal(g.DBTime)
@@ -63,7 +64,8 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 // RenewLease extends the caller's lease while it is still live at database
 // time. ErrLeaseLost once it expired or was taken over: the caller must stop.
 func (s *Store) RenewLease(ctx context.Context, key string, token int64, ttl time.Duration) (expireAt, dbTime time.Time, err error) {
-	err = s.pool.QueryRow(ctx, qRenewLease, key, token, micros(ttl)).Scan(&expireAt, &dbTime)
+	err = s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&expireAt, &dbTime) },
+		qRenewLease, key, token, micros(ttl))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, time.Time{}, fmt.Errorf("renewing lease %s token %d: %w", key, token, ErrLeaseLost)
 	}

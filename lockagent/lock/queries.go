@@ -23,9 +23,9 @@ const qClaimWindow = `
 INSERT INTO dislock.windows AS w
     (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
 VALUES ($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
-        nextval('dislock.fencing_token'), 'running', now(), now() + $7::bigint * interval '1 microsecond')
+        dislock.next_token(), 'running', now(), now() + $7::bigint * interval '1 microsecond')
 ON CONFLICT (lock_key, window_start, job_index) DO UPDATE SET
-    token       = CASE WHEN w.owner = EXCLUDED.owner THEN w.token ELSE nextval('dislock.fencing_token') END,
+    token       = CASE WHEN w.owner = EXCLUDED.owner THEN w.token ELSE dislock.next_token() END,
     claimed_at  = CASE WHEN w.owner = EXCLUDED.owner THEN w.claimed_at ELSE EXCLUDED.claimed_at END,
     owner       = EXCLUDED.owner,
     cluster     = EXCLUDED.cluster,
@@ -94,10 +94,10 @@ const qDeleteOldViews = `DELETE FROM dislock.views WHERE seen_at < now() - $1::b
 // while it holds the row lock.
 const qAcquireLease = `
 INSERT INTO dislock.leases AS l (lock_key, owner, token, acquired_at, expire_at)
-VALUES ($1::text, $2::text, nextval('dislock.fencing_token'), now(), now() + $3::bigint * interval '1 microsecond')
+VALUES ($1::text, $2::text, dislock.next_token(), now(), now() + $3::bigint * interval '1 microsecond')
 ON CONFLICT (lock_key) DO UPDATE SET
     token       = CASE WHEN l.owner = EXCLUDED.owner AND l.expire_at > now()
-                       THEN l.token ELSE nextval('dislock.fencing_token') END,
+                       THEN l.token ELSE dislock.next_token() END,
     acquired_at = CASE WHEN l.owner = EXCLUDED.owner AND l.expire_at > now()
                        THEN l.acquired_at ELSE EXCLUDED.acquired_at END,
     owner       = EXCLUDED.owner,

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,6 +30,9 @@ type Options struct {
 type Store struct {
 	pool *pgxpool.Pool
 	addr string // host:port for error messages; never the password
+	// warned holds, per connection, the last WARNING the server sent while
+	// a write ran on it (see writeRow).
+	warned sync.Map // *pgconn.PgConn -> string
 }
 
 // ParseDatabaseURL turns a libpq connection string (URL or key=value) into a
@@ -108,15 +112,99 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
+	s := &Store{addr: addrs(cfg.ConnConfig)}
+	cfg.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) {
+		if n.SeverityUnlocalized == "WARNING" || n.Severity == "WARNING" {
+			s.warned.Store(c, n.Message)
+		}
+	}
+	cfg.BeforeClose = func(c *pgx.Conn) { s.warned.Delete(c.PgConn()) }
+	cfg.ConnConfig.DialFunc = neverCancel(cfg.ConnConfig.DialFunc)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("opening database pool: %s", scrubPassword(databaseURL, err.Error()))
 	}
-	host := cfg.ConnConfig.Host
+	s.pool = pool
+	return s, nil
+}
+
+// addrs names every host:port a (possibly multi-host) connection string
+// tries, in order, for error messages.
+func addrs(cfg *pgx.ConnConfig) string {
+	hosts := []string{hostPort(cfg.Host, cfg.Port)}
+	for _, f := range cfg.Fallbacks {
+		if a := hostPort(f.Host, f.Port); a != hosts[len(hosts)-1] {
+			hosts = append(hosts, a)
+		}
+	}
+	return strings.Join(hosts, ",")
+}
+
+func hostPort(host string, port uint16) string {
 	if strings.HasPrefix(host, "/") {
 		host = "unix:" + host
 	}
-	return &Store{pool: pool, addr: net.JoinHostPort(host, strconv.Itoa(int(cfg.ConnConfig.Port)))}, nil
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+}
+
+// noCancelNetwork is the network a connection dialled by neverCancel
+// reports as its remote address's: the dial function refuses it.
+const noCancelNetwork = "dislock-no-cancel"
+
+// neverCancel wraps a dial function so that the connections it makes never
+// send a cancel request. A call that runs out of time closes its connection,
+// and pgx then sends PostgreSQL a cancel request for the running statement,
+// dialling the connection's remote address. Cancelled while its commit waits
+// for the synchronous standby, a claim is committed on the primary and
+// visible to every cluster, yet a failover can lose it. Without the cancel,
+// the commit keeps waiting, invisible, until the standby has it. A statement
+// dislock abandons finishes on its own: every one is short.
+func neverCancel(dial pgconn.DialFunc) pgconn.DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if network == noCancelNetwork {
+			return nil, errors.New("dislock never cancels a statement")
+		}
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return noCancelConn{c}, nil
+	}
+}
+
+type noCancelConn struct{ net.Conn }
+
+func (c noCancelConn) RemoteAddr() net.Addr { return noCancelAddr{c.Conn.RemoteAddr()} }
+
+type noCancelAddr struct{ net.Addr }
+
+func (noCancelAddr) Network() string { return noCancelNetwork }
+
+// ErrUncertainCommit wraps ErrUnavailable: the server warned while a write
+// committed, which is how PostgreSQL reports a commit whose wait for the
+// synchronous standby was cancelled (by statement_timeout, a pooler's
+// query_timeout, an operator): the row is committed on the primary and
+// visible there, yet a failover can lose it. The caller must not act on the
+// result; it retries, and the retry is itself a write, so its acknowledged
+// commit makes everything before it durable too.
+var ErrUncertainCommit = fmt.Errorf("%w: the commit was not confirmed durable", ErrUnavailable)
+
+// writeRow runs one lock write that returns a row and scans it. A WARNING
+// from the server while it ran turns the result into ErrUncertainCommit.
+// dislock itself never cuts a synchronous commit's wait short (neverCancel).
+func (s *Store) writeRow(ctx context.Context, scan func(pgx.Row) error, query string, args ...any) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	pc := conn.Conn().PgConn()
+	s.warned.Delete(pc)
+	err = scan(conn.QueryRow(ctx, query, args...))
+	if msg, ok := s.warned.LoadAndDelete(pc); ok && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
+		return fmt.Errorf("%w (server warning: %q)", ErrUncertainCommit, msg)
+	}
+	return err
 }
 
 // Close releases every connection.

@@ -106,9 +106,9 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 	for attempt := 0; attempt < 3; attempt++ {
 		var c Claim
 		var inserted bool
-		row := s.pool.QueryRow(ctx, qClaimWindow, r.Key, start, r.Index, r.Owner.String(), r.Owner.Cluster,
+		err := s.writeRow(ctx, func(row pgx.Row) error { return scanWindow(row, &c.Window, &inserted, &c.DBTime) },
+			qClaimWindow, r.Key, start, r.Index, r.Owner.String(), r.Owner.Cluster,
 			r.Owner.Pod, micros(r.TTL), r.Owner.JobPrefix(), r.Standby)
-		err := scanWindow(row, &c.Window, &inserted, &c.DBTime)
 		switch {
 		case err == nil:
 			switch {
@@ -137,7 +137,8 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 // Heartbeat extends the liveness of the caller's running claim and returns
 // the new alive_until. ErrWindowLost when the claim is no longer the caller's.
 func (s *Store) Heartbeat(ctx context.Context, key string, window time.Time, index int, token int64, ttl time.Duration) (aliveUntil, dbTime time.Time, err error) {
-	err = s.pool.QueryRow(ctx, qHeartbeatWindow, key, window.UTC(), index, token, micros(ttl)).Scan(&aliveUntil, &dbTime)
+	err = s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&aliveUntil, &dbTime) },
+		qHeartbeatWindow, key, window.UTC(), index, token, micros(ttl))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, time.Time{}, fmt.Errorf("heartbeat of window %s of %s token %d: %w", formatWindow(window), key, token, ErrWindowLost)
 	}
@@ -153,7 +154,8 @@ func (s *Store) Finish(ctx context.Context, key string, window time.Time, index 
 	if state == StateRunning || state == "" {
 		return time.Time{}, fmt.Errorf("finishing window %s of %s: state %q is not an outcome", formatWindow(window), key, state)
 	}
-	err = s.pool.QueryRow(ctx, qFinishWindow, key, window.UTC(), index, token, string(state), exitCode).Scan(&finishedAt)
+	err = s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&finishedAt) },
+		qFinishWindow, key, window.UTC(), index, token, string(state), exitCode)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, fmt.Errorf("finishing window %s of %s token %d: %w", formatWindow(window), key, token, ErrWindowLost)
 	}
