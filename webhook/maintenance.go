@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -45,6 +47,7 @@ func (m *maintenance) Start(ctx context.Context) error {
 		applied, err := store.Migrate(ctx)
 		if err == nil {
 			logger.Info("schema dislock is up to date", "applied", applied, "version", lock.SchemaVersion())
+			logFindings(ctx, logger, store)
 			break
 		}
 		if !errors.Is(err, lock.ErrUnavailable) {
@@ -84,5 +87,22 @@ func (m *maintenance) Start(ctx context.Context) error {
 			case <-compare.C:
 			}
 		}
+	}
+}
+
+// logFindings logs what `dislock check` would say about the database, so
+// that an asynchronous failover setup is never accepted silently.
+func logFindings(ctx context.Context, logger logr.Logger, store *lock.Store) {
+	findings, err := store.CheckDatabase(ctx, lock.CheckOptions{})
+	if err != nil {
+		logger.Error(err, "checking the database")
+		return
+	}
+	for _, f := range findings {
+		if f.Status == lock.StatusOK {
+			logger.Info("database check", "check", f.Check, "status", f.Status, "detail", f.Detail)
+			continue
+		}
+		logger.Error(nil, "database check: "+f.Detail, "check", f.Check, "status", f.Status, "fix", f.Fix)
 	}
 }

@@ -111,6 +111,7 @@ type command struct {
 
 var commands = map[string]command{
 	"migrate": {"create or upgrade schema dislock", true, setupMigrate},
+	"check":   {"check the database: primary, synchronous replication, schema, fencing tokens", true, setupCheck},
 	"windows": {"list schedule windows: who ran them, when, how it ended", true, setupWindows},
 	"leases":  {"list leases and who holds them", true, setupLeases},
 	"release": {"release a lease, or delete a window so that it can run again", true, setupRelease},
@@ -119,7 +120,7 @@ var commands = map[string]command{
 
 func usage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: dislock <command> [flags]\n\nCommands:\n")
-	for _, name := range []string{"migrate", "windows", "leases", "release", "version"} {
+	for _, name := range []string{"migrate", "check", "windows", "leases", "release", "version"} {
 		fmt.Fprintf(w, "  %-8s %s\n", name, commands[name].summary)
 	}
 	fmt.Fprintf(w, "\nThe database URL comes from --database-url or $%s. Run `dislock <command> -h` for flags.\n", EnvDatabaseURL)
@@ -131,19 +132,28 @@ func setupMigrate(*flag.FlagSet) func(context.Context, *common) error {
 		if err != nil {
 			return err
 		}
+		warnings, err := migrateFindings(ctx, c.store)
+		if err != nil {
+			return err
+		}
 		res := struct {
-			Applied       []int `json:"applied"`
-			SchemaVersion int   `json:"schemaVersion"`
-		}{Applied: applied, SchemaVersion: lock.SchemaVersion()}
+			Applied       []int          `json:"applied"`
+			SchemaVersion int            `json:"schemaVersion"`
+			Warnings      []lock.Finding `json:"warnings,omitempty"`
+		}{Applied: applied, SchemaVersion: lock.SchemaVersion(), Warnings: warnings}
 		if res.Applied == nil {
 			res.Applied = []int{}
 		}
 		return c.print(res, func(t *table) {
 			if len(applied) == 0 {
 				t.line("schema dislock is up to date (version %d)", res.SchemaVersion)
-				return
+			} else {
+				t.line("applied migrations %s; schema dislock is at version %d", joinInts(applied), res.SchemaVersion)
 			}
-			t.line("applied migrations %s; schema dislock is at version %d", joinInts(applied), res.SchemaVersion)
+			if len(warnings) > 0 {
+				t.line("the database has problems (`dislock check` explains them and exits non-zero):")
+				printFindings(t, warnings)
+			}
 		})
 	}
 }

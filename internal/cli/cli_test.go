@@ -170,3 +170,38 @@ func TestBadInvocationsSayWhatIsWrong(t *testing.T) {
 		})
 	}
 }
+
+// dislock check exits non-zero on a database a failover can lose claims on,
+// says which setting and how to fix it, and passes once the operator
+// explicitly accepts the risk; migrate succeeds but repeats the warning.
+func TestCheckNamesTheSettingAndTheFix(t *testing.T) {
+	srv := pgtest.Need(t)
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			code, out, errOut := run(t, "migrate", "--database-url", tg.DSN)
+			if code != 0 || !strings.Contains(out, "synchronous_standby_names is empty") {
+				t.Fatalf("migrate: exit %d, stdout %q, stderr %q: want success with the replication warning", code, out, errOut)
+			}
+			code, out, errOut = run(t, "check", "--database-url", tg.DSN)
+			if code != 1 || !strings.Contains(out, "fail  replication") || !strings.Contains(out, "fix: make replication synchronous") ||
+				!strings.Contains(errOut, "found problems") {
+				t.Fatalf("check: exit %d, stdout %q, stderr %q", code, out, errOut)
+			}
+			for _, ok := range []string{"ok    primary", "ok    schema", "ok    tokens", "ok    synchronous_commit"} {
+				if !strings.Contains(out, ok) {
+					t.Errorf("check output lacks %q:\n%s", ok, out)
+				}
+			}
+			code, out, errOut = run(t, "check", "--database-url", tg.DSN, "--allow-async-replication", "-o", "json")
+			var findings []lock.Finding
+			if err := json.Unmarshal([]byte(out), &findings); code != 0 || err != nil {
+				t.Fatalf("check --allow-async-replication: exit %d, %v, stdout %q, stderr %q", code, err, out, errOut)
+			}
+			for _, f := range findings {
+				if f.Check == "replication" && f.Status != lock.StatusAccepted {
+					t.Errorf("replication with the acknowledgement: %+v", f)
+				}
+			}
+		})
+	}
+}
