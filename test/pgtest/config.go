@@ -64,11 +64,18 @@ const (
 	extraPoolSize = 4
 )
 
-// bouncerConf is pgbouncer.ini. Settings that differ from PgBouncer's defaults
-// are explained inline.
+// bouncerConf is pgbouncer.ini for a PgBouncer in front of the postgres on
+// 127.0.0.1:pgPort.
 func bouncerConf(pgPort, port, poolSize int, authFile, pidFile string) string {
+	return upstreamBouncerConf("127.0.0.1", pgPort, port, poolSize, authFile, pidFile)
+}
+
+// upstreamBouncerConf is pgbouncer.ini for a PgBouncer in front of
+// host:pgPort. Settings that differ from PgBouncer's defaults are explained
+// inline.
+func upstreamBouncerConf(host string, pgPort, port, poolSize int, authFile, pidFile string) string {
 	return fmt.Sprintf(`[databases]
-%s = host=127.0.0.1 port=%d dbname=%s
+%s = host=%s port=%d dbname=%s
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -95,7 +102,7 @@ server_login_retry = 1
 ; No logfile: in the foreground PgBouncer logs to stderr, which the harness
 ; sends to pgbouncer.log; a logfile would receive every line a second time.
 pidfile = %s
-`, database, pgPort, database, port, authFile, superuser, poolSize, pidFile)
+`, database, host, pgPort, database, port, authFile, superuser, poolSize, pidFile)
 }
 
 // bouncerAuthFile lists plain-text passwords: from them PgBouncer 1.18 both
