@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests start for real: PostgreSQL, PgBouncer
-# (transaction pooling is what users run), pgbench (the benchmark baseline) and
-# libfaketime (the clock-skew tests run PostgreSQL with a clock hours off).
-# Does nothing when everything is present.
+# (transaction pooling is what users run), pgbench (the benchmark baseline),
+# libfaketime (the clock-skew tests run PostgreSQL with a clock hours off), and
+# Patroni and HAProxy (test/hapg: a highly available PostgreSQL that fails
+# over). Does nothing when everything is present.
 set -euo pipefail
 
 missing=()
@@ -10,6 +11,8 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 ls /usr/lib/postgresql/*/bin/pgbench >/dev/null 2>&1 || missing+=(postgresql-client)
 { command -v pgbouncer || test -x /usr/sbin/pgbouncer; } >/dev/null 2>&1 || missing+=(pgbouncer)
 ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing+=(libfaketime)
+{ command -v patroni || test -x /usr/bin/patroni; } >/dev/null 2>&1 || missing+=(patroni)
+{ command -v haproxy || test -x /usr/sbin/haproxy; } >/dev/null 2>&1 || missing+=(haproxy)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
