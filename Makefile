@@ -26,6 +26,8 @@ PARALLEL  ?= 3
 # the gate replays the same plans every time (`make chaos` draws new ones).
 TEST_SCHEDULES ?= 100
 TEST_SEED      ?= 20261201
+# make failover: how many times to kill the primary (make test kills it 10 times).
+FAILOVERS ?= 20
 
 .DEFAULT_GOAL := help
 
@@ -47,7 +49,7 @@ vet: ## Check formatting and run go vet.
 	$(GO) vet ./...
 
 .PHONY: deps
-deps: ## Install the Debian packages the tests start (PostgreSQL, PgBouncer, libfaketime) when missing.
+deps: ## Install the Debian packages the tests start (PostgreSQL, PgBouncer, libfaketime, Patroni, HAProxy) when missing.
 	@hack/install-deps.sh
 
 .PHONY: node-deps
@@ -93,10 +95,15 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 15s).
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateCronJob$$' -fuzztime $(FUZZTIME) ./webhook/
 
 .PHONY: bench
-bench: deps ## Benchmark locks (vs SELECT 1 and pgbench), pod decision latency, and admission (vs a no-op handler).
+bench: deps $(BIN)/etcd ## Benchmark locks (vs SELECT 1 and pgbench), pod decision latency, admission (vs a no-op handler), and claims on a synchronous Patroni cluster (vs a single PostgreSQL).
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 4000x -count 3 -timeout 20m ./lockagent/lock/ | tee bench-lock.txt
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 100x -count 3 -timeout 20m ./lockagent/agent/ | tee bench-agent.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench . -benchtime 3000x -count 3 -timeout 20m ./webhook/ | tee bench-webhook.txt
+	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 2000x -count 3 -timeout 20m ./test/failover/ | tee bench-failover.txt
+
+.PHONY: failover
+failover: deps $(BIN)/etcd ## Kill a Patroni cluster's primary FAILOVERS times (default 20) under a stream of claims and leases; check nothing is lost or goes back, and report kill → first grant.
+	CI=true $(GO) test -count=1 -v -timeout 60m ./test/failover/ -run '^TestFailoverLosesNoClaim$$' -failover.count=$(FAILOVERS)
 
 ##@ Demo
 
@@ -127,7 +134,7 @@ HELM           ?= $(BIN)/helm
 KUBECTL        ?= $(BIN)/kubectl
 NAMESPACE      ?= dislock-system
 
-$(BIN)/helm $(BIN)/kubectl:
+$(BIN)/helm $(BIN)/kubectl $(BIN)/etcd:
 	test/tools/build.sh $(notdir $@) >&2
 
 .PHONY: manifests

@@ -112,3 +112,22 @@ func FuzzParseDatabaseURL(f *testing.F) {
 		}
 	})
 }
+
+// A multi-host URL (the nodes of an HA cluster, first writable one wins) is
+// accepted in both forms, and errors name every host it tries.
+func TestMultiHostURLsNameEveryHost(t *testing.T) {
+	t.Parallel()
+	for _, url := range []string{
+		"postgres://u:p@pg-a:5432,pg-b:5433/app?target_session_attrs=read-write",
+		"host=pg-a,pg-b port=5432,5433 user=u password=p dbname=app target_session_attrs=read-write",
+	} {
+		s, err := lock.Open(context.Background(), url, lock.Options{})
+		if err != nil {
+			t.Fatalf("%s: %v", url, err)
+		}
+		if got := s.Addr(); got != "pg-a:5432,pg-b:5433" {
+			t.Errorf("%s: Addr() = %q", url, got)
+		}
+		s.Close()
+	}
+}

@@ -317,7 +317,7 @@ func checkGrants(t *testing.T, c *hapg.Cluster, all []grant) {
 
 // migrate creates the schema through dsn, waiting for the cluster to accept
 // writes.
-func migrate(t *testing.T, dsn string) {
+func migrate(t testing.TB, dsn string) {
 	t.Helper()
 	s, err := lock.Open(context.Background(), dsn, lock.Options{MaxConns: 1})
 	if err != nil {
@@ -330,7 +330,7 @@ func migrate(t *testing.T, dsn string) {
 	})
 }
 
-func awaitCond(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+func awaitCond(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
