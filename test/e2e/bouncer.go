@@ -28,6 +28,16 @@ import (
 // run as root.
 const bouncerAccount = "postgres"
 
+// pgBouncer is a data centre's PgBouncer: the environment's own (bouncer),
+// or with Options.HA the Patroni cluster's, in front of its HAProxy.
+type pgBouncer interface {
+	DSN() string
+	Start() error
+	Stop() error
+	LogTail() string
+	Close() error
+}
+
 type bouncer struct {
 	name string
 	dir  string
@@ -166,4 +176,20 @@ func (b *bouncer) Stop() error {
 		return errors.New("e2e: " + b.name + " port still accepts connections after stop")
 	}
 	return nil
+}
+
+// LogTail returns the end of pgbouncer's log, for a failing test's output.
+func (b *bouncer) LogTail() string {
+	if b.p == nil {
+		return ""
+	}
+	return harness.LogTail(b.p.LogFile(), 10, 2048)
+}
+
+// Close stops pgbouncer if it was started.
+func (b *bouncer) Close() error {
+	if b.p == nil {
+		return nil
+	}
+	return b.p.Stop()
 }

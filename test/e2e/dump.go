@@ -54,11 +54,11 @@ func (e *Env) Dump() string {
 		if dc.webhook != nil {
 			b.WriteString(harness.LogTail(dc.webhook.p.LogFile(), 30, 6144) + "\n")
 		}
-		if dc.bouncer != nil && dc.bouncer.p != nil {
-			b.WriteString(harness.LogTail(dc.bouncer.p.LogFile(), 10, 2048) + "\n")
+		if dc.bouncer != nil {
+			b.WriteString(dc.bouncer.LogTail() + "\n")
 		}
 	}
-	if e.PG != nil && e.Images.Binaries != "" {
+	if (e.PG != nil || e.HA != nil) && e.Images.Binaries != "" {
 		for _, cmd := range []string{"windows", "leases"} {
 			out, err := e.Dislock(cmd, "--limit", "200")
 			if cmd == "leases" {

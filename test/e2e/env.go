@@ -7,6 +7,11 @@
 // run real pods with the injected dislock-agent sidecar; a ledger table
 // records which cluster ran which window.
 //
+// With Options.HA the database is a Patroni cluster instead (test/hapg): a
+// PostgreSQL node per data centre, synchronous replication, HAProxy in front
+// of the primary and a PgBouncer per data centre in front of HAProxy, so
+// that a test can lose a data centre together with the primary.
+//
 // Everything listens on 127.0.0.1, and pods use the host network to reach
 // their data centre's PgBouncer there. Close (and, if the test process dies,
 // the watchdogs of every part) removes every process, mount, cgroup and
@@ -29,6 +34,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dislock/dislock/test/hapg"
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/images"
 	"github.com/dislock/dislock/test/kube"
@@ -56,6 +62,13 @@ type Options struct {
 	DCs []string
 	// Logf receives progress lines; nil = silent.
 	Logf func(format string, args ...any)
+	// HA runs the database on a Patroni cluster (test/hapg) rather than on
+	// one PostgreSQL: one node per data centre, in order (the first data
+	// centre's is pg-a, and so on: 2 or 3 data centres), synchronous
+	// replication. Each data centre's pods reach the primary through that
+	// data centre's PgBouncer of the cluster, which is in front of HAProxy;
+	// the migration, the ledger and the CLI go through HAProxy.
+	HA bool
 }
 
 // Env is the running multi-DC setup.
@@ -66,8 +79,10 @@ type Env struct {
 	wd     *harness.Watchdog
 	Images images.Set
 	// PG is the PostgreSQL every data centre shares (its own PgBouncer is
-	// not used: each DC has one).
-	PG  *pgtest.Server
+	// not used: each DC has one); nil with Options.HA.
+	PG *pgtest.Server
+	// HA is the Patroni cluster with Options.HA, nil otherwise.
+	HA  *hapg.Cluster
 	DCs []*DC
 
 	closeOnce sync.Once
@@ -80,8 +95,12 @@ type DC struct {
 	Cluster *kube.Cluster
 	Node    *node.Node
 	Client  kubernetes.Interface
-	bouncer *bouncer
+	bouncer pgBouncer
 	webhook *webhook
+	// ha and haDC are, with Options.HA, the Patroni cluster and the data
+	// centre of it ("a", "b", "c") that is this one.
+	ha   *hapg.Cluster
+	haDC string
 }
 
 // BouncerDSN is the database URL through this data centre's PgBouncer.
@@ -93,12 +112,53 @@ func (dc *DC) StopBouncer() error { return dc.bouncer.Stop() }
 // StartBouncer gives it back.
 func (dc *DC) StartBouncer() error { return dc.bouncer.Start() }
 
-// Start builds the images, starts PostgreSQL, migrates it, creates the
-// ledger, and starts every data centre (in parallel). A missing prerequisite
-// yields an error wrapping ErrMissing.
+// PostgresNode is, with Options.HA, the name of this data centre's Patroni
+// node ("pg-a", ...); "" otherwise.
+func (dc *DC) PostgresNode() string {
+	if dc.ha == nil {
+		return ""
+	}
+	return "pg-" + dc.haDC
+}
+
+// KillPostgres, with Options.HA, makes this data centre lose its PostgreSQL
+// node: its Patroni and every PostgreSQL process are SIGKILLed (hapg's
+// Kill). If it was the primary, a replica is promoted once the leader key
+// expires.
+func (dc *DC) KillPostgres() error {
+	if dc.ha == nil {
+		return errors.New("e2e: KillPostgres needs Options.HA")
+	}
+	return dc.ha.Kill(dc.PostgresNode())
+}
+
+// LeaderDC is, with Options.HA, the data centre whose PostgreSQL node holds
+// Patroni's leader key: the primary.
+func (e *Env) LeaderDC(ctx context.Context) (*DC, error) {
+	if e.HA == nil {
+		return nil, errors.New("e2e: LeaderDC needs Options.HA")
+	}
+	leader, err := e.HA.Leader(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, dc := range e.DCs {
+		if dc.PostgresNode() == leader {
+			return dc, nil
+		}
+	}
+	return nil, fmt.Errorf("e2e: the leader %s is in no data centre", leader)
+}
+
+// Start builds the images, starts PostgreSQL (or with opts.HA the Patroni
+// cluster), migrates it, creates the ledger, and starts every data centre
+// (in parallel). A missing prerequisite yields an error wrapping ErrMissing.
 func Start(opts Options) (*Env, error) {
 	if len(opts.DCs) == 0 {
 		opts.DCs = []string{"dc-a", "dc-b"}
+	}
+	if opts.HA && len(opts.DCs) != 2 && len(opts.DCs) != 3 {
+		return nil, fmt.Errorf("e2e: Options.HA needs 2 or 3 data centres (a Patroni node each), not %d", len(opts.DCs))
 	}
 	root, err := repoRoot()
 	if err != nil {
@@ -136,12 +196,10 @@ func (e *Env) setUp() error {
 	e.Images = set
 	e.logf("images built in %v", time.Since(begun).Round(time.Millisecond))
 
-	pg, err := pgtest.Start(pgtest.Options{Name: "e2e", Logf: e.opts.Logf})
-	if err != nil {
+	if err := e.startDatabase(); err != nil {
 		return missing(err)
 	}
-	e.PG = pg
-	if out, err := exec.Command(e.dislock(), "migrate", "--database-url", pg.DirectDSN()).CombinedOutput(); err != nil {
+	if out, err := exec.Command(e.dislock(), "migrate", "--database-url", e.dsn()).CombinedOutput(); err != nil {
 		return fmt.Errorf("e2e: dislock migrate: %w: %s", err, out)
 	}
 	if err := e.exec(images.LedgerSchema); err != nil {
@@ -153,6 +211,9 @@ func (e *Env) setUp() error {
 	var wg sync.WaitGroup
 	for i, name := range e.opts.DCs {
 		e.DCs[i] = &DC{Name: name}
+		if e.HA != nil {
+			e.DCs[i].ha, e.DCs[i].haDC = e.HA, e.HA.DCs()[i]
+		}
 		wg.Go(func() { errs[i] = e.startDC(e.DCs[i]) })
 	}
 	wg.Wait()
@@ -161,6 +222,27 @@ func (e *Env) setUp() error {
 	}
 	e.logf("%d data centres up in %v (dir %s)", len(e.DCs), time.Since(begun).Round(time.Millisecond), e.dir)
 	return nil
+}
+
+// startDatabase starts PostgreSQL, or with Options.HA the Patroni cluster.
+func (e *Env) startDatabase() error {
+	var err error
+	if e.opts.HA {
+		e.HA, err = hapg.Start(hapg.Options{Name: "e2e", Logf: e.opts.Logf, Nodes: len(e.opts.DCs)})
+	} else {
+		e.PG, err = pgtest.Start(pgtest.Options{Name: "e2e", Logf: e.opts.Logf})
+	}
+	return err
+}
+
+// dsn connects to the database directly, not through a data centre's
+// PgBouncer (which a test may have stopped): to PostgreSQL, or with
+// Options.HA to HAProxy, that is to the current primary.
+func (e *Env) dsn() string {
+	if e.HA != nil {
+		return e.HA.HAProxyDSN()
+	}
+	return e.PG.DirectDSN()
 }
 
 func (e *Env) startDC(dc *DC) error {
@@ -174,11 +256,17 @@ func (e *Env) startDC(dc *DC) error {
 	if err != nil {
 		return fmt.Errorf("e2e: %w", err)
 	}
-	if dc.bouncer, err = newBouncer("pgbouncer-"+dc.Name, e.dir, e.PG.DirectDSN()); err != nil {
-		return err
-	}
-	if err := dc.bouncer.Start(); err != nil {
-		return err
+	if dc.ha != nil {
+		dc.bouncer = dc.ha.Bouncer(dc.haDC)
+	} else {
+		b, err := newBouncer("pgbouncer-"+dc.Name, e.dir, e.PG.DirectDSN())
+		if err != nil {
+			return err
+		}
+		dc.bouncer = b
+		if err := b.Start(); err != nil {
+			return err
+		}
 	}
 	dc.Node, err = node.Start(node.Options{Name: dc.Name + "-node", Cluster: dc.Cluster, Images: e.Images.Tarball,
 		Scheduler: true, Logf: e.opts.Logf})
@@ -234,8 +322,9 @@ func awaitReady(ctx context.Context, dc *DC) error {
 	}
 }
 
-// Close stops every data centre (in parallel), then PostgreSQL, and removes
-// the directory. Later calls return the first call's result.
+// Close stops every data centre (in parallel), then PostgreSQL or the
+// Patroni cluster, and removes the directory. Later calls return the first
+// call's result.
 func (e *Env) Close() error {
 	e.closeOnce.Do(func() {
 		var mu sync.Mutex
@@ -262,14 +351,17 @@ func (e *Env) Close() error {
 				if dc.Cluster != nil {
 					add(dc.Cluster.Close())
 				}
-				if dc.bouncer != nil && dc.bouncer.p != nil {
-					add(dc.bouncer.p.Stop())
+				if dc.bouncer != nil {
+					add(dc.bouncer.Close())
 				}
 			})
 		}
 		wg.Wait()
 		if e.PG != nil {
 			add(e.PG.Close())
+		}
+		if e.HA != nil {
+			add(e.HA.Close())
 		}
 		e.wd.Stop()
 		if err := os.RemoveAll(e.dir); err != nil {
@@ -285,7 +377,7 @@ func (e *Env) Close() error {
 func (e *Env) exec(sql string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := pgx.Connect(ctx, e.PG.DirectDSN())
+	c, err := pgx.Connect(ctx, e.dsn())
 	if err != nil {
 		return err
 	}
@@ -299,7 +391,7 @@ func (e *Env) dislock() string { return filepath.Join(e.Images.Binaries, "disloc
 
 // Dislock runs the dislock CLI against the shared database.
 func (e *Env) Dislock(args ...string) (string, error) {
-	args = append(args, "--database-url", e.PG.DirectDSN())
+	args = append(args, "--database-url", e.dsn())
 	out, err := exec.Command(e.dislock(), args...).CombinedOutput()
 	return string(out), err
 }
@@ -312,7 +404,7 @@ func (e *Env) logf(format string, args ...any) {
 
 // missing marks the error of a part whose prerequisite is missing.
 func missing(err error) error {
-	for _, m := range []error{kube.ErrMissingBinary, node.ErrMissing, images.ErrMissing, pgtest.ErrMissingBinary} {
+	for _, m := range []error{kube.ErrMissingBinary, node.ErrMissing, images.ErrMissing, pgtest.ErrMissingBinary, hapg.ErrMissingBinary} {
 		if errors.Is(err, m) {
 			return fmt.Errorf("%w: %w", ErrMissing, err)
 		}

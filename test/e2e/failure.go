@@ -116,7 +116,7 @@ func (e *Env) DBNow(ctx context.Context) (now time.Time, err error) {
 // from the host clock (container logs, the kubelet's) compare with
 // database times.
 func (e *Env) ClockOffset(ctx context.Context) (offset, roundTrip time.Duration, err error) {
-	c, err := pgx.Connect(ctx, e.PG.DirectDSN())
+	c, err := pgx.Connect(ctx, e.dsn())
 	if err != nil {
 		return 0, 0, err
 	}
@@ -133,7 +133,7 @@ func (e *Env) ClockOffset(ctx context.Context) (offset, roundTrip time.Duration,
 // queryRow runs one query on the shared database directly (not through a
 // data centre's PgBouncer, which a test may have stopped).
 func (e *Env) queryRow(ctx context.Context, sql string, args []any, dest ...any) error {
-	c, err := pgx.Connect(ctx, e.PG.DirectDSN())
+	c, err := pgx.Connect(ctx, e.dsn())
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,8 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dislock/dislock/test/node"
 )
 
 // failureTTL is the lease and liveness TTL of the failure stories: short, so
@@ -29,26 +31,34 @@ const standbyWaiting = "standby: the window's owner is alive"
 
 // story is what every failure story starts from: a suspended ledger
 // CronJob named name in both data centres, with the TTL failureTTL, and the
-// window of the current minute, for which the story creates Jobs.
+// window of the current minute, for which the story creates Jobs. a is the
+// data centre that claims the window first, b the other.
 type story struct {
-	e    *Env
-	key  string
-	a, b *DC
-	cjs  map[string]*batchv1.CronJob
-	tick time.Time
-	w    string // tick, RFC 3339
+	e         *Env
+	name, key string
+	a, b      *DC
+	cjs       map[string]*batchv1.CronJob
+	tick      time.Time
+	w         string // tick, RFC 3339
 }
 
+// newStory is a story in the shared environment: a is its first data
+// centre, b its second.
 func newStory(t *testing.T, name, mode string, standby bool) story {
 	t.Helper()
-	e := Need(t)
+	return storyIn(t, Need(t), name, mode, standby)
+}
+
+// storyIn is a story in environment e.
+func storyIn(t *testing.T, e *Env, name, mode string, standby bool) story {
+	t.Helper()
 	annotations := map[string]string{"dislock.io/lease-ttl": failureTTL.String()}
 	if standby {
 		annotations["dislock.io/standby"] = "true"
 	}
 	tick := time.Now().UTC().Truncate(time.Minute)
 	return story{
-		e: e, key: Namespace + "/" + name, a: e.DCs[0], b: e.DCs[1],
+		e: e, name: name, key: Namespace + "/" + name, a: e.DCs[0], b: e.DCs[1],
 		cjs:  suspendedEverywhere(t, e, name, mode, Ledger{Work: 2 * time.Second, Annotations: annotations}),
 		tick: tick, w: tick.Format(time.RFC3339),
 	}
@@ -125,59 +135,99 @@ func TestStandbyTakesTheWindowOverWhenTheWinnersAppFails(t *testing.T) {
 }
 
 func TestStandbyTakesOverFromADataCentreLostMidRunOnlyAfterItsLivenessExpired(t *testing.T) {
-	const name = "standby-lost"
-	s := newStory(t, name, "schedule", true)
-	e, ctx, key, a, b, cjs, tick, w := s.e, context.Background(), s.key, s.a, s.b, s.cjs, s.tick, s.w
-	doomed := SpareNode(t, e, a, a.Name+"-doomed")
+	s := newStory(t, "standby-lost", "schedule", true)
+	a, b, w := s.a, s.b, s.w
+	doomed := SpareNode(t, s.e, a, a.Name+"-doomed")
 
-	createTickIn(t, a, cjs[a.Name], tick, func(j *batchv1.Job) {
+	jobB := s.ownerRunsStandbyWaits(t, doomed)
+	killFrom, killedBy, lastAlive := s.killOwnersNode(t, doomed)
+	s.awaitTakeover(t)
+	row, killed, took := s.wantStandbyTookOver(t, jobB.Name, lastAlive, killedBy)
+	lastBeat := lastAlive.Add(-failureTTL)
+	t.Logf("window %s: %s ran from %s; its node was SIGKILLed (kubelet, containerd, shims, pod) between %s and %s; last heartbeat %s, liveness until %s; "+
+		"%s's standby took over at %s: %v after the last heartbeat (ttl %v), %v after the kill; its run %s–%s succeeded",
+		w, a.Name, fmtTime(&killed.Started), fmtTime(&killFrom), fmtTime(&killedBy), fmtTime(&lastBeat), fmtTime(&lastAlive),
+		b.Name, fmtTime(&row.ClaimedAt), row.ClaimedAt.Sub(lastBeat).Round(time.Millisecond), failureTTL,
+		row.ClaimedAt.Sub(killedBy).Round(time.Millisecond), fmtTime(&took.Started), fmtTime(took.Finished))
+}
+
+// ownerRunsStandbyWaits creates the window's Job in s.a, its pod on node n
+// and its app working for ten minutes; once s.a owns the window and its app
+// started, it creates s.b's Job, and returns it once s.b's agent waits as a
+// standby.
+func (s story) ownerRunsStandbyWaits(t *testing.T, n *node.Node) *batchv1.Job {
+	t.Helper()
+	createTickIn(t, s.a, s.cjs[s.a.Name], s.tick, func(j *batchv1.Job) {
 		setEnv(&j.Spec.Template, "LEDGER_SLEEP", "10m")
-		j.Spec.Template.Spec.NodeName = doomed.Name()
+		j.Spec.Template.Spec.NodeName = n.Name()
 	})
-	awaitOwner(t, e, key, tick, a.Name)
-	await(t, jobTimeout, a.Name+"'s app to start", func() bool { return len(runsOf(t, e, name)) > 0 })
-	jobB := createTickIn(t, b, cjs[b.Name], tick, nil)
-	podB := podOf(t, b, jobB.Name)
-	await(t, jobTimeout, b.Name+"'s agent to wait as a standby", func() bool {
-		lines, _ := ContainerLog(b.Node, podB.Name, "dislock-agent")
+	awaitOwner(t, s.e, s.key, s.tick, s.a.Name)
+	await(t, jobTimeout, s.a.Name+"'s app to start", func() bool { return len(runsOf(t, s.e, s.name)) > 0 })
+	jobB := createTickIn(t, s.b, s.cjs[s.b.Name], s.tick, nil)
+	podB := podOf(t, s.b, jobB.Name)
+	await(t, jobTimeout, s.b.Name+"'s agent to wait as a standby", func() bool {
+		lines, _ := ContainerLog(s.b.Node, podB.Name, "dislock-agent")
 		_, ok := findLine(lines, standbyWaiting)
 		return ok
 	})
+	return jobB
+}
 
-	killFrom, err := e.DBNow(ctx)
+// killOwnersNode SIGKILLs n, the node of s.a's running pod, and returns the
+// database clock just before and just after, and the window's liveness as
+// read right after: nothing of s.a's run is left to heartbeat, so it is the
+// last.
+func (s story) killOwnersNode(t *testing.T, n *node.Node) (killFrom, killedBy, lastAlive time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	killFrom, err := s.e.DBNow(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := doomed.Kill(); err != nil {
-		t.Fatalf("killing %s's node %s: %v", a.Name, doomed.Name(), err)
+	if err := n.Kill(); err != nil {
+		t.Fatalf("killing %s's node %s: %v", s.a.Name, n.Name(), err)
 	}
-	killedBy, err := e.DBNow(ctx)
+	killedBy, err = s.e.DBNow(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Nothing of dc-a's run is left to heartbeat: the window's liveness as
-	// now read is the last. Watch it until dc-b owns the window.
-	var lastAlive time.Time
-	await(t, time.Minute, b.Name+" to take window "+w+" over", func() bool {
-		row, ok, err := e.WindowRow(ctx, key, tick)
+	row, ok, err := s.e.WindowRow(ctx, s.key, s.tick)
+	if err != nil || !ok {
+		t.Fatalf("window %s of %s: %v (found %v)", s.w, s.key, err, ok)
+	}
+	if row.Cluster != s.a.Name {
+		t.Fatalf("%s owned window %s already when first looked at after the kill: the liveness it waited out is unknown", row.Cluster, s.w)
+	}
+	return killFrom, killedBy, row.AliveUntil
+}
+
+// awaitTakeover waits until a data centre other than s.a owns the window.
+func (s story) awaitTakeover(t *testing.T) {
+	t.Helper()
+	await(t, time.Minute, s.b.Name+" to take window "+s.w+" over", func() bool {
+		row, ok, err := s.e.WindowRow(context.Background(), s.key, s.tick)
 		if err != nil || !ok {
-			t.Fatalf("window %s of %s: %v (found %v)", w, key, err, ok)
+			t.Fatalf("window %s of %s: %v (found %v)", s.w, s.key, err, ok)
 		}
-		if row.Cluster == a.Name {
-			lastAlive = row.AliveUntil
-			return false
-		}
-		return true
+		return row.Cluster != s.a.Name
 	})
-	if lastAlive.IsZero() {
-		t.Fatalf("%s owned window %s already when first looked at after the kill: the liveness it waited out is unknown", b.Name, w)
-	}
-	finishedB, podB := finishJob(t, b, jobB.Name)
+}
 
+// wantStandbyTookOver waits for s.b's Job and checks how a story whose owner
+// s.a was lost mid-run (its node dead by killedBy, its window's liveness as
+// last read lastAlive) ends: s.b's Job is Complete; the window succeeded,
+// owned by s.b, which claimed it no earlier than lastAlive; the ledger has
+// s.a's run, then s.b's, started after lastAlive and killedBy, with exit 0;
+// s.b's agent says it ran the window. It returns the window's row and the
+// two runs.
+func (s story) wantStandbyTookOver(t *testing.T, jobB string, lastAlive, killedBy time.Time) (row WindowRow, killed, took Run) {
+	t.Helper()
+	a, b, w := s.a, s.b, s.w
+	finishedB, podB := finishJob(t, b, jobB)
 	if _, complete := Finished(finishedB); !complete {
-		t.Errorf("%s: Job %s failed, want Complete", b.Name, jobB.Name)
+		t.Errorf("%s: Job %s failed, want Complete", b.Name, jobB)
 	}
-	row, _, err := e.WindowRow(ctx, key, tick)
+	row, _, err := s.e.WindowRow(context.Background(), s.key, s.tick)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,11 +239,11 @@ func TestStandbyTakesOverFromADataCentreLostMidRunOnlyAfterItsLivenessExpired(t 
 		t.Errorf("%s took window %s over at %s, before %s's liveness expired at %s (last heartbeat %s + ttl %v)",
 			b.Name, w, fmtTime(&row.ClaimedAt), a.Name, fmtTime(&lastAlive), fmtTime(&lastBeat), failureTTL)
 	}
-	runs := runsOf(t, e, name)
+	runs := runsOf(t, s.e, s.name)
 	if len(runs) != 2 || runs[0].Cluster != a.Name || runs[1].Cluster != b.Name {
 		t.Fatalf("ledger %+v, want %s's killed run, then %s's", runs, a.Name, b.Name)
 	}
-	killed, took := runs[0], runs[1]
+	killed, took = runs[0], runs[1]
 	if took.Started.Before(lastAlive) || !took.Started.After(killedBy) {
 		t.Errorf("%s's run started at %s; want it after %s's liveness expired (%s) and after its node was dead (%s)",
 			b.Name, fmtTime(&took.Started), a.Name, fmtTime(&lastAlive), fmtTime(&killedBy))
@@ -202,11 +252,7 @@ func TestStandbyTakesOverFromADataCentreLostMidRunOnlyAfterItsLivenessExpired(t 
 		t.Errorf("%s's run: exit %s, want 0", b.Name, fmtInt(took.ExitCode))
 	}
 	wantSucceeded(t, b, &podB, w)
-	t.Logf("window %s: %s ran from %s; its node was SIGKILLed (kubelet, containerd, shims, pod) between %s and %s; last heartbeat %s, liveness until %s; "+
-		"%s's standby took over at %s: %v after the last heartbeat (ttl %v), %v after the kill; its run %s–%s succeeded",
-		w, a.Name, fmtTime(&killed.Started), fmtTime(&killFrom), fmtTime(&killedBy), fmtTime(&lastBeat), fmtTime(&lastAlive),
-		b.Name, fmtTime(&row.ClaimedAt), row.ClaimedAt.Sub(lastBeat).Round(time.Millisecond), failureTTL,
-		row.ClaimedAt.Sub(killedBy).Round(time.Millisecond), fmtTime(&took.Started), fmtTime(took.Finished))
+	return row, killed, took
 }
 
 func TestALeaseHolderCutOffFromTheDatabaseStopsBeforeItsLeaseExpiresAndOnlyThenTheOtherDataCentreGetsIt(t *testing.T) {

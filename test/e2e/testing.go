@@ -49,3 +49,16 @@ func Need(t testing.TB) *Env {
 	})
 	return e
 }
+
+// New starts an environment of the test's own, for what the shared one does
+// not run (Options.HA), and closes it when the test ends. Progress lines go
+// to t.Logf unless opts.Logf is set; if the test failed, the state of every
+// data centre and the database is logged first. A missing prerequisite
+// skips the test, or fails it under CI=true.
+func New(t testing.TB, opts Options) *Env {
+	t.Helper()
+	if opts.Logf == nil {
+		opts.Logf = t.Logf
+	}
+	return harness.New(t, func() (*Env, error) { return Start(opts) }, ErrMissing, (*Env).Dump)
+}

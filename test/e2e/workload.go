@@ -136,7 +136,7 @@ func (r Run) String() string {
 
 // Runs reads the ledger, oldest first, with each run's window claim time.
 func (e *Env) Runs(ctx context.Context) ([]Run, error) {
-	c, err := pgx.Connect(ctx, e.PG.DirectDSN())
+	c, err := pgx.Connect(ctx, e.dsn())
 	if err != nil {
 		return nil, err
 	}
