@@ -23,6 +23,8 @@ const (
 	exitOK    = 0
 	exitError = 1
 	exitUsage = 2
+	// exitProblems: `dislock check` ran and found problems.
+	exitProblems = 3
 )
 
 // EnvDatabaseURL is read when --database-url is not given.
@@ -86,6 +88,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		var u usageError
 		if errors.As(err, &u) {
 			return exitUsage
+		}
+		if errors.Is(err, errProblems) {
+			return exitProblems
 		}
 		return exitError
 	}

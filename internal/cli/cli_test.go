@@ -183,7 +183,7 @@ func TestCheckNamesTheSettingAndTheFix(t *testing.T) {
 				t.Fatalf("migrate: exit %d, stdout %q, stderr %q: want success with the replication warning", code, out, errOut)
 			}
 			code, out, errOut = run(t, "check", "--database-url", tg.DSN)
-			if code != 1 || !strings.Contains(out, "fail  replication") || !strings.Contains(out, "fix: make replication synchronous") ||
+			if code != 3 || !strings.Contains(out, "fail  replication") || !strings.Contains(out, "fix: make replication synchronous") ||
 				!strings.Contains(errOut, "found problems") {
 				t.Fatalf("check: exit %d, stdout %q, stderr %q", code, out, errOut)
 			}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -63,79 +65,150 @@ const fixSync = "make replication synchronous to a standby in another data centr
 // only pids: sync_state is NULL then.
 const qTopology = `
 SELECT pg_is_in_recovery(),
+       current_setting('transaction_read_only') = 'on',
        current_setting('synchronous_commit'),
        current_setting('synchronous_standby_names'),
        current_setting('server_version'),
        (SELECT count(*) FROM pg_stat_replication),
        (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL),
        coalesce((SELECT string_agg(application_name, ',' ORDER BY application_name) FROM pg_stat_replication
-                 WHERE sync_state IN ('sync', 'quorum') AND state = 'streaming'), '')`
+                 WHERE sync_state IN ('sync', 'quorum') AND state = 'streaming'), ''),
+       (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum') AND state = 'streaming'),
+       current_setting('lc_messages'),
+       current_setting('client_connection_check_interval')`
+
+// qRoleSettings lists role and database defaults that weaken a commit for
+// some sessions only: this session's own settings may look fine.
+const qRoleSettings = `
+SELECT coalesce(r.rolname, 'every role'), coalesce(d.datname, 'every database'), c
+FROM pg_db_role_setting s
+LEFT JOIN pg_roles r ON r.oid = s.setrole
+LEFT JOIN pg_database d ON d.oid = s.setdatabase,
+     unnest(s.setconfig) AS c
+WHERE (d.datname IS NULL OR d.datname = current_database())
+  AND (lower(c) IN ('synchronous_commit=off', 'synchronous_commit=local')
+       OR lower(c) ~ '^client_min_messages=(error|fatal|panic)$')
+ORDER BY 1, 2, 3`
+
+// syncQuorum is how many standbys synchronous_standby_names waits for:
+// "FIRST n (...)" or "ANY n (...)", else (a plain list, "*") one.
+var syncQuorum = regexp.MustCompile(`(?i)^\s*(?:first|any)\s+(\d+)\s*\(`)
 
 // CheckDatabase verifies what dislock's promises rest on and can be seen
-// from a connection: that it reaches a primary; that a commit is replicated
-// synchronously before it is acknowledged (else a failover can lose a claim
-// and the window runs twice); the schema version; and that fencing tokens
-// cannot go back. It returns an error only when the database cannot be
-// asked at all.
+// from a connection: that it reaches a writable primary; that a commit is
+// replicated synchronously before it is acknowledged, for every role (else
+// a failover can lose a claim and the window runs twice); that the server
+// would tell a commit whose wait was cut short; the schema version; and
+// that fencing tokens cannot go back. It returns an error only when the
+// database cannot be asked at all.
 func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding, error) {
 	var (
-		inRecovery                     bool
-		syncCommit, syncNames, version string
-		senders, hidden                int64
-		syncStandbys                   string
+		inRecovery, readOnly                         bool
+		syncCommit, syncNames, version, syncStandbys string
+		lcMessages, checkInterval                    string
+		senders, hidden, streaming                   int64
 	)
-	err := s.pool.QueryRow(ctx, qTopology).Scan(&inRecovery, &syncCommit, &syncNames, &version, &senders, &hidden, &syncStandbys)
+	err := s.pool.QueryRow(ctx, qTopology).Scan(&inRecovery, &readOnly, &syncCommit, &syncNames, &version,
+		&senders, &hidden, &syncStandbys, &streaming, &lcMessages, &checkInterval)
 	if err != nil {
 		return nil, s.classify("checking the database", err)
 	}
 	var out []Finding
 	add := func(check string, st Status, fix, format string, args ...any) {
-		if st == StatusFail && opts.AllowAsync && check != "primary" && check != "schema" && check != "tokens" {
-			st, fix = StatusAccepted, ""
-		}
 		out = append(out, Finding{Check: check, Status: st, Detail: fmt.Sprintf(format, args...), Fix: fix})
 	}
-	if inRecovery {
-		add("primary", StatusFail, "point the URL at the primary: HAProxy checking Patroni's GET /primary, or a multi-host URL "+
+	// replication findings a database whose failover may lose commits gets
+	// anyway: the operator can accept those, and only those.
+	replication := func(check, fix, format string, args ...any) {
+		if opts.AllowAsync {
+			add(check, StatusAccepted, "", format, args...)
+			return
+		}
+		add(check, StatusFail, fix, format, args...)
+	}
+	switch {
+	case inRecovery:
+		add("primary", StatusFail, "point the URL at the primary: HAProxy checking Patroni's /primary, or a multi-host URL "+
 			"(host=a,b,c target_session_attrs=read-write)", "connected to a standby (PostgreSQL %s in recovery): claims cannot be written", version)
+		return out, nil
+	case readOnly:
+		add("primary", StatusFail, "ALTER DATABASE … RESET default_transaction_read_only (or ALTER ROLE …)",
+			"connected to a primary (PostgreSQL %s), but transactions are read-only (default_transaction_read_only): claims cannot be written", version)
 		return out, nil
 	}
 	add("primary", StatusOK, "", "connected to a primary (PostgreSQL %s) at %s", version, s.addr)
 
-	switch strings.TrimSpace(syncNames) {
-	case "":
-		detail := "synchronous_standby_names is empty: replication is asynchronous or there is no standby, so a failover can lose acknowledged claims and a window then runs twice"
-		if senders > 0 {
-			detail = fmt.Sprintf("synchronous_standby_names is empty but %d standby(s) stream asynchronously: a failover to one of them can lose acknowledged claims and a window then runs twice", senders)
-		}
-		add("replication", StatusFail, fixSync, "%s", detail)
-	default:
-		switch {
-		case syncStandbys != "":
-			add("replication", StatusOK, "", "synchronous_standby_names = %q; synchronous standby streaming: %s", syncNames, syncStandbys)
-		case hidden > 0:
-			add("replication", StatusWarn, "grant the checking role pg_monitor to let dislock check see pg_stat_replication",
-				"synchronous_standby_names = %q, but this role cannot see which of the %d standby(s) are synchronous", syncNames, hidden)
-		default:
-			add("replication", StatusFail, "start the synchronous standby, or let Patroni's synchronous_mode choose another",
-				"synchronous_standby_names = %q but no synchronous standby is streaming: every commit waits, and agents fail closed", syncNames)
-		}
+	names := strings.TrimSpace(syncNames)
+	need := int64(1)
+	if m := syncQuorum.FindStringSubmatch(names); m != nil {
+		need, _ = strconv.ParseInt(m[1], 10, 64)
 	}
+	switch {
+	case names == "" && senders > 0:
+		replication("replication", fixSync, "synchronous_standby_names is empty but %d standby(s) stream asynchronously: a failover to one of them can lose acknowledged claims and a window then runs twice", senders)
+	case names == "":
+		replication("replication", fixSync, "synchronous_standby_names is empty: replication is asynchronous or there is no standby, so a failover can lose acknowledged claims and a window then runs twice")
+	case streaming >= need:
+		add("replication", StatusOK, "", "synchronous_standby_names = %q; synchronous standby streaming: %s", syncNames, syncStandbys)
+	case hidden > 0:
+		add("replication", StatusWarn, "grant the checking role pg_monitor to let dislock check see pg_stat_replication",
+			"synchronous_standby_names = %q, but this role cannot see which of the %d standby(s) are synchronous", syncNames, hidden)
+	default:
+		add("replication", StatusFail, "start the synchronous standbys, or let Patroni's synchronous_mode choose others",
+			"synchronous_standby_names = %q waits for %d standby(s) but %d stream as synchronous: every commit waits, and agents fail closed", syncNames, need, streaming)
+	}
+
+	const fixCommit = "set synchronous_commit = on (ALTER ROLE … RESET synchronous_commit, or SET … = on)"
 	switch syncCommit {
 	case "on", "remote_apply":
 		add("synchronous_commit", StatusOK, "", "synchronous_commit = %s", syncCommit)
 	case "remote_write":
-		add("synchronous_commit", StatusWarn, "set synchronous_commit = on",
+		add("synchronous_commit", StatusWarn, fixCommit,
 			"synchronous_commit = remote_write: a claim is lost if the primary is lost together with the standby's operating system")
+	case "local":
+		replication("synchronous_commit", fixCommit, "synchronous_commit = local: a commit is acknowledged before any standby has it")
 	default:
-		add("synchronous_commit", StatusFail, "set synchronous_commit = on for the database or the role dislock uses (ALTER ROLE … SET synchronous_commit = on)",
-			"synchronous_commit = %s: a commit is acknowledged before any standby has it", syncCommit)
+		// Not even on the primary's disk: a crash alone loses claims and
+		// hands tokens out again. Nobody can accept that.
+		add("synchronous_commit", StatusFail, fixCommit, "synchronous_commit = %s: a commit is acknowledged before it is on disk; a crash loses claims and tokens go back", syncCommit)
 	}
-	return s.checkSchema(ctx, out)
+	rows, err := s.pool.Query(ctx, qRoleSettings)
+	if err != nil {
+		return nil, s.classify("checking role and database settings", err)
+	}
+	for rows.Next() {
+		var role, db, setting string
+		if err := rows.Scan(&role, &db, &setting); err != nil {
+			rows.Close()
+			return nil, s.classify("checking role and database settings", err)
+		}
+		name, _, _ := strings.Cut(setting, "=")
+		add("role settings", StatusFail, fmt.Sprintf("ALTER ROLE … IN DATABASE … RESET %s for %s in %s", name, role, db),
+			"%s for %s in %s: the agents' claims under it are not durable as acknowledged (or a cut-short wait goes unreported); they retry and fail closed", setting, role, db)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, s.classify("checking role and database settings", err)
+	}
+
+	if !englishMessages.MatchString(lcMessages) {
+		add("lc_messages", StatusWarn, "ALTER ROLE <dislock's role> SET lc_messages = 'C' (as a superuser)",
+			"lc_messages = %q: dislock recognises PostgreSQL's warning that a commit's wait for the standby was cut short only in English, so any warning during a lock write makes it retry", lcMessages)
+	}
+	if checkInterval == "0" {
+		add("client_connection_check_interval", StatusWarn, "ALTER ROLE <dislock's role> SET client_connection_check_interval = '2s'",
+			"client_connection_check_interval = 0: a statement an agent gave up on (its commit waiting for a standby, a row lock held by someone) keeps its backend until it ends; many agents can exhaust max_connections")
+	}
+	return s.checkSchema(ctx, out), nil
 }
 
-// checkSchema appends the schema and token findings.
-func (s *Store) checkSchema(ctx context.Context, out []Finding) ([]Finding, error) {
+// englishMessages matches the lc_messages values whose server messages are
+// English (commitGuard asks the server the same).
+var englishMessages = regexp.MustCompile(`(?i)^(c|posix|en([_.@].*)?)?$`)
+
+// checkSchema appends the schema and token findings. What it cannot read
+// becomes a failing finding, so the findings before it still print.
+func (s *Store) checkSchema(ctx context.Context, out []Finding) []Finding {
 	var current int
 	err := s.pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM dislock.schema_migrations`).Scan(&current)
 	var pgErr *pgconn.PgError
@@ -143,34 +216,32 @@ func (s *Store) checkSchema(ctx context.Context, out []Finding) ([]Finding, erro
 		current, err = 0, nil
 	}
 	if err != nil {
-		return nil, s.classify("checking the schema version", err)
+		return append(out, Finding{Check: "schema", Status: StatusFail, Detail: "cannot read the schema version: " + err.Error(),
+			Fix: "grant the checking role USAGE on schema dislock and SELECT on its tables"})
 	}
 	switch want := SchemaVersion(); {
 	case current == want:
 		out = append(out, Finding{Check: "schema", Status: StatusOK, Detail: fmt.Sprintf("schema dislock is at version %d", current)})
 	case current < want:
-		out = append(out, Finding{Check: "schema", Status: StatusFail, Fix: "run `dislock migrate` (the webhook also migrates at start)",
+		return append(out, Finding{Check: "schema", Status: StatusFail, Fix: "run `dislock migrate` (the webhook also migrates at start)",
 			Detail: fmt.Sprintf("schema dislock is at version %d; this dislock needs %d", current, want)})
-		return out, nil
 	default:
-		out = append(out, Finding{Check: "schema", Status: StatusFail, Fix: "upgrade dislock",
+		return append(out, Finding{Check: "schema", Status: StatusFail, Fix: "upgrade dislock",
 			Detail: fmt.Sprintf("schema dislock is at version %d, newer than this dislock knows (%d)", current, want)})
-		return out, nil
 	}
 	var epoch, counter, highest int64
 	if err := s.pool.QueryRow(ctx, qTokenEpoch).Scan(&epoch, &counter, &highest); err != nil {
-		return nil, s.classify("checking fencing tokens", err)
+		return append(out, Finding{Check: "tokens", Status: StatusFail, Detail: "cannot compute the next fencing token: " + err.Error(),
+			Fix: "dislock needs pg_walfile_name(pg_current_wal_lsn()) on the primary (not available on some managed services)"})
 	}
 	if next := epoch<<tokenEpochShift + counter + 1; highest >= next {
 		was, _ := TokenEpoch(highest)
-		out = append(out, Finding{Check: "tokens", Status: StatusFail,
-			Detail: fmt.Sprintf("token %d (epoch %d) was handed out, but the next token would be %d (epoch %d): the schema was restored into another PostgreSQL cluster, whose timelines start again", highest, was, next, epoch),
-			Fix:    fmt.Sprintf("UPDATE dislock.token_epoch SET timeline_offset = timeline_offset + %d", was-epoch+1)})
-		return out, nil
+		return append(out, Finding{Check: "tokens", Status: StatusFail,
+			Detail: fmt.Sprintf("token %d (epoch %d) was handed out, but the next token would be %d (epoch %d): the database lost the record of its epochs (an asynchronous failover, or a restore of part of the schema)", highest, was, next, epoch),
+			Fix:    fmt.Sprintf("UPDATE dislock.token_epoch SET base_epoch = base_epoch + %d, last_epoch = greatest(last_epoch, %d)", was-epoch+1, was)})
 	}
-	out = append(out, Finding{Check: "tokens", Status: StatusOK,
-		Detail: fmt.Sprintf("fencing tokens are in epoch %d (WAL timeline plus offset); the highest recorded is %d", epoch, highest)})
-	return out, nil
+	return append(out, Finding{Check: "tokens", Status: StatusOK,
+		Detail: fmt.Sprintf("fencing tokens are in epoch %d (it follows the WAL timeline); the highest recorded is %d", epoch, highest)})
 }
 
 // tokenEpochShift: a token is epoch<<tokenEpochShift + counter (migration 3).
@@ -180,8 +251,8 @@ const qTokenEpoch = `
 SELECT dislock.token_epoch_now(), (SELECT last_value FROM dislock.token_counter),
        greatest(coalesce((SELECT max(token) FROM dislock.windows), 0), coalesce((SELECT max(token) FROM dislock.leases), 0))`
 
-// TokenEpoch splits a fencing token into the epoch (WAL timeline plus
-// offset) it was drawn in and the counter.
+// TokenEpoch splits a fencing token into the epoch (which follows the WAL
+// timeline) it was drawn in and the counter.
 func TokenEpoch(token int64) (epoch, counter int64) {
 	return token >> tokenEpochShift, token & (1<<tokenEpochShift - 1)
 }

@@ -201,6 +201,14 @@ func TestACommitTheStandbyNeverConfirmedIsNotAWin(t *testing.T) {
 			if err := <-claimErr; !errors.Is(err, lock.ErrUncertainCommit) {
 				t.Fatalf("lease whose synchronous wait was cancelled: %v, want ErrUncertainCommit", err)
 			}
+
+			// A role default that skips the wait altogether is no better.
+			withRoleSetting(t, srv, su, tg.DSN, "synchronous_commit", "local", func(s *lock.Store) {
+				_, err := s.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: windowAt(2), Index: lock.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+				if !errors.Is(err, lock.ErrUncertainCommit) || !strings.Contains(err.Error(), "synchronous_commit = local") {
+					t.Fatalf("claim under synchronous_commit = local with a synchronous standby configured: %v, want ErrUncertainCommit naming the setting", err)
+				}
+			})
 		})
 	}
 }
@@ -232,5 +240,160 @@ func awaitSyncRepWaiters(t *testing.T, su *pgx.Conn, n int) {
 			t.Fatalf("%d backends wait for the synchronous standby, want %d", got, n)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// withRoleSetting runs fn with a fresh Store through dsn while the
+// application role has a default setting (ALTER ROLE … SET), then resets it.
+// Server connections from before are closed, so that PgBouncer's new ones
+// pick the default up.
+func withRoleSetting(t *testing.T, srv *pgtest.Server, su *pgx.Conn, dsn, name, value string, fn func(s *lock.Store)) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := pgx.Identifier{cfg.User}.Sanitize()
+	reconnect := func() {
+		if _, err := su.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1 AND pid <> pg_backend_pid()`, cfg.User); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := su.Exec(ctx, `ALTER ROLE `+role+` SET `+name+` = '`+value+`'`); err != nil {
+		t.Fatal(err)
+	}
+	reconnect()
+	defer func() {
+		if _, err := su.Exec(ctx, `ALTER ROLE `+role+` RESET `+name); err != nil {
+			t.Fatal(err)
+		}
+		reconnect()
+	}()
+	s, err := lock.Open(ctx, dsn, lock.Options{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	awaitReachable(t, s) // PgBouncer notices its closed server connections on first use
+	fn(s)
+}
+
+// A role default that hides warnings makes every write uncertain (the agent
+// retries and fails closed, with the reason); a harmless warning during a
+// write is not mistaken for a cut-short wait; and dislock check names the
+// setting, and a read-only database, and a standby quorum that is not met.
+func TestWeakenedCommitsAreNeverWins(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "guard"})
+	ctx := context.Background()
+	s := openStore(t, srv.DirectDSN(), 2)
+	su := superuser(t, srv)
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			key := uniqueKey(t)
+			withRoleSetting(t, srv, su, tg.DSN, "client_min_messages", "error", func(s *lock.Store) {
+				_, err := s.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: windowAt(0), Index: lock.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+				if !errors.Is(err, lock.ErrUncertainCommit) || !strings.Contains(err.Error(), "client_min_messages = error") {
+					t.Fatalf("claim under client_min_messages = error: %v, want ErrUncertainCommit naming the setting", err)
+				}
+				fs, err := s.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if f := byCheck(fs)["role settings"]; f.Status != lock.StatusFail || !strings.Contains(f.Detail, "client_min_messages=error for dislock") {
+					t.Fatalf("check under a role's client_min_messages = error: %+v", fs)
+				}
+			})
+		})
+	}
+
+	if _, err := su.Exec(ctx, `CREATE FUNCTION dislock.warn() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE WARNING 'a warning about something else'; RETURN NEW; END $$;
+CREATE TRIGGER warn BEFORE INSERT ON dislock.windows FOR EACH ROW EXECUTE FUNCTION dislock.warn()`); err != nil {
+		t.Fatal(err)
+	}
+	awaitReachable(t, s) // its connections were closed above
+	c, err := s.ClaimWindow(ctx, lock.ClaimRequest{Key: uniqueKey(t), Window: windowAt(0), Index: lock.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+	if err != nil || c.Outcome != lock.Claimed {
+		t.Fatalf("claim that drew a harmless warning: %+v %v, want claimed", c, err)
+	}
+	if _, err := su.Exec(ctx, `DROP TRIGGER warn ON dislock.windows`); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		set, reset, check, want string
+		async                   bool
+	}{
+		{`ALTER SYSTEM SET synchronous_commit = off`, `ALTER SYSTEM RESET synchronous_commit`, "synchronous_commit", "before it is on disk", true},
+		{`ALTER SYSTEM SET synchronous_standby_names = 'FIRST 2 (b, c)'`, `ALTER SYSTEM RESET synchronous_standby_names`, "replication", "waits for 2 standby(s) but 0 stream", true},
+		{`ALTER DATABASE dislock SET default_transaction_read_only = on`, `ALTER DATABASE dislock RESET default_transaction_read_only`, "primary", "read-only", false},
+	} {
+		for _, q := range []string{tc.set, `SELECT pg_reload_conf()`} {
+			if _, err := su.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A fresh session sees the new settings once the server reloaded.
+		var f lock.Finding
+		awaitCond(t, tc.check+" to fail", func() bool {
+			fresh, err := lock.Open(ctx, srv.DirectDSN(), lock.Options{MaxConns: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fresh.Close()
+			fs, err := fresh.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: tc.async})
+			f = byCheck(fs)[tc.check]
+			return err == nil && f.Status == lock.StatusFail
+		})
+		if !strings.Contains(f.Detail, tc.want) || f.Fix == "" {
+			t.Errorf("%s: %+v", tc.set, f)
+		}
+		for _, q := range []string{tc.reset, `SELECT pg_reload_conf()`} {
+			if _, err := su.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+	}
+}
+
+func awaitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The timeline goes back when the database is upgraded with pg_upgrade or
+// restored into another cluster: tokens must not. The epoch then continues
+// above the highest it ever used.
+func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "rebase"})
+	ctx := context.Background()
+	s := openStore(t, srv.DirectDSN(), 2)
+	key := uniqueKey(t)
+	su := superuser(t, srv)
+	// As if this cluster had been at timeline 7, epoch 7, before an upgrade
+	// put it on timeline 1.
+	before := int64(7)<<40 + 500
+	if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET base_epoch = 7, base_timeline = 7, last_epoch = 7`); err != nil {
+		t.Fatal(err)
+	}
+	mustClaim(t, s, key, windowAt(0), owner("dc-a", "job", "pod"), false, ttl, lock.Claimed)
+	if _, err := su.Exec(ctx, `UPDATE dislock.windows SET token = $1 WHERE lock_key = $2`, before, key); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		c := mustClaim(t, s, key, windowAt(i), owner("dc-a", "job", "pod"), false, ttl, lock.Claimed)
+		if epoch, _ := lock.TokenEpoch(c.Window.Token); c.Window.Token <= before || epoch != 8 {
+			t.Fatalf("token %d (epoch %d) after the timeline went back from 7 to 1: want epoch 8, above %d", c.Window.Token, epoch, before)
+		}
+	}
+	if fs, err := s.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: true}); err != nil || byCheck(fs)["tokens"].Status != lock.StatusOK {
+		t.Fatalf("check after the rebase: %+v %v", fs, err)
 	}
 }

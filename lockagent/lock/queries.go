@@ -6,6 +6,25 @@ package lock
 
 const qNow = `SELECT now()`
 
+// commitGuard ends the RETURNING list of every lock write (see writeRow).
+// Its first column says why this session's commit may be less durable than
+// an acknowledgement must mean, or is empty: a role or database default can
+// turn the wait for the synchronous standby off, or hide the warning that
+// says it was cut short. Settings cannot change within one statement, so
+// the answer holds for the commit that follows. The second column tells
+// whether the server's messages are in English, which writeRow needs to
+// tell that warning from harmless ones.
+const commitGuard = `,
+    CASE WHEN current_setting('synchronous_commit') = 'off'
+              THEN 'synchronous_commit = off: a commit is acknowledged before it is on disk'
+         WHEN current_setting('synchronous_commit') = 'local' AND current_setting('synchronous_standby_names') <> ''
+              THEN 'synchronous_commit = local: a commit is acknowledged before the synchronous standby has it'
+         WHEN current_setting('client_min_messages') NOT IN ('debug5', 'debug4', 'debug3', 'debug2', 'debug1', 'log', 'notice', 'warning')
+              THEN 'client_min_messages = ' || current_setting('client_min_messages') ||
+                   ': the server would not say that a commit''s wait for the synchronous standby was cut short'
+         ELSE '' END,
+    current_setting('lc_messages') ~* '^(c|posix|en([_.@].*)?)?$'` // as englishMessages
+
 // qClaimWindow inserts the window or, on conflict, takes it when the rules of
 // "Ownership and re-entry" allow:
 //   - the same pod (a restarted sidecar) re-enters its running claim and keeps
@@ -38,7 +57,7 @@ WHERE (w.owner = EXCLUDED.owner AND w.state = 'running')
    OR (w.owner <> EXCLUDED.owner
        AND (w.state = 'failed' OR (w.state = 'running' AND w.alive_until <= now()))
        AND (starts_with(w.owner, $8::text) OR $9::boolean))
-RETURNING ` + windowColumns + `, (xmax = 0), now()`
+RETURNING ` + windowColumns + `, (xmax = 0), now()` + commitGuard
 
 const windowColumns = `lock_key, window_start, job_index, owner, cluster, pod, token, state,
     claimed_at, alive_until, finished_at, exit_code`
@@ -52,7 +71,7 @@ const qHeartbeatWindow = `
 UPDATE dislock.windows SET alive_until = now() + $5::bigint * interval '1 microsecond'
 WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int
   AND token = $4::bigint AND state = 'running'
-RETURNING alive_until, now()`
+RETURNING alive_until, now()` + commitGuard
 
 // qFinishWindow records the outcome. Repeating the same outcome succeeds, so
 // a retry after a lost reply does not report a lost window. Liveness ends at
@@ -63,7 +82,7 @@ SET state = $5::text, exit_code = $6::int, finished_at = COALESCE(finished_at, n
     alive_until = LEAST(alive_until, now())
 WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int AND token = $4::bigint
   AND (state = 'running' OR (state = $5::text AND exit_code IS NOT DISTINCT FROM $6::int))
-RETURNING finished_at`
+RETURNING finished_at` + commitGuard
 
 const qListWindows = `SELECT ` + windowColumns + `, now() FROM dislock.windows
 WHERE ($1::text = '' OR lock_key = $1::text)
@@ -103,7 +122,7 @@ ON CONFLICT (lock_key) DO UPDATE SET
     owner       = EXCLUDED.owner,
     expire_at   = EXCLUDED.expire_at
 WHERE l.expire_at <= now() OR l.owner = EXCLUDED.owner
-RETURNING ` + leaseColumns + `, (xmax = 0), now()`
+RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
 
 const leaseColumns = `lock_key, owner, token, acquired_at, expire_at`
 
@@ -112,7 +131,7 @@ const qGetLease = `SELECT ` + leaseColumns + `, now() FROM dislock.leases WHERE 
 const qRenewLease = `
 UPDATE dislock.leases SET expire_at = now() + $3::bigint * interval '1 microsecond'
 WHERE lock_key = $1::text AND token = $2::bigint AND expire_at > now()
-RETURNING expire_at, now()`
+RETURNING expire_at, now()` + commitGuard
 
 // qReleaseLease expires the caller's lease now (see qAcquireLease for why the
 // row stays).

@@ -115,7 +115,11 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	s := &Store{addr: addrs(cfg.ConnConfig)}
 	cfg.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) {
 		if n.SeverityUnlocalized == "WARNING" || n.Severity == "WARNING" {
-			s.warned.Store(c, n.Message)
+			msg := n.Message + " " + n.Detail
+			if prev, ok := s.warned.Load(c); ok {
+				msg = prev.(string) + "; " + msg
+			}
+			s.warned.Store(c, msg)
 		}
 	}
 	cfg.BeforeClose = func(c *pgx.Conn) { s.warned.Delete(c.PgConn()) }
@@ -180,19 +184,28 @@ type noCancelAddr struct{ net.Addr }
 
 func (noCancelAddr) Network() string { return noCancelNetwork }
 
-// ErrUncertainCommit wraps ErrUnavailable: the server warned while a write
-// committed, which is how PostgreSQL reports a commit whose wait for the
-// synchronous standby was cancelled (by statement_timeout, a pooler's
-// query_timeout, an operator): the row is committed on the primary and
-// visible there, yet a failover can lose it. The caller must not act on the
-// result; it retries, and the retry is itself a write, so its acknowledged
-// commit makes everything before it durable too.
+// ErrUncertainCommit wraps ErrUnavailable: a write committed, but maybe not
+// durably enough to act on. PostgreSQL reports a commit whose wait for the
+// synchronous standby was cut short (a cancel request, a pooler's
+// query_timeout, pg_cancel_backend) only with a WARNING: the row is
+// committed on the primary and visible there, yet a failover can lose it.
+// The caller must not act on the result; it retries, and the retry is
+// itself a write, so its acknowledged commit makes everything before it
+// durable too.
 var ErrUncertainCommit = fmt.Errorf("%w: the commit was not confirmed durable", ErrUnavailable)
 
-// writeRow runs one lock write that returns a row and scans it. A WARNING
-// from the server while it ran turns the result into ErrUncertainCommit.
-// dislock itself never cuts a synchronous commit's wait short (neverCancel).
+// writeRow runs one lock write that returns a row and scans it. The query
+// must end with commitGuard, whose columns writeRow scans itself. The result
+// is ErrUncertainCommit when the guard names a reason, or when the server
+// warned that the commit's wait for the synchronous standby was cut short;
+// a server whose messages are not in English cannot be read, so there any
+// warning counts. No row (a refusal, a lost claim) is returned as is: it
+// only ever leads to a skip or a stop. dislock itself never cuts a
+// synchronous commit's wait short (neverCancel).
 func (s *Store) writeRow(ctx context.Context, scan func(pgx.Row) error, query string, args ...any) error {
+	if !strings.HasSuffix(query, commitGuard) {
+		panic("lock: a write without the commit guard")
+	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -200,12 +213,28 @@ func (s *Store) writeRow(ctx context.Context, scan func(pgx.Row) error, query st
 	defer conn.Release()
 	pc := conn.Conn().PgConn()
 	s.warned.Delete(pc)
-	err = scan(conn.QueryRow(ctx, query, args...))
-	if msg, ok := s.warned.LoadAndDelete(pc); ok && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
-		return fmt.Errorf("%w (server warning: %q)", ErrUncertainCommit, msg)
+	var unsafe string
+	var english bool
+	err = scan(guardedRow{conn.QueryRow(ctx, query, args...), []any{&unsafe, &english}})
+	warning, warned := s.warned.LoadAndDelete(pc)
+	switch {
+	case err != nil:
+		return err
+	case unsafe != "":
+		return fmt.Errorf("%w (%s)", ErrUncertainCommit, unsafe)
+	case warned && (!english || strings.Contains(warning.(string), "synchronous replication")):
+		return fmt.Errorf("%w (server warning: %q)", ErrUncertainCommit, warning)
 	}
-	return err
+	return nil
 }
+
+// guardedRow scans the commit guard's columns after the caller's.
+type guardedRow struct {
+	pgx.Row
+	guard []any
+}
+
+func (r guardedRow) Scan(dest ...any) error { return r.Row.Scan(append(dest, r.guard...)...) }
 
 // Close releases every connection.
 func (s *Store) Close() { s.pool.Close() }

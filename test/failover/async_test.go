@@ -28,7 +28,7 @@ func TestAsyncFailoverLosesClaimsButTokensNeverGoBack(t *testing.T) {
 
 	var out, errOut bytes.Buffer
 	code := cli.Main(ctx, []string{"check", "--database-url", p.PrimaryDSN()}, &out, &errOut)
-	if code != 1 || !strings.Contains(out.String(), "synchronous_standby_names is empty but 1 standby(s) stream asynchronously") {
+	if code != 3 || !strings.Contains(out.String(), "synchronous_standby_names is empty but 1 standby(s) stream asynchronously") {
 		t.Fatalf("dislock check on an asynchronous pair: exit %d\n%s%s", code, out.String(), errOut.String())
 	}
 

@@ -1,11 +1,13 @@
 -- Version 3: fencing tokens never go back, even after a failover that lost
 -- commits.
 --
--- A token is (epoch << 40) + counter, where epoch is the WAL timeline the
--- primary writes on plus an offset an operator can raise. Every promotion
--- of a standby starts a new, higher timeline, so every token handed out
--- after a failover is larger than every token handed out before it, however
--- many of the old primary's commits (and sequence values) the failover lost.
+-- A token is (epoch << 40) + counter, where the epoch follows the WAL
+-- timeline the primary writes on. A promoted standby starts a timeline
+-- higher than every timeline it knows of, which with synchronous
+-- replication (or a WAL archive every node restores from) is every timeline
+-- before it. So every token handed out after a failover is larger than
+-- every token handed out before it, however many of the old primary's
+-- commits (and sequence values) the failover lost.
 -- Within one timeline the counter only grows: a sequence is WAL-logged ahead
 -- of what it hands out, so a crash and restart never repeats a value.
 --
@@ -18,24 +20,54 @@
 ALTER SEQUENCE dislock.fencing_token RENAME TO token_counter;
 ALTER SEQUENCE dislock.token_counter MAXVALUE 1099511627775;
 
--- The offset lets an operator who restores the schema into another
--- PostgreSQL cluster (whose timelines start again at 1) keep tokens growing:
--- `dislock check` tells when that is needed and by how much.
+-- The epoch follows the timeline: epoch = base_epoch + (timeline -
+-- base_timeline). A timeline can also go back: pg_upgrade starts the new
+-- cluster on timeline 1, and so does restoring the schema into another
+-- cluster. Then next_token() rebases once: the epoch continues above
+-- last_epoch, the highest it ever used, instead of following the timeline
+-- down. Each row change here happens once per new timeline, not per token.
 CREATE TABLE IF NOT EXISTS dislock.token_epoch (
-    one             boolean PRIMARY KEY DEFAULT true CHECK (one),
-    timeline_offset int     NOT NULL DEFAULT 0 CHECK (timeline_offset >= 0)
+    one           boolean PRIMARY KEY DEFAULT true CHECK (one),
+    base_epoch    bigint  NOT NULL DEFAULT 1,
+    base_timeline bigint  NOT NULL DEFAULT 1,
+    last_epoch    bigint  NOT NULL DEFAULT 0
 );
 INSERT INTO dislock.token_epoch DEFAULT VALUES ON CONFLICT DO NOTHING;
 
 -- The timeline is the first 8 hex digits of the current WAL file's name.
 -- pg_walfile_name fails on a standby, so a token is never drawn there.
-CREATE OR REPLACE FUNCTION dislock.token_epoch_now() RETURNS bigint
+CREATE OR REPLACE FUNCTION dislock.wal_timeline() RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT ('x' || substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
-         + (SELECT timeline_offset FROM dislock.token_epoch)
+$$;
+
+-- token_epoch_now is the epoch the next token gets, without writing
+-- anything (dislock check uses it).
+CREATE OR REPLACE FUNCTION dislock.token_epoch_now() RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN tl.t < e.base_timeline THEN e.last_epoch + 1
+                ELSE e.base_epoch + (tl.t - e.base_timeline) END
+    FROM dislock.token_epoch e, (SELECT dislock.wal_timeline() AS t) tl
 $$;
 
 CREATE OR REPLACE FUNCTION dislock.next_token() RETURNS bigint
-LANGUAGE sql VOLATILE AS $$
-    SELECT (dislock.token_epoch_now() << 40) + pg_catalog.nextval('dislock.token_counter')
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    tl    bigint := dislock.wal_timeline();
+    e     dislock.token_epoch;
+    epoch bigint;
+BEGIN
+    SELECT * INTO e FROM dislock.token_epoch;
+    IF tl < e.base_timeline THEN
+        -- Concurrent callers queue on the row; only the first rebases.
+        UPDATE dislock.token_epoch SET base_epoch = last_epoch + 1, base_timeline = tl
+        WHERE base_timeline > tl;
+        SELECT * INTO e FROM dislock.token_epoch;
+    END IF;
+    epoch := e.base_epoch + (tl - e.base_timeline);
+    IF epoch > e.last_epoch THEN
+        UPDATE dislock.token_epoch SET last_epoch = epoch WHERE last_epoch < epoch;
+    END IF;
+    RETURN (epoch << 40) + pg_catalog.nextval('dislock.token_counter');
+END
 $$;
