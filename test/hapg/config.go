@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 // Patroni's timing, the bootstrap "dcs" settings. Patroni wants
@@ -85,7 +87,7 @@ func (c *Cluster) patroniConfig(n *node) (string, error) {
 			// Patroni's own queries go over the trusted socket.
 			"use_unix_socket": true,
 			"authentication": map[string]any{
-				"superuser":   map[string]string{"username": superuser, "password": superuserPassword},
+				"superuser":   map[string]string{"username": pgtest.Superuser, "password": pgtest.SuperuserPassword},
 				"replication": map[string]string{"username": replicationUser, "password": replicationPassword},
 			},
 			"pg_hba": pgHBA,

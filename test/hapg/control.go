@@ -214,14 +214,14 @@ func (c *Cluster) Kill(name string) error {
 	if c.closed {
 		return errClosed
 	}
-	if !n.patroni.running() {
+	if !n.patroni.Running() {
 		return fmt.Errorf("hapg: Kill(%s): its Patroni is not running", name)
 	}
 	// Find PostgreSQL's processes first so that they die within
 	// microseconds of Patroni.
 	pid, havePG := postmasterPID(n.dataDir())
 	procs := postgresProcs(n.dataDir())
-	n.patroni.signalGroup(syscall.SIGKILL)
+	n.patroni.SignalGroup(syscall.SIGKILL)
 	if havePG {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
@@ -229,7 +229,7 @@ func (c *Cluster) Kill(name string) error {
 		_ = syscall.Kill(p, syscall.SIGKILL)
 	}
 	var errs []error
-	if err := n.patroni.stop(syscall.SIGKILL, 5*time.Second); err != nil {
+	if err := n.patroni.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
 		errs = append(errs, err)
 	}
 	// Anything forked meanwhile (Patroni may have been starting a postmaster
@@ -256,11 +256,11 @@ func (c *Cluster) Restart(name string) error {
 		c.mu.Unlock()
 		return errClosed
 	}
-	if n.patroni.running() {
+	if n.patroni.Running() {
 		c.mu.Unlock()
 		return fmt.Errorf("hapg: Restart(%s): its Patroni is running", name)
 	}
-	p, err := startProc(n.dir, "patroni", c.acct.cred, c.bin.patroni, n.path("patroni.yml"))
+	p, err := startProc(n.dir, "patroni", c.acct.Cred, c.bin.patroni, n.path("patroni.yml"))
 	if err == nil {
 		n.patroni = p
 	}
@@ -269,7 +269,7 @@ func (c *Cluster) Restart(name string) error {
 		return err
 	}
 	err = waitFor(readyTimeout, func() error {
-		if !p.running() {
+		if !p.Running() {
 			return errExited
 		}
 		return dial(n.restPort)

@@ -6,30 +6,21 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/test/pgtest"
 )
 
-// Credentials: the same role, password and database as pgtest's, so that a
-// test can point anything written against pgtest at this cluster, and so
+// Credentials are pgtest's (pgtest.AppUser, pgtest.Superuser, ...), so that
+// a test can point anything written against pgtest at this cluster, and so
 // that pgtest's PgBouncer (whose auth_file holds pgtest's passwords) logs in
-// to it. Everything listens on 127.0.0.1 only and lives for one test process.
+// to it. Only the replication role is hapg's own: it streams WAL to the
+// replicas (Patroni's authentication.replication).
 const (
-	database          = "dislock"
-	appUser           = "dislock"
-	appPassword       = "dislock-secret"
-	superuser         = "postgres"
-	superuserPassword = "pgtest-superuser-secret"
-	// replicationUser streams WAL to the replicas (Patroni's
-	// authentication.replication).
 	replicationUser     = "replicator"
 	replicationPassword = "hapg-replication-secret"
-)
-
-// Bootstrap SQL, run as the superuser on the primary.
-const (
-	createRoleSQL     = "CREATE ROLE " + appUser + " LOGIN PASSWORD '" + appPassword + "'"
-	createDatabaseSQL = "CREATE DATABASE " + database + " OWNER " + appUser
 )
 
 // pgHBA: trust on the unix socket, which only the account (and root) may
@@ -41,69 +32,67 @@ var pgHBA = []string{
 	"host all all 127.0.0.1/32 scram-sha-256",
 }
 
-// dsn is a URL for user at 127.0.0.1:port, database "dislock".
-func dsn(user, password string, port int) string {
-	u := url.URL{
-		Scheme:   "postgres",
-		User:     url.UserPassword(user, password),
-		Host:     addr(port),
-		Path:     "/" + database,
-		RawQuery: "sslmode=disable",
-	}
-	return u.String()
+// appDSN connects to 127.0.0.1:port, database "dislock", as the application
+// role; superuserDSN as the superuser.
+func appDSN(port int) string { return pgtest.DSN(pgtest.AppUser, pgtest.AppPassword, port) }
+
+func superuserDSN(port int) string {
+	return pgtest.DSN(pgtest.Superuser, pgtest.SuperuserPassword, port)
 }
 
 // adminDSN connects as the superuser to the database "postgres", which
 // exists before "dislock" does: for setup and the harness's inspections.
 func adminDSN(port int) string {
-	return strings.Replace(dsn(superuser, superuserPassword, port), "/"+database+"?", "/postgres?", 1)
+	return strings.Replace(superuserDSN(port), "/"+pgtest.Database+"?", "/postgres?", 1)
 }
 
-// multiHostDSN is a libpq/pgx URL naming every port in order, which
-// connects to the first that accepts writes.
+// multiHostDSN is pgtest.DSN naming every port in order, with
+// target_session_attrs=read-write: it connects to the first that accepts
+// writes.
 func multiHostDSN(user, password string, ports []int) string {
 	hosts := make([]string, len(ports))
 	for i, p := range ports {
 		hosts[i] = addr(p)
 	}
-	u := url.URL{
-		Scheme:   "postgres",
-		User:     url.UserPassword(user, password),
-		Host:     strings.Join(hosts, ","),
-		Path:     "/" + database,
-		RawQuery: "sslmode=disable&target_session_attrs=read-write",
+	u, err := url.Parse(pgtest.DSN(user, password, ports[0]))
+	if err != nil {
+		panic(fmt.Sprintf("hapg: pgtest.DSN: %v", err))
 	}
+	u.Host = strings.Join(hosts, ",")
+	u.RawQuery += "&target_session_attrs=read-write"
 	return u.String()
+}
+
+// withConn runs f on a fresh connection to dsn, within timeout for both.
+func withConn(ctx context.Context, dsn string, timeout time.Duration, f func(context.Context, *pgx.Conn) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return f(ctx, conn)
 }
 
 // queryRow runs one query on a fresh connection (at most queryTimeout for
 // both) and scans its single row into dest.
 func queryRow(ctx context.Context, dsn, query string, dest ...any) error {
-	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	return conn.QueryRow(ctx, query).Scan(dest...)
+	return withConn(ctx, dsn, queryTimeout, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, query).Scan(dest...)
+	})
 }
 
 // execSQL runs statements in order on one fresh connection.
 func execSQL(ctx context.Context, dsn string, statements ...string) error {
-	ctx, cancel := context.WithTimeout(ctx, commandTimeout)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	for _, s := range statements {
-		if _, err := conn.Exec(ctx, s); err != nil {
-			return fmt.Errorf("%s: %w", s, err)
+	return withConn(ctx, dsn, commandTimeout, func(ctx context.Context, conn *pgx.Conn) error {
+		for _, s := range statements {
+			if _, err := conn.Exec(ctx, s); err != nil {
+				return fmt.Errorf("%s: %w", s, err)
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // isPrimary asks the server at dsn whether it is out of recovery.
@@ -125,23 +114,20 @@ type replica struct {
 
 // replicas lists the walsenders of the server at dsn (a superuser's: others
 // see no state).
-func replicas(ctx context.Context, dsn string) ([]replica, error) {
-	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, "SELECT application_name, coalesce(state, ''), coalesce(sync_state, '') FROM pg_stat_replication")
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (replica, error) {
-		var r replica
-		err := row.Scan(&r.name, &r.state, &r.syncState)
-		return r, err
+func replicas(ctx context.Context, dsn string) (rs []replica, err error) {
+	err = withConn(ctx, dsn, queryTimeout, func(ctx context.Context, conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, "SELECT application_name, coalesce(state, ''), coalesce(sync_state, '') FROM pg_stat_replication")
+		if err != nil {
+			return err
+		}
+		rs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (replica, error) {
+			var r replica
+			err := row.Scan(&r.name, &r.state, &r.syncState)
+			return r, err
+		})
+		return err
 	})
+	return rs, err
 }
 
 // pgConfString renders s as a postgresql.conf string literal.

@@ -58,10 +58,7 @@ type Options struct {
 // centre. Its methods are safe for concurrent use.
 type Cluster struct {
 	opts Options
-	bin  binaries
-	acct account
-	dir  string
-	wd   *harness.Watchdog
+	base
 
 	etcdPort, haproxyPort, statsPort int
 	// nodes and bouncers are fixed once Start returns; bouncers follow the
@@ -100,30 +97,42 @@ func Start(opts Options) (*Cluster, error) {
 	if opts.Nodes != 2 && opts.Nodes != 3 {
 		return nil, fmt.Errorf("hapg: Options.Nodes is %d; want 2 or 3", opts.Nodes)
 	}
-	bin, err := findBinaries()
+	b, err := newBase(opts.Name)
 	if err != nil {
 		return nil, err
+	}
+	c := &Cluster{opts: opts, base: b}
+	return harness.SetUp(c, c.setUp, (*Cluster).logTails)
+}
+
+// base is what a Cluster and a Pair start from: the programs, the account
+// they run as, and a fresh temp directory with its watchdog.
+type base struct {
+	bin  binaries
+	acct account
+	dir  string
+	wd   *harness.Watchdog
+}
+
+func newBase(name string) (base, error) {
+	bin, err := findBinaries()
+	if err != nil {
+		return base{}, err
 	}
 	acct, err := serverAccount()
 	if err != nil {
-		return nil, err
+		return base{}, err
 	}
-	dir, err := acct.prepareDir(label(opts.Name))
+	dir, err := acct.prepareDir(label(name))
 	if err != nil {
-		return nil, err
+		return base{}, err
 	}
 	wd, err := harness.StartWatchdog("hapg", watchdogScript, dir)
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		return nil, err
+		return base{}, err
 	}
-	c := &Cluster{opts: opts, bin: bin, acct: acct, dir: dir, wd: wd}
-	if err := c.setUp(); err != nil {
-		err = fmt.Errorf("%w\n%s", err, c.logTails())
-		_ = c.Close()
-		return nil, err
-	}
-	return c, nil
+	return base{bin: bin, acct: acct, dir: dir, wd: wd}, nil
 }
 
 func (c *Cluster) setUp() error {
@@ -140,7 +149,7 @@ func (c *Cluster) setUp() error {
 		dc := string(rune('a' + i))
 		n := &node{name: "pg-" + dc, dc: dc, dir: filepath.Join(c.dir, "pg-"+dc),
 			pgPort: ports[3+2*i], restPort: ports[4+2*i]}
-		if err := c.acct.mkdir(n.dir); err != nil {
+		if err := c.acct.Mkdir(n.dir); err != nil {
 			return fmt.Errorf("hapg: %w", err)
 		}
 		c.nodes = append(c.nodes, n)
@@ -150,7 +159,7 @@ func (c *Cluster) setUp() error {
 		if err != nil {
 			return err
 		}
-		if err := c.acct.writeFile(n.path("patroni.yml"), conf, 0o600); err != nil {
+		if err := c.acct.WriteFile(n.path("patroni.yml"), conf, 0o600); err != nil {
 			return fmt.Errorf("hapg: %w", err)
 		}
 		if _, err := c.startPatroni(n); err != nil {
@@ -165,8 +174,8 @@ func (c *Cluster) setUp() error {
 		return err
 	}
 	c.logf("%s is primary after %v", leader, time.Since(begun).Round(time.Millisecond))
-	if err := execSQL(ctx, c.nodeSuperuserDSN(leader), createRoleSQL, createDatabaseSQL); err != nil {
-		return fmt.Errorf("hapg: creating role and database %q: %w", database, err)
+	if err := execSQL(ctx, c.nodeSuperuserDSN(leader), pgtest.CreateRoleSQL, pgtest.CreateDatabaseSQL); err != nil {
+		return fmt.Errorf("hapg: creating role and database %q: %w", pgtest.Database, err)
 	}
 	if err := c.waitSync(ctx); err != nil {
 		return err
@@ -215,7 +224,7 @@ func (c *Cluster) startEtcd(clientPort, peerPort int) error {
 	c.etcd, c.etcdPort = p, clientPort
 	c.mu.Unlock()
 	err = waitFor(readyTimeout, func() error {
-		if !p.running() {
+		if !p.Running() {
 			return errExited
 		}
 		_, err := httpGet(context.Background(), client+"/health")
@@ -244,7 +253,7 @@ func (c *Cluster) startHAProxy(ctx context.Context) error {
 	c.haproxy = p
 	c.mu.Unlock()
 	err = poll(ctx, func() error {
-		if !p.running() {
+		if !p.Running() {
 			return errExited
 		}
 		leader, err := c.Leader(ctx)
@@ -298,7 +307,7 @@ var errExited = errors.New("process exited")
 // startPatroni starts n's Patroni, which starts (and if need be creates) its
 // PostgreSQL.
 func (c *Cluster) startPatroni(n *node) (*proc, error) {
-	p, err := startProc(n.dir, "patroni", c.acct.cred, c.bin.patroni, n.path("patroni.yml"))
+	p, err := startProc(n.dir, "patroni", c.acct.Cred, c.bin.patroni, n.path("patroni.yml"))
 	if err != nil {
 		return nil, err
 	}
@@ -341,18 +350,18 @@ func (c *Cluster) node(name string) *node {
 // NodeDSN connects straight to one node as the application role, whatever
 // its role in the cluster.
 func (c *Cluster) NodeDSN(name string) string {
-	return dsn(appUser, appPassword, c.node(name).pgPort)
+	return appDSN(c.node(name).pgPort)
 }
 
 func (c *Cluster) nodeSuperuserDSN(name string) string { return adminDSN(c.node(name).pgPort) }
 
 // HAProxyDSN connects through HAProxy, i.e. to the current primary, as the
 // application role.
-func (c *Cluster) HAProxyDSN() string { return dsn(appUser, appPassword, c.haproxyPort) }
+func (c *Cluster) HAProxyDSN() string { return appDSN(c.haproxyPort) }
 
 // SuperuserDSN connects through HAProxy as the superuser "postgres", for
 // setup and inspection.
-func (c *Cluster) SuperuserDSN() string { return dsn(superuser, superuserPassword, c.haproxyPort) }
+func (c *Cluster) SuperuserDSN() string { return superuserDSN(c.haproxyPort) }
 
 // MultiHostDSN names every node, in order, with target_session_attrs=
 // read-write: libpq and pgx try each and keep the first that accepts
@@ -362,7 +371,7 @@ func (c *Cluster) MultiHostDSN() string {
 	for _, n := range c.nodes {
 		ports = append(ports, n.pgPort)
 	}
-	return multiHostDSN(appUser, appPassword, ports)
+	return multiHostDSN(pgtest.AppUser, pgtest.AppPassword, ports)
 }
 
 // Bouncer returns data centre dc's PgBouncer (transaction pooling, in front
@@ -394,22 +403,18 @@ func (c *Cluster) Close() error {
 	for _, b := range c.bouncers {
 		errs = append(errs, b.Close())
 	}
-	errs = append(errs, c.haproxy.stop(syscall.SIGTERM, 5*time.Second))
+	errs = append(errs, c.haproxy.Stop(syscall.SIGTERM, 5*time.Second))
 	for _, n := range c.nodes {
-		n.patroni.signalGroup(syscall.SIGKILL)
+		n.patroni.SignalGroup(syscall.SIGKILL)
 	}
 	for _, n := range c.nodes {
 		if _, err := killPostmaster(n.dataDir(), syscall.SIGQUIT); err != nil {
 			errs = append(errs, fmt.Errorf("hapg: stopping %s: %w", n.name, err))
 		}
-		errs = append(errs, n.patroni.stop(syscall.SIGKILL, 5*time.Second))
+		errs = append(errs, n.patroni.Stop(syscall.SIGKILL, 5*time.Second))
 	}
-	errs = append(errs, c.etcd.stop(syscall.SIGTERM, 5*time.Second))
-	c.wd.Stop()
-	if err := os.RemoveAll(c.dir); err != nil {
-		errs = append(errs, fmt.Errorf("hapg: removing %s: %w", c.dir, err))
-	}
-	c.closeErr = errors.Join(errs...)
+	errs = append(errs, c.etcd.Stop(syscall.SIGTERM, 5*time.Second))
+	c.closeErr = c.wd.StopAndRemove(errs...)
 	c.logf("stopped; removed %s", c.dir)
 	return c.closeErr
 }
@@ -432,34 +437,16 @@ func (c *Cluster) logTails() string {
 }
 
 func (c *Cluster) logf(format string, args ...any) {
-	if c.opts.Logf != nil {
-		c.opts.Logf("hapg[%s]: "+format, append([]any{label(c.opts.Name)}, args...)...)
-	}
+	harness.Logf(c.opts.Logf, "hapg", label(c.opts.Name), format, args...)
 }
 
 // label turns a name into a short, path-safe label: unix socket paths must
 // stay under 107 bytes.
-func label(name string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(name) {
-		if b.Len() >= 20 {
-			break
-		}
-		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' {
-			b.WriteRune(r)
-		} else {
-			b.WriteRune('-')
-		}
-	}
-	if b.Len() == 0 {
-		return "pg"
-	}
-	return b.String()
-}
+func label(name string) string { return harness.Label(name, "pg") }
 
 // liveNodes are the nodes whose Patroni runs (not killed), in order.
 func (c *Cluster) liveNodes() []*node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return slices.DeleteFunc(slices.Clone(c.nodes), func(n *node) bool { return !n.patroni.running() })
+	return slices.DeleteFunc(slices.Clone(c.nodes), func(n *node) bool { return !n.patroni.Running() })
 }

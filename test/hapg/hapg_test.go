@@ -20,27 +20,17 @@ const attemptTimeout = 2 * time.Second
 
 // execOnce connects to dsn and runs one statement.
 func execOnce(ctx context.Context, dsn, sql string, args ...any) error {
-	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
+	return hapg.WithConn(ctx, dsn, attemptTimeout, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, sql, args...)
 		return err
-	}
-	defer conn.Close(context.Background())
-	_, err = conn.Exec(ctx, sql, args...)
-	return err
+	})
 }
 
 // queryOne connects to dsn and scans the single row of query into dest.
 func queryOne(ctx context.Context, dsn, query string, dest ...any) error {
-	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	return conn.QueryRow(ctx, query).Scan(dest...)
+	return hapg.WithConn(ctx, dsn, attemptTimeout, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, query).Scan(dest...)
+	})
 }
 
 // retryUntil repeats f until it succeeds or ctx ends, and returns when it

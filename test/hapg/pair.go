@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/test/harness"
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 // Names of a Pair's servers, for SuperuserDSN.
@@ -35,10 +36,7 @@ type PairOptions struct {
 // safe for concurrent use.
 type Pair struct {
 	opts PairOptions
-	bin  binaries
-	acct account
-	dir  string
-	wd   *harness.Watchdog
+	base
 	// ports stay fixed for the Pair's life.
 	primaryPort, standbyPort int
 
@@ -55,30 +53,12 @@ type Pair struct {
 // it streaming (synchronous_standby_names is empty: commits do not wait for
 // it) and returns once the primary's pg_stat_replication shows it streaming.
 func StartAsyncPair(opts PairOptions) (*Pair, error) {
-	bin, err := findBinaries()
+	b, err := newBase(opts.Name)
 	if err != nil {
 		return nil, err
 	}
-	acct, err := serverAccount()
-	if err != nil {
-		return nil, err
-	}
-	dir, err := acct.prepareDir(label(opts.Name))
-	if err != nil {
-		return nil, err
-	}
-	wd, err := harness.StartWatchdog("hapg", watchdogScript, dir)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	p := &Pair{opts: opts, bin: bin, acct: acct, dir: dir, wd: wd}
-	if err := p.setUp(); err != nil {
-		err = fmt.Errorf("%w\n%s", err, p.logTails())
-		_ = p.Close()
-		return nil, err
-	}
-	return p, nil
+	p := &Pair{opts: opts, base: b}
+	return harness.SetUp(p, p.setUp, (*Pair).logTails)
 }
 
 func (p *Pair) setUp() error {
@@ -89,21 +69,21 @@ func (p *Pair) setUp() error {
 	}
 	p.primaryPort, p.standbyPort = ports[0], ports[1]
 	for _, name := range []string{PairPrimary, PairStandby} {
-		if err := p.acct.mkdir(p.path(name)); err != nil {
+		if err := p.acct.Mkdir(p.path(name)); err != nil {
 			return fmt.Errorf("hapg: %w", err)
 		}
 	}
 
 	pwFile := p.path(PairPrimary, "superuser.pw")
-	if err := p.acct.writeFile(pwFile, superuserPassword+"\n", 0o600); err != nil {
+	if err := p.acct.WriteFile(pwFile, pgtest.SuperuserPassword+"\n", 0o600); err != nil {
 		return fmt.Errorf("hapg: %w", err)
 	}
-	if _, err := p.acct.run(p.dir, p.bin.initdb, "-D", p.dataDir(PairPrimary), "-U", superuser, "--pwfile="+pwFile,
+	if _, err := p.acct.run(p.dir, p.bin.initdb, "-D", p.dataDir(PairPrimary), "-U", pgtest.Superuser, "--pwfile="+pwFile,
 		"--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C", "--no-sync"); err != nil {
 		return fmt.Errorf("hapg: initdb: %w", err)
 	}
 	_ = os.Remove(pwFile)
-	if err := p.acct.writeFile(filepath.Join(p.dataDir(PairPrimary), "pg_hba.conf"), pairHBA, 0o600); err != nil {
+	if err := p.acct.WriteFile(filepath.Join(p.dataDir(PairPrimary), "pg_hba.conf"), pairHBA, 0o600); err != nil {
 		return fmt.Errorf("hapg: %w", err)
 	}
 	if err := p.appendConf(PairPrimary, pairConf(p.primaryPort, p.path(PairPrimary))); err != nil {
@@ -114,15 +94,15 @@ func (p *Pair) setUp() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	if err := execSQL(ctx, adminDSN(p.primaryPort), createRoleSQL, createDatabaseSQL); err != nil {
-		return fmt.Errorf("hapg: creating role and database %q: %w", database, err)
+	if err := execSQL(ctx, adminDSN(p.primaryPort), pgtest.CreateRoleSQL, pgtest.CreateDatabaseSQL); err != nil {
+		return fmt.Errorf("hapg: creating role and database %q: %w", pgtest.Database, err)
 	}
 
 	// -R writes standby.signal and a primary_conninfo with these
 	// credentials; the copied postgresql.conf then gets the standby's port
 	// and socket directory appended (later lines win).
 	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s application_name=%s",
-		p.primaryPort, superuser, superuserPassword, PairStandby)
+		p.primaryPort, pgtest.Superuser, pgtest.SuperuserPassword, PairStandby)
 	if _, err := p.acct.run(p.dir, p.bin.basebackup, "-D", p.dataDir(PairStandby), "-d", conninfo,
 		"-R", "-X", "stream", "-c", "fast", "--no-sync"); err != nil {
 		return fmt.Errorf("hapg: pg_basebackup: %w", err)
@@ -151,7 +131,7 @@ func (p *Pair) setUp() error {
 	return nil
 }
 
-// pairHBA is pgHBA with replication for the superuser, whom pg_basebackup
+// pairHBA is pgHBA with replication for the pgtest.Superuser, whom pg_basebackup
 // and the standby log in as.
 const pairHBA = `local all all trust
 host replication postgres 127.0.0.1/32 scram-sha-256
@@ -204,19 +184,19 @@ func (p *Pair) pgCtlStart(name string) error {
 }
 
 // PrimaryDSN connects straight to the primary as the application role.
-func (p *Pair) PrimaryDSN() string { return dsn(appUser, appPassword, p.primaryPort) }
+func (p *Pair) PrimaryDSN() string { return appDSN(p.primaryPort) }
 
 // StandbyDSN connects straight to the standby as the application role:
 // read-only until ResumeAndPromote.
-func (p *Pair) StandbyDSN() string { return dsn(appUser, appPassword, p.standbyPort) }
+func (p *Pair) StandbyDSN() string { return appDSN(p.standbyPort) }
 
 // SuperuserDSN connects to PairPrimary or PairStandby as the superuser.
 func (p *Pair) SuperuserDSN(name string) string {
 	switch name {
 	case PairPrimary:
-		return dsn(superuser, superuserPassword, p.primaryPort)
+		return superuserDSN(p.primaryPort)
 	case PairStandby:
-		return dsn(superuser, superuserPassword, p.standbyPort)
+		return superuserDSN(p.standbyPort)
 	}
 	panic(fmt.Sprintf("hapg: no server %q in a Pair (have %q and %q)", name, PairPrimary, PairStandby))
 }
@@ -367,11 +347,7 @@ func (p *Pair) Close() error {
 			errs = append(errs, fmt.Errorf("hapg: stopping the %s: %w", name, err))
 		}
 	}
-	p.wd.Stop()
-	if err := os.RemoveAll(p.dir); err != nil {
-		errs = append(errs, fmt.Errorf("hapg: removing %s: %w", p.dir, err))
-	}
-	p.closeErr = errors.Join(errs...)
+	p.closeErr = p.wd.StopAndRemove(errs...)
 	p.logf("stopped; removed %s", p.dir)
 	return p.closeErr
 }
@@ -387,7 +363,5 @@ func (p *Pair) path(elem ...string) string {
 func (p *Pair) dataDir(name string) string { return p.path(name, "data") }
 
 func (p *Pair) logf(format string, args ...any) {
-	if p.opts.Logf != nil {
-		p.opts.Logf("hapg-pair[%s]: "+format, append([]any{label(p.opts.Name)}, args...)...)
-	}
+	harness.Logf(p.opts.Logf, "hapg-pair", label(p.opts.Name), format, args...)
 }

@@ -9,21 +9,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/kube"
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 // ErrMissingBinary is returned (wrapped) by Start and StartAsyncPair when a
@@ -136,85 +133,16 @@ func pgVersion(binDir string) []int {
 }
 
 // account is the OS user PostgreSQL and Patroni run as.
-type account struct {
-	// cred is nil when they run as the current user.
-	cred     *syscall.Credential
-	uid, gid int
-}
+type account struct{ harness.Account }
 
 func serverAccount() (account, error) {
-	if os.Geteuid() != 0 {
-		return account{}, nil
-	}
-	u, err := user.Lookup(postgresAccount)
-	if err != nil {
-		return account{}, fmt.Errorf("hapg: running as root needs the %q system user (created by apt-get install -y postgresql): %w",
-			postgresAccount, err)
-	}
-	uid, err1 := strconv.Atoi(u.Uid)
-	gid, err2 := strconv.Atoi(u.Gid)
-	if err := errors.Join(err1, err2); err != nil {
-		return account{}, fmt.Errorf("hapg: user %q: %w", postgresAccount, err)
-	}
-	return account{cred: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, uid: uid, gid: gid}, nil
-}
-
-func (a account) chown(path string) error {
-	if a.cred == nil {
-		return nil
-	}
-	return os.Chown(path, a.uid, a.gid)
-}
-
-// mkdir creates dir (mode 0755) owned by the account.
-func (a account) mkdir(dir string) error {
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		return err
-	}
-	return a.chown(dir)
-}
-
-// writeFile creates path with data and perm, owned by the account.
-func (a account) writeFile(path, data string, perm os.FileMode) error {
-	if err := os.WriteFile(path, []byte(data), perm); err != nil {
-		return err
-	}
-	return a.chown(path)
+	a, err := harness.ServerAccount("hapg", postgresAccount, "created by apt-get install -y postgresql")
+	return account{a}, err
 }
 
 // prepareDir makes a fresh temp directory that the account can traverse and
-// write, after checking that it can reach it at all: root can, so without
-// this check the first program would fail with a bare EACCES.
-func (a account) prepareDir(label string) (string, error) {
-	dir, err := os.MkdirTemp("", "hapg-"+label+"-")
-	if err != nil {
-		return "", fmt.Errorf("hapg: creating temp dir: %w", err)
-	}
-	if err := errors.Join(a.checkSearchable(dir), os.Chmod(dir, 0o755), a.chown(dir)); err != nil {
-		_ = os.RemoveAll(dir)
-		return "", fmt.Errorf("hapg: preparing %s: %w", dir, err)
-	}
-	return dir, nil
-}
-
-func (a account) checkSearchable(dir string) error {
-	if a.cred == nil {
-		return nil
-	}
-	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
-		fi, err := os.Stat(d)
-		if err != nil {
-			return err
-		}
-		if fi.Mode().Perm()&0o001 == 0 {
-			return fmt.Errorf("directory %s (mode %v) is not searchable by user %q; "+
-				"set TMPDIR to a world-searchable directory such as /tmp", d, fi.Mode().Perm(), postgresAccount)
-		}
-		if d == filepath.Dir(d) {
-			return nil
-		}
-	}
-}
+// write.
+func (a account) prepareDir(label string) (string, error) { return a.TempDir("hapg-" + label + "-") }
 
 // childEnv is our environment without the variables that would configure
 // a started program behind its config's back (PG*, PATRONI_*, ETCD_*) or
@@ -237,7 +165,7 @@ func (a account) run(dir, path string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Dir = dir
 	cmd.Env = childEnv(dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: a.cred, Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: a.Cred, Setpgid: true}
 	// pg_ctl leaves the postmaster behind; should it ever hold our output
 	// pipe, give up on the pipe rather than hang.
 	cmd.WaitDelay = 5 * time.Second
@@ -248,118 +176,28 @@ func (a account) run(dir, path string, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// spawnRequests feeds the spawner goroutine.
-var (
-	spawnOnce     sync.Once
-	spawnRequests chan spawnRequest
-)
-
-type spawnRequest struct {
-	cmd  *exec.Cmd
-	done chan<- error
-}
-
-// spawn starts cmd from one OS thread that lives as long as the process. The
-// children get SIGKILL as their parent-death signal, which Linux sends when
-// the thread that forked them exits; Go retires other threads freely.
-func spawn(cmd *exec.Cmd) error {
-	spawnOnce.Do(func() {
-		spawnRequests = make(chan spawnRequest)
-		go func() {
-			runtime.LockOSThread() // never unlocked
-			for r := range spawnRequests {
-				r.done <- r.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	spawnRequests <- spawnRequest{cmd: cmd, done: done}
-	return <-done
-}
-
 // proc is one long-running program the harness started: etcd, HAProxy or a
 // Patroni.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	// exited is closed once the process has been reaped.
-	exited chan struct{}
-	// pidFile tells the watchdog whom to kill; removed once reaped.
-	pidFile, logFile string
-}
+type proc = harness.Proc
 
 // startProc starts path in dir, as cred (nil: as us), in its own process
-// group, with its output appended to dir/<name>.log.
+// group, with its output appended to dir/<name>.log; it dies with the test
+// process.
 func startProc(dir, name string, cred *syscall.Credential, path string, args ...string) (*proc, error) {
-	logFile := filepath.Join(dir, name+".log")
-	out, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("hapg: starting %s: %w", name, err)
-	}
-	fmt.Fprintf(out, "--- hapg %s: %s %s\n", time.Now().Format(time.TimeOnly), path, strings.Join(args, " "))
 	cmd := exec.Command(path, args...)
 	cmd.Dir = dir
 	cmd.Env = childEnv(dir)
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	err = spawn(cmd)
-	out.Close()
-	if err != nil {
-		return nil, fmt.Errorf("hapg: starting %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, exited: make(chan struct{}),
-		pidFile: filepath.Join(dir, name+".pid"), logFile: logFile}
-	_ = os.WriteFile(p.pidFile, fmt.Appendf(nil, "%d\n", cmd.Process.Pid), 0o644)
-	go func() {
-		_ = cmd.Wait()
-		_ = os.Remove(p.pidFile)
-		close(p.exited)
-	}()
-	return p, nil
-}
-
-// running reports whether p is a live process (false for nil).
-func (p *proc) running() bool { return p != nil && !harness.Closed(p.exited) }
-
-// signalGroup sends sig to p's process group (its children included).
-func (p *proc) signalGroup(sig syscall.Signal) {
-	if p.running() {
-		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
-	}
-}
-
-// stop sends sig to the group, SIGKILL after grace, and waits until p has
-// been reaped. Stopping a stopped process is a no-op.
-func (p *proc) stop(sig syscall.Signal, grace time.Duration) error {
-	if !p.running() {
-		return nil
-	}
-	p.signalGroup(sig)
-	select {
-	case <-p.exited:
-		return nil
-	case <-time.After(grace):
-	}
-	p.signalGroup(syscall.SIGKILL)
-	select {
-	case <-p.exited:
-		return nil
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("hapg: %s (pid %d) still running 10s after SIGKILL", p.name, p.cmd.Process.Pid)
-	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	header := fmt.Sprintf("--- hapg %s: %s %s", time.Now().Format(time.TimeOnly), path, strings.Join(args, " "))
+	return harness.StartProc("hapg", dir, name, header, cmd)
 }
 
 // postmasterPID reads the pid of the postmaster from its lock file; ok is
 // false when there is none or it names no live postgres process (a
 // postmaster killed with SIGKILL leaves the file behind).
 func postmasterPID(dataDir string) (pid int, ok bool) {
-	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
-	if err != nil {
-		return 0, false
-	}
-	first, _, _ := strings.Cut(string(b), "\n")
-	pid, err = strconv.Atoi(strings.TrimSpace(first))
-	if err != nil || pid <= 0 || !alive(pid) {
+	pid, ok = pgtest.PostmasterPID(dataDir)
+	if !ok || pid <= 0 || !alive(pid) {
 		return 0, false
 	}
 	comm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
@@ -367,17 +205,6 @@ func postmasterPID(dataDir string) (pid int, ok bool) {
 		return 0, false
 	}
 	return pid, true
-}
-
-// alive reports whether pid is a process that has not exited (a zombie has:
-// a postmaster is not our child and waits for init to reap it).
-func alive(pid int) bool {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return false
-	}
-	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
 }
 
 // postgresProcs lists the live processes of the PostgreSQL in dataDir: the
@@ -483,15 +310,8 @@ done
 rm -rf "$dir"
 `
 
-func addr(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
-
-func dial(port int) error {
-	c, err := net.DialTimeout("tcp", addr(port), time.Second)
-	if err == nil {
-		c.Close()
-	}
-	return err
-}
+// addr, dial and alive are harness's.
+var addr, dial, alive = harness.Addr, harness.Dial, harness.Alive
 
 // waitFor polls f until it succeeds or timeout passes, returning its last
 // error.

@@ -1,7 +1,8 @@
-// Package harness is the shared plumbing of the test harnesses (pgtest and
-// kube): the lifecycle of a per-test or per-binary instance (New, Main, Need,
-// Missing), the watchdog that cleans up after a test process that died, and
-// free ports.
+// Package harness is the shared plumbing of the test harnesses (pgtest,
+// hapg and kube): the lifecycle of a per-test or per-binary instance (New,
+// SetUp, Main, Need, Missing), the watchdog that cleans up after a test
+// process that died, the OS account servers run as, programs that die with
+// the test process (StartProc), and free ports.
 package harness
 
 import (
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -45,6 +47,51 @@ func New[T io.Closer](t testing.TB, start func() (T, error), missing error, tail
 		}
 	})
 	return v
+}
+
+// SetUp finishes starting the instance v: it runs setUp and, should that
+// fail, closes v and returns setUp's error, followed by tails(v) unless tails
+// is nil.
+func SetUp[T io.Closer](v T, setUp func() error, tails func(T) string) (T, error) {
+	if err := setUp(); err != nil {
+		if tails != nil {
+			err = fmt.Errorf("%w\n%s", err, tails(v))
+		}
+		_ = v.Close()
+		var zero T
+		return zero, err
+	}
+	return v, nil
+}
+
+// Label turns an instance's name into a short, path-safe label (fallback if
+// nothing is left of it): unix socket paths in a temp directory named after
+// it must stay under the kernel's 107-byte limit.
+func Label(name, fallback string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		if b.Len() >= 20 {
+			break
+		}
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_':
+			b.WriteRune(r)
+		default:
+			b.WriteRune('-')
+		}
+	}
+	if b.Len() == 0 {
+		return fallback
+	}
+	return b.String()
+}
+
+// Logf sends a progress line, prefixed "<prefix>[<label>]: ", to logf; nil
+// logf is silent.
+func Logf(logf func(format string, args ...any), prefix, label, format string, args ...any) {
+	if logf != nil {
+		logf(prefix+"[%s]: "+format, append([]any{label}, args...)...)
+	}
 }
 
 // Shared is the instance a test binary shares, set up by Main. The fields

@@ -2,12 +2,16 @@ package harness
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Watchdog is a /bin/sh script running beside an instance. Its stdin is a
@@ -16,7 +20,9 @@ import (
 // without Stop having dismissed the watchdog: the script then cleans up what
 // the instance's Close would have.
 type Watchdog struct {
-	cmd *exec.Cmd
+	// label and dir are StartWatchdog's.
+	label, dir string
+	cmd        *exec.Cmd
 	// lifeline is the pipe's write end. Closing it (or losing it: *os.File
 	// closes itself when collected) fires the watchdog.
 	lifeline *os.File
@@ -38,7 +44,7 @@ func StartWatchdog(label, script, dir string) (*Watchdog, error) {
 		w.Close()
 		return nil, fmt.Errorf("%s: starting watchdog: %w", label, err)
 	}
-	return &Watchdog{cmd: cmd, lifeline: w}, nil
+	return &Watchdog{label: label, dir: dir, cmd: cmd, lifeline: w}, nil
 }
 
 // Stop dismisses the watchdog without letting it act: Close has done its job.
@@ -48,12 +54,48 @@ func (w *Watchdog) Stop() {
 	_ = w.lifeline.Close()
 }
 
+// StopAndRemove ends an instance's Close: it dismisses the watchdog (Stop),
+// removes the directory it watches and returns errs joined with the
+// removal's error, if any.
+func (w *Watchdog) StopAndRemove(errs ...error) error {
+	w.Stop()
+	if err := os.RemoveAll(w.dir); err != nil {
+		errs = append(errs, fmt.Errorf("%s: removing %s: %w", w.label, w.dir, err))
+	}
+	return errors.Join(errs...)
+}
+
 // Pid is the watchdog's process id.
 func (w *Watchdog) Pid() int { return w.cmd.Process.Pid }
 
 // Abandon closes the lifeline, which is what the death of the test process
 // looks like to the watchdog: it fires. For tests of the watchdog itself.
 func (w *Watchdog) Abandon() { _ = w.lifeline.Close() }
+
+// Addr is 127.0.0.1:port, where the harnesses' servers listen.
+func Addr(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
+
+// Dial opens and closes a TCP connection to 127.0.0.1:port (within a
+// second): nil means something accepts connections there.
+func Dial(port int) error {
+	c, err := net.DialTimeout("tcp", Addr(port), time.Second)
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
+// Alive reports whether pid is a process that has not exited. A zombie has:
+// a daemon such as a postmaster is not our child and waits for init to reap
+// it.
+func Alive(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
+}
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 // Another process may take it before it is bound; callers pick again then.

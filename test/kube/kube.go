@@ -20,12 +20,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/dislock/dislock/test/harness"
@@ -131,12 +131,7 @@ func Start(opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{opts: opts, bins: bins, dir: dir, wd: wd}
-	if err := c.setUp(); err != nil {
-		err = fmt.Errorf("%w\n%s", err, c.logTails())
-		_ = c.Close()
-		return nil, err
-	}
-	return c, nil
+	return harness.SetUp(c, c.setUp, (*Cluster).logTails)
 }
 
 func (c *Cluster) setUp() error {
@@ -379,15 +374,11 @@ func (c *Cluster) Close() error {
 	c.closed = true
 	var errs []error
 	for i := len(c.procs) - 1; i >= 0; i-- {
-		if err := c.procs[i].stop(); err != nil {
+		if err := c.procs[i].Stop(syscall.SIGTERM, stopGrace); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	c.wd.Stop()
-	if err := os.RemoveAll(c.dir); err != nil {
-		errs = append(errs, fmt.Errorf("kube: removing %s: %w", c.dir, err))
-	}
-	c.closeErr = errors.Join(errs...)
+	c.closeErr = c.wd.StopAndRemove(errs...)
 	c.logf("stopped; removed %s", c.dir)
 	return c.closeErr
 }
@@ -398,8 +389,8 @@ func (c *Cluster) pids() map[string]int {
 	defer c.mu.Unlock()
 	out := make(map[string]int)
 	for _, p := range c.procs {
-		if p.running() {
-			out[p.name] = p.cmd.Process.Pid
+		if p.Running() {
+			out[p.Name()] = p.Pid()
 		}
 	}
 	return out
@@ -440,9 +431,7 @@ func (c *Cluster) caFile() string { return filepath.Join(c.certDir(), "apiserver
 func (c *Cluster) path(name string) string { return filepath.Join(c.dir, name) }
 
 func (c *Cluster) logf(format string, args ...any) {
-	if c.opts.Logf != nil {
-		c.opts.Logf("kube[%s]: "+format, append([]any{dirLabel(c.opts.Name)}, args...)...)
-	}
+	harness.Logf(c.opts.Logf, "kube", dirLabel(c.opts.Name), format, args...)
 }
 
 // findBinaries returns the path of each named binary in dir; every missing one
@@ -507,24 +496,7 @@ func certPool(pemData []byte) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-func addr(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
+var addr = harness.Addr
 
 // dirLabel turns Options.Name into a short, path-safe label.
-func dirLabel(name string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(name) {
-		if b.Len() >= 20 {
-			break
-		}
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_':
-			b.WriteRune(r)
-		default:
-			b.WriteRune('-')
-		}
-	}
-	if b.Len() == 0 {
-		return "kube"
-	}
-	return b.String()
-}
+func dirLabel(name string) string { return harness.Label(name, "kube") }

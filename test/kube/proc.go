@@ -12,13 +12,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/dislock/dislock/test/harness"
@@ -36,125 +31,21 @@ const (
 // errExited reports that a component exited while being waited for.
 var errExited = errors.New("process exited")
 
-// spawnRequests feeds the spawner goroutine.
-var (
-	spawnOnce     sync.Once
-	spawnRequests chan spawnRequest
-)
-
-type spawnRequest struct {
-	cmd  *exec.Cmd
-	done chan<- error
-}
-
-// spawn starts cmd from the spawner's OS thread. The children get SIGKILL as
-// their parent-death signal, so that they die with the test process even when
-// it is killed with SIGKILL and nothing of ours runs. Linux sends that signal
-// when the *thread* that forked the child exits, not the process, and Go
-// retires threads freely; so every child is forked by one goroutine that
-// locks its thread and never returns, which keeps that thread alive exactly
-// as long as the process.
-func spawn(cmd *exec.Cmd) error {
-	spawnOnce.Do(func() {
-		spawnRequests = make(chan spawnRequest)
-		go spawner()
-	})
-	done := make(chan error, 1)
-	spawnRequests <- spawnRequest{cmd: cmd, done: done}
-	return <-done
-}
-
-func spawner() {
-	runtime.LockOSThread() // never unlocked: see spawn
-	for r := range spawnRequests {
-		r.done <- r.cmd.Start()
-	}
-}
-
 // proc is one running component.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	// exited is closed once the process has been reaped.
-	exited chan struct{}
-	// pidFile tells the watchdog whom to kill; removed once reaped.
-	pidFile string
-	logFile string
-}
+type proc = harness.Proc
 
 // startProc starts a component in dir with its output appended to
-// dir/<name>.log.
+// dir/<name>.log; it dies with the test process.
 func startProc(dir, name, path string, args []string) (*proc, error) {
-	logFile := filepath.Join(dir, name+".log")
-	out, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("kube: starting %s: %w", name, err)
-	}
-	fmt.Fprintf(out, "--- kube: %s %s\n", path, strings.Join(args, " "))
 	cmd := exec.Command(path, args...)
 	cmd.Dir = dir
 	cmd.Env = childEnv()
-	// Output goes straight to the file: no copying goroutine, and nothing is
-	// lost if the component dies early.
-	cmd.Stdout, cmd.Stderr = out, out
-	// Own process group: a ^C aimed at `go test` must not reach the
-	// components first; Close (or the parent-death signal) stops them.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	err = spawn(cmd)
-	out.Close()
-	if err != nil {
-		return nil, fmt.Errorf("kube: starting %s: %w", name, err)
-	}
-	p := &proc{
-		name:    name,
-		cmd:     cmd,
-		exited:  make(chan struct{}),
-		pidFile: filepath.Join(dir, name+".pid"),
-		logFile: logFile,
-	}
-	_ = os.WriteFile(p.pidFile, fmt.Appendf(nil, "%d\n", cmd.Process.Pid), 0o644)
-	go func() {
-		_ = cmd.Wait()
-		_ = os.Remove(p.pidFile)
-		close(p.exited)
-	}()
-	return p, nil
-}
-
-func (p *proc) running() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// stop sends SIGTERM, then SIGKILL after stopGrace, and waits until the
-// process has been reaped. Stopping an exited process is a no-op.
-func (p *proc) stop() error {
-	if !p.running() {
-		return nil
-	}
-	pid := p.cmd.Process.Pid
-	_ = syscall.Kill(-pid, syscall.SIGTERM)
-	select {
-	case <-p.exited:
-		return nil
-	case <-time.After(stopGrace):
-	}
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
-	select {
-	case <-p.exited:
-		return nil
-	case <-time.After(stopGrace):
-		return fmt.Errorf("kube: %s (pid %d) still running %v after SIGKILL", p.name, pid, stopGrace)
-	}
+	return harness.StartProc("kube", dir, name, fmt.Sprintf("--- kube: %s %s", path, strings.Join(args, " ")), cmd)
 }
 
 // exitError describes how the process ended, once it has.
-func (p *proc) exitError() error {
-	return fmt.Errorf("%s %w (%v)", p.name, errExited, p.cmd.ProcessState)
+func exitError(p *proc) error {
+	return fmt.Errorf("%s %w (%v)", p.Name(), errExited, p.State())
 }
 
 // childEnv is our environment without variables that would configure the
@@ -172,11 +63,11 @@ func waitReady(p *proc, probe func() error) error {
 		if err == nil {
 			return nil
 		}
-		if !p.running() {
-			return p.exitError()
+		if !p.Running() {
+			return exitError(p)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready within %v: %w", p.name, readyTimeout, err)
+			return fmt.Errorf("%s not ready within %v: %w", p.Name(), readyTimeout, err)
 		}
 		time.Sleep(pollInterval)
 	}

@@ -517,11 +517,4 @@ func TestStartWithoutContainerdSaysHowToInstallIt(t *testing.T) {
 
 // alive reports whether pid is a process that has not exited: a zombie
 // (a shim killed and not yet reaped by init) has.
-func alive(pid int) bool {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return false
-	}
-	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
-}
+var alive = harness.Alive

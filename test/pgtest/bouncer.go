@@ -61,20 +61,29 @@ func (s *Server) AddBouncer(name string) (*Bouncer, error) {
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b, b.startOnFreePortLocked(func(port int) string {
+		return bouncerConf(s.pgPort, port, extraPoolSize, s.path("pgbouncer.users"), b.pid)
+	})
+}
+
+// startOnFreePortLocked picks a free port, writes conf(port) to b's ini file
+// and starts pgbouncer there. Should another process take the port before
+// pgbouncer binds it, it picks another, up to portAttempts times.
+func (b *Bouncer) startOnFreePortLocked(conf func(port int) string) error {
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		b.port = port
-		if err := s.acct.writeFile(b.ini, bouncerConf(s.pgPort, port, extraPoolSize, s.path("pgbouncer.users"), b.pid), 0o644); err != nil {
-			return nil, fmt.Errorf("pgtest: writing %s: %w", b.ini, err)
+		if err := b.s.acct.WriteFile(b.ini, conf(port), 0o644); err != nil {
+			return fmt.Errorf("pgtest: writing %s: %w", b.ini, err)
 		}
 		err = b.startLocked()
 		if err == nil || attempt == portAttempts || dial(port) != nil {
-			return b, err
+			return err
 		}
-		s.logf("port %d was taken before pgbouncer %s could bind it; picking another", port, name)
+		b.s.logf("port %d was taken before pgbouncer %s could bind it; picking another", port, b.name)
 	}
 }
 
@@ -82,7 +91,7 @@ func (s *Server) AddBouncer(name string) (*Bouncer, error) {
 func (b *Bouncer) Name() string { return b.name }
 
 // DSN connects through this bouncer as the application role.
-func (b *Bouncer) DSN() string { return dsn(appUser, appPassword, b.port) }
+func (b *Bouncer) DSN() string { return DSN(AppUser, AppPassword, b.port) }
 
 // Start starts a stopped bouncer again on the same port and returns once a
 // query through it succeeds (if postgres is up). Starting a running bouncer
@@ -259,7 +268,7 @@ func (p *bouncerProc) kill(pidFile string) {
 func (s *Server) waitQuery(port int, exited <-chan struct{}, logFile string) error {
 	// connect_timeout: should pgbouncer have lost its port to another
 	// process, that one may accept connections and never answer.
-	probe := dsn(appUser, appPassword, port) + "&connect_timeout=5"
+	probe := DSN(AppUser, AppPassword, port) + "&connect_timeout=5"
 	err := retry(func() error {
 		select {
 		case <-exited:

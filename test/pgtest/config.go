@@ -2,24 +2,42 @@ package pgtest
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 )
 
 // Credentials of the throwaway cluster. They are constants because the
-// cluster only listens on 127.0.0.1 and lives for one test process.
+// cluster only listens on 127.0.0.1 and lives for one test process. hapg's
+// clusters use the same, so that anything written against pgtest can point
+// at them, and so that a PgBouncer of pgtest's (whose auth_file holds these
+// passwords) logs in to them.
 const (
-	database          = "dislock"
-	appUser           = "dislock"
-	appPassword       = "dislock-secret"
-	superuser         = "postgres"
-	superuserPassword = "pgtest-superuser-secret"
+	Database          = "dislock"
+	AppUser           = "dislock"
+	AppPassword       = "dislock-secret"
+	Superuser         = "postgres"
+	SuperuserPassword = "pgtest-superuser-secret"
 )
 
-// Bootstrap SQL, run over the private unix socket as the superuser.
+// Bootstrap SQL, run as the superuser (by pgtest over the private unix
+// socket).
 const (
-	createRoleSQL     = "CREATE ROLE " + appUser + " LOGIN PASSWORD '" + appPassword + "'"
-	createDatabaseSQL = "CREATE DATABASE " + database + " OWNER " + appUser
+	CreateRoleSQL     = "CREATE ROLE " + AppUser + " LOGIN PASSWORD '" + AppPassword + "'"
+	CreateDatabaseSQL = "CREATE DATABASE " + Database + " OWNER " + AppUser
 )
+
+// DSN is a URL for user at 127.0.0.1:port, database "dislock", without TLS:
+// postgres://user:password@127.0.0.1:port/dislock?sslmode=disable.
+func DSN(user, password string, port int) string {
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.UserPassword(user, password),
+		Host:     addr(port),
+		Path:     "/" + Database,
+		RawQuery: "sslmode=disable",
+	}
+	return u.String()
+}
 
 // postgresConf is appended to the postgresql.conf that initdb wrote, so that a
 // plain `pg_ctl start` (StartPostgres) brings the server back with the same
@@ -102,7 +120,7 @@ server_login_retry = 1
 ; No logfile: in the foreground PgBouncer logs to stderr, which the harness
 ; sends to pgbouncer.log; a logfile would receive every line a second time.
 pidfile = %s
-`, database, host, pgPort, database, port, authFile, superuser, poolSize, pidFile)
+`, Database, host, pgPort, Database, port, authFile, Superuser, poolSize, pidFile)
 }
 
 // bouncerAuthFile lists plain-text passwords: from them PgBouncer 1.18 both
@@ -110,8 +128,8 @@ pidfile = %s
 // PostgreSQL, and the harness need not compute SCRAM secrets itself.
 func bouncerAuthFile() string {
 	return fmt.Sprintf("%s %s\n%s %s\n",
-		bouncerQuote(appUser), bouncerQuote(appPassword),
-		bouncerQuote(superuser), bouncerQuote(superuserPassword))
+		bouncerQuote(AppUser), bouncerQuote(AppPassword),
+		bouncerQuote(Superuser), bouncerQuote(SuperuserPassword))
 }
 
 // pgQuote renders s as a postgresql.conf string literal.

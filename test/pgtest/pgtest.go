@@ -29,7 +29,6 @@ package pgtest
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,7 +62,7 @@ type Target struct {
 type Server struct {
 	opts Options
 	bin  binaries
-	acct account
+	acct harness.Account
 	dir  string
 	// pgPort and bouncerPort stay fixed across restarts.
 	pgPort, bouncerPort int
@@ -92,6 +91,16 @@ const bouncerStopGrace = 10 * time.Second
 // and a query through pgbouncer succeeds. A missing program yields an error
 // wrapping ErrMissingBinary that names the apt packages to install.
 func Start(opts Options) (*Server, error) {
+	s, err := newServer(opts)
+	if err != nil {
+		return nil, err
+	}
+	return harness.SetUp(s, s.setUp, nil)
+}
+
+// newServer finds the programs and the account, and makes the temp
+// directory with its watchdog: a Server that has started nothing yet.
+func newServer(opts Options) (*Server, error) {
 	bin, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -100,27 +109,18 @@ func Start(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "pgtest-"+dirLabel(opts.Name)+"-")
-	if err != nil {
-		return nil, fmt.Errorf("pgtest: creating temp dir: %w", err)
-	}
 	// The server account must be able to traverse and write the directory;
 	// the data directory inside it is initdb's and stays 0700.
-	if err := errors.Join(acct.checkSearchable(dir), os.Chmod(dir, 0o755), acct.chown(dir)); err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("pgtest: preparing %s: %w", dir, err)
+	dir, err := acct.TempDir("pgtest-" + dirLabel(opts.Name) + "-")
+	if err != nil {
+		return nil, err
 	}
 	wd, err := harness.StartWatchdog("pgtest", watchdogScript, dir)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	s := &Server{opts: opts, bin: bin, acct: acct, dir: dir, wd: wd}
-	if err := s.setUp(); err != nil {
-		_ = s.Close()
-		return nil, err
-	}
-	return s, nil
+	return &Server{opts: opts, bin: bin, acct: acct, dir: dir, wd: wd}, nil
 }
 
 // portAttempts bounds how often Start picks a new port because another process
@@ -154,9 +154,9 @@ func (s *Server) setUp() error {
 		s.logf("port %d was taken before postgres could bind it; picking another", s.pgPort)
 	}
 	if _, err := s.run(s.bin.psql, "-X", "-q", "-v", "ON_ERROR_STOP=1",
-		"-h", s.dir, "-p", strconv.Itoa(s.pgPort), "-U", superuser, "-d", "postgres",
-		"-c", createRoleSQL, "-c", createDatabaseSQL); err != nil {
-		return fmt.Errorf("pgtest: creating role and database %q: %w", database, err)
+		"-h", s.dir, "-p", strconv.Itoa(s.pgPort), "-U", Superuser, "-d", "postgres",
+		"-c", CreateRoleSQL, "-c", CreateDatabaseSQL); err != nil {
+		return fmt.Errorf("pgtest: creating role and database %q: %w", Database, err)
 	}
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()
@@ -184,18 +184,18 @@ func (s *Server) setUp() error {
 // initdb creates the cluster with a superuser password and our pg_hba.conf.
 func (s *Server) initdb() error {
 	pwFile := s.path("superuser.pw")
-	if err := s.acct.writeFile(pwFile, superuserPassword+"\n", 0o600); err != nil {
+	if err := s.acct.WriteFile(pwFile, SuperuserPassword+"\n", 0o600); err != nil {
 		return fmt.Errorf("pgtest: writing superuser password file: %w", err)
 	}
 	defer os.Remove(pwFile)
 	// --no-sync skips initdb's final flush of the new cluster to disk, which
 	// only matters if the OS crashes (ending the test run anyway). The
 	// server's own fsync stays on.
-	if _, err := s.run(s.bin.initdb, "-D", s.dataDir(), "-U", superuser, "--pwfile="+pwFile,
+	if _, err := s.run(s.bin.initdb, "-D", s.dataDir(), "-U", Superuser, "--pwfile="+pwFile,
 		"--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C", "--no-sync"); err != nil {
 		return fmt.Errorf("pgtest: initdb: %w", err)
 	}
-	if err := s.acct.writeFile(filepath.Join(s.dataDir(), "pg_hba.conf"), pgHBA, 0o600); err != nil {
+	if err := s.acct.WriteFile(filepath.Join(s.dataDir(), "pg_hba.conf"), pgHBA, 0o600); err != nil {
 		return fmt.Errorf("pgtest: writing pg_hba.conf: %w", err)
 	}
 	return nil
@@ -217,11 +217,11 @@ func (s *Server) configurePostgres() error {
 
 func (s *Server) writeBouncerConfig() error {
 	authFile := s.path("pgbouncer.users")
-	if err := s.acct.writeFile(authFile, bouncerAuthFile(), 0o600); err != nil {
+	if err := s.acct.WriteFile(authFile, bouncerAuthFile(), 0o600); err != nil {
 		return fmt.Errorf("pgtest: writing pgbouncer auth_file: %w", err)
 	}
 	conf := bouncerConf(s.pgPort, s.bouncerPort, mainPoolSize, authFile, s.path("pgbouncer.pid"))
-	if err := s.acct.writeFile(s.path("pgbouncer.ini"), conf, 0o644); err != nil {
+	if err := s.acct.WriteFile(s.path("pgbouncer.ini"), conf, 0o644); err != nil {
 		return fmt.Errorf("pgtest: writing pgbouncer.ini: %w", err)
 	}
 	return nil
@@ -229,14 +229,14 @@ func (s *Server) writeBouncerConfig() error {
 
 // DirectDSN connects straight to postgres as the application role:
 // postgres://dislock:dislock-secret@127.0.0.1:PORT/dislock?sslmode=disable.
-func (s *Server) DirectDSN() string { return dsn(appUser, appPassword, s.pgPort) }
+func (s *Server) DirectDSN() string { return DSN(AppUser, AppPassword, s.pgPort) }
 
 // BouncerDSN is DirectDSN through pgbouncer.
-func (s *Server) BouncerDSN() string { return dsn(appUser, appPassword, s.bouncerPort) }
+func (s *Server) BouncerDSN() string { return DSN(AppUser, AppPassword, s.bouncerPort) }
 
 // SuperuserDSN connects straight to postgres, database "dislock", as the
 // superuser "postgres" with its password over TCP (scram-sha-256).
-func (s *Server) SuperuserDSN() string { return dsn(superuser, superuserPassword, s.pgPort) }
+func (s *Server) SuperuserDSN() string { return DSN(Superuser, SuperuserPassword, s.pgPort) }
 
 // Targets lists the ways to reach the database: direct, then pgbouncer.
 func (s *Server) Targets() []Target {
@@ -246,17 +246,6 @@ func (s *Server) Targets() []Target {
 // Pgbench returns the path of the pgbench matching the server, or "" if it is
 // not installed.
 func (s *Server) Pgbench() string { return s.bin.pgbench }
-
-func dsn(user, password string, port int) string {
-	u := url.URL{
-		Scheme:   "postgres",
-		User:     url.UserPassword(user, password),
-		Host:     addr(port),
-		Path:     "/" + database,
-		RawQuery: "sslmode=disable",
-	}
-	return u.String()
-}
 
 // StopPostgres runs `pg_ctl stop -m mode` ("smart", "fast" or "immediate";
 // immediate is a crash: recovery runs on the next start) and returns once
@@ -339,11 +328,7 @@ func (s *Server) Close() error {
 		errs = append(errs, err)
 		s.killPostgres()
 	}
-	s.wd.Stop()
-	if err := os.RemoveAll(s.dir); err != nil {
-		errs = append(errs, fmt.Errorf("pgtest: removing %s: %w", s.dir, err))
-	}
-	s.closeErr = errors.Join(errs...)
+	s.closeErr = s.wd.StopAndRemove(errs...)
 	s.logf("stopped; removed %s", s.dir)
 	return s.closeErr
 }
@@ -367,7 +352,7 @@ func (s *Server) stopPostgresLocked(mode string) error {
 	if !s.postgresRunning() {
 		return nil
 	}
-	pid, _ := postmasterPID(s.dataDir())
+	pid, _ := PostmasterPID(s.dataDir())
 	if _, err := s.run(s.bin.pgCtl, "stop", "-w", "-t", strconv.Itoa(int(readyTimeout.Seconds())),
 		"-D", s.dataDir(), "-m", mode); err != nil {
 		return fmt.Errorf("pgtest: stopping postgres (-m %s): %w\n%s", mode, err, logTail(s.path("postgres.log")))
@@ -386,7 +371,7 @@ func (s *Server) stopPostgresLocked(mode string) error {
 // SIGQUIT makes the postmaster shut down immediately, taking its backends
 // with it.
 func (s *Server) killPostgres() {
-	pid, ok := postmasterPID(s.dataDir())
+	pid, ok := PostmasterPID(s.dataDir())
 	if !ok {
 		return
 	}
@@ -485,28 +470,9 @@ func (s *Server) path(name string) string { return filepath.Join(s.dir, name) }
 func (s *Server) dataDir() string { return s.path("data") }
 
 func (s *Server) logf(format string, args ...any) {
-	if s.opts.Logf != nil {
-		s.opts.Logf("pgtest[%s]: "+format, append([]any{dirLabel(s.opts.Name)}, args...)...)
-	}
+	harness.Logf(s.opts.Logf, "pgtest", dirLabel(s.opts.Name), format, args...)
 }
 
 // dirLabel turns Options.Name into a short, path-safe label. The socket path
 // (dir/.s.PGSQL.port) must stay under the kernel's 107-byte limit.
-func dirLabel(name string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(name) {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_':
-			b.WriteRune(r)
-		default:
-			b.WriteRune('-')
-		}
-		if b.Len() >= 20 {
-			break
-		}
-	}
-	if b.Len() == 0 {
-		return "pg"
-	}
-	return b.String()
-}
+func dirLabel(name string) string { return harness.Label(name, "pg") }

@@ -89,8 +89,8 @@ func TestTargetsAuthenticateWithSCRAMAsTheirRoles(t *testing.T) {
 			sql: "select pg_get_userbyid(datdba) || ' ' || (select left(rolpassword, 13) from pg_authid where rolname = 'dislock')" +
 				" from pg_database where datname = 'dislock'",
 			want: "dislock SCRAM-SHA-256"},
-		{name: "direct refuses a wrong password", dsn: dsn(appUser, "wrong", s.pgPort), sql: "select 1", wantErr: true},
-		{name: "pgbouncer refuses a wrong password", dsn: dsn(appUser, "wrong", s.bouncerPort), sql: "select 1", wantErr: true},
+		{name: "direct refuses a wrong password", dsn: DSN(AppUser, "wrong", s.pgPort), sql: "select 1", wantErr: true},
+		{name: "pgbouncer refuses a wrong password", dsn: DSN(AppUser, "wrong", s.bouncerPort), sql: "select 1", wantErr: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -158,7 +158,7 @@ func TestBouncerPoolsPerTransaction(t *testing.T) {
 	}
 
 	t.Run("admin console reports pool_mode transaction", func(t *testing.T) {
-		admin := strings.Replace(dsn(superuser, superuserPassword, s.bouncerPort), "/"+database+"?", "/pgbouncer?", 1)
+		admin := strings.Replace(DSN(Superuser, SuperuserPassword, s.bouncerPort), "/"+Database+"?", "/pgbouncer?", 1)
 		out := mustQuery(t, s, admin, "SHOW CONFIG")
 		for _, line := range strings.Split(out, "\n") {
 			if key, rest, _ := strings.Cut(line, "|"); key == "pool_mode" {
@@ -186,7 +186,7 @@ func TestCrashAndRestartKeepCommittedRows(t *testing.T) {
 	s := New(t, Options{Name: "crash"})
 	mustQuery(t, s, s.DirectDSN(), "create table crash_probe (id int primary key)")
 	mustQuery(t, s, s.BouncerDSN(), "insert into crash_probe select generate_series(1, 100)")
-	crashed, ok := postmasterPID(s.dataDir())
+	crashed, ok := PostmasterPID(s.dataDir())
 	if !ok {
 		t.Fatal("no postmaster.pid while postgres runs")
 	}
@@ -309,7 +309,7 @@ func TestCloseAfterCrashStopsEverythingAndRemovesTheDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	postmaster, _ := postmasterPID(s.dataDir())
+	postmaster, _ := PostmasterPID(s.dataDir())
 	bouncer := s.bouncer.Process.Pid
 	if err := s.StopPostgres("immediate"); err != nil {
 		t.Fatal(err)
@@ -347,7 +347,7 @@ func TestWatchdogStopsAnAbandonedServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	postmaster, _ := postmasterPID(s.dataDir())
+	postmaster, _ := PostmasterPID(s.dataDir())
 	bouncer := s.bouncer.Process.Pid
 
 	s.wd.Abandon()

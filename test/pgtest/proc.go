@@ -7,10 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -33,69 +31,10 @@ const (
 	postgresAccount = "postgres"
 )
 
-// account is the OS user the servers run as.
-type account struct {
-	// cred is nil when the servers run as the current user.
-	cred     *syscall.Credential
-	uid, gid int
-}
-
-func serverAccount() (account, error) {
-	if os.Geteuid() != 0 {
-		return account{}, nil
-	}
-	u, err := user.Lookup(postgresAccount)
-	if err != nil {
-		return account{}, fmt.Errorf("pgtest: running as root needs the %q system user "+
-			"(created by apt-get install -y postgresql), because initdb, postgres and pgbouncer refuse to run as root: %w",
-			postgresAccount, err)
-	}
-	uid, err := strconv.Atoi(u.Uid)
-	if err != nil {
-		return account{}, fmt.Errorf("pgtest: uid %q of user %q: %w", u.Uid, postgresAccount, err)
-	}
-	gid, err := strconv.Atoi(u.Gid)
-	if err != nil {
-		return account{}, fmt.Errorf("pgtest: gid %q of user %q: %w", u.Gid, postgresAccount, err)
-	}
-	return account{cred: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, uid: uid, gid: gid}, nil
-}
-
-// chown hands path to the server account (a no-op when that is us).
-func (a account) chown(path string) error {
-	if a.cred == nil {
-		return nil
-	}
-	return os.Chown(path, a.uid, a.gid)
-}
-
-// writeFile creates path with data and perm, owned by the server account.
-func (a account) writeFile(path, data string, perm os.FileMode) error {
-	if err := os.WriteFile(path, []byte(data), perm); err != nil {
-		return err
-	}
-	return a.chown(path)
-}
-
-// checkSearchable reports an ancestor of dir that the server account could not
-// traverse: root can, so without this check initdb fails with a bare EACCES.
-func (a account) checkSearchable(dir string) error {
-	if a.cred == nil {
-		return nil
-	}
-	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
-		fi, err := os.Stat(d)
-		if err != nil {
-			return err
-		}
-		if fi.Mode().Perm()&0o001 == 0 {
-			return fmt.Errorf("pgtest: directory %s (mode %v) is not searchable by user %q; "+
-				"set TMPDIR to a world-searchable directory such as /tmp", d, fi.Mode().Perm(), postgresAccount)
-		}
-		if d == filepath.Dir(d) {
-			return nil
-		}
-	}
+// serverAccount is whom initdb, postgres and pgbouncer run as.
+func serverAccount() (harness.Account, error) {
+	return harness.ServerAccount("pgtest", postgresAccount,
+		"created by apt-get install -y postgresql; initdb, postgres and pgbouncer refuse to run as root")
 }
 
 // command prepares a program run as the server account in the server's
@@ -105,7 +44,7 @@ func (s *Server) command(ctx context.Context, path string, args ...string) *exec
 	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Dir = s.dir
 	cmd.Env = childEnv(s.dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.acct.cred, Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.acct.Cred, Setpgid: true}
 	// pg_ctl leaves a daemon behind; should it ever hold our output pipe,
 	// give up on the pipe rather than hang.
 	cmd.WaitDelay = 5 * time.Second
@@ -181,17 +120,8 @@ func freePort() (int, error) {
 	return port, nil
 }
 
-func dial(port int) error {
-	c, err := net.DialTimeout("tcp", addr(port), time.Second)
-	if err == nil {
-		c.Close()
-	}
-	return err
-}
-
-func addr(port int) string {
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-}
+// addr and dial are harness's.
+var addr, dial = harness.Addr, harness.Dial
 
 // errExited reports that the process being waited for exited.
 var errExited = errors.New("process exited")
@@ -245,9 +175,11 @@ func retry(f func() error) error {
 // logTail returns the last lines of a log file, for error messages.
 func logTail(path string) string { return harness.LogTail(path, 25, 4096) }
 
-// postmasterPID reads the pid of a running postmaster from its lock file; ok is
-// false when the file is absent, i.e. postgres is not running.
-func postmasterPID(dataDir string) (pid int, ok bool) {
+// PostmasterPID reads the pid of a running postmaster from the lock file in
+// its data directory; ok is false when the file is absent, i.e. postgres is
+// not running (or is unreadable). A postmaster killed with SIGKILL leaves
+// the file behind: the pid may be gone.
+func PostmasterPID(dataDir string) (pid int, ok bool) {
 	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
 	if err != nil {
 		return 0, false
@@ -262,11 +194,7 @@ func postmasterPID(dataDir string) (pid int, ok bool) {
 func waitGone(pid int) error {
 	deadline := time.Now().Add(readyTimeout)
 	for {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-		if err != nil {
-			return nil
-		}
-		if _, rest, _ := strings.Cut(string(b), ") "); strings.HasPrefix(rest, "Z") || strings.HasPrefix(rest, "X") {
+		if !harness.Alive(pid) {
 			return nil
 		}
 		if time.Now().After(deadline) {

@@ -4,11 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"time"
-
-	"github.com/dislock/dislock/test/harness"
 )
 
 // BouncerOptions configure StartBouncer.
@@ -40,33 +37,15 @@ func StartBouncer(opts BouncerOptions) (*UpstreamBouncer, error) {
 	if opts.Host == "" || opts.Port == 0 {
 		return nil, errors.New("pgtest: StartBouncer needs the upstream's Host and Port")
 	}
-	bin, err := findBinaries()
-	if err != nil {
-		return nil, err
-	}
-	acct, err := serverAccount()
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "pgtest-"+dirLabel(opts.Name)+"-")
-	if err != nil {
-		return nil, fmt.Errorf("pgtest: creating temp dir: %w", err)
-	}
-	if err := errors.Join(acct.checkSearchable(dir), os.Chmod(dir, 0o755), acct.chown(dir)); err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("pgtest: preparing %s: %w", dir, err)
-	}
-	// The Server's watchdog script finds no postmaster here and only kills
-	// the bouncer and removes the directory.
-	wd, err := harness.StartWatchdog("pgtest", watchdogScript, dir)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
 	// A Server without a data directory: Close stops the bouncer, finds no
 	// postgres to stop, and removes the directory; the Bouncer's Start sees no
-	// postgres running and so does not wait for a query.
-	s := &Server{opts: Options{Name: opts.Name, Logf: opts.Logf}, bin: bin, acct: acct, dir: dir, wd: wd}
+	// postgres running and so does not wait for a query. The Server's
+	// watchdog script finds no postmaster here and only kills the bouncer
+	// and removes the directory.
+	s, err := newServer(Options{Name: opts.Name, Logf: opts.Logf})
+	if err != nil {
+		return nil, err
+	}
 	u, err := s.startUpstreamBouncer(opts)
 	if err != nil {
 		err = fmt.Errorf("%w\n%s", err, logTail(s.path("pgbouncer.log")))
@@ -79,31 +58,18 @@ func StartBouncer(opts BouncerOptions) (*UpstreamBouncer, error) {
 func (s *Server) startUpstreamBouncer(opts BouncerOptions) (*UpstreamBouncer, error) {
 	begun := time.Now()
 	authFile := s.path("pgbouncer.users")
-	if err := s.acct.writeFile(authFile, bouncerAuthFile(), 0o600); err != nil {
+	if err := s.acct.WriteFile(authFile, bouncerAuthFile(), 0o600); err != nil {
 		return nil, fmt.Errorf("pgtest: writing pgbouncer auth_file: %w", err)
 	}
 	b := &Bouncer{s: s, name: opts.Name, ini: s.path("pgbouncer.ini"), log: s.path("pgbouncer.log"), pid: s.path("pgbouncer.pid")}
 	s.extra = []*Bouncer{b}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for attempt := 1; ; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		b.port = port
-		conf := upstreamBouncerConf(opts.Host, opts.Port, port, extraPoolSize, authFile, b.pid)
-		if err := s.acct.writeFile(b.ini, conf, 0o644); err != nil {
-			return nil, fmt.Errorf("pgtest: writing %s: %w", b.ini, err)
-		}
-		err = b.startLocked()
-		if err == nil {
-			break
-		}
-		if attempt == portAttempts || dial(port) != nil {
-			return nil, err
-		}
-		s.logf("port %d was taken before pgbouncer %s could bind it; picking another", port, opts.Name)
+	err := b.startOnFreePortLocked(func(port int) string {
+		return upstreamBouncerConf(opts.Host, opts.Port, port, extraPoolSize, authFile, b.pid)
+	})
+	if err != nil {
+		return nil, err
 	}
 	if err := s.waitQuery(b.port, b.proc.exited, b.log); err != nil {
 		return nil, err
