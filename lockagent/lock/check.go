@@ -77,22 +77,25 @@ SELECT pg_is_in_recovery(),
        current_setting('lc_messages'),
        current_setting('client_connection_check_interval')`
 
-// qRoleSettings lists role and database defaults that weaken a commit for
-// some sessions only: this session's own settings may look fine.
+// qRoleSettings lists the defaults, for this role or every role, in this
+// database or every database, that weaken a commit: the checking session's
+// own settings may look fine (a default for the role in this database wins
+// over it). Values are stored as typed ("false", "'off'").
 const qRoleSettings = `
 SELECT coalesce(r.rolname, 'every role'), coalesce(d.datname, 'every database'), c
 FROM pg_db_role_setting s
 LEFT JOIN pg_roles r ON r.oid = s.setrole
 LEFT JOIN pg_database d ON d.oid = s.setdatabase,
      unnest(s.setconfig) AS c
-WHERE (d.datname IS NULL OR d.datname = current_database())
-  AND (lower(c) IN ('synchronous_commit=off', 'synchronous_commit=local')
-       OR lower(c) ~ '^client_min_messages=(error|fatal|panic)$')
+WHERE (s.setdatabase = 0 OR d.datname = current_database())
+  AND (s.setrole = 0 OR r.rolname = current_user)
+  AND (c ~* '^synchronous_commit=''?(off|false|no|0|local)''?$'
+       OR c ~* '^client_min_messages=''?(error|fatal|panic)''?$')
 ORDER BY 1, 2, 3`
 
 // syncQuorum is how many standbys synchronous_standby_names waits for:
-// "FIRST n (...)" or "ANY n (...)", else (a plain list, "*") one.
-var syncQuorum = regexp.MustCompile(`(?i)^\s*(?:first|any)\s+(\d+)\s*\(`)
+// "FIRST n (...)", "ANY n (...)" or "n (...)", else (a plain list, "*") one.
+var syncQuorum = regexp.MustCompile(`(?i)^\s*(?:(?:first|any)\s+)?(\d+)\s*\(`)
 
 // CheckDatabase verifies what dislock's promises rest on and can be seen
 // from a connection: that it reaches a writable primary; that a commit is
@@ -193,7 +196,7 @@ func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding
 
 	if !englishMessages.MatchString(lcMessages) {
 		add("lc_messages", StatusWarn, "ALTER ROLE <dislock's role> SET lc_messages = 'C' (as a superuser)",
-			"lc_messages = %q: dislock recognises PostgreSQL's warning that a commit's wait for the standby was cut short only in English, so any warning during a lock write makes it retry", lcMessages)
+			"lc_messages = %q: only under C or POSIX are PostgreSQL's messages surely English, and dislock tells the warning that a commit's wait for the standby was cut short from harmless ones only in English; any warning during a lock write makes it retry", lcMessages)
 	}
 	if checkInterval == "0" {
 		add("client_connection_check_interval", StatusWarn, "ALTER ROLE <dislock's role> SET client_connection_check_interval = '2s'",
@@ -203,8 +206,8 @@ func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding
 }
 
 // englishMessages matches the lc_messages values whose server messages are
-// English (commitGuard asks the server the same).
-var englishMessages = regexp.MustCompile(`(?i)^(c|posix|en([_.@].*)?)?$`)
+// surely English (commitGuard asks the server the same).
+var englishMessages = regexp.MustCompile(`^(C|POSIX)$`)
 
 // checkSchema appends the schema and token findings. What it cannot read
 // becomes a failing finding, so the findings before it still print.

@@ -286,7 +286,7 @@ func withRoleSetting(t *testing.T, srv *pgtest.Server, su *pgx.Conn, dsn, name, 
 func TestWeakenedCommitsAreNeverWins(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "guard"})
 	ctx := context.Background()
-	s := openStore(t, srv.DirectDSN(), 2)
+	openStore(t, srv.DirectDSN(), 2) // migrated
 	su := superuser(t, srv)
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
@@ -312,10 +312,19 @@ BEGIN RAISE WARNING 'a warning about something else'; RETURN NEW; END $$;
 CREATE TRIGGER warn BEFORE INSERT ON dislock.windows FOR EACH ROW EXECUTE FUNCTION dislock.warn()`); err != nil {
 		t.Fatal(err)
 	}
-	awaitReachable(t, s) // its connections were closed above
-	c, err := s.ClaimWindow(ctx, lock.ClaimRequest{Key: uniqueKey(t), Window: windowAt(0), Index: lock.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
-	if err != nil || c.Outcome != lock.Claimed {
-		t.Fatalf("claim that drew a harmless warning: %+v %v, want claimed", c, err)
+	// Under lc_messages = C the server's messages are surely English, and a
+	// harmless warning is told apart from a cut-short wait; under any other
+	// value (C.UTF-8 follows the server's LANGUAGE) every warning counts.
+	for _, tc := range []struct {
+		lcMessages string
+		uncertain  bool
+	}{{"C", false}, {"C.UTF-8", true}} {
+		withRoleSetting(t, srv, su, srv.DirectDSN(), "lc_messages", tc.lcMessages, func(s *lock.Store) {
+			c, err := s.ClaimWindow(ctx, lock.ClaimRequest{Key: uniqueKey(t), Window: windowAt(0), Index: lock.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+			if got := errors.Is(err, lock.ErrUncertainCommit); got != tc.uncertain || (!tc.uncertain && (err != nil || c.Outcome != lock.Claimed)) {
+				t.Fatalf("lc_messages = %s, a claim that drew a harmless warning: %+v %v; want uncertain: %v", tc.lcMessages, c.Outcome, err, tc.uncertain)
+			}
+		})
 	}
 	if _, err := su.Exec(ctx, `DROP TRIGGER warn ON dislock.windows`); err != nil {
 		t.Fatal(err)
@@ -327,6 +336,8 @@ CREATE TRIGGER warn BEFORE INSERT ON dislock.windows FOR EACH ROW EXECUTE FUNCTI
 	}{
 		{`ALTER SYSTEM SET synchronous_commit = off`, `ALTER SYSTEM RESET synchronous_commit`, "synchronous_commit", "before it is on disk", true},
 		{`ALTER SYSTEM SET synchronous_standby_names = 'FIRST 2 (b, c)'`, `ALTER SYSTEM RESET synchronous_standby_names`, "replication", "waits for 2 standby(s) but 0 stream", true},
+		{`ALTER SYSTEM SET synchronous_standby_names = '2 (b, c)'`, `ALTER SYSTEM RESET synchronous_standby_names`, "replication", "waits for 2 standby(s) but 0 stream", true},
+		{`ALTER ROLE dislock SET synchronous_commit = false`, `ALTER ROLE dislock RESET synchronous_commit`, "role settings", "synchronous_commit=false for dislock", true},
 		{`ALTER DATABASE dislock SET default_transaction_read_only = on`, `ALTER DATABASE dislock RESET default_transaction_read_only`, "primary", "read-only", false},
 	} {
 		for _, q := range []string{tc.set, `SELECT pg_reload_conf()`} {
@@ -370,30 +381,46 @@ func awaitCond(t *testing.T, what string, cond func() bool) {
 
 // The timeline goes back when the database is upgraded with pg_upgrade or
 // restored into another cluster: tokens must not. The epoch then continues
-// above the highest it ever used.
+// above the highest it ever used. Each case puts token_epoch in the state
+// it would be in and records a token of the old epoch.
 func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "rebase"})
 	ctx := context.Background()
 	s := openStore(t, srv.DirectDSN(), 2)
-	key := uniqueKey(t)
 	su := superuser(t, srv)
-	// As if this cluster had been at timeline 7, epoch 7, before an upgrade
-	// put it on timeline 1.
-	before := int64(7)<<40 + 500
-	if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET base_epoch = 7, base_timeline = 7, last_epoch = 7`); err != nil {
-		t.Fatal(err)
-	}
-	mustClaim(t, s, key, windowAt(0), owner("dc-a", "job", "pod"), false, ttl, lock.Claimed)
-	if _, err := su.Exec(ctx, `UPDATE dislock.windows SET token = $1 WHERE lock_key = $2`, before, key); err != nil {
-		t.Fatal(err)
-	}
-	for i := 1; i <= 3; i++ {
-		c := mustClaim(t, s, key, windowAt(i), owner("dc-a", "job", "pod"), false, ttl, lock.Claimed)
-		if epoch, _ := lock.TokenEpoch(c.Window.Token); c.Window.Token <= before || epoch != 8 {
-			t.Fatalf("token %d (epoch %d) after the timeline went back from 7 to 1: want epoch 8, above %d", c.Window.Token, epoch, before)
-		}
-	}
-	if fs, err := s.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: true}); err != nil || byCheck(fs)["tokens"].Status != lock.StatusOK {
-		t.Fatalf("check after the rebase: %+v %v", fs, err)
+	for _, tc := range []struct {
+		name  string
+		state string // how token_epoch looks when the cluster (timeline 1) starts
+		old   int64  // the epoch of the highest token handed out before
+		want  int64
+	}{
+		{"pg_upgrade of a cluster that had failed over twice", "system_id = 42, base_epoch = 3, base_timeline = 3, last_epoch = 3", 3, 4},
+		{"a restore into a new cluster on the same timeline", "system_id = 42, base_epoch = 1, base_timeline = 1, last_epoch = 1", 1, 2},
+		{"a dump of a cluster at timeline 3 loaded into this one", "base_epoch = 1, base_timeline = 1, last_epoch = 3", 3, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := uniqueKey(t)
+			if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET `+tc.state); err != nil {
+				t.Fatal(err)
+			}
+			before := tc.old<<40 + 1_000_000
+			if _, err := su.Exec(ctx, `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES ($1, 'old', $2, now(), now())`, key, before); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 3 {
+				c := mustClaim(t, s, key, windowAt(i), owner("dc-a", "job", "pod"), false, ttl, lock.Claimed)
+				if epoch, _ := lock.TokenEpoch(c.Window.Token); c.Window.Token <= before || epoch != tc.want {
+					t.Fatalf("token %d (epoch %d): want epoch %d, above %d", c.Window.Token, epoch, tc.want, before)
+				}
+			}
+			if fs, err := s.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: true}); err != nil || byCheck(fs)["tokens"].Status != lock.StatusOK {
+				t.Fatalf("check after the rebase: %+v %v", fs, err)
+			}
+			// Reset for the next case: this cluster, epoch = timeline.
+			if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET system_id = (SELECT system_identifier FROM pg_control_system()),
+				base_epoch = 1, base_timeline = 1, last_epoch = 1; DELETE FROM dislock.leases; DELETE FROM dislock.windows`); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

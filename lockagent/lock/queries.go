@@ -12,18 +12,20 @@ const qNow = `SELECT now()`
 // turn the wait for the synchronous standby off, or hide the warning that
 // says it was cut short. Settings cannot change within one statement, so
 // the answer holds for the commit that follows. The second column tells
-// whether the server's messages are in English, which writeRow needs to
-// tell that warning from harmless ones.
+// whether the server's messages are surely in English, which writeRow needs
+// to tell that warning from harmless ones: only lc_messages C or POSIX is
+// (under any other value, including C.UTF-8 and the empty default, gettext
+// may follow the server's LANGUAGE environment).
 const commitGuard = `,
     CASE WHEN current_setting('synchronous_commit') = 'off'
               THEN 'synchronous_commit = off: a commit is acknowledged before it is on disk'
          WHEN current_setting('synchronous_commit') = 'local' AND current_setting('synchronous_standby_names') <> ''
               THEN 'synchronous_commit = local: a commit is acknowledged before the synchronous standby has it'
-         WHEN current_setting('client_min_messages') NOT IN ('debug5', 'debug4', 'debug3', 'debug2', 'debug1', 'log', 'notice', 'warning')
+         WHEN current_setting('client_min_messages') NOT IN ('debug5', 'debug4', 'debug3', 'debug2', 'debug1', 'log', 'notice', 'info', 'warning')
               THEN 'client_min_messages = ' || current_setting('client_min_messages') ||
                    ': the server would not say that a commit''s wait for the synchronous standby was cut short'
          ELSE '' END,
-    current_setting('lc_messages') ~* '^(c|posix|en([_.@].*)?)?$'` // as englishMessages
+    current_setting('lc_messages') IN ('C', 'POSIX')` // as englishMessages
 
 // qClaimWindow inserts the window or, on conflict, takes it when the rules of
 // "Ownership and re-entry" allow:
