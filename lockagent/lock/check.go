@@ -37,7 +37,9 @@ type Finding struct {
 type CheckOptions struct {
 	// AllowAsync acknowledges a database whose failover may lose commits
 	// (asynchronous replication, or a managed service whose replication
-	// dislock cannot see): its findings become StatusAccepted.
+	// dislock cannot see): its replication findings (not synchronous_commit
+	// = off, which loses commits without any failover) become
+	// StatusAccepted.
 	AllowAsync bool
 }
 

@@ -30,8 +30,8 @@ type Options struct {
 type Store struct {
 	pool *pgxpool.Pool
 	addr string // host:port for error messages; never the password
-	// warned holds, per connection, the last WARNING the server sent while
-	// a write ran on it (see writeRow).
+	// warned holds, per connection, the WARNINGs the server sent while a
+	// write ran on it, joined (see writeRow).
 	warned sync.Map // *pgconn.PgConn -> string
 }
 
