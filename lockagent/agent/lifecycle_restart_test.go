@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // slowStopApp runs like app() but takes stopDelay seconds to stop on SIGTERM
@@ -50,7 +49,6 @@ func TestAnEarlierAttemptsResultDoesNotLetAStandbyRunAlongside(t *testing.T) {
 	const ttl = 12 * time.Second // margin 4s, kill grace 2s
 	j := newJob(t, bouncerDSN(t), "schedule", ttl)
 	j.standby = true
-	j.extra = append(j.extra, spec.EnvAppContainers+"=app", spec.EnvContainerName+"=app")
 	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: "exit 1"})
 	failedFirstAttempt(t, a, slowStopApp(30, 1.8))
 	j.awaitRuns(t, "dc-a's second attempt to start", 1)
@@ -74,7 +72,6 @@ func TestAnEarlierAttemptsResultDoesNotLetAStandbyRunAlongside(t *testing.T) {
 func TestAnEarlierAttemptsResultDoesNotReleaseTheLeaseWhileTheAppRuns(t *testing.T) {
 	const ttl = 12 * time.Second
 	j := newJob(t, bouncerDSN(t), "schedule,lease", ttl)
-	j.extra = append(j.extra, spec.EnvAppContainers+"=app", spec.EnvContainerName+"=app")
 	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: "exit 1"})
 	failedFirstAttempt(t, a, slowStopApp(30, 1.8))
 	j.awaitRuns(t, "dc-a's second attempt to start", 1)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -126,6 +127,9 @@ func (j job) env(p podSpec, dir, termLog string) []string {
 		"DISLOCK_DATABASE_URL=" + j.dsn,
 		"DISLOCK_SHARED_DIR=" + dir,
 		"DISLOCK_TERMINATION_LOG=" + termLog,
+		// As the webhook renders it: the pod's one app container is named.
+		spec.EnvAppContainers + "=app",
+		spec.EnvContainerName + "=app",
 		"LEDGER=" + j.ledger,
 		"CLUSTER=" + p.cluster,
 	}

@@ -41,11 +41,13 @@ func (a *agent) supervise(ctx context.Context) {
 	appStartC := appStart.C
 	// With the app containers known, a success is recorded as soon as every
 	// one of them succeeded, not only when the kubelet stops the sidecar:
-	// the sooner it is recorded, the smaller the chance that a database
-	// outage lets the window lapse to a standby after it already ran.
+	// the wrappers of a successful run wait for it before they exit (see
+	// protocol.Decision.AwaitRecord), so the pod cannot end, and the
+	// sidecar be stopped, before the success is in the database. Polled as
+	// often as the wrappers poll, since their exit waits on it.
 	var doneC <-chan time.Time
 	if len(a.cfg.AppContainers) > 0 {
-		done := time.NewTicker(250 * time.Millisecond)
+		done := time.NewTicker(100 * time.Millisecond)
 		defer done.Stop()
 		doneC = done.C
 	}
@@ -341,6 +343,7 @@ func (a *agent) finishRun(ctx context.Context) {
 		msg := fmt.Sprintf("stopped while an app of window %s of %s may still run; the claim is left to lapse", d.Window, d.Key)
 		a.terminationMessage(msg)
 		a.log.Error(msg)
+		a.markRecorded(msg)
 		return
 	}
 	state, code, summary := outcome(results, a.cfg.AppContainers)
@@ -362,6 +365,14 @@ func (a *agent) finishRun(ctx context.Context) {
 	msg := fmt.Sprintf("ran %s of %s with token %d: %s", where, d.Key, d.Token, summary)
 	a.terminationMessage(joinReason(msg, a.disagreement))
 	a.log.Info("recorded", "key", d.Key, "window", d.Window, "token", d.Token, "state", state, "exitCode", code, "summary", summary)
+	a.markRecorded(msg)
+}
+
+// markRecorded lets the waiting wrappers exit: the outcome is handled.
+func (a *agent) markRecorded(summary string) {
+	if err := a.dir.MarkRecorded(summary); err != nil {
+		a.log.Error("writing recorded failed; the wrappers wait until the safety deadline", "err", err)
+	}
 }
 
 // awaitResults waits until every wrapper that marked started has written its

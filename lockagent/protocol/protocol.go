@@ -26,6 +26,7 @@ const (
 	DecisionFile = "decision"
 	DeadlineFile = "deadline"
 	RevokedFile  = "revoked"
+	RecordedFile = "recorded"
 	ResultsDir   = "results"
 	StartedDir   = "started"
 )
@@ -69,6 +70,14 @@ type Decision struct {
 	// starts again at every boot while an emptyDir survives a node reboot,
 	// so monotonic instants from another boot mean nothing.
 	BootID string `json:"bootID,omitempty"`
+	// AwaitRecord: the agent records the run's outcome as soon as every app
+	// container reported, and then writes the recorded file. A wrapper whose
+	// app succeeded waits for it before exiting, so that the pod does not
+	// end — and the kubelet does not stop the sidecar — before the success
+	// is in the database. Without it a sidecar restarted at the moment the
+	// app ended could be stopped before it can handle a signal, and the
+	// window lapse to a standby after it already ran.
+	AwaitRecord bool `json:"awaitRecord,omitempty"`
 }
 
 // Duration marshals as a Go duration string.
@@ -251,6 +260,19 @@ func (d Dir) Revoked() (bool, string) {
 		return true, "revoked file unreadable: " + err.Error()
 	}
 	return true, strings.TrimSpace(string(b))
+}
+
+// MarkRecorded says the agent is done with the run's outcome: recorded, or
+// left to lapse when it could not be (the summary says which).
+func (d Dir) MarkRecorded(summary string) error {
+	return writeAtomic(d.Path(RecordedFile), []byte(summary+"\n"), 0o644)
+}
+
+// Recorded reports whether the agent is done with the run's outcome. An
+// unreadable file counts as not there: the wait it ends is bounded anyway.
+func (d Dir) Recorded() bool {
+	_, err := os.Stat(d.Path(RecordedFile))
+	return err == nil
 }
 
 // WriteResult records one wrapper's result under results/<name>.

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"slices"
@@ -331,7 +332,65 @@ func (w *wrapper) runCommand(dec protocol.Decision, sigs <-chan os.Signal) int {
 	})
 	w.log.Info("the command ended", "exitCode", code, "signal", res.status.signalName(), "revoked", stopped,
 		"duration", finished.Sub(started).String())
+	if code == 0 && !stopped && dec.AwaitRecord {
+		w.awaitRecord(dec, watch, sigs)
+	}
 	return code
+}
+
+// awaitRecord keeps the container, and so the pod, alive after a success
+// until the agent has recorded it: once the pod ends the kubelet stops the
+// sidecar, and a sidecar stopped before it recorded (one restarted just as
+// the app ended cannot even catch the signal yet) would leave the window to
+// lapse to a standby that runs it again. The wait ends when the agent wrote
+// recorded; when another container failed (the agent then records at its
+// stop, as for any failure); when the safety deadline passes (the agent has
+// stopped renewing: it is dead or cut off, and recording could not keep the
+// claim anyway); or on a terminating signal.
+func (w *wrapper) awaitRecord(dec protocol.Decision, watch *leaseWatch, sigs <-chan os.Signal) {
+	fallback := w.now() + int64(dec.TTL)
+	tick := time.NewTicker(w.opts.Poll)
+	defer tick.Stop()
+	logged := false
+	for {
+		if w.dir.Recorded() {
+			return
+		}
+		if name, failed := w.anotherFailed(); failed {
+			w.log.Info("not waiting for the agent to record: container "+name+" failed, so the outcome is recorded when the pod stops")
+			return
+		}
+		if watch.expired(fallback) {
+			w.log.Warn("stopped waiting for the agent to record the success: the safety deadline passed without a renewal", "key", dec.Key, "window", dec.Window)
+			return
+		}
+		if !logged {
+			w.log.Info("waiting for the agent to record the success before exiting", "key", dec.Key, "window", dec.Window)
+			logged = true
+		}
+		select {
+		case <-tick.C:
+		case sig := <-sigs:
+			if s, ok := sig.(syscall.Signal); ok && terminating(s) {
+				w.log.Warn("stopped by "+status{signal: s}.signalName()+" while waiting for the agent to record the success", "key", dec.Key, "window", dec.Window)
+				return
+			}
+		}
+	}
+}
+
+// anotherFailed reports a container whose result is not a success.
+func (w *wrapper) anotherFailed() (string, bool) {
+	results, err := w.dir.ReadResults()
+	if err != nil {
+		return "", false
+	}
+	for _, name := range slices.Sorted(maps.Keys(results)) {
+		if r := results[name]; !r.Ran || r.ExitCode != 0 || r.Revoked {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 // childEnv is the wrapper's environment plus the fencing token and window.
@@ -435,6 +494,21 @@ func (lw *leaseWatch) check() (why string, lost bool) {
 		}
 		return "lease lost: " + reason, true
 	}
+	return lw.checkDeadline()
+}
+
+// expired reports whether the safety deadline passed, or, while none was
+// ever read, the fallback instant. A revocation does not count: the agent
+// revokes first when it finishes a run.
+func (lw *leaseWatch) expired(fallback int64) bool {
+	if _, lost := lw.checkDeadline(); lost {
+		return true
+	}
+	return !lw.known && lw.now() > fallback
+}
+
+// checkDeadline is check without the revoked file.
+func (lw *leaseWatch) checkDeadline() (why string, lost bool) {
 	dl, ok, err := lw.dir.ReadDeadline()
 	switch {
 	case errors.Is(err, protocol.ErrOtherBoot):
