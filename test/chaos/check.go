@@ -24,7 +24,8 @@ type Run struct {
 	Code int
 }
 
-// Success is a run that reached its end: a stop line with code 0.
+// Success is a run that reached its end: a stop line with code 0, and an app
+// container that exited 0 (when it exited: see Runs).
 func (r Run) Success() bool { return r.Code == 0 }
 
 func (r Run) String() string {
@@ -133,6 +134,13 @@ func (o *Outcome) Runs() ([]Run, []string) {
 				runs[i].End = at
 			}
 			runs[i].Code, _ = strconv.Atoi(kv["code"])
+			// The end that counts is the one the wrapper saw: an app
+			// killed between writing its stop line and exiting (a
+			// kill-app fault in that instant, a lost node) failed for
+			// dislock and for its Job, which rightly runs it again.
+			if p, ok := pods[id]; ok && p.AppRan && !p.AppEnd.IsZero() && runs[i].Code == 0 && p.AppCode != 0 {
+				runs[i].Code = p.AppCode
+			}
 		}
 	}
 	for i := range runs {
