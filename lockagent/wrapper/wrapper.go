@@ -357,7 +357,7 @@ func (w *wrapper) awaitRecord(dec protocol.Decision, watch *leaseWatch, sigs <-c
 			return
 		}
 		if name, failed := w.anotherFailed(); failed {
-			w.log.Info("not waiting for the agent to record: container "+name+" failed, so the outcome is recorded when the pod stops")
+			w.log.Info("not waiting for the agent to record: container " + name + " failed, so the outcome is recorded when the pod stops")
 			return
 		}
 		if watch.expired(fallback) {
