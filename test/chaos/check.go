@@ -24,8 +24,8 @@ type Run struct {
 	Code int
 }
 
-// Success is a run that reached its end: a stop line with code 0, and an app
-// container that exited 0 (when it exited: see Runs).
+// Success is a run that reached its end: a stop line with code 0 that its
+// wrapper saw as an exit 0 (see Runs).
 func (r Run) Success() bool { return r.Code == 0 }
 
 func (r Run) String() string {
@@ -134,11 +134,13 @@ func (o *Outcome) Runs() ([]Run, []string) {
 				runs[i].End = at
 			}
 			runs[i].Code, _ = strconv.Atoi(kv["code"])
-			// The end that counts is the one the wrapper saw: an app
-			// killed between writing its stop line and exiting (a
-			// kill-app fault in that instant, a lost node) failed for
-			// dislock and for its Job, which rightly runs it again.
-			if p, ok := pods[id]; ok && p.AppRan && !p.AppEnd.IsZero() && runs[i].Code == 0 && p.AppCode != 0 {
+			// The end that counts is the one the wrapper saw and
+			// reported to the agent: an app killed between writing its
+			// stop line and exiting (a kill-app fault in that instant)
+			// failed for dislock, and its Job rightly runs it again. A
+			// wrapper killed after it reported a success (while it waits
+			// for the record) does not undo the success.
+			if p, ok := pods[id]; ok && p.AppRan && !p.AppEnd.IsZero() && runs[i].Code == 0 && p.AppCode != 0 && p.AppResult != 0 {
 				runs[i].Code = p.AppCode
 			}
 		}

@@ -124,7 +124,8 @@ func TestUnrecordable(t *testing.T) {
 // TestRunsTakeTheEndTheWrapperSaw: an app killed after its stop line with
 // code 0 but before it exited (a kill-app fault in that instant) failed, for
 // the wrapper, the agent and the Job alike; its Job's retry running the window
-// again is not a second success.
+// again is not a second success. A wrapper killed after it reported the
+// success keeps it.
 func TestRunsTakeTheEndTheWrapperSaw(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
@@ -137,18 +138,21 @@ func TestRunsTakeTheEndTheWrapperSaw(t *testing.T) {
 	}
 	ledger := line("start", t0, "killed", "") + line("stop", t0.Add(time.Second), "killed", "0") +
 		line("start", t0, "exited", "") + line("stop", t0.Add(time.Second), "exited", "0") +
-		line("start", t0, "running", "") + line("stop", t0.Add(time.Second), "running", "0")
+		line("start", t0, "running", "") + line("stop", t0.Add(time.Second), "running", "0") +
+		line("start", t0, "reported", "") + line("stop", t0.Add(time.Second), "reported", "0")
 	end := t0.Add(time.Second + time.Millisecond)
 	o := &Outcome{End: t0.Add(time.Minute), Ledger: ledger, Pods: []PodRecord{
-		{Cluster: "dc-a", Name: "killed", AppRan: true, AppEnd: end, AppCode: 137},
-		{Cluster: "dc-a", Name: "exited", AppRan: true, AppEnd: end, AppCode: 0},
-		{Cluster: "dc-a", Name: "running", AppCode: -1},
+		{Cluster: "dc-a", Name: "killed", AppRan: true, AppEnd: end, AppCode: 137, AppResult: 137},
+		{Cluster: "dc-a", Name: "exited", AppRan: true, AppEnd: end, AppCode: 0, AppResult: 0},
+		{Cluster: "dc-a", Name: "running", AppCode: -1, AppResult: -1},
+		// killed while it waited for the agent to record the success
+		{Cluster: "dc-a", Name: "reported", AppRan: true, AppEnd: end, AppCode: 137, AppResult: 0},
 	}}
 	runs, problems := o.Runs()
-	if len(problems) > 0 || len(runs) != 3 {
+	if len(problems) > 0 || len(runs) != 4 {
 		t.Fatalf("runs %v, problems %v", runs, problems)
 	}
-	want := map[string]bool{"killed": false, "exited": true, "running": true}
+	want := map[string]bool{"killed": false, "exited": true, "running": true, "reported": true}
 	for _, r := range runs {
 		if r.Success() != want[r.Pod] {
 			t.Errorf("%s: success %v, want %v", r, r.Success(), want[r.Pod])

@@ -322,10 +322,13 @@ type PodRecord struct {
 	DeletedWhy         string
 	// Stuck: still alive StuckBound after the later of its creation and the
 	// last healed fault; deleted by its Job's deadline.
-	Stuck         bool
-	AppRan        bool
-	AppEnd        time.Time
-	AppCode       int
+	Stuck   bool
+	AppRan  bool
+	AppEnd  time.Time
+	AppCode int
+	// AppResult is the exit code in the wrapper's result file (what the
+	// agent records), -1 when the wrapper wrote none.
+	AppResult     int
 	AgentLog      string
 	SidecarStarts int
 	// Sidecars are the sidecar's incarnations.
@@ -771,7 +774,7 @@ func (r *run) outcome(quiet time.Time, overran bool) *Outcome {
 		p.mu.Lock()
 		pr := PodRecord{Cluster: p.job.cl.name, Job: p.job.name, Name: p.name, Window: p.job.window, Index: p.job.index, Attempt: p.attempt,
 			App: p.app, Created: p.created, DeletedWhy: p.deleteWhy, Stuck: p.stuck, AgentLog: p.agentLog, SidecarStarts: p.agentStarts,
-			AppCode: -1}
+			AppCode: -1, AppResult: -1}
 		for _, c := range p.agents {
 			in := Incarnation{From: c.started, To: c.killed(), Killed: !c.killed().IsZero(), Code: -1}
 			if c.exited() {
@@ -781,6 +784,11 @@ func (r *run) outcome(quiet time.Time, overran bool) *Outcome {
 		}
 		if p.appC != nil {
 			pr.AppRan, pr.AppEnd, pr.AppCode = true, p.appC.end(), p.appC.code
+		}
+		if results, err := protocol.Dir(p.dir).ReadResults(); err == nil {
+			if res, ok := results[appContainer]; ok && res.Ran {
+				pr.AppResult = res.ExitCode
+			}
 		}
 		p.mu.Unlock()
 		if p.isEnded() {
