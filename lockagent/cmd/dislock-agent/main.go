@@ -10,12 +10,15 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/dislock/dislock/internal/version"
 	"github.com/dislock/dislock/lockagent/agent"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/secret"
 	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/lockagent/wrapper"
 
@@ -33,7 +36,7 @@ func main() {
 	}
 	switch os.Args[1] {
 	case "agent":
-		os.Exit(agent.Main(os.Args[2:], os.Getenv, os.Stderr))
+		os.Exit(runAgent())
 	case "exec":
 		os.Exit(wrapper.Main(os.Args[2:], os.Getenv, os.Stdout, os.Stderr))
 	case "probe":
@@ -44,6 +47,31 @@ func main() {
 		fmt.Fprintf(os.Stderr, "dislock-agent: unknown command %q\n%s\n", os.Args[1], usage)
 		os.Exit(64)
 	}
+}
+
+// runAgent hides the database credential before the agent starts: see
+// package secret. The wrapper and the probe never get the credential, so
+// they skip this.
+func runAgent() int {
+	dsn, stopped, err := secret.Take(spec.EnvDatabaseURL, syscall.SIGTERM, os.Interrupt)
+	// The agent's own logger starts in agent.Main; these lines look the same.
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "dislock-agent", "pid", os.Getpid())
+	if err != nil {
+		// Locking is unaffected, and the agent still runs: failing here
+		// would fail every pod of the CronJob over a kernel feature.
+		log.Warn("the database credential could not be hidden from other processes of this pod", "err", err)
+	}
+	if stopped != nil {
+		log.Info("stopped before a decision was reached: nothing ran", "signal", stopped.String())
+		return 0
+	}
+	getenv := func(name string) string {
+		if name == spec.EnvDatabaseURL {
+			return dsn
+		}
+		return os.Getenv(name)
+	}
+	return agent.Main(os.Args[2:], getenv, os.Stderr)
 }
 
 // probe succeeds once the agent has installed its binary in the shared
