@@ -129,6 +129,8 @@ build: ## Build bin/dislock.
 ##@ Deploy
 
 IMG            ?= ghcr.io/dislock/dislock:$(VERSION)
+# The sidecar's agent-only image (the webhook's --agent-image, the chart's agent.image).
+AGENT_IMG      ?= ghcr.io/dislock/dislock-agent:$(VERSION)
 CONTAINER_TOOL ?= docker
 HELM           ?= $(BIN)/helm
 KUBECTL        ?= $(BIN)/kubectl
@@ -150,9 +152,11 @@ helm-lint: $(HELM) ## Lint the chart (strict) with its own certificates and with
 		--set certManager.enabled=true --set serviceMonitor.enabled=true --set networkPolicy.enabled=true
 
 .PHONY: docker-build
-docker-build: ## Build the image with both binaries (IMG=..., CONTAINER_TOOL=docker|podman).
-	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(IMG) .
+docker-build: ## Build the webhook image IMG and the sidecar's agent-only image AGENT_IMG (CONTAINER_TOOL=docker|podman).
+	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) --target webhook -t $(IMG) .
+	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) --target agent -t $(AGENT_IMG) .
 
 .PHONY: docker-push
-docker-push: ## Push IMG.
+docker-push: ## Push IMG and AGENT_IMG.
 	$(CONTAINER_TOOL) push $(IMG)
+	$(CONTAINER_TOOL) push $(AGENT_IMG)

@@ -6,9 +6,12 @@
 //
 // The images:
 //   - Pause, the nodes' pod sandbox image (test/images/pause);
-//   - Dislock, the product image: /usr/local/bin/dislock (the webhook and
-//     CLI) and /usr/local/bin/dislock-agent (the sidecar the webhook
-//     injects; its --agent-image);
+//   - Dislock, the webhook's image: /usr/local/bin/dislock (the webhook and
+//     CLI), and /usr/local/bin/dislock-agent too, for suites that still
+//     inject it as the sidecar;
+//   - Agent, the sidecar's agent-only image, as the Dockerfile's agent
+//     target builds it: /usr/local/bin/dislock-agent and nothing else (the
+//     webhook's --agent-image);
 //   - Ledger, the end-to-end CronJobs' app (test/images/ledger-app), which
 //     records each run in the e2e.ledger table (LedgerSchema);
 //   - Busybox, a shell and the usual tools from Debian's busybox-static, for
@@ -41,6 +44,7 @@ import (
 const (
 	PauseRef   = "e2e.local/pause:test"
 	DislockRef = "e2e.local/dislock:test"
+	AgentRef   = "e2e.local/dislock-agent:test"
 	LedgerRef  = "e2e.local/ledger-app:test"
 	BusyboxRef = "e2e.local/busybox:test"
 )
@@ -112,6 +116,7 @@ func Build(dir string) (Set, error) {
 	specs := []Spec{
 		{Ref: PauseRef, Files: inBin("pause"), Entrypoint: []string{path.Join(binPath, "pause")}},
 		{Ref: DislockRef, Files: inBin("dislock", "dislock-agent"), Entrypoint: []string{path.Join(binPath, "dislock")}},
+		{Ref: AgentRef, Files: inBin("dislock-agent"), Entrypoint: []string{path.Join(binPath, "dislock-agent")}},
 		{Ref: LedgerRef, Files: inBin("ledger-app"), Entrypoint: []string{path.Join(binPath, "ledger-app")}},
 		{Ref: BusyboxRef, Files: busybox, Entrypoint: []string{"/bin/sh"}},
 	}

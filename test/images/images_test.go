@@ -28,11 +28,15 @@ func TestEveryImageHoldsStaticProgramsOnItsPath(t *testing.T) {
 		ref        string
 		entrypoint string
 		files      []string
+		// only: the layer holds these files and their directories, nothing else.
+		only bool
 	}{
-		{PauseRef, "/usr/local/bin/pause", []string{"usr/local/bin/pause"}},
-		{DislockRef, "/usr/local/bin/dislock", []string{"usr/local/bin/dislock", "usr/local/bin/dislock-agent"}},
-		{LedgerRef, "/usr/local/bin/ledger-app", []string{"usr/local/bin/ledger-app"}},
-		{BusyboxRef, "/bin/sh", []string{"bin/busybox", "bin/sh", "bin/sleep"}},
+		{PauseRef, "/usr/local/bin/pause", []string{"usr/local/bin/pause"}, false},
+		{DislockRef, "/usr/local/bin/dislock", []string{"usr/local/bin/dislock", "usr/local/bin/dislock-agent"}, false},
+		// The sidecar runs where a tenant can exec: no operator CLI in it.
+		{AgentRef, "/usr/local/bin/dislock-agent", []string{"usr/local/bin/dislock-agent"}, true},
+		{LedgerRef, "/usr/local/bin/ledger-app", []string{"usr/local/bin/ledger-app"}, false},
+		{BusyboxRef, "/bin/sh", []string{"bin/busybox", "bin/sh", "bin/sleep"}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.ref, func(t *testing.T) {
@@ -82,6 +86,13 @@ func TestEveryImageHoldsStaticProgramsOnItsPath(t *testing.T) {
 					t.Errorf("layer has no %s", f)
 				case hdr.Typeflag == tar.TypeReg && hdr.Mode&0o111 == 0:
 					t.Errorf("%s mode %o is not executable", f, hdr.Mode)
+				}
+			}
+			if tt.only {
+				for n, hdr := range got {
+					if hdr.Typeflag != tar.TypeDir && !slices.Contains(tt.files, n) {
+						t.Errorf("layer holds %s too", n)
+					}
 				}
 			}
 		})
