@@ -81,6 +81,10 @@ func TestRenderingRefusesMissingOrBadValuesSayingWhatToSet(t *testing.T) {
 			[]string{"/database/retention", "30d"}},
 		{"with an issuer kind cert-manager does not have", base("certManager.issuerRef.kind", "Vault"),
 			[]string{"/certManager/issuerRef/kind"}},
+		{"without a sidecar image (it never falls back to the webhook's, which holds the CLI)", base("agent.image.repository", ""),
+			[]string{"/agent/image/repository"}},
+		{"with a sidecar image tag that is not a tag", base("agent.image.tag", "v1 latest"),
+			[]string{"/agent/image/tag"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -118,17 +122,22 @@ func TestTheRenderedChartKeepsItsPromises(t *testing.T) {
 		want          contract
 	}{
 		{"the defaults: own certificates, the database Secret copied", "dislock", base(), contract{
-			ns: "dislock-system", cluster: "dc-a", agentImage: "ghcr.io/dislock/dislock:" + appVersion(t),
+			ns: "dislock-system", cluster: "dc-a", agentImage: "ghcr.io/dislock/dislock-agent:" + appVersion(t),
 			dbSecret: "dislock-db", timeout: 5, selfSigned: true, copier: true}},
 		{"certificates from cert-manager", "dislock", base("certManager.enabled", true), contract{
-			ns: "dislock-system", cluster: "dc-a", agentImage: "ghcr.io/dislock/dislock:" + appVersion(t),
+			ns: "dislock-system", cluster: "dc-a", agentImage: "ghcr.io/dislock/dislock-agent:" + appVersion(t),
 			dbSecret: "dislock-db", timeout: 5, copier: true}},
 		{"another release and namespace, a database URL, no copies, a pinned agent image", "prod", values(
 			"clusterName", "dc-b", "database.url", testURL, "database.copyToNamespaces", false,
 			"webhook.timeoutSeconds", 9, "webhook.excludeNamespaces", []any{"monitoring"},
 			"image.tag", "1.2.3", "agent.image.digest", "sha256:"+strings.Repeat("ab", 32)), contract{
-			ns: "ops", cluster: "dc-b", agentImage: "ghcr.io/dislock/dislock@sha256:" + strings.Repeat("ab", 32),
+			ns: "ops", cluster: "dc-b", agentImage: "ghcr.io/dislock/dislock-agent@sha256:" + strings.Repeat("ab", 32),
 			dbSecret: "prod-dislock-db", createdURL: testURL, timeout: 9, selfSigned: true, excluded: []string{"monitoring"}}},
+		{"images from a private registry: the sidecar's tag follows the webhook's", "dislock", base(
+			"image.repository", "registry.example.com/dislock", "image.tag", "v0.2.0",
+			"agent.image.repository", "registry.example.com/dislock-agent"), contract{
+			ns: "dislock-system", cluster: "dc-a", agentImage: "registry.example.com/dislock-agent:v0.2.0",
+			dbSecret: "dislock-db", timeout: 5, selfSigned: true, copier: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

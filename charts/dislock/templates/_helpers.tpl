@@ -66,14 +66,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- include "dislock.imageRef" (dict "repository" .Values.image.repository "tag" (default .Chart.AppVersion .Values.image.tag) "digest" .Values.image.digest) -}}
 {{- end -}}
 
-{{/* The sidecar's image: the webhook's own unless agent.image names another. */}}
+{{/*
+The sidecar's image: the agent-only image, never the webhook's (which holds the operator CLI). Its
+tag follows the webhook's unless agent.image.tag is set.
+*/}}
 {{- define "dislock.agentImage" -}}
 {{- $a := .Values.agent.image -}}
-{{- if or $a.repository $a.tag $a.digest -}}
-{{- include "dislock.imageRef" (dict "repository" (default .Values.image.repository $a.repository) "tag" (default (default .Chart.AppVersion .Values.image.tag) $a.tag) "digest" $a.digest) -}}
-{{- else -}}
-{{- include "dislock.image" . -}}
-{{- end -}}
+{{- include "dislock.imageRef" (dict "repository" $a.repository "tag" (default (default .Chart.AppVersion .Values.image.tag) $a.tag) "digest" $a.digest) -}}
 {{- end -}}
 
 {{/*
