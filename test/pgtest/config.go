@@ -19,12 +19,45 @@ const (
 	SuperuserPassword = "pgtest-superuser-secret"
 )
 
-// Bootstrap SQL, run as the superuser (by pgtest over the private unix
-// socket).
+// PgBouncer's auth_user: the role PgBouncer logs in as to look up, with
+// AuthQuery, the SCRAM secret of a client role its auth_file does not list.
+// The dislock roles the webhook creates for namespaces log in through
+// PgBouncer that way without a reload.
 const (
-	CreateRoleSQL     = "CREATE ROLE " + AppUser + " LOGIN PASSWORD '" + AppPassword + "'"
-	CreateDatabaseSQL = "CREATE DATABASE " + Database + " OWNER " + AppUser
+	AuthUser         = "pgbouncer_auth"
+	AuthUserPassword = "pgtest-pgbouncer-auth-secret"
+	AuthQuery        = "SELECT username, password FROM pgbouncer.get_auth($1)"
 )
+
+// Bootstrap SQL, run as the superuser (by pgtest over the private unix
+// socket). The application role owns the database and may create roles:
+// the dislock schema's owner creates the namespaces' tenant roles.
+const (
+	CreateRoleSQL     = "CREATE ROLE " + AppUser + " LOGIN CREATEROLE PASSWORD '" + AppPassword + "'"
+	CreateDatabaseSQL = "CREATE DATABASE " + Database + " OWNER " + AppUser
+	CreateAuthUserSQL = "CREATE ROLE " + AuthUser + " LOGIN PASSWORD '" + AuthUserPassword + "'"
+)
+
+// CreateAuthQuerySQL, run as the superuser in the database PgBouncer serves
+// (PgBouncer 1.18 runs auth_query in the client's database), is PgBouncer's
+// usual auth_query recipe: a SECURITY DEFINER function over pg_authid, in a
+// schema the superuser owns so that the auth user cannot replace it,
+// executable by the auth user alone. It answers for login roles only and
+// never for a superuser, whose secret has no business in a pooler.
+const CreateAuthQuerySQL = `
+CREATE SCHEMA pgbouncer AUTHORIZATION ` + Superuser + `;
+REVOKE ALL ON SCHEMA pgbouncer FROM PUBLIC;
+GRANT USAGE ON SCHEMA pgbouncer TO ` + AuthUser + `;
+CREATE FUNCTION pgbouncer.get_auth(p_username text, OUT username text, OUT password text)
+RETURNS record LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT rolname::text, rolpassword FROM pg_catalog.pg_authid
+    WHERE rolname = p_username AND rolcanlogin AND NOT rolsuper
+      AND (rolvaliduntil IS NULL OR rolvaliduntil > now())
+$$;
+REVOKE ALL ON FUNCTION pgbouncer.get_auth(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgbouncer.get_auth(text) TO ` + AuthUser + `;
+`
 
 // DSN is a URL for user at 127.0.0.1:port, database "dislock", without TLS:
 // postgres://user:password@127.0.0.1:port/dislock?sslmode=disable.
@@ -83,14 +116,25 @@ const (
 )
 
 // bouncerConf is pgbouncer.ini for a PgBouncer in front of the postgres on
-// 127.0.0.1:pgPort.
+// 127.0.0.1:pgPort, which pgtest gave the auth_query function: roles the
+// auth_file does not list log in too.
 func bouncerConf(pgPort, port, poolSize int, authFile, pidFile string) string {
-	return upstreamBouncerConf("127.0.0.1", pgPort, port, poolSize, authFile, pidFile)
+	return upstreamBouncerConf("127.0.0.1", pgPort, port, poolSize, authFile, pidFile) + authQueryConf
 }
 
+// authQueryConf extends a pgbouncer.ini: PgBouncer asks the database for the
+// SCRAM secret of a role its auth_file lacks (logging in as auth_user, whose
+// password is in the auth_file), verifies the client against it, and logs
+// in to PostgreSQL with the client's own SCRAM proof (SCRAM pass-through),
+// so a role created after PgBouncer started needs no reload.
+const authQueryConf = `auth_user = ` + AuthUser + `
+auth_query = ` + AuthQuery + `
+`
+
 // upstreamBouncerConf is pgbouncer.ini for a PgBouncer in front of
-// host:pgPort. Settings that differ from PgBouncer's defaults are explained
-// inline.
+// host:pgPort, authenticating the roles of its auth_file only (pgtest did
+// not set up the upstream, so it has no auth_query function). Settings that
+// differ from PgBouncer's defaults are explained inline.
 func upstreamBouncerConf(host string, pgPort, port, poolSize int, authFile, pidFile string) string {
 	return fmt.Sprintf(`[databases]
 %s = host=%s port=%d dbname=%s
@@ -127,9 +171,10 @@ pidfile = %s
 // verifies the client's SCRAM exchange and performs its own SCRAM login to
 // PostgreSQL, and the harness need not compute SCRAM secrets itself.
 func bouncerAuthFile() string {
-	return fmt.Sprintf("%s %s\n%s %s\n",
+	return fmt.Sprintf("%s %s\n%s %s\n%s %s\n",
 		bouncerQuote(AppUser), bouncerQuote(AppPassword),
-		bouncerQuote(Superuser), bouncerQuote(SuperuserPassword))
+		bouncerQuote(Superuser), bouncerQuote(SuperuserPassword),
+		bouncerQuote(AuthUser), bouncerQuote(AuthUserPassword))
 }
 
 // pgQuote renders s as a postgresql.conf string literal.

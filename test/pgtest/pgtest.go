@@ -15,7 +15,12 @@
 // harness itself bootstraps roles as "postgres" through the unix socket, which
 // uses trust and is only accessible to the server's OS user and root.
 // PgBouncer reads plain-text passwords from its auth_file and logs in to
-// PostgreSQL with SCRAM as the connecting user. Its admin console (database
+// PostgreSQL with SCRAM as the connecting user. A role the auth_file does
+// not list (the tenant roles dislock creates at run time) is looked up with
+// auth_user/auth_query through a SECURITY DEFINER function the harness
+// creates as the superuser (CreateAuthQuerySQL), so it logs in through
+// PgBouncer without a reload. The application role may create roles
+// (CREATEROLE), as dislock's owner role must. Its admin console (database
 // "pgbouncer") accepts the superuser.
 //
 // AddBouncer starts more PgBouncers in front of the same PostgreSQL, one per
@@ -155,8 +160,13 @@ func (s *Server) setUp() error {
 	}
 	if _, err := s.run(s.bin.psql, "-X", "-q", "-v", "ON_ERROR_STOP=1",
 		"-h", s.dir, "-p", strconv.Itoa(s.pgPort), "-U", Superuser, "-d", "postgres",
-		"-c", CreateRoleSQL, "-c", CreateDatabaseSQL); err != nil {
+		"-c", CreateRoleSQL, "-c", CreateDatabaseSQL, "-c", CreateAuthUserSQL); err != nil {
 		return fmt.Errorf("pgtest: creating role and database %q: %w", Database, err)
+	}
+	if _, err := s.run(s.bin.psql, "-X", "-q", "-v", "ON_ERROR_STOP=1",
+		"-h", s.dir, "-p", strconv.Itoa(s.pgPort), "-U", Superuser, "-d", Database,
+		"-c", CreateAuthQuerySQL); err != nil {
+		return fmt.Errorf("pgtest: creating pgbouncer's auth_query function: %w", err)
 	}
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()

@@ -112,6 +112,26 @@ func TestTargetsAuthenticateWithSCRAMAsTheirRoles(t *testing.T) {
 	}
 }
 
+// A role created after PgBouncer started (as dislock creates a namespace's
+// role) logs in through it without a reload: PgBouncer looks it up with
+// auth_query. A wrong password still fails, and so does a role that was
+// dropped.
+func TestBouncerLogsInRolesCreatedAfterItStarted(t *testing.T) {
+	t.Parallel()
+	s := Need(t)
+	mustQuery(t, s, s.DirectDSN(), "CREATE ROLE pgtest_late LOGIN PASSWORD 'late-secret'")
+	if got := mustQuery(t, s, DSN("pgtest_late", "late-secret", s.bouncerPort), "select current_user"); got != "pgtest_late" {
+		t.Errorf("logged in as %q", got)
+	}
+	if _, err := query(t, s, DSN("pgtest_late", "wrong", s.bouncerPort), "select 1"); err == nil {
+		t.Error("a wrong password logged in")
+	}
+	mustQuery(t, s, s.DirectDSN(), "DROP ROLE pgtest_late")
+	if _, err := query(t, s, DSN("pgtest_late", "late-secret", s.bouncerPort), "select 1"); err == nil {
+		t.Error("a dropped role logged in")
+	}
+}
+
 func TestTargetsAreDirectThenPgbouncer(t *testing.T) {
 	t.Parallel()
 	s := Need(t)
