@@ -25,6 +25,10 @@ var (
 	ErrUnavailable = errors.New("database unavailable")
 	// ErrNotFound: no such window or lease.
 	ErrNotFound = errors.New("not found")
+	// ErrForbidden: the database refused the statement to this role: a
+	// tenant role reaching outside its namespace (row-level security) or
+	// beyond its rights. Retrying does not help.
+	ErrForbidden = errors.New("not permitted to this database role")
 )
 
 // classify maps driver errors onto the package's sentinels at the database
@@ -35,6 +39,10 @@ func (s *Store) classify(op string, err error) error {
 	}
 	if unavailable(err) {
 		return fmt.Errorf("%s: %w at %s: %w", op, ErrUnavailable, s.addr, err)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" && !errors.Is(err, ErrForbidden) { // insufficient_privilege
+		return fmt.Errorf("%s: %w: %w", op, ErrForbidden, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }

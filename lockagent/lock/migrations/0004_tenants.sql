@@ -1,0 +1,114 @@
+-- Version 4: tenant roles. Every opted-in namespace gets login roles of its
+-- own (one per cluster, rotated by the webhook), members of the group role
+-- dislock_tenant. A tenant role reads and writes only the rows whose key
+-- starts with its namespace, draws fencing tokens only through
+-- dislock.next_token(), and has no other right in the schema. The owner
+-- (the role that runs the migrations, the webhook and the operator CLI) owns
+-- every table and so is not subject to row-level security: agents and
+-- webhooks of schema version 3 that use the owner's URL keep working.
+--
+-- Creating dislock_tenant needs CREATEROLE. Creating and dropping the
+-- namespaces' login roles (ProvisionTenant, RetireTenantRoles) needs
+-- CREATEROLE and the right to grant dislock_tenant: on PostgreSQL 15 and
+-- older CREATEROLE alone gives that. On PostgreSQL 16 and newer a
+-- CREATEROLE role may grant only roles it holds with ADMIN OPTION; it
+-- receives that for the roles it creates, so this migration creating
+-- dislock_tenant suffices. Where a DBA created dislock_tenant instead, the
+-- owner needs `GRANT dislock_tenant TO <owner> WITH ADMIN OPTION`.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'dislock_tenant') THEN
+        IF NOT (SELECT rolcreaterole OR rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+            -- The fix goes into the message itself: clients print the
+            -- message, not always the hint.
+            RAISE EXCEPTION '%', format('schema dislock version 4 needs the group role dislock_tenant, and role %I may not '
+                'create roles: as a superuser, ALTER ROLE %I CREATEROLE (the webhook creates the namespaces'' roles with it too)',
+                current_user, current_user)
+                USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        CREATE ROLE dislock_tenant NOLOGIN;
+    END IF;
+END
+$$;
+
+-- One row per login role the webhook of a cluster created for a namespace.
+-- A generation is superseded when a newer one replaces it (rotation) or the
+-- namespace opts out, and retired (the role dropped) after a grace, so that
+-- pods still running with it finish. Retired rows stay, so that a
+-- generation number, and with it a role name, is never used twice.
+CREATE TABLE IF NOT EXISTS dislock.tenants (
+    role_name     text        PRIMARY KEY,
+    cluster       text        NOT NULL,
+    namespace     text        NOT NULL,
+    generation    int         NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    superseded_at timestamptz,
+    retired_at    timestamptz,
+    UNIQUE (cluster, namespace, generation)
+);
+
+-- The namespace the session's login role serves, or NULL for any other
+-- role. session_user, not current_user: inside a SECURITY DEFINER function
+-- current_user is the owner, and SET ROLE (to dislock_tenant, the only role
+-- a tenant may become) does not change session_user. It runs as the owner
+-- because tenants may not read dislock.tenants; the search path is pinned
+-- so that nothing a caller defines can stand in for what it calls.
+CREATE OR REPLACE FUNCTION dislock.tenant_namespace() RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT namespace FROM dislock.tenants WHERE role_name = session_user AND retired_at IS NULL
+$$;
+
+-- Tenants draw tokens only through next_token(), which runs as the owner:
+-- they have no right on the counter (setval would send every namespace's
+-- tokens back) nor on the epoch.
+ALTER FUNCTION dislock.next_token() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+-- A function is executable by PUBLIC unless revoked: the owner keeps what it
+-- owns, tenants get exactly the two they need (a row-level security policy
+-- runs with the querying role's rights, so it needs tenant_namespace too).
+-- A later migration that adds a function must revoke it from PUBLIC too (a
+-- test holds every function of the schema to that).
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dislock FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace() TO dislock_tenant;
+
+-- A key is <namespace>/<name>, or <namespace>/<name>#<index> for a lease of
+-- an Indexed Job; a namespace is a DNS label, so it never contains '/', and
+-- "team" never matches "team-a/...". One policy per table for every
+-- command: USING filters the rows a tenant sees, updates and (would)
+-- delete, WITH CHECK refuses a row it writes for another namespace. On
+-- INSERT ... ON CONFLICT DO UPDATE, PostgreSQL checks the proposed row with
+-- WITH CHECK and raises an error when the existing row fails USING, so a
+-- claim on another namespace's key is an error, never a silent no-op. The
+-- function sits in a sub-select: it runs once per statement, not per row.
+ALTER TABLE dislock.windows ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_namespace ON dislock.windows;
+CREATE POLICY tenant_namespace ON dislock.windows TO dislock_tenant
+    USING (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/'))
+    WITH CHECK (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/'));
+
+ALTER TABLE dislock.leases ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_namespace ON dislock.leases;
+CREATE POLICY tenant_namespace ON dislock.leases TO dislock_tenant
+    USING (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/'))
+    WITH CHECK (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/'));
+
+ALTER TABLE dislock.views ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_namespace ON dislock.views;
+CREATE POLICY tenant_namespace ON dislock.views TO dislock_tenant
+    USING (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/'))
+    WITH CHECK (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/'));
+
+-- Exactly what the agent's statements use. UPDATE is granted per column,
+-- never on a key column, and not on the table: with table-wide UPDATE a
+-- tenant could LOCK TABLE ... IN ACCESS EXCLUSIVE MODE and stall every
+-- namespace's claims. No DELETE (a release only expires a lease), no
+-- TRUNCATE, REFERENCES or TRIGGER. schema_migrations is readable so that
+-- `dislock check` with a tenant's URL can tell the schema version.
+GRANT USAGE ON SCHEMA dislock TO dislock_tenant;
+GRANT SELECT, INSERT ON dislock.windows, dislock.leases, dislock.views TO dislock_tenant;
+GRANT UPDATE (owner, cluster, pod, token, state, claimed_at, alive_until, finished_at, exit_code)
+    ON dislock.windows TO dislock_tenant;
+GRANT UPDATE (owner, token, acquired_at, expire_at) ON dislock.leases TO dislock_tenant;
+GRANT UPDATE (view, seen_at) ON dislock.views TO dislock_tenant;
+GRANT SELECT ON dislock.schema_migrations TO dislock_tenant;
