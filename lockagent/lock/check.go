@@ -234,6 +234,24 @@ func (s *Store) checkSchema(ctx context.Context, out []Finding) []Finding {
 		return append(out, Finding{Check: "schema", Status: StatusFail, Fix: "upgrade dislock",
 			Detail: fmt.Sprintf("schema dislock is at version %d, newer than this dislock knows (%d)", current, want)})
 	}
+	// A tenant role may not read the token counter or the epochs (nor
+	// every namespace's tokens): it cannot tell, and says so instead of
+	// failing.
+	var readable bool
+	var role, namespace string
+	if err := s.pool.QueryRow(ctx, qTokenReadable).Scan(&readable, &role); err != nil {
+		return append(out, Finding{Check: "tokens", Status: StatusFail, Detail: "cannot tell whether this role may read the fencing tokens: " + err.Error()})
+	}
+	if !readable {
+		who := "role " + role
+		// Only a tenant role may ask; for any other the answer is an error.
+		if s.pool.QueryRow(ctx, qTenantNamespace).Scan(&namespace) == nil && namespace != "" {
+			who += " (the tenant role of namespace " + namespace + ")"
+		}
+		return append(out, Finding{Check: "tokens", Status: StatusWarn,
+			Detail: who + " may not read the token counter and epochs, so whether fencing tokens can go back was not checked",
+			Fix:    "run dislock check with the owner's URL (the webhook's --database-url) to check the tokens"})
+	}
 	var epoch, counter, highest int64
 	if err := s.pool.QueryRow(ctx, qTokenEpoch).Scan(&epoch, &counter, &highest); err != nil {
 		return append(out, Finding{Check: "tokens", Status: StatusFail, Detail: "cannot compute the next fencing token: " + err.Error(),
@@ -251,6 +269,20 @@ func (s *Store) checkSchema(ctx context.Context, out []Finding) []Finding {
 
 // tokenEpochShift: a token is epoch<<tokenEpochShift + counter (migration 3).
 const tokenEpochShift = 40
+
+// qTokenReadable tells whether this role may run qTokenEpoch and see every
+// row's token (row-level security hides other namespaces' rows from a
+// tenant), and which role it is.
+const qTokenReadable = `
+SELECT has_function_privilege('dislock.token_epoch_now()', 'EXECUTE')
+       AND has_table_privilege('dislock.token_epoch', 'SELECT')
+       AND has_sequence_privilege('dislock.token_counter', 'SELECT')
+       AND has_table_privilege('dislock.windows', 'SELECT') AND has_table_privilege('dislock.leases', 'SELECT')
+       AND NOT row_security_active('dislock.windows') AND NOT row_security_active('dislock.leases'),
+       session_user::text`
+
+// qTenantNamespace names the namespace of a tenant role (empty for another).
+const qTenantNamespace = `SELECT coalesce(dislock.tenant_namespace(), '')`
 
 const qTokenEpoch = `
 SELECT dislock.token_epoch_now(), (SELECT last_value FROM dislock.token_counter),
