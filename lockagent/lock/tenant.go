@@ -1,0 +1,472 @@
+package lock
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/pbkdf2"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Tenant roles (migration 4). Each opted-in namespace gets, per cluster, a
+// login role that may lock only the keys of its namespace: row-level
+// security on the key's namespace prefix, tokens only through
+// dislock.next_token(), nothing else. The webhook creates them with the
+// owner's URL and puts only the namespace's own credential into the
+// namespace. A role per cluster, not one shared by every cluster's webhook,
+// so that each cluster rotates its credentials on its own schedule without
+// coordinating with the others; the namespaces' keys are the same in every
+// cluster, so the rows the roles reach are too.
+
+// TenantGroupRole is the NOLOGIN role every tenant login role is a member
+// of; the privileges and row-level security policies are granted to it.
+const TenantGroupRole = "dislock_tenant"
+
+// tenantRolePrefix starts every tenant login role's name.
+const tenantRolePrefix = "dislock_t_"
+
+// SCRAM-SHA-256 verifier parameters: PostgreSQL's own defaults
+// (scram_iterations, and its salt length).
+const (
+	scramIterations = 4096
+	scramSaltLen    = 16
+)
+
+// tenantLockClass is the first key of the transaction-level advisory lock
+// that serialises the provisioning of one (cluster, namespace): the second
+// is a hash of the two. A two-key advisory lock never collides with the
+// single-key migration lock.
+const tenantLockClass = 0x646c_7431 // "dlt1"
+
+// TenantCredential is one login role of a namespace's tenant.
+type TenantCredential struct {
+	Role, Password     string
+	Namespace, Cluster string
+	Generation         int
+}
+
+// TenantRole is one live generation of a namespace's login role.
+type TenantRole struct {
+	Role       string `json:"role"`
+	Namespace  string `json:"namespace"`
+	Cluster    string `json:"cluster"`
+	Generation int    `json:"generation"`
+	// CreatedAt and SupersededAt are database times in UTC; SupersededAt
+	// is nil for the generation in use.
+	CreatedAt    time.Time  `json:"createdAt"`
+	SupersededAt *time.Time `json:"supersededAt,omitempty"`
+}
+
+const (
+	// qTenantLock serialises every change to one (cluster, namespace)'s
+	// roles, so that concurrent provisioners (webhook replicas) never pick
+	// the same generation.
+	qTenantLock = `SELECT pg_advisory_xact_lock($1::int, hashtext($2::text || '/' || $3::text))`
+
+	// qNextTenantGeneration counts retired generations too: a role name is
+	// never used twice.
+	qNextTenantGeneration = `SELECT coalesce(max(generation), 0) + 1 FROM dislock.tenants
+WHERE cluster = $1::text AND namespace = $2::text`
+
+	qSupersedeTenants = `UPDATE dislock.tenants SET superseded_at = now()
+WHERE cluster = $1::text AND namespace = $2::text AND superseded_at IS NULL AND retired_at IS NULL`
+
+	qInsertTenant = `INSERT INTO dislock.tenants (role_name, cluster, namespace, generation, created_at)
+VALUES ($1::text, $2::text, $3::text, $4::int, now())`
+
+	qListTenantRoles = `SELECT role_name, namespace, cluster, generation, created_at, superseded_at FROM dislock.tenants
+WHERE cluster = $1::text AND namespace = $2::text AND retired_at IS NULL
+ORDER BY generation DESC`
+
+	qRetirableTenants = `SELECT role_name FROM dislock.tenants
+WHERE cluster = $1::text AND namespace = $2::text AND retired_at IS NULL
+  AND superseded_at <= now() - $3::bigint * interval '1 microsecond'
+ORDER BY generation`
+
+	// qRetireTenant marks one role retired if it still is due; the role is
+	// dropped in the same transaction.
+	qRetireTenant = `UPDATE dislock.tenants SET retired_at = now()
+WHERE role_name = $1::text AND retired_at IS NULL
+  AND superseded_at <= now() - $2::bigint * interval '1 microsecond'`
+)
+
+// dnsLabel is an RFC 1123 label, which every Kubernetes namespace name is.
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// validateTenant lists every problem with a (cluster, namespace).
+func validateTenant(cluster, namespace string) error {
+	var errs []error
+	switch {
+	case cluster == "":
+		errs = append(errs, errors.New("cluster is empty (the webhook's --cluster-name)"))
+	case strings.ContainsAny(cluster, "/\x00"):
+		// As in owner strings, '/' separates a key's parts.
+		errs = append(errs, fmt.Errorf("cluster %q contains '/' or NUL", cluster))
+	}
+	if len(namespace) > 63 || !dnsLabel.MatchString(namespace) {
+		errs = append(errs, fmt.Errorf("namespace %q is not a DNS label (lowercase letters, digits and '-', "+
+			"starting and ending with a letter or digit, at most 63 characters)", namespace))
+	}
+	return errors.Join(errs...)
+}
+
+// tenantRoleName is dislock_t_<hash of cluster and namespace>_g<generation>:
+// at most 54 bytes, inside PostgreSQL's 63. The hash keeps names of any
+// length inside the limit and distinct.
+func tenantRoleName(cluster, namespace string, generation int) string {
+	sum := sha256.Sum256([]byte(cluster + "/" + namespace))
+	return tenantRolePrefix + hex.EncodeToString(sum[:16]) + "_g" + strconv.Itoa(generation)
+}
+
+// ProvisionTenant creates a new generation of the (cluster, namespace)
+// tenant role with a fresh random password and returns it; older
+// generations stay valid until retired. The password never reaches the
+// server: only its SCRAM-SHA-256 verifier does, so neither the server's
+// statement log nor anyone reading pg_authid learns it.
+func (s *Store) ProvisionTenant(ctx context.Context, cluster, namespace string) (TenantCredential, error) {
+	if err := validateTenant(cluster, namespace); err != nil {
+		return TenantCredential{}, fmt.Errorf("provisioning a tenant role: %w", err)
+	}
+	password, err := newTenantPassword()
+	if err != nil {
+		return TenantCredential{}, err
+	}
+	salt := make([]byte, scramSaltLen)
+	if _, err := rand.Read(salt); err != nil {
+		return TenantCredential{}, fmt.Errorf("provisioning a tenant role: %w", err)
+	}
+	verifier, err := scramVerifier(password, salt, scramIterations)
+	if err != nil {
+		return TenantCredential{}, err
+	}
+	c := TenantCredential{Password: password, Namespace: namespace, Cluster: cluster}
+	op := fmt.Sprintf("provisioning a role for namespace %s of cluster %s", namespace, cluster)
+	err = s.tenantTx(ctx, op, cluster, namespace, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, qNextTenantGeneration, cluster, namespace).Scan(&c.Generation); err != nil {
+			return err
+		}
+		c.Role = tenantRoleName(cluster, namespace, c.Generation)
+		if _, err := tx.Exec(ctx, qSupersedeTenants, cluster, namespace); err != nil {
+			return err
+		}
+		// Utility statements take no parameters; both values are built
+		// here from a hash and base64 and quoted anyway.
+		create := "CREATE ROLE " + pgx.Identifier{c.Role}.Sanitize() + " LOGIN PASSWORD " + quoteLiteral(verifier) +
+			" IN ROLE " + pgx.Identifier{TenantGroupRole}.Sanitize()
+		if err := tx.Conn().PgConn().Exec(ctx, create).Close(); err != nil {
+			return fmt.Errorf("creating role %s: %w", c.Role, err)
+		}
+		_, err := tx.Exec(ctx, qInsertTenant, c.Role, cluster, namespace, c.Generation)
+		return err
+	})
+	if err != nil {
+		return TenantCredential{}, err
+	}
+	return c, nil
+}
+
+// TenantRoles lists the live generations (newest first) with when they were
+// created / superseded.
+func (s *Store) TenantRoles(ctx context.Context, cluster, namespace string) ([]TenantRole, error) {
+	if err := validateTenant(cluster, namespace); err != nil {
+		return nil, fmt.Errorf("listing tenant roles: %w", err)
+	}
+	op := fmt.Sprintf("listing the roles of namespace %s of cluster %s", namespace, cluster)
+	rows, err := s.pool.Query(ctx, qListTenantRoles, cluster, namespace)
+	if err != nil {
+		return nil, s.classify(op, err)
+	}
+	defer rows.Close()
+	var out []TenantRole
+	for rows.Next() {
+		var r TenantRole
+		if err := rows.Scan(&r.Role, &r.Namespace, &r.Cluster, &r.Generation, &r.CreatedAt, &r.SupersededAt); err != nil {
+			return nil, s.classify(op, err)
+		}
+		r.CreatedAt = r.CreatedAt.UTC()
+		if r.SupersededAt != nil {
+			t := r.SupersededAt.UTC()
+			r.SupersededAt = &t
+		}
+		out = append(out, r)
+	}
+	return out, s.classify(op, rows.Err())
+}
+
+// SupersedeTenantRoles marks every live generation of the (cluster,
+// namespace) tenant superseded now, without creating a new one (the
+// namespace opted out): RetireTenantRoles drops them after the grace.
+func (s *Store) SupersedeTenantRoles(ctx context.Context, cluster, namespace string) error {
+	if err := validateTenant(cluster, namespace); err != nil {
+		return fmt.Errorf("superseding tenant roles: %w", err)
+	}
+	op := fmt.Sprintf("superseding the roles of namespace %s of cluster %s", namespace, cluster)
+	return s.tenantTx(ctx, op, cluster, namespace, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, qSupersedeTenants, cluster, namespace)
+		return err
+	})
+}
+
+// RetireTenantRoles drops the generations superseded more than `grace` ago
+// (DB time); returns the dropped role names. Each role is dropped in a
+// transaction of its own, so one that cannot be dropped (it owns objects a
+// DBA must deal with) does not keep the others alive; the error names it.
+// A session still open with a dropped role can do nothing more: the rights
+// came from dislock_tenant, and the role no longer maps to a namespace.
+func (s *Store) RetireTenantRoles(ctx context.Context, cluster, namespace string, grace time.Duration) ([]string, error) {
+	if err := validateTenant(cluster, namespace); err != nil {
+		return nil, fmt.Errorf("retiring tenant roles: %w", err)
+	}
+	if grace < 0 {
+		return nil, fmt.Errorf("retiring tenant roles: grace %s is negative", grace)
+	}
+	op := fmt.Sprintf("retiring the roles of namespace %s of cluster %s", namespace, cluster)
+	rows, err := s.pool.Query(ctx, qRetirableTenants, cluster, namespace, micros(grace))
+	if err != nil {
+		return nil, s.classify(op, err)
+	}
+	due, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, s.classify(op, err)
+	}
+	var dropped []string
+	var errs []error
+	for _, role := range due {
+		var retired bool
+		err := s.tenantTx(ctx, op+": dropping "+role, cluster, namespace, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, qRetireTenant, role, micros(grace))
+			if err != nil || tag.RowsAffected() == 0 {
+				return err // another provisioner retired it meanwhile
+			}
+			retired = true
+			return tx.Conn().PgConn().Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize()).Close()
+		})
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case retired:
+			dropped = append(dropped, role)
+		}
+	}
+	return dropped, errors.Join(errs...)
+}
+
+// tenantTx runs fn in one transaction holding the (cluster, namespace)
+// lock. A transaction keeps one server connection in PgBouncer's
+// transaction pooling too, and nothing in it outlives the commit.
+func (s *Store) tenantTx(ctx context.Context, op, cluster, namespace string, fn func(pgx.Tx) error) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return s.classify(op, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit this is a no-op
+	if _, err := tx.Exec(ctx, qTenantLock, tenantLockClass, cluster, namespace); err != nil {
+		return s.classify(op, err)
+	}
+	if err := fn(tx); err != nil {
+		return s.classify(op, err)
+	}
+	return s.classify(op, tx.Commit(ctx))
+}
+
+// newTenantPassword is 256 random bits in URL-safe base64: nothing in it
+// needs escaping in a URL or a key=value connection string.
+func newTenantPassword() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generating a tenant password: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// scramVerifier is the SCRAM-SHA-256 secret PostgreSQL stores for password
+// (RFC 5802, RFC 7677), in pg_authid's format:
+// SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>. The password
+// is ASCII, on which SASLprep changes nothing.
+func scramVerifier(password string, salt []byte, iterations int) (string, error) {
+	salted, err := pbkdf2.Key(sha256.New, password, salt, iterations, sha256.Size)
+	if err != nil {
+		return "", fmt.Errorf("computing the SCRAM verifier: %w", err)
+	}
+	mac := func(key []byte, msg string) []byte {
+		h := hmac.New(sha256.New, key)
+		h.Write([]byte(msg))
+		return h.Sum(nil)
+	}
+	storedKey := sha256.Sum256(mac(salted, "Client Key"))
+	serverKey := mac(salted, "Server Key")
+	b64 := base64.StdEncoding.EncodeToString
+	return fmt.Sprintf("SCRAM-SHA-256$%d:%s$%s:%s", iterations, b64(salt), b64(storedKey[:]), b64(serverKey)), nil
+}
+
+// quoteLiteral renders s as an SQL string literal, as read with
+// standard_conforming_strings on (PostgreSQL's default). s is a SCRAM
+// verifier, which never holds a backslash, so the setting cannot matter.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// ownerOnlyParams are connection parameters that carry the owner's own
+// credentials (its password, its client certificate and the key's
+// passphrase, its password file): TenantDSN leaves them out.
+var ownerOnlyParams = map[string]bool{
+	"user": true, "password": true, "sslpassword": true, "sslcert": true, "sslkey": true, "passfile": true,
+}
+
+// TenantDSN is the owner DSN with user and password replaced by the
+// credential's (same hosts, ports, options). Parameters that hold the
+// owner's other credentials (sslcert, sslkey, sslpassword, passfile) are
+// dropped: they are the owner's, and the tenant's pods do not have the files.
+// A URL stays a URL with everything else as written; a key=value string
+// keeps every other pair in order (quoted only where needed).
+func TenantDSN(ownerDSN string, c TenantCredential) (string, error) {
+	if c.Role == "" || c.Password == "" {
+		return "", errors.New("tenant URL: the credential has no role or no password")
+	}
+	if _, err := ParseDatabaseURL(ownerDSN); err != nil {
+		return "", fmt.Errorf("tenant URL: owner URL: %w", err)
+	}
+	var dsn string
+	var err error
+	if scheme, rest, ok := cutURLScheme(ownerDSN); ok {
+		dsn, err = tenantURL(scheme, rest, c)
+	} else {
+		dsn, err = tenantKeywordValue(ownerDSN, c)
+	}
+	if err != nil {
+		return "", fmt.Errorf("tenant URL: %s", scrubPassword(ownerDSN, err.Error()))
+	}
+	cfg, err := ParseDatabaseURL(dsn)
+	if err != nil {
+		// Never expected: both pieces were parsed above. Neither
+		// password may appear in the message.
+		return "", fmt.Errorf("tenant URL: the result does not parse: %s",
+			strings.ReplaceAll(scrubPassword(ownerDSN, err.Error()), c.Password, "xxxxx"))
+	}
+	if cfg.ConnConfig.User != c.Role || cfg.ConnConfig.Password != c.Password {
+		return "", errors.New("tenant URL: the result does not name the tenant's role and password")
+	}
+	return dsn, nil
+}
+
+func cutURLScheme(dsn string) (scheme, rest string, ok bool) {
+	for _, p := range []string{"postgresql://", "postgres://"} {
+		if rest, ok := strings.CutPrefix(dsn, p); ok {
+			return p, rest, true
+		}
+	}
+	return "", "", false
+}
+
+// tenantURL rewrites a postgres:// URL. As libpq (and pgx) read it, the
+// user information is everything before the first '@' that comes before the
+// first '/'; hosts, path and query follow, and the query may name the
+// user or password again (a later value wins), so those are dropped there.
+func tenantURL(scheme, rest string, c TenantCredential) (string, error) {
+	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
+		rest = rest[i+1:]
+	}
+	userinfo := url.UserPassword(c.Role, c.Password).String() + "@"
+	q := strings.IndexByte(rest, '?')
+	if q < 0 {
+		return scheme + userinfo + rest, nil
+	}
+	var kept []string
+	for _, pair := range strings.Split(rest[q+1:], "&") {
+		rawKey, _, _ := strings.Cut(pair, "=")
+		key, err := url.PathUnescape(rawKey)
+		if err != nil {
+			return "", fmt.Errorf("query parameter %q: %w", rawKey, err)
+		}
+		if !ownerOnlyParams[key] {
+			kept = append(kept, pair)
+		}
+	}
+	query := ""
+	if len(kept) > 0 {
+		query = "?" + strings.Join(kept, "&")
+	}
+	return scheme + userinfo + rest[:q] + query, nil
+}
+
+// tenantKeywordValue rewrites a key=value connection string, reading it as
+// libpq does (values bare or in single quotes, backslash escapes), keeping
+// every other pair in order and appending the tenant's user and password.
+func tenantKeywordValue(dsn string, c TenantCredential) (string, error) {
+	const space = " \t\n\r\v\f"
+	var kept []string
+	s := strings.TrimLeft(dsn, space)
+	for s != "" {
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 {
+			return "", errors.New("a keyword without '=' in the key=value connection string")
+		}
+		key := strings.Trim(s[:eq], space)
+		rest := strings.TrimLeft(s[eq+1:], space)
+		end := 0
+		if strings.HasPrefix(rest, "'") {
+			end = 1
+			for ; end < len(rest) && rest[end] != '\''; end++ {
+				if rest[end] == '\\' {
+					end++
+				}
+			}
+			if end >= len(rest) {
+				return "", errors.New("an unterminated quoted value in the key=value connection string")
+			}
+			end++ // the closing quote
+		} else {
+			for ; end < len(rest) && !strings.ContainsRune(space, rune(rest[end])); end++ {
+				if rest[end] == '\\' {
+					end++
+				}
+			}
+			end = min(end, len(rest))
+		}
+		if !ownerOnlyParams[key] {
+			value := rest[:end]
+			if strings.HasPrefix(value, "'") {
+				value = value[1 : len(value)-1]
+			}
+			kept = append(kept, key+"="+quoteConnValue(unescapeConnValue(value)))
+		}
+		s = strings.TrimLeft(rest[end:], space)
+	}
+	kept = append(kept, "user="+quoteConnValue(c.Role), "password="+quoteConnValue(c.Password))
+	return strings.Join(kept, " "), nil
+}
+
+// unescapeConnValue reads a key=value connection string value as libpq
+// does: a backslash takes the next character literally, and a trailing one
+// is dropped.
+func unescapeConnValue(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == '\\' {
+			i++
+			if i == len(v) {
+				break
+			}
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
+}
+
+// quoteConnValue renders v as a key=value connection string value: bare
+// when that reads back the same, else quoted.
+func quoteConnValue(v string) string {
+	if v != "" && !strings.ContainsAny(v, " \t\n\r\v\f'\\") {
+		return v
+	}
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
+}
