@@ -57,14 +57,28 @@ func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admissi
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the Job: %w", err)), resultError
 	}
-	if job.Namespace == "" {
+	switch {
+	case job.Namespace == "":
 		job.Namespace = req.Namespace
+	case req.Namespace != "" && job.Namespace != req.Namespace:
+		// The API server refuses this before admission; the lock key's
+		// namespace must not hang on that alone.
+		return admission.Denied(fmt.Sprintf("dislock: the Job's metadata.namespace %q is not the namespace %q it is created in", job.Namespace, req.Namespace)), resultDenied
 	}
 	if job.Name == "" {
 		job.Name = req.Name
 	}
 	owner := metav1.GetControllerOf(job)
 	if owner == nil || owner.Kind != "CronJob" || owner.APIVersion != batchv1.SchemeGroupVersion.String() {
+		// Such a Job reaches the webhook only when it carries a dislock
+		// marker (the configurations' matchConditions). The webhook never
+		// injects it, so anything of an injection on it was written by
+		// hand: a sidecar with another team's key, say.
+		if mk := injectionMarker(job); mk != nil {
+			return admission.Denied("dislock: dislock only injects Jobs created by a CronJob, and this Job looks injected (" + mk.String() + "): " +
+				"remove the " + SidecarName + " init container and the " + StatusAnnotation + " annotation (and any other part of an injection), " +
+				"or create the Job from an opted-in CronJob (kubectl create job --from=cronjob/<name>)"), resultDenied
+		}
 		return admission.Allowed("not controlled by a CronJob"), resultNotApplicable
 	}
 	cronJob, err := m.cronJob(ctx, types.NamespacedName{Namespace: job.Namespace, Name: owner.Name}, owner.UID)
@@ -72,14 +86,17 @@ func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admissi
 		// Fail closed: a Job that may need a lock is not let through unlocked.
 		return admission.Errored(http.StatusInternalServerError, err), resultError
 	}
-	if !spec.Enabled(spec.Merge(cronJob.Annotations, job.Annotations)) {
+	// Read once: whether it is opted in, and whether it carries an
+	// injection already (which is checked, never trusted).
+	r := newReview(job, cronJob)
+	if !r.enabled && r.marker == nil {
 		return admission.Allowed("the CronJob has no dislock.io/mode annotation"), resultNotApplicable
 	}
-	entrypoints, err := m.entrypoints(ctx, job, cronJob)
+	entrypoints, err := m.entrypoints(ctx, r)
 	if err == nil {
 		var injected *batchv1.Job
 		var status *Status
-		injected, status, err = Inject(job, cronJob, m.opts, entrypoints)
+		injected, status, err = r.inject(m.opts, entrypoints)
 		if err == nil {
 			return m.patch(req, job, cronJob, injected, status)
 		}
@@ -143,12 +160,12 @@ func (m *jobMutator) cronJob(ctx context.Context, key types.NamespacedName, uid 
 
 // entrypoints resolves, from the image registry, the entrypoint of each app
 // container that has no command and no dislock.io/entrypoint annotation.
-func (m *jobMutator) entrypoints(ctx context.Context, job *batchv1.Job, cronJob *batchv1.CronJob) (map[string][]string, error) {
-	need, err := NeedsEntrypoint(job, cronJob)
+func (m *jobMutator) entrypoints(ctx context.Context, r *review) (map[string][]string, error) {
+	need, err := r.needsEntrypoint()
 	if err != nil || len(need) == 0 {
 		return nil, err
 	}
-	secrets, err := m.pullSecrets(ctx, job)
+	secrets, err := m.pullSecrets(ctx, r.job)
 	if err != nil {
 		return nil, err
 	}

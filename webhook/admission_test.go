@@ -8,12 +8,15 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/dislock/dislock/lockagent/spec"
 )
 
 func TestAdmissionOverHTTPS(t *testing.T) {
@@ -42,6 +45,63 @@ func TestAdmissionOverHTTPS(t *testing.T) {
 			}
 		})
 	}
+	injected, _, err := Inject(job, optedIn, testOptions(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("a copy of an injected Job is allowed unchanged", func(t *testing.T) {
+		resp, _ := ts.review(t, MutateJobPath, reviewBody(t, "Job", admissionv1.Create, injected))
+		if resp == nil || !resp.Allowed || len(resp.Patch) != 0 {
+			t.Fatalf("response %+v", resp)
+		}
+	})
+	forged := injected.DeepCopy()
+	forged.Spec.Template.Spec.InitContainers[0].Env[1] = corev1.EnvVar{Name: spec.EnvKey, Value: "team-b/report"}
+	bareForged := forged.DeepCopy()
+	bareForged.OwnerReferences = nil
+	plainForged := forged.DeepCopy()
+	plainForged.OwnerReferences = plainJob.OwnerReferences
+	bareAnnotated := orphan.DeepCopy()
+	bareAnnotated.Annotations[spec.AnnotationMode] = "schedule"
+	bareAnnotated.Spec.Template.Annotations = map[string]string{spec.AnnotationKey: "report"}
+	for _, tc := range []struct {
+		name string
+		job  *batchv1.Job
+		want []string
+	}{
+		{"a forged sidecar with another team's key is denied, naming the variable", forged,
+			[]string{"initContainers[0].env[DISLOCK_KEY].value is \"team-b/report\"", "remove the dislock-agent init container and the dislock.io/status annotation"}},
+		{"a forged injection in a Job no CronJob owns is denied", bareForged,
+			[]string{"dislock only injects Jobs created by a CronJob", "metadata.annotations[dislock.io/status] is set", "remove the dislock-agent init container"}},
+		{"a forged injection in a Job of a CronJob that did not opt in is denied", plainForged,
+			[]string{"neither it nor its CronJob opts in"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, _ := ts.review(t, MutateJobPath, reviewBody(t, "Job", admissionv1.Create, tc.job))
+			if resp == nil || resp.Allowed || len(resp.Patch) != 0 {
+				t.Fatalf("response %+v", resp)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(resp.Result.Message, w) {
+					t.Errorf("denial %q does not say %q", resp.Result.Message, w)
+				}
+			}
+		})
+	}
+	t.Run("a Job no CronJob owns, with dislock.io/ annotations of its user's, is left alone", func(t *testing.T) {
+		resp, _ := ts.review(t, MutateJobPath, reviewBody(t, "Job", admissionv1.Create, bareAnnotated))
+		if resp == nil || !resp.Allowed || len(resp.Patch) != 0 {
+			t.Fatalf("response %+v", resp)
+		}
+	})
+	t.Run("a Job that names another namespace than the request's is denied", func(t *testing.T) {
+		elsewhere := job.DeepCopy()
+		elsewhere.Namespace = "team-b"
+		resp, _ := ts.review(t, MutateJobPath, reviewBody(t, "Job", admissionv1.Create, elsewhere))
+		if resp == nil || resp.Allowed || !strings.Contains(resp.Result.Message, `metadata.namespace "team-b" is not the namespace "team"`) {
+			t.Fatalf("response %+v", resp)
+		}
+	})
 	t.Run("a Job carrying bad annotations is denied with every problem named", func(t *testing.T) {
 		resp, _ := ts.review(t, MutateJobPath, reviewBody(t, "Job", admissionv1.Create, badJob))
 		if resp == nil || resp.Allowed {

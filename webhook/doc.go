@@ -15,10 +15,19 @@
 // The dislock annotations are the CronJob's own, overridden key by key by
 // the Job's (which the controller copied from spec.jobTemplate), parsed by
 // [spec.FromAnnotations]; any problem denies the Job with every problem
-// listed. A Job already carrying [StatusAnnotation] and the sidecar comes
-// back unchanged, so reinvocation is safe; the annotation without the
-// sidecar is refused rather than trusted, because a hand-copied annotation
-// must not switch the lock off in every cluster.
+// listed.
+//
+// A Job that already carries any part of an injection ([StatusAnnotation],
+// a container named "dislock-agent", the "dislock" volume, a DISLOCK_
+// variable, a command that runs dislock-agent) is checked, never trusted:
+// the injection is taken off again (the sidecar, the volume and mounts,
+// the wrapper in front of each command) and the Job it came from is
+// injected afresh with the webhook's options. The Job passes unchanged only
+// if it is exactly that (a reinvocation, or a copy of an injected Job);
+// otherwise it is refused with [ErrForgedInjection], naming the first
+// field that differs. So nothing passes with another namespace's key,
+// another image or an app command outside the wrapper. A Job no CronJob
+// controls is never injected, and is refused if it looks injected.
 //
 // The pod template gets the emptyDir volume "dislock" (mounted at /dislock),
 // the native sidecar "dislock-agent" as initContainers[0] (existing init

@@ -68,7 +68,10 @@ var fuzzSeeds = []struct {
 }
 
 // FuzzInject: Inject never panics; whatever it accepts re-injects unchanged,
-// wraps every app container, and its CronJob passes ValidateCronJob.
+// comes back byte for byte when taken apart by strip and injected again
+// (so a copy of it passes the forged-injection check), has its key in the
+// Job's own namespace whatever the annotations say, wraps every app
+// container, and its CronJob passes ValidateCronJob.
 func FuzzInject(f *testing.F) {
 	for _, s := range fuzzSeeds {
 		f.Add(s.mode, s.ttl, s.standby, s.catchup, s.appStart, s.entrypoint, s.key, s.jobName, s.schedule, s.tz, s.stamp, s.manual, s.resolved, s.shape)
@@ -117,7 +120,19 @@ func FuzzInject(f *testing.F) {
 				t.Fatalf("container %s: command %q", c.Name, c.Command)
 			}
 		}
+		checkKey(t, out, st, job.Namespace)
 		got := toJSON(t, out)
+		stripped, recovered := strip(out)
+		if mk := injectionMarker(stripped); mk != nil {
+			t.Fatalf("strip left %s", mk)
+		}
+		fresh, _, err := Inject(stripped, cj, opts, recovered)
+		if err != nil {
+			t.Fatalf("injecting the stripped Job: %v", err)
+		}
+		if !bytes.Equal(toJSON(t, fresh), got) {
+			t.Fatalf("Inject(strip(Inject(x))) differs from Inject(x):\n%s\n%s", got, toJSON(t, fresh))
+		}
 		again, st2, err := Inject(out, cj, opts, nil)
 		if err != nil {
 			t.Fatalf("re-injecting: %v", err)
@@ -132,6 +147,74 @@ func FuzzInject(f *testing.F) {
 		}
 		if errs := ValidateCronJob(cj); len(errs) > 0 {
 			t.Fatalf("Inject accepted a Job of a CronJob ValidateCronJob refuses: %v", errs.ToAggregate())
+		}
+	})
+}
+
+// FuzzForgedInjection edits one part of a real injection with fuzzed text.
+// Inject refuses the Job unless the edit changed nothing the injection is
+// made of: whatever it lets through has exactly the webhook's sidecar and
+// volume, and the key of the Job's own namespace. An edit of the sidecar,
+// the volume or the status passes only if it changed nothing at all.
+func FuzzForgedInjection(f *testing.F) {
+	f.Add(uint8(0), uint8(1), "team-b/report")
+	f.Add(uint8(0), uint8(1), "team/report")
+	f.Add(uint8(1), uint8(0), "evil.example/agent")
+	f.Add(uint8(2), uint8(0), "DISLOCK_SHARED_DIR")
+	f.Add(uint8(2), uint8(1), "LOG_LEVEL")
+	f.Add(uint8(3), uint8(0), `{"version":1,"mode":"schedule,lease","key":"team-b/report"}`)
+	f.Add(uint8(4), uint8(3), "/app/other")
+	f.Add(uint8(4), uint8(0), "/usr/local/bin/dislock-agent")
+	f.Add(uint8(5), uint8(1), "exec")
+	f.Add(uint8(6), uint8(0), "Memory")
+	f.Add(uint8(7), uint8(0), "agent")
+	opts := goldenOptions()
+	cj, legit := injectedCase(f, map[string]string{spec.AnnotationMode: "schedule,lease"})
+	want := toJSON(f, legit)
+	wantSidecar := toJSON(f, legit.Spec.Template.Spec.InitContainers[0])
+	wantVolume := toJSON(f, legit.Spec.Template.Spec.Volumes)
+	f.Fuzz(func(t *testing.T, op, at uint8, text string) {
+		job := legit.DeepCopy()
+		pod := &job.Spec.Template.Spec
+		sc := &pod.InitContainers[0]
+		app := &pod.Containers[0]
+		injectionOnly := true // the edit touches only what the webhook adds
+		switch op % 8 {
+		case 0:
+			sc.Env[int(at)%len(sc.Env)].Value = text
+		case 1:
+			sc.Image = text
+		case 2:
+			c := sc
+			if at%2 == 1 {
+				c, injectionOnly = app, false
+			}
+			c.Env = append(c.Env, corev1.EnvVar{Name: text, Value: "x"})
+		case 3:
+			job.Annotations[StatusAnnotation] = text
+		case 4:
+			app.Command[int(at)%len(app.Command)] = text
+			injectionOnly = false
+		case 5:
+			sc.Command[int(at)%len(sc.Command)] = text
+		case 6:
+			pod.Volumes[0].EmptyDir.Medium = corev1.StorageMedium(text)
+		case 7:
+			sc.Name = text
+		}
+		out, st, err := Inject(job, cj, opts, nil)
+		if err != nil {
+			if out != nil || st != nil || err.Error() == "" {
+				t.Fatalf("Inject returned %v, %v with its error %v", out, st, err)
+			}
+			return
+		}
+		checkKey(t, out, st, "team")
+		if !bytes.Equal(toJSON(t, out.Spec.Template.Spec.InitContainers[0]), wantSidecar) || !bytes.Equal(toJSON(t, out.Spec.Template.Spec.Volumes), wantVolume) {
+			t.Fatalf("a sidecar or volume the webhook did not make passed:\n%s", toJSON(t, out.Spec.Template.Spec))
+		}
+		if injectionOnly && !bytes.Equal(toJSON(t, out), want) {
+			t.Fatalf("an edited injection passed:\n%s", toJSON(t, out))
 		}
 	})
 }

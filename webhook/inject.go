@@ -23,8 +23,9 @@ import (
 
 // Names and paths of what Inject adds to a pod template.
 const (
-	// StatusAnnotation is written on every Job Inject mutated; its presence
-	// makes Inject leave the Job alone.
+	// StatusAnnotation is written on every Job Inject mutated. A Job that
+	// carries it is checked against what Inject would make of it, and left
+	// alone only if it is exactly that.
 	StatusAnnotation = spec.AnnotationStatus
 	// StatusVersion is Status.Version as written by this package.
 	StatusVersion = 1
@@ -263,32 +264,58 @@ type plan struct {
 // entrypoints maps a container name to its image's entrypoint, resolved by
 // the caller for the containers NeedsEntrypoint lists.
 //
-// It reads nothing but its arguments. A Job that already has the status
-// annotation and the sidecar is returned unchanged. A Job with no dislock
-// annotation gives ErrNotOptedIn. Otherwise every problem (bad annotations,
-// no window, a container without a known entrypoint, names dislock needs
-// already taken) is reported at once, each saying what to fix.
+// It reads nothing but its arguments. A Job with no dislock annotation gives
+// ErrNotOptedIn. A Job that already carries a part of an injection (see
+// injectionMarker) is not injected again: it must be exactly what Inject
+// makes of the Job it was made from, and then comes back unchanged
+// (reinvocation, or a copy of an injected Job); otherwise the error wraps
+// ErrForgedInjection and names the first field that differs. Otherwise every
+// problem (bad annotations, no window, a container without a known
+// entrypoint, names dislock needs already taken) is reported at once, each
+// saying what to fix.
 func Inject(job *batchv1.Job, cronJob *batchv1.CronJob, opts Options, entrypoints map[string][]string) (*batchv1.Job, *Status, error) {
 	if job == nil || cronJob == nil {
 		return nil, nil, errors.New("inject: job and cronJob must not be nil")
 	}
+	return newReview(job, cronJob).inject(opts, entrypoints)
+}
+
+// review is what one admission reads from a Job before anything is injected,
+// read once: the dislock annotations that apply to it, whether they opt it
+// in, and the first part of an earlier injection it carries.
+type review struct {
+	job         *batchv1.Job
+	cronJob     *batchv1.CronJob
+	annotations map[string]string // the CronJob's dislock annotations, overridden by the Job's
+	enabled     bool
+	marker      *marker // nil: the Job carries no part of an injection
+}
+
+func newReview(job *batchv1.Job, cronJob *batchv1.CronJob) *review {
+	annotations := spec.Merge(cronJob.Annotations, job.Annotations)
+	return &review{job: job, cronJob: cronJob, annotations: annotations,
+		enabled: spec.Enabled(annotations), marker: injectionMarker(job)}
+}
+
+func (r *review) inject(opts Options, entrypoints map[string][]string) (*batchv1.Job, *Status, error) {
 	opts = opts.WithDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("invalid webhook options: %w", err)
 	}
-	annotations := spec.Merge(cronJob.Annotations, job.Annotations)
-	if !spec.Enabled(annotations) {
+	switch {
+	case r.marker != nil:
+		return r.verify(opts)
+	case !r.enabled:
 		return nil, nil, ErrNotOptedIn
 	}
-	if raw, ok := job.Annotations[StatusAnnotation]; ok {
-		st, err := injectedStatus(job, raw)
-		if err != nil {
-			return nil, nil, err
-		}
-		return job.DeepCopy(), st, nil
-	}
+	return r.fresh(r.job, opts, entrypoints)
+}
 
-	p, err := makePlan(job, cronJob, annotations, entrypoints, opts)
+// fresh injects job, which carries no part of an injection: r.job itself, or
+// the Job verify recovered from it.
+func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]string) (*batchv1.Job, *Status, error) {
+	cronJob := r.cronJob
+	p, err := makePlan(job, cronJob, r.annotations, entrypoints, opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -308,7 +335,7 @@ func Inject(job *batchv1.Job, cronJob *batchv1.CronJob, opts Options, entrypoint
 		c.Command = append(slices.Clone(WrapperPrefix), p.commands[i]...)
 		c.Env = append(slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == spec.EnvContainerName }),
 			corev1.EnvVar{Name: spec.EnvContainerName, Value: c.Name})
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeName, MountPath: SharedDir})
+		c.VolumeMounts = append(c.VolumeMounts, sharedMount())
 		names[i] = c.Name
 	}
 	// With the default policy, TerminatingOrFailed, the Job controller
@@ -351,26 +378,16 @@ func Inject(job *batchv1.Job, cronJob *batchv1.CronJob, opts Options, entrypoint
 	return out, st, nil
 }
 
-// injectedStatus accepts a Job carrying the status annotation only if it
-// also carries the sidecar. The annotation alone (copied by hand into a job
-// template, say) must not switch the lock off in every cluster.
-func injectedStatus(job *batchv1.Job, raw string) (*Status, error) {
-	hasSidecar := slices.ContainsFunc(job.Spec.Template.Spec.InitContainers, func(c corev1.Container) bool {
-		return c.Name == SidecarName
-	})
-	var st Status
-	if !hasSidecar || json.Unmarshal([]byte(raw), &st) != nil {
-		return nil, fmt.Errorf("annotation %s is set but the job was not injected by dislock (no %s init container, or not the webhook's JSON): remove %s from the CronJob's spec.jobTemplate.metadata.annotations; only the webhook writes it",
-			StatusAnnotation, SidecarName, StatusAnnotation)
-	}
-	return &st, nil
-}
-
 // makePlan parses and checks everything Inject needs, and reports every
 // problem at once.
 func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, annotations map[string]string, entrypoints map[string][]string, opts Options) (plan, error) {
 	var errs []error
 	namespace := jobNamespace(job, cronJob)
+	if job.Namespace != "" && cronJob.Namespace != "" && job.Namespace != cronJob.Namespace {
+		// The key is the Job's namespace's: a CronJob read from elsewhere
+		// must not lend its annotations to it.
+		errs = append(errs, fmt.Errorf("the Job's namespace %q is not its CronJob's namespace %q", job.Namespace, cronJob.Namespace))
+	}
 	s, err := spec.FromAnnotations(annotations, namespace, cronJob.Name)
 	if err != nil {
 		errs = append(errs, err)
@@ -511,9 +528,24 @@ func templateProblems(jobSpec *field.Path, js *batchv1.JobSpec) field.ErrorList 
 		containers []corev1.Container
 	}{{"initContainers", pod.InitContainers}, {"containers", pod.Containers}} {
 		for i, c := range list.containers {
+			cp := podPath.Child(list.name).Index(i)
 			if c.Name == SidecarName {
-				errs = append(errs, field.Invalid(podPath.Child(list.name).Index(i).Child("name"), c.Name,
+				errs = append(errs, field.Invalid(cp.Child("name"), c.Name,
 					"dislock adds a container of this name (rename this container)"))
+			}
+			// The sidecar's and the wrappers' variables come from the
+			// webhook only: one written into a template could point the
+			// wrapper at another directory than the agent's, or claim a
+			// key the webhook never chose.
+			for j, e := range c.Env {
+				if dislockVariable(list.name, e.Name) {
+					errs = append(errs, field.Invalid(cp.Child("env").Index(j).Child("name"), e.Name,
+						"dislock sets the "+envPrefix+" variables itself, on its sidecar and on each app container (remove this variable)"))
+				}
+			}
+			if runsAgent(c.Command) {
+				errs = append(errs, field.Invalid(cp.Child("command").Index(0), c.Command[0],
+					"only the sidecar and the wrapped commands dislock injects run dislock-agent (remove it: the webhook wraps every app container's command itself)"))
 			}
 		}
 	}
@@ -540,7 +572,7 @@ func sidecar(p plan, opts Options) corev1.Container {
 		RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
 		Env:           envVars(p.env.Render(), opts),
 		Resources:     opts.AgentResources,
-		VolumeMounts:  []corev1.VolumeMount{{Name: VolumeName, MountPath: SharedDir}},
+		VolumeMounts:  []corev1.VolumeMount{sharedMount()},
 		// The app containers (and any later init containers) start only once
 		// this succeeds, i.e. once the agent has installed itself in the
 		// shared volume; their wrappers then wait for the decision.
@@ -593,27 +625,36 @@ func fieldRef(path string) *corev1.EnvVarSource {
 	return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: path}}
 }
 
+// sharedMount is the mount of the shared volume in every container.
+func sharedMount() corev1.VolumeMount {
+	return corev1.VolumeMount{Name: VolumeName, MountPath: SharedDir}
+}
+
 // NeedsEntrypoint lists the app containers Inject will need an image
 // entrypoint for: those without a command, when dislock.io/entrypoint is not
 // set. The caller resolves them (from the registry) and passes them to
-// Inject. It returns nothing for an already injected Job, and
+// Inject. It returns nothing for a Job that carries a part of an injection
+// (its wrapped commands are checked, not resolved again), and
 // ErrNotOptedIn for a Job that is not opted in.
 func NeedsEntrypoint(job *batchv1.Job, cronJob *batchv1.CronJob) ([]corev1.Container, error) {
 	if job == nil || cronJob == nil {
 		return nil, errors.New("needs entrypoint: job and cronJob must not be nil")
 	}
-	annotations := spec.Merge(cronJob.Annotations, job.Annotations)
-	if !spec.Enabled(annotations) {
+	return newReview(job, cronJob).needsEntrypoint()
+}
+
+func (r *review) needsEntrypoint() ([]corev1.Container, error) {
+	switch {
+	case r.marker != nil:
+		return nil, nil
+	case !r.enabled:
 		return nil, ErrNotOptedIn
 	}
-	if _, ok := job.Annotations[StatusAnnotation]; ok {
-		return nil, nil
-	}
-	if _, ok := annotations[spec.AnnotationEntrypoint]; ok {
+	if _, ok := r.annotations[spec.AnnotationEntrypoint]; ok {
 		return nil, nil
 	}
 	var out []corev1.Container
-	for _, c := range job.Spec.Template.Spec.Containers {
+	for _, c := range r.job.Spec.Template.Spec.Containers {
 		if len(c.Command) == 0 {
 			out = append(out, *c.DeepCopy())
 		}

@@ -387,12 +387,14 @@ func TestInjectRefuses(t *testing.T) {
 			wantIs:      ErrNotOptedIn,
 		},
 		{
-			name:        "only a status annotation, copied into the template by hand: not opted in",
+			name:        "only a status annotation, copied into the template by hand, is refused rather than trusted",
 			annotations: nil,
 			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
 				job.Annotations[StatusAnnotation] = `{"version":1}`
 			},
-			wantIs: ErrNotOptedIn,
+			wantIs: ErrForgedInjection,
+			want: []string{"the Job looks injected by dislock (metadata.annotations[dislock.io/status] is set)",
+				"neither it nor its CronJob opts in", "remove the dislock-agent init container and the dislock.io/status annotation"},
 		},
 		{
 			name:        "a status annotation without the sidecar does not switch the lock off",
@@ -400,7 +402,10 @@ func TestInjectRefuses(t *testing.T) {
 			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
 				job.Annotations[StatusAnnotation] = `{"version":1,"mode":"schedule"}`
 			},
-			want: []string{"annotation dislock.io/status is set but the job was not injected by dislock", "remove dislock.io/status"},
+			wantIs: ErrForgedInjection,
+			want: []string{"the Job looks injected by dislock (metadata.annotations[dislock.io/status] is set)",
+				`spec.template.spec.containers[0].command[0] is "/app/report"; dislock injects "/dislock/bin/dislock-agent"`,
+				"remove the dislock-agent init container and the dislock.io/status annotation"},
 		},
 		{
 			name:        "a malformed scheduled timestamp is not guessed around",
@@ -438,7 +443,15 @@ func TestInjectRefuses(t *testing.T) {
 			},
 		},
 		{
-			name:        "names and paths dislock adds are already taken",
+			name:        "a mount where dislock mounts its volume",
+			annotations: schedule,
+			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+				job.Spec.Template.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/dislock/data"}}
+			},
+			want: []string{`spec.template.spec.containers[0].volumeMounts[0].mountPath: Invalid value: "/dislock/data"`},
+		},
+		{
+			name:        "names dislock adds, taken by hand, are a forged injection",
 			annotations: schedule,
 			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
 				pod := &job.Spec.Template.Spec
@@ -446,10 +459,21 @@ func TestInjectRefuses(t *testing.T) {
 				pod.InitContainers = []corev1.Container{{Name: "dislock-agent", Image: "x"}}
 				pod.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/dislock/data"}}
 			},
+			wantIs: ErrForgedInjection,
 			want: []string{
-				`spec.template.spec.volumes[0].name: Invalid value: "dislock"`,
-				`spec.template.spec.initContainers[0].name: Invalid value: "dislock-agent"`,
+				`the Job looks injected by dislock (spec.template.spec.initContainers[0] is named "dislock-agent")`,
 				`spec.template.spec.containers[0].volumeMounts[0].mountPath: Invalid value: "/dislock/data"`,
+			},
+		},
+		{
+			name:        "a DISLOCK_ variable of the user's is a forged injection",
+			annotations: schedule,
+			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+				job.Spec.Template.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "DISLOCK_SHARED_DIR", Value: "/tmp"}}
+			},
+			wantIs: ErrForgedInjection,
+			want: []string{
+				`(spec.template.spec.containers[0].env[DISLOCK_SHARED_DIR] is set), but dislock never injects that`,
 			},
 		},
 		{

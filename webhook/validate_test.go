@@ -127,6 +127,20 @@ func TestValidateCronJob(t *testing.T) {
 				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.manualSelector", "remove manualSelector"},
 				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.template.spec.volumes[1].name", "rename this volume"},
 			}},
+		{name: "the job template sets dislock's variables or runs dislock-agent itself",
+			own: map[string]string{spec.AnnotationMode: "schedule"},
+			edit: func(cj *batchv1.CronJob) {
+				pod := &cj.Spec.JobTemplate.Spec.Template.Spec
+				pod.InitContainers = []corev1.Container{{Name: "helper", Image: "registry.example/dislock-agent",
+					Command: []string{"/usr/local/bin/dislock-agent", "agent"}, Env: []corev1.EnvVar{{Name: "DISLOCK_KEY", Value: "team-b/report"}}}}
+				// An app container's own DISLOCK_CONTAINER_NAME is replaced by the injection: not a problem.
+				pod.Containers[0].Env = []corev1.EnvVar{{Name: "DISLOCK_CONTAINER_NAME", Value: "stale"}, {Name: "DISLOCK_SHARED_DIR", Value: "/tmp"}}
+			},
+			want: []problem{
+				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.template.spec.initContainers[0].env[0].name", `"DISLOCK_KEY": dislock sets the DISLOCK_ variables itself`},
+				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.template.spec.initContainers[0].command[0]", "only the sidecar and the wrapped commands dislock injects run dislock-agent"},
+				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.template.spec.containers[0].env[1].name", `"DISLOCK_SHARED_DIR"`},
+			}},
 		{name: "every kind of problem at once",
 			own: map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationCatchup: "soon"},
 			edit: func(cj *batchv1.CronJob) {
