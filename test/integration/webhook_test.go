@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/yaml"
 
 	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/kube"
@@ -95,11 +96,13 @@ func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface, tune .
 
 // registerWebhooks creates the two webhook configurations the way the Helm
 // chart does (failurePolicy Fail, the opt-in namespaceSelector that also
-// excludes the webhook's own namespace and kube-system, matchConditions for
-// CronJob-controlled Jobs), calling the server at base, and deletes them when
-// the test ends.
+// excludes the webhook's own namespace and kube-system, and the
+// matchConditions of config/webhook/manifests.yaml, so that the API server
+// evaluates the shipped CEL), calling the server at base, and deletes them
+// when the test ends.
 func registerWebhooks(t *testing.T, cs kubernetes.Interface, base string, ca []byte) {
 	t.Helper()
+	shipped := shippedMatchConditions(t)
 	url := func(path string) *string { u := base + path; return &u }
 	fail := admissionregistrationv1.Fail
 	none := admissionregistrationv1.SideEffectClassNone
@@ -117,9 +120,7 @@ func registerWebhooks(t *testing.T, cs kubernetes.Interface, base string, ca []b
 			Rules: []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"}, Resources: []string{"jobs"}}}},
 			FailurePolicy: &fail, SideEffects: &none, TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
-			NamespaceSelector: optIn, ReinvocationPolicy: &ifNeeded,
-			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "controlled-by-a-cronjob",
-				Expression: `has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, r.kind == "CronJob" && has(r.controller) && r.controller)`}},
+			NamespaceSelector: optIn, ReinvocationPolicy: &ifNeeded, MatchConditions: shipped.mutating,
 		}}}
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "dislock"},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
@@ -127,7 +128,7 @@ func registerWebhooks(t *testing.T, cs kubernetes.Interface, base string, ca []b
 			Rules: []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"}, Resources: []string{"cronjobs"}}}},
 			FailurePolicy: &fail, SideEffects: &none, TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
-			NamespaceSelector: optIn,
+			NamespaceSelector: optIn, MatchConditions: shipped.validating,
 		}}}
 	if _, err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx2, mwc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -139,6 +140,39 @@ func registerWebhooks(t *testing.T, cs kubernetes.Interface, base string, ca []b
 		cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx2, "dislock", metav1.DeleteOptions{})
 		cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx2, "dislock", metav1.DeleteOptions{})
 	})
+}
+
+// matchConditions are the two webhooks' matchConditions.
+type matchConditions struct {
+	mutating, validating []admissionregistrationv1.MatchCondition
+}
+
+// shippedMatchConditions reads the webhooks' matchConditions from
+// config/webhook/manifests.yaml (the chart renders the same; test/chart
+// compares the two).
+func shippedMatchConditions(t *testing.T) matchConditions {
+	t.Helper()
+	var out matchConditions
+	b, err := os.ReadFile("../../config/webhook/manifests.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for doc := range bytes.SplitSeq(b, []byte("\n---\n")) {
+		var mw admissionregistrationv1.MutatingWebhookConfiguration
+		if err := yaml.Unmarshal(doc, &mw); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case mw.Kind == "MutatingWebhookConfiguration" && len(mw.Webhooks) == 1:
+			out.mutating = mw.Webhooks[0].MatchConditions
+		case mw.Kind == "ValidatingWebhookConfiguration" && len(mw.Webhooks) == 1:
+			out.validating = mw.Webhooks[0].MatchConditions
+		}
+	}
+	if len(out.mutating) == 0 || len(out.validating) == 0 {
+		t.Fatal("config/webhook/manifests.yaml: no matchConditions")
+	}
+	return out
 }
 
 func TestJobsOfAnnotatedCronJobsArriveInjected(t *testing.T) {
