@@ -129,6 +129,22 @@ func reapUntil(pid int) waitResult {
 	}
 }
 
+// exited reports whether the child has already ended, whether or not its
+// status has been collected yet: the goroutine that reaps it may run late on
+// a loaded node, and an app that finished before its lease was lost must not
+// be taken for one the wrapper stopped. It leaves the status to the reaper
+// (WNOWAIT), and a child already reaped (ECHILD) has ended too.
+func (c *child) exited() bool {
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_PID, c.pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+	if errors.Is(err, unix.ECHILD) {
+		return true
+	}
+	// The kernel sets si_signo to SIGCHLD only when it found the child
+	// waitable; with WNOHANG and a running child it leaves it 0.
+	return err == nil && info.Signo == int32(unix.SIGCHLD)
+}
+
 // signalGroup sends sig to the child's whole process group. A group that is
 // already gone is not an error: the child is exiting anyway.
 func (c *child) signalGroup(sig syscall.Signal) error {

@@ -1,12 +1,18 @@
 package wrapper
 
 import (
+	"log/slog"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/protocol"
 )
 
 // As a container's PID 1, the wrapper inherits every orphan the app leaves
@@ -125,5 +131,68 @@ func TestWhichSignalsAreForwarded(t *testing.T) {
 		if got := forwarded(sig); got != want {
 			t.Errorf("forwarded(%v) = %v, want %v", sig, got, want)
 		}
+	}
+}
+
+// An app that ended just before its lease was lost ended on its own, even
+// when the wrapper collects its status only after the deadline (its reaping
+// goroutine runs late on a loaded node): it is not reported as stopped, so
+// the agent can record its success. Found by the fault schedules on a
+// loaded machine (seed 14000046): the success was recorded failed and the
+// window ran again. The control, an app still running, is stopped.
+func TestAnAppThatEndedBeforeTheDeadlineWasNotStopped(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		argv    []string
+		stopped bool
+	}{
+		{"ended, status not yet collected", []string{"true"}, false},
+		{"still running", []string{"sleep", "30"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := newPod(t)
+			if err := p.shared.WriteDeadline(1); err != nil { // long passed
+				t.Fatal(err)
+			}
+			cmd := exec.Command(tc.argv[0], tc.argv[1:]...)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// The status arrives only when the test says: the late reaper.
+			done := make(chan waitResult, 1)
+			c := &child{pid: cmd.Process.Pid, done: done}
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			eventually(t, "the app to end or run", func() bool {
+				return c.exited() == !tc.stopped
+			})
+			w := &wrapper{opts: Options{Poll: 5 * time.Millisecond}, dir: p.shared, log: slog.New(slog.DiscardHandler)}
+			var looks atomic.Int32
+			watch := &leaseWatch{dir: p.shared, now: func() int64 { looks.Add(1); return protocol.MonotonicNow() }}
+			type outcome struct {
+				res     waitResult
+				stopped bool
+			}
+			out := make(chan outcome, 1)
+			go func() {
+				res, stopped := w.supervise(c, runDecision(7), watch, make(chan os.Signal))
+				out <- outcome{res, stopped}
+			}()
+			// The wrapper looks at the passed deadline before the status
+			// arrives: once to stop a running app, several times otherwise.
+			want := int32(5)
+			if tc.stopped {
+				want = 1
+			}
+			eventually(t, "the wrapper to see the deadline passed", func() bool { return looks.Load() >= want })
+			err := cmd.Wait()
+			done <- waitResult{status: statusOf(cmd.ProcessState.Sys().(syscall.WaitStatus))}
+			o := <-out
+			if o.stopped != tc.stopped {
+				t.Fatalf("stopped = %v (status %+v, wait %v), want %v", o.stopped, o.res.status, err, tc.stopped)
+			}
+		})
 	}
 }

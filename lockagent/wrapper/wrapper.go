@@ -438,7 +438,9 @@ func (w *wrapper) supervise(c *child, dec protocol.Decision, watch *leaseWatch, 
 				continue
 			}
 			why, lost := watch.check()
-			if !lost {
+			if !lost || c.exited() {
+				// An app that ended before the lease was lost ended on
+				// its own: its status is on its way through c.done.
 				continue
 			}
 			w.log.Error(why, "key", dec.Key, "window", dec.Window, "token", dec.Token, "killGrace", grace.String())
