@@ -272,6 +272,10 @@ func Check(o *Outcome) []Violation {
 	// (c) Successive runs: one that started after another ended must carry
 	// a larger token. Runs that overlap (different windows in schedule mode)
 	// are concurrent grants, not successive ones, but never share a token.
+	// The indexes of an Indexed Job are fenced apart (each holds its own
+	// lease, <key>#<index>) and run side by side: one index's grant may
+	// reach its app after another index's later grant, so their order is
+	// compared only within an index.
 	for i, r := range runs {
 		if r.Token < 0 {
 			add("c: run without a fencing token", podsOf(r), "run without a fencing token: %s", r)
@@ -280,6 +284,7 @@ func Check(o *Outcome) []Violation {
 		for _, a := range runs[:i] {
 			switch {
 			case a.Token < 0:
+			case a.Token != r.Token && a.Index != r.Index:
 			case a.Token == r.Token:
 				add("c: two runs with one token", podsOf(a, r), "two runs share fencing token %d:\n  %s\n  %s", r.Token, a, r)
 			case !a.End.After(r.Start) && r.Token < a.Token:
