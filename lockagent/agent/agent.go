@@ -188,6 +188,9 @@ func (a *agent) publish(d protocol.Decision) {
 		// With the app containers known, finishRun records as soon as all
 		// of them reported; the wrappers wait for that (see AwaitRecord).
 		d.AwaitRecord = len(a.cfg.AppContainers) > 0 && (a.windowToken != 0 || a.leaseToken != 0)
+		if d.AwaitRecord {
+			d.Containers = a.cfg.AppContainers
+		}
 		if dl := a.deadline(); dl != 0 {
 			if err := a.dir.WriteDeadline(dl); err != nil {
 				a.log.Error("writing the deadline failed", "err", err)

@@ -78,6 +78,10 @@ type Decision struct {
 	// app ended could be stopped before it can handle a signal, and the
 	// window lapse to a standby after it already ran.
 	AwaitRecord bool `json:"awaitRecord,omitempty"`
+	// Containers are the pod's app containers when AwaitRecord is set:
+	// only the last of them to finish waits, so a container that finished
+	// early ends (and is never restarted to run its app again).
+	Containers []string `json:"containers,omitempty"`
 }
 
 // Duration marshals as a Go duration string.

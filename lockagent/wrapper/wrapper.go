@@ -179,6 +179,9 @@ type wrapper struct {
 	reapAll        bool
 	waitLogEvery   time.Duration
 	now            func() int64 // CLOCK_MONOTONIC ns
+	// terminated: a terminating signal reached the wrapper while the app
+	// ran (and was forwarded to it).
+	terminated bool
 }
 
 func (w *wrapper) run() int {
@@ -206,6 +209,17 @@ func (w *wrapper) run() int {
 		return w.skip(dec)
 	case protocol.ActionError:
 		return w.fail(dec)
+	}
+	if dec.AwaitRecord {
+		// A container the kubelet restarts after its app succeeded in this
+		// pod (a liveness kill while it waited for the record) does not
+		// run the app again: the success stands.
+		if results, err := w.dir.ReadResults(); err == nil {
+			if r, ok := results[w.opts.Name]; ok && r.Ran && r.ExitCode == 0 && !r.Revoked {
+				w.log.Info("the command already succeeded in this pod; not running it again", "key", dec.Key, "window", dec.Window)
+				return 0
+			}
+		}
 	}
 	return w.runCommand(dec, sigs)
 }
@@ -332,10 +346,31 @@ func (w *wrapper) runCommand(dec protocol.Decision, sigs <-chan os.Signal) int {
 	})
 	w.log.Info("the command ended", "exitCode", code, "signal", res.status.signalName(), "revoked", stopped,
 		"duration", finished.Sub(started).String())
-	if code == 0 && !stopped && dec.AwaitRecord {
+	if code == 0 && !stopped && dec.AwaitRecord && !w.terminated && w.lastToFinish(dec) {
+		// Whatever the app left running in its group must not act on
+		// after the agent recorded the run and released its lease; it
+		// would die with this container anyway.
+		w.signal(c, syscall.SIGKILL)
 		w.awaitRecord(dec, watch, sigs)
 	}
 	return code
+}
+
+// lastToFinish reports whether every other app container of the pod has
+// reported: only the last one waits for the record, so the others end at
+// once as they always did (a container that stayed to wait could be
+// restarted by the kubelet and run its app again).
+func (w *wrapper) lastToFinish(dec protocol.Decision) bool {
+	results, err := w.dir.ReadResults()
+	if err != nil {
+		return true
+	}
+	for _, name := range dec.Containers {
+		if _, ok := results[name]; !ok && name != w.opts.Name {
+			return false
+		}
+	}
+	return true
 }
 
 // awaitRecord keeps the container, and so the pod, alive after a success
@@ -432,6 +467,11 @@ func (w *wrapper) supervise(c *child, dec protocol.Decision, watch *leaseWatch, 
 		case sig := <-sigs:
 			if forwarded(sig) {
 				w.signal(c, sig.(syscall.Signal))
+			}
+			if s, ok := sig.(syscall.Signal); ok && terminating(s) {
+				// The pod is being stopped: the app may end on this very
+				// signal, and the wrapper must not wait for a record after.
+				w.terminated = true
 			}
 		case <-tick.C:
 			if stopping {
