@@ -59,6 +59,9 @@ func runWebhook(args []string) int {
 	fs.BoolVar(&cfg.CopyDBSecret, "copy-db-secret", false, "copy the database Secret into every opted-in namespace")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv(cli.EnvDatabaseURL), "PostgreSQL URL for migrations and retention (optional; default $"+cli.EnvDatabaseURL+")")
 	fs.DurationVar(&cfg.Retention, "retention", lock.DefaultRetention, "delete windows older than this")
+	fs.BoolVar(&cfg.TenantRoles, "tenant-roles", true, "give every opted-in namespace its own database role and put only its URL in the namespace's Secret (with --database-url)")
+	fs.DurationVar(&cfg.TenantRotation, "tenant-rotation", webhook.DefaultTenantRotation, "give each namespace a new database role this often")
+	fs.DurationVar(&cfg.TenantGrace, "tenant-grace", webhook.DefaultTenantGrace, "keep a superseded namespace role valid this long for pods still using it (at least 24h)")
 	fs.IntVar(&port, "port", 9443, "webhook HTTPS port")
 	fs.StringVar(&cfg.Certs.CertDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory with tls.crt and tls.key (reloaded on change)")
 	fs.BoolVar(&cfg.Certs.SelfSigned, "self-signed-certs", false, "generate and rotate the serving certificate in process and keep the webhook configurations' caBundle current")
@@ -77,7 +80,7 @@ func runWebhook(args []string) int {
 	fs.BoolVar(&cfg.Resolver.Insecure, "insecure-registry", false, "allow plain-HTTP image registries (tests only)")
 	fs.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 disables)")
 	fs.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "health and readiness probe address")
-	fs.BoolVar(&leaderElect, "leader-elect", false, "elect a leader for the secret copier and retention")
+	fs.BoolVar(&leaderElect, "leader-elect", false, "elect a leader for the secret copier, tenant roles and retention")
 	fs.StringVar(&kube, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
@@ -95,6 +98,9 @@ func runWebhook(args []string) int {
 		log.Error(err, "bad sidecar resources")
 		return 2
 	}
+	// Tenant roles are provisioned with the owner's credential: without it
+	// each namespace's Secret is the administrator's to create.
+	cfg.TenantRoles = cfg.TenantRoles && cfg.DatabaseURL != ""
 	if err := cfg.Validate(); err != nil {
 		log.Error(err, "bad flags")
 		return 2

@@ -28,8 +28,12 @@ var (
 		Name: "dislock_secret_copies_total",
 		Help: "Database secret copies written or deleted in opted-in namespaces, by action.",
 	}, []string{"action"})
+	tenantRolesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dislock_tenant_roles_total",
+		Help: "Database roles of opted-in namespaces provisioned or retired, by action (provision, retire).",
+	}, []string{"action"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(admissionsTotal, admissionDuration, secretCopiesTotal)
+	metrics.Registry.MustRegister(admissionsTotal, admissionDuration, secretCopiesTotal, tenantRolesTotal)
 }

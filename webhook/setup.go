@@ -40,13 +40,23 @@ type Config struct {
 	// from, and never intercepted.
 	Namespace string
 	// CopyDBSecret runs the controller that copies the database secret into
-	// every opted-in namespace.
+	// every opted-in namespace (without tenant roles only: the copy is the
+	// credential the administrator put there, for every namespace alike).
 	CopyDBSecret bool
 	// DatabaseURL, when set, makes the webhook run migrations at start and
-	// delete windows older than Retention.
+	// delete windows older than Retention. It is the owner's credential and
+	// never leaves the webhook's namespace.
 	DatabaseURL string
 	Retention   time.Duration
-	Certs       CertConfig
+	// TenantRoles gives every opted-in namespace its own database role and
+	// puts only that role's URL in the namespace's Secret (needs
+	// DatabaseURL). TenantRotation is how often a namespace gets a new role
+	// generation; TenantGrace how long a superseded one stays valid for
+	// pods that still use it.
+	TenantRoles    bool
+	TenantRotation time.Duration
+	TenantGrace    time.Duration
+	Certs          CertConfig
 }
 
 // CertConfig chooses where the serving certificate comes from.
@@ -77,6 +87,20 @@ func (c Config) Validate() error {
 	if c.DatabaseURL != "" && c.Retention < lock.MinRetention {
 		errs = append(errs, fmt.Errorf("retention %s is shorter than %s (set --retention to at least %s): a pod that starts late could claim a deleted window and run it again",
 			c.Retention, lock.MinRetention, lock.MinRetention))
+	}
+	if c.TenantRoles {
+		switch {
+		case c.DatabaseURL == "":
+			errs = append(errs, errors.New("tenant roles need the owner's database URL (set --database-url, or --tenant-roles=false and create each namespace's Secret yourself)"))
+		case c.CopyDBSecret:
+			errs = append(errs, errors.New("--copy-db-secret would put the owner's credential into every opted-in namespace, where tenant roles put each namespace's own: drop --copy-db-secret (or pass --tenant-roles=false to keep copying, which lets every tenant touch every other's locks)"))
+		}
+		if c.TenantGrace < MinTenantGrace {
+			errs = append(errs, fmt.Errorf("tenant grace %s is shorter than %s (set --tenant-grace to at least %s): a running pod would lose its database role", c.TenantGrace, MinTenantGrace, MinTenantGrace))
+		}
+		if c.TenantRotation < time.Hour {
+			errs = append(errs, fmt.Errorf("tenant rotation %s is shorter than an hour (set --tenant-rotation to e.g. %s)", c.TenantRotation, DefaultTenantRotation))
+		}
 	}
 	if c.Certs.SelfSigned {
 		for _, f := range [][2]string{{"cert dir", c.Certs.CertDir}, {"cert secret name", c.Certs.SecretName},
@@ -135,6 +159,11 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 	}
 	if cfg.CopyDBSecret {
 		if err := setupSecretCopier(mgr, cfg); err != nil {
+			return err
+		}
+	}
+	if cfg.TenantRoles {
+		if err := setupTenantProvisioner(mgr, cfg); err != nil {
 			return err
 		}
 	}

@@ -28,7 +28,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -361,24 +360,36 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 
 	team := r.optIn(t, "team-defaults")
 
-	t.Run("the database Secret is copied into opted-in namespaces", func(t *testing.T) {
+	t.Run("every opted-in namespace gets a database role of its own", func(t *testing.T) {
 		db := r.flags.value("db-secret-name")
-		copyHolds := func(url string) func(context.Context) (bool, error) {
-			return func(ctx context.Context) (bool, error) {
-				s, err := r.admin.CoreV1().Secrets(team).Get(ctx, db, metav1.GetOptions{})
-				if apierrors.IsNotFound(err) {
-					return false, nil
-				}
-				return err == nil && string(s.Data["url"]) == url, err
+		var url string
+		await(t, 30*time.Second, "the namespace's Secret", func(ctx context.Context) (bool, error) {
+			s, err := r.admin.CoreV1().Secrets(team).Get(ctx, db, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, nil
 			}
+			url = string(s.Data["url"])
+			return err == nil && s.Annotations[webhook.TenantRoleAnnotation] != "", err
+		})
+		if url == "" || url == pg.BouncerDSN() {
+			t.Fatalf("the namespace's Secret holds %q, not a role of its own", url)
 		}
-		await(t, 30*time.Second, "the copy", copyHolds(pg.BouncerDSN()))
-		moved := strings.Replace(pg.BouncerDSN(), "sslmode=disable", "sslmode=disable&application_name=moved", 1)
-		patch := fmt.Sprintf(`{"stringData":{"url":%q}}`, moved)
-		if _, err := r.admin.CoreV1().Secrets(r.ns).Patch(ctx, db, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-			t.Fatal(err)
+		store, err := lock.Open(ctx, url, lock.Options{})
+		if err != nil {
+			t.Fatalf("opening the database with the namespace's Secret: %v", err)
 		}
-		await(t, 30*time.Second, "the copy to follow the source", copyHolds(moved))
+		defer store.Close()
+		claim := func(key string) error {
+			_, err := store.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC), Index: lock.NotIndexed, TTL: time.Minute,
+				Owner: lock.Owner{Cluster: "dc-a", Namespace: team, Job: "report-1", JobUID: "uid-1", Pod: "report-1-x"}})
+			return err
+		}
+		if err := claim(team + "/report"); err != nil {
+			t.Fatalf("claiming the namespace's own window: %v", err)
+		}
+		if err := claim("someone-else/report"); !errors.Is(err, lock.ErrForbidden) {
+			t.Fatalf("claiming another namespace's window: %v, want refused", err)
+		}
 	})
 
 	t.Run("a Job of an opted-in CronJob is injected", func(t *testing.T) {

@@ -344,8 +344,11 @@ func checkContract(t *testing.T, m manifest, w contract) {
 		if c.Args[0] != "webhook" || flags.value("cluster-name") != w.cluster || flags.value("agent-image") != w.agentImage {
 			t.Errorf("args %v: want webhook --cluster-name=%s --agent-image=%s", c.Args, w.cluster, w.agentImage)
 		}
-		if flags.set("copy-db-secret") != w.copier {
-			t.Errorf("--copy-db-secret %v, want %v", flags.set("copy-db-secret"), w.copier)
+		// With copyToNamespaces the webhook gives each opted-in namespace a
+		// role of its own (its default); it never copies the owner's URL.
+		if tenantRoles := flags.value("tenant-roles") != "false"; flags.set("copy-db-secret") || tenantRoles != w.copier {
+			t.Errorf("--copy-db-secret %v, tenant roles %v; want no copy, and tenant roles exactly with copyToNamespaces (%v)",
+				flags.set("copy-db-secret"), tenantRoles, w.copier)
 		}
 		if flags.set("self-signed-certs") != w.selfSigned {
 			t.Errorf("--self-signed-certs %v, want %v", flags.set("self-signed-certs"), w.selfSigned)

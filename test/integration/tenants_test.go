@@ -1,0 +1,150 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/test/kube"
+	"github.com/dislock/dislock/test/pgtest"
+	"github.com/dislock/dislock/webhook"
+)
+
+// With the owner's database URL the webhook gives every opted-in namespace a
+// database role of its own and puts only that role's URL in the namespace's
+// Secret: a tenant who reads its Secret locks its own keys and no other
+// namespace's. A Secret the copier left from before tenant roles (the owner's
+// credential) is replaced, a deleted Secret comes back with a new role
+// generation, and a namespace that opts out loses its Secret.
+func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
+	srv, err := pgtest.Start(pgtest.Options{Name: "tenants", Logf: t.Logf})
+	if err != nil {
+		pgtest.Missing(t, err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	ctx := context.Background()
+	owner := srv.BouncerDSN()
+	admin, err := lock.Open(ctx, owner, lock.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	if _, err := admin.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	c := kube.Need(t)
+	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
+	namespace(t, cs, webhookNamespace, false)
+	// tenant-c opts in after an upgrade: the copier left the owner's URL.
+	namespace(t, cs, "tenant-c", false)
+	legacy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-c", Name: webhook.DefaultDBSecretName,
+		Labels:      map[string]string{webhook.ManagedByLabel: webhook.ManagedByValue},
+		Annotations: map[string]string{webhook.CopiedFromAnnotation: webhookNamespace + "/" + webhook.DefaultDBSecretName}},
+		StringData: map[string]string{"url": owner}}
+	if _, err := cs.CoreV1().Secrets("tenant-c").Create(ctx, legacy, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	startWebhook(t, c, cs, func(cfg *webhook.Config) {
+		cfg.DatabaseURL, cfg.Retention = owner, lock.DefaultRetention
+		cfg.TenantRoles, cfg.TenantRotation, cfg.TenantGrace = true, webhook.DefaultTenantRotation, webhook.DefaultTenantGrace
+	})
+	namespace(t, cs, "tenant-a", true)
+	namespace(t, cs, "tenant-b", true)
+	optIn(t, cs, "tenant-c")
+
+	tenantURL := func(ns string) (url, role string) {
+		var s *corev1.Secret
+		await(t, "the database Secret of "+ns, func() (bool, error) {
+			got, err := cs.CoreV1().Secrets(ns).Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			s = got
+			return err == nil && got.Annotations[webhook.TenantRoleAnnotation] != "" && got.Annotations[webhook.CopiedFromAnnotation] == "", err
+		})
+		return string(s.Data["url"]), s.Annotations[webhook.TenantRoleAnnotation]
+	}
+	urlA, roleA := tenantURL("tenant-a")
+	urlB, roleB := tenantURL("tenant-b")
+	urlC, _ := tenantURL("tenant-c")
+	for ns, u := range map[string]string{"tenant-a": urlA, "tenant-b": urlB, "tenant-c": urlC} {
+		if u == owner || u == "" {
+			t.Fatalf("the Secret of %s holds %q, not a role of its own", ns, u)
+		}
+	}
+	if roleA == roleB {
+		t.Fatalf("tenant-a and tenant-b share role %s", roleA)
+	}
+
+	// tenant-a's credential locks tenant-a's keys and not tenant-b's.
+	a, err := lock.Open(ctx, urlA, lock.Options{})
+	if err != nil {
+		t.Fatalf("opening the database with tenant-a's Secret: %v", err)
+	}
+	defer a.Close()
+	claim := func(key string) error {
+		_, err := a.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC), Index: lock.NotIndexed, TTL: time.Minute,
+			Owner: lock.Owner{Cluster: "dc-a", Namespace: "tenant-a", Job: "report-1", JobUID: "uid-1", Pod: "report-1-x"}})
+		return err
+	}
+	if err := claim("tenant-a/report"); err != nil {
+		t.Fatalf("tenant-a claiming its own window: %v", err)
+	}
+	if err := claim("tenant-b/report"); !errors.Is(err, lock.ErrForbidden) {
+		t.Fatalf("tenant-a claiming tenant-b's window: %v, want refused", err)
+	}
+
+	// A deleted Secret comes back with a new generation of the role.
+	if err := cs.CoreV1().Secrets("tenant-a").Delete(ctx, webhook.DefaultDBSecretName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	await(t, "tenant-a's Secret to come back with a new role", func() (bool, error) {
+		got, err := cs.CoreV1().Secrets("tenant-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil && got.Annotations[webhook.TenantRoleAnnotation] != "" && got.Annotations[webhook.TenantRoleAnnotation] != roleA, err
+	})
+	// The superseded role keeps working for pods that still use it.
+	if err := claim("tenant-a/other"); err != nil {
+		t.Fatalf("the superseded role of tenant-a before its grace: %v", err)
+	}
+
+	// tenant-b opts out: its Secret goes.
+	ns, err := cs.CoreV1().Namespaces().Get(ctx, "tenant-b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(ns.Labels, spec.LabelInjection)
+	if _, err := cs.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	await(t, "tenant-b's Secret to go when it opts out", func() (bool, error) {
+		_, err := cs.CoreV1().Secrets("tenant-b").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), client404(err)
+	})
+}
+
+func optIn(t *testing.T, cs kubernetes.Interface, name string) {
+	t.Helper()
+	ns, err := cs.CoreV1().Namespaces().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns.Labels == nil {
+		ns.Labels = map[string]string{}
+	}
+	ns.Labels[spec.LabelInjection] = spec.LabelInjectionEnabled
+	if _, err := cs.CoreV1().Namespaces().Update(context.Background(), ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,242 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/spec"
+)
+
+// Annotations on a provisioned tenant Secret.
+const (
+	// TenantRoleAnnotation names the database role whose credential the
+	// Secret holds.
+	TenantRoleAnnotation = "dislock.io/tenant-role"
+	// TenantCreatedAnnotation is when that role was created (RFC 3339): the
+	// rotation counts from it.
+	TenantCreatedAnnotation = "dislock.io/tenant-role-created"
+)
+
+// Defaults of the tenant credentials' life cycle.
+const (
+	DefaultTenantRotation = 30 * 24 * time.Hour
+	DefaultTenantGrace    = 7 * 24 * time.Hour
+	// MinTenantGrace keeps a superseded role alive for at least a day: a pod
+	// that read the old Secret keeps using its role until it ends.
+	MinTenantGrace = 24 * time.Hour
+)
+
+// tenantProvisioner gives every opted-in namespace its own database role
+// and keeps that role's credential, and nothing else, in the namespace's
+// database Secret: a tenant who reads it can lock only its own namespace's
+// keys (row-level security in the database does the rest). It creates a new
+// role generation when the Secret is missing, holds another credential (a
+// copy of the owner's from before tenant roles, or a retired role), or is due
+// for rotation; superseded generations are dropped after the grace, so pods
+// still running with them are not cut off. It only writes Secrets carrying
+// its managed-by label: a Secret of the same name that a user created is
+// left alone.
+type tenantProvisioner struct {
+	client.Client
+	// api reads the Secret uncached: the cache only holds Secrets carrying
+	// the managed-by label, so a user's own Secret of that name is not in it.
+	api      client.Reader
+	ownerDSN string
+	cluster  string
+	secret   string // the Secret's name in each namespace
+	key      string // the URL's key in it
+	ownNS    string // the webhook's namespace: never provisioned
+	rotation time.Duration
+	grace    time.Duration
+	now      func() time.Time
+
+	// The store is opened on first use: the database may come up after
+	// the webhook, which must serve admissions meanwhile.
+	mu    sync.Mutex
+	store *lock.Store
+}
+
+func setupTenantProvisioner(mgr ctrl.Manager, cfg Config) error {
+	r := &tenantProvisioner{Client: mgr.GetClient(), api: mgr.GetAPIReader(), ownerDSN: cfg.DatabaseURL,
+		cluster: cfg.Inject.ClusterName, secret: cfg.Inject.DBSecretName, key: cfg.Inject.DBSecretKey, ownNS: cfg.Namespace,
+		rotation: cfg.TenantRotation, grace: cfg.TenantGrace, now: time.Now}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("tenant-roles").
+		For(&corev1.Namespace{}).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.namespaceOf)).
+		Complete(r)
+}
+
+// namespaceOf maps an event on a managed Secret to its namespace, so that a
+// deleted or edited Secret is provisioned again at once.
+func (r *tenantProvisioner) namespaceOf(_ context.Context, o client.Object) []reconcile.Request {
+	if o.GetName() == r.secret && o.GetLabels()[ManagedByLabel] == ManagedByValue {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
+	}
+	return nil
+}
+
+func (r *tenantProvisioner) open(ctx context.Context) (*lock.Store, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.store == nil {
+		s, err := lock.Open(ctx, r.ownerDSN, lock.Options{MaxConns: 2})
+		if err != nil {
+			return nil, err
+		}
+		r.store = s
+	}
+	return r.store, nil
+}
+
+func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	logger := log.FromContext(ctx).WithValues("namespace", req.Name)
+	if req.Name == r.ownNS {
+		return reconcile.Result{}, nil
+	}
+	store, err := r.open(ctx)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("opening the database for tenant roles: %w", err)
+	}
+	ns := &corev1.Namespace{}
+	err = r.Get(ctx, req.NamespacedName, ns)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	want := err == nil && ns.DeletionTimestamp == nil && ns.Labels[spec.LabelInjection] == spec.LabelInjectionEnabled
+	cur := &corev1.Secret{}
+	err = r.api.Get(ctx, types.NamespacedName{Namespace: req.Name, Name: r.secret}, cur)
+	exists := err == nil
+	if err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	if exists && cur.Labels[ManagedByLabel] != ManagedByValue {
+		if want {
+			logger.Info("leaving a Secret dislock did not create alone; its credential is used as it is", "secret", r.secret)
+		}
+		return reconcile.Result{}, nil
+	}
+	if !want {
+		return r.optedOut(ctx, store, logger, req.Name, cur, exists)
+	}
+	roles, err := store.TenantRoles(ctx, r.cluster, req.Name)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("listing the tenant roles of namespace %s: %w", req.Name, err)
+	}
+	why := r.stale(cur, exists, roles)
+	if why != "" {
+		cred, err := store.ProvisionTenant(ctx, r.cluster, req.Name)
+		if err != nil {
+			return reconcile.Result{}, fmt.Errorf("provisioning a database role for namespace %s: %w", req.Name, err)
+		}
+		dsn, err := lock.TenantDSN(r.ownerDSN, cred)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if err := r.write(ctx, req.Name, cur, exists, cred, dsn); err != nil {
+			return reconcile.Result{}, err
+		}
+		tenantRolesTotal.WithLabelValues("provision").Inc()
+		logger.Info("gave the namespace a new database role", "role", cred.Role, "generation", cred.Generation, "why", why, "secret", r.secret)
+	}
+	retired, err := store.RetireTenantRoles(ctx, r.cluster, req.Name, r.grace)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("retiring superseded roles of namespace %s: %w", req.Name, err)
+	}
+	if len(retired) > 0 {
+		tenantRolesTotal.WithLabelValues("retire").Add(float64(len(retired)))
+		logger.Info("dropped superseded database roles after their grace", "roles", retired, "grace", r.grace.String())
+	}
+	// Come back for the next rotation, or to retire what was superseded.
+	return reconcile.Result{RequeueAfter: min(r.rotation, r.grace) / 4}, nil
+}
+
+// stale says why the Secret needs a new role generation, or "".
+func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []lock.TenantRole) string {
+	switch {
+	case !exists:
+		return "the namespace has no database Secret yet"
+	case cur.Annotations[CopiedFromAnnotation] != "":
+		return "the Secret holds a copy of the webhook's own credential (from before tenant roles)"
+	case len(cur.Data[r.key]) == 0:
+		return "the Secret has no " + r.key
+	}
+	role := cur.Annotations[TenantRoleAnnotation]
+	if role == "" || len(roles) == 0 || roles[0].Role != role {
+		return fmt.Sprintf("the Secret's role %q is not the namespace's newest", role)
+	}
+	created, err := time.Parse(time.RFC3339, cur.Annotations[TenantCreatedAnnotation])
+	if err != nil {
+		return "the Secret's role creation time is unreadable"
+	}
+	if age := r.now().Sub(created); age >= r.rotation {
+		return fmt.Sprintf("rotation: the role is %s old (rotation every %s)", age.Round(time.Minute), r.rotation)
+	}
+	return ""
+}
+
+func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *corev1.Secret, exists bool, cred lock.TenantCredential, dsn string) error {
+	s := cur
+	if !exists {
+		s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: r.secret}, Type: corev1.SecretTypeOpaque}
+	}
+	if s.Labels == nil {
+		s.Labels = map[string]string{}
+	}
+	s.Labels[ManagedByLabel] = ManagedByValue
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	delete(s.Annotations, CopiedFromAnnotation)
+	s.Annotations[TenantRoleAnnotation] = cred.Role
+	s.Annotations[TenantCreatedAnnotation] = r.now().UTC().Format(time.RFC3339)
+	s.Annotations["dislock.io/tenant-role-generation"] = strconv.Itoa(cred.Generation)
+	s.Data = map[string][]byte{r.key: []byte(dsn)}
+	if exists {
+		return r.Update(ctx, s)
+	}
+	return r.Create(ctx, s)
+}
+
+// optedOut removes the namespace's Secret and supersedes its roles, which are
+// dropped after the grace: pods of the namespace still running keep theirs.
+func (r *tenantProvisioner) optedOut(ctx context.Context, store *lock.Store, logger logr.Logger, namespace string, cur *corev1.Secret, exists bool) (reconcile.Result, error) {
+	if exists {
+		if err := r.Delete(ctx, cur); client.IgnoreNotFound(err) != nil {
+			return reconcile.Result{}, err
+		}
+		logger.Info("deleted the database Secret: the namespace is no longer opted in", "secret", r.secret)
+	}
+	if err := store.SupersedeTenantRoles(ctx, r.cluster, namespace); err != nil {
+		return reconcile.Result{}, err
+	}
+	retired, err := store.RetireTenantRoles(ctx, r.cluster, namespace, r.grace)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if len(retired) > 0 {
+		tenantRolesTotal.WithLabelValues("retire").Add(float64(len(retired)))
+		logger.Info("dropped the roles of a namespace no longer opted in", "roles", retired)
+	}
+	left, err := store.TenantRoles(ctx, r.cluster, namespace)
+	if err != nil || len(left) == 0 {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{RequeueAfter: r.grace / 4}, nil
+}
