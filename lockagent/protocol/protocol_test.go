@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -43,12 +44,13 @@ func TestADecisionRoundTrips(t *testing.T) {
 	want := protocol.Decision{
 		Action: protocol.ActionRun, Reason: "claimed the window", Token: 42, Window: "2024-05-01T12:00:00Z",
 		Key: "ns/report", Owner: "dc-a/ns/report-1/uid", KillGrace: protocol.Duration(1500 * time.Millisecond),
+		AwaitRecord: true, Containers: []string{"app", "report"},
 	}
 	if err := d.WriteDecision(want); err != nil {
 		t.Fatal(err)
 	}
 	got, ok, err := d.ReadDecision()
-	if err != nil || !ok || got != want {
+	if err != nil || !ok || !reflect.DeepEqual(got, want) {
 		t.Fatalf("ReadDecision() = %+v, %v, %v; want %+v", got, ok, err, want)
 	}
 	raw, err := os.ReadFile(d.Path(protocol.DecisionFile))

@@ -25,22 +25,8 @@ import (
 // credential) is replaced, a deleted Secret comes back with a new role
 // generation, and a namespace that opts out loses its Secret.
 func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
-	srv, err := pgtest.Start(pgtest.Options{Name: "tenants", Logf: t.Logf})
-	if err != nil {
-		pgtest.Missing(t, err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	owner := tenantDatabase(t)
 	ctx := context.Background()
-	owner := srv.BouncerDSN()
-	admin, err := lock.Open(ctx, owner, lock.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(admin.Close)
-	if _, err := admin.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-
 	c := kube.Need(t)
 	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
 	namespace(t, cs, webhookNamespace, false)
@@ -53,26 +39,12 @@ func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
 	if _, err := cs.CoreV1().Secrets("tenant-c").Create(ctx, legacy, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	startWebhook(t, c, cs, func(cfg *webhook.Config) {
-		cfg.DatabaseURL, cfg.Retention = owner, lock.DefaultRetention
-		cfg.TenantRoles, cfg.TenantRotation, cfg.TenantGrace = true, webhook.DefaultTenantRotation, webhook.DefaultTenantGrace
-	})
+	startWebhook(t, c, cs, withTenantRoles(owner))
 	namespace(t, cs, "tenant-a", true)
 	namespace(t, cs, "tenant-b", true)
 	optIn(t, cs, "tenant-c")
 
-	tenantURL := func(ns string) (url, role string) {
-		var s *corev1.Secret
-		await(t, "the database Secret of "+ns, func() (bool, error) {
-			got, err := cs.CoreV1().Secrets(ns).Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) {
-				return false, nil
-			}
-			s = got
-			return err == nil && got.Annotations[webhook.TenantRoleAnnotation] != "" && got.Annotations[webhook.CopiedFromAnnotation] == "", err
-		})
-		return string(s.Data["url"]), s.Annotations[webhook.TenantRoleAnnotation]
-	}
+	tenantURL := func(ns string) (string, string) { return tenantSecret(t, cs, ns) }
 	urlA, roleA := tenantURL("tenant-a")
 	urlB, roleB := tenantURL("tenant-b")
 	urlC, _ := tenantURL("tenant-c")
@@ -147,4 +119,47 @@ func optIn(t *testing.T, cs kubernetes.Interface, name string) {
 	if _, err := cs.CoreV1().Namespaces().Update(context.Background(), ns, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// tenantDatabase starts a PostgreSQL and PgBouncer of the test's own, migrated
+// by the owner, and returns the owner's URL through PgBouncer.
+func tenantDatabase(t *testing.T) string {
+	t.Helper()
+	srv, err := pgtest.Start(pgtest.Options{Name: "tenants", Logf: t.Logf})
+	if err != nil {
+		pgtest.Missing(t, err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	admin, err := lock.Open(context.Background(), srv.BouncerDSN(), lock.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return srv.BouncerDSN()
+}
+
+func withTenantRoles(owner string) func(*webhook.Config) {
+	return func(cfg *webhook.Config) {
+		cfg.DatabaseURL, cfg.Retention = owner, lock.DefaultRetention
+		cfg.TenantRoles, cfg.TenantRotation, cfg.TenantGrace = true, webhook.DefaultTenantRotation, webhook.DefaultTenantGrace
+	}
+}
+
+// tenantSecret waits for the webhook to put a role of ns's own in ns's
+// database Secret and returns its URL and role.
+func tenantSecret(t *testing.T, cs kubernetes.Interface, ns string) (url, role string) {
+	t.Helper()
+	var s *corev1.Secret
+	await(t, "the database Secret of "+ns, func() (bool, error) {
+		got, err := cs.CoreV1().Secrets(ns).Get(context.Background(), webhook.DefaultDBSecretName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		s = got
+		return err == nil && got.Annotations[webhook.TenantRoleAnnotation] != "" && got.Annotations[webhook.CopiedFromAnnotation] == "", err
+	})
+	return string(s.Data["url"]), s.Annotations[webhook.TenantRoleAnnotation]
 }
