@@ -139,11 +139,7 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 	})
 
 	t.Run("the database refuses the tenant's SQL on anything not its own", func(t *testing.T) {
-		conn, err := pgx.Connect(ctx, urlA)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(ctx)
+		conn := connect(t, urlA)
 		for _, q := range []string{
 			`SELECT setval('dislock.token_counter', 1)`,
 			`SELECT nextval('dislock.token_counter')`,
@@ -189,6 +185,23 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 	}
 }
 
+// connect is one plain connection, through PgBouncer in transaction mode
+// (so no prepared statements).
+func connect(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
 func openAs(t *testing.T, url string) *lock.Store {
 	t.Helper()
 	s, err := lock.Open(context.Background(), url, lock.Options{})
@@ -203,13 +216,9 @@ func openAs(t *testing.T, url string) *lock.Store {
 // them: text to compare byte for byte.
 func rowsOf(t *testing.T, owner, prefix string) string {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), owner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := connect(t, owner)
 	var out string
-	err = conn.QueryRow(context.Background(), `SELECT concat_ws(E'\n',
+	err := conn.QueryRow(context.Background(), `SELECT concat_ws(E'\n',
 		(SELECT string_agg(row_to_json(w)::text, E'\n' ORDER BY w.window_start) FROM dislock.windows w WHERE starts_with(w.lock_key, $1)),
 		(SELECT string_agg(row_to_json(l)::text, E'\n' ORDER BY l.lock_key) FROM dislock.leases l WHERE starts_with(l.lock_key, $1)),
 		(SELECT string_agg(row_to_json(v)::text, E'\n' ORDER BY v.cluster) FROM dislock.views v WHERE starts_with(v.lock_key, $1)))`, prefix).Scan(&out)
