@@ -37,28 +37,28 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
 	namespace(t, cs, webhookNamespace, false)
 	startWebhook(t, c, cs, withTenantRoles(owner))
-	namespace(t, cs, "team-a", true)
-	namespace(t, cs, "team-b", true)
-	awaitOptedIn(t, cs, "team-a")
-	urlB, _ := tenantSecret(t, cs, "team-b")
+	namespace(t, cs, "hostile-a", true)
+	namespace(t, cs, "hostile-b", true)
+	awaitOptedIn(t, cs, "hostile-a")
+	urlB, _ := tenantSecret(t, cs, "hostile-b")
 
 	// team-b holds a running window and a lease.
 	window := time.Date(2026, 12, 3, 2, 0, 0, 0, time.UTC)
 	b := openAs(t, urlB)
-	ownerB := lock.Owner{Cluster: "dc-a", Namespace: "team-b", Job: "report-1", JobUID: "uid-b", Pod: "report-1-b"}
-	claimB, err := b.ClaimWindow(ctx, lock.ClaimRequest{Key: "team-b/report", Window: window, Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerB})
+	ownerB := lock.Owner{Cluster: "dc-a", Namespace: "hostile-b", Job: "report-1", JobUID: "uid-b", Pod: "report-1-b"}
+	claimB, err := b.ClaimWindow(ctx, lock.ClaimRequest{Key: "hostile-b/report", Window: window, Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerB})
 	if err != nil {
-		t.Fatalf("team-b claiming its window: %v", err)
+		t.Fatalf("hostile-b claiming its window: %v", err)
 	}
-	leaseB, err := b.AcquireLease(ctx, "team-b/report", ownerB, time.Hour)
+	leaseB, err := b.AcquireLease(ctx, "hostile-b/report", ownerB, time.Hour)
 	if err != nil {
-		t.Fatalf("team-b taking its lease: %v", err)
+		t.Fatalf("hostile-b taking its lease: %v", err)
 	}
-	before := rowsOf(t, owner, "team-b/")
+	before := rowsOf(t, owner, "hostile-b/")
 
 	// The tenant: a user bound to edit in team-a only.
-	if _, err := cs.RbacV1().RoleBindings("team-a").Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "alice-edit"},
+	if _, err := cs.RbacV1().RoleBindings("hostile-a").Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "hostile-a", Name: "alice-edit"},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "alice"}},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit"},
 	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -69,7 +69,7 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 	alice := kubernetes.NewForConfigOrDie(asAlice)
 	var urlA string
 	await(t, "alice to read team-a's database Secret", func() (bool, error) {
-		s, err := alice.CoreV1().Secrets("team-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+		s, err := alice.CoreV1().Secrets("hostile-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) { // the binding or the Secret not there yet
 			return false, nil
 		}
@@ -80,30 +80,30 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 	})
 
 	t.Run("the API server keeps the other team's and the webhook's Secrets from the tenant", func(t *testing.T) {
-		for _, ns := range []string{"team-b", webhookNamespace} {
+		for _, ns := range []string{"hostile-b", webhookNamespace} {
 			if _, err := alice.CoreV1().Secrets(ns).Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
 				t.Errorf("alice reading the database Secret of %s: %v, want forbidden", ns, err)
 			}
 		}
 		if urlA == owner || urlA == urlB {
-			t.Fatalf("team-a's Secret holds someone else's URL")
+			t.Fatalf("hostile-a's Secret holds someone else's URL")
 		}
 	})
 
 	t.Run("the webhook refuses a forged injection with the other team's key", func(t *testing.T) {
-		cj := withAnnotations(cronJob("team-a", "nightly", "0 3 * * *"), map[string]string{spec.AnnotationMode: "schedule"})
+		cj := withAnnotations(cronJob("hostile-a", "nightly", "0 3 * * *"), map[string]string{spec.AnnotationMode: "schedule"})
 		cj.Spec.Suspend = ptr.To(true)
-		cj, err := alice.BatchV1().CronJobs("team-a").Create(ctx, cj, metav1.CreateOptions{})
+		cj, err := alice.BatchV1().CronJobs("hostile-a").Create(ctx, cj, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		job := jobFor(cj, window)
 		job.Name = "nightly-forged"
-		stored, err := alice.BatchV1().Jobs("team-a").Create(ctx, job, metav1.CreateOptions{})
+		stored, err := alice.BatchV1().Jobs("hostile-a").Create(ctx, job, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatalf("alice creating her own Job: %v", err)
 		}
-		forged := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "nightly-forged-2", Annotations: stored.Annotations,
+		forged := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: "hostile-a", Name: "nightly-forged-2", Annotations: stored.Annotations,
 			OwnerReferences: stored.OwnerReferences}, Spec: *stored.Spec.DeepCopy()}
 		forged.Spec.Selector = nil
 		for _, l := range []string{"controller-uid", "job-name", webhook.UIDLabel, spec.LabelJobName} {
@@ -112,25 +112,25 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 		sc := &forged.Spec.Template.Spec.InitContainers[0]
 		for i := range sc.Env {
 			if sc.Env[i].Name == spec.EnvKey {
-				sc.Env[i].Value = "team-b/report"
+				sc.Env[i].Value = "hostile-b/report"
 			}
 		}
-		if _, err := alice.BatchV1().Jobs("team-a").Create(ctx, forged, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "denied") {
+		if _, err := alice.BatchV1().Jobs("hostile-a").Create(ctx, forged, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "denied") {
 			t.Fatalf("alice creating a Job with team-b's key: %v, want denied by the webhook", err)
 		}
 	})
 
 	a := openAs(t, urlA)
-	ownerA := lock.Owner{Cluster: "dc-a", Namespace: "team-a", Job: "evil-1", JobUID: "uid-a", Pod: "evil-1-a"}
+	ownerA := lock.Owner{Cluster: "dc-a", Namespace: "hostile-a", Job: "evil-1", JobUID: "uid-a", Pod: "evil-1-a"}
 	t.Run("the lock API refuses every move on the other team's locks", func(t *testing.T) {
 		for what, err := range map[string]error{
-			"claim":      two(a.ClaimWindow(ctx, lock.ClaimRequest{Key: "team-b/report", Window: window, Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerA, Standby: true})),
-			"claim next": two(a.ClaimWindow(ctx, lock.ClaimRequest{Key: "team-b/report", Window: window.Add(time.Hour), Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerA})),
-			"heartbeat":  three(a.Heartbeat(ctx, "team-b/report", window, lock.NotIndexed, claimB.Window.Token, time.Hour)),
-			"finish":     two(a.Finish(ctx, "team-b/report", window, lock.NotIndexed, claimB.Window.Token, lock.StateSucceeded, ptr.To(0))),
-			"lease":      two(a.AcquireLease(ctx, "team-b/report", ownerA, time.Hour)),
-			"renew":      three(a.RenewLease(ctx, "team-b/report", leaseB.Lease.Token, time.Hour)),
-			"release":    releaseErr(a.ReleaseLease(ctx, "team-b/report", leaseB.Lease.Token)),
+			"claim":      two(a.ClaimWindow(ctx, lock.ClaimRequest{Key: "hostile-b/report", Window: window, Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerA, Standby: true})),
+			"claim next": two(a.ClaimWindow(ctx, lock.ClaimRequest{Key: "hostile-b/report", Window: window.Add(time.Hour), Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerA})),
+			"heartbeat":  three(a.Heartbeat(ctx, "hostile-b/report", window, lock.NotIndexed, claimB.Window.Token, time.Hour)),
+			"finish":     two(a.Finish(ctx, "hostile-b/report", window, lock.NotIndexed, claimB.Window.Token, lock.StateSucceeded, ptr.To(0))),
+			"lease":      two(a.AcquireLease(ctx, "hostile-b/report", ownerA, time.Hour)),
+			"renew":      three(a.RenewLease(ctx, "hostile-b/report", leaseB.Lease.Token, time.Hour)),
+			"release":    releaseErr(a.ReleaseLease(ctx, "hostile-b/report", leaseB.Lease.Token)),
 		} {
 			if err == nil {
 				t.Errorf("%s on team-b's lock with team-a's credential succeeded", what)
@@ -149,39 +149,39 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 			`ALTER TABLE dislock.windows DISABLE ROW LEVEL SECURITY`,
 			`DROP SCHEMA dislock CASCADE`,
 			`CREATE TABLE dislock.mine (x int)`,
-			`INSERT INTO dislock.tenants (role_name, namespace, cluster, generation) VALUES (current_user, 'team-b', 'dc-a', 99)`,
+			`INSERT INTO dislock.tenants (role_name, namespace, cluster, generation) VALUES (current_user, 'hostile-b', 'dc-a', 99)`,
 		} {
 			if _, err := conn.Exec(ctx, q); err == nil {
-				t.Errorf("team-a's role ran %q", q)
+				t.Errorf("hostile-a's role ran %q", q)
 			}
 		}
 		for _, q := range []string{
-			`UPDATE dislock.windows SET state = 'succeeded' WHERE lock_key LIKE 'team-b/%'`,
-			`UPDATE dislock.leases SET expire_at = now() WHERE lock_key LIKE 'team-b/%'`,
+			`UPDATE dislock.windows SET state = 'succeeded' WHERE lock_key LIKE 'hostile-b/%'`,
+			`UPDATE dislock.leases SET expire_at = now() WHERE lock_key LIKE 'hostile-b/%'`,
 		} {
 			if tag, err := conn.Exec(ctx, q); err == nil && tag.RowsAffected() != 0 {
-				t.Errorf("team-a's role changed %d of team-b's rows with %q", tag.RowsAffected(), q)
+				t.Errorf("hostile-a's role changed %d of team-b's rows with %q", tag.RowsAffected(), q)
 			}
 		}
 		var seen int
-		if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM dislock.windows WHERE lock_key NOT LIKE 'team-a/%')
-			+ (SELECT count(*) FROM dislock.leases WHERE lock_key NOT LIKE 'team-a/%')
-			+ (SELECT count(*) FROM dislock.views WHERE lock_key NOT LIKE 'team-a/%')`).Scan(&seen); err != nil || seen != 0 {
-			t.Errorf("team-a's role sees %d rows of other namespaces (%v)", seen, err)
+		if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM dislock.windows WHERE lock_key NOT LIKE 'hostile-a/%')
+			+ (SELECT count(*) FROM dislock.leases WHERE lock_key NOT LIKE 'hostile-a/%')
+			+ (SELECT count(*) FROM dislock.views WHERE lock_key NOT LIKE 'hostile-a/%')`).Scan(&seen); err != nil || seen != 0 {
+			t.Errorf("hostile-a's role sees %d rows of other namespaces (%v)", seen, err)
 		}
 	})
 
 	t.Run("the tenant's own locks keep working", func(t *testing.T) {
-		if _, err := a.ClaimWindow(ctx, lock.ClaimRequest{Key: "team-a/report", Window: window, Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerA}); err != nil {
-			t.Errorf("team-a claiming its own window: %v", err)
+		if _, err := a.ClaimWindow(ctx, lock.ClaimRequest{Key: "hostile-a/report", Window: window, Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerA}); err != nil {
+			t.Errorf("hostile-a claiming its own window: %v", err)
 		}
-		if _, err := a.AcquireLease(ctx, "team-a/report", ownerA, time.Hour); err != nil {
-			t.Errorf("team-a taking its own lease: %v", err)
+		if _, err := a.AcquireLease(ctx, "hostile-a/report", ownerA, time.Hour); err != nil {
+			t.Errorf("hostile-a taking its own lease: %v", err)
 		}
 	})
 
-	if after := rowsOf(t, owner, "team-b/"); after != before {
-		t.Fatalf("team-b's rows changed:\nbefore %s\nafter  %s", before, after)
+	if after := rowsOf(t, owner, "hostile-b/"); after != before {
+		t.Fatalf("hostile-b's rows changed:\nbefore %s\nafter  %s", before, after)
 	}
 }
 
