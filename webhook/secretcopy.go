@@ -35,11 +35,26 @@ type secretCopier struct {
 
 func setupSecretCopier(mgr ctrl.Manager, cfg Config) error {
 	r := &secretCopier{Client: mgr.GetClient(), api: mgr.GetAPIReader(), source: types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Inject.DBSecretName}}
+	return namespaceController(mgr, "dbsecret-copier", r.namespacesFor, r)
+}
+
+// namespaceController reconciles namespaces, and the namespaces the Secret
+// events secrets maps to.
+func namespaceController(mgr ctrl.Manager, name string, secrets handler.MapFunc, r reconcile.Reconciler) error {
 	return ctrl.NewControllerManagedBy(mgr).
-		Named("dbsecret-copier").
+		Named(name).
 		For(&corev1.Namespace{}).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.namespacesFor)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(secrets)).
 		Complete(r)
+}
+
+// managedSecretNamespace maps an event on a Secret called name that carries
+// the managed-by label to its namespace.
+func managedSecretNamespace(name string, o client.Object) []reconcile.Request {
+	if o.GetName() == name && o.GetLabels()[ManagedByLabel] == ManagedByValue {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
+	}
+	return nil
 }
 
 // namespacesFor maps a Secret event to the namespaces to reconcile: every
@@ -57,10 +72,7 @@ func (r *secretCopier) namespacesFor(ctx context.Context, o client.Object) []rec
 		}
 		return out
 	}
-	if o.GetName() == r.source.Name && o.GetLabels()[ManagedByLabel] == ManagedByValue {
-		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
-	}
-	return nil
+	return managedSecretNamespace(r.source.Name, o)
 }
 
 func (r *secretCopier) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {

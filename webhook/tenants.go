@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -76,20 +75,10 @@ func setupTenantProvisioner(mgr ctrl.Manager, cfg Config) error {
 	r := &tenantProvisioner{Client: mgr.GetClient(), api: mgr.GetAPIReader(), ownerDSN: cfg.DatabaseURL,
 		cluster: cfg.Inject.ClusterName, secret: cfg.Inject.DBSecretName, key: cfg.Inject.DBSecretKey, ownNS: cfg.Namespace,
 		rotation: cfg.TenantRotation, grace: cfg.TenantGrace, now: time.Now}
-	return ctrl.NewControllerManagedBy(mgr).
-		Named("tenant-roles").
-		For(&corev1.Namespace{}).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.namespaceOf)).
-		Complete(r)
-}
-
-// namespaceOf maps an event on a managed Secret to its namespace, so that a
-// deleted or edited Secret is provisioned again at once.
-func (r *tenantProvisioner) namespaceOf(_ context.Context, o client.Object) []reconcile.Request {
-	if o.GetName() == r.secret && o.GetLabels()[ManagedByLabel] == ManagedByValue {
-		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
-	}
-	return nil
+	// A deleted or edited Secret is provisioned again at once.
+	return namespaceController(mgr, "tenant-roles", func(_ context.Context, o client.Object) []reconcile.Request {
+		return managedSecretNamespace(r.secret, o)
+	}, r)
 }
 
 func (r *tenantProvisioner) open(ctx context.Context) (*lock.Store, error) {

@@ -84,14 +84,7 @@ func TestTheDatabaseSecretFollowsOptedInNamespaces(t *testing.T) {
 		t.Fatalf("the user's own Secret was changed: %+v %v", got, err)
 	}
 
-	ns, err := cs.CoreV1().Namespaces().Get(ctx, "copy-a", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	delete(ns.Labels, spec.LabelInjection)
-	if _, err := cs.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	setOptIn(t, cs, "copy-a", false)
 	await(t, "the copy to go when the namespace opts out", func() (bool, error) {
 		_, err := cs.CoreV1().Secrets("copy-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), client404(err)

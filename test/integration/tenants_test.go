@@ -42,7 +42,7 @@ func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
 	startWebhook(t, c, cs, withTenantRoles(owner))
 	namespace(t, cs, "tenant-a", true)
 	namespace(t, cs, "tenant-b", true)
-	optIn(t, cs, "tenant-c")
+	setOptIn(t, cs, "tenant-c", true)
 
 	tenantURL := func(ns string) (string, string) { return tenantSecret(t, cs, ns) }
 	urlA, roleA := tenantURL("tenant-a")
@@ -92,21 +92,15 @@ func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
 	}
 
 	// tenant-b opts out: its Secret goes.
-	ns, err := cs.CoreV1().Namespaces().Get(ctx, "tenant-b", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	delete(ns.Labels, spec.LabelInjection)
-	if _, err := cs.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	setOptIn(t, cs, "tenant-b", false)
 	await(t, "tenant-b's Secret to go when it opts out", func() (bool, error) {
 		_, err := cs.CoreV1().Secrets("tenant-b").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), client404(err)
 	})
 }
 
-func optIn(t *testing.T, cs kubernetes.Interface, name string) {
+// setOptIn labels the namespace name opted in, or takes the label off.
+func setOptIn(t *testing.T, cs kubernetes.Interface, name string, on bool) {
 	t.Helper()
 	ns, err := cs.CoreV1().Namespaces().Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
@@ -115,7 +109,11 @@ func optIn(t *testing.T, cs kubernetes.Interface, name string) {
 	if ns.Labels == nil {
 		ns.Labels = map[string]string{}
 	}
-	ns.Labels[spec.LabelInjection] = spec.LabelInjectionEnabled
+	if on {
+		ns.Labels[spec.LabelInjection] = spec.LabelInjectionEnabled
+	} else {
+		delete(ns.Labels, spec.LabelInjection)
+	}
 	if _, err := cs.CoreV1().Namespaces().Update(context.Background(), ns, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
