@@ -22,6 +22,7 @@ import (
 
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/node"
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 // bouncerAccount runs pgbouncer when the tests run as root: it refuses to
@@ -101,8 +102,12 @@ ignore_startup_parameters = extra_float_digits,options
 server_reset_query =
 ; A restarted PostgreSQL is retried at once rather than after 15 s.
 server_login_retry = 1
-`, filepath.Base(up.Path), up.Hostname(), up.Port(), b.port, b.path("users")),
-		b.path("users"): fmt.Sprintf("%q %q\n", up.User.Username(), password),
+; The namespaces' tenant roles, created by the webhooks while PgBouncer runs,
+; are looked up in the database (docs/install.md, "Database roles").
+auth_user = %[6]s
+auth_query = %[7]s
+`, filepath.Base(up.Path), up.Hostname(), up.Port(), b.port, b.path("users"), pgtest.AuthUser, pgtest.AuthQuery),
+		b.path("users"): fmt.Sprintf("%q %q\n%q %q\n", up.User.Username(), password, pgtest.AuthUser, pgtest.AuthUserPassword),
 	}
 	for p, content := range files {
 		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {

@@ -51,7 +51,8 @@ const (
 	// Namespace is the opted-in namespace the tests' CronJobs live in, in
 	// every data centre.
 	Namespace = "e2e"
-	// DBSecretName holds the data centre's PgBouncer URL (key "url") in
+	// DBSecretName holds the namespace's own database role's URL through the
+	// data centre's PgBouncer (key "url"; the webhook provisions it) in
 	// Namespace, where the injected sidecars read it.
 	DBSecretName = "dislock-db"
 )
@@ -285,12 +286,17 @@ func (e *Env) startDC(dc *DC) error {
 			return fmt.Errorf("e2e: %s: %w", dc.Name, err)
 		}
 	}
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: DBSecretName, Namespace: Namespace},
-		StringData: map[string]string{"url": dc.bouncer.DSN()},
-	}
-	if _, err := dc.Client.CoreV1().Secrets(Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("e2e: %s: %w", dc.Name, err)
+	if dc.ha != nil {
+		// The HA cluster's PgBouncers authenticate the roles of their
+		// auth_file only (test/hapg): the namespace gets the owner's URL,
+		// in a Secret of its own that the webhook leaves alone.
+		secret := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: DBSecretName, Namespace: Namespace},
+			StringData: map[string]string{"url": dc.bouncer.DSN()},
+		}
+		if _, err := dc.Client.CoreV1().Secrets(Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("e2e: %s: %w", dc.Name, err)
+		}
 	}
 	if err := dc.webhook.register(ctx, dc.Name, e.root, dc.Client); err != nil {
 		return err
@@ -311,12 +317,15 @@ func awaitReady(ctx context.Context, dc *DC) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		_, saErr := dc.Client.CoreV1().ServiceAccounts(Namespace).Get(ctx, "default", metav1.GetOptions{})
+		// The namespace's database Secret: the webhook provisions its role.
+		_, secretErr := dc.Client.CoreV1().Secrets(Namespace).Get(ctx, DBSecretName, metav1.GetOptions{})
 		_, err := dc.Client.BatchV1().CronJobs(Namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if saErr == nil && err != nil && strings.Contains(err.Error(), probeMode) {
+		if saErr == nil && secretErr == nil && err != nil && strings.Contains(err.Error(), probeMode) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("e2e: %s: the webhook does not validate CronJobs in %s (service account: %v; dry run: %v)", dc.Name, Namespace, saErr, err)
+			return fmt.Errorf("e2e: %s: the webhook does not validate CronJobs in %s (service account: %v; database Secret: %v; dry run: %v)",
+				dc.Name, Namespace, saErr, secretErr, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

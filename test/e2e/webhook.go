@@ -56,7 +56,7 @@ func startWebhook(dc, dir, dislockBin string, cluster *kube.Cluster, databaseURL
 	}
 	cmd := exec.Command(dislockBin, "webhook",
 		"--cluster-name="+dc,
-		"--agent-image="+images.DislockRef,
+		"--agent-image="+images.AgentRef,
 		"--kubeconfig="+cluster.Kubeconfig(),
 		"--namespace="+WebhookNamespace,
 		"--port="+strconv.Itoa(ports[0]),
