@@ -11,6 +11,7 @@ import (
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -122,9 +123,20 @@ func CacheOptions(cfg Config) cache.Options {
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}: {Namespaces: map[string]cache.Config{
 			cfg.Namespace:       {},
-			cache.AllNamespaces: {LabelSelector: managed},
+			// By name too: a tenant may label any number of Secrets of its
+			// own, and the cache must not grow with them.
+			cache.AllNamespaces: {LabelSelector: managed, FieldSelector: fields.OneTermEqualSelector("metadata.name", dbSecretName(cfg))},
 		}},
 	}}
+}
+
+// dbSecretName is the namespaces' database Secret's name, defaulted as the
+// injection defaults it.
+func dbSecretName(cfg Config) string {
+	if cfg.Inject.DBSecretName != "" {
+		return cfg.Inject.DBSecretName
+	}
+	return DefaultDBSecretName
 }
 
 // SetupWithManager registers the webhooks, health checks and controllers.

@@ -41,6 +41,9 @@ const (
 	MinTenantGrace = 24 * time.Hour
 )
 
+// tenantReconcileTimeout bounds one namespace's reconcile.
+const tenantReconcileTimeout = 30 * time.Second
+
 // tenantProvisioner gives every opted-in namespace its own database role
 // and keeps that role's credential, and nothing else, in the namespace's
 // database Secret: a tenant who reads it can lock only its own namespace's
@@ -99,6 +102,10 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 	if req.Name == r.ownNS {
 		return reconcile.Result{}, nil
 	}
+	// A database call that hangs (a lock held somewhere) must not stall
+	// every other namespace behind this one: the controller retries.
+	ctx, cancel := context.WithTimeout(ctx, tenantReconcileTimeout)
+	defer cancel()
 	store, err := r.open(ctx)
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("opening the database for tenant roles: %w", err)
@@ -115,14 +122,15 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 	if err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
-	if exists && cur.Labels[ManagedByLabel] != ManagedByValue {
-		if want {
-			logger.Info("leaving a Secret dislock did not create alone; its credential is used as it is", "secret", r.secret)
-		}
-		return reconcile.Result{}, nil
-	}
+	mine := exists && cur.Labels[ManagedByLabel] == ManagedByValue
 	if !want {
-		return r.optedOut(ctx, store, logger, req.Name, cur, exists)
+		// The roles go whoever holds the Secret now: taking the label
+		// off it must not keep a role alive.
+		return r.optedOut(ctx, store, logger, req.Name, cur, mine)
+	}
+	if exists && !mine {
+		logger.Info("leaving a Secret dislock did not create alone; its credential is used as it is", "secret", r.secret)
+		return reconcile.Result{}, nil
 	}
 	roles, err := store.TenantRoles(ctx, r.cluster, req.Name)
 	if err != nil {

@@ -43,11 +43,10 @@ const (
 	scramSaltLen    = 16
 )
 
-// tenantLockClass is the first key of the transaction-level advisory lock
-// that serialises the provisioning of one (cluster, namespace): the second
-// is a hash of the two. A two-key advisory lock never collides with the
-// single-key migration lock.
-const tenantLockClass = 0x646c_7431 // "dlt1"
+// TenantConnectionLimit bounds the PostgreSQL sessions of one tenant role:
+// through PgBouncer a role holds at most its pool's server connections, and
+// a tenant that reaches PostgreSQL directly must not take every backend.
+const TenantConnectionLimit = 50
 
 // TenantCredential is one login role of a namespace's tenant.
 type TenantCredential struct {
@@ -69,10 +68,13 @@ type TenantRole struct {
 }
 
 const (
-	// qTenantLock serialises every change to one (cluster, namespace)'s
-	// roles, so that concurrent provisioners (webhook replicas) never pick
-	// the same generation.
-	qTenantLock = `SELECT pg_advisory_xact_lock($1::int, hashtext($2::text || '/' || $3::text))`
+	// qTenantLock serialises every change to the tenants' roles, so that
+	// concurrent provisioners (webhook replicas, clusters) never pick the
+	// same generation. A table lock, not an advisory one: tenants have no
+	// right on dislock.tenants, so no tenant can hold it (any role can take
+	// any advisory lock, and so stall every provisioner). Changes are rare
+	// and short.
+	qTenantLock = `LOCK TABLE dislock.tenants IN SHARE ROW EXCLUSIVE MODE`
 
 	// qNextTenantGeneration counts retired generations too: a role name is
 	// never used twice.
@@ -162,10 +164,18 @@ func (s *Store) ProvisionTenant(ctx context.Context, cluster, namespace string) 
 		}
 		// Utility statements take no parameters; both values are built
 		// here from a hash and base64 and quoted anyway.
-		create := "CREATE ROLE " + pgx.Identifier{c.Role}.Sanitize() + " LOGIN PASSWORD " + quoteLiteral(verifier) +
-			" IN ROLE " + pgx.Identifier{TenantGroupRole}.Sanitize()
+		role := pgx.Identifier{c.Role}.Sanitize()
+		create := "CREATE ROLE " + role + " LOGIN PASSWORD " + quoteLiteral(verifier) +
+			" CONNECTION LIMIT " + strconv.Itoa(TenantConnectionLimit) + " IN ROLE " + pgx.Identifier{TenantGroupRole}.Sanitize()
 		if err := tx.Conn().PgConn().Exec(ctx, create).Close(); err != nil {
 			return fmt.Errorf("creating role %s: %w", c.Role, err)
+		}
+		// Names resolve in pg_catalog first and never in a schema anyone
+		// may create objects in: an operator or function a tenant planted
+		// in public cannot stand in for a built-in in this role's
+		// statements.
+		if err := tx.Conn().PgConn().Exec(ctx, "ALTER ROLE "+role+" SET search_path = pg_catalog, pg_temp").Close(); err != nil {
+			return fmt.Errorf("pinning the search_path of role %s: %w", c.Role, err)
 		}
 		_, err := tx.Exec(ctx, qInsertTenant, c.Role, cluster, namespace, c.Generation)
 		return err
@@ -271,7 +281,7 @@ func (s *Store) tenantTx(ctx context.Context, op, cluster, namespace string, fn 
 		return s.classify(op, err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit this is a no-op
-	if _, err := tx.Exec(ctx, qTenantLock, tenantLockClass, cluster, namespace); err != nil {
+	if _, err := tx.Exec(ctx, qTenantLock); err != nil {
 		return s.classify(op, err)
 	}
 	if err := fn(tx); err != nil {

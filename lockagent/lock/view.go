@@ -68,7 +68,8 @@ func (s *Store) ListDisagreements(ctx context.Context, recency time.Duration) ([
 	return s.views(ctx, "listing disagreeing views", qListDisagreements, micros(recency))
 }
 
-// views runs a query returning (lock_key, cluster, view, seen_at) rows.
+// views runs a query returning (lock_key, cluster, view, seen_at) rows; a row
+// whose view does not decode is skipped.
 func (s *Store) views(ctx context.Context, op, query string, args ...any) ([]ClusterView, error) {
 	rows, err := s.pool.Query(ctx, query, args...)
 	if err != nil {
@@ -83,7 +84,10 @@ func (s *Store) views(ctx context.Context, op, query string, args ...any) ([]Clu
 			return nil, s.classify(op, err)
 		}
 		if err := json.Unmarshal([]byte(raw), &cv.View); err != nil {
-			return nil, fmt.Errorf("%s: view of %s in cluster %s: %w", op, cv.Key, cv.Cluster, err)
+			// Not written by an agent (by hand, or by a tenant into its own
+			// key): left out, so that it cannot hide every other key's
+			// report.
+			continue
 		}
 		cv.SeenAt = cv.SeenAt.UTC()
 		out = append(out, cv)

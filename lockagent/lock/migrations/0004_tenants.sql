@@ -112,3 +112,23 @@ GRANT UPDATE (owner, cluster, pod, token, state, claimed_at, alive_until, finish
 GRANT UPDATE (owner, token, acquired_at, expire_at) ON dislock.leases TO dislock_tenant;
 GRANT UPDATE (view, seen_at) ON dislock.views TO dislock_tenant;
 GRANT SELECT ON dislock.schema_migrations TO dislock_tenant;
+
+-- A view is a handful of settings. Bounded, no tenant's row can make the
+-- owner's reads of every view (the disagreement report) allocate without
+-- limit. NOT VALID: rows written before are small, and need no scan.
+ALTER TABLE dislock.views ADD CONSTRAINT views_size CHECK (octet_length(view::text) <= 4096) NOT VALID;
+
+-- Where the owner owns schema public (it owns the database), nobody else
+-- may create there: on PostgreSQL 14 and older, and databases upgraded from
+-- them, PUBLIC may, and an operator or function planted in public could
+-- stand in for a built-in in another role's statements. Tenant roles also
+-- resolve names in pg_catalog first (ProvisionTenant pins their
+-- search_path); `dislock check` reports a public schema others may write.
+DO $$
+BEGIN
+    IF pg_catalog.pg_has_role(current_user,
+            (SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'public'), 'USAGE') THEN
+        REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+    END IF;
+END
+$$;
