@@ -122,7 +122,7 @@ func CacheOptions(cfg Config) cache.Options {
 	managed := labels.SelectorFromSet(labels.Set{ManagedByLabel: ManagedByValue})
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}: {Namespaces: map[string]cache.Config{
-			cfg.Namespace:       {},
+			cfg.Namespace: {},
 			// By name too: a tenant may label any number of Secrets of its
 			// own, and the cache must not grow with them.
 			cache.AllNamespaces: {LabelSelector: managed, FieldSelector: fields.OneTermEqualSelector("metadata.name", dbSecretName(cfg))},
