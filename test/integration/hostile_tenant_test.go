@@ -18,7 +18,6 @@ import (
 
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/spec"
-	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/webhook"
 )
 
@@ -31,11 +30,8 @@ import (
 // credential — the other team's window and lease rows stay byte for byte
 // as they were, while the tenant's own claims and leases keep working.
 func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
-	owner := tenantDatabase(t)
+	owner, c, cs := tenantCluster(t)
 	ctx := context.Background()
-	c := kube.Need(t)
-	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
-	namespace(t, cs, webhookNamespace, false)
 	startWebhook(t, c, cs, withTenantRoles(owner))
 	namespace(t, cs, "hostile-a", true)
 	namespace(t, cs, "hostile-b", true)

@@ -25,11 +25,8 @@ import (
 // credential) is replaced, a deleted Secret comes back with a new role
 // generation, and a namespace that opts out loses its Secret.
 func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
-	owner := tenantDatabase(t)
+	owner, c, cs := tenantCluster(t)
 	ctx := context.Background()
-	c := kube.Need(t)
-	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
-	namespace(t, cs, webhookNamespace, false)
 	// tenant-c opts in after an upgrade: the copier left the owner's URL.
 	namespace(t, cs, "tenant-c", false)
 	legacy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-c", Name: webhook.DefaultDBSecretName,
@@ -119,6 +116,18 @@ func setOptIn(t *testing.T, cs kubernetes.Interface, name string, on bool) {
 	}
 }
 
+// tenantCluster is what every tenant-role test starts from: a database of
+// its own, migrated (tenantDatabase), the API server, and the webhook's
+// namespace.
+func tenantCluster(t *testing.T) (owner string, c *kube.Cluster, cs kubernetes.Interface) {
+	t.Helper()
+	owner = tenantDatabase(t)
+	c = kube.Need(t)
+	cs = kubernetes.NewForConfigOrDie(c.RESTConfig())
+	namespace(t, cs, webhookNamespace, false)
+	return owner, c, cs
+}
+
 // tenantDatabase starts a PostgreSQL and PgBouncer of the test's own, migrated
 // by the owner, and returns the owner's URL through PgBouncer.
 func tenantDatabase(t *testing.T) string {
@@ -167,11 +176,8 @@ func tenantSecret(t *testing.T, cs kubernetes.Interface, ns string) (url, role s
 // superseded, to be dropped after the grace, whoever holds the Secret then.
 // (Found by a hostile review: the role lived on, never rotated or retired.)
 func TestOptingOutRetiresTheRolesEvenOfAnUnlabelledSecret(t *testing.T) {
-	owner := tenantDatabase(t)
+	owner, c, cs := tenantCluster(t)
 	ctx := context.Background()
-	c := kube.Need(t)
-	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
-	namespace(t, cs, webhookNamespace, false)
 	startWebhook(t, c, cs, withTenantRoles(owner))
 	namespace(t, cs, "unlabel-a", true)
 	tenantSecret(t, cs, "unlabel-a")
