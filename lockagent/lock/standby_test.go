@@ -62,7 +62,10 @@ func TestStandbyTakesOverOnlyAFailedOrDeadOwnersWindow(t *testing.T) {
 
 		t.Run("heartbeats keep the owner alive", func(t *testing.T) {
 			key := uniqueKey(t)
-			short := 400 * time.Millisecond
+			// Long enough that the standby's claim, sent right after a
+			// heartbeat, lands before the renewed liveness lapses even on
+			// a loaded machine; three rounds still outlive the first TTL.
+			short := 2 * time.Second
 			first := mustClaim(t, s, key, window0, a, true, short, lock.Claimed)
 			until := first.Window.AliveUntil
 			for range 3 {
