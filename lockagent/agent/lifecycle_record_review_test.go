@@ -21,6 +21,7 @@ import (
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -222,7 +223,7 @@ func (po *pod) startWrapperAsPID1() {
 // when the mode includes lease).
 func TestTheAppsLeftoverProcessesDieBeforeTheLeaseIsReleased(t *testing.T) {
 	if exec.Command("unshare", "-p", "-f", "true").Run() != nil {
-		t.Skip("needs PID namespaces")
+		harness.Lacking(t, "needs PID namespaces (unshare -p)")
 	}
 	j := newJob(t, bouncerDSN(t), "lease", 1*time.Second) // a waiting pod polls every 100 ms
 	// As the webhook renders it (explicit, so that this test also runs

@@ -29,6 +29,17 @@ func Missing(t testing.TB, err, missing error) {
 	t.Fatalf("%v", err)
 }
 
+// Lacking ends a test that cannot run on this machine (no PID namespaces,
+// not root): it skips, except under CI=true, where the machine must have it
+// and the test fails.
+func Lacking(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if !InCI() {
+		t.Skipf(format, args...)
+	}
+	t.Fatalf("CI=true but "+format, args...)
+}
+
 // New starts an instance for one test and closes it when the test ends; if
 // the test failed, tails(instance) is logged first. A start error ends the
 // test through Missing.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/test/harness"
 )
 
 // The test binary doubles as the other processes of a pod: helperEnv picks
@@ -283,7 +284,7 @@ func TestTheAgentHidesItsDatabaseCredentialFromThePod(t *testing.T) {
 	// (b) A process of the agent's uid cannot read it at all.
 	t.Run("a process of the agent's uid is refused its environ", func(t *testing.T) {
 		if app == nil {
-			t.Skipf("needs root, to run the agent and the reader as uid %d", appUID)
+			harness.Lacking(t, "needs root, to run the agent and the reader as uid %d", appUID)
 		}
 		// Without the hand-off it could: an ordinary process of the uid
 		// with the credential in its environment is readable.
