@@ -30,6 +30,8 @@ const (
 	// TenantCreatedAnnotation is when that role was created (RFC 3339): the
 	// rotation counts from it.
 	TenantCreatedAnnotation = "dislock.io/tenant-role-created"
+	// TenantGenerationAnnotation is that role's generation.
+	TenantGenerationAnnotation = "dislock.io/tenant-role-generation"
 )
 
 // Defaults of the tenant credentials' life cycle.
@@ -203,7 +205,7 @@ func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *co
 	delete(s.Annotations, CopiedFromAnnotation)
 	s.Annotations[TenantRoleAnnotation] = cred.Role
 	s.Annotations[TenantCreatedAnnotation] = r.now().UTC().Format(time.RFC3339)
-	s.Annotations["dislock.io/tenant-role-generation"] = strconv.Itoa(cred.Generation)
+	s.Annotations[TenantGenerationAnnotation] = strconv.Itoa(cred.Generation)
 	s.Data = map[string][]byte{r.key: []byte(dsn)}
 	if exists {
 		return r.Update(ctx, s)
