@@ -67,7 +67,15 @@ func multiHostDSN(user, password string, ports []int) string {
 func withConn(ctx context.Context, dsn string, timeout time.Duration, f func(context.Context, *pgx.Conn) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	// Unnamed statements, as the lock store sends them: a named one stays on
+	// the PgBouncer server connection after this client leaves, and the next
+	// client that prepares the same text there fails with "already exists".
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}
