@@ -272,6 +272,83 @@ func (s *Store) RetireTenantRoles(ctx context.Context, cluster, namespace string
 	return dropped, errors.Join(errs...)
 }
 
+const (
+	// qTenantsBeyond lists, oldest first, the superseded live generations
+	// that are not among the namespace's $3 newest live ones.
+	qTenantsBeyond = `SELECT role_name, namespace, cluster, generation, created_at, superseded_at FROM (
+  SELECT role_name, namespace, cluster, generation, created_at, superseded_at,
+         row_number() OVER (ORDER BY generation DESC) AS newest
+  FROM dislock.tenants WHERE cluster = $1::text AND namespace = $2::text AND retired_at IS NULL) live
+WHERE newest > $3::int AND superseded_at IS NOT NULL
+ORDER BY generation`
+
+	// qRetireTenantBeyond marks one role retired if it is still superseded
+	// and still has at least $2 newer live generations (checked again under
+	// the tenants' lock: another provisioner may have retired some
+	// meanwhile); the role is dropped in the same transaction.
+	qRetireTenantBeyond = `UPDATE dislock.tenants t SET retired_at = now()
+WHERE t.role_name = $1::text AND t.retired_at IS NULL AND t.superseded_at IS NOT NULL
+  AND (SELECT count(*) FROM dislock.tenants n
+       WHERE n.cluster = t.cluster AND n.namespace = t.namespace
+         AND n.retired_at IS NULL AND n.generation > t.generation) >= $2::int`
+)
+
+// RetireTenantRolesBeyond drops the superseded generations of the (cluster,
+// namespace) tenant that are not among its `keep` newest live generations,
+// however recently they were superseded, and returns them oldest first. It
+// bounds how many roles one namespace can hold: a tenant that has its
+// Secret replaced again and again would otherwise keep every generation
+// alive for the whole grace. The generation in use (not superseded) is never
+// dropped here, whatever `keep` is. As in RetireTenantRoles, each role is
+// dropped in a transaction of its own and the error names any that could
+// not be.
+func (s *Store) RetireTenantRolesBeyond(ctx context.Context, cluster, namespace string, keep int) ([]TenantRole, error) {
+	if err := validateTenant(cluster, namespace); err != nil {
+		return nil, fmt.Errorf("retiring tenant roles beyond a count: %w", err)
+	}
+	if keep < 0 {
+		return nil, fmt.Errorf("retiring tenant roles beyond a count: keep %d is negative", keep)
+	}
+	op := fmt.Sprintf("retiring the roles of namespace %s of cluster %s beyond the newest %d", namespace, cluster, keep)
+	rows, err := s.pool.Query(ctx, qTenantsBeyond, cluster, namespace, keep)
+	if err != nil {
+		return nil, s.classify(op, err)
+	}
+	due, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (TenantRole, error) {
+		var r TenantRole
+		err := row.Scan(&r.Role, &r.Namespace, &r.Cluster, &r.Generation, &r.CreatedAt, &r.SupersededAt)
+		r.CreatedAt = r.CreatedAt.UTC()
+		if r.SupersededAt != nil {
+			t := r.SupersededAt.UTC()
+			r.SupersededAt = &t
+		}
+		return r, err
+	})
+	if err != nil {
+		return nil, s.classify(op, err)
+	}
+	var dropped []TenantRole
+	var errs []error
+	for _, r := range due {
+		var retired bool
+		err := s.tenantTx(ctx, op+": dropping "+r.Role, cluster, namespace, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, qRetireTenantBeyond, r.Role, keep)
+			if err != nil || tag.RowsAffected() == 0 {
+				return err // retired meanwhile, or no longer beyond the newest keep
+			}
+			retired = true
+			return tx.Conn().PgConn().Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{r.Role}.Sanitize()).Close()
+		})
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case retired:
+			dropped = append(dropped, r)
+		}
+	}
+	return dropped, errors.Join(errs...)
+}
+
 // tenantTx runs fn in one transaction holding the (cluster, namespace)
 // lock. A transaction keeps one server connection in PgBouncer's
 // transaction pooling too, and nothing in it outlives the commit.

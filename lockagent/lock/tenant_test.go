@@ -267,6 +267,7 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 				{"list team-b's roles", func() error { _, err := a.TenantRoles(ctx, "dc-a", nsB); return err }, []error{lock.ErrForbidden}},
 				{"supersede team-b's roles", func() error { return a.SupersedeTenantRoles(ctx, "dc-a", nsB) }, []error{lock.ErrForbidden}},
 				{"retire team-b's roles", func() error { _, err := a.RetireTenantRoles(ctx, "dc-a", nsB, 0); return err }, []error{lock.ErrForbidden}},
+				{"retire team-b's roles beyond a count", func() error { _, err := a.RetireTenantRolesBeyond(ctx, "dc-a", nsB, 0); return err }, []error{lock.ErrForbidden}},
 			} {
 				t.Run(tc.name, func(t *testing.T) { refused(t, tc.attempt(), tc.sentinels...) })
 			}
@@ -465,6 +466,99 @@ func TestRetiredTenantRoleCannotLogIn(t *testing.T) {
 		}
 		if g3 := provision(t, own, ns); g3.Generation != 3 {
 			t.Fatalf("the next generation is %d, want 3", g3.Generation)
+		}
+	})
+}
+
+// A namespace whose Secret is replaced again and again keeps at most its
+// newest few generations: the older superseded ones are dropped at once,
+// inside their grace, and can no longer log in, while the kept ones and the
+// generation in use keep working. The generation in use is never dropped,
+// whatever the count; after opting out the newest are kept the same way.
+func TestTenantRolesBeyondTheNewestFewAreRetiredInsideTheGrace(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		own := openStore(t, dsn, 2)
+		ns, other := namespace(t, "team-a"), namespace(t, "team-b")
+		o := lock.Owner{Cluster: "dc-a", Namespace: ns, Job: "job", JobUID: "uid", Pod: "pod"}
+		var gens []lock.TenantCredential
+		for range 6 {
+			gens = append(gens, provision(t, own, ns))
+		}
+		bystander := provision(t, own, other)
+		generations := func(roles []lock.TenantRole) []int {
+			var out []int
+			for _, r := range roles {
+				out = append(out, r.Generation)
+			}
+			return out
+		}
+		live := func() []int {
+			t.Helper()
+			roles, err := own.TenantRoles(ctx, "dc-a", ns)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return generations(roles)
+		}
+		// Every generation is inside the grace: the grace retires none.
+		if dropped, err := own.RetireTenantRoles(ctx, "dc-a", ns, time.Hour); err != nil || len(dropped) != 0 {
+			t.Fatalf("retiring within the grace dropped %v, %v", dropped, err)
+		}
+
+		dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 4)
+		if err != nil || fmt.Sprint(generations(dropped)) != "[1 2]" {
+			t.Fatalf("keeping the newest 4 of 6 dropped generations %v, %v; want [1 2]", generations(dropped), err)
+		}
+		for _, r := range dropped {
+			if r.Namespace != ns || r.Cluster != "dc-a" || r.SupersededAt == nil || r.Role != gens[r.Generation-1].Role {
+				t.Errorf("dropped %+v", r)
+			}
+		}
+		if got := fmt.Sprint(live()); got != "[6 5 4 3]" {
+			t.Fatalf("live generations %s, want [6 5 4 3]", got)
+		}
+		fresh, err := lock.Open(ctx, mustTenantDSN(t, dsn, gens[0]), lock.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fresh.Close()
+		if err := fresh.Ping(ctx); err == nil {
+			t.Error("a generation retired early still logs in")
+		}
+		mustClaim(t, tenantStore(t, dsn, gens[2]), ns+"/job", windowAt(0), o, false, ttl, lock.Claimed)
+		if dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 4); err != nil || len(dropped) != 0 {
+			t.Fatalf("a second call dropped %v, %v", generations(dropped), err)
+		}
+
+		// Keeping none still keeps the generation in use.
+		if dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 0); err != nil || fmt.Sprint(generations(dropped)) != "[3 4 5]" {
+			t.Fatalf("keeping none dropped generations %v, %v; want [3 4 5]", generations(dropped), err)
+		}
+		mustClaim(t, tenantStore(t, dsn, gens[5]), ns+"/job", windowAt(1), o, false, ttl, lock.Claimed)
+		if _, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, -1); err == nil || !strings.Contains(err.Error(), "-1") {
+			t.Errorf("keep -1: %v, want an error naming it", err)
+		}
+
+		// After opting out every generation is superseded: the newest are
+		// kept all the same, and a generation number is never reused.
+		provision(t, own, ns)
+		if err := own.SupersedeTenantRoles(ctx, "dc-a", ns); err != nil {
+			t.Fatal(err)
+		}
+		if dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 1); err != nil || fmt.Sprint(generations(dropped)) != "[6]" {
+			t.Fatalf("keeping 1 after opting out dropped %v, %v; want [6]", generations(dropped), err)
+		}
+		if got := fmt.Sprint(live()); got != "[7]" {
+			t.Fatalf("live generations %s, want [7]", got)
+		}
+		if g := provision(t, own, ns); g.Generation != 8 {
+			t.Fatalf("the next generation is %d, want 8", g.Generation)
+		}
+
+		// Another namespace's roles are untouched throughout.
+		if err := tenantStore(t, dsn, bystander).Ping(ctx); err != nil {
+			t.Errorf("the other namespace's role: %v", err)
 		}
 	})
 }
