@@ -259,12 +259,21 @@ func (s *Store) checkSchema(ctx context.Context, out []Finding) []Finding {
 	}
 	if next := epoch<<tokenEpochShift + counter + 1; highest >= next {
 		was, _ := TokenEpoch(highest)
-		return append(out, Finding{Check: "tokens", Status: StatusFail,
-			Detail: fmt.Sprintf("token %d (epoch %d) was handed out, but the next token would be %d (epoch %d): the database lost the record of its epochs (an asynchronous failover, or a restore of part of the schema)", highest, was, next, epoch),
-			Fix:    fmt.Sprintf("UPDATE dislock.token_epoch SET base_epoch = base_epoch + %d, last_epoch = greatest(last_epoch, %d)", was-epoch+1, was)})
+		// The fix moves every later token above the highest row's: right
+		// when next_token() handed that token out, wrong when someone wrote
+		// it by hand (tenants cannot: the policies hold their tokens to the
+		// high water; the owner can), which would make the epoch jump for
+		// nothing. The rows are named so that the operator looks first.
+		rows := s.tokensAbove(ctx, next)
+		out = append(out, Finding{Check: "tokens", Status: StatusFail,
+			Detail: fmt.Sprintf("token %d (epoch %d) was handed out, but the next token would be %d (epoch %d): the database lost the record of its epochs (an asynchronous failover, or a restore of part of the schema). "+
+				"Rows above it: %s. Check them before applying the fix: a token written by hand rather than drawn by dislock is mended in its row (or the row deleted), not with the epoch", highest, was, next, epoch, rows),
+			Fix: fmt.Sprintf("UPDATE dislock.token_epoch SET base_epoch = base_epoch + %d, last_epoch = greatest(last_epoch, %d)", was-epoch+1, was)})
+	} else {
+		out = append(out, Finding{Check: "tokens", Status: StatusOK,
+			Detail: fmt.Sprintf("fencing tokens are in epoch %d (it follows the WAL timeline); the highest recorded is %d", epoch, highest)})
 	}
-	return append(out, Finding{Check: "tokens", Status: StatusOK,
-		Detail: fmt.Sprintf("fencing tokens are in epoch %d (it follows the WAL timeline); the highest recorded is %d", epoch, highest)})
+	return out
 }
 
 // tokenEpochShift: a token is epoch<<tokenEpochShift + counter (migration 3).
@@ -287,6 +296,49 @@ const qTenantNamespace = `SELECT coalesce(dislock.tenant_namespace(), '')`
 const qTokenEpoch = `
 SELECT dislock.token_epoch_now(), (SELECT last_value FROM dislock.token_counter),
        greatest(coalesce((SELECT max(token) FROM dislock.windows), 0), coalesce((SELECT max(token) FROM dislock.leases), 0))`
+
+// qTokensAbove lists the rows whose token is at or above $1, highest first.
+const qTokensAbove = `
+SELECT kind, lock_key, at, token FROM (
+    (SELECT 'window' AS kind, lock_key, window_start::text || CASE WHEN job_index >= 0 THEN ' index ' || job_index ELSE '' END AS at, token
+     FROM dislock.windows WHERE token >= $1::bigint ORDER BY token DESC LIMIT $2::int)
+    UNION ALL
+    (SELECT 'lease', lock_key, '', token FROM dislock.leases WHERE token >= $1::bigint ORDER BY token DESC LIMIT $2::int)) r
+ORDER BY token DESC LIMIT $2::int`
+
+// maxTokenRowsNamed bounds how many rows a tokens finding names.
+const maxTokenRowsNamed = 5
+
+// tokensAbove names the rows holding a token at or above next, e.g.
+// `window ns/report at 2026-12-02 12:00:00+00 (token 5497558138957)`, or
+// says why it cannot.
+func (s *Store) tokensAbove(ctx context.Context, next int64) string {
+	rows, err := s.pool.Query(ctx, qTokensAbove, next, maxTokenRowsNamed+1)
+	if err != nil {
+		return "(cannot list them: " + err.Error() + ")"
+	}
+	defer rows.Close()
+	var named []string
+	for rows.Next() {
+		var kind, key, at string
+		var token int64
+		if err := rows.Scan(&kind, &key, &at, &token); err != nil {
+			return "(cannot list them: " + err.Error() + ")"
+		}
+		if len(named) == maxTokenRowsNamed {
+			named = append(named, "and more (SELECT lock_key, token FROM dislock.windows / dislock.leases WHERE token >= "+strconv.FormatInt(next, 10)+")")
+			break
+		}
+		if at != "" {
+			at = " at " + at
+		}
+		named = append(named, fmt.Sprintf("%s %s%s (token %d)", kind, key, at, token))
+	}
+	if err := rows.Err(); err != nil {
+		return "(cannot list them: " + err.Error() + ")"
+	}
+	return strings.Join(named, "; ")
+}
 
 // TokenEpoch splits a fencing token into the epoch (which follows the WAL
 // timeline) it was drawn in and the counter.

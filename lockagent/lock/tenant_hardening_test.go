@@ -2,9 +2,13 @@ package lock_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dislock/dislock/lockagent/lock"
 )
@@ -73,6 +77,109 @@ func TestATenantCannotReachBeyondItsNamespace(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("the disagreement of %s/report is not reported: %+v", other, views)
+		}
+	})
+}
+
+// A tenant may write the token column of its own rows (a takeover draws a
+// new token), but never a token above the high water: the largest token
+// next_token() can have handed out so far. A forged huge token would break
+// the owner's `dislock check` (a token above the epoch) and outrank every
+// token the namespace is handed later. Tokens the agent's statements draw
+// in the same statement, on every path (insert, takeover, re-acquired
+// lease), and tokens drawn earlier in the same transaction still pass.
+func TestATenantCannotWriteATokenAboveTheHighWater(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		own := openStore(t, dsn, 2)
+		ns := namespace(t, "forge")
+		cred := provision(t, own, ns)
+		s := tenantStore(t, dsn, cred)
+		key := ns + "/report"
+		job := func(pod string) lock.Owner {
+			return lock.Owner{Cluster: "dc-a", Namespace: ns, Job: "report-1", JobUID: "uid-1", Pod: pod}
+		}
+
+		// The agent's paths: a claim, the Job's retry taking the failed
+		// window over (ON CONFLICT DO UPDATE draws the token), a lease
+		// taken, released and taken again.
+		first := mustClaim(t, s, key, window0, job("pod-1"), false, ttl, lock.Claimed)
+		if _, err := s.Finish(ctx, key, window0, lock.NotIndexed, first.Window.Token, lock.StateFailed, ptr(1)); err != nil {
+			t.Fatal(err)
+		}
+		retry := mustClaim(t, s, key, window0, job("pod-2"), false, ttl, lock.TookOver)
+		if retry.Window.Token <= first.Window.Token {
+			t.Fatalf("the takeover's token %d is not above %d", retry.Window.Token, first.Window.Token)
+		}
+		g, err := s.AcquireLease(ctx, key, job("pod-2"), ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.ReleaseLease(ctx, key, g.Lease.Token); err != nil || !ok {
+			t.Fatalf("release: %v %v", ok, err)
+		}
+		if _, err := s.AcquireLease(ctx, key, job("pod-2"), ttl); err != nil {
+			t.Fatalf("re-acquiring the released lease (a token drawn in DO UPDATE): %v", err)
+		}
+
+		conn := rawConn(t, mustTenantDSN(t, dsn, cred))
+		ownerConn := rawConn(t, dsn)
+		before := rowsOf(t, ownerConn, ns)
+		ins := `INSERT INTO dislock.windows (lock_key, window_start, owner, cluster, pod, token, state, claimed_at, alive_until)
+			VALUES ('` + key + `', '2027-01-01T00:00:00Z', 'x', 'dc-a', 'x', %s, 'running', now(), now())`
+		insLease := `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES ('` + key + `#9', 'x', %s, now(), now())`
+		for _, tc := range []struct{ name, sql string }{
+			{"the largest bigint into its window", `UPDATE dislock.windows SET token = 9223372036854775807 WHERE lock_key = '` + key + `'`},
+			{"a token of the next epoch into its window", `UPDATE dislock.windows SET token = token + (1::bigint << 40) WHERE lock_key = '` + key + `'`},
+			{"one above the token drawn in the same statement", `UPDATE dislock.windows SET token = dislock.next_token() + 1 WHERE lock_key = '` + key + `'`},
+			{"a new window with a huge token", fmt.Sprintf(ins, "(1::bigint << 62)")},
+			{"a huge token into its window through ON CONFLICT DO UPDATE", strings.Replace(fmt.Sprintf(ins, "1"), "2027-01-01T00:00:00Z", window0.Format(time.RFC3339), 1) +
+				` ON CONFLICT (lock_key, window_start, job_index) DO UPDATE SET token = 1::bigint << 62`},
+			{"the largest bigint into its lease", `UPDATE dislock.leases SET token = 9223372036854775807 WHERE lock_key = '` + key + `'`},
+			{"a new lease with a huge token", fmt.Sprintf(insLease, "(1::bigint << 62)")},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				err := conn.PgConn().Exec(ctx, tc.sql).Close()
+				var pgErr *pgconn.PgError
+				if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "row-level security") {
+					t.Fatalf("%v, want refused by the row-level security policy (42501)", err)
+				}
+			})
+		}
+		if after := rowsOf(t, ownerConn, ns); strings.Join(after, "\n") != strings.Join(before, "\n") {
+			t.Errorf("the refused writes changed rows:\nbefore:\n%s\nafter:\n%s", strings.Join(before, "\n"), strings.Join(after, "\n"))
+		}
+
+		// The high water itself passes: a token drawn in the same
+		// statement, or earlier in the same transaction.
+		var drawn, stored int64
+		if err := conn.QueryRow(ctx, `UPDATE dislock.windows SET token = dislock.next_token() WHERE lock_key = $1 RETURNING token`, key).Scan(&stored); err != nil {
+			t.Fatalf("writing a token drawn in the same statement: %v", err)
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.QueryRow(ctx, `SELECT dislock.next_token()`).Scan(&drawn); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(insLease, "$1::bigint"), drawn); err != nil {
+			t.Fatalf("writing a token drawn earlier in the transaction: %v", err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if drawn <= stored {
+			t.Errorf("token %d drawn after %d", drawn, stored)
+		}
+
+		// The owner's check finds no token above the epoch.
+		fs, err := own.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := byCheck(fs)["tokens"]; f.Status != lock.StatusOK {
+			t.Errorf("tokens after the attempts: %+v", f)
 		}
 	})
 }

@@ -64,13 +64,36 @@ $$;
 -- tokens back) nor on the epoch.
 ALTER FUNCTION dislock.next_token() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 
+-- The largest token next_token() can have handed out so far: the current
+-- epoch over the counter's last value. Every token it hands out later is
+-- above it. The policies below hold every token a tenant writes to it: the
+-- UPDATE column right on token (the claim's takeover draws a new one) would
+-- otherwise let a tenant write any value into its own rows, and one far
+-- above the epoch makes `dislock check` report lost epochs. A token drawn
+-- earlier in the same statement or transaction passes: the counter is read
+-- as it is now, not as the statement's snapshot saw it. VOLATILE, not
+-- STABLE, for the same reason with the epoch: a STABLE function reads
+-- token_epoch in the calling statement's snapshot, and an epoch raised by a
+-- concurrent transaction (an operator's UPDATE of token_epoch) after the
+-- statement began, which next_token() sees, would refuse the statement's own
+-- token. It runs as the owner because tenants may read neither the counter
+-- nor the epoch. A row that already holds a token above it (an asynchronous
+-- failover lost the epoch; `dislock check` fails then) can no longer be
+-- written by its tenant until the operator applies check's fix: fail closed.
+CREATE OR REPLACE FUNCTION dislock.token_high_water() RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT (dislock.token_epoch_now() << 40) + last_value FROM dislock.token_counter
+$$;
+
 -- A function is executable by PUBLIC unless revoked: the owner keeps what it
--- owns, tenants get exactly the two they need (a row-level security policy
--- runs with the querying role's rights, so it needs tenant_namespace too).
+-- owns, tenants get exactly the three they need (a row-level security
+-- policy runs with the querying role's rights, so it needs tenant_namespace
+-- and token_high_water too).
 -- A later migration that adds a function must revoke it from PUBLIC too (a
 -- test holds every function of the schema to that).
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dislock FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace() TO dislock_tenant;
+GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO dislock_tenant;
 
 -- A key is <namespace>/<name>, or <namespace>/<name>#<index> for a lease of
 -- an Indexed Job; a namespace is a DNS label, so it never contains '/', and
@@ -80,18 +103,23 @@ GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace() TO di
 -- INSERT ... ON CONFLICT DO UPDATE, PostgreSQL checks the proposed row with
 -- WITH CHECK and raises an error when the existing row fails USING, so a
 -- claim on another namespace's key is an error, never a silent no-op. The
--- function sits in a sub-select: it runs once per statement, not per row.
+-- namespace function sits in a sub-select: it runs once per statement, not
+-- per row. token_high_water() does not: it must run after the row's own
+-- next_token() (a multi-row INSERT draws one per row), and it runs only on
+-- rows written, not on rows scanned.
 ALTER TABLE dislock.windows ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_namespace ON dislock.windows;
 CREATE POLICY tenant_namespace ON dislock.windows TO dislock_tenant
     USING (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/'))
-    WITH CHECK (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/'));
+    WITH CHECK (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/')
+                AND token <= dislock.token_high_water());
 
 ALTER TABLE dislock.leases ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_namespace ON dislock.leases;
 CREATE POLICY tenant_namespace ON dislock.leases TO dislock_tenant
     USING (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/'))
-    WITH CHECK (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/'));
+    WITH CHECK (starts_with(lock_key, (SELECT dislock.tenant_namespace()) || '/')
+                AND token <= dislock.token_high_water());
 
 ALTER TABLE dislock.views ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_namespace ON dislock.views;
@@ -116,7 +144,8 @@ GRANT SELECT ON dislock.schema_migrations TO dislock_tenant;
 -- A view is a handful of settings. Bounded, no tenant's row can make the
 -- owner's reads of every view (the disagreement report) allocate without
 -- limit. NOT VALID: rows written before are small, and need no scan.
-ALTER TABLE dislock.views ADD CONSTRAINT views_size CHECK (octet_length(view::text) <= 4096) NOT VALID;
+ALTER TABLE dislock.views DROP CONSTRAINT IF EXISTS views_size,
+    ADD CONSTRAINT views_size CHECK (octet_length(view::text) <= 4096) NOT VALID;
 
 -- Where the owner owns schema public (it owns the database), nobody else
 -- may create there: on PostgreSQL 14 and older, and databases upgraded from
