@@ -104,7 +104,8 @@ var syncQuorum = regexp.MustCompile(`(?i)^\s*(?:(?:first|any)\s+)?(\d+)\s*\(`)
 // replicated synchronously before it is acknowledged, for every role (else
 // a failover can lose a claim and the window runs twice); that the server
 // would tell a commit whose wait was cut short; the schema version; and
-// that fencing tokens cannot go back. It returns an error only when the
+// that fencing tokens cannot go back, and how much of the token counter
+// every namespace shares is spent. It returns an error only when the
 // database cannot be asked at all.
 func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding, error) {
 	var (
@@ -252,8 +253,8 @@ func (s *Store) checkSchema(ctx context.Context, out []Finding) []Finding {
 			Detail: who + " may not read the token counter and epochs, so whether fencing tokens can go back was not checked",
 			Fix:    "run dislock check with the owner's URL (the webhook's --database-url) to check the tokens"})
 	}
-	var epoch, counter, highest int64
-	if err := s.pool.QueryRow(ctx, qTokenEpoch).Scan(&epoch, &counter, &highest); err != nil {
+	var epoch, counter, counterMax, highest int64
+	if err := s.pool.QueryRow(ctx, qTokenEpoch).Scan(&epoch, &counter, &counterMax, &highest); err != nil {
 		return append(out, Finding{Check: "tokens", Status: StatusFail, Detail: "cannot compute the next fencing token: " + err.Error(),
 			Fix: "dislock needs pg_walfile_name(pg_current_wal_lsn()) on the primary (not available on some managed services)"})
 	}
@@ -273,7 +274,38 @@ func (s *Store) checkSchema(ctx context.Context, out []Finding) []Finding {
 		out = append(out, Finding{Check: "tokens", Status: StatusOK,
 			Detail: fmt.Sprintf("fencing tokens are in epoch %d (it follows the WAL timeline); the highest recorded is %d", epoch, highest)})
 	}
-	return out
+	return append(out, counterFinding(counter, counterMax))
+}
+
+// The token counter's used fractions at which check warns and fails.
+const (
+	counterWarnAbove = 0.5
+	counterFailAbove = 0.9
+)
+
+// fixCounter is what an operator does about a counter filling up. Every
+// namespace shares the counter, and any tenant role may draw from it as
+// fast as its connections allow.
+const fixCounter = "find the role that draws: with pg_stat_statements, " +
+	"SELECT r.rolname, s.calls FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid WHERE s.query LIKE '%next_token%' ORDER BY s.calls DESC " +
+	"(a tenant role's namespace is in dislock.tenants: SELECT namespace FROM dislock.tenants WHERE role_name = '…'); " +
+	"stop it (remove the namespace's opt-in label, or ALTER ROLE … NOLOGIN and end its sessions with pg_terminate_backend). " +
+	"The counter starts again only with a new epoch, and docs/operations.md documents no procedure that forces one and resets the counter " +
+	"(a failover raises the epoch, but the counter goes on): there is none yet, so plan the reset with dislock's maintainers before the counter is full"
+
+// counterFinding grades how much of the token counter is spent: when it is
+// full, next_token() fails and every claim and lease of every namespace
+// with it.
+func counterFinding(counter, counterMax int64) Finding {
+	used := float64(counter) / float64(counterMax)
+	detail := fmt.Sprintf("the token counter is at %d of %d (%.1f %% used); every namespace draws from it, and when it is full every claim fails", counter, counterMax, 100*used)
+	switch {
+	case used > counterFailAbove:
+		return Finding{Check: "token counter", Status: StatusFail, Detail: detail, Fix: fixCounter}
+	case used > counterWarnAbove:
+		return Finding{Check: "token counter", Status: StatusWarn, Detail: detail, Fix: fixCounter}
+	}
+	return Finding{Check: "token counter", Status: StatusOK, Detail: detail}
 }
 
 // tokenEpochShift: a token is epoch<<tokenEpochShift + counter (migration 3).
@@ -295,6 +327,7 @@ const qTenantNamespace = `SELECT coalesce(dislock.tenant_namespace(), '')`
 
 const qTokenEpoch = `
 SELECT dislock.token_epoch_now(), (SELECT last_value FROM dislock.token_counter),
+       (SELECT seqmax FROM pg_sequence WHERE seqrelid = 'dislock.token_counter'::regclass),
        greatest(coalesce((SELECT max(token) FROM dislock.windows), 0), coalesce((SELECT max(token) FROM dislock.leases), 0))`
 
 // qTokensAbove lists the rows whose token is at or above $1, highest first.

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 // What a hostile review of the tenant roles proved a tenant could do to
@@ -182,4 +183,64 @@ func TestATenantCannotWriteATokenAboveTheHighWater(t *testing.T) {
 			t.Errorf("tokens after the attempts: %+v", f)
 		}
 	})
+}
+
+// Every namespace draws its tokens from one counter (2^40 values per
+// epoch), and a tenant may draw as fast as its connections allow. dislock
+// check reports how much of it is spent: a warning above half, a failure
+// above 90 %, each with what the operator does.
+func TestCheckReportsTheSharedTokenCounterFilling(t *testing.T) {
+	t.Parallel() // its own server: the counter of the shared one must not jump
+	srv := pgtest.New(t, pgtest.Options{Name: "counter"})
+	ctx := context.Background()
+	own := openStore(t, srv.DirectDSN(), 2)
+	ownerConn := rawConn(t, srv.DirectDSN())
+	const counterMax = 1<<40 - 1
+	for _, tc := range []struct {
+		name   string
+		setval int64 // 0: as migrated
+		want   lock.Status
+	}{
+		{"a fresh counter", 0, lock.StatusOK},
+		{"half spent", counterMax / 2, lock.StatusOK},
+		{"60 % spent", counterMax / 10 * 6, lock.StatusWarn},
+		{"95 % spent", counterMax / 100 * 95, lock.StatusFail},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.setval > 0 {
+				if _, err := ownerConn.Exec(ctx, `SELECT setval('dislock.token_counter', $1::bigint)`, tc.setval); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, tg := range srv.Targets() {
+				s := own
+				if tg.Name != "direct" {
+					s = openStore(t, tg.DSN, 1)
+				}
+				fs, err := s.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				f := byCheck(fs)["token counter"]
+				if f.Status != tc.want || !strings.Contains(f.Detail, fmt.Sprint(counterMax)) || lock.Failed(fs) != (tc.want == lock.StatusFail) {
+					t.Errorf("%s: token counter %+v, want %s", tg.Name, f, tc.want)
+				}
+				if tc.want == lock.StatusOK {
+					continue
+				}
+				t.Logf("%s: %s: %s; fix: %s", tg.Name, f.Status, f.Detail, f.Fix)
+				for _, w := range []string{"pg_stat_statements", "dislock.tenants", "NOLOGIN", "new epoch", "docs/operations.md"} {
+					if !strings.Contains(f.Fix, w) {
+						t.Errorf("%s: the fix does not say %q: %s", tg.Name, w, f.Fix)
+					}
+				}
+			}
+		})
+	}
+	// Nearly full, the counter still hands out growing tokens.
+	key := uniqueKey(t)
+	c := mustClaim(t, own, key, window0, owner("dc-a", "job", "pod"), false, ttl, lock.Claimed)
+	if _, n := lock.TokenEpoch(c.Window.Token); n <= counterMax/100*95 {
+		t.Errorf("token %d: counter %d, want above the setval", c.Window.Token, n)
+	}
 }
