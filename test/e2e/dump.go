@@ -31,22 +31,8 @@ func (e *Env) Dump() string {
 			continue
 		}
 		fmt.Fprintf(&b, "===== %s =====\n", dc.Name)
-		if pods, err := dc.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{}); err != nil {
-			fmt.Fprintf(&b, "listing pods: %v\n", err)
-		} else {
-			for _, p := range pods.Items {
-				fmt.Fprintf(&b, "pod %s phase=%s node=%s agent=%q\n", p.Name, p.Status.Phase, p.Spec.NodeName, AgentMessage(&p))
-			}
-		}
-		if events, err := dc.Client.CoreV1().Events(Namespace).List(ctx, metav1.ListOptions{}); err != nil {
-			fmt.Fprintf(&b, "listing events: %v\n", err)
-		} else {
-			sort.Slice(events.Items, func(i, j int) bool {
-				return events.Items[i].LastTimestamp.Before(&events.Items[j].LastTimestamp)
-			})
-			for _, ev := range events.Items {
-				fmt.Fprintf(&b, "event %s %s/%s %s: %s\n", ev.LastTimestamp.Format(time.TimeOnly), ev.InvolvedObject.Kind, ev.InvolvedObject.Name, ev.Reason, ev.Message)
-			}
+		for _, ns := range Teams {
+			dumpNamespace(ctx, &b, dc, ns)
 		}
 		if dc.Node != nil {
 			b.WriteString(podLogs(filepath.Join(dc.Node.Dir(), "pod-logs")))
@@ -105,4 +91,27 @@ func fmtInt(i *int) string {
 		return "-"
 	}
 	return strconv.Itoa(*i)
+}
+
+// dumpNamespace writes a namespace's pods, with their agents' decisions, and
+// its events.
+func dumpNamespace(ctx context.Context, b *strings.Builder, dc *DC, ns string) {
+	if pods, err := dc.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err != nil {
+		fmt.Fprintf(b, "listing pods of %s: %v\n", ns, err)
+	} else {
+		for _, p := range pods.Items {
+			fmt.Fprintf(b, "pod %s/%s phase=%s node=%s agent=%q\n", ns, p.Name, p.Status.Phase, p.Spec.NodeName, AgentMessage(&p))
+		}
+	}
+	events, err := dc.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		fmt.Fprintf(b, "listing events of %s: %v\n", ns, err)
+		return
+	}
+	sort.Slice(events.Items, func(i, j int) bool {
+		return events.Items[i].LastTimestamp.Before(&events.Items[j].LastTimestamp)
+	})
+	for _, ev := range events.Items {
+		fmt.Fprintf(b, "event %s %s %s/%s %s: %s\n", ev.LastTimestamp.Format(time.TimeOnly), ns, ev.InvolvedObject.Kind, ev.InvolvedObject.Name, ev.Reason, ev.Message)
+	}
 }

@@ -51,11 +51,18 @@ const (
 	// Namespace is the opted-in namespace the tests' CronJobs live in, in
 	// every data centre.
 	Namespace = "e2e"
+	// OtherTeam is a second opted-in namespace, another team's: it gets a
+	// database role of its own, and a CronJob of the same name there is
+	// another key.
+	OtherTeam = "e2e-team-b"
 	// DBSecretName holds the namespace's own database role's URL through the
 	// data centre's PgBouncer (key "url"; the webhook provisions it) in
 	// Namespace, where the injected sidecars read it.
 	DBSecretName = "dislock-db"
 )
+
+// Teams are the opted-in namespaces, each a team of its own.
+var Teams = []string{Namespace, OtherTeam}
 
 // Options configure an Env.
 type Options struct {
@@ -278,31 +285,38 @@ func (e *Env) startDC(dc *DC) error {
 		return err
 	}
 	ctx := context.Background()
-	for _, ns := range []*corev1.Namespace{
-		{ObjectMeta: metav1.ObjectMeta{Name: WebhookNamespace}},
-		{ObjectMeta: metav1.ObjectMeta{Name: Namespace, Labels: map[string]string{"dislock.io/injection": "enabled"}}},
-	} {
+	namespaces := []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: WebhookNamespace}}}
+	for _, team := range Teams {
+		namespaces = append(namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: team,
+			Labels: map[string]string{"dislock.io/injection": "enabled"}}})
+	}
+	for _, ns := range namespaces {
 		if _, err := dc.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("e2e: %s: %w", dc.Name, err)
 		}
 	}
-	if dc.ha != nil {
-		// The HA cluster's PgBouncers authenticate the roles of their
-		// auth_file only (test/hapg): the namespace gets the owner's URL,
-		// in a Secret of its own that the webhook leaves alone.
+	// The HA cluster's PgBouncers authenticate the roles of their auth_file
+	// only (test/hapg): each namespace gets the owner's URL, in a Secret of
+	// its own that the webhook leaves alone.
+	for _, team := range Teams {
+		if dc.ha == nil {
+			continue
+		}
 		secret := &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: DBSecretName, Namespace: Namespace},
+			ObjectMeta: metav1.ObjectMeta{Name: DBSecretName, Namespace: team},
 			StringData: map[string]string{"url": dc.bouncer.DSN()},
 		}
-		if _, err := dc.Client.CoreV1().Secrets(Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		if _, err := dc.Client.CoreV1().Secrets(team).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("e2e: %s: %w", dc.Name, err)
 		}
 	}
 	if err := dc.webhook.register(ctx, dc.Name, e.root, dc.Client); err != nil {
 		return err
 	}
-	if err := awaitReady(ctx, dc); err != nil {
-		return err
+	for _, team := range Teams {
+		if err := awaitReady(ctx, dc, team); err != nil {
+			return err
+		}
 	}
 	e.logf("%s up in %v", dc.Name, time.Since(begun).Round(time.Millisecond))
 	return nil
@@ -312,20 +326,21 @@ func (e *Env) startDC(dc *DC) error {
 // (without it pods are refused) and the API server calls the webhook for
 // the namespace (its namespace selector sees the label through a cache): a
 // dry-run CronJob with a bad mode is refused naming the value.
-func awaitReady(ctx context.Context, dc *DC) error {
+func awaitReady(ctx context.Context, dc *DC, namespace string) error {
 	probe := ProbeCronJob()
+	probe.Namespace = namespace
 	deadline := time.Now().Add(time.Minute)
 	for {
-		_, saErr := dc.Client.CoreV1().ServiceAccounts(Namespace).Get(ctx, "default", metav1.GetOptions{})
+		_, saErr := dc.Client.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
 		// The namespace's database Secret: the webhook provisions its role.
-		_, secretErr := dc.Client.CoreV1().Secrets(Namespace).Get(ctx, DBSecretName, metav1.GetOptions{})
-		_, err := dc.Client.BatchV1().CronJobs(Namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		_, secretErr := dc.Client.CoreV1().Secrets(namespace).Get(ctx, DBSecretName, metav1.GetOptions{})
+		_, err := dc.Client.BatchV1().CronJobs(namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if saErr == nil && secretErr == nil && err != nil && strings.Contains(err.Error(), probeMode) {
 			return nil
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("e2e: %s: the webhook does not validate CronJobs in %s (service account: %v; database Secret: %v; dry run: %v)",
-				dc.Name, Namespace, saErr, secretErr, err)
+				dc.Name, namespace, saErr, secretErr, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

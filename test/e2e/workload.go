@@ -101,6 +101,7 @@ func ledgerPod(dc string, l Ledger) corev1.PodTemplateSpec {
 			Env: []corev1.EnvVar{
 				{Name: "LEDGER_DATABASE_URL", Value: l.DSN},
 				{Name: "LEDGER_CLUSTER", Value: dc},
+				{Name: "LEDGER_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
 				{Name: "LEDGER_POD", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 				{Name: "LEDGER_SLEEP", Value: l.Work.String()},
 				{Name: "LEDGER_EXIT", Value: fmt.Sprint(l.Exit)},
@@ -116,6 +117,7 @@ type Run struct {
 	Index      *int // the completion index of an Indexed Job's run
 	Token      int64
 	Cluster    string
+	Namespace  string
 	Pod        string
 	Started    time.Time
 	Finished   *time.Time
@@ -141,7 +143,7 @@ func (e *Env) Runs(ctx context.Context) ([]Run, error) {
 		return nil, err
 	}
 	defer c.Close(ctx)
-	rows, err := c.Query(ctx, `SELECT l.window_start, l.job_index, l.token, l.cluster, l.pod, l.started_at, l.finished_at, l.exit_code, w.claimed_at
+	rows, err := c.Query(ctx, `SELECT l.window_start, l.job_index, l.token, l.cluster, l.namespace, l.pod, l.started_at, l.finished_at, l.exit_code, w.claimed_at
 FROM e2e.ledger l LEFT JOIN dislock.windows w ON w.token = l.token
 ORDER BY l.started_at, l.id`)
 	if err != nil {
@@ -149,7 +151,7 @@ ORDER BY l.started_at, l.id`)
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Run, error) {
 		var run Run
-		err := r.Scan(&run.Window, &run.Index, &run.Token, &run.Cluster, &run.Pod, &run.Started, &run.Finished, &run.ExitCode, &run.ClaimedAt)
+		err := r.Scan(&run.Window, &run.Index, &run.Token, &run.Cluster, &run.Namespace, &run.Pod, &run.Started, &run.Finished, &run.ExitCode, &run.ClaimedAt)
 		if err == nil && run.Window != "" {
 			run.WindowTime, err = time.Parse(time.RFC3339, run.Window)
 		}
@@ -171,9 +173,14 @@ func Overlaps(runs []Run) []string {
 	return out
 }
 
-// Jobs lists the Jobs of a CronJob in one data centre.
+// Jobs lists the Jobs of a CronJob of Namespace in one data centre.
 func (dc *DC) Jobs(ctx context.Context, cronJob string) ([]batchv1.Job, error) {
-	list, err := dc.Client.BatchV1().Jobs(Namespace).List(ctx, metav1.ListOptions{})
+	return dc.JobsIn(ctx, Namespace, cronJob)
+}
+
+// JobsIn lists the Jobs of a CronJob of a namespace in one data centre.
+func (dc *DC) JobsIn(ctx context.Context, namespace, cronJob string) ([]batchv1.Job, error) {
+	list, err := dc.Client.BatchV1().Jobs(namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -202,9 +209,14 @@ func Finished(j *batchv1.Job) (done bool, complete bool) {
 	return false, false
 }
 
-// Pods lists the pods of a Job.
+// Pods lists the pods of a Job of Namespace.
 func (dc *DC) Pods(ctx context.Context, job string) ([]corev1.Pod, error) {
-	list, err := dc.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + job})
+	return dc.PodsIn(ctx, Namespace, job)
+}
+
+// PodsIn lists the pods of a Job of a namespace.
+func (dc *DC) PodsIn(ctx context.Context, namespace, job string) ([]corev1.Pod, error) {
+	list, err := dc.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + job})
 	if err != nil {
 		return nil, err
 	}

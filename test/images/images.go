@@ -74,6 +74,7 @@ CREATE TABLE IF NOT EXISTS e2e.ledger (
   job_index int,
   token bigint NOT NULL,
   cluster text NOT NULL,
+  namespace text NOT NULL,
   pod text NOT NULL,
   started_at timestamptz NOT NULL,
   finished_at timestamptz,

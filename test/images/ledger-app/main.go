@@ -5,7 +5,7 @@
 // can count runs per window and check that no two runs overlapped. The
 // pods use the host network, so the database is on 127.0.0.1.
 //
-// Environment: LEDGER_DATABASE_URL (required), LEDGER_CLUSTER, LEDGER_POD,
+// Environment: LEDGER_DATABASE_URL (required), LEDGER_CLUSTER, LEDGER_NAMESPACE, LEDGER_POD,
 // LEDGER_SLEEP (a Go duration to work for), LEDGER_EXIT (the exit code),
 // LEDGER_SHUTDOWN (a Go duration: how long the app goes on after SIGTERM,
 // as one that finishes the work in hand before it stops, so that its pod
@@ -27,8 +27,8 @@ import (
 )
 
 const (
-	insertRun = `INSERT INTO e2e.ledger (window_start, job_index, token, cluster, pod, started_at)
-VALUES ($1, $2, $3, $4, $5, now()) RETURNING id`
+	insertRun = `INSERT INTO e2e.ledger (window_start, job_index, token, cluster, namespace, pod, started_at)
+VALUES ($1, $2, $3, $4, $5, $6, now()) RETURNING id`
 	finishRun = `UPDATE e2e.ledger SET finished_at = now(), exit_code = $2 WHERE id = $1`
 )
 
@@ -76,7 +76,7 @@ func run() int {
 	var id int64
 	err = exec(func(ctx context.Context, c *pgx.Conn) error {
 		return c.QueryRow(ctx, insertRun, os.Getenv("DISLOCK_WINDOW"), index, token,
-			os.Getenv("LEDGER_CLUSTER"), os.Getenv("LEDGER_POD")).Scan(&id)
+			os.Getenv("LEDGER_CLUSTER"), os.Getenv("LEDGER_NAMESPACE"), os.Getenv("LEDGER_POD")).Scan(&id)
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ledger-app: recording the start:", err)
