@@ -80,7 +80,7 @@
 //     may wait for the owner's whole run, hours, and no probe budget may
 //     restart a sidecar that is waiting as it should. Installing takes
 //     seconds; the default budget of 5 minutes is slack for a slow node.
-//   - The sidecar runs as uid/gid 65532, non-root, with a read-only root
+//   - The sidecar runs as uid/gid 65533 (not an app's usual uid), non-root, with a read-only root
 //     filesystem, no capabilities, no privilege escalation and the
 //     RuntimeDefault seccomp profile, set on the container so that it holds
 //     whatever the pod's securityContext says and meets the "restricted" Pod

@@ -88,8 +88,13 @@ const (
 	// restart a sidecar that is waiting exactly as it should.
 	DefaultStartupProbeFailureThreshold = int32(5 * time.Minute / (StartupProbePeriodSeconds * time.Second))
 
-	// agentUID is the distroless "nonroot" user the dislock image runs as.
-	agentUID = 65532
+	// agentUID is the sidecar's user. Not 65532, the distroless "nonroot"
+	// user that many apps run as: a process of another uid needs
+	// CAP_SYS_PTRACE to read the sidecar's /proc entries (the credential in
+	// its environment, and in that of its exec'd startup probes) or, unless
+	// it is root, to signal it, even in a pod that shares its process
+	// namespace.
+	agentUID = 65533
 )
 
 // Options configure injection (set from the webhook's flags). Zero fields

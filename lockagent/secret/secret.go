@@ -6,8 +6,9 @@
 // /proc/<pid>/environ for as long as that program image runs, whatever the
 // program later does to its own copy (os.Unsetenv changes only the Go
 // runtime's). With shareProcessNamespace every container of the pod sees the
-// agent's /proc entry, and an app running as the agent's uid (65532, the
-// distroless "nonroot" user, is common) could read the credential there.
+// agent's /proc entry, and an app running as the agent's uid (the webhook
+// picks one apps rarely use, 65533, but an app may) could read the
+// credential there.
 //
 // Take therefore, in the same process (execve keeps the PID; there is no
 // parent and child to keep in step):

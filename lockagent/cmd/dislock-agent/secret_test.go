@@ -59,9 +59,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// appUID is the uid of distroless "nonroot": the injected sidecar's, and
-// many apps' too.
-const appUID = 65532
+// appUID is the uid the sidecar and the app share in these tests: the
+// worst case, an app that runs as the sidecar's own uid (65533), which
+// needs no CAP_SYS_PTRACE to read a dumpable process of the sidecar.
+const appUID = 65533
 
 // podBins holds the agent and the test binary where another uid may run
 // them (go test's own directories are private to the user running it).
