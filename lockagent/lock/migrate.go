@@ -3,12 +3,17 @@ package lock
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed migrations/*.sql
@@ -62,23 +67,82 @@ func SchemaVersion() int {
 	return len(ms)
 }
 
+// DefaultMigrationLockTimeout bounds each wait of a migration's DDL for a
+// table lock. PostgreSQL queues every later lock request behind a waiting
+// ACCESS EXCLUSIVE one, so while an ALTER TABLE waits for a session that
+// holds dislock.windows open (any role can: a tenant's open transaction
+// that read its own rows), every claim of every namespace waits behind it.
+// Cut at this, the claims pass, and Migrate tries again.
+const DefaultMigrationLockTimeout = 2 * time.Second
+
+// DefaultMigrationRetryFor bounds how long Migrate retries lock waits that
+// timed out before it gives up and names the sessions in the way. The
+// webhook retries Migrate itself; an operator running `dislock migrate`
+// gets an answer within about this long.
+const DefaultMigrationRetryFor = time.Minute
+
+// The pause between two attempts grows from the first to the second: the
+// claims that queued behind the attempt pass meanwhile.
+const (
+	migrationBackoffFirst = 500 * time.Millisecond
+	migrationBackoffMax   = 8 * time.Second
+)
+
 // Migrate brings schema dislock up to this build's version in one
 // transaction, holding a transaction-level advisory lock so that concurrent
 // callers (webhook replicas in several clusters) apply each migration once.
 // A transaction-level lock, unlike a session lock, is safe behind PgBouncer's
 // transaction pooling. It returns the versions it applied.
+//
+// Each wait for a table lock is cut at the Store's MigrationLockTimeout
+// (lock_timeout, SQLSTATE 55P03); the whole transaction then rolls back and
+// is tried again, with backoff, for up to MigrationRetryFor. Giving up, the
+// error names the sessions holding locks on the schema's tables.
 func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 	ms, err := migrations()
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
+	backoff := migrationBackoffFirst
+	for attempt := 1; ; attempt++ {
+		applied, err := s.migrateOnce(ctx, ms)
+		if !lockTimedOut(err) {
+			return applied, err
+		}
+		if waited := time.Since(start); waited+backoff > s.migrationRetryFor {
+			return nil, fmt.Errorf("%w; gave up after %d attempts in %s, each waiting at most %s (lock_timeout) for a table lock so that the claims queued behind it could pass: %s",
+				err, attempt, waited.Round(time.Millisecond), s.migrationLockTimeout, s.lockHolders(ctx))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("migrating: %w (while retrying after: %w)", ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, migrationBackoffMax)
+	}
+}
+
+// lockTimedOut tells a lock wait cut by lock_timeout.
+func lockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
+}
+
+func (s *Store) migrateOnce(ctx context.Context, ms []migration) ([]int, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, s.classify("migrating", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit this is a no-op
+	// Another migrator holds the advisory lock for as long as it takes: no
+	// claim waits behind it.
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, migrationLockID); err != nil {
 		return nil, s.classify("migrating: taking the migration lock", err)
+	}
+	// SET LOCAL: it ends with the transaction, also behind PgBouncer.
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, s.migrationLockTimeout.Milliseconds())); err != nil {
+		return nil, s.classify("migrating: setting lock_timeout", err)
 	}
 	// Multi-statement DDL goes through the simple protocol.
 	if err := tx.Conn().PgConn().Exec(ctx, `
@@ -110,4 +174,82 @@ CREATE TABLE IF NOT EXISTS dislock.schema_migrations (
 		return nil, s.classify("migrating: commit", err)
 	}
 	return applied, nil
+}
+
+// qLockHolders lists the other sessions holding locks on schema dislock's
+// tables, longest transaction first. A role sees another role's session
+// state and transaction start only with pg_read_all_stats (or as a member
+// of it): they are empty then.
+const qLockHolders = `
+SELECT l.pid, coalesce(a.usename::text, ''), coalesce(a.state, ''),
+       coalesce(extract(epoch FROM now() - a.xact_start)::bigint, -1),
+       string_agg(DISTINCT 'dislock.' || c.relname || ' (' || l.mode || ')', ', ')
+FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation AND c.relkind IN ('r', 'p')
+LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = 'dislock')
+GROUP BY 1, 2, 3, 4
+ORDER BY 4 DESC, 1
+LIMIT 10`
+
+// qTenantNamespaces maps tenant role names to their namespaces; it fails
+// before schema version 4, which is fine: lockHolders then names roles
+// only.
+const qTenantNamespaces = `SELECT role_name, namespace FROM dislock.tenants WHERE role_name = ANY($1::text[])`
+
+// lockHolders names the sessions in a migration's way and what to do about
+// them, or says why it cannot.
+func (s *Store) lockHolders(ctx context.Context) string {
+	type holder struct {
+		pid                    int32
+		role, state, relations string
+		xactSeconds            int64
+	}
+	rows, err := s.pool.Query(ctx, qLockHolders)
+	if err != nil {
+		return "cannot list the sessions holding locks on schema dislock's tables (" + err.Error() + ")"
+	}
+	hs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (holder, error) {
+		var h holder
+		return h, r.Scan(&h.pid, &h.role, &h.state, &h.xactSeconds, &h.relations)
+	})
+	if err != nil {
+		return "cannot list the sessions holding locks on schema dislock's tables (" + err.Error() + ")"
+	}
+	if len(hs) == 0 {
+		return "no other session holds a lock on schema dislock's tables now: migrate again"
+	}
+	roles := make([]string, len(hs))
+	for i, h := range hs {
+		roles[i] = h.role
+	}
+	namespaces := map[string]string{}
+	if rows, err := s.pool.Query(ctx, qTenantNamespaces, roles); err == nil {
+		for rows.Next() {
+			var role, ns string
+			if rows.Scan(&role, &ns) == nil {
+				namespaces[role] = ns
+			}
+		}
+		rows.Close()
+	}
+	var out, pids []string
+	for _, h := range hs {
+		who := "role " + h.role
+		if ns, ok := namespaces[h.role]; ok {
+			who += ", the tenant role of namespace " + ns
+		}
+		if h.state != "" {
+			who += ", " + h.state
+		}
+		if h.xactSeconds >= 0 {
+			who += fmt.Sprintf(", transaction open for %ds", h.xactSeconds)
+		}
+		out = append(out, fmt.Sprintf("pid %d (%s) holds %s", h.pid, who, h.relations))
+		pids = append(pids, fmt.Sprint(h.pid))
+	}
+	return strings.Join(out, "; ") + fmt.Sprintf(". End what keeps them open (SELECT pg_terminate_backend(pid) FROM unnest('{%s}'::int[]) pid, as a superuser, a member of pg_signal_backend or of their role; "+
+		"PgBouncer's idle_transaction_timeout ends idle tenant transactions), then migrate again", strings.Join(pids, ","))
 }

@@ -24,12 +24,21 @@ const DefaultMaxConns = 4
 type Options struct {
 	// MaxConns caps the connection pool (DefaultMaxConns when 0).
 	MaxConns int32
+	// MigrationLockTimeout bounds each wait of a migration for a table
+	// lock (DefaultMigrationLockTimeout when 0): every claim of every
+	// namespace queues behind a waiting DDL statement.
+	MigrationLockTimeout time.Duration
+	// MigrationRetryFor bounds how long Migrate retries a migration whose
+	// lock wait timed out (DefaultMigrationRetryFor when 0).
+	MigrationRetryFor time.Duration
 }
 
 // Store runs the lock statements against one database.
 type Store struct {
 	pool *pgxpool.Pool
 	addr string // host:port for error messages; never the password
+	// migrationLockTimeout and migrationRetryFor: see Options.
+	migrationLockTimeout, migrationRetryFor time.Duration
 	// warned holds, per connection, the WARNINGs the server sent while a
 	// write ran on it, joined (see writeRow).
 	warned sync.Map // *pgconn.PgConn -> string
@@ -112,7 +121,13 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	s := &Store{addr: addrs(cfg.ConnConfig)}
+	s := &Store{addr: addrs(cfg.ConnConfig), migrationLockTimeout: opts.MigrationLockTimeout, migrationRetryFor: opts.MigrationRetryFor}
+	if s.migrationLockTimeout <= 0 {
+		s.migrationLockTimeout = DefaultMigrationLockTimeout
+	}
+	if s.migrationRetryFor <= 0 {
+		s.migrationRetryFor = DefaultMigrationRetryFor
+	}
 	cfg.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) {
 		if n.SeverityUnlocalized == "WARNING" || n.Severity == "WARNING" {
 			msg := n.Message + " " + n.Detail

@@ -244,3 +244,135 @@ func TestCheckReportsTheSharedTokenCounterFilling(t *testing.T) {
 		t.Errorf("token %d: counter %d, want above the setval", c.Window.Token, n)
 	}
 }
+
+// A tenant holding a transaction open on its own rows of dislock.windows
+// makes a migration's ALTER TABLE wait, and PostgreSQL queues every later
+// claim behind the waiting DDL. Migrate cuts each wait at lock_timeout, so
+// claims of every namespace pass within it while Migrate retries, and the
+// migration goes through once the reader commits. Migration 4 is re-applied
+// (its record deleted) on a server of the test's own.
+func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
+	t.Parallel() // its own server: the shared one's DDL must not wait
+	srv := pgtest.New(t, pgtest.Options{Name: "ddl-wait"})
+	ctx := context.Background()
+	own := openStore(t, srv.DirectDSN(), 2)
+	ownerConn := rawConn(t, srv.DirectDSN())
+	nsA, nsB := namespace(t, "reader"), namespace(t, "claimer")
+	credA, credB := provision(t, own, nsA), provision(t, own, nsB)
+	version := lock.SchemaVersion()
+
+	unapply := func(t *testing.T) {
+		t.Helper()
+		if _, err := ownerConn.Exec(ctx, `DELETE FROM dislock.schema_migrations WHERE version = $1`, version); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// openReader begins team-a's transaction that read its own windows and
+	// stays open; the returned function commits it.
+	openReader := func(t *testing.T, dsn string) func() {
+		t.Helper()
+		tx, err := rawConn(t, mustTenantDSN(t, dsn, credA)).Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM dislock.windows`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return func() {
+			t.Helper()
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// ddlWaiting: a session waits for an ACCESS EXCLUSIVE lock on
+	// dislock.windows (the migration's ALTER TABLE).
+	ddlWaiting := func() bool {
+		var n int
+		err := ownerConn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation'
+			AND relation = 'dislock.windows'::regclass AND mode = 'AccessExclusiveLock'`).Scan(&n)
+		return err == nil && n > 0
+	}
+	type result struct {
+		applied []int
+		err     error
+	}
+	migrate := func(opts lock.Options, dsn string) <-chan result {
+		s, err := lock.Open(ctx, dsn, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		done := make(chan result, 1)
+		go func() {
+			applied, err := s.Migrate(ctx)
+			done <- result{applied, err}
+		}()
+		return done
+	}
+
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			claimer := tenantStore(t, tg.DSN, credB)
+			key := nsB + "/report-" + tg.Name
+
+			t.Run("claims pass while Migrate waits, and it applies once the reader commits", func(t *testing.T) {
+				unapply(t)
+				commit := openReader(t, tg.DSN)
+				done := migrate(lock.Options{MaxConns: 2, MigrationRetryFor: 5 * time.Minute}, tg.DSN)
+				var slowest time.Duration
+				for i := range 3 {
+					// Each claim queues behind a waiting attempt: the one
+					// after the first is a retry.
+					awaitCond(t, "the migration waiting for its lock on dislock.windows", ddlWaiting)
+					cctx, cancel := context.WithTimeout(ctx, time.Minute)
+					began := time.Now()
+					_, err := claimer.ClaimWindow(cctx, lock.ClaimRequest{Key: key, Window: windowAt(i), Index: lock.NotIndexed,
+						Owner: lock.Owner{Cluster: "dc-a", Namespace: nsB, Job: "report", JobUID: "uid", Pod: "pod"}, TTL: ttl})
+					took := time.Since(began)
+					cancel()
+					if err != nil {
+						t.Fatalf("claim %d while the migration waits (after %s): %v", i, took, err)
+					}
+					slowest = max(slowest, took)
+				}
+				t.Logf("slowest of 3 claims queued behind the waiting migration: %s (lock_timeout %s)", slowest, lock.DefaultMigrationLockTimeout)
+				select {
+				case r := <-done:
+					t.Fatalf("Migrate returned while the reader still holds its transaction: %v, %v", r.applied, r.err)
+				default:
+				}
+				commit()
+				select {
+				case r := <-done:
+					if r.err != nil || len(r.applied) != 1 || r.applied[0] != version {
+						t.Fatalf("Migrate after the reader committed: applied %v, %v; want [%d]", r.applied, r.err, version)
+					}
+				case <-time.After(2 * time.Minute):
+					t.Fatal("Migrate did not finish within 2 minutes of the reader's commit")
+				}
+			})
+
+			t.Run("giving up, Migrate names the lock timeout and the tenant in the way", func(t *testing.T) {
+				unapply(t)
+				commit := openReader(t, tg.DSN)
+				r := <-migrate(lock.Options{MaxConns: 2, MigrationLockTimeout: 100 * time.Millisecond, MigrationRetryFor: time.Second}, tg.DSN)
+				commit()
+				var pgErr *pgconn.PgError
+				if r.err == nil || !errors.As(r.err, &pgErr) || pgErr.Code != "55P03" || errors.Is(r.err, lock.ErrUnavailable) {
+					t.Fatalf("Migrate: %v, want the lock timeout (55P03), not unavailable", r.err)
+				}
+				for _, w := range []string{"SQLSTATE 55P03", "lock_timeout", credA.Role, "namespace " + nsA, "dislock.windows", "pg_terminate_backend", "idle_transaction_timeout"} {
+					if !strings.Contains(r.err.Error(), w) {
+						t.Errorf("the error does not say %q: %v", w, r.err)
+					}
+				}
+				t.Logf("Migrate gave up: %v", r.err)
+				if applied, err := own.Migrate(ctx); err != nil || len(applied) != 1 {
+					t.Fatalf("Migrate once the reader committed: %v, %v", applied, err)
+				}
+			})
+		})
+	}
+}
