@@ -14,6 +14,10 @@ const (
 	resultError         = "error"
 )
 
+// tenantActionRetireEarly is the dislock_tenant_roles_total action of a
+// generation dropped inside its grace (MaxLiveTenantGenerations).
+const tenantActionRetireEarly = "retire_early"
+
 var (
 	admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "dislock_webhook_admissions_total",
@@ -30,7 +34,7 @@ var (
 	}, []string{"action"})
 	tenantRolesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "dislock_tenant_roles_total",
-		Help: "Database roles of opted-in namespaces provisioned or retired, by action (provision, retire).",
+		Help: "Database roles of opted-in namespaces provisioned or retired, by action (provision, retire, retire_early: inside the grace, beyond the live generations a namespace may hold).",
 	}, []string{"action"})
 )
 

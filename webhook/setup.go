@@ -57,7 +57,11 @@ type Config struct {
 	TenantRoles    bool
 	TenantRotation time.Duration
 	TenantGrace    time.Duration
-	Certs          CertConfig
+	// TenantProvisionInterval is the least time between two new role
+	// generations of one namespace (0: DefaultTenantProvisionInterval), so
+	// that a tenant deleting its Secret in a loop cannot spin the database.
+	TenantProvisionInterval time.Duration
+	Certs                   CertConfig
 }
 
 // CertConfig chooses where the serving certificate comes from.
@@ -98,6 +102,9 @@ func (c Config) Validate() error {
 		}
 		if c.TenantGrace < MinTenantGrace {
 			errs = append(errs, fmt.Errorf("tenant grace %s is shorter than %s (set --tenant-grace to at least %s): a running pod would lose its database role", c.TenantGrace, MinTenantGrace, MinTenantGrace))
+		}
+		if c.TenantProvisionInterval < 0 {
+			errs = append(errs, fmt.Errorf("tenant provision interval %s is negative (leave it 0 for %s)", c.TenantProvisionInterval, DefaultTenantProvisionInterval))
 		}
 		if c.TenantRotation < time.Hour {
 			errs = append(errs, fmt.Errorf("tenant rotation %s is shorter than an hour (set --tenant-rotation to e.g. %s)", c.TenantRotation, DefaultTenantRotation))

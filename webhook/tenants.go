@@ -1,9 +1,11 @@
 package webhook
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -12,7 +14,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -41,7 +45,30 @@ const (
 	// MinTenantGrace keeps a superseded role alive for at least a day: a pod
 	// that read the old Secret keeps using its role until it ends.
 	MinTenantGrace = 24 * time.Hour
+	// DefaultTenantProvisionInterval is the least time between two new role
+	// generations of one namespace. A new generation is otherwise minted as
+	// soon as its tenant deletes or spoils the Secret, so a tenant doing that
+	// in a loop would spin the database (CREATE ROLE, DROP ROLE) as fast as
+	// the controller runs; rotation (hours at least) never waits for it.
+	DefaultTenantProvisionInterval = time.Minute
 )
+
+// MaxLiveTenantGenerations bounds the live (not yet retired) role generations
+// of one namespace in one cluster, the one in use included. Superseded
+// generations normally live out the grace, so that pods started with them
+// finish; but every generation is a role in the catalog with a connection
+// limit of its own, and a tenant deleting its Secret again and again would
+// mint one a minute for the whole grace. Minting one more first drops the
+// oldest superseded ones beyond the bound, inside their grace: only the
+// tenant's own pods still using them are cut off. Normal rotation keeps two
+// live (the one in use and the one it replaced), so four leaves room for a
+// few replaced Secrets before anything is cut short.
+const MaxLiveTenantGenerations = 4
+
+// ReasonTenantRoleRetiredEarly is the reason of the Warning Event put on a
+// namespace's database Secret when generations of its role were dropped
+// inside their grace (MaxLiveTenantGenerations).
+const ReasonTenantRoleRetiredEarly = "DislockTenantRoleRetiredEarly"
 
 // tenantReconcileTimeout bounds one namespace's reconcile.
 const tenantReconcileTimeout = 30 * time.Second
@@ -52,10 +79,12 @@ const tenantReconcileTimeout = 30 * time.Second
 // keys (row-level security in the database does the rest). It creates a new
 // role generation when the Secret is missing, holds another credential (a
 // copy of the owner's from before tenant roles, or a retired role), or is due
-// for rotation; superseded generations are dropped after the grace, so pods
-// still running with them are not cut off. It only writes Secrets carrying
-// its managed-by label: a Secret of the same name that a user created is
-// left alone.
+// for rotation, at most one per provision interval (a minute by default).
+// Superseded generations are dropped after the grace, so pods still running
+// with them are not cut off, unless the namespace would hold more than
+// MaxLiveTenantGenerations (its Secret replaced again and again): then the
+// oldest go early. It only writes Secrets carrying its managed-by label: a
+// Secret of the same name that a user created is left alone.
 type tenantProvisioner struct {
 	client.Client
 	// api reads the Secret uncached: the cache only holds Secrets carrying
@@ -69,6 +98,10 @@ type tenantProvisioner struct {
 	rotation time.Duration
 	grace    time.Duration
 	now      func() time.Time
+	// pace spaces a namespace's new generations; events tells the
+	// namespace when generations were retired early.
+	pace   *provisionPacer
+	events events.EventRecorder
 
 	// The store is opened on first use: the database may come up after
 	// the webhook, which must serve admissions meanwhile.
@@ -79,8 +112,11 @@ type tenantProvisioner struct {
 func setupTenantProvisioner(mgr ctrl.Manager, cfg Config) error {
 	r := &tenantProvisioner{Client: mgr.GetClient(), api: mgr.GetAPIReader(), ownerDSN: cfg.DatabaseURL,
 		cluster: cfg.Inject.ClusterName, secret: cfg.Inject.DBSecretName, key: cfg.Inject.DBSecretKey, ownNS: cfg.Namespace,
-		rotation: cfg.TenantRotation, grace: cfg.TenantGrace, now: time.Now}
-	// A deleted or edited Secret is provisioned again at once.
+		rotation: cfg.TenantRotation, grace: cfg.TenantGrace, now: time.Now,
+		pace:   &provisionPacer{interval: cmp.Or(cfg.TenantProvisionInterval, DefaultTenantProvisionInterval)},
+		events: mgr.GetEventRecorder("dislock-webhook")}
+	// A deleted or edited Secret is provisioned again at once, or once the
+	// provision interval since the namespace's last generation has passed.
 	return namespaceController(mgr, "tenant-roles", func(_ context.Context, o client.Object) []reconcile.Request {
 		return managedSecretNamespace(r.secret, o)
 	}, r)
@@ -139,18 +175,43 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 		return reconcile.Result{}, fmt.Errorf("listing the tenant roles of namespace %s: %w", req.Name, err)
 	}
 	why := r.stale(cur, exists, roles)
+	// Generations dropped inside their grace are told to the namespace on
+	// the way out, errors included: they are gone either way.
+	var early []lock.TenantRole
+	var regarding runtime.Object = ns
+	if exists {
+		regarding = cur
+	}
+	defer func() { r.reportEarly(regarding, early) }()
 	if why != "" {
+		if wait := r.pace.wait(req.Name, r.now()); wait > 0 {
+			logger.Info("the namespace got a new database role moments ago; waiting before the next", "why", why,
+				"in", wait.Round(time.Millisecond).String(), "interval", r.pace.interval.String())
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
+		// Make room first, so that with the new generation the namespace
+		// holds at most MaxLiveTenantGenerations.
+		dropped, err := r.retireBeyond(ctx, store, logger, req.Name, MaxLiveTenantGenerations-1)
+		early = append(early, dropped...)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
 		cred, err := store.ProvisionTenant(ctx, r.cluster, req.Name)
 		if err != nil {
 			return reconcile.Result{}, fmt.Errorf("provisioning a database role for namespace %s: %w", req.Name, err)
 		}
+		// Counted from when the generation exists, so that a failing
+		// write is retried at the interval, not minted again at once.
+		r.pace.provisioned(req.Name, r.now())
 		dsn, err := lock.TenantDSN(r.ownerDSN, cred)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		if err := r.write(ctx, req.Name, cur, exists, cred, dsn); err != nil {
+		written, err := r.write(ctx, req.Name, cur, exists, cred, dsn)
+		if err != nil {
 			return reconcile.Result{}, err
 		}
+		regarding = written
 		tenantRolesTotal.WithLabelValues("provision").Inc()
 		logger.Info("gave the namespace a new database role", "role", cred.Role, "generation", cred.Generation, "why", why, "secret", r.secret)
 	}
@@ -161,6 +222,13 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 	if len(retired) > 0 {
 		tenantRolesTotal.WithLabelValues("retire").Add(float64(len(retired)))
 		logger.Info("dropped superseded database roles after their grace", "roles", retired, "grace", r.grace.String())
+	}
+	// Holds the bound even when something else minted (another replica
+	// while the leadership moved) or a namespace has more from before it.
+	dropped, err := r.retireBeyond(ctx, store, logger, req.Name, MaxLiveTenantGenerations)
+	early = append(early, dropped...)
+	if err != nil {
+		return reconcile.Result{}, err
 	}
 	// Come back for the next rotation, or to retire what was superseded.
 	return reconcile.Result{RequeueAfter: min(r.rotation, r.grace) / 4}, nil
@@ -190,7 +258,57 @@ func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []lock.
 	return ""
 }
 
-func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *corev1.Secret, exists bool, cred lock.TenantCredential, dsn string) error {
+// retireBeyond drops the namespace's superseded generations beyond its
+// keep newest live ones, inside their grace, and logs and counts them.
+func (r *tenantProvisioner) retireBeyond(ctx context.Context, store *lock.Store, logger logr.Logger, namespace string, keep int) ([]lock.TenantRole, error) {
+	dropped, err := store.RetireTenantRolesBeyond(ctx, r.cluster, namespace, keep)
+	if len(dropped) > 0 {
+		tenantRolesTotal.WithLabelValues(tenantActionRetireEarly).Add(float64(len(dropped)))
+		roles := make([]string, 0, len(dropped))
+		for _, d := range dropped {
+			roles = append(roles, d.Role)
+		}
+		logger.Info("dropped database roles inside their grace: "+earlyRetirementNote(dropped, r.grace),
+			"roles", roles, "maxLive", MaxLiveTenantGenerations)
+	}
+	if err != nil {
+		return dropped, fmt.Errorf("retiring the roles of namespace %s beyond the newest %d: %w", namespace, keep, err)
+	}
+	return dropped, nil
+}
+
+// reportEarly puts a Warning Event on the namespace's database Secret (or
+// on the namespace when there is none) for generations retired early: the
+// tenant's pods that used them lose the database, and the namespace's
+// events are where its people look.
+func (r *tenantProvisioner) reportEarly(regarding runtime.Object, early []lock.TenantRole) {
+	if len(early) == 0 || r.events == nil {
+		return
+	}
+	r.events.Eventf(regarding, nil, corev1.EventTypeWarning, ReasonTenantRoleRetiredEarly, "Retire", "%s", earlyRetirementNote(early, r.grace))
+}
+
+// earlyRetirementNote says why generations were retired inside their grace
+// and what it means for the namespace's pods. It stays short: an Event's
+// note is at most 1 kB.
+func earlyRetirementNote(early []lock.TenantRole, grace time.Duration) string {
+	gens := make([]string, 0, len(early))
+	for _, e := range early {
+		gens = append(gens, strconv.Itoa(e.Generation))
+	}
+	which, them := "generation "+gens[0], "it"
+	switch {
+	case len(gens) > 5:
+		which, them = fmt.Sprintf("%d generations (%s to %s)", len(gens), gens[0], gens[len(gens)-1]), "them"
+	case len(gens) > 1:
+		which, them = "generations "+strings.Join(gens, ", "), "them"
+	}
+	return fmt.Sprintf("the namespace's database Secret was replaced %d or more times within the grace (%s), and a namespace keeps at most %d live generations of its database role: "+
+		"%s retired early; pods started with %s can no longer reach the database (a running job is stopped), "+
+		"pods started from now on use the Secret's new role", MaxLiveTenantGenerations, grace, MaxLiveTenantGenerations, which, them)
+}
+
+func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *corev1.Secret, exists bool, cred lock.TenantCredential, dsn string) (*corev1.Secret, error) {
 	s := cur
 	if !exists {
 		s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: r.secret}, Type: corev1.SecretTypeOpaque}
@@ -208,9 +326,49 @@ func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *co
 	s.Annotations[TenantGenerationAnnotation] = strconv.Itoa(cred.Generation)
 	s.Data = map[string][]byte{r.key: []byte(dsn)}
 	if exists {
-		return r.Update(ctx, s)
+		return s, r.Update(ctx, s)
 	}
-	return r.Create(ctx, s)
+	return s, r.Create(ctx, s)
+}
+
+// provisionPacer spaces each namespace's new role generations by at least
+// interval. It measures this process's elapsed time (monotonic), not database
+// time: it paces this controller's own work, and a wall clock set wrong must
+// neither hold a namespace without its Secret nor lift the pace. It lives in
+// memory: a restarted or newly elected webhook may mint once at once, and
+// MaxLiveTenantGenerations bounds what that leaves behind.
+type provisionPacer struct {
+	interval time.Duration
+	mu       sync.Mutex
+	last     map[string]time.Time // namespace → its last new generation
+}
+
+// wait is how long namespace must still wait for its next generation.
+func (p *provisionPacer) wait(namespace string, now time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	last, ok := p.last[namespace]
+	if !ok {
+		return 0
+	}
+	return max(0, p.interval-now.Sub(last))
+}
+
+// provisioned records a new generation of namespace at now, and forgets
+// namespaces whose interval has passed, so the map holds only those that
+// are waiting.
+func (p *provisionPacer) provisioned(namespace string, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for ns, t := range p.last {
+		if now.Sub(t) >= p.interval {
+			delete(p.last, ns)
+		}
+	}
+	if p.last == nil {
+		p.last = map[string]time.Time{}
+	}
+	p.last[namespace] = now
 }
 
 // optedOut removes the namespace's Secret and supersedes its roles, which are

@@ -3,6 +3,10 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/spec"
@@ -152,6 +157,9 @@ func withTenantRoles(owner string) func(*webhook.Config) {
 	return func(cfg *webhook.Config) {
 		cfg.DatabaseURL, cfg.Retention = owner, lock.DefaultRetention
 		cfg.TenantRoles, cfg.TenantRotation, cfg.TenantGrace = true, webhook.DefaultTenantRotation, webhook.DefaultTenantGrace
+		// A Secret the test deletes comes back at once, not after the
+		// minute a real tenant waits.
+		cfg.TenantProvisionInterval = 100 * time.Millisecond
 	}
 }
 
@@ -211,4 +219,222 @@ func TestOptingOutRetiresTheRolesEvenOfAnUnlabelledSecret(t *testing.T) {
 	if _, err := cs.CoreV1().Secrets("unlabel-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{}); err != nil {
 		t.Errorf("the unlabelled Secret: %v, want left alone", err)
 	}
+}
+
+// A tenant that deletes its namespace's Secret again and again gets a new
+// role generation each time, but no faster than one per interval, and its
+// namespace never holds more than webhook.MaxLiveTenantGenerations live
+// roles: minting one more drops the oldest superseded generation inside its
+// grace (it can no longer log in) and tells the namespace with a Warning
+// Event on its Secret. The generations kept still work for the pods that use
+// them, the Secret always ends with a working role, and another namespace's
+// role is untouched.
+func TestATenantDeletingItsSecretInALoopHoldsAtMostAFewRoles(t *testing.T) {
+	const (
+		maxLive   = webhook.MaxLiveTenantGenerations
+		deletions = maxLive + 2
+		interval  = time.Second
+	)
+	owner, c, cs := tenantCluster(t)
+	ctx := context.Background()
+	earlyBefore := tenantRoleActions(t, "retire_early")
+	startWebhook(t, c, cs, withTenantRoles(owner), func(cfg *webhook.Config) { cfg.TenantProvisionInterval = interval })
+	namespace(t, cs, "loop-a", true)
+	namespace(t, cs, "loop-b", true)
+	_, roleB := tenantSecret(t, cs, "loop-b")
+	url, role := tenantSecret(t, cs, "loop-a")
+	urls := map[int]string{1: url} // generation → its URL
+
+	admin := openAs(t, owner)
+	liveGenerations := func() ([]int, error) {
+		roles, err := admin.TenantRoles(ctx, "dc-a", "loop-a")
+		var gens []int
+		for _, r := range roles {
+			gens = append(gens, r.Generation)
+		}
+		return gens, err
+	}
+	// Watch the live count the whole time, not only between deletions.
+	var (
+		mu      sync.Mutex
+		mostAt  []int
+		pollErr error
+	)
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			gens, err := liveGenerations()
+			mu.Lock()
+			if err != nil && pollErr == nil {
+				pollErr = err
+			}
+			if len(gens) > len(mostAt) {
+				mostAt = gens
+			}
+			mu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+
+	for i := range deletions {
+		if err := cs.CoreV1().Secrets("loop-a").Delete(ctx, webhook.DefaultDBSecretName, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var back *corev1.Secret
+		await(t, fmt.Sprintf("loop-a's Secret to come back after deletion %d", i+1), func() (bool, error) {
+			got, err := cs.CoreV1().Secrets("loop-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			back = got
+			r := got.Annotations[webhook.TenantRoleAnnotation]
+			return err == nil && r != "" && r != role, err
+		})
+		gen, err := strconv.Atoi(back.Annotations[webhook.TenantGenerationAnnotation])
+		if err != nil || gen != i+2 {
+			t.Fatalf("deletion %d brought generation %q, want %d", i+1, back.Annotations[webhook.TenantGenerationAnnotation], i+2)
+		}
+		role, urls[gen] = back.Annotations[webhook.TenantRoleAnnotation], string(back.Data["url"])
+		if gens, err := liveGenerations(); err != nil || len(gens) > maxLive {
+			t.Fatalf("after deletion %d the namespace holds generations %v (%v), more than %d", i+1, gens, err, maxLive)
+		}
+	}
+	close(stop)
+	<-stopped
+	if pollErr != nil {
+		t.Fatal(pollErr)
+	}
+	if len(mostAt) > maxLive {
+		t.Fatalf("the namespace held generations %v at once, more than %d", mostAt, maxLive)
+	}
+
+	// The newest maxLive generations are live; the older ones went early.
+	last := deletions + 1
+	gens, err := liveGenerations()
+	if want := fmt.Sprint(generationsDown(last, last-maxLive+1)); err != nil || fmt.Sprint(gens) != want {
+		t.Fatalf("live generations %v (%v), want %s", gens, err, want)
+	}
+	claimWith := func(gen int, window int) error {
+		s, err := lock.Open(ctx, urls[gen], lock.Options{})
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		_, err = s.ClaimWindow(ctx, lock.ClaimRequest{Key: "loop-a/report", Window: time.Date(2026, 12, 3, window, 0, 0, 0, time.UTC),
+			Index: lock.NotIndexed, TTL: time.Minute, Owner: lock.Owner{Cluster: "dc-a", Namespace: "loop-a", Job: "report-1", JobUID: "uid-1", Pod: "report-1-x"}})
+		return err
+	}
+	for gen := 1; gen <= last; gen++ {
+		err := claimWith(gen, gen)
+		switch live := gen > last-maxLive; {
+		case live && err != nil:
+			t.Errorf("generation %d, kept inside its grace: %v", gen, err)
+		case !live && err == nil:
+			t.Errorf("generation %d, retired early, still claims a window", gen)
+		}
+	}
+
+	// Never faster than one generation per interval (database times).
+	created := tenantCreationTimes(t, owner, "loop-a")
+	if len(created) != last {
+		t.Fatalf("%d generations were minted, want %d", len(created), last)
+	}
+	var gaps []string
+	for g := 1; g < len(created); g++ {
+		gap := created[g].Sub(created[g-1])
+		gaps = append(gaps, gap.Round(time.Millisecond).String())
+		if gap < interval*9/10 {
+			t.Errorf("generation %d was minted %s after generation %d, want at least %s", g+1, gap, g, interval)
+		}
+	}
+	t.Logf("%d generations minted %v apart; at most %d live at once (%v)", len(created), gaps, len(mostAt), mostAt)
+
+	// The namespace is told, on its Secret, which generations went and why.
+	await(t, "a Warning Event for each generation retired early", func() (bool, error) {
+		evs, err := cs.EventsV1().Events("loop-a").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		told := map[int]bool{}
+		for _, e := range evs.Items {
+			if e.Reason != webhook.ReasonTenantRoleRetiredEarly || e.Regarding.Kind != "Secret" || e.Regarding.Name != webhook.DefaultDBSecretName ||
+				e.Type != corev1.EventTypeWarning || !strings.Contains(e.Note, "replaced 4 or more times within the grace") {
+				continue
+			}
+			for gen := 1; gen <= last-maxLive; gen++ {
+				if strings.Contains(e.Note, fmt.Sprintf("generation %d retired early", gen)) {
+					told[gen] = true
+				}
+			}
+		}
+		return len(told) == last-maxLive, nil
+	})
+	if got := tenantRoleActions(t, "retire_early") - earlyBefore; got != float64(last-maxLive) {
+		t.Errorf("dislock_tenant_roles_total{action=retire_early} grew by %v, want %d", got, last-maxLive)
+	}
+
+	// loop-b kept its one role.
+	if roles, err := admin.TenantRoles(ctx, "dc-a", "loop-b"); err != nil || len(roles) != 1 || roles[0].Role != roleB {
+		t.Errorf("loop-b's roles: %+v, %v; want only %s", roles, err, roleB)
+	}
+}
+
+// generationsDown is from, from-1, ..., to.
+func generationsDown(from, to int) []int {
+	var out []int
+	for g := from; g >= to; g-- {
+		out = append(out, g)
+	}
+	return out
+}
+
+// tenantCreationTimes is when each generation of ns's role was created
+// (database time), retired ones too, oldest first.
+func tenantCreationTimes(t *testing.T, owner, ns string) []time.Time {
+	t.Helper()
+	rows, err := connect(t, owner).Query(context.Background(),
+		`SELECT created_at FROM dislock.tenants WHERE cluster = 'dc-a' AND namespace = $1 ORDER BY generation`, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []time.Time
+	for rows.Next() {
+		var ts time.Time
+		if err := rows.Scan(&ts); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ts)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// tenantRoleActions reads dislock_tenant_roles_total{action} from the
+// in-process webhook's metrics registry.
+func tenantRoleActions(t *testing.T, action string) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "dislock_tenant_roles_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "action" && l.GetValue() == action {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
