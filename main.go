@@ -47,14 +47,20 @@ func runWebhook(args []string) int {
 		port                         int
 		metricsAddr, probeAddr, kube string
 		leaderElect                  bool
-		agentCPU, agentMem           string
+		agentCPU, agentCPULimit      string
+		agentMem, agentMemRequest    string
+		agentMaxCPU, agentMaxMem     string
 	)
 	fs.StringVar(&cfg.Inject.ClusterName, "cluster-name", "", "name of this cluster (data centre) in every lock owner (required)")
 	fs.StringVar(&cfg.Inject.AgentImage, "agent-image", "", "image of the injected dislock-agent sidecar (required)")
 	fs.StringVar(&cfg.Inject.DBSecretName, "db-secret-name", webhook.DefaultDBSecretName, "Secret holding the database URL, in each opted-in namespace")
 	fs.StringVar(&cfg.Inject.DBSecretKey, "db-secret-key", webhook.DefaultDBSecretKey, "key of the database URL in that Secret")
 	fs.StringVar(&agentCPU, "agent-cpu-request", "", "sidecar CPU request (default "+webhook.DefaultAgentCPURequest+")")
-	fs.StringVar(&agentMem, "agent-memory-limit", "", "sidecar memory request and limit (default "+webhook.DefaultAgentMemoryLimit+")")
+	fs.StringVar(&agentCPULimit, "agent-cpu-limit", "", "sidecar CPU limit (default "+webhook.DefaultAgentCPULimit+")")
+	fs.StringVar(&agentMemRequest, "agent-memory-request", "", "sidecar memory request (default "+webhook.DefaultAgentMemoryRequest+", or the limit if lower)")
+	fs.StringVar(&agentMem, "agent-memory-limit", "", "sidecar memory limit (default "+webhook.DefaultAgentMemoryLimit+")")
+	fs.StringVar(&agentMaxCPU, "agent-max-cpu", "", "most CPU (request or limit) a CronJob may give its sidecar by annotation (default "+webhook.DefaultAgentMaxCPU+")")
+	fs.StringVar(&agentMaxMem, "agent-max-memory", "", "most memory (request or limit) a CronJob may give its sidecar by annotation (default "+webhook.DefaultAgentMaxMemory+")")
 	fs.StringVar(&cfg.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace the webhook runs in (default $POD_NAMESPACE)")
 	fs.BoolVar(&cfg.CopyDBSecret, "copy-db-secret", false, "copy the database Secret into every opted-in namespace")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv(cli.EnvDatabaseURL), "PostgreSQL URL for migrations and retention (optional; default $"+cli.EnvDatabaseURL+")")
@@ -94,8 +100,12 @@ func runWebhook(args []string) int {
 	log := ctrl.Log.WithName("setup")
 
 	var err error
-	if cfg.Inject.AgentResources, err = webhook.AgentResources(agentCPU, agentMem); err != nil {
+	if cfg.Inject.AgentResources, err = webhook.AgentResources(agentCPU, agentCPULimit, agentMemRequest, agentMem); err != nil {
 		log.Error(err, "bad sidecar resources")
+		return 2
+	}
+	if cfg.Inject.AgentMaxResources, err = webhook.AgentMaxResources(agentMaxCPU, agentMaxMem); err != nil {
+		log.Error(err, "bad sidecar resource ceiling")
 		return 2
 	}
 	// Tenant roles are provisioned with the owner's credential: without it

@@ -203,6 +203,7 @@ func (m *jobMutator) pullSecrets(ctx context.Context, job *batchv1.Job) ([][]byt
 // schedule are wrong, listing every problem at once.
 type cronJobValidator struct {
 	decoder admission.Decoder
+	opts    Options
 }
 
 func (v *cronJobValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -222,7 +223,7 @@ func (v *cronJobValidator) handle(req admission.Request) (admission.Response, st
 		cj.Namespace = req.Namespace
 	}
 	warnings := CronJobWarnings(cj)
-	if errs := ValidateCronJob(cj); len(errs) > 0 {
+	if errs := ValidateCronJob(cj, v.opts); len(errs) > 0 {
 		return admission.Denied("dislock: " + errs.ToAggregate().Error()).WithWarnings(warnings...), resultDenied
 	}
 	return admission.Allowed("").WithWarnings(warnings...), resultAllowed

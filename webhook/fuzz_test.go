@@ -145,7 +145,7 @@ func FuzzInject(f *testing.F) {
 		if !bytes.Equal(b1, b2) {
 			t.Fatalf("re-injecting: status %s, want %s", b2, b1)
 		}
-		if errs := ValidateCronJob(cj); len(errs) > 0 {
+		if errs := ValidateCronJob(cj, Options{}); len(errs) > 0 {
 			t.Fatalf("Inject accepted a Job of a CronJob ValidateCronJob refuses: %v", errs.ToAggregate())
 		}
 	})
@@ -238,7 +238,7 @@ func FuzzValidateCronJob(f *testing.F) {
 		cj := fuzzCronJob(mode, ttl, standby, catchup, appStart, entrypoint, key, schedule, tz, shape)
 		// An arbitrary extra annotation, on the template so that it wins.
 		cj.Spec.JobTemplate.Annotations = map[string]string{otherKey: otherValue}
-		for _, e := range ValidateCronJob(cj) {
+		for _, e := range ValidateCronJob(cj, Options{}) {
 			if e.Field == "" || e.Error() == "" {
 				t.Fatalf("problem without a field or text: %#v", e)
 			}

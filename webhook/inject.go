@@ -62,13 +62,6 @@ const (
 	DefaultDBSecretKey          = "url"
 	DefaultAgentImagePullPolicy = corev1.PullIfNotPresent
 
-	// The agent's budget is an RSS of at most 20 MiB and it is idle but for a
-	// heartbeat every ttl/3; the memory limit leaves room for a burst of
-	// reconnects without letting a leak starve the app.
-	DefaultAgentCPURequest    = "10m"
-	DefaultAgentMemoryRequest = "16Mi"
-	DefaultAgentMemoryLimit   = "64Mi"
-
 	// VolumeSizeLimit bounds the shared emptyDir. It holds the agent binary
 	// (at most 15 MB), briefly a second copy while a restarted sidecar
 	// re-installs it atomically, and a few small JSON files.
@@ -113,8 +106,10 @@ type Options struct {
 	DBSecretName string
 	DBSecretKey  string
 	// AgentResources are the sidecar's requests and limits; all-empty means
-	// the defaults.
-	AgentResources corev1.ResourceRequirements
+	// the defaults. A CronJob may set each size by annotation, up to
+	// AgentMaxResources (empty: DefaultAgentMaxResources).
+	AgentResources    corev1.ResourceRequirements
+	AgentMaxResources corev1.ResourceList
 	// StartupProbeFailureThreshold times StartupProbePeriodSeconds is how
 	// long the sidecar may take to install the agent binary before the
 	// kubelet restarts it.
@@ -137,54 +132,13 @@ func (o Options) WithDefaults() Options {
 	} else {
 		o.AgentResources = *o.AgentResources.DeepCopy()
 	}
+	if len(o.AgentMaxResources) == 0 {
+		o.AgentMaxResources = DefaultAgentMaxResources()
+	}
 	if o.StartupProbeFailureThreshold == 0 {
 		o.StartupProbeFailureThreshold = DefaultStartupProbeFailureThreshold
 	}
 	return o
-}
-
-// DefaultAgentResources are the sidecar's requests and limits by default.
-func DefaultAgentResources() corev1.ResourceRequirements {
-	return corev1.ResourceRequirements{
-		Requests: corev1.ResourceList{
-			corev1.ResourceCPU:    resource.MustParse(DefaultAgentCPURequest),
-			corev1.ResourceMemory: resource.MustParse(DefaultAgentMemoryRequest),
-		},
-		Limits: corev1.ResourceList{
-			corev1.ResourceMemory: resource.MustParse(DefaultAgentMemoryLimit),
-		},
-	}
-}
-
-// AgentResources builds the sidecar's resources from the webhook's flags:
-// cpuRequest is the CPU request and memoryLimit the memory limit; "" means
-// the default. The memory request stays DefaultAgentMemoryRequest, or the
-// limit if that is lower. No CPU limit: throttling the heartbeat would only
-// make a lease expire.
-func AgentResources(cpuRequest, memoryLimit string) (corev1.ResourceRequirements, error) {
-	r := DefaultAgentResources()
-	var errs []error
-	parse := func(flag, v string, into corev1.ResourceList, name corev1.ResourceName) {
-		if v == "" {
-			return
-		}
-		q, err := resource.ParseQuantity(v)
-		if err != nil || q.Sign() <= 0 {
-			def := into[name]
-			errs = append(errs, fmt.Errorf("%s %q is not a positive quantity (want e.g. %q)", flag, v, def.String()))
-			return
-		}
-		into[name] = q
-	}
-	parse("agent CPU request", cpuRequest, r.Requests, corev1.ResourceCPU)
-	parse("agent memory limit", memoryLimit, r.Limits, corev1.ResourceMemory)
-	if lim := r.Limits[corev1.ResourceMemory]; lim.Cmp(r.Requests[corev1.ResourceMemory]) < 0 {
-		r.Requests[corev1.ResourceMemory] = lim
-	}
-	if len(errs) > 0 {
-		return corev1.ResourceRequirements{}, errors.Join(errs...)
-	}
-	return r, nil
 }
 
 // Validate lists every problem of o, zero fields taken as their defaults.
@@ -217,6 +171,13 @@ func (o Options) Validate() error {
 	for name, req := range o.AgentResources.Requests {
 		if lim, ok := o.AgentResources.Limits[name]; ok && req.Cmp(lim) > 0 {
 			errs = append(errs, fmt.Errorf("agent %s request %s is above its limit %s", name, req.String(), lim.String()))
+		}
+	}
+	for _, l := range []corev1.ResourceList{o.AgentResources.Requests, o.AgentResources.Limits} {
+		for name, q := range l {
+			if most, ok := o.AgentMaxResources[name]; ok && q.Cmp(most) > 0 {
+				errs = append(errs, fmt.Errorf("agent %s %s is above the most a CronJob may ask for, %s (raise --agent-max-%s)", name, q.String(), most.String(), name))
+			}
 		}
 	}
 	if o.StartupProbeFailureThreshold < 1 {
@@ -261,6 +222,7 @@ type plan struct {
 	env          spec.AgentEnv
 	windowSource window.Source
 	commands     [][]string // original entrypoint of each app container, by index
+	resources    corev1.ResourceRequirements
 }
 
 // Inject returns a mutated deep copy of job: the dislock-agent sidecar, the
@@ -412,6 +374,12 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, annotations map[string
 		// Empty for a Job admitted with generateName: the pod reads it then.
 		JobName: job.Name,
 	}}
+
+	resources, sizeErrs := agentResourcesFor(annotations, opts)
+	for _, e := range sizeErrs {
+		errs = append(errs, e)
+	}
+	p.resources = resources
 
 	// A Job of a CronJob that should not have passed ValidateCronJob (it
 	// predates the webhook, say) is denied with the same message.
@@ -576,7 +544,7 @@ func sidecar(p plan, opts Options) corev1.Container {
 		// after the app containers, and the kubelet restarts it if it dies.
 		RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
 		Env:           envVars(p.env.Render(), opts),
-		Resources:     opts.AgentResources,
+		Resources:     p.resources,
 		VolumeMounts:  []corev1.VolumeMount{sharedMount()},
 		// The app containers (and any later init containers) start only once
 		// this succeeds, i.e. once the agent has installed itself in the

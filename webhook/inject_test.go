@@ -165,7 +165,7 @@ func TestInjectGolden(t *testing.T) {
 			if need, err := NeedsEntrypoint(out, cj); err != nil || len(need) != 0 {
 				t.Errorf("NeedsEntrypoint(injected) = %v, %v; want nothing", need, err)
 			}
-			if errs := ValidateCronJob(cj); len(errs) != 0 {
+			if errs := ValidateCronJob(cj, Options{}); len(errs) != 0 {
 				t.Errorf("the case's CronJob does not validate: %v", errs)
 			}
 		})
@@ -706,46 +706,5 @@ func TestDefaultStartupProbeOnlyWaitsForTheInstall(t *testing.T) {
 	if probe := out.Spec.Template.Spec.InitContainers[0].StartupProbe; !slices.Equal(probe.Exec.Command, []string{"dislock-agent", "probe"}) ||
 		probe.FailureThreshold != DefaultStartupProbeFailureThreshold {
 		t.Errorf("startup probe %+v", probe)
-	}
-}
-
-func TestAgentResources(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		cpu, mem       string
-		wantCPU        string
-		wantMemRequest string
-		wantMemLimit   string
-		wantErr        []string
-	}{
-		{wantCPU: DefaultAgentCPURequest, wantMemRequest: DefaultAgentMemoryRequest, wantMemLimit: DefaultAgentMemoryLimit},
-		{cpu: "50m", mem: "128Mi", wantCPU: "50m", wantMemRequest: DefaultAgentMemoryRequest, wantMemLimit: "128Mi"},
-		{mem: "8Mi", wantCPU: DefaultAgentCPURequest, wantMemRequest: "8Mi", wantMemLimit: "8Mi"},
-		{cpu: "lots", mem: "-1Mi", wantErr: []string{`agent CPU request "lots"`, `agent memory limit "-1Mi"`}},
-	}
-	for _, tc := range tests {
-		r, err := AgentResources(tc.cpu, tc.mem)
-		if len(tc.wantErr) > 0 {
-			if err == nil {
-				t.Errorf("AgentResources(%q, %q): no error", tc.cpu, tc.mem)
-			}
-			for _, w := range tc.wantErr {
-				if err != nil && !strings.Contains(err.Error(), w) {
-					t.Errorf("error does not contain %q: %v", w, err)
-				}
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("AgentResources(%q, %q): %v", tc.cpu, tc.mem, err)
-			continue
-		}
-		cpu, memReq, memLim := r.Requests[corev1.ResourceCPU], r.Requests[corev1.ResourceMemory], r.Limits[corev1.ResourceMemory]
-		if cpu.String() != tc.wantCPU || memReq.String() != tc.wantMemRequest || memLim.String() != tc.wantMemLimit {
-			t.Errorf("AgentResources(%q, %q) = cpu %s, memory %s/%s", tc.cpu, tc.mem, cpu.String(), memReq.String(), memLim.String())
-		}
-		if _, ok := r.Limits[corev1.ResourceCPU]; ok {
-			t.Error("a CPU limit is set")
-		}
 	}
 }

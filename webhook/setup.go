@@ -163,7 +163,7 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 			cache: mgr.GetClient(), api: mgr.GetAPIReader(), opts: cfg.Inject,
 			resolver: NewResolver(cfg.Resolver), events: mgr.GetEventRecorder("dislock-webhook"),
 		}})
-		srv.Register(ValidateCronJobPath, &webhook.Admission{Handler: &cronJobValidator{decoder: dec}})
+		srv.Register(ValidateCronJobPath, &webhook.Admission{Handler: &cronJobValidator{decoder: dec, opts: cfg.Inject}})
 	}
 	if !cfg.Certs.SelfSigned {
 		register()

@@ -16,9 +16,10 @@ import (
 // own metadata merged with spec.jobTemplate.metadata, the template winning,
 // as on the Jobs it creates), in schedule mode that spec.schedule and
 // spec.timeZone give every cluster the same windows, and that its job
-// template leaves room for the injection. Every problem is listed, each at
+// template leaves room for the injection, and that the sidecar sizes it
+// asks for are within what opts allows. Every problem is listed, each at
 // the path where it is fixed. A CronJob that is not opted in gives nil.
-func ValidateCronJob(cj *batchv1.CronJob) field.ErrorList {
+func ValidateCronJob(cj *batchv1.CronJob, opts Options) field.ErrorList {
 	if cj == nil {
 		return nil
 	}
@@ -47,6 +48,10 @@ func ValidateCronJob(cj *batchv1.CronJob) field.ErrorList {
 				errs = append(errs, field.Invalid(annotationPath(fe.Annotation), shown(fe.Value), fe.Problem))
 			}
 		}
+	}
+	_, sizeErrs := agentResourcesFor(merged, opts.WithDefaults())
+	for _, fe := range sizeErrs {
+		errs = append(errs, field.Invalid(annotationPath(fe.Annotation), shown(fe.Value), fe.Problem))
 	}
 	if _, ok := tmpl[StatusAnnotation]; ok {
 		// It would be copied onto every Job, where it means "already

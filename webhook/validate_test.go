@@ -163,7 +163,7 @@ func TestValidateCronJob(t *testing.T) {
 			if tc.edit != nil {
 				tc.edit(cj)
 			}
-			errs := ValidateCronJob(cj)
+			errs := ValidateCronJob(cj, Options{})
 			if len(errs) != len(tc.want) {
 				t.Errorf("got %d problems, want %d:\n%v", len(errs), len(tc.want), errs.ToAggregate())
 			}
@@ -183,8 +183,8 @@ func TestValidateCronJob(t *testing.T) {
 			}
 		})
 	}
-	if errs := ValidateCronJob(nil); errs != nil {
-		t.Errorf("ValidateCronJob(nil) = %v", errs)
+	if errs := ValidateCronJob(nil, Options{}); errs != nil {
+		t.Errorf("ValidateCronJob(nil, Options{}) = %v", errs)
 	}
 }
 
@@ -219,7 +219,7 @@ func TestValidateAgreesWithInject(t *testing.T) {
 			}
 			_, job := errCase(nil, nil)
 			job.Spec = *cj.Spec.JobTemplate.Spec.DeepCopy()
-			verrs := ValidateCronJob(cj)
+			verrs := ValidateCronJob(cj, Options{})
 			_, _, err := Inject(job, cj, goldenOptions(), nil)
 			if (len(verrs) == 0) != (err == nil) {
 				t.Fatalf("ValidateCronJob: %v; Inject: %v", verrs.ToAggregate(), err)

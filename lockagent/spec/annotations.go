@@ -46,6 +46,18 @@ const (
 	// from the registry.
 	AnnotationEntrypoint = Prefix + "entrypoint"
 
+	// AnnotationAgentCPURequest, AnnotationAgentCPULimit,
+	// AnnotationAgentMemoryRequest and AnnotationAgentMemoryLimit size the
+	// dislock-agent sidecar of the CronJob's pods (Kubernetes quantities,
+	// e.g. "50m", "128Mi") when the installation's sizes do not fit the
+	// namespace's LimitRange or ResourceQuota; each unset one keeps the
+	// installation's, and none may exceed the most the installation allows.
+	// The webhook reads them; the agent never does.
+	AnnotationAgentCPURequest    = Prefix + "agent-cpu-request"
+	AnnotationAgentCPULimit      = Prefix + "agent-cpu-limit"
+	AnnotationAgentMemoryRequest = Prefix + "agent-memory-request"
+	AnnotationAgentMemoryLimit   = Prefix + "agent-memory-limit"
+
 	// AnnotationStatus is written by the webhook on a Job it mutated (JSON:
 	// version, mode, key, window, injected containers). Its presence makes the
 	// webhook leave the Job alone. Users never set it.
@@ -87,4 +99,5 @@ const (
 var userAnnotations = []string{
 	AnnotationMode, AnnotationKey, AnnotationLeaseTTL,
 	AnnotationStandby, AnnotationCatchup, AnnotationAppStartTimeout, AnnotationEntrypoint,
+	AnnotationAgentCPURequest, AnnotationAgentCPULimit, AnnotationAgentMemoryRequest, AnnotationAgentMemoryLimit,
 }
