@@ -169,15 +169,8 @@ func (m *jobMutator) entrypoints(ctx context.Context, r *review) (map[string][]s
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string][]string, len(need))
-	for _, c := range need {
-		ep, err := m.resolver.Entrypoint(ctx, c, secrets)
-		if err != nil {
-			return nil, err
-		}
-		out[c.Name] = ep
-	}
-	return out, nil
+	// In parallel and inside the review budget (see Resolver.Entrypoints).
+	return m.resolver.Entrypoints(ctx, need, secrets)
 }
 
 func (m *jobMutator) pullSecrets(ctx context.Context, job *batchv1.Job) ([][]byte, error) {

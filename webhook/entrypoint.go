@@ -1,12 +1,17 @@
 package webhook
 
 import (
+	"bytes"
+	"cmp"
 	"container/list"
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
+	"io"
 	"path"
 	"slices"
 	"strings"
@@ -17,54 +22,118 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	corev1 "k8s.io/api/core/v1"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dislock/dislock/lockagent/spec"
 )
 
-// Defaults of ResolverOptions.
+// Defaults and bounds of ResolverOptions.
 const (
 	// DefaultResolveTimeout bounds one registry lookup. The API server gives
 	// the whole admission call 5 s (timeoutSeconds: 5); the lookup must leave
 	// room for reading the CronJob and pull secrets and for writing the answer.
 	DefaultResolveTimeout = 3 * time.Second
-	// DefaultResolverCacheSize is how many image configs are kept, by digest.
+	// DefaultReviewBudget bounds all the lookups of one review (they run in
+	// parallel, but may wait for a free lookup slot): past it the review is
+	// denied with a timeout, rather than the API server timing the call out.
+	DefaultReviewBudget = 4 * time.Second
+	// DefaultResolverCacheSize is how many image configs are kept, by digest
+	// and credential.
 	DefaultResolverCacheSize = 1024
+	// DefaultMaxManifestBytes bounds a manifest or index. Real ones are a few
+	// KiB; an index of 1 000 platforms is about 200 KiB.
+	DefaultMaxManifestBytes = 4 << 20
+	// DefaultMaxConfigBytes bounds an image config blob. Real ones are a few
+	// KiB (a long build history makes tens of KiB).
+	DefaultMaxConfigBytes = 1 << 20
+	// DefaultMaxConcurrentLookups bounds the lookups in flight across all
+	// reviews. With the default size bounds a lookup holds at most about
+	// 10 MiB (an index, one manifest, one config, and their parsed forms),
+	// so the default keeps the worst case well inside the webhook's 256 Mi.
+	DefaultMaxConcurrentLookups = 8
+
 	// resolverMaxTimeout is the admission call's own timeout: a lookup that
 	// may take longer can only end with the API server failing the call.
-	resolverMaxTimeout = 5 * time.Second
+	resolverMaxTimeout    = 5 * time.Second
+	maxManifestBytesBound = 64 << 20
+	maxConfigBytesBound   = 16 << 20
+	maxConcurrentBound    = 256
 )
 
 // ErrNoImageEntrypoint means the image config has neither Entrypoint nor Cmd:
 // there is no program to wrap.
 var ErrNoImageEntrypoint = errors.New("the image config has neither Entrypoint nor Cmd")
 
-// ResolverOptions configure registry lookups.
+// ResolverOptions configure registry lookups. The registry is named by the
+// tenant's image, so every bound here is a bound on what a tenant can make
+// the webhook do: read (MaxManifestBytes, MaxConfigBytes), wait (Timeout,
+// ReviewBudget), hold (MaxConcurrentLookups) and contact (the host lists).
 type ResolverOptions struct {
 	// Timeout bounds each lookup (the context's own deadline applies too when
 	// it is earlier); 0 means DefaultResolveTimeout.
 	Timeout time.Duration
-	// CacheSize is the number of image configs cached by digest; 0 means
+	// ReviewBudget bounds all lookups of one review; 0 means
+	// DefaultReviewBudget.
+	ReviewBudget time.Duration
+	// CacheSize is the number of image configs cached; 0 means
 	// DefaultResolverCacheSize.
 	CacheSize int
-	// Insecure allows plain-HTTP registries (tests, local registries).
+	// MaxManifestBytes bounds a manifest or index, MaxConfigBytes an image
+	// config: a larger declared size is refused before it is downloaded, and
+	// no more is ever read. 0 means the defaults.
+	MaxManifestBytes, MaxConfigBytes int64
+	// MaxConcurrentLookups bounds the lookups in flight; 0 means
+	// DefaultMaxConcurrentLookups.
+	MaxConcurrentLookups int
+
+	// AllowedRegistries, when not empty, are the only registries queried.
+	// DeniedRegistries are never contacted, not even through a redirect.
+	// InsecureRegistries may be spoken to over plain HTTP. PrivateRegistries
+	// may resolve to loopback or private addresses (link-local ones are
+	// never contacted). Each entry is a host, or host:port, with "*"
+	// matching within one DNS label ("*.example.com", "10.0.0.*:5000"); an
+	// entry without a port matches every port.
+	AllowedRegistries, DeniedRegistries, InsecureRegistries, PrivateRegistries []string
+	// Insecure lets every registry be plain HTTP and on a private address:
+	// for tests with a registry on loopback, never for a shared cluster.
 	Insecure bool
 	// Platform picks the image out of a multi-arch index; nil means
 	// linux/amd64.
 	Platform *v1.Platform
 }
 
-// Validate lists every problem.
+// Validate lists every problem, naming the dislock webhook flag that sets it.
 func (o ResolverOptions) Validate() error {
 	var errs []error
 	if o.Timeout < 0 || o.Timeout >= resolverMaxTimeout {
-		errs = append(errs, fmt.Errorf("registry lookup timeout %s must be positive and shorter than the %s admission timeout (default %s)",
+		errs = append(errs, fmt.Errorf("registry lookup timeout %s must be positive and shorter than the %s admission timeout (--registry-timeout, default %s)",
 			o.Timeout, resolverMaxTimeout, DefaultResolveTimeout))
+	}
+	if o.ReviewBudget < 0 || o.ReviewBudget >= resolverMaxTimeout {
+		errs = append(errs, fmt.Errorf("registry review budget %s must be positive and shorter than the %s admission timeout (--registry-review-budget, default %s)",
+			o.ReviewBudget, resolverMaxTimeout, DefaultReviewBudget))
+	} else if t, b := cmp.Or(o.Timeout, DefaultResolveTimeout), cmp.Or(o.ReviewBudget, DefaultReviewBudget); o.Timeout >= 0 && t > b {
+		errs = append(errs, fmt.Errorf("registry lookup timeout %s must not be longer than the review budget %s that contains it (--registry-timeout, --registry-review-budget)", t, b))
 	}
 	if o.CacheSize < 0 {
 		errs = append(errs, fmt.Errorf("image config cache size %d must not be negative (default %d)", o.CacheSize, DefaultResolverCacheSize))
 	}
+	if o.MaxManifestBytes < 0 || o.MaxManifestBytes > maxManifestBytesBound {
+		errs = append(errs, fmt.Errorf("registry manifest bound %d bytes must be between 1 and %d (--registry-max-manifest-bytes, default %d)", o.MaxManifestBytes, maxManifestBytesBound, DefaultMaxManifestBytes))
+	}
+	if o.MaxConfigBytes < 0 || o.MaxConfigBytes > maxConfigBytesBound {
+		errs = append(errs, fmt.Errorf("registry config bound %d bytes must be between 1 and %d (--registry-max-config-bytes, default %d)", o.MaxConfigBytes, maxConfigBytesBound, DefaultMaxConfigBytes))
+	}
+	if o.MaxConcurrentLookups < 0 || o.MaxConcurrentLookups > maxConcurrentBound {
+		errs = append(errs, fmt.Errorf("concurrent registry lookups %d must be between 1 and %d (--registry-max-concurrent-lookups, default %d)", o.MaxConcurrentLookups, maxConcurrentBound, DefaultMaxConcurrentLookups))
+	}
+	errs = append(errs,
+		validateHostPatterns("--registry-allow", o.AllowedRegistries),
+		validateHostPatterns("--registry-deny", o.DeniedRegistries),
+		validateHostPatterns("--registry-insecure", o.InsecureRegistries),
+		validateHostPatterns("--registry-private", o.PrivateRegistries))
 	if o.Platform != nil && (o.Platform.OS == "" || o.Platform.Architecture == "") {
 		errs = append(errs, fmt.Errorf("image platform %q needs both an OS and an architecture (e.g. linux/amd64)", o.Platform.String()))
 	}
@@ -74,29 +143,48 @@ func (o ResolverOptions) Validate() error {
 // Resolver finds the entrypoint of a container image from its registry. It is
 // safe for concurrent use.
 type Resolver struct {
-	timeout  time.Duration
-	platform v1.Platform
-	nameOpts []name.Option
-	cache    *imageConfigCache
+	timeout, budget        time.Duration
+	maxManifest, maxConfig int64
+	platform               v1.Platform
+	policy                 *destinationPolicy
+	transport              *guardedTransport
+	slots                  chan struct{} // one per lookup in flight
+	cache                  *imageConfigCache
+	// salt makes the cache's credential hashes meaningless outside this
+	// process.
+	salt [32]byte
 }
 
 // NewResolver returns a Resolver; zero or negative options take their defaults
 // (ResolverOptions.Validate reports them).
 func NewResolver(opts ResolverOptions) *Resolver {
-	r := &Resolver{
-		timeout:  opts.Timeout,
-		platform: v1.Platform{OS: "linux", Architecture: "amd64"},
-		cache:    newImageConfigCache(opts.CacheSize),
+	positive := func(v, def int64) int64 {
+		if v <= 0 {
+			return def
+		}
+		return v
 	}
-	if r.timeout <= 0 {
-		r.timeout = DefaultResolveTimeout
+	r := &Resolver{
+		timeout:     time.Duration(positive(int64(opts.Timeout), int64(DefaultResolveTimeout))),
+		budget:      time.Duration(positive(int64(opts.ReviewBudget), int64(DefaultReviewBudget))),
+		maxManifest: positive(opts.MaxManifestBytes, DefaultMaxManifestBytes),
+		maxConfig:   positive(opts.MaxConfigBytes, DefaultMaxConfigBytes),
+		platform:    v1.Platform{OS: "linux", Architecture: "amd64"},
+		slots:       make(chan struct{}, positive(int64(opts.MaxConcurrentLookups), DefaultMaxConcurrentLookups)),
+		cache:       newImageConfigCache(opts.CacheSize),
+		policy: &destinationPolicy{
+			allowed:     opts.AllowedRegistries,
+			denied:      opts.DeniedRegistries,
+			insecure:    opts.InsecureRegistries,
+			private:     opts.PrivateRegistries,
+			anyInsecure: opts.Insecure,
+		},
 	}
 	if opts.Platform != nil {
 		r.platform = *opts.Platform
 	}
-	if opts.Insecure {
-		r.nameOpts = append(r.nameOpts, name.Insecure)
-	}
+	r.transport = newGuardedTransport(r.policy, r.maxManifest, r.maxConfig)
+	_, _ = rand.Read(r.salt[:]) // never fails (crypto/rand)
 	return r
 }
 
@@ -116,7 +204,52 @@ func NewResolver(opts ResolverOptions) *Resolver {
 // (.dockerconfigjson, or the legacy .dockercfg); the registry is queried
 // anonymously when none matches its host.
 func (r *Resolver) Entrypoint(ctx context.Context, c corev1.Container, pullSecrets [][]byte) ([]string, error) {
-	cfg, err := r.imageConfig(ctx, c.Image, pullSecrets)
+	cfg, err := r.imageConfig(ctx, c.Image, pullSecretKeychain(pullSecrets))
+	return containerEntrypoint(c, cfg, err)
+}
+
+// Entrypoints resolves the entrypoints of containers (see Entrypoint), by
+// container name. The lookups run in parallel, one per distinct image, and
+// all of them inside the review budget: a slow registry gets the review a
+// clear denial before the API server's own timeout would fail it. Every
+// container that cannot be resolved is listed in the error.
+func (r *Resolver) Entrypoints(ctx context.Context, containers []corev1.Container, pullSecrets [][]byte) (map[string][]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.budget)
+	defer cancel()
+	kc := pullSecretKeychain(pullSecrets)
+	type result struct {
+		cfg imageEntrypoint
+		err error
+	}
+	results := make(map[string]*result, len(containers))
+	var wg sync.WaitGroup
+	for _, c := range containers {
+		if _, ok := results[c.Image]; ok {
+			continue
+		}
+		res := &result{}
+		results[c.Image] = res
+		wg.Go(func() { res.cfg, res.err = r.imageConfig(ctx, c.Image, kc) })
+	}
+	wg.Wait()
+	out := make(map[string][]string, len(containers))
+	var errs []error
+	for _, c := range containers {
+		res := results[c.Image]
+		ep, err := containerEntrypoint(c, res.cfg, res.err)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out[c.Name] = ep
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return out, nil
+}
+
+func containerEntrypoint(c corev1.Container, cfg imageEntrypoint, err error) ([]string, error) {
 	if err == nil && len(cfg.entrypoint) == 0 && len(cfg.cmd) == 0 {
 		err = ErrNoImageEntrypoint
 	}
@@ -132,40 +265,75 @@ func (r *Resolver) Entrypoint(ctx context.Context, c corev1.Container, pullSecre
 	return out, nil
 }
 
-// imageConfig returns the Entrypoint and Cmd of image. A reference by digest
-// is answered from the cache without any request. A tag is resolved to its
-// digest on every call (tags move, so that answer is never cached), and only
-// the config behind the digest, which can never change, comes from the cache.
-func (r *Resolver) imageConfig(ctx context.Context, image string, pullSecrets [][]byte) (imageEntrypoint, error) {
+// imageConfig returns the Entrypoint and Cmd of image.
+//
+// The cache is keyed by repository, digest and the credential the requester
+// would use (a salted hash of it), so it never answers a requester with
+// another's credential: a tenant without a pull secret asking for a private
+// image by digest misses the cache and is refused by the registry itself.
+// The alternative, an authenticated HEAD of the manifest before every cache
+// hit, would also notice a revoked credential, but costs a registry round
+// trip (ping, token, HEAD) on every review, so a registry outage would deny
+// Jobs whose images are cached; a requester holding the same credential as
+// before has already proven it could pull the image.
+//
+// A reference by digest is answered from the cache without any request. A
+// tag is resolved to its digest on every call (tags move, so that answer is
+// never cached), and only the config behind the digest, which can never
+// change, comes from the cache.
+func (r *Resolver) imageConfig(ctx context.Context, image string, kc authn.Keychain) (imageEntrypoint, error) {
 	if image == "" {
 		return imageEntrypoint{}, errors.New("the container has no image")
 	}
-	ref, err := name.ParseReference(image, r.nameOpts...)
+	ref, err := name.ParseReference(image)
 	if err != nil {
 		return imageEntrypoint{}, fmt.Errorf("parsing the image reference: %w", err)
 	}
+	if err := r.policy.checkRegistry(registryHostPort(ref.Context().Registry)); err != nil {
+		return imageEntrypoint{}, err
+	}
+	if r.policy.anyInsecure || r.policy.insecure.match(registryHostPort(ref.Context().Registry)) {
+		if ref, err = name.ParseReference(image, name.Insecure); err != nil {
+			return imageEntrypoint{}, fmt.Errorf("parsing the image reference: %w", err)
+		}
+	}
+	cred, err := r.credentialID(ctx, kc, ref.Context())
+	if err != nil {
+		return imageEntrypoint{}, registryErr(RegistryUnauthorized, err, "the pull secret for the registry could not be used")
+	}
 	if d, ok := ref.(name.Digest); ok {
-		if cfg, ok := r.cache.get(imageConfigKey(d.Context(), d.DigestStr())); ok {
+		if cfg, ok := r.cache.get(imageConfigKey(d.Context(), d.DigestStr(), cred)); ok {
 			return cfg, nil
 		}
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	cfg, err := r.fetch(ctx, ref, pullSecretKeychain(pullSecrets))
+	select {
+	case r.slots <- struct{}{}:
+		defer func() { <-r.slots }()
+	case <-ctx.Done():
+		return imageEntrypoint{}, registryErr(RegistryTimeout, ctx.Err(), "the webhook was too busy with other registry lookups to start this one in time")
+	}
+	lt := &lookupTransport{g: r.transport}
+	cfg, err := r.fetch(ctx, ref, kc, cred, lt)
 	if err != nil {
-		return imageEntrypoint{}, explainRegistryError(ctx, err)
+		re := classifyRegistryError(ctx, err, lt.firstRefusal(), r.timeout)
+		// The cause, which may quote the registry, is for the operator only.
+		logf.FromContext(ctx).Info("registry lookup failed", "image", image, "class", string(re.Class), "cause", err.Error())
+		return imageEntrypoint{}, re
 	}
 	return cfg, nil
 }
 
-func (r *Resolver) fetch(ctx context.Context, ref name.Reference, keychain authn.Keychain) (imageEntrypoint, error) {
+func (r *Resolver) fetch(ctx context.Context, ref name.Reference, kc authn.Keychain, cred string, lt *lookupTransport) (imageEntrypoint, error) {
 	// One Puller per lookup: it authenticates once for the HEAD and the GETs
 	// that follow. It cannot be shared between lookups because the keychain
 	// comes from each pod's own pull secrets.
 	puller, err := remote.NewPuller(
 		remote.WithContext(ctx),
-		remote.WithAuthFromKeychain(keychain),
+		remote.WithAuthFromKeychain(kc),
+		remote.WithTransport(lt),
 		remote.WithPlatform(r.platform),
 		remote.WithUserAgent("dislock-webhook"),
 		// The default backoff waits 1 s then 3 s: longer than the whole
@@ -181,7 +349,7 @@ func (r *Resolver) fetch(ctx context.Context, ref name.Reference, keychain authn
 	if !isDigest {
 		head, err := puller.Head(ctx, ref)
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || lt.firstRefusal() != nil {
 				return imageEntrypoint{}, err
 			}
 			// Some registries answer HEAD poorly (no Docker-Content-Digest,
@@ -193,7 +361,7 @@ func (r *Resolver) fetch(ctx context.Context, ref name.Reference, keychain authn
 		}
 		digest = ref.Context().Digest(head.Digest.String())
 	}
-	key := imageConfigKey(digest.Context(), digest.DigestStr())
+	key := imageConfigKey(digest.Context(), digest.DigestStr(), cred)
 	if cfg, ok := r.cache.get(key); ok {
 		return cfg, nil
 	}
@@ -203,37 +371,154 @@ func (r *Resolver) fetch(ctx context.Context, ref name.Reference, keychain authn
 			return imageEntrypoint{}, err
 		}
 	}
-	// For an index, Image picks the manifest for r.platform (the Puller's
-	// platform); the cache belongs to this Resolver, whose platform is fixed,
-	// so the index digest is a valid key.
-	img, err := got.Image()
+	m, err := r.imageManifest(ctx, puller, digest.Context(), got)
 	if err != nil {
 		return imageEntrypoint{}, err
 	}
-	file, err := img.ConfigFile()
+	cfg, err := r.configBlob(ctx, puller, digest.Context(), m.Config)
 	if err != nil {
-		return imageEntrypoint{}, fmt.Errorf("reading the image config: %w", err)
+		return imageEntrypoint{}, err
 	}
-	cfg := imageEntrypoint{entrypoint: slices.Clone(file.Config.Entrypoint), cmd: slices.Clone(file.Config.Cmd)}
+	// For an index the entry is r.platform's image; the cache belongs to
+	// this Resolver, whose platform is fixed, so the index digest is a valid
+	// key.
 	r.cache.add(key, cfg)
 	return cfg, nil
 }
 
-// explainRegistryError puts the likely fix in front of the registry's words.
-func explainRegistryError(ctx context.Context, err error) error {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("the registry did not answer in time: %w", err)
+// manifestOrIndex is the part of an image manifest or index the resolver
+// reads.
+type manifestOrIndex struct {
+	MediaType types.MediaType `json:"mediaType"`
+	Config    *v1.Descriptor  `json:"config"`
+	Manifests []v1.Descriptor `json:"manifests"`
+}
+
+func parseManifest(d *remote.Descriptor) (manifestOrIndex, bool, error) {
+	var m manifestOrIndex
+	if err := json.Unmarshal(d.Manifest, &m); err != nil {
+		return m, false, registryErr(RegistryInvalid, err, "the registry's manifest is not valid JSON")
 	}
-	var terr *transport.Error
-	if errors.As(err, &terr) {
-		switch terr.StatusCode {
-		case http.StatusUnauthorized, http.StatusForbidden:
-			return fmt.Errorf("the registry refused access; check the pod's imagePullSecrets: %w", err)
-		case http.StatusNotFound:
-			return fmt.Errorf("the image is not in the registry: %w", err)
+	mt := cmp.Or(d.MediaType, m.MediaType)
+	isIndex := mt.IsIndex() || (m.Config == nil && m.Manifests != nil)
+	if !isIndex && m.Config == nil {
+		return m, false, registryErr(RegistryInvalid, nil, "the manifest (%s) has no image config", mt)
+	}
+	return m, isIndex, nil
+}
+
+// imageManifest returns the image manifest of got: got itself, or for an
+// index, the entry for r.platform. Only one level of index is followed, and
+// the entry's size is checked before it is fetched. An index's cost is
+// bounded by its bytes (MaxManifestBytes): it is decoded once and scanned
+// once, whatever the number of entries.
+func (r *Resolver) imageManifest(ctx context.Context, puller *remote.Puller, repo name.Repository, got *remote.Descriptor) (manifestOrIndex, error) {
+	m, isIndex, err := parseManifest(got)
+	if err != nil || !isIndex {
+		return m, err
+	}
+	var child *v1.Descriptor
+	for i := range m.Manifests {
+		// An entry without a platform is linux/amd64, as go-containerregistry
+		// and the container runtimes read it.
+		p := v1.Platform{OS: "linux", Architecture: "amd64"}
+		if m.Manifests[i].Platform != nil {
+			p = *m.Manifests[i].Platform
+		}
+		if p.Satisfies(r.platform) {
+			child = &m.Manifests[i]
+			break
 		}
 	}
-	return err
+	if child == nil {
+		return manifestOrIndex{}, registryErr(RegistryNotFound, nil, "the image index has no image for platform %s", r.platform.String())
+	}
+	if child.Size > r.maxManifest {
+		return manifestOrIndex{}, registryErr(RegistryTooLarge, nil, "the image index declares a %s manifest of %d bytes, more than the %d the webhook reads", r.platform.String(), child.Size, r.maxManifest)
+	}
+	childGot, err := puller.Get(ctx, repo.Digest(child.Digest.String()))
+	if err != nil {
+		return manifestOrIndex{}, err
+	}
+	m, isIndex, err = parseManifest(childGot)
+	if err != nil {
+		return m, err
+	}
+	if isIndex {
+		return manifestOrIndex{}, registryErr(RegistryInvalid, nil, "the image index's entry for %s is another index, which the webhook does not follow", r.platform.String())
+	}
+	return m, nil
+}
+
+// configBlob reads the image config: its declared size is checked before
+// the request, and no more than that size is read.
+func (r *Resolver) configBlob(ctx context.Context, puller *remote.Puller, repo name.Repository, d *v1.Descriptor) (imageEntrypoint, error) {
+	if d.Size > r.maxConfig {
+		return imageEntrypoint{}, registryErr(RegistryTooLarge, nil, "the manifest declares an image config of %d bytes, more than the %d the webhook reads", d.Size, r.maxConfig)
+	}
+	if d.Size <= 0 {
+		return imageEntrypoint{}, registryErr(RegistryInvalid, nil, "the manifest declares an image config of %d bytes", d.Size)
+	}
+	layer, err := puller.Layer(ctx, repo.Digest(d.Digest.String()))
+	if err != nil {
+		return imageEntrypoint{}, err
+	}
+	rc, err := layer.Compressed()
+	if err != nil {
+		return imageEntrypoint{}, err
+	}
+	defer rc.Close()
+	// One byte past the declared size tells a longer blob from an exact one;
+	// go-containerregistry checks the digest when the body ends.
+	raw, err := io.ReadAll(io.LimitReader(rc, d.Size+1))
+	if err != nil {
+		return imageEntrypoint{}, err
+	}
+	if int64(len(raw)) != d.Size {
+		return imageEntrypoint{}, registryErr(RegistryInvalid, nil, "the image config is %d bytes, not the %d its manifest declares", len(raw), d.Size)
+	}
+	if h, _, err := v1.SHA256(bytes.NewReader(raw)); err != nil || h != d.Digest {
+		return imageEntrypoint{}, registryErr(RegistryInvalid, err, "the image config does not match its digest")
+	}
+	file, err := v1.ParseConfigFile(bytes.NewReader(raw))
+	if err != nil {
+		return imageEntrypoint{}, registryErr(RegistryInvalid, err, "the image config is not valid JSON")
+	}
+	return imageEntrypoint{entrypoint: slices.Clone(file.Config.Entrypoint), cmd: slices.Clone(file.Config.Cmd)}, nil
+}
+
+// credentialID names the credential a requester would use for repo: a salted
+// hash, so the cache holds no secret and no two credentials share entries.
+func (r *Resolver) credentialID(ctx context.Context, kc authn.Keychain, repo name.Repository) (string, error) {
+	a, err := kc.Resolve(repo)
+	if err != nil {
+		return "", err
+	}
+	if a == authn.Anonymous {
+		return "anonymous", nil
+	}
+	cfg, err := authn.Authorization(ctx, a)
+	if err != nil {
+		return "", err
+	}
+	if *cfg == (authn.AuthConfig{}) {
+		return "anonymous", nil
+	}
+	h := sha256.New()
+	h.Write(r.salt[:])
+	for _, f := range []string{cfg.Username, cfg.Password, cfg.Auth, cfg.IdentityToken, cfg.RegistryToken} {
+		fmt.Fprintf(h, "%d:%s;", len(f), f)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// registryHostPort is the registry's host with the HTTPS port made explicit
+// when the image names none.
+func registryHostPort(reg name.Registry) string {
+	if _, port := splitHostPort(reg.RegistryStr()); port != "" {
+		return strings.ToLower(reg.RegistryStr())
+	}
+	return strings.ToLower(reg.RegistryStr()) + ":443"
 }
 
 // imageEntrypoint is what the cache keeps of an image config.
@@ -241,11 +526,13 @@ type imageEntrypoint struct {
 	entrypoint, cmd []string
 }
 
-// imageConfigKey names an image by repository and digest. The repository is
-// part of the key so that a lookup in one repository never answers for
-// another one; the digest makes the entry immutable.
-func imageConfigKey(repo name.Repository, digest string) string {
-	return repo.Name() + "@" + digest
+// imageConfigKey names an image by repository, digest and credential. The
+// repository is part of the key so that a lookup in one repository never
+// answers for another one; the digest makes the entry immutable; the
+// credential (see credentialID) keeps one requester's access from answering
+// another.
+func imageConfigKey(repo name.Repository, digest, cred string) string {
+	return repo.Name() + "@" + digest + " " + cred
 }
 
 // imageConfigCache is a bounded LRU of image configs, safe for concurrent use.

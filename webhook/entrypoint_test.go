@@ -473,9 +473,15 @@ func TestEntrypointUsesPullSecrets(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Entrypoint = %q, want an error", got)
 			}
-			for _, want := range []string{`container "app"`, `image "` + image + `"`, tt.wantErr, "UNAUTHORIZED", "dislock.io/entrypoint"} {
+			for _, want := range []string{`container "app"`, `image "` + image + `"`, "unauthorized: ", tt.wantErr, "dislock.io/entrypoint"} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("error %q does not contain %q", err, want)
+				}
+			}
+			// The registry's own words never reach the tenant.
+			for _, body := range []string{"UNAUTHORIZED", "authentication required"} {
+				if strings.Contains(err.Error(), body) {
+					t.Errorf("error %q repeats the registry's body (%q)", err, body)
 				}
 			}
 		})
@@ -617,9 +623,11 @@ func TestEntrypointResolverOptions(t *testing.T) {
 			t.Errorf("Validate: %v", err)
 		}
 		r := NewResolver(ResolverOptions{})
-		if r.timeout != DefaultResolveTimeout || r.cache.size != DefaultResolverCacheSize ||
-			r.platform.OS != "linux" || r.platform.Architecture != "amd64" || len(r.nameOpts) != 0 {
-			t.Errorf("NewResolver(zero) = timeout %s, cache %d, platform %s, %d name options", r.timeout, r.cache.size, r.platform.String(), len(r.nameOpts))
+		if r.timeout != DefaultResolveTimeout || r.budget != DefaultReviewBudget || r.cache.size != DefaultResolverCacheSize ||
+			r.maxManifest != DefaultMaxManifestBytes || r.maxConfig != DefaultMaxConfigBytes || cap(r.slots) != DefaultMaxConcurrentLookups ||
+			r.platform.OS != "linux" || r.platform.Architecture != "amd64" || r.policy.anyInsecure {
+			t.Errorf("NewResolver(zero) = timeout %s, budget %s, cache %d, manifest %d, config %d, slots %d, platform %s, insecure %v",
+				r.timeout, r.budget, r.cache.size, r.maxManifest, r.maxConfig, cap(r.slots), r.platform.String(), r.policy.anyInsecure)
 		}
 	})
 	t.Run("every bad option is listed", func(t *testing.T) {
