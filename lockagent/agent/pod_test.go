@@ -41,8 +41,41 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "building dislock-agent: %v\n%s", err, out)
 			return 1
 		}
-		return pgtest.Main(m, pgtest.Options{Name: "agent"})
+		code := pgtest.Main(m, pgtest.Options{Name: "agent"})
+		// The sidecar's memory limit (webhook.DefaultAgentMemoryLimit) is
+		// set against this figure (docs/benchmarks.md).
+		if n, peak := agentPeak.get(); n > 0 {
+			fmt.Fprintf(os.Stderr, "agent: peak RSS of %d agent processes: max %.1f MiB\n", n, float64(peak)/(1<<20))
+		}
+		return code
 	}())
+}
+
+// agentPeak is the largest peak RSS of the agent processes the tests ran
+// to their end.
+var agentPeak peakRSS
+
+type peakRSS struct {
+	mu    sync.Mutex
+	n     int
+	bytes int64
+}
+
+func (p *peakRSS) note(ps *os.ProcessState) {
+	ru, ok := ps.SysUsage().(*syscall.Rusage)
+	if !ok {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.n++
+	p.bytes = max(p.bytes, ru.Maxrss<<10) // Linux reports kilobytes
+}
+
+func (p *peakRSS) get() (int, int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n, p.bytes
 }
 
 var keySeq atomic.Int64
@@ -201,7 +234,11 @@ func (po *pod) startAgent() {
 	}
 	done := make(chan struct{})
 	po.agentDone = done
-	go func(cmd *exec.Cmd) { cmd.Wait(); close(done) }(po.agent)
+	go func(cmd *exec.Cmd) {
+		cmd.Wait()
+		agentPeak.note(cmd.ProcessState)
+		close(done)
+	}(po.agent)
 	// The agent logs "starting" after it installed its signal handler: a
 	// SIGTERM before that would kill it, which a test must not mistake for
 	// the agent's behaviour.
