@@ -17,6 +17,9 @@ import (
 	"github.com/dislock/dislock/test/images"
 )
 
+// sidecarName is the injected sidecar's container name.
+const sidecarName = "dislock-agent"
+
 // snoopScript prints, for every process the container sees, its command
 // line and its environment, or that the kernel refused the environment.
 // It runs in an app container of a pod that shares its process namespace,
@@ -128,4 +131,77 @@ func logText(lines []LogLine) string {
 		b.WriteString(l.Text + "\n")
 	}
 	return b.String()
+}
+
+// A tenant who may exec into its pods finds in the sidecar only
+// dislock-agent: no operator CLI to list or release other namespaces'
+// locks, and no shell to read the environment with. On a real kubelet's
+// container runtime: the API server cannot reach these test kubelets (a
+// node whose only address is loopback reports none), so the test execs the
+// way the kubelet does for `kubectl exec`, through containerd, into the same
+// container, with its environment and its user.
+func TestExecIntoTheSidecarFindsNoOperatorCLIAndNoShell(t *testing.T) {
+	e := Need(t)
+	dc := e.DCs[0]
+	const name = "exec"
+	cjs := suspendedEverywhere(t, e, name, "schedule", Ledger{})
+	// The app runs until the test tells it to stop (through exec too), at
+	// most two minutes.
+	job := createTickIn(t, dc, cjs[dc.Name], time.Now().UTC().Truncate(time.Minute), func(j *batchv1.Job) {
+		j.Spec.Template.Spec.Containers = []corev1.Container{{
+			Name:            "app",
+			Image:           images.BusyboxRef,
+			ImagePullPolicy: corev1.PullNever,
+			Command:         []string{"sh", "-c", "i=0; while [ ! -e /dev/shm/done ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i+1)); done"},
+		}}
+	})
+	ids := map[string]string{}
+	await(t, jobTimeout, "the app of Job "+job.Name+" running", func() bool {
+		pods, err := dc.Pods(context.Background(), job.Name)
+		if err != nil || len(pods) != 1 {
+			return false
+		}
+		for _, s := range append(pods[0].Status.InitContainerStatuses, pods[0].Status.ContainerStatuses...) {
+			if s.State.Running != nil {
+				ids[s.Name] = strings.TrimPrefix(s.ContainerID, "containerd://")
+			}
+		}
+		return ids["app"] != "" && ids[sidecarName] != ""
+	})
+	n := 0
+	run := func(container string, cmd ...string) (string, error) {
+		n++
+		return dc.Node.Ctr(append([]string{"tasks", "exec", "--exec-id", fmt.Sprintf("e2e-exec-%d", n), ids[container]}, cmd...)...)
+	}
+	// exec reaches the sidecar: the one program it holds answers.
+	if out, err := run(sidecarName, "dislock-agent", "version"); err != nil || !strings.Contains(out, "dislock-agent") {
+		t.Fatalf("exec into the sidecar does not work here (%v): %s", err, out)
+	}
+	for _, cmd := range [][]string{
+		{"dislock", "leases"},
+		{"dislock", "release", "--key", OtherTeam + "/report"},
+		{"sh", "-c", "env"},
+		{"/bin/sh"},
+		{"cat", "/proc/1/environ"},
+	} {
+		out, err := run(sidecarName, cmd...)
+		switch {
+		case err == nil:
+			t.Errorf("exec -c %s -- %s ran: %s", sidecarName, strings.Join(cmd, " "), out)
+			continue
+		case !strings.Contains(err.Error(), "executable file not found") && !strings.Contains(err.Error(), "no such file or directory"):
+			t.Errorf("exec -c %s -- %s failed, but not for want of the program: %v", sidecarName, strings.Join(cmd, " "), err)
+			continue
+		}
+		t.Logf("exec -c %s -- %s: refused: %s", sidecarName, strings.Join(cmd, " "), firstLine(err.Error()))
+	}
+	if out, err := run("app", "touch", "/dev/shm/done"); err != nil {
+		t.Fatalf("telling the app to stop: %v: %s", err, out)
+	}
+	completeJob(t, dc, job.Name)
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
+	return line
 }
