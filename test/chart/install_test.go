@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -441,6 +442,9 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 // With cert-manager the webhook only reads the certificate the chart's
 // Certificate asks for (the test plays cert-manager and its CA injector), and
 // runs with the smallest RBAC the chart has: no rotator, no Secret copies.
+// The CA injector copies the chart's own CA, not the serving certificate, so
+// a renewed serving certificate (a new key, as rotationPolicy Always makes
+// it) leaves the caBundle as it is and no admission fails across it.
 func TestWithCertManagerTheWebhookServesTheIssuedCertificate(t *testing.T) {
 	c := kube.Need(t)
 	const name = "dislock-certmanager"
@@ -452,7 +456,8 @@ func TestWithCertManagerTheWebhookServesTheIssuedCertificate(t *testing.T) {
 	r := installChart(t, c, name, base("certManager.enabled", true, "database.copyToNamespaces", false))
 	ctx := context.Background()
 
-	cert := r.m.one(t, "Certificate")
+	cert := r.m.get(t, "Certificate", "dislock-certmanager-webhook")
+	caCert := r.m.get(t, "Certificate", "dislock-certmanager-webhook-ca")
 	secretName, _, _ := unstructured.NestedString(cert.Object, "spec", "secretName")
 	ca := tlstest.NewCA(t)
 	leaf := ca.Issue(t)
@@ -463,8 +468,8 @@ func TestWithCertManagerTheWebhookServesTheIssuedCertificate(t *testing.T) {
 	}
 	for _, kind := range []string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} {
 		cfg := r.m.one(t, kind)
-		if got := cfg.GetAnnotations()["cert-manager.io/inject-ca-from"]; got != r.ns+"/"+cert.GetName() {
-			t.Fatalf("%s asks the CA injector for %q", kind, got)
+		if got := cfg.GetAnnotations()["cert-manager.io/inject-ca-from"]; got != r.ns+"/"+caCert.GetName() {
+			t.Fatalf("%s asks the CA injector for %q, not the chart's CA %s", kind, got, caCert.GetName())
 		}
 		patch, _ := json.Marshal([]map[string]any{{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": ca.CertPEM}})
 		kubectl(t, c, nil, "patch", strings.ToLower(kind), cfg.GetName(), "--type=json", "--patch", string(patch))
@@ -477,5 +482,67 @@ func TestWithCertManagerTheWebhookServesTheIssuedCertificate(t *testing.T) {
 	t.Run("a Job of an opted-in CronJob is injected", func(t *testing.T) { r.injects(t, team) })
 	t.Run("its own namespace and kube-system are never intercepted", func(t *testing.T) {
 		r.leavesAlone(t, r.ns, "kube-system")
+	})
+	t.Run("a renewed serving certificate needs no caBundle change and fails no admission", func(t *testing.T) {
+		bundles := func() [][]byte {
+			mwc, err := r.admin.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, r.m.one(t, "MutatingWebhookConfiguration").GetName(), metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			vwc, err := r.admin.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, r.m.one(t, "ValidatingWebhookConfiguration").GetName(), metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return [][]byte{mwc.Webhooks[0].ClientConfig.CABundle, vwc.Webhooks[0].ClientConfig.CABundle}
+		}
+		before := bundles()
+		// Admissions go on all through the renewal: a dry-run CronJob the
+		// validating webhook refuses naming its bad mode. Anything else is
+		// an admission that failed (a TLS error, a webhook not answering).
+		probe := cronJobIn(team, "renewal-probe", spec.AnnotationMode, "sometimes")
+		var answered, failed atomic.Int64
+		var firstFailure atomic.Value
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := r.admin.BatchV1().CronJobs(team).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+				if err != nil && strings.Contains(err.Error(), "sometimes") {
+					answered.Add(1)
+					continue
+				}
+				failed.Add(1)
+				firstFailure.CompareAndSwap(nil, fmt.Sprint(err))
+			}
+		}()
+		renewed := ca.Issue(t)
+		issued.Data = map[string][]byte{"tls.crt": renewed.CertPEM, "tls.key": renewed.KeyPEM, "ca.crt": ca.CertPEM}
+		if _, err := r.admin.CoreV1().Secrets(r.ns).Update(ctx, issued, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		await(t, 30*time.Second, "the webhook to serve the renewed certificate", func(context.Context) (bool, error) {
+			serial, err := tlstest.ServedSerial(r.port, ca.CertPEM)
+			return err == nil && serial.Cmp(renewed.Serial) == 0, nil
+		})
+		// And some admissions after it, through the renewed certificate.
+		after := answered.Load()
+		await(t, 30*time.Second, "admissions through the renewed certificate", func(context.Context) (bool, error) {
+			return answered.Load() >= after+5, nil
+		})
+		close(stop)
+		<-done
+		if n := failed.Load(); n > 0 {
+			t.Errorf("%d of %d admissions failed across the renewal; the first: %v", n, n+answered.Load(), firstFailure.Load())
+		}
+		if got := bundles(); !slices.EqualFunc(got, before, bytes.Equal) {
+			t.Errorf("the caBundles changed across the renewal")
+		}
+		t.Logf("%d admissions answered across the renewal, none failed; caBundles unchanged", answered.Load())
 	})
 }

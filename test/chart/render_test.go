@@ -231,15 +231,19 @@ func checkContract(t *testing.T, m manifest, w contract) {
 			if flags.set("self-signed-certs") {
 				t.Error("--self-signed-certs with cert-manager")
 			}
-			cert := m.one(t, "Certificate")
+			cert := m.get(t, "Certificate", mwc.Name)
 			certSecret, _, _ = unstructured.NestedString(cert.Object, "spec", "secretName")
 			dns, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
 			if !slices.Contains(dns, svc.Name+"."+svc.Namespace+".svc") {
 				t.Errorf("certificate DNS names %v do not name the Service %s/%s", dns, svc.Namespace, svc.Name)
 			}
+			// The serving certificate is signed by the chart's CA, and the CA
+			// injector copies that CA: a renewed serving certificate leaves
+			// the caBundle as it is.
+			ca := caChain(t, m, cert)
 			for _, o := range []metav1.Object{mwc, vwc} {
-				if got := o.GetAnnotations()["cert-manager.io/inject-ca-from"]; got != cert.GetNamespace()+"/"+cert.GetName() {
-					t.Errorf("%s: inject-ca-from %q, the Certificate is %s/%s", o.GetName(), got, cert.GetNamespace(), cert.GetName())
+				if got := o.GetAnnotations()["cert-manager.io/inject-ca-from"]; got != ca.GetNamespace()+"/"+ca.GetName() {
+					t.Errorf("%s: inject-ca-from %q, the chart's CA Certificate is %s/%s", o.GetName(), got, ca.GetNamespace(), ca.GetName())
 				}
 			}
 			if m.find("Secret", certSecret) != nil {
@@ -491,4 +495,38 @@ func TestTheInstallNotesSayHowToOptIn(t *testing.T) {
 			t.Errorf("the notes do not say %q:\n%s", want, notes)
 		}
 	}
+}
+
+// caChain checks that the serving certificate's Issuer is a CA Issuer whose
+// CA is a Certificate of the chart's, a long-lived CA that keeps its key,
+// signed by a self-signed Issuer; it returns that CA Certificate.
+func caChain(t *testing.T, m manifest, serving *unstructured.Unstructured) *unstructured.Unstructured {
+	t.Helper()
+	str := func(o *unstructured.Unstructured, path ...string) string {
+		v, _, _ := unstructured.NestedString(o.Object, path...)
+		return v
+	}
+	issuer := m.get(t, "Issuer", str(serving, "spec", "issuerRef", "name"))
+	caSecret := str(issuer, "spec", "ca", "secretName")
+	var ca *unstructured.Unstructured
+	for _, o := range m {
+		if o.GetKind() == "Certificate" && str(o, "spec", "secretName") == caSecret {
+			ca = o
+		}
+	}
+	if caSecret == "" || ca == nil {
+		t.Fatalf("the serving certificate's Issuer %s is not a CA Issuer of a Certificate the chart renders (ca.secretName %q)", issuer.GetName(), caSecret)
+	}
+	if isCA, _, _ := unstructured.NestedBool(ca.Object, "spec", "isCA"); !isCA || str(ca, "spec", "privateKey", "rotationPolicy") != "Never" {
+		t.Errorf("the CA Certificate %s: isCA %v, key rotation %q; want a CA that keeps its key", ca.GetName(), isCA, str(ca, "spec", "privateKey", "rotationPolicy"))
+	}
+	if root := m.get(t, "Issuer", str(ca, "spec", "issuerRef", "name")); !hasField(root, "spec", "selfSigned") {
+		t.Errorf("the CA Certificate %s is signed by Issuer %s, which is not self-signed", ca.GetName(), root.GetName())
+	}
+	return ca
+}
+
+func hasField(o *unstructured.Unstructured, path ...string) bool {
+	_, found, _ := unstructured.NestedFieldNoCopy(o.Object, path...)
+	return found
 }

@@ -2,12 +2,9 @@ package integration
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net/http"
 	"os"
 	"os/exec"
@@ -154,19 +151,6 @@ func sample(families map[string]*dto.MetricFamily, name string, labels map[strin
 	return -1
 }
 
-// servedSerial is the serial number of the certificate the server presents,
-// verified against ca.
-func servedSerial(port int, ca []byte) (*big.Int, error) {
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca)
-	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port), &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	return conn.ConnectionState().PeerCertificates[0].SerialNumber, nil
-}
-
 // The binary with a certificate from cert-manager (a mounted Secret): it is
 // ready once serving, counts what it decides in Prometheus metrics, and serves
 // a renewed certificate without a restart while the API server keeps calling
@@ -230,7 +214,7 @@ func TestTheWebhookBinaryServesProbesMetricsAndARenewedCertificate(t *testing.T)
 	}
 	start := time.Now()
 	await(t, "the renewed certificate to be served", func() (bool, error) {
-		serial, err := servedSerial(w.port, ca.CertPEM)
+		serial, err := tlstest.ServedSerial(w.port, ca.CertPEM)
 		if err != nil {
 			return false, err
 		}

@@ -6,6 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -185,4 +186,17 @@ func FreePort(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return port
+}
+
+// ServedSerial is the serial number of the certificate the server on
+// 127.0.0.1:port presents, verified against ca.
+func ServedSerial(port int, ca []byte) (*big.Int, error) {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port), &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].SerialNumber, nil
 }

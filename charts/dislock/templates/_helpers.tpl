@@ -24,6 +24,19 @@ Prefix of every object name: the release name when it already says "dislock", el
 {{- printf "%s-webhook-cert" (include "dislock.fullname" .) -}}
 {{- end -}}
 
+{{/*
+The Certificate whose CA cert-manager's CA injector copies into the webhook configurations: the
+chart's own CA, or, with an issuer of yours, the serving Certificate (its Secret's ca.crt is your
+issuer's CA).
+*/}}
+{{- define "dislock.caCertificateName" -}}
+{{- if .Values.certManager.issuerRef.name -}}
+{{- include "dislock.webhookName" . -}}
+{{- else -}}
+{{- printf "%s-ca" (include "dislock.webhookName" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The database Secret in the release namespace, and the name of its copies. */}}
 {{- define "dislock.dbSecretName" -}}
 {{- default (printf "%s-db" (include "dislock.fullname" .)) .Values.database.existingSecret -}}
