@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/internal/cli"
 	"github.com/dislock/dislock/lockagent/lock"
@@ -201,6 +204,70 @@ func TestCheckNamesTheSettingAndTheFix(t *testing.T) {
 				if f.Check == "replication" && f.Status != lock.StatusAccepted {
 					t.Errorf("replication with the acknowledgement: %+v", f)
 				}
+			}
+		})
+	}
+}
+
+// What tenants wrote into their own rows reaches an operator's terminal
+// quoted, never raw: a newline in a tenant's cluster name cannot print a
+// forged line saying another namespace's window ran, nor a tab or an escape
+// sequence shift or hide columns.
+func TestATenantsRowsCannotForgeLinesOfTheOperatorsListing(t *testing.T) {
+	srv := pgtest.Need(t)
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			ctx := context.Background()
+			if code, _, errOut := run(t, "migrate", "--database-url", tg.DSN); code != 0 {
+				t.Fatal(errOut)
+			}
+			owner, err := lock.Open(ctx, tg.DSN, lock.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer owner.Close()
+			victim, hostile := "victim-"+tg.Name, "hostile-"+tg.Name
+			tick := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+			if _, err := owner.ClaimWindow(ctx, lock.ClaimRequest{Key: victim + "/report", Window: tick, Index: lock.NotIndexed, TTL: time.Minute,
+				Owner: lock.Owner{Cluster: "dc-a", Namespace: victim, Job: "report-1", JobUID: "u1", Pod: "p1"}}); err != nil {
+				t.Fatal(err)
+			}
+			cred, err := owner.ProvisionTenant(ctx, "dc-a", hostile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tenantURL, err := lock.TenantDSN(tg.DSN, cred)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := lock.ParseDatabaseURL(tenantURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tenant, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tenant.Close(ctx)
+			forged := victim + "/report  2026-12-02T13:00:00Z  -  succeeded  dc-b  42"
+			cluster := "dc-a\n" + forged + "\t\x1b[2K"
+			// Its own key, any cluster name it likes: the database lets a
+			// tenant write that, with SQL of its own.
+			if _, err := tenant.Exec(ctx, `INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
+VALUES ($1, $2, -1, $3, $3, 'p9', 1, 'failed', now(), now())`, hostile+"/x", tick, cluster); err != nil {
+				t.Fatalf("the tenant writing its own window: %v", err)
+			}
+			code, out, errOut := run(t, "windows", "--database-url", tg.DSN)
+			if code != 0 {
+				t.Fatalf("windows: %d %s", code, errOut)
+			}
+			for _, l := range strings.Split(out, "\n") {
+				if strings.HasPrefix(l, forged) || strings.ContainsAny(l, "\t\x1b") {
+					t.Errorf("the listing printed a tenant's bytes raw: %q", l)
+				}
+			}
+			if !strings.Contains(out, strconv.Quote(cluster)) {
+				t.Errorf("the tenant's cluster name is not shown quoted:\n%s", out)
 			}
 		})
 	}

@@ -3,8 +3,10 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode"
 )
 
 // table collects the human-readable form of a result.
@@ -12,9 +14,30 @@ type table struct {
 	tw *tabwriter.Writer
 }
 
-func (t *table) row(cells ...string) { fmt.Fprintln(t.tw, strings.Join(cells, "\t")) }
+// row writes one line of cells. A cell that holds anything unprintable (a
+// newline, a tab, an escape sequence) is printed quoted, Go-style: rows of
+// the lock tables carry what tenants wrote, and one must not forge lines or
+// columns of another namespace's locks in an operator's terminal.
+func (t *table) row(cells ...string) {
+	shown := make([]string, len(cells))
+	for i, c := range cells {
+		shown[i] = printable(c)
+	}
+	fmt.Fprintln(t.tw, strings.Join(shown, "\t"))
+}
 
-func (t *table) line(format string, args ...any) { fmt.Fprintf(t.tw, format+"\n", args...) }
+func printable(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
+}
+
+// line writes one line of text, quoted as row quotes a cell when it holds
+// anything unprintable.
+func (t *table) line(format string, args ...any) {
+	fmt.Fprintln(t.tw, printable(fmt.Sprintf(format, args...)))
+}
 
 // print writes v as indented JSON for -o json, else the table human renders.
 func (c *common) print(v any, human func(*table)) error {
