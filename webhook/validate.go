@@ -80,6 +80,11 @@ func CronJobWarnings(cj *batchv1.CronJob) []string {
 			"controllers in different zones fire at different instants, and the same tick becomes two windows that both run. "+
 			`Set spec.timeZone to the same zone in every cluster, e.g. "Etc/UTC".`)
 	}
+	if ptr.Deref(cj.Spec.JobTemplate.Spec.Template.Spec.ShareProcessNamespace, false) {
+		out = append(out, "dislock: spec.jobTemplate.spec.template.spec.shareProcessNamespace is true, so the app containers see the dislock-agent sidecar's processes: "+
+			"an app that can become the sidecar's uid (root with the container runtime's default capabilities can) may read this namespace's database credential "+
+			"from a sidecar that is starting. Run the apps as non-root with all capabilities dropped (the restricted Pod Security Standard), or do not share the process namespace.")
+	}
 	return out
 }
 

@@ -239,7 +239,9 @@ func TestCronJobWarnings(t *testing.T) {
 		name string
 		own  map[string]string
 		tz   *string
-		want []string // substrings of the one warning; nil = no warning
+		// shared: the pod template shares its process namespace.
+		shared bool
+		want   []string // substrings of the one warning; nil = no warning
 	}{
 		{name: "no time zone: the clusters' controllers may fire at different instants",
 			own: map[string]string{spec.AnnotationMode: "schedule"},
@@ -249,12 +251,19 @@ func TestCronJobWarnings(t *testing.T) {
 			want: []string{"spec.timeZone is not set"}},
 		{name: "a time zone set", own: map[string]string{spec.AnnotationMode: "schedule"}, tz: ptr.To("Etc/UTC")},
 		{name: "not opted in", own: map[string]string{"team.example/owner": "billing"}},
+		{name: "a shared process namespace: the apps see the sidecar's processes", own: map[string]string{spec.AnnotationMode: "schedule"},
+			tz: ptr.To("Etc/UTC"), shared: true,
+			want: []string{"shareProcessNamespace is true", "may read this namespace's database credential", "restricted Pod Security Standard"}},
+		{name: "a shared process namespace, not opted in", own: map[string]string{"team.example/owner": "billing"}, shared: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			cj := validationCronJob(tc.own, nil)
 			cj.Spec.TimeZone = tc.tz
+			if tc.shared {
+				cj.Spec.JobTemplate.Spec.Template.Spec.ShareProcessNamespace = ptr.To(true)
+			}
 			got := CronJobWarnings(cj)
 			if tc.want == nil {
 				if len(got) != 0 {

@@ -95,6 +95,13 @@ func stop(sigs chan os.Signal) os.Signal {
 	}
 }
 
+// NonDumpable makes the calling process non-dumpable: the kernel then
+// refuses its /proc/<pid>/environ, mem, fd and root, and ptrace, to every
+// process without CAP_SYS_PTRACE. For a process that has the credential in
+// its environment and cannot re-execute itself without it (the sidecar's
+// startup probe, which the kubelet execs with the container's environment).
+func NonDumpable() error { return nonDumpable() }
+
 func nonDumpable() error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("making the process non-dumpable: %w", err)

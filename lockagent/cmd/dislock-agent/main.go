@@ -50,8 +50,8 @@ func main() {
 }
 
 // runAgent hides the database credential before the agent starts: see
-// package secret. The wrapper and the probe never get the credential, so
-// they skip this.
+// package secret. The wrapper runs in app containers, which never get the
+// credential; the probe does (see probe).
 func runAgent() int {
 	dsn, stopped, err := secret.Take(spec.EnvDatabaseURL, syscall.SIGTERM, os.Interrupt)
 	// The agent's own logger starts in agent.Main; these lines look the same.
@@ -80,7 +80,16 @@ func runAgent() int {
 // waits for that itself, and a standby may wait for the owner's whole run,
 // hours. A probe that waited too would have the kubelet restart a sidecar
 // that is waiting as it should once the probe's budget ran out.
+//
+// The kubelet execs the probe with the sidecar container's environment, the
+// credential included, so the probe turns non-dumpable as soon as its main
+// runs. That narrows, but does not close, what an app that shares the pod's
+// process namespace and can become the sidecar's uid (root with the
+// runtime's default capabilities can) may read in the probe's /proc entries:
+// the Go runtime starts before main (docs/install.md, "What a tenant can
+// see").
 func probe() int {
+	_ = secret.NonDumpable() // best effort: the probe reads no secret itself
 	dir := os.Getenv(spec.EnvSharedDir)
 	if dir == "" {
 		dir = spec.DefaultSharedDir
