@@ -179,6 +179,26 @@ func (p *destinationPolicy) checkURL(u *url.URL) error {
 	return nil
 }
 
+// checkRedirect is asked for a redirect's target before it is followed:
+// the dial would refuse a forbidden address too, but only after the client's
+// own redirect check, whose refusal carries no class.
+func (p *destinationPolicy) checkRedirect(ctx context.Context, u *url.URL) error {
+	if err := p.checkURL(u); err != nil {
+		return err
+	}
+	hostport := urlHostPort(u)
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", u.Hostname())
+	if err != nil {
+		return nil // the dial reports it
+	}
+	for _, ip := range ips {
+		if err := p.checkAddress(hostport, ip); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // checkAddress is asked for every address a lookup is about to connect to,
 // after name resolution, so that neither a DNS name pointing inside the
 // cluster nor a later change of its answer (rebinding) gets around it.
@@ -318,7 +338,7 @@ func (t *lookupTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// refusal keeps its class (the client's own check reports only text).
 	if loc := resp.Header.Get("Location"); loc != "" && resp.StatusCode >= 300 && resp.StatusCode < 400 {
 		if target, perr := req.URL.Parse(loc); perr == nil {
-			if err := t.g.policy.checkURL(target); err != nil {
+			if err := t.g.policy.checkRedirect(req.Context(), target); err != nil {
 				resp.Body.Close()
 				return nil, t.refuse(err)
 			}
