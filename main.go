@@ -83,7 +83,26 @@ func runWebhook(args []string) int {
 	fs.StringVar(&cfg.Certs.MutatingConfigName, "mutating-webhook-configuration", webhook.DefaultMutatingConfigName, "MutatingWebhookConfiguration whose caBundle to keep current")
 	fs.StringVar(&cfg.Certs.ValidatingConfigName, "validating-webhook-configuration", webhook.DefaultValidatingConfigName, "ValidatingWebhookConfiguration whose caBundle to keep current")
 	fs.DurationVar(&cfg.Resolver.Timeout, "registry-timeout", webhook.DefaultResolveTimeout, "deadline for one image registry lookup (must fit in the webhook timeout)")
-	fs.BoolVar(&cfg.Resolver.Insecure, "insecure-registry", false, "allow plain-HTTP image registries (tests only)")
+	fs.DurationVar(&cfg.Resolver.ReviewBudget, "registry-review-budget", webhook.DefaultReviewBudget, "deadline for all registry lookups of one admission, run in parallel (below the 5s webhook timeout)")
+	fs.Int64Var(&cfg.Resolver.MaxManifestBytes, "registry-max-manifest-bytes", webhook.DefaultMaxManifestBytes, "largest image manifest or index read from a registry")
+	fs.Int64Var(&cfg.Resolver.MaxConfigBytes, "registry-max-config-bytes", webhook.DefaultMaxConfigBytes, "largest image config read from a registry")
+	fs.IntVar(&cfg.Resolver.MaxConcurrentLookups, "registry-max-concurrent-lookups", webhook.DefaultMaxConcurrentLookups, "registry lookups in flight at once, across all admissions")
+	// Registry host patterns, comma-separated or repeated; Validate checks them.
+	hostList := func(dst *[]string) func(string) error {
+		return func(v string) error {
+			for _, h := range strings.Split(v, ",") {
+				if h = strings.TrimSpace(h); h != "" {
+					*dst = append(*dst, h)
+				}
+			}
+			return nil
+		}
+	}
+	fs.Func("registry-allow", "only query these registries (host or host:port, * within a DNS label; repeatable or comma-separated; default: all)", hostList(&cfg.Resolver.AllowedRegistries))
+	fs.Func("registry-deny", "never contact these registries, not even through a redirect (repeatable or comma-separated)", hostList(&cfg.Resolver.DeniedRegistries))
+	fs.Func("registry-insecure", "registries that may be spoken to over plain HTTP (repeatable or comma-separated)", hostList(&cfg.Resolver.InsecureRegistries))
+	fs.Func("registry-private", "registries that may resolve to loopback or private addresses, e.g. an in-cluster registry (repeatable or comma-separated; link-local is never contacted)", hostList(&cfg.Resolver.PrivateRegistries))
+	fs.BoolVar(&cfg.Resolver.Insecure, "insecure-registry", false, "let every registry be plain HTTP and on a private address (tests only)")
 	fs.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 disables)")
 	fs.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "health and readiness probe address")
 	fs.BoolVar(&leaderElect, "leader-elect", false, "elect a leader for the secret copier, tenant roles and retention")
