@@ -250,7 +250,7 @@ func TestFromAnnotations(t *testing.T) {
 			name:        "a misspelt annotation is an error with a suggestion",
 			annotations: map[string]string{AnnotationMode: "lease", "dislock.io/leasettl": "30s"},
 			wantErrs: []string{
-				`annotation dislock.io/leasettl: "30s" is not a dislock annotation (did you mean dislock.io/lease-ttl? known: dislock.io/mode, dislock.io/key, dislock.io/lease-ttl, dislock.io/standby, dislock.io/catchup, dislock.io/app-start-timeout, dislock.io/entrypoint)`,
+				`annotation dislock.io/leasettl: "30s" is not a dislock annotation (did you mean dislock.io/lease-ttl? known: dislock.io/mode, dislock.io/key, dislock.io/lease-ttl, dislock.io/standby, dislock.io/catchup, dislock.io/app-start-timeout, dislock.io/entrypoint, dislock.io/agent-cpu-request, dislock.io/agent-cpu-limit, dislock.io/agent-memory-request, dislock.io/agent-memory-limit)`,
 			},
 		},
 		{
