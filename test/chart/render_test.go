@@ -77,6 +77,12 @@ func TestRenderingRefusesMissingOrBadValuesSayingWhatToSet(t *testing.T) {
 			[]string{"additional properties 'replica' not allowed"}},
 		{"with a registry lookup the webhook would refuse (5 s or more)", base("webhook.registryTimeout", "5s"),
 			[]string{"/webhook/registryTimeout"}},
+		{"with a registry review budget the webhook would refuse (5 s or more)", base("webhook.registry.reviewBudget", "5s"),
+			[]string{"/webhook/registry/reviewBudget"}},
+		{"with a registry allow-list entry that is a URL, not a host", base("webhook.registry.allow", []any{"https://ghcr.io/team"}),
+			[]string{"/webhook/registry/allow/0"}},
+		{"with a registry config bound of nothing", base("webhook.registry.maxConfigBytes", 0),
+			[]string{"/webhook/registry/maxConfigBytes", "minimum"}},
 		{"with a retention that is not a Go duration", base("database.retention", "30d"),
 			[]string{"/database/retention", "30d"}},
 		{"with an issuer kind cert-manager does not have", base("certManager.issuerRef.kind", "Vault"),
@@ -529,4 +535,50 @@ func caChain(t *testing.T, m manifest, serving *unstructured.Unstructured) *unst
 func hasField(o *unstructured.Unstructured, path ...string) bool {
 	_, found, _ := unstructured.NestedFieldNoCopy(o.Object, path...)
 	return found
+}
+
+// The registry bounds reach the webhook as its flags, each list once,
+// comma-joined, with byte sizes as plain integers.
+func TestTheRegistryBoundsBecomeTheWebhooksFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		vals map[string]any
+		want map[string]string // flag -> value; "" = absent
+	}{
+		{"by default, only the bounds", base(), map[string]string{
+			"registry-timeout": "3s", "registry-review-budget": "4s",
+			"registry-max-manifest-bytes": "4194304", "registry-max-config-bytes": "1048576", "registry-max-concurrent-lookups": "8",
+			"registry-allow": "", "registry-deny": "", "registry-insecure": "", "registry-private": "", "insecure-registry": "",
+		}},
+		{"with lists", base(
+			"webhook.registry.allow", []any{"ghcr.io", "*.dkr.ecr.eu-west-1.amazonaws.com"},
+			"webhook.registry.deny", []any{"evil.example.com"},
+			"webhook.registry.insecure", []any{"registry.registry.svc:5000"},
+			"webhook.registry.private", []any{"registry.registry.svc:5000"},
+			"webhook.registry.maxConfigBytes", 2097152), map[string]string{
+			"registry-allow":            "ghcr.io,*.dkr.ecr.eu-west-1.amazonaws.com",
+			"registry-deny":             "evil.example.com",
+			"registry-insecure":         "registry.registry.svc:5000",
+			"registry-private":          "registry.registry.svc:5000",
+			"registry-max-config-bytes": "2097152",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dep := typed[appsv1.Deployment](t, helmTemplate(t, "dislock", "dislock-system", tc.vals).one(t, "Deployment"))
+			flags := parseFlags(t, dep.Spec.Template.Spec.Containers[0].Args)
+			for name, want := range tc.want {
+				if want == "" {
+					if flags.set(name) {
+						t.Errorf("--%s=%s rendered, want it absent", name, flags.value(name))
+					}
+					continue
+				}
+				if got := flags.value(name); got != want {
+					t.Errorf("--%s=%q, want %q", name, got, want)
+				}
+			}
+		})
+	}
 }
