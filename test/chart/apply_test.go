@@ -54,7 +54,8 @@ func TestTheAPIServerAcceptsEveryRenderedObject(t *testing.T) {
 			"whenUnsatisfiable": "ScheduleAnyway", "labelSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "dislock"}}}},
 		"webhook.podAnnotations", map[string]any{"example.com/team": "platform"}, "webhook.podLabels", map[string]any{"team": "platform"},
 		"imagePullSecrets", []any{map[string]any{"name": "registry"}}, "serviceAccount.annotations", map[string]any{"example.com/role": "dislock"},
-		"agent.cpuRequest", "20m", "agent.memoryLimit", "96Mi", "certManager.issuerRef.name", "corporate-ca",
+		"agent.cpuRequest", "20m", "agent.cpuLimit", "300m", "agent.memoryRequest", "24Mi", "agent.memoryLimit", "96Mi",
+		"agent.maxCPU", "2", "agent.maxMemory", "512Mi", "certManager.issuerRef.name", "corporate-ca",
 		"certManager.issuerRef.kind", "ClusterIssuer")
 	for _, tc := range []struct {
 		name string

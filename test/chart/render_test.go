@@ -538,8 +538,9 @@ func hasField(o *unstructured.Unstructured, path ...string) bool {
 }
 
 // The registry bounds reach the webhook as its flags, each list once,
-// comma-joined, with byte sizes as plain integers.
-func TestTheRegistryBoundsBecomeTheWebhooksFlags(t *testing.T) {
+// comma-joined, with byte sizes as plain integers; so do the sidecar's
+// sizes and ceilings, each only when set.
+func TestTheRegistryBoundsAndSidecarSizesBecomeTheWebhooksFlags(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
@@ -562,6 +563,15 @@ func TestTheRegistryBoundsBecomeTheWebhooksFlags(t *testing.T) {
 			"registry-insecure":         "registry.registry.svc:5000",
 			"registry-private":          "registry.registry.svc:5000",
 			"registry-max-config-bytes": "2097152",
+		}},
+		{"sidecar sizes by default: the webhook's", base(), map[string]string{
+			"agent-cpu-request": "", "agent-cpu-limit": "", "agent-memory-request": "", "agent-memory-limit": "",
+			"agent-max-cpu": "", "agent-max-memory": "",
+		}},
+		{"sidecar sizes and ceilings set", base("agent.cpuRequest", "50m", "agent.cpuLimit", "200m", "agent.memoryRequest", "32Mi",
+			"agent.memoryLimit", "96Mi", "agent.maxCPU", "2", "agent.maxMemory", "512Mi"), map[string]string{
+			"agent-cpu-request": "50m", "agent-cpu-limit": "200m", "agent-memory-request": "32Mi", "agent-memory-limit": "96Mi",
+			"agent-max-cpu": "2", "agent-max-memory": "512Mi",
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
