@@ -31,6 +31,8 @@ const (
 type jobMutator struct {
 	cache    client.Reader // the manager's cache: CronJobs
 	api      client.Reader // uncached reads: a just-created CronJob, pull secrets
+	// opts are defaulted and valid, once, when the handler is made (the
+	// webhook refuses to start with invalid ones), not on every review.
 	opts     Options
 	resolver *Resolver
 	events   events.EventRecorder

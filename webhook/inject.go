@@ -244,6 +244,10 @@ func Inject(job *batchv1.Job, cronJob *batchv1.CronJob, opts Options, entrypoint
 	if job == nil || cronJob == nil {
 		return nil, nil, errors.New("inject: job and cronJob must not be nil")
 	}
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("invalid webhook options: %w", err)
+	}
 	return newReview(job, cronJob).inject(opts, entrypoints)
 }
 
@@ -264,11 +268,10 @@ func newReview(job *batchv1.Job, cronJob *batchv1.CronJob) *review {
 		enabled: spec.Enabled(annotations), marker: injectionMarker(job)}
 }
 
+//
+// opts are defaulted and valid: Inject checks them, the admission handler
+// had them checked once at start.
 func (r *review) inject(opts Options, entrypoints map[string][]string) (*batchv1.Job, *Status, error) {
-	opts = opts.WithDefaults()
-	if err := opts.Validate(); err != nil {
-		return nil, nil, fmt.Errorf("invalid webhook options: %w", err)
-	}
 	switch {
 	case r.marker != nil:
 		return r.verify(opts)

@@ -110,7 +110,7 @@ func reviewBody(t testing.TB, kind string, op admissionv1.Operation, obj runtime
 }
 
 func testOptions() Options {
-	return Options{ClusterName: "dc-a", AgentImage: "registry.example/dislock:test", DBSecretName: DefaultDBSecretName, DBSecretKey: DefaultDBSecretKey}
+	return Options{ClusterName: "dc-a", AgentImage: "registry.example/dislock:test", DBSecretName: DefaultDBSecretName, DBSecretKey: DefaultDBSecretKey}.WithDefaults()
 }
 
 // cronJobAndJob returns an opted-in CronJob and the Job its controller

@@ -160,7 +160,7 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 		srv := mgr.GetWebhookServer()
 		dec := admission.NewDecoder(mgr.GetScheme())
 		srv.Register(MutateJobPath, &webhook.Admission{Handler: &jobMutator{
-			cache: mgr.GetClient(), api: mgr.GetAPIReader(), opts: cfg.Inject,
+			cache: mgr.GetClient(), api: mgr.GetAPIReader(), opts: cfg.Inject.WithDefaults(),
 			resolver: NewResolver(cfg.Resolver), events: mgr.GetEventRecorder("dislock-webhook"),
 		}})
 		srv.Register(ValidateCronJobPath, &webhook.Admission{Handler: &cronJobValidator{decoder: dec, opts: cfg.Inject}})
