@@ -396,16 +396,7 @@ func TestEntrypointConcurrentLookupsAgree(t *testing.T) {
 func TestEntrypointUsesPullSecrets(t *testing.T) {
 	t.Parallel()
 	const user, pass = "ci", "s3cret"
-	reg := startEPRegistry(t, func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if u, p, ok := r.BasicAuth(); !ok || u != user || p != pass {
-				w.Header().Set("WWW-Authenticate", `Basic realm="dislock-test"`)
-				http.Error(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`, http.StatusUnauthorized)
-				return
-			}
-			next.ServeHTTP(w, r)
-		})
-	})
+	reg := startEPRegistry(t, basicAuth(user, pass))
 	image := reg.host + "/private/app:1"
 	pushEPImage(t, image, v1.Config{Entrypoint: []string{"/bin/private"}}, remote.WithAuth(&authn.Basic{Username: user, Password: pass}))
 
@@ -670,5 +661,20 @@ func TestEntrypointCacheEvictsTheLeastRecentlyUsed(t *testing.T) {
 	c.add("c", imageEntrypoint{entrypoint: []string{"/c2"}})
 	if got, _ := c.get("c"); got.entrypoint[0] != "/c2" || c.len() != 2 {
 		t.Errorf("re-adding c: got %v, len %d", got, c.len())
+	}
+}
+
+// basicAuth wraps a registry so that it answers only requests with the
+// user's password, as a private registry does.
+func basicAuth(user, pass string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if u, p, ok := r.BasicAuth(); !ok || u != user || p != pass {
+				w.Header().Set("WWW-Authenticate", `Basic realm="dislock-test"`)
+				http.Error(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`, http.StatusUnauthorized)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
 	}
 }

@@ -500,16 +500,7 @@ func TestRegistryDestinationsAreBounded(t *testing.T) {
 func TestRegistryCacheNeverAnswersAnotherTenantsCredential(t *testing.T) {
 	t.Parallel()
 	const user, pass = "team-a", "s3cret"
-	reg := startEPRegistry(t, func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if u, p, ok := r.BasicAuth(); !ok || u != user || p != pass {
-				w.Header().Set("WWW-Authenticate", `Basic realm="dislock-test"`)
-				http.Error(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`, http.StatusUnauthorized)
-				return
-			}
-			next.ServeHTTP(w, r)
-		})
-	})
+	reg := startEPRegistry(t, basicAuth(user, pass))
 	private := pushEPImage(t, reg.host+"/team-a/private:1", v1.Config{Entrypoint: []string{"/bin/secret-job", "--token-file=/x"}},
 		remote.WithAuth(&authn.Basic{Username: user, Password: pass}))
 	secret := func(u, p string) [][]byte {
