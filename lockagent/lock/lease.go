@@ -118,12 +118,19 @@ func (s *Store) ListLeases(ctx context.Context) ([]Lease, time.Time, error) {
 	return list(ctx, s, "listing leases", scanLease, qListLeases)
 }
 
+// scanLease reads a row of leaseColumns and then extra; a row holding a
+// time no time.Time can hold is an *unreadableRow.
 func scanLease(row pgx.Row, l *Lease, extra ...any) error {
-	dest := append([]any{&l.Key, &l.Owner, &l.Token, &l.AcquiredAt, &l.ExpireAt}, extra...)
+	var problems []string
+	dest := append([]any{&l.Key, &l.Owner, &l.Token,
+		&finiteTime{column: "acquired_at", t: &l.AcquiredAt, problems: &problems},
+		&finiteTime{column: "expire_at", t: &l.ExpireAt, problems: &problems}}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return err
 	}
-	l.AcquiredAt, l.ExpireAt = l.AcquiredAt.UTC(), l.ExpireAt.UTC()
 	utc(extra)
+	if len(problems) > 0 {
+		return &unreadableRow{table: "leases", key: l.Key, problems: problems}
+	}
 	return nil
 }

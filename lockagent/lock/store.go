@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +33,9 @@ type Options struct {
 	// MigrationRetryFor bounds how long Migrate retries a migration whose
 	// lock wait timed out (DefaultMigrationRetryFor when 0).
 	MigrationRetryFor time.Duration
+	// Logger receives what the Store notes on the side, such as a row a
+	// listing leaves out (slog.Default() when nil).
+	Logger *slog.Logger
 }
 
 // Store runs the lock statements against one database.
@@ -42,6 +47,9 @@ type Store struct {
 	// warned holds, per connection, the WARNINGs the server sent while a
 	// write ran on it, joined (see writeRow).
 	warned sync.Map // *pgconn.PgConn -> string
+	// logger and skippedRows: see Options.Logger and SkippedRows.
+	logger      *slog.Logger
+	skippedRows atomic.Int64
 }
 
 // ParseDatabaseURL turns a libpq connection string (URL or key=value) into a
@@ -127,6 +135,9 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	}
 	if s.migrationRetryFor <= 0 {
 		s.migrationRetryFor = DefaultMigrationRetryFor
+	}
+	if s.logger = opts.Logger; s.logger == nil {
+		s.logger = slog.Default()
 	}
 	cfg.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) {
 		if n.SeverityUnlocalized == "WARNING" || n.Severity == "WARNING" {
@@ -274,7 +285,8 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
-// list runs a query whose rows end with now() and scans them with scan.
+// list runs a query whose rows end with now() and scans them with scan. A
+// row that cannot be read is left out (see unreadableRow).
 func list[T any](ctx context.Context, s *Store, op string, scan func(pgx.Row, *T, ...any) error, query string, args ...any) ([]T, time.Time, error) {
 	rows, err := s.pool.Query(ctx, query, args...)
 	if err != nil {
@@ -285,7 +297,11 @@ func list[T any](ctx context.Context, s *Store, op string, scan func(pgx.Row, *T
 	var dbTime time.Time
 	for rows.Next() {
 		var v T
-		if err := scan(rows, &v, &dbTime); err != nil {
+		var unreadable *unreadableRow
+		if err := scan(rows, &v, &dbTime); errors.As(err, &unreadable) {
+			s.skipRow(op, unreadable)
+			continue
+		} else if err != nil {
 			return nil, time.Time{}, s.classify(op, err)
 		}
 		out = append(out, v)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -373,6 +374,189 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 					t.Fatalf("Migrate once the reader committed: %v, %v", applied, err)
 				}
 			})
+		})
+	}
+}
+
+// A tenant may write every column of its own rows on INSERT and the time
+// columns on UPDATE, and the policies check only the key and the token. A
+// timestamptz column takes 'infinity' and '-infinity', which no time.Time
+// holds: one such row of one namespace made the owner's listings of every
+// namespace fail (the webhook's disagreement report, `dislock windows`,
+// `dislock leases`: "cannot scan Infinity into *time.Time"). Migration 4's
+// CHECK constraints refuse non-finite times and unbounded text in every
+// table a tenant writes, on INSERT and UPDATE alike, and the owner's
+// listings go on reporting every other namespace.
+func TestATenantCannotWriteATimestampTheOwnersListingsCannotRead(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		own := openStore(t, dsn, 2)
+		ns := namespace(t, "inf-a")
+		cred := provision(t, own, ns)
+		tenant := rawConn(t, mustTenantDSN(t, dsn, cred))
+		key := ns + "/report"
+
+		// The tenant's own rows as its agent writes them.
+		ts := tenantStore(t, dsn, cred)
+		job := lock.Owner{Cluster: "dc-a", Namespace: ns, Job: "report-1", JobUID: "uid-1", Pod: "pod-1"}
+		mustClaim(t, ts, key, window0, job, false, ttl, lock.Claimed)
+		if _, err := ts.AcquireLease(ctx, key, job, ttl); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ts.RecordView(ctx, key, "dc-a", lock.View{Schedule: "0 2 * * *", TimeZone: "UTC", Mode: "schedule"}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		// A real disagreement of another namespace, which must be reported.
+		other := namespace(t, "inf-b")
+		for _, c := range []struct{ cluster, zone string }{{"dc-a", "UTC"}, {"dc-b", "Europe/Berlin"}} {
+			if _, err := own.RecordView(ctx, other+"/report", c.cluster, lock.View{Schedule: "0 2 * * *", TimeZone: c.zone, Mode: "schedule"}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		refused := func(what, constraint, sql string, args ...any) {
+			t.Helper()
+			_, err := tenant.Exec(ctx, sql, args...)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != constraint {
+				t.Errorf("the tenant %s: %v, want refused by %s (check_violation)", what, err, constraint)
+			}
+		}
+		const now = "2026-12-02T12:00:00Z"
+		const insertWindow = `INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state,
+			claimed_at, alive_until, finished_at) VALUES ($1, $2::text::timestamptz, -1, 'o', 'c', 'p', 1, 'failed',
+			$3::text::timestamptz, $4::text::timestamptz, $5::text::timestamptz)`
+		const insertLease = `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at)
+			VALUES ($1, 'o', 1, $2::text::timestamptz, $3::text::timestamptz)`
+		for _, v := range []string{"infinity", "-infinity"} {
+			refused("inserting a window starting at "+v, "windows_finite_times", insertWindow, ns+"/w1"+v, v, now, now, now)
+			refused("inserting a window claimed at "+v, "windows_finite_times", insertWindow, ns+"/w2"+v, now, v, now, now)
+			refused("inserting a window alive until "+v, "windows_finite_times", insertWindow, ns+"/w3"+v, now, now, v, now)
+			refused("inserting a window finished at "+v, "windows_finite_times", insertWindow, ns+"/w4"+v, now, now, now, v)
+			refused("inserting a lease acquired at "+v, "leases_finite_times", insertLease, ns+"/l1"+v, v, now)
+			refused("inserting a lease expiring at "+v, "leases_finite_times", insertLease, ns+"/l2"+v, now, v)
+			refused("inserting a view seen at "+v, "views_finite_times",
+				`INSERT INTO dislock.views (lock_key, cluster, view, seen_at) VALUES ($1, 'dc-y', '{"mode":"lease"}', $2::text::timestamptz)`, ns+"/v"+v, v)
+			// The columns it may update on its own rows.
+			for _, col := range []string{"claimed_at", "alive_until", "finished_at"} {
+				refused("setting its window's "+col+" to "+v, "windows_finite_times",
+					`UPDATE dislock.windows SET `+col+` = $2::text::timestamptz WHERE lock_key = $1`, key, v)
+			}
+			for _, col := range []string{"acquired_at", "expire_at"} {
+				refused("setting its lease's "+col+" to "+v, "leases_finite_times",
+					`UPDATE dislock.leases SET `+col+` = $2::text::timestamptz WHERE lock_key = $1`, key, v)
+			}
+			refused("setting its view's seen_at to "+v, "views_finite_times",
+				`UPDATE dislock.views SET seen_at = $2::text::timestamptz WHERE lock_key = $1`, key, v)
+		}
+		long, longer := strings.Repeat("x", 513), strings.Repeat("x", 1025)
+		const insertWindowText = `INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state,
+			claimed_at, alive_until) VALUES ($1, now(), -1, $2, $3, $4, 1, 'failed', now(), now())`
+		refused("inserting a window of a 513-byte key", "windows_text_size", insertWindowText, ns+"/"+long, "o", "c", "p")
+		refused("inserting a window of a 1025-byte owner", "windows_text_size", insertWindowText, ns+"/t1", longer, "c", "p")
+		refused("inserting a window of a 513-byte cluster", "windows_text_size", insertWindowText, ns+"/t2", "o", long, "p")
+		refused("inserting a window of a 513-byte pod", "windows_text_size", insertWindowText, ns+"/t3", "o", "c", long)
+		refused("setting its window's owner to 1025 bytes", "windows_text_size", `UPDATE dislock.windows SET owner = $2 WHERE lock_key = $1`, key, longer)
+		refused("inserting a lease of a 1025-byte owner", "leases_text_size",
+			`INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES ($1, $2, 1, now(), now())`, ns+"/t4", longer)
+		refused("setting its lease's owner to 1025 bytes", "leases_text_size", `UPDATE dislock.leases SET owner = $2 WHERE lock_key = $1`, key, longer)
+		refused("inserting a view of a 513-byte cluster", "views_text_size",
+			`INSERT INTO dislock.views (lock_key, cluster, view, seen_at) VALUES ($1, $2, '{}', now())`, ns+"/t5", long)
+
+		// The owner's listings still read every namespace's rows.
+		views, err := own.ListDisagreements(ctx, time.Hour)
+		if err != nil {
+			t.Fatalf("the owner listing disagreements: %v", err)
+		}
+		found := false
+		for _, v := range views {
+			found = found || v.Key == other+"/report"
+		}
+		if !found {
+			t.Errorf("the disagreement of %s/report is not reported: %+v", other, views)
+		}
+		if ws, _, err := own.ListWindows(ctx, key, 10); err != nil || len(ws) != 1 || ws[0].Owner != job.String() {
+			t.Errorf("the owner listing the tenant's windows: %+v, %v; want its one claim", ws, err)
+		}
+		leases, _, err := own.ListLeases(ctx)
+		found = false
+		for _, l := range leases {
+			found = found || l.Key == key
+		}
+		if err != nil || !found {
+			t.Errorf("the owner listing leases: %v; the tenant's lease found: %v", err, found)
+		}
+	})
+}
+
+// Should a row no time.Time can hold get in anyway (by hand, or written
+// before the constraints on a database where they were dropped), each owner
+// listing leaves that row out, logs it naming the key and the column, and
+// counts it, instead of failing for every namespace; a read of the row
+// itself fails naming the column. Its own server: the constraints are
+// dropped there.
+func TestOwnersListingsLeaveOutARowTheyCannotRead(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.New(t, pgtest.Options{Name: "unreadable"})
+	ctx := context.Background()
+	openStore(t, srv.DirectDSN(), 1) // migrates
+	ownerConn := rawConn(t, srv.DirectDSN())
+	for _, c := range []string{"windows_finite_times ON dislock.windows", "leases_finite_times ON dislock.leases", "views_finite_times ON dislock.views"} {
+		table, constraint := strings.Split(c, " ON ")[1], strings.Split(c, " ON ")[0]
+		if _, err := ownerConn.Exec(ctx, `ALTER TABLE `+table+` DROP CONSTRAINT `+constraint); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ownerConn.Exec(ctx, `
+		INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until) VALUES
+			('good/report', '2026-12-02T12:00:00Z', -1, 'o', 'c', 'p', 1, 'failed', now(), now()),
+			('bad/report', 'infinity', -1, 'o', 'c', 'p', 1, 'failed', now(), now());
+		INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES
+			('good/report', 'o', 1, now(), now()), ('bad/report', 'o', 1, now(), '-infinity');
+		INSERT INTO dislock.views (lock_key, cluster, view, seen_at) VALUES
+			('good/report', 'dc-a', '{"timeZone":"UTC"}', now()), ('good/report', 'dc-b', '{"timeZone":"Europe/Berlin"}', now()),
+			('bad/report', 'dc-a', '{"timeZone":"UTC"}', 'infinity'), ('bad/report', 'dc-b', '{"timeZone":"Asia/Tokyo"}', 'infinity')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			var logged strings.Builder
+			s, err := lock.Open(ctx, tg.DSN, lock.Options{MaxConns: 1, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			keys := func(n int, key func(int) string) []string {
+				var out []string
+				for i := range n {
+					out = append(out, key(i))
+				}
+				return out
+			}
+			ws, _, err := s.ListWindows(ctx, "", 10)
+			if got := keys(len(ws), func(i int) string { return ws[i].Key }); err != nil || fmt.Sprint(got) != "[good/report]" {
+				t.Errorf("ListWindows: %v, %v; want [good/report]", got, err)
+			}
+			ls, _, err := s.ListLeases(ctx)
+			if got := keys(len(ls), func(i int) string { return ls[i].Key }); err != nil || fmt.Sprint(got) != "[good/report]" {
+				t.Errorf("ListLeases: %v, %v; want [good/report]", got, err)
+			}
+			vs, err := s.ListDisagreements(ctx, time.Hour)
+			if got := keys(len(vs), func(i int) string { return vs[i].Key + "@" + vs[i].Cluster }); err != nil ||
+				fmt.Sprint(got) != "[good/report@dc-a good/report@dc-b]" {
+				t.Errorf("ListDisagreements: %v, %v; want good/report's two views", got, err)
+			}
+			if n := s.SkippedRows(); n != 4 {
+				t.Errorf("SkippedRows: %d, want 4 (a window, a lease, two views)", n)
+			}
+			for _, want := range []string{`key=bad/report`, "window_start is infinity", "expire_at is -infinity", "seen_at is infinity", "table=dislock.views"} {
+				if !strings.Contains(logged.String(), want) {
+					t.Errorf("the log does not say %q:\n%s", want, logged.String())
+				}
+			}
+			if _, _, err := s.GetLease(ctx, "bad/report"); err == nil || !strings.Contains(err.Error(), "expire_at is -infinity") {
+				t.Errorf("reading the unreadable lease: %v, want an error naming expire_at", err)
+			}
 		})
 	}
 }

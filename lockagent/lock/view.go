@@ -68,8 +68,11 @@ func (s *Store) ListDisagreements(ctx context.Context, recency time.Duration) ([
 	return s.views(ctx, "listing disagreeing views", qListDisagreements, micros(recency))
 }
 
-// views runs a query returning (lock_key, cluster, view, seen_at) rows; a row
-// whose view does not decode is skipped.
+// views runs a query returning (lock_key, cluster, view, seen_at) rows. A
+// row whose view does not decode, or whose seen_at no time.Time can hold,
+// was not written by an agent (by hand, or by a tenant into its own key):
+// it is left out, logged and counted, so that it cannot hide every other
+// key's report.
 func (s *Store) views(ctx context.Context, op, query string, args ...any) ([]ClusterView, error) {
 	rows, err := s.pool.Query(ctx, query, args...)
 	if err != nil {
@@ -80,16 +83,17 @@ func (s *Store) views(ctx context.Context, op, query string, args ...any) ([]Clu
 	for rows.Next() {
 		var cv ClusterView
 		var raw string
-		if err := rows.Scan(&cv.Key, &cv.Cluster, &raw, &cv.SeenAt); err != nil {
+		var problems []string
+		if err := rows.Scan(&cv.Key, &cv.Cluster, &raw, &finiteTime{column: "seen_at", t: &cv.SeenAt, problems: &problems}); err != nil {
 			return nil, s.classify(op, err)
 		}
 		if err := json.Unmarshal([]byte(raw), &cv.View); err != nil {
-			// Not written by an agent (by hand, or by a tenant into its own
-			// key): left out, so that it cannot hide every other key's
-			// report.
+			problems = append(problems, "view does not decode ("+err.Error()+")")
+		}
+		if len(problems) > 0 {
+			s.skipRow(op, &unreadableRow{table: "views", key: cv.Key, problems: problems})
 			continue
 		}
-		cv.SeenAt = cv.SeenAt.UTC()
 		out = append(out, cv)
 	}
 	return out, s.classify(op, rows.Err())

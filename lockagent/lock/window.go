@@ -235,20 +235,25 @@ func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (
 	return tag.RowsAffected(), nil
 }
 
+// scanWindow reads a row of windowColumns and then extra; a row holding a
+// time no time.Time can hold is an *unreadableRow.
 func scanWindow(row pgx.Row, w *Window, extra ...any) error {
 	var state string
-	dest := append([]any{&w.Key, &w.Start, &w.Index, &w.Owner, &w.Cluster, &w.Pod, &w.Token, &state,
-		&w.ClaimedAt, &w.AliveUntil, &w.FinishedAt, &w.ExitCode}, extra...)
+	var problems []string
+	dest := append([]any{&w.Key, &finiteTime{column: "window_start", t: &w.Start, problems: &problems},
+		&w.Index, &w.Owner, &w.Cluster, &w.Pod, &w.Token, &state,
+		&finiteTime{column: "claimed_at", t: &w.ClaimedAt, problems: &problems},
+		&finiteTime{column: "alive_until", t: &w.AliveUntil, problems: &problems},
+		&finiteTime{column: "finished_at", nullable: &w.FinishedAt, problems: &problems},
+		&w.ExitCode}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return err
 	}
 	w.State = State(state)
-	w.Start, w.ClaimedAt, w.AliveUntil = w.Start.UTC(), w.ClaimedAt.UTC(), w.AliveUntil.UTC()
-	if w.FinishedAt != nil {
-		t := w.FinishedAt.UTC()
-		w.FinishedAt = &t
-	}
 	utc(extra)
+	if len(problems) > 0 {
+		return &unreadableRow{table: "windows", key: w.Key, problems: problems}
+	}
 	return nil
 }
 

@@ -147,6 +147,35 @@ GRANT SELECT ON dislock.schema_migrations TO dislock_tenant;
 ALTER TABLE dislock.views DROP CONSTRAINT IF EXISTS views_size,
     ADD CONSTRAINT views_size CHECK (octet_length(view::text) <= 4096) NOT VALID;
 
+-- Every row a tenant can write is one the owner can read back. Time:
+-- timestamptz takes 'infinity' and '-infinity', which no Go time.Time (nor
+-- any agent's statement, whose times all come from now()) holds; one such
+-- row made the owner's listings of every namespace fail (the webhook's
+-- disagreement report, `dislock windows`, `dislock leases`). Text: bounded
+-- far above what an agent writes (a key is at most 328 bytes, a cluster 63,
+-- a pod 253, an owner string the five parts joined by '/'), so that no row
+-- makes the owner's reads allocate without limit. Characters are not
+-- restricted here: the CLI escapes what it prints. CHECK constraints, not
+-- the policies' WITH CHECK: they hold for every role that writes, the
+-- owner and schema version 3 agents included, and they also hold on an
+-- UPDATE of one column (the tenants' column rights). NOT VALID: only
+-- tenants could have written such values, and tenants arrive with this
+-- migration, so no existing row needs a scan (nor the long lock one takes).
+ALTER TABLE dislock.windows DROP CONSTRAINT IF EXISTS windows_finite_times,
+    ADD CONSTRAINT windows_finite_times CHECK (isfinite(window_start) AND isfinite(claimed_at)
+        AND isfinite(alive_until) AND (finished_at IS NULL OR isfinite(finished_at))) NOT VALID,
+    DROP CONSTRAINT IF EXISTS windows_text_size,
+    ADD CONSTRAINT windows_text_size CHECK (octet_length(lock_key) <= 512 AND octet_length(cluster) <= 512
+        AND octet_length(pod) <= 512 AND octet_length(owner) <= 1024) NOT VALID;
+ALTER TABLE dislock.leases DROP CONSTRAINT IF EXISTS leases_finite_times,
+    ADD CONSTRAINT leases_finite_times CHECK (isfinite(acquired_at) AND isfinite(expire_at)) NOT VALID,
+    DROP CONSTRAINT IF EXISTS leases_text_size,
+    ADD CONSTRAINT leases_text_size CHECK (octet_length(lock_key) <= 512 AND octet_length(owner) <= 1024) NOT VALID;
+ALTER TABLE dislock.views DROP CONSTRAINT IF EXISTS views_finite_times,
+    ADD CONSTRAINT views_finite_times CHECK (isfinite(seen_at)) NOT VALID,
+    DROP CONSTRAINT IF EXISTS views_text_size,
+    ADD CONSTRAINT views_text_size CHECK (octet_length(lock_key) <= 512 AND octet_length(cluster) <= 512) NOT VALID;
+
 -- Where the owner owns schema public (it owns the database), nobody else
 -- may create there: on PostgreSQL 14 and older, and databases upgraded from
 -- them, PUBLIC may, and an operator or function planted in public could
