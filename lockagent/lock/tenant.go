@@ -232,8 +232,12 @@ func (s *Store) SupersedeTenantRoles(ctx context.Context, cluster, namespace str
 // (DB time); returns the dropped role names. Each role is dropped in a
 // transaction of its own, so one that cannot be dropped (it owns objects a
 // DBA must deal with) does not keep the others alive; the error names it.
-// A session still open with a dropped role can do nothing more: the rights
-// came from dislock_tenant, and the role no longer maps to a namespace.
+// A role whose drop waited TenantLockTimeout for a lock (a session of the
+// role holds its role locked) stays live, and the error says so: the
+// provisioning of every other namespace waits behind a drop, so it is not
+// left waiting longer. A session still open with a dropped role can do
+// nothing more: the rights came from dislock_tenant, and the role no
+// longer maps to a namespace.
 func (s *Store) RetireTenantRoles(ctx context.Context, cluster, namespace string, grace time.Duration) ([]string, error) {
 	if err := validateTenant(cluster, namespace); err != nil {
 		return nil, fmt.Errorf("retiring tenant roles: %w", err)
@@ -260,7 +264,7 @@ func (s *Store) RetireTenantRoles(ctx context.Context, cluster, namespace string
 				return err // another provisioner retired it meanwhile
 			}
 			retired = true
-			return tx.Conn().PgConn().Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize()).Close()
+			return dropTenantRole(ctx, tx, role)
 		})
 		switch {
 		case err != nil:
@@ -300,8 +304,9 @@ WHERE t.role_name = $1::text AND t.retired_at IS NULL AND t.superseded_at IS NOT
 // Secret replaced again and again would otherwise keep every generation
 // alive for the whole grace. The generation in use (not superseded) is never
 // dropped here, whatever `keep` is. As in RetireTenantRoles, each role is
-// dropped in a transaction of its own and the error names any that could
-// not be.
+// dropped in a transaction of its own, a drop waits at most
+// TenantLockTimeout for a lock, and the error names any role that could
+// not be dropped and why.
 func (s *Store) RetireTenantRolesBeyond(ctx context.Context, cluster, namespace string, keep int) ([]TenantRole, error) {
 	if err := validateTenant(cluster, namespace); err != nil {
 		return nil, fmt.Errorf("retiring tenant roles beyond a count: %w", err)
@@ -337,7 +342,7 @@ func (s *Store) RetireTenantRolesBeyond(ctx context.Context, cluster, namespace 
 				return err // retired meanwhile, or no longer beyond the newest keep
 			}
 			retired = true
-			return tx.Conn().PgConn().Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{r.Role}.Sanitize()).Close()
+			return dropTenantRole(ctx, tx, r.Role)
 		})
 		switch {
 		case err != nil:
@@ -349,16 +354,68 @@ func (s *Store) RetireTenantRolesBeyond(ctx context.Context, cluster, namespace 
 	return dropped, errors.Join(errs...)
 }
 
+// Server-side bounds of every transaction that changes the tenants' roles.
+// They hold the table lock that serialises every namespace's provisioning in
+// every cluster, so no wait inside one may be left to the client: a client
+// whose context ends closes its connection, and a backend waiting for a
+// lock does not notice that until the lock is granted. A tenant can hold a
+// lock on its own role (ALTER ROLE CURRENT_USER SET ... in an open
+// transaction, which any role may do for itself), and DROP ROLE waits for
+// it: unbounded, every other namespace's provisioning waited behind it.
+const (
+	// TenantLockTimeout bounds each wait for a lock while the tenants'
+	// table lock is held (lock_timeout, SQLSTATE 55P03 when it passes): a
+	// role a tenant's session holds locked is not dropped this time, and
+	// the provisioners queued behind wait this long at most.
+	TenantLockTimeout = 3 * time.Second
+	// tenantQueueTimeout bounds the wait for the tenants' table lock
+	// itself. Longer than TenantLockTimeout: the transaction ahead may be
+	// waiting out its own lock timeout, and the queue must not give up
+	// just before it lets go.
+	tenantQueueTimeout = 20 * time.Second
+	// tenantStatementTimeout bounds every statement (statement_timeout)
+	// and every pause between statements (idle_in_transaction_session_timeout:
+	// a client gone without closing its connection, behind a partition)
+	// of such a transaction, above both lock waits.
+	tenantStatementTimeout = 30 * time.Second
+)
+
+// qTenantTxBegin opens a tenants' transaction: the bounds, then the table
+// lock, then the shorter wait for every lock after it. SET LOCAL ends with
+// the transaction, also behind PgBouncer's transaction pooling. Sent in
+// one round trip with the simple protocol.
+var qTenantTxBegin = fmt.Sprintf(`SET LOCAL statement_timeout = %d;
+SET LOCAL idle_in_transaction_session_timeout = %d;
+SET LOCAL lock_timeout = %d;
+%s;
+SET LOCAL lock_timeout = %d`, tenantStatementTimeout.Milliseconds(), tenantStatementTimeout.Milliseconds(),
+	tenantQueueTimeout.Milliseconds(), qTenantLock, TenantLockTimeout.Milliseconds())
+
+// dropTenantRole drops a role inside a tenants' transaction (the caller's
+// op names the role). A lock timeout says whose lock it was most likely and what happens next: the
+// transaction rolls back, so the role stays live (neither retired nor
+// dropped) and is tried again at the next reconcile.
+func dropTenantRole(ctx context.Context, tx pgx.Tx, role string) error {
+	err := tx.Conn().PgConn().Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize()).Close()
+	if lockTimedOut(err) {
+		return fmt.Errorf("gave up after %s (lock_timeout) waiting for a lock on role %s, "+
+			"most likely held by a session of the role itself (e.g. an open transaction that ran ALTER ROLE CURRENT_USER); "+
+			"the role stays live and is dropped at a later reconcile: %w", TenantLockTimeout, role, err)
+	}
+	return err
+}
+
 // tenantTx runs fn in one transaction holding the (cluster, namespace)
 // lock. A transaction keeps one server connection in PgBouncer's
-// transaction pooling too, and nothing in it outlives the commit.
+// transaction pooling too, and nothing in it outlives the commit. Every
+// wait in it is bounded on the server (see TenantLockTimeout).
 func (s *Store) tenantTx(ctx context.Context, op, cluster, namespace string, fn func(pgx.Tx) error) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return s.classify(op, err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit this is a no-op
-	if _, err := tx.Exec(ctx, qTenantLock); err != nil {
+	if err := tx.Conn().PgConn().Exec(ctx, qTenantTxBegin).Close(); err != nil {
 		return s.classify(op, err)
 	}
 	if err := fn(tx); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -559,4 +560,128 @@ func TestOwnersListingsLeaveOutARowTheyCannotRead(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A tenant can hold a lock on its own role (ALTER ROLE CURRENT_USER SET
+// ..., which any role may do for itself, in a transaction it keeps busy).
+// DROP ROLE waits for that lock, and it runs holding the table lock that
+// serialises every namespace's provisioning in every cluster: every other
+// namespace's ProvisionTenant waited behind it, even after the retiring
+// client gave up, since the server does not notice a closed connection
+// while it waits for a lock. Each provisioning transaction now bounds its
+// lock waits on the server: the drop gives up after TenantLockTimeout, the
+// error names the role and the cause, the role stays live, another
+// namespace's provisioning goes through well within the tenant's hold, and
+// the retirement succeeds once the tenant lets go.
+func TestATenantHoldingALockOnItsOwnRoleDoesNotStallOtherNamespacesProvisioning(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		own := openStore(t, dsn, 4)
+		ownerConn := rawConn(t, dsn)
+		ns := namespace(t, "stall-a")
+		g1 := provision(t, own, ns)
+
+		// The tenant locks its own role and keeps the transaction busy
+		// (idle timeouts do not end it) until the test lets go.
+		tx, err := rawConn(t, mustTenantDSN(t, dsn, g1)).Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `ALTER ROLE CURRENT_USER SET application_name = 'x'`); err != nil {
+			t.Fatalf("the tenant altering its own role: %v", err)
+		}
+		letGo, released := make(chan struct{}), make(chan error, 1)
+		go func() {
+			for {
+				select {
+				case <-letGo:
+					released <- tx.Rollback(ctx)
+					return
+				default:
+				}
+				if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.2)`); err != nil {
+					released <- err
+					return
+				}
+			}
+		}()
+		const hold = 2 * time.Minute // the tenant would hold it this long
+		stopped := sync.OnceFunc(func() {
+			close(letGo)
+			if err := <-released; err != nil {
+				t.Errorf("the tenant letting go: %v", err)
+			}
+		})
+		t.Cleanup(stopped)
+		holdUntil := time.Now().Add(hold)
+
+		for range 3 {
+			provision(t, own, ns)
+		}
+		// The webhook makes room for a new generation (keep 3): g1 is due.
+		retired := make(chan error, 1)
+		go func() {
+			rctx, cancel := context.WithTimeout(ctx, hold)
+			defer cancel()
+			_, err := own.RetireTenantRolesBeyond(rctx, "dc-a", ns, 3)
+			retired <- err
+		}()
+		awaitCond(t, "DROP ROLE waiting for the tenant's lock on its role", func() bool {
+			var n int
+			err := ownerConn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE query LIKE 'DROP ROLE%' AND wait_event_type = 'Lock'`).Scan(&n)
+			return err == nil && n > 0
+		})
+
+		// Another namespace, another cluster, queued behind the drop.
+		other := namespace(t, "stall-b")
+		began := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, hold)
+		defer cancel()
+		_, perr := own.ProvisionTenant(pctx, "dc-b", other)
+		took := time.Since(began)
+		if perr != nil {
+			t.Fatalf("provisioning namespace %s in cluster dc-b while the drop waits (after %s): %v", other, took, perr)
+		}
+		t.Logf("provisioning namespace %s in cluster dc-b queued behind the drop took %s (lock_timeout %s, the tenant holds its lock for %s)",
+			other, took.Round(time.Millisecond), lock.TenantLockTimeout, hold)
+		if limit := 5 * lock.TenantLockTimeout; took > limit {
+			t.Errorf("provisioning another namespace took %s, want well under the tenant's hold (%s), at most %s", took, hold, limit)
+		}
+
+		rerr := <-retired
+		var pgErr *pgconn.PgError
+		if !errors.As(rerr, &pgErr) || pgErr.Code != "55P03" || errors.Is(rerr, lock.ErrUnavailable) {
+			t.Fatalf("retiring %s while its tenant holds its lock: %v, want a lock timeout (55P03), not unavailable", g1.Role, rerr)
+		}
+		for _, want := range []string{g1.Role, "lock_timeout", "ALTER ROLE CURRENT_USER", "stays live"} {
+			if !strings.Contains(rerr.Error(), want) {
+				t.Errorf("the error does not say %q: %v", want, rerr)
+			}
+		}
+		t.Logf("retiring while the tenant holds its lock: %v", rerr)
+		if time.Now().After(holdUntil) {
+			t.Fatalf("the retirement returned only after the tenant's hold")
+		}
+		awaitCond(t, "no DROP ROLE left waiting on the server", func() bool {
+			var n int
+			err := ownerConn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'DROP ROLE%' AND state = 'active'`).Scan(&n)
+			return err == nil && n == 0
+		})
+		roles, err := own.TenantRoles(ctx, "dc-a", ns)
+		if err != nil || len(roles) != 4 || roles[3].Role != g1.Role {
+			t.Fatalf("the namespace's live roles after the failed drop: %+v, %v; want 4, %s still among them", roles, err, g1.Role)
+		}
+
+		// The tenant lets go: the next reconcile drops the role.
+		stopped()
+		dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 3)
+		if err != nil || len(dropped) != 1 || dropped[0].Role != g1.Role {
+			t.Fatalf("retiring once the tenant let go: %+v, %v; want %s dropped", dropped, err, g1.Role)
+		}
+		var exists bool
+		if err := ownerConn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1)`, g1.Role).Scan(&exists); err != nil || exists {
+			t.Errorf("role %s exists after the retirement: %v, %v", g1.Role, exists, err)
+		}
+	})
 }
