@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -29,8 +30,8 @@ const (
 
 // jobMutator injects the lock agent into Jobs of opted-in CronJobs.
 type jobMutator struct {
-	cache    client.Reader // the manager's cache: CronJobs
-	api      client.Reader // uncached reads: a just-created CronJob, pull secrets
+	cache client.Reader // the manager's cache: CronJobs
+	api   client.Reader // uncached reads: a just-created CronJob, pull secrets
 	// opts are defaulted and valid, once, when the handler is made (the
 	// webhook refuses to start with invalid ones), not on every review.
 	opts     Options
@@ -175,20 +176,51 @@ func (m *jobMutator) entrypoints(ctx context.Context, r *review) (map[string][]s
 	return m.resolver.Entrypoints(ctx, need, secrets)
 }
 
+// Bounds on the pull secrets one review reads: each is a read of the API
+// server and a copy in the webhook's memory, and a Job may list any number
+// of them, the same one many times.
+const (
+	maxPullSecrets     = 16
+	maxPullSecretBytes = 1 << 20 // in all
+)
+
+// pullSecrets reads the docker configs of the pod template's
+// imagePullSecrets, each name once, within maxPullSecrets and
+// maxPullSecretBytes.
 func (m *jobMutator) pullSecrets(ctx context.Context, job *batchv1.Job) ([][]byte, error) {
-	var out [][]byte
+	var names []string
 	for _, ref := range job.Spec.Template.Spec.ImagePullSecrets {
+		if !slices.Contains(names, ref.Name) {
+			names = append(names, ref.Name)
+		}
+	}
+	if len(names) > maxPullSecrets {
+		return nil, fmt.Errorf("the pod template lists %d image pull secrets; to read an image's entrypoint the webhook uses at most %d: "+
+			"set the container's command, or the annotation %s on the CronJob", len(names), maxPullSecrets, spec.AnnotationEntrypoint)
+	}
+	var out [][]byte
+	total := 0
+	for _, name := range names {
 		s := &corev1.Secret{}
-		if err := m.api.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: ref.Name}, s); err != nil {
+		if err := m.api.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: name}, s); err != nil {
 			if apierrors.IsNotFound(err) {
 				continue // the kubelet ignores a missing pull secret too
 			}
-			return nil, fmt.Errorf("reading image pull secret %s: %w", ref.Name, err)
+			return nil, fmt.Errorf("reading image pull secret %s: %w", name, err)
+		}
+		if s.Type != corev1.SecretTypeDockerConfigJson && s.Type != corev1.SecretTypeDockercfg {
+			continue // the kubelet reads only these types too
 		}
 		for _, k := range []string{corev1.DockerConfigJsonKey, corev1.DockerConfigKey} {
-			if b, ok := s.Data[k]; ok {
-				out = append(out, b)
+			b, ok := s.Data[k]
+			if !ok {
+				continue
 			}
+			if total += len(b); total > maxPullSecretBytes {
+				return nil, fmt.Errorf("the pod template's image pull secrets hold more than %d bytes of registry credentials, more than the webhook reads: "+
+					"set the container's command, or the annotation %s on the CronJob", maxPullSecretBytes, spec.AnnotationEntrypoint)
+			}
+			out = append(out, b)
 		}
 	}
 	return out, nil

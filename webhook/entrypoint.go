@@ -223,13 +223,26 @@ func (r *Resolver) Entrypoints(ctx context.Context, containers []corev1.Containe
 	}
 	results := make(map[string]*result, len(containers))
 	var wg sync.WaitGroup
+	// One review holds at most maxLookupsPerReview of the webhook's shared
+	// slots: a Job with many images from a registry that never answers
+	// cannot take them all from other namespaces' reviews.
+	mine := make(chan struct{}, maxLookupsPerReview)
 	for _, c := range containers {
 		if _, ok := results[c.Image]; ok {
 			continue
 		}
 		res := &result{}
 		results[c.Image] = res
-		wg.Go(func() { res.cfg, res.err = r.imageConfig(ctx, c.Image, kc) })
+		wg.Go(func() {
+			select {
+			case mine <- struct{}{}:
+				defer func() { <-mine }()
+			case <-ctx.Done():
+				res.err = registryErr(RegistryTimeout, ctx.Err(), "the review's other registry lookups took its whole budget")
+				return
+			}
+			res.cfg, res.err = r.imageConfig(ctx, c.Image, kc)
+		})
 	}
 	wg.Wait()
 	out := make(map[string][]string, len(containers))
@@ -307,14 +320,17 @@ func (r *Resolver) imageConfig(ctx context.Context, image string, kc authn.Keych
 		}
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
+	// The wait for a slot spends the review's budget, not the lookup's
+	// timeout: a lookup that waited behind other reviews' slow registries
+	// still gets its whole timeout once it starts.
 	select {
 	case r.slots <- struct{}{}:
 		defer func() { <-r.slots }()
 	case <-ctx.Done():
 		return imageEntrypoint{}, registryErr(RegistryTimeout, ctx.Err(), "the webhook was too busy with other registry lookups to start this one in time")
 	}
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
 	lt := &lookupTransport{g: r.transport}
 	cfg, err := r.fetch(ctx, ref, kc, cred, lt)
 	if err != nil {
@@ -391,7 +407,53 @@ func (r *Resolver) fetch(ctx context.Context, ref name.Reference, kc authn.Keych
 type manifestOrIndex struct {
 	MediaType types.MediaType `json:"mediaType"`
 	Config    *v1.Descriptor  `json:"config"`
-	Manifests []v1.Descriptor `json:"manifests"`
+	// Manifests is an index's entries, read one at a time (indexEntries):
+	// decoded all at once, a few bytes of JSON per empty entry become a
+	// whole descriptor each, and a 4 MiB index took half a gigabyte.
+	Manifests json.RawMessage `json:"manifests"`
+}
+
+// indexEntry is what the webhook reads of an index's entry.
+type indexEntry struct {
+	Digest   v1.Hash      `json:"digest"`
+	Size     int64        `json:"size"`
+	Platform *v1.Platform `json:"platform"`
+}
+
+// maxIndexEntries bounds the entries of an index the webhook reads; real
+// indexes have a few dozen (platforms and attestations).
+const maxIndexEntries = 1024
+
+// maxLookupsPerReview bounds how many of the webhook's shared lookup slots
+// one review holds at a time.
+const maxLookupsPerReview = 4
+
+// platformEntry returns the first entry of an index's manifests that is for
+// platform, reading the entries one at a time.
+func platformEntry(manifests json.RawMessage, platform v1.Platform) (*indexEntry, error) {
+	dec := json.NewDecoder(bytes.NewReader(manifests))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		return nil, registryErr(RegistryInvalid, err, "the image index's manifests are not a list")
+	}
+	for n := 0; dec.More(); n++ {
+		if n == maxIndexEntries {
+			return nil, registryErr(RegistryTooLarge, nil, "the image index has more than %d entries", maxIndexEntries)
+		}
+		var e indexEntry
+		if err := dec.Decode(&e); err != nil {
+			return nil, registryErr(RegistryInvalid, err, "the image index's entry %d is not valid JSON", n)
+		}
+		// An entry without a platform is linux/amd64, as go-containerregistry
+		// and the container runtimes read it.
+		p := v1.Platform{OS: "linux", Architecture: "amd64"}
+		if e.Platform != nil {
+			p = *e.Platform
+		}
+		if p.Satisfies(platform) {
+			return &e, nil
+		}
+	}
+	return nil, nil
 }
 
 func parseManifest(d *remote.Descriptor) (manifestOrIndex, bool, error) {
@@ -400,7 +462,7 @@ func parseManifest(d *remote.Descriptor) (manifestOrIndex, bool, error) {
 		return m, false, registryErr(RegistryInvalid, err, "the registry's manifest is not valid JSON")
 	}
 	mt := cmp.Or(d.MediaType, m.MediaType)
-	isIndex := mt.IsIndex() || (m.Config == nil && m.Manifests != nil)
+	isIndex := mt.IsIndex() || (m.Config == nil && len(m.Manifests) > 0 && string(m.Manifests) != "null")
 	if !isIndex && m.Config == nil {
 		return m, false, registryErr(RegistryInvalid, nil, "the manifest (%s) has no image config", mt)
 	}
@@ -411,27 +473,21 @@ func parseManifest(d *remote.Descriptor) (manifestOrIndex, bool, error) {
 // index, the entry for r.platform. Only one level of index is followed, and
 // the entry's size is checked before it is fetched. An index's cost is
 // bounded by its bytes (MaxManifestBytes): it is decoded once and scanned
-// once, whatever the number of entries.
+// once, entry by entry, up to maxIndexEntries.
 func (r *Resolver) imageManifest(ctx context.Context, puller *remote.Puller, repo name.Repository, got *remote.Descriptor) (manifestOrIndex, error) {
 	m, isIndex, err := parseManifest(got)
 	if err != nil || !isIndex {
 		return m, err
 	}
-	var child *v1.Descriptor
-	for i := range m.Manifests {
-		// An entry without a platform is linux/amd64, as go-containerregistry
-		// and the container runtimes read it.
-		p := v1.Platform{OS: "linux", Architecture: "amd64"}
-		if m.Manifests[i].Platform != nil {
-			p = *m.Manifests[i].Platform
-		}
-		if p.Satisfies(r.platform) {
-			child = &m.Manifests[i]
-			break
-		}
+	child, err := platformEntry(m.Manifests, r.platform)
+	if err != nil {
+		return manifestOrIndex{}, err
 	}
 	if child == nil {
 		return manifestOrIndex{}, registryErr(RegistryNotFound, nil, "the image index has no image for platform %s", r.platform.String())
+	}
+	if child.Digest.Algorithm == "" || child.Digest.Hex == "" {
+		return manifestOrIndex{}, registryErr(RegistryInvalid, nil, "the image index's entry for %s has no digest", r.platform.String())
 	}
 	if child.Size > r.maxManifest {
 		return manifestOrIndex{}, registryErr(RegistryTooLarge, nil, "the image index declares a %s manifest of %d bytes, more than the %d the webhook reads", r.platform.String(), child.Size, r.maxManifest)

@@ -268,7 +268,7 @@ func newReview(job *batchv1.Job, cronJob *batchv1.CronJob) *review {
 		enabled: spec.Enabled(annotations), marker: injectionMarker(job)}
 }
 
-//
+// inject injects the Job under review, or checks the injection it carries.
 // opts are defaulted and valid: Inject checks them, the admission handler
 // had them checked once at start.
 func (r *review) inject(opts Options, entrypoints map[string][]string) (*batchv1.Job, *Status, error) {

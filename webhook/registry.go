@@ -128,11 +128,22 @@ func validateHostPatterns(what string, ps []string) error {
 
 // splitHostPort splits "host:port", "[v6]:port", "host" and "[v6]"; the port
 // is "" when absent. A bare IPv6 address has no port.
+//
+// The host is canonical, so that a list entry and a name that reach the same
+// place compare equal: without a trailing dot ("registry.example." resolves
+// as "registry.example"), and an IP address in its shortest form, an IPv4
+// address mapped into IPv6 as plain IPv4.
 func splitHostPort(hostport string) (host, port string) {
 	if h, p, err := net.SplitHostPort(hostport); err == nil {
-		return strings.Trim(h, "[]"), p
+		host, port = h, p
+	} else {
+		host = hostport
 	}
-	return strings.Trim(hostport, "[]"), ""
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+	}
+	return host, port
 }
 
 // destinationPolicy decides which hosts a lookup may contact, and how.
@@ -204,7 +215,11 @@ func (p *destinationPolicy) checkRedirect(ctx context.Context, u *url.URL) error
 // cluster nor a later change of its answer (rebinding) gets around it.
 func (p *destinationPolicy) checkAddress(hostport string, ip netip.Addr) error {
 	ip = ip.Unmap()
+	_, port := splitHostPort(hostport)
 	switch {
+	// A denied address is denied under any name that resolves to it.
+	case p.denied.match(net.JoinHostPort(ip.String(), port)):
+		return registryErr(RegistryNotAllowed, nil, "the registry, or a redirect or token server it names, resolves to an address on the webhook's deny list")
 	// Link-local addresses hold cloud metadata services (169.254.169.254)
 	// and are never a registry: refused whatever the lists say.
 	case ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsInterfaceLocalMulticast() ||

@@ -589,6 +589,11 @@ func TestRegistryHostPatterns(t *testing.T) {
 		{[]string{"10.0.0.*"}, "10.0.0.7:5000", true},
 		{[]string{"127.0.0.1:*"}, "127.0.0.1:39999", true},
 		{[]string{"::1"}, "[::1]:5000", true},
+		// A trailing dot and a mapped IPv4 address reach the same place as
+		// the plain forms, so a deny entry holds for them too.
+		{[]string{"registry.blocked.example"}, "registry.blocked.example.:443", true},
+		{[]string{"*.blocked.example"}, "Registry.Blocked.Example.:443", true},
+		{[]string{"127.0.0.1"}, "[::ffff:127.0.0.1]:5000", true},
 		{nil, "registry.example.com:443", false},
 	}
 	for _, tt := range tests {
@@ -605,4 +610,38 @@ func mustParse(t *testing.T, ref string) name.Reference {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// A hostile index cannot make the webhook decode it all at once: its
+// entries are read one at a time, and past maxIndexEntries the index is
+// refused. A review found that 4 MiB of empty entries ({},{},...), decoded
+// whole, took one lookup to half a gigabyte of heap.
+func TestRegistryIndexEntriesAreReadOneAtATimeAndBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		entries string // the JSON of the index's manifests, inside [ ]
+		class   RegistryErrorClass
+	}{
+		{"more entries than the bound", strings.Repeat(`{"platform":{"os":"windows","architecture":"amd64"}},`, maxIndexEntries) +
+			`{"platform":{"os":"linux","architecture":"amd64"}}`, RegistryTooLarge},
+		{"4 MiB of empty entries", strings.TrimSuffix(strings.Repeat("{},", (DefaultMaxManifestBytes-100)/3), ","), RegistryInvalid},
+		{"an entry that is not an object", `{"platform":{"os":"windows"}},"x"`, RegistryInvalid},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			index := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[` + tc.entries + `]}`)
+			reg := startEPRegistry(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
+				if strings.HasPrefix(r.URL.Path, "/v2/hostile/manifests/") {
+					serveManifest(w, r, "application/vnd.oci.image.index.v1+json", index)
+					return true
+				}
+				return false
+			}))
+			r := NewResolver(loopbackOptions())
+			w := watchHeap()
+			start := time.Now()
+			_, err := r.Entrypoints(context.Background(), []corev1.Container{epContainer(reg.host + "/hostile:1")}, nil)
+			w.report(t, fmt.Sprintf("index of %d bytes", len(index)), r.transport.bytesRead.Load(), time.Since(start))
+			wantRegistryClass(t, err, tc.class, reg.host+"/hostile:1")
+		})
+	}
 }
