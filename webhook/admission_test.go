@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,11 +10,14 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/dislock/dislock/lockagent/spec"
@@ -178,4 +182,62 @@ func FuzzAdmission(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The pull secrets a review reads to resolve an image's entrypoint are
+// bounded: each name once however often the pod lists it, only
+// docker-config Secrets, at most maxPullSecrets names and maxPullSecretBytes
+// of credentials. A review found 400 references to one 1 MiB Secret made
+// one review read 400 MiB.
+func TestPullSecretsAreReadOnceEachAndBounded(t *testing.T) {
+	_, job := cronJobAndJob(map[string]string{"dislock.io/mode": "schedule"})
+	secret := func(name string, typ corev1.SecretType, size int) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: job.Namespace, Name: name}, Type: typ,
+			Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(strings.Repeat("x", size))}}
+	}
+	var objs []runtime.Object
+	objs = append(objs, secret("registry", corev1.SecretTypeDockerConfigJson, 100), secret("opaque", corev1.SecretTypeOpaque, 100),
+		secret("huge", corev1.SecretTypeDockerConfigJson, maxPullSecretBytes/2+1), secret("huge2", corev1.SecretTypeDockerConfigJson, maxPullSecretBytes/2+1))
+	for i := range maxPullSecrets + 1 {
+		objs = append(objs, secret(fmt.Sprintf("s%d", i), corev1.SecretTypeDockerConfigJson, 10))
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	reads := 0
+	reader := fake.NewClientBuilder().WithScheme(scheme).WithRuntimeObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			reads++
+			return c.Get(ctx, key, obj, opts...)
+		}}).Build()
+	m := &jobMutator{cache: reader, api: reader, opts: testOptions()}
+	refs := func(names ...string) *batchv1.Job {
+		j := job.DeepCopy()
+		for _, n := range names {
+			j.Spec.Template.Spec.ImagePullSecrets = append(j.Spec.Template.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: n})
+		}
+		return j
+	}
+
+	many := make([]string, 400)
+	for i := range many {
+		many[i] = "registry"
+	}
+	got, err := m.pullSecrets(context.Background(), refs(append(many, "opaque", "missing")...))
+	if err != nil || len(got) != 1 || reads != 3 {
+		t.Errorf("400 references to one Secret, an Opaque one and a missing one: %d configs, %d reads, %v; want 1 config from 3 reads", len(got), reads, err)
+	}
+	var names []string
+	for i := range maxPullSecrets + 1 {
+		names = append(names, fmt.Sprintf("s%d", i))
+	}
+	reads = 0
+	if _, err := m.pullSecrets(context.Background(), refs(names...)); err == nil || reads != 0 ||
+		!strings.Contains(err.Error(), fmt.Sprintf("lists %d image pull secrets", maxPullSecrets+1)) || !strings.Contains(err.Error(), spec.AnnotationEntrypoint) {
+		t.Errorf("%d names: %v after %d reads; want a refusal before reading, naming the count and %s", maxPullSecrets+1, err, reads, spec.AnnotationEntrypoint)
+	}
+	if _, err := m.pullSecrets(context.Background(), refs("huge", "huge2")); err == nil || !strings.Contains(err.Error(), "more than the webhook reads") {
+		t.Errorf("two Secrets above the byte bound together: %v, want a refusal", err)
+	}
 }
