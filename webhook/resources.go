@@ -29,7 +29,18 @@ const (
 	DefaultAgentMemoryLimit   = "64Mi"
 	DefaultAgentMaxCPU        = "1"
 	DefaultAgentMaxMemory     = "256Mi"
+
+	// The least a limit may be: below them the agent is killed for memory
+	// (its peak RSS is about 20 MiB) or takes seconds to start.
+	MinAgentCPULimit    = "10m"
+	MinAgentMemoryLimit = "32Mi"
 )
+
+// minLimits are the least limits, by resource.
+var minLimits = corev1.ResourceList{
+	corev1.ResourceCPU:    resource.MustParse(MinAgentCPULimit),
+	corev1.ResourceMemory: resource.MustParse(MinAgentMemoryLimit),
+}
 
 // agentSize is one of the sidecar's four sizes.
 type agentSize struct {
@@ -148,6 +159,10 @@ func resize(base corev1.ResourceRequirements, value, name func(agentSize) string
 		if err != nil || q.Sign() <= 0 {
 			def := defaultOf(s)
 			problems = append(problems, sizeProblem{s, v, fmt.Sprintf("is not a positive quantity (want e.g. %q)", def.String())})
+			continue
+		}
+		if least, ok := minLimits[s.name]; s.limit && ok && q.Cmp(least) < 0 {
+			problems = append(problems, sizeProblem{s, v, fmt.Sprintf("is below %s, the least the agent runs with", least.String())})
 			continue
 		}
 		set[s] = true

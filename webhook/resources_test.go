@@ -37,8 +37,12 @@ func TestAgentResourcesFromFlags(t *testing.T) {
 			want: "cpu 10m/500m, memory 16Mi/64Mi"},
 		{name: "each set", cpuReq: "50m", cpuLim: "1", memReq: "32Mi", memLim: "128Mi",
 			want: "cpu 50m/1, memory 32Mi/128Mi"},
-		{name: "a limit below the default request takes the request down with it", cpuLim: "5m", memLim: "8Mi",
-			want: "cpu 5m/5m, memory 8Mi/8Mi"},
+		{name: "a request set above the limit set", cpuReq: "20m", cpuLim: "15m", memReq: "40Mi", memLim: "48Mi",
+			wantErr: []string{`agent CPU request "20m" is above the agent CPU limit 15m`}},
+		{name: "the least limits", cpuLim: "10m", memLim: "32Mi",
+			want: "cpu 10m/10m, memory 16Mi/32Mi"},
+		{name: "limits too small for the agent to run", cpuLim: "5m", memLim: "8Mi",
+			wantErr: []string{`agent CPU limit "5m" is below 10m`, `agent memory limit "8Mi" is below 32Mi`}},
 		{name: "bad quantities, each named", cpuReq: "lots", memLim: "-1Mi",
 			wantErr: []string{`agent CPU request "lots" is not a positive quantity`, `agent memory limit "-1Mi" is not a positive quantity`}},
 		{name: "a request set above its limit", memReq: "100Mi",
@@ -96,13 +100,16 @@ func TestACronJobSizesItsSidecarWithinTheInstallationsCeiling(t *testing.T) {
 		want        string
 		wantErr     []string
 	}{
-		{name: "none: the installation's", want: "cpu 10m/500m, memory 16Mi/64Mi"},
+		{name: "none: the installation's", want: "cpu 100m/500m, memory 48Mi/64Mi"},
 		{name: "a strict LimitRange's minimum and ratio",
 			annotations: map[string]string{spec.AnnotationAgentCPURequest: "100m", spec.AnnotationAgentCPULimit: "200m", spec.AnnotationAgentMemoryRequest: "64Mi"},
 			want:        "cpu 100m/200m, memory 64Mi/64Mi"},
-		{name: "only a lower limit: the request follows",
-			annotations: map[string]string{spec.AnnotationAgentCPULimit: "5m"},
-			want:        "cpu 5m/5m, memory 16Mi/64Mi"},
+		{name: "only a lower limit: the installation's request follows it",
+			annotations: map[string]string{spec.AnnotationAgentCPULimit: "50m", spec.AnnotationAgentMemoryLimit: "32Mi"},
+			want:        "cpu 50m/50m, memory 32Mi/32Mi"},
+		{name: "a memory limit the agent cannot run in",
+			annotations: map[string]string{spec.AnnotationAgentMemoryLimit: "1"},
+			wantErr:     []string{spec.AnnotationAgentMemoryLimit + `]: Invalid value: "1": is below 32Mi, the least the agent runs with`}},
 		{name: "above the ceiling",
 			annotations: map[string]string{spec.AnnotationAgentCPULimit: "4", spec.AnnotationAgentMemoryLimit: "1Gi"},
 			wantErr: []string{spec.AnnotationAgentCPULimit + `]: Invalid value: "4": is above the most this installation gives the sidecar, 1 (ask its administrator to raise the webhook's --agent-max-cpu)`,
@@ -120,8 +127,14 @@ func TestACronJobSizesItsSidecarWithinTheInstallationsCeiling(t *testing.T) {
 			annotations[k] = v
 		}
 		cj, job := errCase(annotations, nil)
-		errs := ValidateCronJob(cj, goldenOptions())
-		out, _, injectErr := Inject(job, cj, goldenOptions(), nil)
+		// An installation that asks more than the defaults of every sidecar.
+		opts := goldenOptions()
+		var err error
+		if opts.AgentResources, err = AgentResources("100m", "", "48Mi", ""); err != nil {
+			t.Fatal(err)
+		}
+		errs := ValidateCronJob(cj, opts)
+		out, _, injectErr := Inject(job, cj, opts, nil)
 		if len(tc.wantErr) > 0 {
 			for _, w := range tc.wantErr {
 				if !strings.Contains(errs.ToAggregate().Error(), w) {
