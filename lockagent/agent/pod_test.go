@@ -174,10 +174,25 @@ func (j job) env(p podSpec, dir, termLog string) []string {
 
 // start runs the sidecar, waits for its startupProbe to pass, then starts
 // the wrapped app container, as the kubelet does.
+//
+// It returns once the agent has taken its first step against the database:
+// decided, or begun to wait (a standby). The startup probe passes as soon
+// as the agent installed its binary, which may be before that, and a story
+// that starts dc-a, then dc-b, means dc-a to have claimed first, not
+// whichever the machine's scheduler let through.
 func (j job) start(t *testing.T, p podSpec) *pod {
 	t.Helper()
 	po := j.sidecar(t, p)
 	po.startWrapper()
+	await(t, "the agent's first step (a decision, or waiting)", 60*time.Second, func() bool {
+		select {
+		case <-po.agentDone:
+			return true
+		default:
+		}
+		_, decided := decisionOf(po)
+		return decided || strings.Contains(po.agentLog.String(), `"msg":"waiting: `)
+	})
 	return po
 }
 
