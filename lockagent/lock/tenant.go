@@ -254,23 +254,34 @@ func (s *Store) RetireTenantRoles(ctx context.Context, cluster, namespace string
 	if err != nil {
 		return nil, s.classify(op, err)
 	}
-	var dropped []string
+	return retireEach(ctx, s, op, cluster, namespace, due, func(role string) string { return role },
+		qRetireTenant, micros(grace))
+}
+
+// retireEach retires and drops each role of due, each in a transaction of
+// its own: retire marks it retired with the statement (its arguments the
+// role and arg) and, if that still applies (another provisioner may have
+// retired it meanwhile), drops it. It returns the roles it dropped, and an
+// error naming each it could not drop and why.
+func retireEach[T any](ctx context.Context, s *Store, op, cluster, namespace string, due []T, role func(T) string,
+	retire string, arg any) ([]T, error) {
+	var dropped []T
 	var errs []error
-	for _, role := range due {
+	for _, r := range due {
 		var retired bool
-		err := s.tenantTx(ctx, op+": dropping "+role, cluster, namespace, func(tx pgx.Tx) error {
-			tag, err := tx.Exec(ctx, qRetireTenant, role, micros(grace))
+		err := s.tenantTx(ctx, op+": dropping "+role(r), cluster, namespace, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, retire, role(r), arg)
 			if err != nil || tag.RowsAffected() == 0 {
-				return err // another provisioner retired it meanwhile
+				return err // retired meanwhile, or no longer due
 			}
 			retired = true
-			return dropTenantRole(ctx, tx, role)
+			return dropTenantRole(ctx, tx, role(r))
 		})
 		switch {
 		case err != nil:
 			errs = append(errs, err)
 		case retired:
-			dropped = append(dropped, role)
+			dropped = append(dropped, r)
 		}
 	}
 	return dropped, errors.Join(errs...)
@@ -332,26 +343,8 @@ func (s *Store) RetireTenantRolesBeyond(ctx context.Context, cluster, namespace 
 	if err != nil {
 		return nil, s.classify(op, err)
 	}
-	var dropped []TenantRole
-	var errs []error
-	for _, r := range due {
-		var retired bool
-		err := s.tenantTx(ctx, op+": dropping "+r.Role, cluster, namespace, func(tx pgx.Tx) error {
-			tag, err := tx.Exec(ctx, qRetireTenantBeyond, r.Role, keep)
-			if err != nil || tag.RowsAffected() == 0 {
-				return err // retired meanwhile, or no longer beyond the newest keep
-			}
-			retired = true
-			return dropTenantRole(ctx, tx, r.Role)
-		})
-		switch {
-		case err != nil:
-			errs = append(errs, err)
-		case retired:
-			dropped = append(dropped, r)
-		}
-	}
-	return dropped, errors.Join(errs...)
+	return retireEach(ctx, s, op, cluster, namespace, due, func(r TenantRole) string { return r.Role },
+		qRetireTenantBeyond, keep)
 }
 
 // Server-side bounds of every transaction that changes the tenants' roles.
