@@ -213,8 +213,16 @@ func (p *destinationPolicy) checkRedirect(ctx context.Context, u *url.URL) error
 // checkAddress is asked for every address a lookup is about to connect to,
 // after name resolution, so that neither a DNS name pointing inside the
 // cluster nor a later change of its answer (rebinding) gets around it.
+//
+// An IPv6 address that carries an IPv4 one (NAT64, 6to4) is judged by that
+// IPv4 address too: a NAT64 gateway would forward it there.
 func (p *destinationPolicy) checkAddress(hostport string, ip netip.Addr) error {
 	ip = ip.Unmap()
+	if v4, ok := embeddedIPv4(ip); ok {
+		if err := p.checkAddress(hostport, v4); err != nil {
+			return err
+		}
+	}
 	_, port := splitHostPort(hostport)
 	switch {
 	// A denied address is denied under any name that resolves to it.
@@ -223,9 +231,9 @@ func (p *destinationPolicy) checkAddress(hostport string, ip netip.Addr) error {
 	// Link-local addresses hold cloud metadata services (169.254.169.254)
 	// and are never a registry: refused whatever the lists say.
 	case ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsInterfaceLocalMulticast() ||
-		ip.IsMulticast() || ip.IsUnspecified() || !ip.IsValid() || thisNetwork.Contains(ip):
-		return registryErr(RegistryNotAllowed, nil, "the registry, or a redirect or token server it names, resolves to an address the webhook never contacts (link-local, multicast or unspecified)")
-	case ip.IsLoopback() || ip.IsPrivate() || sharedAddressSpace.Contains(ip):
+		ip.IsMulticast() || ip.IsUnspecified() || !ip.IsValid() || inAny(ip, neverContacted):
+		return registryErr(RegistryNotAllowed, nil, "the registry, or a redirect or token server it names, resolves to an address the webhook never contacts (link-local, multicast, reserved or unspecified)")
+	case ip.IsLoopback() || ip.IsPrivate() || inAny(ip, privateToo):
 		if !p.anyInsecure && !p.private.match(hostport) {
 			return registryErr(RegistryNotAllowed, nil, "the registry, or a redirect or token server it names, resolves to a loopback or private address, which the webhook contacts only for hosts it lists as private")
 		}
@@ -234,9 +242,48 @@ func (p *destinationPolicy) checkAddress(hostport string, ip netip.Addr) error {
 }
 
 var (
-	thisNetwork        = netip.MustParsePrefix("0.0.0.0/8")
-	sharedAddressSpace = netip.MustParsePrefix("100.64.0.0/10") // carrier-grade NAT, often cluster-internal
+	// neverContacted are ranges no registry lives in: "this network",
+	// protocol assignments, benchmarking, reserved, broadcast.
+	neverContacted = prefixes("0.0.0.0/8", "192.0.0.0/24", "198.18.0.0/15", "240.0.0.0/4")
+	// privateToo are private in all but name: carrier-grade NAT (often
+	// cluster-internal) and the deprecated IPv6 site-local range.
+	privateToo = prefixes("100.64.0.0/10", "fec0::/10")
+	nat64      = prefixes("64:ff9b::/96", "64:ff9b:1::/48")
+	sixToFour  = netip.MustParsePrefix("2002::/16")
 )
+
+func prefixes(ps ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(ps))
+	for i, p := range ps {
+		out[i] = netip.MustParsePrefix(p)
+	}
+	return out
+}
+
+func inAny(ip netip.Addr, ps []netip.Prefix) bool {
+	for _, p := range ps {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// embeddedIPv4 is the IPv4 address a NAT64 (its last 32 bits) or 6to4 (bits
+// 16 to 48) address carries.
+func embeddedIPv4(ip netip.Addr) (netip.Addr, bool) {
+	if !ip.Is6() {
+		return netip.Addr{}, false
+	}
+	b := ip.As16()
+	switch {
+	case inAny(ip, nat64):
+		return netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]}), true
+	case sixToFour.Contains(ip):
+		return netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]}), true
+	}
+	return netip.Addr{}, false
+}
 
 // urlHostPort is u's host with the scheme's default port made explicit, so
 // that patterns with a port match URLs without one.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"runtime"
 	"slices"
 	"strconv"
@@ -643,5 +644,41 @@ func TestRegistryIndexEntriesAreReadOneAtATimeAndBounded(t *testing.T) {
 			w.report(t, fmt.Sprintf("index of %d bytes", len(index)), r.transport.bytesRead.Load(), time.Since(start))
 			wantRegistryClass(t, err, tc.class, reg.host+"/hostile:1")
 		})
+	}
+}
+
+// Addresses no registry lives at are refused whatever the lists say, and an
+// IPv6 address carrying an IPv4 one (NAT64, 6to4) is judged by that one too:
+// a NAT64 gateway forwards 64:ff9b::a00:1 to 10.0.0.1.
+func TestRegistryAddressesAreJudgedByWhereTheyLead(t *testing.T) {
+	t.Parallel()
+	plain := &destinationPolicy{}
+	private := &destinationPolicy{private: hostPatterns{"registry.internal"}}
+	for _, tc := range []struct {
+		addr    string
+		policy  *destinationPolicy
+		allowed bool
+	}{
+		{"203.0.113.7", plain, true},
+		{"2001:db8::7", plain, true},
+		{"10.0.0.1", plain, false},
+		{"10.0.0.1", private, true},
+		{"64:ff9b::a00:1", plain, false},       // NAT64 to 10.0.0.1
+		{"64:ff9b::a00:1", private, true},      // ... which the lists allow for that host
+		{"64:ff9b::a9fe:a9fe", private, false}, // NAT64 to 169.254.169.254, never
+		{"64:ff9b:1::a00:1", plain, false},
+		{"2002:a00:1::", plain, false},    // 6to4 of 10.0.0.1
+		{"2002:cb00:7107::", plain, true}, // 6to4 of 203.0.113.7
+		{"fec0::1", plain, false},         // site-local
+		{"192.0.0.8", private, false},
+		{"198.18.0.1", private, false},
+		{"240.0.0.1", private, false},
+		{"255.255.255.255", private, false},
+		{"::ffff:127.0.0.1", plain, false},
+	} {
+		err := tc.policy.checkAddress("registry.internal:443", netip.MustParseAddr(tc.addr))
+		if (err == nil) != tc.allowed {
+			t.Errorf("%s (private list %v): %v, want allowed %v", tc.addr, tc.policy.private, err, tc.allowed)
+		}
 	}
 }
