@@ -220,28 +220,60 @@ func (a *agent) callTimeout() time.Duration { return min(5*time.Second, a.cfg.He
 
 // retry runs op until it succeeds, fails for a reason other than an
 // unreachable database, the database stayed unreachable for StartTimeout,
-// or ctx ends; then it returns op's last error.
+// or ctx ends; then it returns op's last error. It backs off from 100 ms,
+// doubling up to a heartbeat interval: what it serves can wait, and a
+// database that is down is not hammered by every pod at once.
 func (a *agent) retry(ctx context.Context, what string, op func(ctx context.Context) error) error {
+	return a.retryPaced(ctx, what, func(prev time.Duration) time.Duration {
+		if prev == 0 {
+			return 100 * time.Millisecond
+		}
+		return min(2*prev, 5*time.Second, a.cfg.HeartbeatInterval())
+	}, op)
+}
+
+// steadyRetryInterval paces retrySteady: shorter than any outage the
+// database comes back from (a restart, PgBouncer's server_login_retry).
+const steadyRetryInterval = 100 * time.Millisecond
+
+// retrySteady is retry at a steady 100 ms, for what races the claim's
+// liveness: recording a finished run's outcome, and re-entering a claim
+// after a restart. The claim lapses at a fixed time; a database back for a
+// few hundred milliseconds before then must not be slept through (a success
+// not recorded in time lets another cluster run the window again). Only a
+// pod whose run just ended, or whose agent restarted, ever retries this way,
+// and only until its claim is recorded or StartTimeout passes.
+func (a *agent) retrySteady(ctx context.Context, what string, op func(ctx context.Context) error) error {
+	return a.retryPaced(ctx, what, func(time.Duration) time.Duration { return steadyRetryInterval }, op)
+}
+
+// retryPaced is retry waiting next(previous wait) between tries (0 before the
+// first wait). It logs the first failure and then at most one a second.
+func (a *agent) retryPaced(ctx context.Context, what string, next func(time.Duration) time.Duration, op func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
 	defer cancel()
-	backoff := 100 * time.Millisecond
-	for {
+	var wait time.Duration
+	var logged time.Time
+	for tries := 1; ; tries++ {
 		callCtx, cancel := context.WithTimeout(ctx, a.callTimeout())
 		err := op(callCtx)
 		cancel()
 		if err == nil || !errors.Is(err, lock.ErrUnavailable) {
+			if err == nil && tries > 1 {
+				a.log.Info("database available again", "op", what, "tries", tries)
+			}
 			return err
 		}
-		a.log.Warn("database unavailable, retrying", "op", what, "in", backoff.String(), "err", err)
+		wait = next(wait)
+		if time.Since(logged) >= time.Second {
+			a.log.Warn("database unavailable, retrying", "op", what, "in", wait.String(), "tries", tries, "err", err)
+			logged = time.Now()
+		}
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		// Never back off for longer than a heartbeat interval: recording
-		// an outcome, or re-entering a claim, races the claim's liveness,
-		// and a database back for a second must not be missed.
-		backoff = min(2*backoff, 5*time.Second, a.cfg.HeartbeatInterval())
 	}
 }
 

@@ -457,5 +457,6 @@ func ownBouncer(t *testing.T, name string) *pgtest.Bouncer {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { bn.Stop() })
 	return bn
 }

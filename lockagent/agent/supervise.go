@@ -246,7 +246,7 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 		req := lock.ClaimRequest{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Owner: a.cfg.Owner, TTL: a.cfg.TTL}
 		sent := protocol.MonotonicNow()
 		var claim lock.Claim
-		err := a.retry(ctx, "re-entering the window", func(ctx context.Context) (err error) {
+		err := a.retrySteady(ctx, "re-entering the window", func(ctx context.Context) (err error) {
 			claim, err = a.store.ClaimWindow(ctx, req)
 			return err
 		})
@@ -272,7 +272,7 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 	if a.cfg.Mode.Lease {
 		sent := protocol.MonotonicNow()
 		var grant lock.LeaseGrant
-		err := a.retry(ctx, "re-entering the lease", func(ctx context.Context) (err error) {
+		err := a.retrySteady(ctx, "re-entering the lease", func(ctx context.Context) (err error) {
 			grant, err = a.store.AcquireLease(ctx, a.leaseKey(), a.cfg.Owner, a.cfg.TTL)
 			return err
 		})
@@ -406,7 +406,7 @@ func (a *agent) finishWindow(ctx context.Context, state lock.State, code *int) e
 	if a.windowToken == 0 {
 		return nil
 	}
-	return a.retry(ctx, "recording the outcome", func(ctx context.Context) error {
+	return a.retrySteady(ctx, "recording the outcome", func(ctx context.Context) error {
 		_, err := a.store.Finish(ctx, a.cfg.Key, a.window, a.cfg.JobIndex, a.windowToken, state, code)
 		return err
 	})

@@ -43,8 +43,6 @@ type bouncerProc struct {
 // Server: it names its files) and returns once a query through it succeeds.
 // Close stops it with the Server.
 func (s *Server) AddBouncer(name string) (*Bouncer, error) {
-	label := "pgbouncer-" + dirLabel(name)
-	b := &Bouncer{s: s, name: name, ini: s.path(label + ".ini"), log: s.path(label + ".log"), pid: s.path(label + ".pid")}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -56,6 +54,10 @@ func (s *Server) AddBouncer(name string) (*Bouncer, error) {
 			return nil, fmt.Errorf("pgtest: a bouncer named %q exists already", name)
 		}
 	}
+	// Numbered: names that differ only past the label's length (a common
+	// prefix and a timestamp) must not share a pid file.
+	label := fmt.Sprintf("pgbouncer-%d-%s", len(s.extra), dirLabel(name))
+	b := &Bouncer{s: s, name: name, ini: s.path(label + ".ini"), log: s.path(label + ".log"), pid: s.path(label + ".pid")}
 	s.extra = append(s.extra, b)
 	s.mu.Unlock()
 
