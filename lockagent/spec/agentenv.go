@@ -2,6 +2,8 @@ package spec
 
 import (
 	"errors"
+	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -41,6 +43,17 @@ type AgentEnv struct {
 	// as every one of them succeeded. Empty: not known (a pod run by hand);
 	// the first wrapper to start counts.
 	AppContainers []string
+	// RestartPolicy is the pod's restartPolicy: RestartNever or
+	// RestartOnFailure, "" when unknown. Under Never a container's exit is
+	// final, so the agent may record a failure as soon as every app
+	// container ended, instead of when the kubelet stops it.
+	RestartPolicy string
+	// ProxyQuit are the quit endpoints of the pod's classic (non-native)
+	// mesh sidecars, loopback http URLs. Such a sidecar is a regular
+	// container that never exits by itself, so the pod would never end:
+	// once every app container ended for good (and the outcome is
+	// recorded), the agent POSTs to each. Needs AppContainers.
+	ProxyQuit []string
 
 	// The parts of the lock owner: the data centre (the webhook's
 	// --cluster-name) and the pod's Job, the Job's UID and the pod.
@@ -133,6 +146,12 @@ func (e AgentEnv) Render() []EnvVar {
 	}
 	if len(e.AppContainers) > 0 {
 		vars = append(vars, EnvVar{Name: EnvAppContainers, Value: strings.Join(e.AppContainers, ",")})
+	}
+	if e.RestartPolicy != "" {
+		vars = append(vars, EnvVar{Name: EnvRestartPolicy, Value: e.RestartPolicy})
+	}
+	if len(e.ProxyQuit) > 0 {
+		vars = append(vars, EnvVar{Name: EnvProxyQuit, Value: strings.Join(e.ProxyQuit, ",")})
 	}
 	if e.JobName != "" {
 		vars = append(vars, EnvVar{Name: EnvJobName, Value: e.JobName})
@@ -332,6 +351,33 @@ func ParseAgentEnv(getenv func(string) string, opts ParseOptions) (AgentEnv, err
 		}
 	}
 
+	switch v := getenv(EnvRestartPolicy); v {
+	case "", RestartNever, RestartOnFailure:
+		e.RestartPolicy = v
+	default:
+		bad(EnvRestartPolicy, v, `is not a Job pod's restartPolicy (want "`+RestartNever+`" or "`+RestartOnFailure+`")`)
+	}
+
+	if v := getenv(EnvProxyQuit); v != "" {
+		urls := strings.Split(v, ",")
+		if len(urls) > MaxProxyQuit {
+			bad(EnvProxyQuit, v, fmt.Sprintf("lists %d URLs (want at most %d)", len(urls), MaxProxyQuit))
+		} else {
+			for _, u := range urls {
+				if problem := ProxyQuitProblem(u); problem != "" {
+					bad(EnvProxyQuit, v, "holds "+quote(u)+", which "+problem)
+					e.ProxyQuit = nil
+					break
+				}
+				e.ProxyQuit = append(e.ProxyQuit, u)
+			}
+		}
+		if len(e.ProxyQuit) > 0 && len(e.AppContainers) == 0 {
+			bad(EnvProxyQuit, v, "needs "+EnvAppContainers+" (the agent quits the proxies once every app container ended)")
+			e.ProxyQuit = nil
+		}
+	}
+
 	e.Cluster = getenv(EnvCluster)
 	switch {
 	case e.Cluster == "":
@@ -361,6 +407,48 @@ func ParseAgentEnv(getenv func(string) string, opts ParseOptions) (AgentEnv, err
 		bad(EnvDatabaseURL, "", "is empty (want a PostgreSQL URL; the webhook sets it from the namespace's database Secret, whose key must hold one)")
 	}
 	return e, errors.Join(errs...)
+}
+
+// The restartPolicy values of a Job's pod.
+const (
+	RestartNever     = "Never"
+	RestartOnFailure = "OnFailure"
+)
+
+// MaxProxyQuit bounds EnvProxyQuit: a pod has a mesh sidecar or two.
+const MaxProxyQuit = 4
+
+// ProxyQuitProblem says what keeps u from being a mesh sidecar's quit
+// endpoint, or "": it must be a plain http URL on the pod's loopback
+// (127.0.0.1, [::1] or localhost) with a port, e.g.
+// http://127.0.0.1:15020/quitquitquit, at most 256 bytes, without user
+// info, query or fragment. Nothing else is ever contacted: the proxies share
+// the pod's network namespace, and the URL reaches no other host.
+func ProxyQuitProblem(u string) string {
+	const want = ` (want a loopback http URL with a port, e.g. "http://127.0.0.1:15020/quitquitquit")`
+	if len(u) > 256 {
+		return "is longer than 256 bytes" + want
+	}
+	p, err := url.Parse(u)
+	switch {
+	case err != nil:
+		return "is not a URL" + want
+	case p.Scheme != "http":
+		return "is not an http URL" + want
+	case p.User != nil || p.RawQuery != "" || p.Fragment != "" || p.Opaque != "" || p.ForceQuery:
+		return "has user info, a query or a fragment" + want
+	case p.Port() == "":
+		return "has no port" + want
+	}
+	switch p.Hostname() {
+	case "127.0.0.1", "::1", "localhost":
+	default:
+		return "is not on the pod's loopback" + want
+	}
+	if n, err := strconv.Atoi(p.Port()); err != nil || n < 1 || n > 65535 || strings.TrimLeft(p.Port(), "0123456789") != "" {
+		return "has no valid port" + want
+	}
+	return ""
 }
 
 // containerName accepts a Kubernetes container name (a DNS-1123 label), which

@@ -127,6 +127,11 @@ func TestAgentEnvRoundTrip(t *testing.T) {
 		{name: "the bounds are inclusive", edit: func(e *AgentEnv) {
 			e.LeaseTTL, e.Catchup, e.AppStartTimeout = MaxLeaseTTL, MaxCatchup, MinAppStartTimeout
 		}},
+		{name: "a pod with a classic mesh sidecar", edit: func(e *AgentEnv) {
+			e.RestartPolicy = RestartNever
+			e.ProxyQuit = []string{"http://127.0.0.1:15020/quitquitquit", "http://localhost:4191/shutdown"}
+		}},
+		{name: "restartPolicy OnFailure", edit: func(e *AgentEnv) { e.RestartPolicy = RestartOnFailure }},
 		{name: "a shared directory and termination log of its own", edit: func(e *AgentEnv) {
 			e.SharedDir, e.TerminationLog = "/run/dislock", "/run/dislock/termination"
 		}},
@@ -243,6 +248,20 @@ func TestParseAgentEnv(t *testing.T) {
 			errs: []string{`DISLOCK_LEASE_TTL="500ms" is out of range (want between 1s and 1h)`}},
 		{name: "app containers that are not container names", env: map[string]string{EnvAppContainers: "app,,../x"},
 			errs: []string{`DISLOCK_APP_CONTAINERS="app,,../x" is not a comma-separated list of container names (want e.g. "app,report")`}},
+		{name: "a restartPolicy a Job cannot have", env: map[string]string{EnvRestartPolicy: "Always"},
+			errs: []string{`DISLOCK_RESTART_POLICY="Always" is not a Job pod's restartPolicy (want "Never" or "OnFailure")`}},
+		{name: "a proxy quit URL off the pod's loopback", env: map[string]string{EnvProxyQuit: "http://127.0.0.1:15020/quitquitquit,http://10.0.0.1:80/x"},
+			errs: []string{`DISLOCK_PROXY_QUIT="http://127.0.0.1:15020/quitquitquit,http://10.0.0.1:80/x" holds "http://10.0.0.1:80/x", which is not on the pod's loopback (want a loopback http URL with a port, e.g. "http://127.0.0.1:15020/quitquitquit")`}},
+		{name: "a proxy quit URL without a port", env: map[string]string{EnvProxyQuit: "http://localhost/quitquitquit"},
+			errs: []string{`holds "http://localhost/quitquitquit", which has no port`}},
+		{name: "a proxy quit URL over https or with user info", env: map[string]string{EnvProxyQuit: "https://127.0.0.1:15020/q"},
+			errs: []string{`which is not an http URL`}},
+		{name: "a proxy quit URL with a query", env: map[string]string{EnvProxyQuit: "http://127.0.0.1:15020/q?x=1"},
+			errs: []string{`which has user info, a query or a fragment`}},
+		{name: "too many proxy quit URLs", env: map[string]string{EnvProxyQuit: "http://[::1]:1/a,http://[::1]:2/a,http://[::1]:3/a,http://[::1]:4/a,http://[::1]:5/a"},
+			errs: []string{`lists 5 URLs (want at most 4)`}},
+		{name: "proxy quit URLs without the app containers", env: map[string]string{EnvProxyQuit: "http://127.0.0.1:15020/quitquitquit", EnvAppContainers: ""},
+			errs: []string{`needs DISLOCK_APP_CONTAINERS`}},
 		{name: "a lease TTL above the maximum", env: map[string]string{EnvLeaseTTL: "2h"},
 			errs: []string{`DISLOCK_LEASE_TTL="2h" is out of range (want between 5s and 1h)`}},
 		{name: "a bad mode and key name the variable, the value and the fix",

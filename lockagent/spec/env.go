@@ -31,6 +31,14 @@ const (
 	// EnvAppContainers is AgentEnv.AppContainers, comma-separated: the names
 	// of the pod's app containers, as each wrapper's EnvContainerName.
 	EnvAppContainers = "DISLOCK_APP_CONTAINERS"
+	// EnvRestartPolicy is AgentEnv.RestartPolicy: the pod's restartPolicy,
+	// "Never" or "OnFailure".
+	EnvRestartPolicy = "DISLOCK_RESTART_POLICY"
+	// EnvProxyQuit is AgentEnv.ProxyQuit, comma-separated: the loopback
+	// URLs the agent POSTs to once the pod's app containers are done, so
+	// that a classic (non-native) mesh sidecar such as istio-proxy exits
+	// and the pod can end.
+	EnvProxyQuit = "DISLOCK_PROXY_QUIT"
 	// EnvJobIndex is the completion index of an Indexed Job's pod (from the
 	// batch.kubernetes.io/job-completion-index annotation), empty otherwise.
 	// Each index claims its own window.

@@ -60,15 +60,16 @@ func FuzzFromAnnotations(f *testing.F) {
 // *EnvError naming a variable, and none shows the database URL; whatever it
 // accepts renders, through the pod, back to the same values.
 func FuzzParseAgentEnv(f *testing.F) {
-	f.Add("schedule,lease", "team-a/report", "2026-12-02T12:00:00Z", "0 * * * *", "Europe/Berlin", "45s", "true", "10m", "1h", "", "dc-a", "report-29936880", "uid-1", "report-29936880-x", "postgres://u:p@h/db", false)
-	f.Add("lease", "team-a/report", "manual", "", "", "", "", "", "", "3", "dc-b", "report-rerun", "uid-2", "pod", "dsn", false)
-	f.Add("schedule", "team-a/report", "", "", "", "1s", "TRUE", "0s", "1s", "+1", "dc/a", "", "", "a/b", "", true)
-	f.Add(" lease , schedule ", "Team/x", "2026-12-02T13:00:00.5+01:00", "@hourly", "Local", "1h0m0s", "false", "24h", "24h", "007", "dc-a", "j", "u", "p", "d", false)
-	f.Add("sometimes", "no-namespace", "0001-01-01T00:00:00Z", "* * * * *", "", "30", "yes", "-1s", "soon", "-1", "", "", "", "", "", false)
-	f.Fuzz(func(t *testing.T, mode, key, window, schedule, tz, ttl, standby, catchup, appStart, index, cluster, jobName, jobUID, podName, dsn string, short bool) {
+	f.Add("schedule,lease", "team-a/report", "2026-12-02T12:00:00Z", "0 * * * *", "Europe/Berlin", "45s", "true", "10m", "1h", "", "dc-a", "report-29936880", "uid-1", "report-29936880-x", "postgres://u:p@h/db", "app", "Never", "http://127.0.0.1:15020/quitquitquit", false)
+	f.Add("lease", "team-a/report", "manual", "", "", "", "", "", "", "3", "dc-b", "report-rerun", "uid-2", "pod", "dsn", "", "OnFailure", "", false)
+	f.Add("schedule", "team-a/report", "", "", "", "1s", "TRUE", "0s", "1s", "+1", "dc/a", "", "", "a/b", "", "a,b", "Always", "http://[::1]:0/x,https://h:1/", true)
+	f.Add(" lease , schedule ", "Team/x", "2026-12-02T13:00:00.5+01:00", "@hourly", "Local", "1h0m0s", "false", "24h", "24h", "007", "dc-a", "j", "u", "p", "d", "x", "", "http://localhost:4191/shutdown", false)
+	f.Add("sometimes", "no-namespace", "0001-01-01T00:00:00Z", "* * * * *", "", "30", "yes", "-1s", "soon", "-1", "", "", "", "", "", "", "", "http://u@127.0.0.1:1/#f", false)
+	f.Fuzz(func(t *testing.T, mode, key, window, schedule, tz, ttl, standby, catchup, appStart, index, cluster, jobName, jobUID, podName, dsn, apps, restart, quit string, short bool) {
 		env := map[string]string{EnvMode: mode, EnvKey: key, EnvWindow: window, EnvSchedule: schedule, EnvTimeZone: tz,
 			EnvLeaseTTL: ttl, EnvStandby: standby, EnvCatchup: catchup, EnvAppStartTimeout: appStart, EnvJobIndex: index,
-			EnvCluster: cluster, EnvJobName: jobName, EnvJobUID: jobUID, EnvPodName: podName, EnvDatabaseURL: dsn}
+			EnvCluster: cluster, EnvJobName: jobName, EnvJobUID: jobUID, EnvPodName: podName, EnvDatabaseURL: dsn,
+			EnvAppContainers: apps, EnvRestartPolicy: restart, EnvProxyQuit: quit}
 		opts := ParseOptions{AllowShortTTL: short}
 		e, err := ParseAgentEnv(lookup(env), opts)
 		if err != nil {
