@@ -80,13 +80,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		"cluster", cfg.Owner.Cluster, "job", cfg.Owner.Job, "pod", cfg.Owner.Pod, "ttl", cfg.TTL.String(), "standby", cfg.Standby)
 	if cfgErr != nil {
 		a.publish(protocol.Decision{Action: protocol.ActionError, Key: cfg.Key, Reason: "bad agent configuration: " + cfgErr.Error()})
-		<-ctx.Done()
+		a.idle(ctx)
 		return 0
 	}
 	store, err := lock.Open(ctx, cfg.DatabaseURL, lock.Options{MaxConns: 2})
 	if err != nil {
 		a.publish(protocol.Decision{Action: protocol.ActionError, Key: cfg.Key, Reason: err.Error()})
-		<-ctx.Done()
+		a.idle(ctx)
 		return 0
 	}
 	defer store.Close()

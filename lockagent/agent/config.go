@@ -43,6 +43,13 @@ type Config struct {
 	// AppContainers are the names of the pod's app containers; empty when
 	// unknown (then the first wrapper to start counts).
 	AppContainers []string
+	// RestartPolicy is the pod's restartPolicy ("" unknown): under Never an
+	// app container that failed is not restarted, so its result is final.
+	RestartPolicy string
+	// ProxyQuit are the quit endpoints of the pod's classic mesh sidecars,
+	// POSTed once every app container ended for good and the outcome is
+	// recorded (see quitProxies).
+	ProxyQuit []string
 
 	DatabaseURL    string
 	SharedDir      string
@@ -114,6 +121,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	c.Schedule, c.TimeZone = env.Schedule, env.TimeZone
 	c.TTL, c.Standby, c.Catchup = env.LeaseTTL, env.Standby, env.Catchup
 	c.AppStartTimeout, c.AppContainers = env.AppStartTimeout, env.AppContainers
+	c.RestartPolicy, c.ProxyQuit = env.RestartPolicy, env.ProxyQuit
 	c.JobIndex = -1
 	if env.Indexed {
 		c.JobIndex = env.JobIndex

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // supervise keeps what the pod holds alive until SIGTERM: a heartbeat every
@@ -24,7 +25,7 @@ import (
 // window in every cluster forever.
 func (a *agent) supervise(ctx context.Context) {
 	if a.decision.Action != protocol.ActionRun || (a.windowToken == 0 && a.leaseToken == 0) || a.revoked {
-		<-ctx.Done()
+		a.idle(ctx)
 		return
 	}
 	interval := a.cfg.HeartbeatInterval()
@@ -54,7 +55,7 @@ func (a *agent) supervise(ctx context.Context) {
 	for {
 		if a.windowToken == 0 && a.leaseToken == 0 {
 			// Given up or finished: nothing left to keep alive.
-			<-ctx.Done()
+			a.idle(ctx)
 			return
 		}
 		// The deadline timer is re-armed from the current deadline each time
@@ -71,7 +72,11 @@ func (a *agent) supervise(ctx context.Context) {
 			appStartC = nil
 			a.checkAppStarted(ctx)
 		case <-doneC:
-			if a.allSucceeded() {
+			// A failure is recorded at once too where it is final (see
+			// allEnded): a pod whose classic mesh sidecar never exits
+			// would otherwise never stop the agent, and its lease would be
+			// renewed for ever.
+			if a.allSucceeded() || a.allEnded() {
 				// Its own context: the kubelet's SIGTERM, which follows
 				// the apps' exit at once, must not cut the recording short.
 				recordCtx, cancel := context.WithTimeout(context.Background(), a.cfg.StopTimeout)
@@ -182,6 +187,26 @@ func (a *agent) notStarted() ([]string, error) {
 		}
 	}
 	return missing, nil
+}
+
+// allEnded reports whether every app container ended for good: its wrapper
+// reported, and the kubelet will not start it again (it exited 0, or the
+// pod's restartPolicy is Never). False when the app containers are unknown.
+func (a *agent) allEnded() bool {
+	if len(a.cfg.AppContainers) == 0 {
+		return false
+	}
+	results, err := a.dir.ReadResults()
+	if err != nil {
+		return false
+	}
+	for _, c := range a.cfg.AppContainers {
+		r, ok := results[c]
+		if !ok || r.ExitCode != 0 && a.cfg.RestartPolicy != spec.RestartNever {
+			return false
+		}
+	}
+	return true
 }
 
 // allSucceeded reports whether every app container ran and exited 0.
