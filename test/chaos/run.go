@@ -182,12 +182,15 @@ func (r *run) podEnv(j *job, p *pod) (agent, app []string, err error) {
 		Indexed:         j.index >= 0,
 		JobIndex:        max(j.index, 0),
 		AppContainers:   []string{appContainer},
-		Cluster:         j.cl.name,
-		JobName:         j.name,
-		JobUID:          j.uid,
-		PodName:         p.name,
-		SharedDir:       p.dir,
-		TerminationLog:  filepath.Join(p.dir, "termination-log"),
+		// The simulated Jobs run restartPolicy Never pods, and the
+		// webhook says so.
+		RestartPolicy:  spec.RestartNever,
+		Cluster:        j.cl.name,
+		JobName:        j.name,
+		JobUID:         j.uid,
+		PodName:        p.name,
+		SharedDir:      p.dir,
+		TerminationLog: filepath.Join(p.dir, "termination-log"),
 	}
 	path := "PATH=" + os.Getenv("PATH")
 	agent = []string{path}
