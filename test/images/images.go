@@ -15,7 +15,9 @@
 //   - Ledger, the end-to-end CronJobs' app (test/images/ledger-app), which
 //     records each run in the e2e.ledger table (LedgerSchema);
 //   - Busybox, a shell and the usual tools from Debian's busybox-static, for
-//     pods that only need to sleep, touch or test files.
+//     pods that only need to sleep, touch or test files;
+//   - MeshProxy, a classic mesh sidecar's stand-in (test/images/mesh-proxy):
+//     it runs until POST /quitquitquit.
 package images
 
 import (
@@ -47,6 +49,7 @@ const (
 	AgentRef   = "e2e.local/dislock-agent:test"
 	LedgerRef  = "e2e.local/ledger-app:test"
 	BusyboxRef = "e2e.local/busybox:test"
+	MeshRef    = "e2e.local/mesh-proxy:test"
 )
 
 // ErrMissing is returned (wrapped) when a file an image needs is not on this
@@ -87,7 +90,7 @@ type Set struct {
 	// Refs lists the tags in the tarball.
 	Refs []string
 	// Binaries is the directory with the static binaries the images hold
-	// (dislock, dislock-agent, ledger-app, pause), for tests that run them
+	// (dislock, dislock-agent, ledger-app, mesh-proxy, pause), for tests that run them
 	// as host processes too.
 	Binaries string
 }
@@ -120,6 +123,7 @@ func Build(dir string) (Set, error) {
 		{Ref: AgentRef, Files: inBin("dislock-agent"), Entrypoint: []string{path.Join(binPath, "dislock-agent")}},
 		{Ref: LedgerRef, Files: inBin("ledger-app"), Entrypoint: []string{path.Join(binPath, "ledger-app")}},
 		{Ref: BusyboxRef, Files: busybox, Entrypoint: []string{"/bin/sh"}},
+		{Ref: MeshRef, Files: inBin("mesh-proxy"), Entrypoint: []string{path.Join(binPath, "mesh-proxy")}},
 	}
 	set := Set{Tarball: filepath.Join(dir, "images.tar"), Binaries: bin}
 	refs := make(map[name.Reference]v1.Image)
@@ -142,6 +146,7 @@ var programs = map[string]string{
 	"dislock":       "github.com/dislock/dislock",
 	"dislock-agent": "github.com/dislock/dislock/lockagent/cmd/dislock-agent",
 	"ledger-app":    "github.com/dislock/dislock/test/images/ledger-app",
+	"mesh-proxy":    "github.com/dislock/dislock/test/images/mesh-proxy",
 	"pause":         "github.com/dislock/dislock/test/images/pause",
 }
 

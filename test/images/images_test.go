@@ -37,6 +37,7 @@ func TestEveryImageHoldsStaticProgramsOnItsPath(t *testing.T) {
 		{AgentRef, "/usr/local/bin/dislock-agent", []string{"usr/local/bin/dislock-agent"}, true},
 		{LedgerRef, "/usr/local/bin/ledger-app", []string{"usr/local/bin/ledger-app"}, false},
 		{BusyboxRef, "/bin/sh", []string{"bin/busybox", "bin/sh", "bin/sleep"}, false},
+		{MeshRef, "/usr/local/bin/mesh-proxy", []string{"usr/local/bin/mesh-proxy"}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.ref, func(t *testing.T) {
