@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -32,6 +33,13 @@ const (
 type jobMutator struct {
 	cache client.Reader // the manager's cache: CronJobs
 	api   client.Reader // uncached reads: a just-created CronJob, pull secrets
+	// namespaces reads the Job's Namespace, whose labels and annotations
+	// say whether a mesh will add a sidecar to its pods: the manager's
+	// cache when it watches Namespaces anyway (for the tenant roles or the
+	// Secret copies), else nil, and the pod template alone decides. Never
+	// the API: that would be one more call on every admission, and the
+	// webhook is not granted Namespaces without those controllers.
+	namespaces client.Reader
 	// opts are defaulted and valid, once, when the handler is made (the
 	// webhook refuses to start with invalid ones), not on every review.
 	opts     Options
@@ -95,13 +103,15 @@ func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admissi
 	if !r.enabled && r.marker == nil {
 		return admission.Allowed("the CronJob has no dislock.io/mode annotation"), resultNotApplicable
 	}
+	if r.enabled {
+		r.namespace = m.namespace(ctx, job.Namespace)
+	}
 	entrypoints, err := m.entrypoints(ctx, r)
 	if err == nil {
-		var injected *batchv1.Job
-		var status *Status
-		injected, status, err = r.inject(m.opts, entrypoints)
+		var in injection
+		in, err = r.inject(m.opts, entrypoints)
 		if err == nil {
-			return m.patch(req, job, cronJob, injected, status)
+			return m.patch(ctx, req, job, cronJob, in)
 		}
 	}
 	if errors.Is(err, ErrNotOptedIn) {
@@ -114,13 +124,24 @@ func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admissi
 	return admission.Denied("dislock: " + err.Error()), resultDenied
 }
 
-func (m *jobMutator) patch(req admission.Request, job *batchv1.Job, cronJob *batchv1.CronJob, injected *batchv1.Job, status *Status) (admission.Response, string) {
+func (m *jobMutator) patch(ctx context.Context, req admission.Request, job *batchv1.Job, cronJob *batchv1.CronJob, in injection) (admission.Response, string) {
+	injected, status := in.job, in.status
 	resp, err := patchResponse(req.Object.Raw, job, injected)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err), resultError
 	}
 	if len(resp.Patch) == 0 && len(resp.Patches) == 0 {
 		return admission.Allowed("already injected"), resultNotApplicable
+	}
+	mesh := ""
+	if f := in.mesh.findings; len(f) > 0 {
+		var meshes, why []string
+		for _, x := range f {
+			meshes, why = append(meshes, x.mesh), append(why, x.why)
+			mesh += fmt.Sprintf("; %s sidecar detected (%s): the agent will POST %s once the app containers ended", x.mesh, x.why, x.url)
+		}
+		log.FromContext(ctx).Info("classic mesh sidecar detected", "namespace", job.Namespace, "name", job.Name, "cronJob", cronJob.Name,
+			"mesh", meshes, "why", why, "quit", in.mesh.quit, "podAnnotations", in.mesh.podAnnotations, "warnings", in.mesh.warnings, "dryRun", dryRun(req))
 	}
 	window := status.Window
 	switch status.WindowSource {
@@ -131,9 +152,37 @@ func (m *jobMutator) patch(req admission.Request, job *batchv1.Job, cronJob *bat
 	}
 	if !dryRun(req) {
 		m.events.Eventf(cronJob, injected, corev1.EventTypeNormal, "DislockInjected", "Inject",
-			"Job %s will run under %s lock %s (window %s)", injected.Name, status.Mode, status.Key, window)
+			"Job %s will run under %s lock %s (window %s)%s", injected.Name, status.Mode, status.Key, window, mesh)
+		for _, w := range in.mesh.warnings {
+			// Most Jobs are created by the CronJob controller, which shows
+			// no admission warning to anyone: the Event is what users see.
+			m.events.Eventf(cronJob, injected, corev1.EventTypeWarning, "DislockMeshSidecar", "Inject", "Job %s: %s", injected.Name, strings.TrimPrefix(w, "dislock: "))
+		}
 	}
-	return resp, resultInjected
+	// kubectl prints these (kubectl create job --from=cronjob/...).
+	return resp.WithWarnings(in.warnings()...), resultInjected
+}
+
+// namespaceReadTimeout bounds the read of the Job's namespace: from a cache
+// not synced yet it would wait, and the admission has seconds in all.
+const namespaceReadTimeout = time.Second
+
+// namespace reads the Job's namespace from the cache, or returns nil (and
+// says why in the log) when it cannot: the pod template alone decides
+// about mesh sidecars then.
+func (m *jobMutator) namespace(ctx context.Context, name string) *corev1.Namespace {
+	if m.namespaces == nil {
+		return nil // SetupWithManager said so once
+	}
+	readCtx, cancel := context.WithTimeout(ctx, namespaceReadTimeout)
+	defer cancel()
+	ns := &corev1.Namespace{}
+	if err := m.namespaces.Get(readCtx, types.NamespacedName{Name: name}, ns); err != nil {
+		log.FromContext(ctx).Info("the Job's namespace could not be read: mesh sidecars are detected from the pod template alone",
+			"namespace", name, "error", err.Error())
+		return nil
+	}
+	return ns
 }
 
 // dryRun: a server-side dry run (kubectl --dry-run=server) stores nothing,

@@ -4,8 +4,9 @@
 // that hosts them.
 //
 // The mutation itself is a pure function, [Inject]: it reads nothing but its
-// arguments (the Job, its CronJob, the [Options] from the flags and the image
-// entrypoints the caller resolved for the containers [NeedsEntrypoint] lists)
+// arguments (the Job, its CronJob, the [Options] from the flags, the image
+// entrypoints the caller resolved for the containers [NeedsEntrypoint] lists,
+// and, with [InjectInNamespace], the Job's Namespace)
 // and is tested with input/output golden files in testdata/inject plus an
 // idempotency re-run of every case. Decoding, owner lookups, registry
 // lookups, events and metrics stay in the admission handlers.
@@ -53,6 +54,23 @@
 // gets Failed, so that a replacement pod is normally created only once the
 // old one is gone; the lock is safe without it, but the replacement would
 // wait out the old pod's claim.
+//
+// # Classic mesh sidecars
+//
+// Istio's istio-proxy and Linkerd's linkerd-proxy, injected as regular
+// containers, never exit, so a Job's pod would never complete. The meshes
+// inject Pods, after this webhook admitted the Job, so the plan predicts
+// them from the pod template's labels and annotations and the Job's
+// namespace's ([InjectInNamespace]; the handler reads the namespace from the
+// manager's cache when it watches Namespaces), and hands the agent their quit
+// URLs in DISLOCK_PROXY_QUIT, with the pod's restartPolicy in
+// DISLOCK_RESTART_POLICY. For Linkerd it also sets
+// config.linkerd.io/proxy-admin-shutdown=enabled on the pod template, unless
+// the template chose otherwise (then it warns). dislock.io/proxy-quit
+// replaces the detection ("none", or URLs). Containers named istio-proxy or
+// linkerd-proxy are never wrapped, never app containers, and never looked up
+// in a registry. What was found is an admission warning, a log line and part
+// of the DislockInjected Event. See docs/mesh.md.
 //
 // # The window without a clock
 //

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -221,8 +222,28 @@ type plan struct {
 	spec         spec.Spec
 	env          spec.AgentEnv
 	windowSource window.Source
-	commands     [][]string // original entrypoint of each app container, by index
-	resources    corev1.ResourceRequirements
+	// commands holds the original entrypoint of each regular container, by
+	// index; nil for a mesh proxy, which is not wrapped.
+	commands  [][]string
+	resources corev1.ResourceRequirements
+	// mesh is what was decided about the pod's classic mesh sidecars; its
+	// quit URLs are env.ProxyQuit.
+	mesh meshPlan
+}
+
+// injection is what one admission made of a Job: the Job to admit, its
+// status, and what the user should hear about it.
+type injection struct {
+	job    *batchv1.Job
+	status *Status
+	mesh   meshPlan
+}
+
+// warnings are the admission warnings of the injection (kubectl prints
+// them): what was found about the pod's mesh sidecars, and what will go
+// wrong with them.
+func (in injection) warnings() []string {
+	return append(append([]string(nil), in.mesh.notes...), in.mesh.warnings...)
 }
 
 // Inject returns a mutated deep copy of job: the dislock-agent sidecar, the
@@ -240,15 +261,34 @@ type plan struct {
 // problem (bad annotations, no window, a container without a known
 // entrypoint, names dislock needs already taken) is reported at once, each
 // saying what to fix.
+//
+// The Job's namespace is not known to Inject: classic mesh sidecars are
+// detected from the pod template alone (see InjectInNamespace).
 func Inject(job *batchv1.Job, cronJob *batchv1.CronJob, opts Options, entrypoints map[string][]string) (*batchv1.Job, *Status, error) {
+	out, st, _, err := InjectInNamespace(job, cronJob, nil, opts, entrypoints)
+	return out, st, err
+}
+
+// InjectInNamespace is Inject for a Job whose namespace is known (nil: not
+// known), whose labels and annotations say, with the pod template's, whether
+// Istio or Linkerd will add a classic sidecar to the pod. It also returns
+// the admission warnings: which mesh sidecar was found and why, and what
+// will keep the pod from ending.
+func InjectInNamespace(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Namespace, opts Options, entrypoints map[string][]string) (*batchv1.Job, *Status, []string, error) {
 	if job == nil || cronJob == nil {
-		return nil, nil, errors.New("inject: job and cronJob must not be nil")
+		return nil, nil, nil, errors.New("inject: job and cronJob must not be nil")
 	}
 	opts = opts.WithDefaults()
 	if err := opts.Validate(); err != nil {
-		return nil, nil, fmt.Errorf("invalid webhook options: %w", err)
+		return nil, nil, nil, fmt.Errorf("invalid webhook options: %w", err)
 	}
-	return newReview(job, cronJob).inject(opts, entrypoints)
+	r := newReview(job, cronJob)
+	r.namespace = namespace
+	in, err := r.inject(opts, entrypoints)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return in.job, in.status, in.warnings(), nil
 }
 
 // review is what one admission reads from a Job before anything is injected,
@@ -260,6 +300,10 @@ type review struct {
 	annotations map[string]string // the CronJob's dislock annotations, overridden by the Job's
 	enabled     bool
 	marker      *marker // nil: the Job carries no part of an injection
+	// namespace is the Job's namespace, for its mesh labels and
+	// annotations; nil when it is not known (the pod template alone
+	// decides then).
+	namespace *corev1.Namespace
 }
 
 func newReview(job *batchv1.Job, cronJob *batchv1.CronJob) *review {
@@ -271,26 +315,32 @@ func newReview(job *batchv1.Job, cronJob *batchv1.CronJob) *review {
 // inject injects the Job under review, or checks the injection it carries.
 // opts are defaulted and valid: Inject checks them, the admission handler
 // had them checked once at start.
-func (r *review) inject(opts Options, entrypoints map[string][]string) (*batchv1.Job, *Status, error) {
+func (r *review) inject(opts Options, entrypoints map[string][]string) (injection, error) {
 	switch {
 	case r.marker != nil:
 		return r.verify(opts)
 	case !r.enabled:
-		return nil, nil, ErrNotOptedIn
+		return injection{}, ErrNotOptedIn
 	}
 	return r.fresh(r.job, opts, entrypoints)
 }
 
 // fresh injects job, which carries no part of an injection: r.job itself, or
 // the Job verify recovered from it.
-func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]string) (*batchv1.Job, *Status, error) {
+func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]string) (injection, error) {
 	cronJob := r.cronJob
-	p, err := makePlan(job, cronJob, r.annotations, entrypoints, opts)
+	p, err := makePlan(job, cronJob, r.namespace, r.annotations, entrypoints, opts)
 	if err != nil {
-		return nil, nil, err
+		return injection{}, err
 	}
 
 	out := job.DeepCopy()
+	if len(p.mesh.podAnnotations) > 0 {
+		if out.Spec.Template.Annotations == nil {
+			out.Spec.Template.Annotations = map[string]string{}
+		}
+		maps.Copy(out.Spec.Template.Annotations, p.mesh.podAnnotations)
+	}
 	pod := &out.Spec.Template.Spec
 	pod.Volumes = append(pod.Volumes, corev1.Volume{
 		Name: VolumeName,
@@ -299,14 +349,17 @@ func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]
 		}},
 	})
 	pod.InitContainers = append([]corev1.Container{sidecar(p, opts)}, pod.InitContainers...)
-	names := make([]string, len(pod.Containers))
+	names := make([]string, 0, len(pod.Containers))
 	for i := range pod.Containers {
 		c := &pod.Containers[i]
+		if meshProxy(*c) {
+			continue // not the app: left as the mesh made it
+		}
 		c.Command = append(slices.Clone(WrapperPrefix), p.commands[i]...)
 		c.Env = append(slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == spec.EnvContainerName }),
 			corev1.EnvVar{Name: spec.EnvContainerName, Value: c.Name})
 		c.VolumeMounts = append(c.VolumeMounts, sharedMount())
-		names[i] = c.Name
+		names = append(names, c.Name)
 	}
 	// With the default policy, TerminatingOrFailed, the Job controller
 	// creates a replacement pod while the old one is still terminating (a
@@ -339,26 +392,26 @@ func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]
 	}
 	b, err := json.Marshal(st)
 	if err != nil {
-		return nil, nil, fmt.Errorf("encoding %s: %w", StatusAnnotation, err)
+		return injection{}, fmt.Errorf("encoding %s: %w", StatusAnnotation, err)
 	}
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
 	out.Annotations[StatusAnnotation] = string(b)
-	return out, st, nil
+	return injection{job: out, status: st, mesh: p.mesh}, nil
 }
 
 // makePlan parses and checks everything Inject needs, and reports every
-// problem at once.
-func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, annotations map[string]string, entrypoints map[string][]string, opts Options) (plan, error) {
+// problem at once. namespace is the Job's, nil when not known.
+func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Namespace, annotations map[string]string, entrypoints map[string][]string, opts Options) (plan, error) {
 	var errs []error
-	namespace := jobNamespace(job, cronJob)
+	ns := jobNamespace(job, cronJob)
 	if job.Namespace != "" && cronJob.Namespace != "" && job.Namespace != cronJob.Namespace {
 		// The key is the Job's namespace's: a CronJob read from elsewhere
 		// must not lend its annotations to it.
 		errs = append(errs, fmt.Errorf("the Job's namespace %q is not its CronJob's namespace %q", job.Namespace, cronJob.Namespace))
 	}
-	s, err := spec.FromAnnotations(annotations, namespace, cronJob.Name)
+	s, err := spec.FromAnnotations(annotations, ns, cronJob.Name)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -397,10 +450,32 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, annotations map[string
 		errs = append(errs, e)
 	}
 
+	// Under Never a container's exit is final, and the agent may record a
+	// failure as soon as every app container ended. The API server
+	// defaults a Job's pod to one of these two and refuses any other.
+	switch rp := job.Spec.Template.Spec.RestartPolicy; rp {
+	case corev1.RestartPolicyNever, corev1.RestartPolicyOnFailure:
+		p.env.RestartPolicy = string(rp)
+	}
+
+	// Classic mesh sidecars, which the agent quits once every app
+	// container ended (the containers listed in AppContainers below).
+	if namespace != nil && namespace.Name != ns {
+		namespace = nil // not the Job's: its labels say nothing of this pod
+	}
+	p.mesh = planMeshes(&job.Spec.Template, namespace, s.ProxyQuit)
+	p.env.ProxyQuit = p.mesh.quit
+
+	// Every regular container but a mesh proxy is an app container.
 	// With dislock.io/entrypoint present but bad, its own error says
 	// everything; do not add one "no entrypoint" error per container.
 	_, haveAnnotation := annotations[spec.AnnotationEntrypoint]
 	for _, c := range job.Spec.Template.Spec.Containers {
+		if meshProxy(c) {
+			// Not the app: never wrapped, so it needs no entrypoint.
+			p.commands = append(p.commands, nil)
+			continue
+		}
 		cmd := originalCommand(c, s.Entrypoint, entrypoints)
 		if cmd == nil && !haveAnnotation {
 			errs = append(errs, fmt.Errorf("container %q has no command and its image's entrypoint could not be read: set the container's command, or the annotation %s on the CronJob to the image's entrypoint as a JSON array (e.g. [\"/app/run\"])",
@@ -525,6 +600,11 @@ func templateProblems(jobSpec *field.Path, js *batchv1.JobSpec) field.ErrorList 
 			}
 		}
 	}
+	if len(pod.Containers) > 0 && !slices.ContainsFunc(pod.Containers, func(c corev1.Container) bool { return !meshProxy(c) }) {
+		errs = append(errs, field.Invalid(podPath.Child("containers"), len(pod.Containers),
+			fmt.Sprintf("every container is a mesh proxy (%s or %s), which dislock never wraps, so there is no app to run under the lock (add the app's container)",
+				IstioProxyContainer, LinkerdProxyContainer)))
+	}
 	for i, c := range pod.Containers {
 		for j, m := range c.VolumeMounts {
 			if mp := path.Clean(m.MountPath); mp == SharedDir || strings.HasPrefix(mp, SharedDir+"/") {
@@ -608,8 +688,9 @@ func sharedMount() corev1.VolumeMount {
 
 // NeedsEntrypoint lists the app containers Inject will need an image
 // entrypoint for: those without a command, when dislock.io/entrypoint is not
-// set. The caller resolves them (from the registry) and passes them to
-// Inject. It returns nothing for a Job that carries a part of an injection
+// set. A mesh proxy container is never one: it is not wrapped, so its image
+// is never looked up. The caller resolves them (from the registry) and
+// passes them to Inject. It returns nothing for a Job that carries a part of an injection
 // (its wrapped commands are checked, not resolved again), and
 // ErrNotOptedIn for a Job that is not opted in.
 func NeedsEntrypoint(job *batchv1.Job, cronJob *batchv1.CronJob) ([]corev1.Container, error) {
@@ -631,7 +712,7 @@ func (r *review) needsEntrypoint() ([]corev1.Container, error) {
 	}
 	var out []corev1.Container
 	for _, c := range r.job.Spec.Template.Spec.Containers {
-		if len(c.Command) == 0 {
+		if len(c.Command) == 0 && !meshProxy(c) {
 			out = append(out, *c.DeepCopy())
 		}
 	}

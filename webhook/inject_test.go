@@ -58,6 +58,8 @@ var goldenCases = []goldenCase{
 	{name: "indexed"},
 	{name: "explicit-pod-replacement-policy"},
 	{name: "defaulted-pod-replacement-policy"},
+	{name: "mesh-istio-proxy-in-template"},
+	{name: "mesh-linkerd-annotation"},
 }
 
 // readCase decodes a case file: a CronJob, then a Job, as YAML documents.
@@ -195,6 +197,10 @@ func checkInjected(t testing.TB, out *batchv1.Job, st *Status) {
 	}
 	var names []string
 	for _, c := range pod.Containers {
+		if meshProxy(c) {
+			checkProxyUntouched(t, c)
+			continue
+		}
 		names = append(names, c.Name)
 		if len(c.Command) <= len(WrapperPrefix) || !slices.Equal(c.Command[:len(WrapperPrefix)], WrapperPrefix) {
 			t.Errorf("container %s: command %q does not start with %q and a command", c.Name, c.Command, WrapperPrefix)
@@ -217,6 +223,25 @@ func checkInjected(t testing.TB, out *batchv1.Job, st *Status) {
 	}
 	if !slices.Equal(names, st.Containers) {
 		t.Errorf("status containers %q, want %q", st.Containers, names)
+	}
+}
+
+// checkProxyUntouched checks that a mesh proxy container was left as the
+// mesh made it: not wrapped, no dislock variable, no shared volume.
+func checkProxyUntouched(t testing.TB, c corev1.Container) {
+	t.Helper()
+	if runsAgent(c.Command) || wrapped(c.Command) {
+		t.Errorf("mesh proxy %s is wrapped: %q", c.Name, c.Command)
+	}
+	for _, e := range c.Env {
+		if strings.HasPrefix(e.Name, envPrefix) {
+			t.Errorf("mesh proxy %s has %s", c.Name, e.Name)
+		}
+	}
+	for _, m := range c.VolumeMounts {
+		if m.Name == VolumeName {
+			t.Errorf("mesh proxy %s mounts %s", c.Name, VolumeName)
+		}
 	}
 }
 
@@ -261,7 +286,8 @@ func checkAgentReadsItsEnv(t testing.TB, out *batchv1.Job, st *Status) {
 	if got.Mode.String() != st.Mode || got.Key != st.Key || window != st.Window ||
 		got.Manual != (st.WindowSource == "manual") || got.Indexed != indexed || (indexed && got.JobIndex != 2) ||
 		got.Cluster != goldenOptions().ClusterName || got.JobName != jobName || got.JobUID != "job-uid" ||
-		got.PodName != pod.Name || got.DatabaseURL != dsn {
+		got.PodName != pod.Name || got.DatabaseURL != dsn ||
+		!slices.Equal(got.AppContainers, st.Containers) || got.RestartPolicy != string(out.Spec.Template.Spec.RestartPolicy) {
 		t.Errorf("the agent reads %+v; the webhook meant %+v (indexed %v)", got, st, indexed)
 	}
 }

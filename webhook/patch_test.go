@@ -217,6 +217,24 @@ func TestPatchCases(t *testing.T) {
 			change:  func(j *batchv1.Job) { j.Spec.PodReplacementPolicy = nil }},
 		{name: "a null pod replacement policy is set",
 			request: `[{"op":"add","path":"/spec/podReplacementPolicy","value":null}]`},
+		{name: "a pod template annotation added where the template's metadata is empty sets the metadata whole",
+			change: func(j *batchv1.Job) {
+				j.Spec.Template.Annotations = map[string]string{LinkerdAdminShutdownAnnotation: "enabled"}
+			}},
+		{name: "a pod template annotation added where the request has no template metadata",
+			request: `[{"op":"remove","path":"/spec/template/metadata"}]`,
+			change: func(j *batchv1.Job) {
+				j.Spec.Template.Annotations = map[string]string{LinkerdAdminShutdownAnnotation: "enabled"}
+			}},
+		{name: "a pod template annotation added next to others, with keys escaped",
+			request: `[{"op":"add","path":"/spec/template/metadata/labels","value":{"app":"report"}},
+				{"op":"add","path":"/spec/template/metadata/annotations","value":{"linkerd.io/inject":"enabled"}}]`},
+		{name: "pod template annotations added to a null map",
+			request: `[{"op":"add","path":"/spec/template/metadata/annotations","value":null},
+				{"op":"add","path":"/spec/template/metadata/labels","value":{"app":"report"}}]`,
+			change: func(j *batchv1.Job) {
+				j.Spec.Template.Annotations = map[string]string{LinkerdAdminShutdownAnnotation: "enabled"}
+			}},
 		{name: "a change outside the covered paths is diffed",
 			change: func(j *batchv1.Job) { j.Spec.BackoffLimit = ptr.To(int32(9)) },
 			diffed: true},

@@ -156,11 +156,28 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 	if _, err := mgr.GetCache().GetInformer(context.Background(), &batchv1.CronJob{}); err != nil {
 		return fmt.Errorf("watching CronJobs: %w", err)
 	}
+	// The Job's namespace tells whether a mesh will add a classic sidecar
+	// to its pods (docs/mesh.md). The cache holds Namespaces only when a
+	// namespace controller below watches them, and only then is the webhook
+	// granted them (charts/dislock/templates/rbac.yaml): a read otherwise
+	// would start an informer that can never sync.
+	var namespaces client.Reader
+	if cfg.TenantRoles || cfg.CopyDBSecret {
+		// Started with the cache on every replica, not only with the
+		// elected leader's controllers, so that no review waits for it.
+		if _, err := mgr.GetCache().GetInformer(context.Background(), &corev1.Namespace{}); err != nil {
+			return fmt.Errorf("watching Namespaces: %w", err)
+		}
+		namespaces = mgr.GetClient()
+	} else {
+		mgr.GetLogger().Info("namespaces are not watched (no tenant roles, no Secret copies): " +
+			"classic mesh sidecars are detected from each Job's pod template alone, not from namespace labels (docs/mesh.md)")
+	}
 	register := func() {
 		srv := mgr.GetWebhookServer()
 		dec := admission.NewDecoder(mgr.GetScheme())
 		srv.Register(MutateJobPath, &webhook.Admission{Handler: &jobMutator{
-			cache: mgr.GetClient(), api: mgr.GetAPIReader(), opts: cfg.Inject.WithDefaults(),
+			cache: mgr.GetClient(), api: mgr.GetAPIReader(), namespaces: namespaces, opts: cfg.Inject.WithDefaults(),
 			resolver: NewResolver(cfg.Resolver), events: mgr.GetEventRecorder("dislock-webhook"),
 		}})
 		srv.Register(ValidateCronJobPath, &webhook.Admission{Handler: &cronJobValidator{decoder: dec, opts: cfg.Inject}})

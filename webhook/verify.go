@@ -157,9 +157,9 @@ func runsAgent(command []string) bool {
 // verify checks a Job that carries a part of an injection against what
 // fresh makes of the Job it came from, and returns it unchanged if it is
 // exactly that.
-func (r *review) verify(opts Options) (*batchv1.Job, *Status, error) {
+func (r *review) verify(opts Options) (injection, error) {
 	if !r.enabled {
-		return nil, nil, &forgedError{marker: r.marker,
+		return injection{}, &forgedError{marker: r.marker,
 			problem: "neither it nor its CronJob opts in to dislock (no dislock.io/ annotation other than " + StatusAnnotation + ")"}
 	}
 	if stray := strayMarker(r.job); stray != nil {
@@ -167,17 +167,18 @@ func (r *review) verify(opts Options) (*batchv1.Job, *Status, error) {
 		if stray.String() != r.marker.String() {
 			problem = stray.String() + " too, which dislock never injects"
 		}
-		return nil, nil, &forgedError{marker: r.marker, problem: problem}
+		return injection{}, &forgedError{marker: r.marker, problem: problem}
 	}
 	recovered, entrypoints := strip(r.job)
-	want, st, err := r.fresh(recovered, opts, entrypoints)
+	want, err := r.fresh(recovered, opts, entrypoints)
 	if err != nil {
-		return nil, nil, &forgedError{marker: r.marker, problem: "dislock would refuse the Job it was made from: " + err.Error(), cause: err}
+		return injection{}, &forgedError{marker: r.marker, problem: "dislock would refuse the Job it was made from: " + err.Error(), cause: err}
 	}
-	if d := firstDifference(r.job, want); d != "" {
-		return nil, nil, &forgedError{marker: r.marker, problem: "it is not what dislock injects for it: " + d}
+	if d := firstDifference(r.job, want.job); d != "" {
+		return injection{}, &forgedError{marker: r.marker, problem: "it is not what dislock injects for it: " + d}
 	}
-	return r.job.DeepCopy(), st, nil
+	want.job = r.job.DeepCopy()
+	return want, nil
 }
 
 // unknownEntrypoint stands for the image's entrypoint of an app container
@@ -205,6 +206,9 @@ func strip(job *batchv1.Job) (*batchv1.Job, map[string][]string) {
 	entrypoints := make(map[string][]string, len(pod.Containers))
 	for i := range pod.Containers {
 		c := &pod.Containers[i]
+		if meshProxy(*c) {
+			continue // fresh leaves a mesh proxy as it is
+		}
 		c.Env = slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == spec.EnvContainerName })
 		if n := len(c.VolumeMounts); n > 0 && c.VolumeMounts[n-1].Name == VolumeName && c.VolumeMounts[n-1].MountPath == SharedDir {
 			c.VolumeMounts = c.VolumeMounts[:n-1]

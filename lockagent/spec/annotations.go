@@ -46,6 +46,18 @@ const (
 	// from the registry.
 	AnnotationEntrypoint = Prefix + "entrypoint"
 
+	// AnnotationProxyQuit overrides the webhook's detection of classic
+	// (non-native) service-mesh sidecars, which never exit by themselves and
+	// so keep a Job's pod from ending: ProxyQuitNone, or up to MaxProxyQuit
+	// comma-separated loopback http URLs with a port (see ProxyQuitProblem)
+	// that the agent POSTs to once every app container ended, e.g.
+	// "http://127.0.0.1:15020/quitquitquit". Unset: the webhook detects
+	// Istio and Linkerd sidecars itself.
+	AnnotationProxyQuit = Prefix + "proxy-quit"
+	// ProxyQuitNone is the AnnotationProxyQuit value that turns the quit
+	// off: no sidecar is detected, none is told to quit.
+	ProxyQuitNone = "none"
+
 	// AnnotationAgentCPURequest, AnnotationAgentCPULimit,
 	// AnnotationAgentMemoryRequest and AnnotationAgentMemoryLimit size the
 	// dislock-agent sidecar of the CronJob's pods (Kubernetes quantities,
@@ -98,6 +110,6 @@ const (
 // userAnnotations are the keys users set, in the order errors list them.
 var userAnnotations = []string{
 	AnnotationMode, AnnotationKey, AnnotationLeaseTTL,
-	AnnotationStandby, AnnotationCatchup, AnnotationAppStartTimeout, AnnotationEntrypoint,
+	AnnotationStandby, AnnotationCatchup, AnnotationAppStartTimeout, AnnotationEntrypoint, AnnotationProxyQuit,
 	AnnotationAgentCPURequest, AnnotationAgentCPULimit, AnnotationAgentMemoryRequest, AnnotationAgentMemoryLimit,
 }

@@ -13,6 +13,9 @@ func FuzzFromAnnotations(f *testing.F) {
 	f.Add(uint8(0x3f), " lease , schedule ", "a.b-c", "5s", "FALSE", "24h", `["a", ""]`, "24h0m0s", "example.com/x", "y", "ns", "-bad")
 	f.Add(uint8(0x21), "schedule", "", "", "", "", `["\u0000"]`, "", "dislock.io/", "", "team-a", "report")
 	f.Add(uint8(0x81), "schedule", "", "", "", "", "", " 30s ", "dislock.io/app-start-timeout", "10s", "team-a", "report")
+	f.Add(uint8(0x80), "lease", "", "", "", "", "", "", "dislock.io/proxy-quit", " http://127.0.0.1:15020/quitquitquit, http://localhost:4191/shutdown", "team-a", "report")
+	f.Add(uint8(0x80), "lease", "", "", "", "", "", "", "dislock.io/proxy-quit", "NONE", "team-a", "report")
+	f.Add(uint8(0x80), "lease", "", "", "", "", "", "", "dislock.io/proxy-quit", "http://10.0.0.1:15020/quitquitquit,,", "team-a", "report")
 	f.Fuzz(func(t *testing.T, present uint8, mode, key, ttl, standby, catchup, entrypoint, appStart, extraKey, extraValue, namespace, cronJobName string) {
 		a := map[string]string{}
 		for i, kv := range [][2]string{

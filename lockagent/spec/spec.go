@@ -33,6 +33,35 @@ type Spec struct {
 	AppStartTimeout time.Duration
 	// Entrypoint is the command to wrap when a container has none; nil = unset.
 	Entrypoint []string
+	// ProxyQuit is dislock.io/proxy-quit: the zero value (unset) leaves the
+	// pod's classic mesh sidecars to the webhook's detection.
+	ProxyQuit ProxyQuit
+}
+
+// ProxyQuit is what dislock.io/proxy-quit says about the classic
+// (non-native) mesh sidecars of a CronJob's pods, which never exit by
+// themselves. The zero value is the annotation unset: the webhook detects
+// Istio and Linkerd sidecars itself.
+type ProxyQuit struct {
+	// Set: the annotation is present, and URLs replace the detection. Set
+	// with no URLs is ProxyQuitNone: the agent tells no sidecar to quit.
+	Set bool
+	// URLs are the quit endpoints the agent POSTs to once every app
+	// container ended: loopback http URLs with a port, at most
+	// MaxProxyQuit, each once.
+	URLs []string
+}
+
+// String spells p as the annotation's value: "" when unset, ProxyQuitNone,
+// or the URLs comma-separated.
+func (p ProxyQuit) String() string {
+	switch {
+	case !p.Set:
+		return ""
+	case len(p.URLs) == 0:
+		return ProxyQuitNone
+	}
+	return strings.Join(p.URLs, ",")
 }
 
 // Key returns the effective lock key, "<namespace>/<name>".
@@ -226,6 +255,14 @@ func FromAnnotations(annotations map[string]string, namespace, cronJobName strin
 		s.Entrypoint = cmd
 	}
 
+	if v, ok := annotations[AnnotationProxyQuit]; ok {
+		pq, problem := parseProxyQuit(v)
+		if problem != "" {
+			bad(AnnotationProxyQuit, v, problem)
+		}
+		s.ProxyQuit = pq
+	}
+
 	for _, k := range slices.Sorted(maps.Keys(annotations)) {
 		if !strings.HasPrefix(k, Prefix) || k == AnnotationStatus || slices.Contains(userAnnotations, k) {
 			continue
@@ -250,6 +287,11 @@ const (
 	wantName    = `(want lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters, e.g. "nightly-report")`
 	wantCommand = `(want a JSON array of non-empty strings, e.g. ["/app/run","--daily"])`
 )
+
+// wantProxyQuit is the fix of every dislock.io/proxy-quit problem that is
+// not one URL's own.
+var wantProxyQuit = fmt.Sprintf(`(want %q, or at most %d comma-separated loopback http URLs with a port, e.g. "http://127.0.0.1:15020/quitquitquit")`,
+	ProxyQuitNone, MaxProxyQuit)
 
 // The allowed ranges, spelt from the same constants that enforce them, so
 // that a message can never name other bounds than the check uses.
@@ -302,6 +344,41 @@ func parseEntrypoint(v string) ([]string, string) {
 		}
 	}
 	return cmd, ""
+}
+
+// parseProxyQuit reads dislock.io/proxy-quit: ProxyQuitNone, or at most
+// MaxProxyQuit comma-separated quit URLs, each what ProxyQuitProblem accepts
+// (surrounding spaces ignored) and each once.
+func parseProxyQuit(v string) (ProxyQuit, string) {
+	t := strings.TrimSpace(v)
+	switch {
+	case t == "":
+		return ProxyQuit{}, "is empty " + wantProxyQuit
+	case strings.EqualFold(t, ProxyQuitNone):
+		return ProxyQuit{Set: true}, ""
+	}
+	items := strings.Split(t, ",")
+	if len(items) > MaxProxyQuit {
+		return ProxyQuit{}, fmt.Sprintf("lists %d URLs %s", len(items), wantProxyQuit)
+	}
+	urls := make([]string, 0, len(items))
+	for _, item := range items {
+		u := strings.TrimSpace(item)
+		if u == "" {
+			return ProxyQuit{}, "has an empty item " + wantProxyQuit
+		}
+		if problem := ProxyQuitProblem(u); problem != "" {
+			if len(items) == 1 {
+				return ProxyQuit{}, problem
+			}
+			return ProxyQuit{}, "holds " + quote(u) + ", which " + problem
+		}
+		if slices.Contains(urls, u) {
+			return ProxyQuit{}, "lists " + quote(u) + " twice (want each URL once)"
+		}
+		urls = append(urls, u)
+	}
+	return ProxyQuit{Set: true, URLs: urls}, ""
 }
 
 // validName reports whether s is a DNS-1123 subdomain: 1..253 characters of
@@ -403,6 +480,19 @@ func (s Spec) Validate() error {
 			errs = append(errs, fmt.Errorf("entrypoint %s %s", b, problem))
 		}
 	}
+	switch pq := s.ProxyQuit; {
+	case !pq.Set && pq.URLs != nil:
+		errs = append(errs, fmt.Errorf("proxy quit URLs %q are given but not set (set ProxyQuit.Set)", pq.URLs))
+	case pq.Set && len(pq.URLs) > 0:
+		// The annotation's spelling of the URLs reads back to them exactly
+		// when they are valid.
+		if again, problem := parseProxyQuit(pq.String()); problem != "" {
+			errs = append(errs, fmt.Errorf("proxy quit URLs %q: %s", pq.URLs, problem))
+		} else if !slices.Equal(again.URLs, pq.URLs) {
+			errs = append(errs, fmt.Errorf("proxy quit URLs %q read back from the annotation as %q (want plain URLs: no spaces, no commas, not %q)",
+				pq.URLs, again.URLs, ProxyQuitNone))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -424,6 +514,9 @@ func (s Spec) Annotations() map[string]string {
 	if s.Entrypoint != nil {
 		b, _ := json.Marshal(s.Entrypoint)
 		a[AnnotationEntrypoint] = string(b)
+	}
+	if s.ProxyQuit.Set {
+		a[AnnotationProxyQuit] = s.ProxyQuit.String()
 	}
 	return a
 }

@@ -247,10 +247,60 @@ func TestFromAnnotations(t *testing.T) {
 			wantErrs:    []string{"is not a JSON array of strings"},
 		},
 		{
+			name:        "proxy-quit none turns the mesh detection off",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationProxyQuit: " None "},
+			want: Spec{Mode: Mode{Lease: true}, Name: "report", Namespace: "team-a", LeaseTTL: DefaultLeaseTTL, AppStartTimeout: DefaultAppStartTimeout,
+				ProxyQuit: ProxyQuit{Set: true}},
+		},
+		{
+			name: "proxy-quit lists loopback URLs, spaces around each ignored",
+			annotations: map[string]string{AnnotationMode: "lease",
+				AnnotationProxyQuit: " http://127.0.0.1:15000/quitquitquit , http://localhost:9901/quit,http://[::1]:4191/shutdown "},
+			want: Spec{Mode: Mode{Lease: true}, Name: "report", Namespace: "team-a", LeaseTTL: DefaultLeaseTTL, AppStartTimeout: DefaultAppStartTimeout,
+				ProxyQuit: ProxyQuit{Set: true, URLs: []string{"http://127.0.0.1:15000/quitquitquit", "http://localhost:9901/quit", "http://[::1]:4191/shutdown"}}},
+		},
+		{
+			name:        "a proxy-quit URL off the pod's loopback names the value and the fix",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationProxyQuit: "http://10.0.0.7:15020/quitquitquit"},
+			wantErrs: []string{`annotation dislock.io/proxy-quit: "http://10.0.0.7:15020/quitquitquit" is not on the pod's loopback ` +
+				`(want a loopback http URL with a port, e.g. "http://127.0.0.1:15020/quitquitquit")`},
+		},
+		{
+			name:        "a bad URL in a proxy-quit list is named",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationProxyQuit: "http://127.0.0.1:15020/quitquitquit,https://127.0.0.1:4191/shutdown"},
+			wantErrs: []string{`annotation dislock.io/proxy-quit: "http://127.0.0.1:15020/quitquitquit,https://127.0.0.1:4191/shutdown" ` +
+				`holds "https://127.0.0.1:4191/shutdown", which is not an http URL (want a loopback http URL with a port`},
+		},
+		{
+			name:        "a proxy-quit URL without a port",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationProxyQuit: "http://localhost/quitquitquit"},
+			wantErrs:    []string{`"http://localhost/quitquitquit" has no port`},
+		},
+		{
+			name:        "an empty proxy-quit",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationProxyQuit: " "},
+			wantErrs:    []string{`annotation dislock.io/proxy-quit: " " is empty (want "none", or at most 4 comma-separated loopback http URLs with a port`},
+		},
+		{
+			name:        "a proxy-quit with an empty item",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationProxyQuit: "http://127.0.0.1:1/q,"},
+			wantErrs:    []string{"has an empty item"},
+		},
+		{
+			name:        "a proxy-quit URL twice",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationProxyQuit: "http://127.0.0.1:1/q, http://127.0.0.1:1/q"},
+			wantErrs:    []string{`lists "http://127.0.0.1:1/q" twice`},
+		},
+		{
+			name:        "more proxy-quit URLs than a pod has sidecars",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationProxyQuit: "http://127.0.0.1:1/a,http://127.0.0.1:1/b,http://127.0.0.1:1/c,http://127.0.0.1:1/d,http://127.0.0.1:1/e"},
+			wantErrs:    []string{"lists 5 URLs (want"},
+		},
+		{
 			name:        "a misspelt annotation is an error with a suggestion",
 			annotations: map[string]string{AnnotationMode: "lease", "dislock.io/leasettl": "30s"},
 			wantErrs: []string{
-				`annotation dislock.io/leasettl: "30s" is not a dislock annotation (did you mean dislock.io/lease-ttl? known: dislock.io/mode, dislock.io/key, dislock.io/lease-ttl, dislock.io/standby, dislock.io/catchup, dislock.io/app-start-timeout, dislock.io/entrypoint, dislock.io/agent-cpu-request, dislock.io/agent-cpu-limit, dislock.io/agent-memory-request, dislock.io/agent-memory-limit)`,
+				`annotation dislock.io/leasettl: "30s" is not a dislock annotation (did you mean dislock.io/lease-ttl? known: dislock.io/mode, dislock.io/key, dislock.io/lease-ttl, dislock.io/standby, dislock.io/catchup, dislock.io/app-start-timeout, dislock.io/entrypoint, dislock.io/proxy-quit, dislock.io/agent-cpu-request, dislock.io/agent-cpu-limit, dislock.io/agent-memory-request, dislock.io/agent-memory-limit)`,
 			},
 		},
 		{
@@ -416,6 +466,16 @@ func TestValidate(t *testing.T) {
 		{"no app-start timeout", func(s *Spec) { s.AppStartTimeout = 0 }, "app start timeout 0s is out of range (want between 30s and 24h)"},
 		{"an empty entrypoint", func(s *Spec) { s.Entrypoint = []string{} }, "empty array"},
 		{"an entrypoint with an empty argument", func(s *Spec) { s.Entrypoint = []string{"run", ""} }, "index 1"},
+		{"proxy-quit none", func(s *Spec) { s.ProxyQuit = ProxyQuit{Set: true} }, ""},
+		{"proxy-quit URLs", func(s *Spec) {
+			s.ProxyQuit = ProxyQuit{Set: true, URLs: []string{"http://127.0.0.1:15020/quitquitquit"}}
+		}, ""},
+		{"proxy-quit URLs not set", func(s *Spec) { s.ProxyQuit = ProxyQuit{URLs: []string{"http://127.0.0.1:15020/quitquitquit"}} }, "given but not set"},
+		{"a proxy-quit URL off the loopback", func(s *Spec) { s.ProxyQuit = ProxyQuit{Set: true, URLs: []string{"http://example.com:80/q"}} }, "is not on the pod's loopback"},
+		{"a proxy-quit URL that is the word none", func(s *Spec) { s.ProxyQuit = ProxyQuit{Set: true, URLs: []string{"none"}} }, "want plain URLs"},
+		{"a proxy-quit URL with a comma", func(s *Spec) {
+			s.ProxyQuit = ProxyQuit{Set: true, URLs: []string{"http://127.0.0.1:1/a,http://127.0.0.1:1/b"}}
+		}, "want plain URLs"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

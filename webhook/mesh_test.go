@@ -1,0 +1,539 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	admissionv1 "k8s.io/api/admission/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/dislock/dislock/lockagent/spec"
+)
+
+const (
+	istioQuit   = "http://127.0.0.1:15020/quitquitquit"
+	linkerdQuit = "http://127.0.0.1:4191/shutdown"
+)
+
+// sidecarEnv returns the value of the injected sidecar's variable name, and
+// whether it is set.
+func sidecarEnv(t testing.TB, job *batchv1.Job, name string) (string, bool) {
+	t.Helper()
+	for _, e := range job.Spec.Template.Spec.InitContainers[0].Env {
+		if e.Name == name {
+			return e.Value, true
+		}
+	}
+	return "", false
+}
+
+// proxyContainer is a mesh's classic sidecar as the mesh injects it: no
+// command (the image's entrypoint runs), so that wrapping it would need a
+// registry lookup.
+func proxyContainer(name string) corev1.Container {
+	return corev1.Container{Name: name, Image: "registry.example/mesh/" + name + ":1", Args: []string{"proxy", "sidecar"}}
+}
+
+// TestMeshSidecars: for every way Istio or Linkerd is found (or turned off),
+// the sidecar's DISLOCK_PROXY_QUIT, which containers are wrapped, what the
+// pod template gets, and what the user is told.
+func TestMeshSidecars(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		// proxyQuit is the CronJob's dislock.io/proxy-quit; "" leaves it unset.
+		proxyQuit                 string
+		podLabels, podAnnotations map[string]string
+		// proxies are mesh proxy containers already in the pod template.
+		proxies []string
+		// nsLabels and nsAnnotations are the Job's namespace's;
+		// unknownNamespace passes no namespace at all.
+		nsLabels, nsAnnotations map[string]string
+		unknownNamespace        bool
+
+		wantQuit string // DISLOCK_PROXY_QUIT; "" = not set
+		// wantAddedAnnotations are added to the pod template's.
+		wantAddedAnnotations map[string]string
+		// wantWarnings each appear in one admission warning; none = no
+		// warning at all.
+		wantWarnings []string
+	}{
+		{name: "no mesh: no quit URL and no warning"},
+		{name: "a namespace labelled for another purpose: no mesh",
+			nsLabels: map[string]string{"team": "billing", spec.LabelInjection: spec.LabelInjectionEnabled}},
+		{name: "Istio: the pod template's label",
+			podLabels: map[string]string{"sidecar.istio.io/inject": "true"},
+			wantQuit:  istioQuit,
+			wantWarnings: []string{"dislock: Istio sidecar detected (pod template label sidecar.istio.io/inject=true): " +
+				"the agent will POST http://127.0.0.1:15020/quitquitquit once the app containers ended"}},
+		{name: "Istio: the pod template's annotation",
+			podAnnotations: map[string]string{"sidecar.istio.io/inject": "true"},
+			wantQuit:       istioQuit,
+			wantWarnings:   []string{"Istio sidecar detected (pod template annotation sidecar.istio.io/inject=true)"}},
+		{name: "Istio: the namespace label istio-injection=enabled",
+			nsLabels: map[string]string{"istio-injection": "enabled"},
+			wantQuit: istioQuit,
+			wantWarnings: []string{"dislock: Istio sidecar detected (namespace label istio-injection=enabled): " +
+				"the agent will POST http://127.0.0.1:15020/quitquitquit once the app containers ended"}},
+		{name: "Istio: the namespace label istio.io/rev, any revision",
+			nsLabels:     map[string]string{"istio.io/rev": "canary"},
+			wantQuit:     istioQuit,
+			wantWarnings: []string{"Istio sidecar detected (namespace label istio.io/rev=canary)"}},
+		{name: "Istio: the pod template's label false opts out of an enabled namespace",
+			podLabels: map[string]string{"sidecar.istio.io/inject": "false"},
+			nsLabels:  map[string]string{"istio-injection": "enabled"}},
+		{name: "Istio: the pod template's annotation false opts out of a revision's namespace",
+			podAnnotations: map[string]string{"sidecar.istio.io/inject": "false"},
+			nsLabels:       map[string]string{"istio.io/rev": "stable"}},
+		{name: "Istio: the pod template's label wins over its annotation, as in Istio",
+			podLabels:      map[string]string{"sidecar.istio.io/inject": "false"},
+			podAnnotations: map[string]string{"sidecar.istio.io/inject": "true"}},
+		{name: "Istio: a namespace labelled istio-injection=disabled is never injected",
+			podLabels: map[string]string{"sidecar.istio.io/inject": "true"},
+			nsLabels:  map[string]string{"istio-injection": "disabled", "istio.io/rev": "canary"}},
+		{name: "Istio: the proxy already in the template is not wrapped, not an app, and quit",
+			proxies:      []string{IstioProxyContainer},
+			wantQuit:     istioQuit,
+			wantWarnings: []string{"Istio sidecar detected (container istio-proxy in the pod template)"}},
+		{name: "Istio: the proxy in the template counts even where the namespace disables injection",
+			proxies:      []string{IstioProxyContainer},
+			nsLabels:     map[string]string{"istio-injection": "disabled"},
+			wantQuit:     istioQuit,
+			wantWarnings: []string{"Istio sidecar detected (container istio-proxy in the pod template)"}},
+		{name: "Istio: the status port the pod template names",
+			podAnnotations: map[string]string{"sidecar.istio.io/inject": "true", "status.sidecar.istio.io/port": "15099"},
+			wantQuit:       "http://127.0.0.1:15099/quitquitquit",
+			wantWarnings:   []string{"the agent will POST http://127.0.0.1:15099/quitquitquit"}},
+		{name: "Istio: a status port that is not one keeps the default, with a warning",
+			podAnnotations: map[string]string{"status.sidecar.istio.io/port": "0"},
+			nsLabels:       map[string]string{"istio-injection": "enabled"},
+			wantQuit:       istioQuit,
+			wantWarnings: []string{`the pod template's annotation status.sidecar.istio.io/port="0" is not a port (want 1-65535): ` +
+				"the agent will use the default port 15020"}},
+		{name: "Istio: the namespace is not known, so only the pod template decides",
+			nsLabels: map[string]string{"istio-injection": "enabled"}, unknownNamespace: true},
+		{name: "Linkerd: the pod template's annotation, and the proxy's admin shutdown turned on",
+			podAnnotations:       map[string]string{"linkerd.io/inject": "enabled"},
+			wantQuit:             linkerdQuit,
+			wantAddedAnnotations: map[string]string{LinkerdAdminShutdownAnnotation: "enabled"},
+			wantWarnings: []string{"dislock: Linkerd sidecar detected (pod template annotation linkerd.io/inject=enabled): " +
+				"the agent will POST http://127.0.0.1:4191/shutdown once the app containers ended " +
+				"(the pod template gets config.linkerd.io/proxy-admin-shutdown=enabled, so that the proxy serves it)"}},
+		{name: "Linkerd: the pod template's annotation ingress",
+			podAnnotations:       map[string]string{"linkerd.io/inject": "ingress"},
+			wantQuit:             linkerdQuit,
+			wantAddedAnnotations: map[string]string{LinkerdAdminShutdownAnnotation: "enabled"},
+			wantWarnings:         []string{"Linkerd sidecar detected (pod template annotation linkerd.io/inject=ingress)"}},
+		{name: "Linkerd: the namespace's annotation",
+			nsAnnotations:        map[string]string{"linkerd.io/inject": "enabled"},
+			wantQuit:             linkerdQuit,
+			wantAddedAnnotations: map[string]string{LinkerdAdminShutdownAnnotation: "enabled"},
+			wantWarnings:         []string{"Linkerd sidecar detected (namespace annotation linkerd.io/inject=enabled)"}},
+		{name: "Linkerd: the pod template's disabled opts out of the namespace's",
+			podAnnotations: map[string]string{"linkerd.io/inject": "disabled"},
+			nsAnnotations:  map[string]string{"linkerd.io/inject": "enabled"}},
+		{name: "Linkerd: admin shutdown already enabled is left alone",
+			podAnnotations: map[string]string{"linkerd.io/inject": "enabled", LinkerdAdminShutdownAnnotation: "enabled"},
+			wantQuit:       linkerdQuit,
+			wantWarnings:   []string{"Linkerd sidecar detected"}},
+		{name: "Linkerd: the user's admin shutdown stands, with a warning that the pod will not end by itself",
+			podAnnotations: map[string]string{"linkerd.io/inject": "enabled", LinkerdAdminShutdownAnnotation: "disabled"},
+			wantQuit:       linkerdQuit,
+			wantWarnings: []string{"Linkerd sidecar detected",
+				`dislock: the pod template sets config.linkerd.io/proxy-admin-shutdown="disabled", so the Linkerd proxy may refuse the agent's POST to ` +
+					`http://127.0.0.1:4191/shutdown and the pod will not end by itself after its app (remove the annotation, or set it to "enabled")`}},
+		{name: "Linkerd: the admin port the pod template names",
+			podAnnotations:       map[string]string{"linkerd.io/inject": "enabled", "config.linkerd.io/admin-port": "9991"},
+			wantQuit:             "http://127.0.0.1:9991/shutdown",
+			wantAddedAnnotations: map[string]string{LinkerdAdminShutdownAnnotation: "enabled"},
+			wantWarnings:         []string{"Linkerd sidecar detected"}},
+		{name: "Linkerd: the proxy already in the template is not wrapped, not an app, and quit",
+			proxies:              []string{LinkerdProxyContainer},
+			wantQuit:             linkerdQuit,
+			wantAddedAnnotations: map[string]string{LinkerdAdminShutdownAnnotation: "enabled"},
+			wantWarnings:         []string{"Linkerd sidecar detected (container linkerd-proxy in the pod template)"}},
+		{name: "both meshes: both quit, Istio first",
+			podAnnotations:       map[string]string{"linkerd.io/inject": "enabled"},
+			nsLabels:             map[string]string{"istio-injection": "enabled"},
+			wantQuit:             istioQuit + "," + linkerdQuit,
+			wantAddedAnnotations: map[string]string{LinkerdAdminShutdownAnnotation: "enabled"},
+			wantWarnings:         []string{"Istio sidecar detected", "Linkerd sidecar detected"}},
+		{name: "dislock.io/proxy-quit none: nothing detected, nothing quit, nothing added",
+			proxyQuit:      "none",
+			podAnnotations: map[string]string{"linkerd.io/inject": "enabled"},
+			nsLabels:       map[string]string{"istio-injection": "enabled"}},
+		{name: "dislock.io/proxy-quit none still never wraps a proxy in the template",
+			proxyQuit: "none",
+			proxies:   []string{IstioProxyContainer, LinkerdProxyContainer}},
+		{name: "dislock.io/proxy-quit URLs replace the detection",
+			proxyQuit:      "http://localhost:15000/quitquitquit, http://[::1]:9901/quit",
+			podAnnotations: map[string]string{"linkerd.io/inject": "enabled"},
+			nsLabels:       map[string]string{"istio-injection": "enabled"},
+			wantQuit:       "http://localhost:15000/quitquitquit,http://[::1]:9901/quit"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			annotations := map[string]string{spec.AnnotationMode: "schedule"}
+			if tc.proxyQuit != "" {
+				annotations[spec.AnnotationProxyQuit] = tc.proxyQuit
+			}
+			cj, job := errCase(annotations, func(cj *batchv1.CronJob, job *batchv1.Job) {
+				for _, js := range []*batchv1.JobSpec{&cj.Spec.JobTemplate.Spec, &job.Spec} {
+					js.Template.Labels = maps.Clone(tc.podLabels)
+					js.Template.Annotations = maps.Clone(tc.podAnnotations)
+					for _, name := range tc.proxies {
+						js.Template.Spec.Containers = append(js.Template.Spec.Containers, proxyContainer(name))
+					}
+				}
+			})
+			var ns *corev1.Namespace
+			if !tc.unknownNamespace {
+				ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: job.Namespace, Labels: tc.nsLabels, Annotations: tc.nsAnnotations}}
+			}
+			if need, err := NeedsEntrypoint(job, cj); err != nil || len(need) != 0 {
+				t.Errorf("NeedsEntrypoint = %v, %v; a mesh proxy's image must never be looked up", need, err)
+			}
+
+			out, st, warnings, err := InjectInNamespace(job, cj, ns, goldenOptions(), nil)
+			if err != nil {
+				t.Fatalf("Inject: %v", err)
+			}
+			checkInjected(t, out, st)
+			checkAgentReadsItsEnv(t, out, st)
+
+			quit, set := sidecarEnv(t, out, spec.EnvProxyQuit)
+			if quit != tc.wantQuit || set != (tc.wantQuit != "") {
+				t.Errorf("%s = %q (set %v), want %q", spec.EnvProxyQuit, quit, set, tc.wantQuit)
+			}
+			if apps, _ := sidecarEnv(t, out, spec.EnvAppContainers); apps != "app" {
+				t.Errorf("%s = %q, want only the app", spec.EnvAppContainers, apps)
+			}
+			if !slices.Equal(st.Containers, []string{"app"}) {
+				t.Errorf("status containers %q, want only the app", st.Containers)
+			}
+			containers := out.Spec.Template.Spec.Containers
+			if !wrapped(containers[0].Command) {
+				t.Errorf("the app is not wrapped: %q", containers[0].Command)
+			}
+			for i, c := range containers[1:] {
+				if want := job.Spec.Template.Spec.Containers[1+i]; !reflect.DeepEqual(c, want) {
+					t.Errorf("proxy %s changed:\n got %+v\nwant %+v", c.Name, c, want)
+				}
+			}
+
+			wantAnnotations := maps.Clone(tc.podAnnotations)
+			if len(tc.wantAddedAnnotations) > 0 {
+				if wantAnnotations == nil {
+					wantAnnotations = map[string]string{}
+				}
+				maps.Copy(wantAnnotations, tc.wantAddedAnnotations)
+			}
+			if got := out.Spec.Template.Annotations; !maps.Equal(got, wantAnnotations) {
+				t.Errorf("pod template annotations %v, want %v", got, wantAnnotations)
+			}
+
+			if len(tc.wantWarnings) == 0 && len(warnings) > 0 {
+				t.Errorf("warnings %q, want none", warnings)
+			}
+			for _, w := range tc.wantWarnings {
+				if !slices.ContainsFunc(warnings, func(got string) bool { return strings.Contains(got, w) }) {
+					t.Errorf("no warning says %q; warnings:\n%s", w, strings.Join(warnings, "\n"))
+				}
+			}
+			for _, w := range warnings {
+				if !strings.HasPrefix(w, "dislock: ") || strings.Contains(w, "\n") {
+					t.Errorf("warning %q is not one line starting with \"dislock: \"", w)
+				}
+			}
+
+			// Reinvocation, or a copy of the Job: the same namespace gives the
+			// same Job back.
+			again, _, _, err := InjectInNamespace(out, cj, ns, goldenOptions(), nil)
+			if err != nil {
+				t.Fatalf("re-injecting: %v", err)
+			}
+			if !reflect.DeepEqual(toJSON(t, again), toJSON(t, out)) {
+				t.Errorf("re-injecting changed the Job:\n%s", lineDiff(string(toYAML(t, out)), string(toYAML(t, again))))
+			}
+			if errs := ValidateCronJob(cj, Options{}); len(errs) != 0 {
+				t.Errorf("the CronJob does not validate: %v", errs)
+			}
+		})
+	}
+}
+
+// A namespace object that is not the Job's says nothing about its pods.
+func TestMeshIgnoresAnotherNamespace(t *testing.T) {
+	t.Parallel()
+	cj, job := errCase(map[string]string{spec.AnnotationMode: "lease"}, nil)
+	other := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere", Labels: map[string]string{"istio-injection": "enabled"}}}
+	out, _, warnings, err := InjectInNamespace(job, cj, other, goldenOptions(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, set := sidecarEnv(t, out, spec.EnvProxyQuit); set || len(warnings) > 0 {
+		t.Errorf("%s = %q, warnings %q; want neither", spec.EnvProxyQuit, v, warnings)
+	}
+}
+
+// The pod's restartPolicy reaches the agent: under Never it may record a
+// failure as soon as every app container ended.
+func TestRestartPolicyReachesTheAgent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		policy corev1.RestartPolicy
+		want   string // "" = not set
+	}{
+		{corev1.RestartPolicyNever, "Never"},
+		{corev1.RestartPolicyOnFailure, "OnFailure"},
+		{"", ""}, // an unset policy (the API server defaults it first)
+	} {
+		t.Run(string(tc.policy)+"", func(t *testing.T) {
+			t.Parallel()
+			cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
+				job.Spec.Template.Spec.RestartPolicy = tc.policy
+			})
+			out, st, err := Inject(job, cj, goldenOptions(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, set := sidecarEnv(t, out, spec.EnvRestartPolicy)
+			if got != tc.want || set != (tc.want != "") {
+				t.Errorf("%s = %q (set %v), want %q", spec.EnvRestartPolicy, got, set, tc.want)
+			}
+			checkAgentReadsItsEnv(t, out, st)
+		})
+	}
+}
+
+// A bad dislock.io/proxy-quit denies the Job, and refuses the CronJob at
+// apply time, naming the annotation, the bad URL and the fix.
+func TestBadProxyQuitIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		value string
+		want  string
+	}{
+		{"http://10.0.0.7:15020/quitquitquit",
+			`annotation dislock.io/proxy-quit: "http://10.0.0.7:15020/quitquitquit" is not on the pod's loopback ` +
+				`(want a loopback http URL with a port, e.g. "http://127.0.0.1:15020/quitquitquit")`},
+		{"http://127.0.0.1:15020/quitquitquit,https://localhost:4191/shutdown",
+			`holds "https://localhost:4191/shutdown", which is not an http URL (want a loopback http URL with a port`},
+		{"", `annotation dislock.io/proxy-quit is empty (want "none", or at most 4 comma-separated loopback http URLs with a port`},
+	} {
+		t.Run(tc.value, func(t *testing.T) {
+			t.Parallel()
+			cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationProxyQuit: tc.value}, nil)
+			if _, _, err := Inject(job, cj, goldenOptions(), nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Inject: %v\nwant an error containing %s", err, tc.want)
+			}
+			errs := ValidateCronJob(cj, Options{})
+			if len(errs) != 1 || errs[0].Field != "metadata.annotations[dislock.io/proxy-quit]" {
+				t.Fatalf("ValidateCronJob: %v", errs)
+			}
+			if fix := tc.want[strings.Index(tc.want, "(want"):]; !strings.Contains(errs[0].Error(), fix) {
+				t.Errorf("ValidateCronJob: %v\nwant the fix %s", errs[0], fix)
+			}
+		})
+	}
+}
+
+// A pod template of mesh proxies only has no app to lock.
+func TestOnlyMeshProxiesIsRefused(t *testing.T) {
+	t.Parallel()
+	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
+		for _, js := range []*batchv1.JobSpec{&cj.Spec.JobTemplate.Spec, &job.Spec} {
+			js.Template.Spec.Containers = []corev1.Container{proxyContainer(IstioProxyContainer)}
+		}
+	})
+	const want = "every container is a mesh proxy (istio-proxy or linkerd-proxy), which dislock never wraps"
+	if _, _, err := Inject(job, cj, goldenOptions(), nil); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Inject: %v", err)
+	}
+	if errs := ValidateCronJob(cj, Options{}); len(errs) != 1 || !strings.Contains(errs[0].Error(), want) ||
+		errs[0].Field != "spec.jobTemplate.spec.template.spec.containers" {
+		t.Errorf("ValidateCronJob: %v", errs)
+	}
+}
+
+// meshMutator is the Job admission handler over an in-memory API holding
+// objects; namespaces says whether it reads the Job's namespace (the
+// installation watches Namespaces).
+func meshMutator(t testing.TB, namespaces bool, resolver *Resolver, objects ...runtime.Object) (*jobMutator, *events.FakeRecorder) {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	reader := fake.NewClientBuilder().WithScheme(scheme).WithRuntimeObjects(objects...).Build()
+	rec := &events.FakeRecorder{Events: make(chan string, 16)}
+	m := &jobMutator{cache: reader, api: reader, opts: testOptions(), resolver: resolver, events: rec}
+	if namespaces {
+		m.namespaces = reader
+	}
+	if m.resolver == nil {
+		m.resolver = NewResolver(ResolverOptions{})
+	}
+	return m, rec
+}
+
+// admit runs one Job admission and returns the response and the Job it
+// makes of job.
+func admit(t testing.TB, m *jobMutator, job *batchv1.Job) (admission.Response, *batchv1.Job) {
+	t.Helper()
+	raw, err := json.Marshal(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := m.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "review-1", Operation: admissionv1.Create, Namespace: job.Namespace, Object: runtime.RawExtension{Raw: raw}}})
+	if !resp.Allowed {
+		return resp, nil
+	}
+	out, err := decodeJob(applyResponse(t, raw, resp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, out
+}
+
+// The admission reads the Job's namespace from the cache (when the webhook
+// watches Namespaces), tells kubectl what it found as a warning, logs it and
+// puts it in the Event; a user's admin-shutdown choice that keeps the pod
+// running is a Warning Event too, since the CronJob controller shows
+// admission warnings to no one.
+func TestAdmissionDetectsMeshesFromTheNamespace(t *testing.T) {
+	t.Parallel()
+	cj, job := cronJobAndJob(map[string]string{spec.AnnotationMode: "schedule"})
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team", Labels: map[string]string{"istio-injection": "enabled"}}}
+	const note = "dislock: Istio sidecar detected (namespace label istio-injection=enabled): the agent will POST http://127.0.0.1:15020/quitquitquit once the app containers ended"
+
+	t.Run("the namespace is read from the cache", func(t *testing.T) {
+		t.Parallel()
+		m, rec := meshMutator(t, true, nil, cj, ns)
+		resp, out := admit(t, m, job)
+		if out == nil || !slices.Equal(resp.Warnings, []string{note}) {
+			t.Fatalf("response allowed %v, warnings %q; want the note %q", resp.Allowed, resp.Warnings, note)
+		}
+		if quit, _ := sidecarEnv(t, out, spec.EnvProxyQuit); quit != istioQuit {
+			t.Errorf("%s = %q", spec.EnvProxyQuit, quit)
+		}
+		if ev := <-rec.Events; !strings.Contains(ev, "DislockInjected") || !strings.Contains(ev, "Istio sidecar detected (namespace label istio-injection=enabled)") {
+			t.Errorf("event %q does not tell the mesh", ev)
+		}
+	})
+	t.Run("without a namespace cache the pod template alone decides", func(t *testing.T) {
+		t.Parallel()
+		m, _ := meshMutator(t, false, nil, cj, ns)
+		resp, out := admit(t, m, job)
+		if out == nil || len(resp.Warnings) != 0 {
+			t.Fatalf("response allowed %v, warnings %q", resp.Allowed, resp.Warnings)
+		}
+		if quit, set := sidecarEnv(t, out, spec.EnvProxyQuit); set {
+			t.Errorf("%s = %q, want unset", spec.EnvProxyQuit, quit)
+		}
+	})
+	t.Run("a namespace the cache does not hold: the pod template alone decides", func(t *testing.T) {
+		t.Parallel()
+		m, _ := meshMutator(t, true, nil, cj)
+		labelled := job.DeepCopy()
+		labelled.Spec.Template.Labels = map[string]string{"sidecar.istio.io/inject": "true"}
+		resp, out := admit(t, m, labelled)
+		if out == nil || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "pod template label sidecar.istio.io/inject=true") {
+			t.Fatalf("response allowed %v, warnings %q", resp.Allowed, resp.Warnings)
+		}
+	})
+	t.Run("a user's admin shutdown that keeps the pod running is a Warning Event", func(t *testing.T) {
+		t.Parallel()
+		linkerdNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team", Annotations: map[string]string{"linkerd.io/inject": "enabled"}}}
+		m, rec := meshMutator(t, true, nil, cj, linkerdNS)
+		off := job.DeepCopy()
+		off.Spec.Template.Annotations = map[string]string{LinkerdAdminShutdownAnnotation: "disabled"}
+		resp, out := admit(t, m, off)
+		if out == nil || len(resp.Warnings) != 2 || !strings.Contains(resp.Warnings[1], "the pod will not end by itself") {
+			t.Fatalf("response allowed %v, warnings %q", resp.Allowed, resp.Warnings)
+		}
+		if got := out.Spec.Template.Annotations[LinkerdAdminShutdownAnnotation]; got != "disabled" {
+			t.Errorf("the user's %s became %q", LinkerdAdminShutdownAnnotation, got)
+		}
+		if ev := <-rec.Events; !strings.Contains(ev, "DislockInjected") {
+			t.Errorf("first event %q", ev)
+		}
+		if ev := <-rec.Events; !strings.HasPrefix(ev, "Warning DislockMeshSidecar") || !strings.Contains(ev, "the pod will not end by itself") {
+			t.Errorf("second event %q, want the warning", ev)
+		}
+	})
+	t.Run("the Linkerd admin shutdown is patched into the pod template", func(t *testing.T) {
+		t.Parallel()
+		m, _ := meshMutator(t, true, nil, cj)
+		meshed := job.DeepCopy()
+		meshed.Spec.Template.Annotations = map[string]string{"linkerd.io/inject": "enabled"}
+		_, out := admit(t, m, meshed)
+		if out == nil || out.Spec.Template.Annotations[LinkerdAdminShutdownAnnotation] != "enabled" {
+			t.Fatalf("patched Job %+v", out)
+		}
+	})
+	t.Run("a bad dislock.io/proxy-quit is denied naming it", func(t *testing.T) {
+		t.Parallel()
+		badCJ, badJob := cronJobAndJob(map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationProxyQuit: "http://10.0.0.7:15020/quitquitquit"})
+		m, _ := meshMutator(t, true, nil, badCJ, ns)
+		resp, _ := admit(t, m, badJob)
+		if resp.Allowed || !strings.Contains(resp.Result.Message, `annotation dislock.io/proxy-quit: "http://10.0.0.7:15020/quitquitquit" is not on the pod's loopback`) {
+			t.Fatalf("response %+v", resp.Result)
+		}
+	})
+}
+
+// A mesh proxy in the pod template is not the app: its image's entrypoint
+// is never looked up in a registry, even without a command. The same image
+// in an app container is looked up, so the test would see a lookup.
+func TestMeshProxyImageIsNeverLookedUp(t *testing.T) {
+	t.Parallel()
+	reg := startEPRegistry(t, nil)
+	image := pushEPImage(t, reg.host+"/istio/proxyv2:1.24", v1.Config{Entrypoint: []string{"/usr/local/bin/pilot-agent"}})
+	reg.take()
+	cj, job := cronJobAndJob(map[string]string{spec.AnnotationMode: "schedule"})
+	resolver := NewResolver(ResolverOptions{Insecure: true})
+
+	for _, tc := range []struct {
+		container  string
+		wantLookup bool
+	}{
+		{IstioProxyContainer, false},
+		{LinkerdProxyContainer, false},
+		{"not-a-proxy", true},
+	} {
+		t.Run(tc.container, func(t *testing.T) {
+			withProxy := job.DeepCopy()
+			withProxy.Spec.Template.Spec.Containers = append(withProxy.Spec.Template.Spec.Containers,
+				corev1.Container{Name: tc.container, Image: image, Args: []string{"proxy", "sidecar"}})
+			m, _ := meshMutator(t, false, resolver, cj)
+			resp, out := admit(t, m, withProxy)
+			requests := reg.take()
+			if out == nil {
+				t.Fatalf("denied: %+v", resp.Result)
+			}
+			if looked := len(requests) > 0; looked != tc.wantLookup {
+				t.Fatalf("registry requests %q; want a lookup: %v", requests, tc.wantLookup)
+			}
+			c := out.Spec.Template.Spec.Containers[1]
+			if wrapped(c.Command) != tc.wantLookup {
+				t.Errorf("container %s: command %q", c.Name, c.Command)
+			}
+		})
+	}
+}
