@@ -452,10 +452,15 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 
 	// Under Never a container's exit is final, and the agent may record a
 	// failure as soon as every app container ended. The API server
-	// defaults a Job's pod to one of these two and refuses any other.
+	// defaults a Job's pod to one of these two and refuses any other. A
+	// container's own restartPolicy or restartPolicyRules override the
+	// pod's (the kubelet may restart a failed container of a Never pod):
+	// then the agent is not told, and records a failure when it is stopped.
 	switch rp := job.Spec.Template.Spec.RestartPolicy; rp {
 	case corev1.RestartPolicyNever, corev1.RestartPolicyOnFailure:
-		p.env.RestartPolicy = string(rp)
+		if !slices.ContainsFunc(job.Spec.Template.Spec.Containers, ownRestartPolicy) {
+			p.env.RestartPolicy = string(rp)
+		}
 	}
 
 	// Classic mesh sidecars, which the agent quits once every app
@@ -717,4 +722,10 @@ func (r *review) needsEntrypoint() ([]corev1.Container, error) {
 		}
 	}
 	return out, nil
+}
+
+// ownRestartPolicy reports whether a regular container sets a restart
+// policy of its own, which overrides the pod's.
+func ownRestartPolicy(c corev1.Container) bool {
+	return c.RestartPolicy != nil || len(c.RestartPolicyRules) > 0
 }

@@ -287,9 +287,20 @@ func checkAgentReadsItsEnv(t testing.TB, out *batchv1.Job, st *Status) {
 		got.Manual != (st.WindowSource == "manual") || got.Indexed != indexed || (indexed && got.JobIndex != 2) ||
 		got.Cluster != goldenOptions().ClusterName || got.JobName != jobName || got.JobUID != "job-uid" ||
 		got.PodName != pod.Name || got.DatabaseURL != dsn ||
-		!slices.Equal(got.AppContainers, st.Containers) || got.RestartPolicy != string(out.Spec.Template.Spec.RestartPolicy) {
+		!slices.Equal(got.AppContainers, st.Containers) || got.RestartPolicy != finalExitsUnder(out) {
 		t.Errorf("the agent reads %+v; the webhook meant %+v (indexed %v)", got, st, indexed)
 	}
+}
+
+// finalExitsUnder is the restartPolicy the agent must be told: the pod's,
+// unless a container's own policy may restart it after a failure.
+func finalExitsUnder(job *batchv1.Job) string {
+	for _, c := range job.Spec.Template.Spec.Containers {
+		if c.RestartPolicy != nil || len(c.RestartPolicyRules) > 0 {
+			return ""
+		}
+	}
+	return string(job.Spec.Template.Spec.RestartPolicy)
 }
 
 // downward reads a field path of the pod, as the kubelet's downward API does

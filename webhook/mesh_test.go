@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -295,17 +296,34 @@ func TestMeshIgnoresAnotherNamespace(t *testing.T) {
 func TestRestartPolicyReachesTheAgent(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
+		name   string
 		policy corev1.RestartPolicy
-		want   string // "" = not set
+		// container is the app container's own restartPolicy, which
+		// overrides the pod's: a failed container of a Never pod may be
+		// restarted, so its exit is not final.
+		container *corev1.ContainerRestartPolicy
+		rules     bool
+		want      string // "" = not set
 	}{
-		{corev1.RestartPolicyNever, "Never"},
-		{corev1.RestartPolicyOnFailure, "OnFailure"},
-		{"", ""}, // an unset policy (the API server defaults it first)
+		{name: "Never", policy: corev1.RestartPolicyNever, want: "Never"},
+		{name: "OnFailure", policy: corev1.RestartPolicyOnFailure, want: "OnFailure"},
+		{name: "unset"}, // the API server defaults it first
+		{name: "Never with a container's own OnFailure", policy: corev1.RestartPolicyNever,
+			container: ptr.To(corev1.ContainerRestartPolicy("OnFailure"))},
+		{name: "Never with a container's restart rules", policy: corev1.RestartPolicyNever, rules: true},
 	} {
-		t.Run(string(tc.policy)+"", func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
 				job.Spec.Template.Spec.RestartPolicy = tc.policy
+				job.Spec.Template.Spec.Containers[0].RestartPolicy = tc.container
+				if tc.rules {
+					job.Spec.Template.Spec.Containers[0].RestartPolicy = ptr.To(corev1.ContainerRestartPolicy("Never"))
+					job.Spec.Template.Spec.Containers[0].RestartPolicyRules = []corev1.ContainerRestartRule{{
+						Action:    "Restart",
+						ExitCodes: &corev1.ContainerRestartRuleOnExitCodes{Operator: "In", Values: []int32{42}},
+					}}
+				}
 			})
 			out, st, err := Inject(job, cj, goldenOptions(), nil)
 			if err != nil {
