@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"syscall"
@@ -224,34 +225,45 @@ func (a *agent) callTimeout() time.Duration { return min(5*time.Second, a.cfg.He
 // doubling up to a heartbeat interval: what it serves can wait, and a
 // database that is down is not hammered by every pod at once.
 func (a *agent) retry(ctx context.Context, what string, op func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
+	defer cancel()
+	return a.retryPaced(ctx, what, a.backoff, op)
+}
+
+// backoff is the wait after prev (0 before the first wait).
+func (a *agent) backoff(prev time.Duration) time.Duration {
+	if prev == 0 {
+		return 100 * time.Millisecond
+	}
+	return min(2*prev, 5*time.Second, a.cfg.HeartbeatInterval())
+}
+
+// racingRetryInterval paces retryRacing: shorter than any outage the
+// database comes back from (a restart, PgBouncer's server_login_retry).
+const racingRetryInterval = 100 * time.Millisecond
+
+// retryRacing is retry for what races the claim's liveness: recording a
+// finished run's outcome, and re-entering a claim after a restart. The claim
+// lapses at a fixed time; a database back for a few hundred milliseconds
+// before then must not be slept through (a success not recorded in time lets
+// another cluster run the window again). So until lapse (CLOCK_MONOTONIC ns:
+// by then the claim cannot be alive any more) it tries every 100 ms, ±50 %
+// so that the pods of one outage do not knock in step; after it, it backs
+// off as retry does. Only ctx bounds it.
+func (a *agent) retryRacing(ctx context.Context, what string, lapse int64, op func(ctx context.Context) error) error {
 	return a.retryPaced(ctx, what, func(prev time.Duration) time.Duration {
-		if prev == 0 {
-			return 100 * time.Millisecond
+		if protocol.MonotonicNow() < lapse {
+			return racingRetryInterval/2 + rand.N(racingRetryInterval)
 		}
-		return min(2*prev, 5*time.Second, a.cfg.HeartbeatInterval())
+		return a.backoff(max(prev, racingRetryInterval))
 	}, op)
 }
 
-// steadyRetryInterval paces retrySteady: shorter than any outage the
-// database comes back from (a restart, PgBouncer's server_login_retry).
-const steadyRetryInterval = 100 * time.Millisecond
-
-// retrySteady is retry at a steady 100 ms, for what races the claim's
-// liveness: recording a finished run's outcome, and re-entering a claim
-// after a restart. The claim lapses at a fixed time; a database back for a
-// few hundred milliseconds before then must not be slept through (a success
-// not recorded in time lets another cluster run the window again). Only a
-// pod whose run just ended, or whose agent restarted, ever retries this way,
-// and only until its claim is recorded or StartTimeout passes.
-func (a *agent) retrySteady(ctx context.Context, what string, op func(ctx context.Context) error) error {
-	return a.retryPaced(ctx, what, func(time.Duration) time.Duration { return steadyRetryInterval }, op)
-}
-
-// retryPaced is retry waiting next(previous wait) between tries (0 before the
-// first wait). It logs the first failure and then at most one a second.
+// retryPaced runs op until it succeeds, fails for a reason other than an
+// unreachable database, or ctx ends, waiting next(previous wait) between
+// tries (0 before the first wait). It logs the first failure and then at
+// most one a second.
 func (a *agent) retryPaced(ctx context.Context, what string, next func(time.Duration) time.Duration, op func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
-	defer cancel()
 	var wait time.Duration
 	var logged time.Time
 	for tries := 1; ; tries++ {
@@ -275,6 +287,33 @@ func (a *agent) retryPaced(ctx context.Context, what string, next func(time.Dura
 		case <-time.After(wait):
 		}
 	}
+}
+
+// lapseBound is when a claim whose safety deadline is until (CLOCK_MONOTONIC
+// ns) can no longer be alive in the database: the deadline is a margin
+// (ttl/3) before the expiry the last renewal earned, counted from when it
+// was sent; the database counted from when it ran, at most a call timeout
+// later.
+func (a *agent) lapseBound(until int64) int64 {
+	return until + int64(a.cfg.Margin()+a.callTimeout())
+}
+
+// recordContext bounds recording a run's outcome before SIGTERM: for
+// StopTimeout, and at least until the window's claim can no longer be alive,
+// since until then a record keeps another pod from running the window again.
+func (a *agent) recordContext() (context.Context, context.CancelFunc) {
+	end := time.Now().Add(a.cfg.StopTimeout)
+	if a.windowToken != 0 {
+		end = later(end, time.Now().Add(time.Duration(a.lapseBound(a.windowUntil)-protocol.MonotonicNow())))
+	}
+	return context.WithDeadline(context.Background(), end)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // pollInterval paces waiting (standby, a retry pod waiting for its

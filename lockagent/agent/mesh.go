@@ -47,7 +47,7 @@ func (a *agent) idle(ctx context.Context) {
 		}
 	}
 	if a.decision.Action == protocol.ActionRun && !a.finished && a.gaveUp == "" && (a.windowToken != 0 || a.leaseToken != 0) {
-		recordCtx, cancel := context.WithTimeout(context.Background(), a.cfg.StopTimeout)
+		recordCtx, cancel := a.recordContext()
 		a.finishRun(recordCtx)
 		cancel()
 	}

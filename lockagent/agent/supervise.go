@@ -79,7 +79,7 @@ func (a *agent) supervise(ctx context.Context) {
 			if a.allSucceeded() || a.allEnded() {
 				// Its own context: the kubelet's SIGTERM, which follows
 				// the apps' exit at once, must not cut the recording short.
-				recordCtx, cancel := context.WithTimeout(context.Background(), a.cfg.StopTimeout)
+				recordCtx, cancel := a.recordContext()
 				a.finishRun(recordCtx)
 				cancel()
 			}
@@ -267,11 +267,16 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 		a.revoke("the node rebooted since the decision; the pod's claim ended with it")
 		return
 	}
+	// Re-entering races the claims' liveness (see retryRacing), for at
+	// most StartTimeout, as any start.
+	reenterCtx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
+	defer cancel()
+	lapse := a.lapseBound(until)
 	if a.cfg.Mode.Schedule && !a.window.IsZero() {
 		req := lock.ClaimRequest{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Owner: a.cfg.Owner, TTL: a.cfg.TTL}
 		sent := protocol.MonotonicNow()
 		var claim lock.Claim
-		err := a.retrySteady(ctx, "re-entering the window", func(ctx context.Context) (err error) {
+		err := a.retryRacing(reenterCtx, "re-entering the window", lapse, func(ctx context.Context) (err error) {
 			claim, err = a.store.ClaimWindow(ctx, req)
 			return err
 		})
@@ -297,7 +302,7 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 	if a.cfg.Mode.Lease {
 		sent := protocol.MonotonicNow()
 		var grant lock.LeaseGrant
-		err := a.retrySteady(ctx, "re-entering the lease", func(ctx context.Context) (err error) {
+		err := a.retryRacing(reenterCtx, "re-entering the lease", lapse, func(ctx context.Context) (err error) {
 			grant, err = a.store.AcquireLease(ctx, a.leaseKey(), a.cfg.Owner, a.cfg.TTL)
 			return err
 		})
@@ -364,11 +369,15 @@ func (a *agent) finishRun(ctx context.Context) {
 	a.finished = true
 	if !settled {
 		// An app may still run on its deadline: recording now would let
-		// another pod run alongside. The claim lapses after it.
+		// another pod run alongside. The claim is left to lapse: no more
+		// renewals, so the wrapper stops the app at the safety deadline,
+		// before anyone else can take the claim.
 		msg := fmt.Sprintf("stopped while an app of window %s of %s may still run; the claim is left to lapse", d.Window, d.Key)
 		a.terminationMessage(msg)
 		a.log.Error(msg)
 		a.markRecorded(msg)
+		a.revoked = true
+		a.windowToken, a.leaseToken = 0, 0
 		return
 	}
 	state, code, summary := outcome(results, a.cfg.AppContainers)
@@ -414,7 +423,12 @@ func (a *agent) awaitResults(ctx context.Context) (map[string]protocol.Result, b
 		if err != nil {
 			a.log.Error("reading which app containers started failed", "err", err)
 		}
-		pending := slices.DeleteFunc(started, func(n string) bool { _, ok := results[n]; return ok })
+		// Only the app containers count, when known: a started file of
+		// another name is no container of this pod.
+		pending := slices.DeleteFunc(started, func(n string) bool {
+			_, ok := results[n]
+			return ok || len(a.cfg.AppContainers) > 0 && !slices.Contains(a.cfg.AppContainers, n)
+		})
 		dl := a.deadline()
 		// The wrappers poll every 100 ms; a second covers a slow one.
 		if len(pending) == 0 || dl == 0 || protocol.MonotonicNow() > dl+int64(a.cfg.KillGrace()+time.Second) {
@@ -431,7 +445,7 @@ func (a *agent) finishWindow(ctx context.Context, state lock.State, code *int) e
 	if a.windowToken == 0 {
 		return nil
 	}
-	return a.retrySteady(ctx, "recording the outcome", func(ctx context.Context) error {
+	return a.retryRacing(ctx, "recording the outcome", a.lapseBound(a.windowUntil), func(ctx context.Context) error {
 		_, err := a.store.Finish(ctx, a.cfg.Key, a.window, a.cfg.JobIndex, a.windowToken, state, code)
 		return err
 	})

@@ -330,6 +330,11 @@ func (w *wrapper) runCommand(dec protocol.Decision, sigs <-chan os.Signal) int {
 
 	res, stopped := w.supervise(c, dec, watch, sigs)
 	finished := time.Now()
+	// Whatever the app left running in its group must not act on once its
+	// result is out: the agent may record the run at once, release the
+	// lease, and another pod take the window (in a container the rest dies
+	// with the wrapper anyway, but only once it exits).
+	w.signal(c, syscall.SIGKILL)
 	if res.err != nil {
 		w.log.Error("lost track of the command", "err", res.err)
 		w.record(protocol.Result{Ran: true, ExitCode: exitInternal, Revoked: stopped, Started: started.UTC(), Finished: finished.UTC()})
@@ -347,10 +352,6 @@ func (w *wrapper) runCommand(dec protocol.Decision, sigs <-chan os.Signal) int {
 	w.log.Info("the command ended", "exitCode", code, "signal", res.status.signalName(), "revoked", stopped,
 		"duration", finished.Sub(started).String())
 	if code == 0 && !stopped && dec.AwaitRecord && !w.terminated && w.lastToFinish(dec) {
-		// Whatever the app left running in its group must not act on
-		// after the agent recorded the run and released its lease; it
-		// would die with this container anyway.
-		w.signal(c, syscall.SIGKILL)
 		w.awaitRecord(dec, watch, sigs)
 	}
 	return code
@@ -379,9 +380,11 @@ func (w *wrapper) lastToFinish(dec protocol.Decision) bool {
 // the app ended cannot even catch the signal yet) would leave the window to
 // lapse to a standby that runs it again. The wait ends when the agent wrote
 // recorded; when another container failed (the agent then records at its
-// stop, as for any failure); when the safety deadline passes (the agent has
-// stopped renewing: it is dead or cut off, and recording could not keep the
-// claim anyway); or on a terminating signal.
+// stop, as for any failure); when the claim can no longer be alive (the
+// agent stopped renewing at the safety deadline, and a record after the
+// lapse could not keep the claim anyway: see leaseWatch.lapsed); or on a
+// terminating signal. The app has ended, so waiting past the safety
+// deadline lets nothing run without the lease.
 func (w *wrapper) awaitRecord(dec protocol.Decision, watch *leaseWatch, sigs <-chan os.Signal) {
 	fallback := w.now() + int64(dec.TTL)
 	tick := time.NewTicker(w.opts.Poll)
@@ -395,8 +398,8 @@ func (w *wrapper) awaitRecord(dec protocol.Decision, watch *leaseWatch, sigs <-c
 			w.log.Info("not waiting for the agent to record: container " + name + " failed, so the outcome is recorded when the pod stops")
 			return
 		}
-		if watch.expired(fallback) {
-			w.log.Warn("stopped waiting for the agent to record the success: the safety deadline passed without a renewal", "key", dec.Key, "window", dec.Window)
+		if watch.lapsed(fallback) {
+			w.log.Warn("stopped waiting for the agent to record the success: the claim lapsed without a renewal or a record", "key", dec.Key, "window", dec.Window)
 			return
 		}
 		if !logged {
@@ -539,14 +542,20 @@ func (lw *leaseWatch) check() (why string, lost bool) {
 	return lw.checkDeadline()
 }
 
-// expired reports whether the safety deadline passed, or, while none was
-// ever read, the fallback instant. A revocation does not count: the agent
-// revokes first when it finishes a run.
-func (lw *leaseWatch) expired(fallback int64) bool {
-	if _, lost := lw.checkDeadline(); lost {
-		return true
+// lapsed reports whether the claim behind the safety deadline can no longer
+// be alive in the database: the deadline (a margin of ttl/3 before the expiry
+// the last renewal earned) passed by two thirds of the TTL, the margin and
+// the renewal's own call. While no deadline was ever read, the fallback
+// instant counts; a deadline of another boot has lapsed.
+func (lw *leaseWatch) lapsed(fallback int64) bool {
+	_, lost := lw.checkDeadline()
+	switch {
+	case !lw.known:
+		return lost || lw.now() > fallback
+	case lost && lw.now() <= lw.deadline:
+		return true // of another boot of the node
 	}
-	return !lw.known && lw.now() > fallback
+	return lw.now() > lw.deadline+2*lw.ttl/3
 }
 
 // checkDeadline is check without the revoked file.
