@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -222,7 +223,7 @@ func (m *jobMutator) entrypoints(ctx context.Context, r *review) (map[string][]s
 		return nil, err
 	}
 	// In parallel and inside the review budget (see Resolver.Entrypoints).
-	return m.resolver.Entrypoints(ctx, need, secrets)
+	return m.resolver.Entrypoints(ctx, need, pullSecretKeychain(ctx, secrets))
 }
 
 // Bounds on the pull secrets one review reads: each is a read of the API
@@ -233,44 +234,67 @@ const (
 	maxPullSecretBytes = 1 << 20 // in all
 )
 
-// pullSecrets reads the docker configs of the pod template's
-// imagePullSecrets, each name once, within maxPullSecrets and
-// maxPullSecretBytes.
-func (m *jobMutator) pullSecrets(ctx context.Context, job *batchv1.Job) ([][]byte, error) {
+// pullSecrets reads the image pull secrets the kubelet will use for the
+// Job's pods, each name once, within maxPullSecrets and maxPullSecretBytes:
+// the pod template's imagePullSecrets or, when it lists none, its service
+// account's (the ServiceAccount admission plugin copies them into the pod
+// then, and only then). Only docker-config Secrets count, as for the
+// kubelet; a missing Secret or service account is skipped, as the kubelet
+// skips a missing pull secret.
+//
+// Each Secret is one the tenant's own pod names in the tenant's own
+// namespace, and the kubelet would pull with it anyway: the lookup learns
+// nothing the pod could not. The Jobs of a CronJob are created by the
+// CronJob controller, so the request carries no tenant identity whose
+// permissions could scope the read further.
+func (m *jobMutator) pullSecrets(ctx context.Context, job *batchv1.Job) ([]corev1.Secret, error) {
+	pod := &job.Spec.Template.Spec
+	refs, source := pod.ImagePullSecrets, "the pod template"
+	if len(refs) == 0 {
+		saName := cmp.Or(pod.ServiceAccountName, pod.DeprecatedServiceAccount, "default")
+		sa := &corev1.ServiceAccount{}
+		err := m.api.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: saName}, sa)
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil, nil
+		case err != nil:
+			return nil, fmt.Errorf("reading service account %s for its image pull secrets: %w", saName, err)
+		}
+		refs, source = sa.ImagePullSecrets, "service account "+saName
+	}
 	var names []string
-	for _, ref := range job.Spec.Template.Spec.ImagePullSecrets {
+	for _, ref := range refs {
 		if !slices.Contains(names, ref.Name) {
 			names = append(names, ref.Name)
 		}
 	}
 	if len(names) > maxPullSecrets {
-		return nil, fmt.Errorf("the pod template lists %d image pull secrets; to read an image's entrypoint the webhook uses at most %d: "+
-			"set the container's command, or the annotation %s on the CronJob", len(names), maxPullSecrets, spec.AnnotationEntrypoint)
+		return nil, fmt.Errorf("%s lists %d image pull secrets; to read an image's entrypoint the webhook uses at most %d: "+
+			"set the container's command, or the annotation %s on the CronJob", source, len(names), maxPullSecrets, spec.AnnotationEntrypoint)
 	}
-	var out [][]byte
+	var out []corev1.Secret
 	total := 0
 	for _, name := range names {
 		s := &corev1.Secret{}
 		if err := m.api.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: name}, s); err != nil {
 			if apierrors.IsNotFound(err) {
-				continue // the kubelet ignores a missing pull secret too
+				continue
 			}
 			return nil, fmt.Errorf("reading image pull secret %s: %w", name, err)
 		}
 		if s.Type != corev1.SecretTypeDockerConfigJson && s.Type != corev1.SecretTypeDockercfg {
-			continue // the kubelet reads only these types too
+			continue
 		}
 		for _, k := range []string{corev1.DockerConfigJsonKey, corev1.DockerConfigKey} {
-			b, ok := s.Data[k]
-			if !ok {
-				continue
-			}
-			if total += len(b); total > maxPullSecretBytes {
-				return nil, fmt.Errorf("the pod template's image pull secrets hold more than %d bytes of registry credentials, more than the webhook reads: "+
-					"set the container's command, or the annotation %s on the CronJob", maxPullSecretBytes, spec.AnnotationEntrypoint)
-			}
-			out = append(out, b)
+			total += len(s.Data[k])
 		}
+		if total > maxPullSecretBytes {
+			return nil, fmt.Errorf("the image pull secrets of %s hold more than %d bytes of registry credentials, more than the webhook reads: "+
+				"set the container's command, or the annotation %s on the CronJob", source, maxPullSecretBytes, spec.AnnotationEntrypoint)
+		}
+		// Nothing but the credentials stays in memory.
+		out = append(out, corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: s.Name}, Type: s.Type, Data: map[string][]byte{
+			corev1.DockerConfigJsonKey: s.Data[corev1.DockerConfigJsonKey], corev1.DockerConfigKey: s.Data[corev1.DockerConfigKey]}})
 	}
 	return out, nil
 }

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -239,5 +240,61 @@ func TestPullSecretsAreReadOnceEachAndBounded(t *testing.T) {
 	}
 	if _, err := m.pullSecrets(context.Background(), refs("huge", "huge2")); err == nil || !strings.Contains(err.Error(), "more than the webhook reads") {
 		t.Errorf("two Secrets above the byte bound together: %v, want a refusal", err)
+	}
+}
+
+// A pod template without imagePullSecrets pulls with its service account's
+// (the ServiceAccount admission plugin copies them into the pod), so the
+// entrypoint lookup uses those; a template that lists its own uses only
+// those, as the pod does. A service account that does not exist gives none.
+func TestPullSecretsComeFromTheServiceAccountWhenThePodNamesNone(t *testing.T) {
+	_, job := cronJobAndJob(map[string]string{"dislock.io/mode": "schedule"})
+	secret := func(name string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: job.Namespace, Name: name}, Type: corev1.SecretTypeDockerConfigJson,
+			Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{}}`)}}
+	}
+	sa := func(name string, pullSecrets ...string) *corev1.ServiceAccount {
+		a := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: job.Namespace, Name: name}}
+		for _, n := range pullSecrets {
+			a.ImagePullSecrets = append(a.ImagePullSecrets, corev1.LocalObjectReference{Name: n})
+		}
+		return a
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	reader := fake.NewClientBuilder().WithScheme(scheme).WithRuntimeObjects(
+		secret("from-default-sa"), secret("from-runner-sa"), secret("from-pod"),
+		sa("default", "from-default-sa"), sa("runner", "from-runner-sa", "from-runner-sa")).Build()
+	m := &jobMutator{cache: reader, api: reader, opts: testOptions()}
+	for _, tc := range []struct {
+		name    string
+		edit    func(*corev1.PodSpec)
+		secrets []string
+	}{
+		{"the default service account's", func(*corev1.PodSpec) {}, []string{"from-default-sa"}},
+		{"the named service account's, each once", func(p *corev1.PodSpec) { p.ServiceAccountName = "runner" }, []string{"from-runner-sa"}},
+		{"the pod's own, not the service account's", func(p *corev1.PodSpec) {
+			p.ServiceAccountName = "runner"
+			p.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "from-pod"}}
+		}, []string{"from-pod"}},
+		{"none from a service account that does not exist", func(p *corev1.PodSpec) { p.ServiceAccountName = "ghost" }, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := job.DeepCopy()
+			tc.edit(&j.Spec.Template.Spec)
+			got, err := m.pullSecrets(context.Background(), j)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, s := range got {
+				names = append(names, s.Name)
+			}
+			if !slices.Equal(names, tc.secrets) {
+				t.Errorf("read %q, want %q", names, tc.secrets)
+			}
+		})
 	}
 }

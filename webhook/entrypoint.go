@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	kauth "github.com/google/go-containerregistry/pkg/authn/kubernetes"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -200,12 +201,18 @@ func NewResolver(opts ResolverOptions) *Resolver {
 // alone is the right command. An image with neither Entrypoint nor Cmd is an
 // error (ErrNoImageEntrypoint).
 //
-// pullSecrets are the contents of the pod's imagePullSecrets
-// (.dockerconfigjson, or the legacy .dockercfg); the registry is queried
-// anonymously when none matches its host.
-func (r *Resolver) Entrypoint(ctx context.Context, c corev1.Container, pullSecrets [][]byte) ([]string, error) {
-	cfg, err := r.imageConfig(ctx, c.Image, pullSecretKeychain(pullSecrets))
+// kc holds the pod's registry credentials (see pullSecretKeychain); nil, or
+// no match for the registry, queries it anonymously.
+func (r *Resolver) Entrypoint(ctx context.Context, c corev1.Container, kc authn.Keychain) ([]string, error) {
+	cfg, err := r.imageConfig(ctx, c.Image, orAnonymous(kc))
 	return containerEntrypoint(c, cfg, err)
+}
+
+func orAnonymous(kc authn.Keychain) authn.Keychain {
+	if kc == nil {
+		return authn.NewMultiKeychain()
+	}
+	return kc
 }
 
 // Entrypoints resolves the entrypoints of containers (see Entrypoint), by
@@ -213,10 +220,10 @@ func (r *Resolver) Entrypoint(ctx context.Context, c corev1.Container, pullSecre
 // all of them inside the review budget: a slow registry gets the review a
 // clear denial before the API server's own timeout would fail it. Every
 // container that cannot be resolved is listed in the error.
-func (r *Resolver) Entrypoints(ctx context.Context, containers []corev1.Container, pullSecrets [][]byte) (map[string][]string, error) {
+func (r *Resolver) Entrypoints(ctx context.Context, containers []corev1.Container, kc authn.Keychain) (map[string][]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.budget)
 	defer cancel()
-	kc := pullSecretKeychain(pullSecrets)
+	kc = orAnonymous(kc)
 	type result struct {
 		cfg imageEntrypoint
 		err error
@@ -645,119 +652,25 @@ func (c *imageConfigCache) len() int {
 	return c.order.Len()
 }
 
-// pullSecretKeychain turns the pod's pull secrets into a keychain.
-//
-// Entries that cannot be used (bad JSON, bad base64, no credentials) are
-// skipped, as the kubelet does: the image pull would not use them either, and
-// if credentials were needed the registry's refusal names the problem.
-func pullSecretKeychain(secrets [][]byte) authn.Keychain {
-	var kc registryKeychain
-	for _, secret := range secrets {
-		var top map[string]json.RawMessage
-		if json.Unmarshal(secret, &top) != nil {
+// pullSecretKeychain matches the pod's pull secrets to registries as the
+// kubelet's keyring does (go-containerregistry's authn/kubernetes follows
+// it): by host and port, "*" globs per DNS label, and a repository path
+// prefix, the most specific key first. A Secret whose docker config cannot
+// be parsed is skipped, as the kubelet skips it: the pull would not use it
+// either, and if credentials were needed the registry's refusal says so.
+func pullSecretKeychain(ctx context.Context, secrets []corev1.Secret) authn.Keychain {
+	usable := make([]corev1.Secret, 0, len(secrets))
+	for _, s := range secrets {
+		if _, err := kauth.NewFromPullSecrets(ctx, []corev1.Secret{s}); err != nil {
 			continue
 		}
-		// .dockerconfigjson nests the hosts under "auths"; the legacy
-		// .dockercfg is the bare host map.
-		hosts := top
-		if raw, ok := top["auths"]; ok {
-			hosts = nil
-			if json.Unmarshal(raw, &hosts) != nil {
-				continue
-			}
-		}
-		keys := make([]string, 0, len(hosts))
-		for k := range hosts {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys) // map order is random; the first match must not be
-		for _, k := range keys {
-			var cfg authn.AuthConfig
-			if json.Unmarshal(hosts[k], &cfg) != nil {
-				continue
-			}
-			if cfg.Username == "" && cfg.Password == "" && cfg.IdentityToken == "" && cfg.RegistryToken == "" {
-				continue
-			}
-			host, repoPath := parseRegistryKey(k)
-			if host == "" {
-				continue
-			}
-			kc = append(kc, registryCredential{host: host, path: repoPath, auth: cfg})
-		}
+		usable = append(usable, s)
+	}
+	kc, err := kauth.NewFromPullSecrets(ctx, usable)
+	if err != nil {
+		return authn.NewMultiKeychain() // anonymous; unreachable, each parsed alone
 	}
 	return kc
-}
-
-// registryKeychain matches credentials to a registry the way the kubelet's
-// keyring does: by host (with "*" globs per DNS label), port, and optional
-// repository path prefix. The most specific match wins; among equals, the
-// first pull secret.
-type registryKeychain []registryCredential
-
-type registryCredential struct {
-	host string // lowercased, Docker Hub aliases folded to index.docker.io
-	path string // repository prefix, or "" for the whole registry
-	auth authn.AuthConfig
-}
-
-func (kc registryKeychain) Resolve(target authn.Resource) (authn.Authenticator, error) {
-	host := canonicalRegistryHost(target.RegistryStr())
-	repo := strings.TrimPrefix(strings.TrimPrefix(target.String(), target.RegistryStr()), "/")
-	var best *registryCredential
-	for i := range kc {
-		c := &kc[i]
-		if !registryHostMatches(c.host, host) || !repoPathMatches(c.path, repo) {
-			continue
-		}
-		if best == nil || moreSpecific(c, best) {
-			best = c
-		}
-	}
-	if best == nil {
-		return authn.Anonymous, nil
-	}
-	return authn.FromConfig(best.auth), nil
-}
-
-func moreSpecific(a, b *registryCredential) bool {
-	aGlob, bGlob := strings.Contains(a.host, "*"), strings.Contains(b.host, "*")
-	if aGlob != bGlob {
-		return !aGlob
-	}
-	return len(a.path) > len(b.path)
-}
-
-// parseRegistryKey splits a config key such as "reg.example.com",
-// "https://reg.example.com:5000/team" or "https://index.docker.io/v1/" into
-// host and repository path.
-func parseRegistryKey(key string) (host, repoPath string) {
-	key = strings.TrimSpace(key)
-	for _, scheme := range []string{"https://", "http://"} {
-		if len(key) >= len(scheme) && strings.EqualFold(key[:len(scheme)], scheme) {
-			key = key[len(scheme):]
-		}
-	}
-	host, repoPath, _ = strings.Cut(key, "/")
-	// Docker writes API version paths ("/v1/", "/v2/") into its keys; they
-	// say nothing about repositories.
-	for _, v := range []string{"v1", "v2"} {
-		if repoPath == v || strings.HasPrefix(repoPath, v+"/") {
-			repoPath = strings.TrimPrefix(repoPath[len(v):], "/")
-		}
-	}
-	return canonicalRegistryHost(host), strings.Trim(repoPath, "/")
-}
-
-// canonicalRegistryHost folds Docker Hub's names into the one
-// go-containerregistry uses.
-func canonicalRegistryHost(host string) string {
-	host = strings.ToLower(host)
-	switch host {
-	case "docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com":
-		return name.DefaultRegistry
-	}
-	return host
 }
 
 // registryHostMatches compares host[:port], allowing "*" globs within DNS
@@ -785,9 +698,4 @@ func registryHostMatches(pattern, host string) bool {
 		}
 	}
 	return true
-}
-
-// repoPathMatches reports whether repo is prefix or under it.
-func repoPathMatches(prefix, repo string) bool {
-	return prefix == "" || repo == prefix || strings.HasPrefix(repo, prefix+"/")
 }

@@ -446,12 +446,8 @@ func TestEntrypointUsesPullSecrets(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var secrets [][]byte
-			for _, s := range tt.secrets {
-				secrets = append(secrets, []byte(s))
-			}
 			r := NewResolver(ResolverOptions{Insecure: true})
-			got, err := r.Entrypoint(context.Background(), epContainer(image), secrets)
+			got, err := r.Entrypoint(context.Background(), epContainer(image), keychainOf(tt.secrets...))
 			if tt.wantErr == "" {
 				if err != nil {
 					t.Fatalf("Entrypoint: %v", err)
@@ -479,6 +475,8 @@ func TestEntrypointUsesPullSecrets(t *testing.T) {
 	}
 }
 
+// Pull secrets match registries as the kubelet's keyring matches them (the
+// webhook must find the credentials the kubelet will pull with).
 func TestEntrypointPullSecretKeychainMatchesRegistryHost(t *testing.T) {
 	t.Parallel()
 	secret := func(user string, keys ...string) string {
@@ -498,10 +496,11 @@ func TestEntrypointPullSecretKeychainMatchesRegistryHost(t *testing.T) {
 		{"a bare host matches", []string{secret("u", "reg.example.com")}, "reg.example.com/app:1", "u"},
 		{"an https:// key matches", []string{secret("u", "https://reg.example.com")}, "reg.example.com/app:1", "u"},
 		{"an http:// key with a /v2/ path matches", []string{secret("u", "http://reg.example.com/v2/")}, "reg.example.com/team/app:1", "u"},
-		{"host names are case-insensitive", []string{secret("u", "REG.Example.COM")}, "reg.example.com/app:1", "u"},
+		{"host names are compared as written", []string{secret("u", "REG.Example.COM")}, "reg.example.com/app:1", ""},
 		{"Docker Hub's legacy key matches a short image name", []string{secret("u", "https://index.docker.io/v1/")}, "nginx", "u"},
-		{"docker.io matches a Docker Hub image", []string{secret("u", "docker.io")}, "docker.io/library/nginx:1", "u"},
-		{"registry-1.docker.io matches a Docker Hub image", []string{secret("u", "registry-1.docker.io")}, "team/app", "u"},
+		{"index.docker.io matches a Docker Hub image", []string{secret("u", "index.docker.io")}, "docker.io/library/nginx:1", "u"},
+		{"a docker.io key is not Docker Hub's registry host", []string{secret("u", "docker.io")}, "docker.io/library/nginx:1", ""},
+
 		{"Docker Hub credentials are not sent to another registry", []string{secret("u", "docker.io")}, "reg.example.com/app", ""},
 		{"a port must match", []string{secret("u", "reg.example.com:5000")}, "reg.example.com/app", ""},
 		{"a key without a port does not match a registry with one", []string{secret("u", "reg.example.com")}, "reg.example.com:5000/app", ""},
@@ -511,7 +510,7 @@ func TestEntrypointPullSecretKeychainMatchesRegistryHost(t *testing.T) {
 		{"a glob does not match two labels", []string{secret("u", "*.example.com")}, "a.reg.example.com/app", ""},
 		{"an exact host wins over a glob", []string{secret("glob", "*.example.com"), secret("exact", "reg.example.com")}, "reg.example.com/app", "exact"},
 		{"a repository path limits a key", []string{secret("team", "reg.example.com/team")}, "reg.example.com/other/app", ""},
-		{"a repository path is not a string prefix", []string{secret("team", "reg.example.com/team")}, "reg.example.com/teamx/app", ""},
+		{"a repository path is a string prefix, as in the kubelet", []string{secret("team", "reg.example.com/team")}, "reg.example.com/teamx/app", "team"},
 		{"the longest repository path wins", []string{secret("all", "reg.example.com"), secret("team", "reg.example.com/team")}, "reg.example.com/team/app", "team"},
 		{"the first of equal secrets wins", []string{secret("first", "reg.example.com"), secret("second", "reg.example.com")}, "reg.example.com/app", "first"},
 		{"a legacy .dockercfg matches", []string{`{"reg.example.com":{"username":"u","password":"pw"}}`}, "reg.example.com/app", "u"},
@@ -521,15 +520,11 @@ func TestEntrypointPullSecretKeychainMatchesRegistryHost(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var secrets [][]byte
-			for _, s := range tt.secrets {
-				secrets = append(secrets, []byte(s))
-			}
 			ref, err := name.ParseReference(tt.image)
 			if err != nil {
 				t.Fatal(err)
 			}
-			a, err := pullSecretKeychain(secrets).Resolve(ref.Context())
+			a, err := keychainOf(tt.secrets...).Resolve(ref.Context())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -677,4 +672,18 @@ func basicAuth(user, pass string) func(http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// keychainOf is pullSecretKeychain over Secrets holding the docker configs
+// given: a .dockerconfigjson when it has "auths", else a legacy .dockercfg.
+func keychainOf(configs ...string) authn.Keychain {
+	var secrets []corev1.Secret
+	for _, c := range configs {
+		typ, key := corev1.SecretTypeDockercfg, corev1.DockerConfigKey
+		if strings.Contains(c, `"auths"`) {
+			typ, key = corev1.SecretTypeDockerConfigJson, corev1.DockerConfigJsonKey
+		}
+		secrets = append(secrets, corev1.Secret{Type: typ, Data: map[string][]byte{key: []byte(c)}})
+	}
+	return pullSecretKeychain(context.Background(), secrets)
 }

@@ -504,13 +504,13 @@ func TestRegistryCacheNeverAnswersAnotherTenantsCredential(t *testing.T) {
 	reg := startEPRegistry(t, basicAuth(user, pass))
 	private := pushEPImage(t, reg.host+"/team-a/private:1", v1.Config{Entrypoint: []string{"/bin/secret-job", "--token-file=/x"}},
 		remote.WithAuth(&authn.Basic{Username: user, Password: pass}))
-	secret := func(u, p string) [][]byte {
+	secret := func(u, p string) authn.Keychain {
 		auth := base64.StdEncoding.EncodeToString([]byte(u + ":" + p))
-		return [][]byte{[]byte(`{"auths":{"` + reg.host + `":{"auth":"` + auth + `"}}}`)}
+		return keychainOf(`{"auths":{"` + reg.host + `":{"auth":"` + auth + `"}}}`)
 	}
 	r := NewResolver(loopbackOptions())
 	ctx := context.Background()
-	lookup := func(secrets [][]byte) ([]string, error, []string) {
+	lookup := func(secrets authn.Keychain) ([]string, error, []string) {
 		reg.take()
 		got, err := r.Entrypoints(ctx, []corev1.Container{epContainer(private)}, secrets)
 		return got["app"], err, reg.take()
@@ -523,7 +523,7 @@ func TestRegistryCacheNeverAnswersAnotherTenantsCredential(t *testing.T) {
 	if _, err, reqs := lookup(secret(user, pass)); err != nil || len(reqs) != 0 {
 		t.Fatalf("team A again: %v, requests %q; want an answer from the cache", err, reqs)
 	}
-	for name, secrets := range map[string][][]byte{
+	for name, secrets := range map[string]authn.Keychain{
 		"without a pull secret":         nil,
 		"with a wrong password":         secret(user, "guess"),
 		"with another user's name only": secret(user, ""),

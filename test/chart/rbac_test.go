@@ -63,6 +63,8 @@ var needs = []need{
 		"the manager's cache holds CronJobs (SetupWithManager starts the informer); jobMutator.cronJob reads a new one directly"},
 	{"secrets", "", []string{"get"}, false, always,
 		"jobMutator.pullSecrets reads a Job's image pull secrets directly; secretCopier reads an existing copy directly"},
+	{"serviceaccounts", "", []string{"get"}, false, always,
+		"jobMutator.pullSecrets reads the pod's service account directly for its image pull secrets, when the pod lists none"},
 	{"events.events.k8s.io", "", []string{"create", "patch"}, false, always,
 		"DislockInjected and DislockDenied events on the CronJob (mgr.GetEventRecorder: events.k8s.io/v1, series are patched)"},
 	{"namespaces", "", []string{"list", "watch"}, false, copier,
