@@ -222,8 +222,12 @@ func (m *jobMutator) entrypoints(ctx context.Context, r *review) (map[string][]s
 	if err != nil {
 		return nil, err
 	}
+	kc, err := pullSecretKeychain(ctx, secrets, registryHosts(need))
+	if err != nil {
+		return nil, err
+	}
 	// In parallel and inside the review budget (see Resolver.Entrypoints).
-	return m.resolver.Entrypoints(ctx, need, pullSecretKeychain(ctx, secrets))
+	return m.resolver.Entrypoints(ctx, need, kc)
 }
 
 // Bounds on the pull secrets one review reads: each is a read of the API

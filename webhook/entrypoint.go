@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -652,25 +653,115 @@ func (c *imageConfigCache) len() int {
 	return c.order.Len()
 }
 
+// maxRegistryCredentials bounds the credentials one review keeps from the
+// pod's pull secrets for the registries it looks up.
+const maxRegistryCredentials = 64
+
 // pullSecretKeychain matches the pod's pull secrets to registries as the
 // kubelet's keyring does (go-containerregistry's authn/kubernetes follows
-// it): by host and port, "*" globs per DNS label, and a repository path
-// prefix, the most specific key first. A Secret whose docker config cannot
-// be parsed is skipped, as the kubelet skips it: the pull would not use it
-// either, and if credentials were needed the registry's refusal says so.
-func pullSecretKeychain(ctx context.Context, secrets []corev1.Secret) authn.Keychain {
-	usable := make([]corev1.Secret, 0, len(secrets))
+// it): by host and port, "*" globs per DNS label, a repository path prefix,
+// the most specific key first, and among equal keys the first Secret's.
+//
+// The docker configs are the tenant's bytes, so they are read here first,
+// once, and only the entries for the registries of the images looked up
+// (hosts, as go-containerregistry names them) are handed on, at most
+// maxRegistryCredentials of them: the library re-reads every earlier Secret
+// for each one, and a megabyte of entries cost it seconds and gigabytes.
+// Host names are compared without case, and Docker Hub's names (docker.io,
+// registry-1.docker.io, ...) are one, as for the kubelet. Entries that
+// cannot be parsed or hold no credentials are skipped, as the kubelet skips
+// them: the pull would not use them either, and if credentials were needed
+// the registry's refusal says so.
+func pullSecretKeychain(ctx context.Context, secrets []corev1.Secret, hosts []string) (authn.Keychain, error) {
+	auths := map[string]authn.AuthConfig{}
 	for _, s := range secrets {
-		if _, err := kauth.NewFromPullSecrets(ctx, []corev1.Secret{s}); err != nil {
-			continue
+		var entries map[string]json.RawMessage
+		switch s.Type {
+		case corev1.SecretTypeDockerConfigJson:
+			var top struct {
+				Auths map[string]json.RawMessage `json:"auths"`
+			}
+			if json.Unmarshal(s.Data[corev1.DockerConfigJsonKey], &top) != nil {
+				continue
+			}
+			entries = top.Auths
+		case corev1.SecretTypeDockercfg:
+			if json.Unmarshal(s.Data[corev1.DockerConfigKey], &entries) != nil {
+				continue
+			}
 		}
-		usable = append(usable, s)
+		for _, k := range slices.Sorted(maps.Keys(entries)) { // map order is random; the first match must not be
+			host, repoPath := parseRegistryKey(k)
+			if host == "" || !slices.ContainsFunc(hosts, func(h string) bool { return registryHostMatches(host, canonicalRegistryHost(h)) }) {
+				continue
+			}
+			var cfg authn.AuthConfig
+			if json.Unmarshal(entries[k], &cfg) != nil ||
+				cfg.Auth == "" && cfg.Username == "" && cfg.Password == "" && cfg.IdentityToken == "" && cfg.RegistryToken == "" {
+				continue
+			}
+			key := path.Join(host, repoPath)
+			if _, seen := auths[key]; seen {
+				continue
+			}
+			if len(auths) == maxRegistryCredentials {
+				return nil, fmt.Errorf("the pod's image pull secrets hold more than %d credentials for the registries %s; the webhook uses at most %d: "+
+					"set the container's command, or the annotation %s on the CronJob", maxRegistryCredentials, strings.Join(hosts, ", "), maxRegistryCredentials, spec.AnnotationEntrypoint)
+			}
+			auths[key] = cfg
+		}
 	}
-	kc, err := kauth.NewFromPullSecrets(ctx, usable)
+	config, err := json.Marshal(map[string]any{"auths": auths})
 	if err != nil {
-		return authn.NewMultiKeychain() // anonymous; unreachable, each parsed alone
+		return nil, err
 	}
-	return kc
+	return kauth.NewFromPullSecrets(ctx, []corev1.Secret{{Type: corev1.SecretTypeDockerConfigJson,
+		Data: map[string][]byte{corev1.DockerConfigJsonKey: config}}})
+}
+
+// registryHosts are the registries (host[:port], as go-containerregistry
+// names them) of the containers' images; an image that does not parse is
+// left to the lookup to report.
+func registryHosts(containers []corev1.Container) []string {
+	var hosts []string
+	for _, c := range containers {
+		if ref, err := name.ParseReference(c.Image); err == nil && !slices.Contains(hosts, ref.Context().RegistryStr()) {
+			hosts = append(hosts, ref.Context().RegistryStr())
+		}
+	}
+	return hosts
+}
+
+// parseRegistryKey splits a config key such as "reg.example.com",
+// "https://reg.example.com:5000/team" or "https://index.docker.io/v1/" into
+// host (canonical: see canonicalRegistryHost) and repository path.
+func parseRegistryKey(key string) (host, repoPath string) {
+	key = strings.TrimSpace(key)
+	for _, scheme := range []string{"https://", "http://"} {
+		if len(key) >= len(scheme) && strings.EqualFold(key[:len(scheme)], scheme) {
+			key = key[len(scheme):]
+		}
+	}
+	host, repoPath, _ = strings.Cut(key, "/")
+	// Docker writes API version paths ("/v1/", "/v2/") into its keys; they
+	// say nothing about repositories.
+	for _, v := range []string{"v1", "v2"} {
+		if repoPath == v || strings.HasPrefix(repoPath, v+"/") {
+			repoPath = strings.TrimPrefix(repoPath[len(v):], "/")
+		}
+	}
+	return canonicalRegistryHost(host), strings.Trim(repoPath, "/")
+}
+
+// canonicalRegistryHost lowercases a registry host and folds Docker Hub's
+// names into the one go-containerregistry uses.
+func canonicalRegistryHost(host string) string {
+	host = strings.ToLower(host)
+	switch host {
+	case "docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com":
+		return name.DefaultRegistry
+	}
+	return host
 }
 
 // registryHostMatches compares host[:port], allowing "*" globs within DNS

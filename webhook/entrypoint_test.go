@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	kauth "github.com/google/go-containerregistry/pkg/authn/kubernetes"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -23,6 +24,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // epRegistry is go-containerregistry's in-process registry behind a real
@@ -447,7 +450,7 @@ func TestEntrypointUsesPullSecrets(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r := NewResolver(ResolverOptions{Insecure: true})
-			got, err := r.Entrypoint(context.Background(), epContainer(image), keychainOf(tt.secrets...))
+			got, err := r.Entrypoint(context.Background(), epContainer(image), keychainFor(t, image, tt.secrets...))
 			if tt.wantErr == "" {
 				if err != nil {
 					t.Fatalf("Entrypoint: %v", err)
@@ -496,10 +499,11 @@ func TestEntrypointPullSecretKeychainMatchesRegistryHost(t *testing.T) {
 		{"a bare host matches", []string{secret("u", "reg.example.com")}, "reg.example.com/app:1", "u"},
 		{"an https:// key matches", []string{secret("u", "https://reg.example.com")}, "reg.example.com/app:1", "u"},
 		{"an http:// key with a /v2/ path matches", []string{secret("u", "http://reg.example.com/v2/")}, "reg.example.com/team/app:1", "u"},
-		{"host names are compared as written", []string{secret("u", "REG.Example.COM")}, "reg.example.com/app:1", ""},
+		{"host names are case-insensitive", []string{secret("u", "REG.Example.COM")}, "reg.example.com/app:1", "u"},
 		{"Docker Hub's legacy key matches a short image name", []string{secret("u", "https://index.docker.io/v1/")}, "nginx", "u"},
 		{"index.docker.io matches a Docker Hub image", []string{secret("u", "index.docker.io")}, "docker.io/library/nginx:1", "u"},
-		{"a docker.io key is not Docker Hub's registry host", []string{secret("u", "docker.io")}, "docker.io/library/nginx:1", ""},
+		{"docker.io matches a Docker Hub image", []string{secret("u", "docker.io")}, "docker.io/library/nginx:1", "u"},
+		{"registry-1.docker.io matches a Docker Hub image", []string{secret("u", "registry-1.docker.io")}, "team/app", "u"},
 
 		{"Docker Hub credentials are not sent to another registry", []string{secret("u", "docker.io")}, "reg.example.com/app", ""},
 		{"a port must match", []string{secret("u", "reg.example.com:5000")}, "reg.example.com/app", ""},
@@ -524,7 +528,7 @@ func TestEntrypointPullSecretKeychainMatchesRegistryHost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a, err := keychainOf(tt.secrets...).Resolve(ref.Context())
+			a, err := keychainFor(t, tt.image, tt.secrets...).Resolve(ref.Context())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -674,9 +678,11 @@ func basicAuth(user, pass string) func(http.Handler) http.Handler {
 	}
 }
 
-// keychainOf is pullSecretKeychain over Secrets holding the docker configs
-// given: a .dockerconfigjson when it has "auths", else a legacy .dockercfg.
-func keychainOf(configs ...string) authn.Keychain {
+// keychainFor is pullSecretKeychain, for image's registry, over Secrets
+// holding the docker configs given: a .dockerconfigjson when it has
+// "auths", else a legacy .dockercfg.
+func keychainFor(t testing.TB, image string, configs ...string) authn.Keychain {
+	t.Helper()
 	var secrets []corev1.Secret
 	for _, c := range configs {
 		typ, key := corev1.SecretTypeDockercfg, corev1.DockerConfigKey
@@ -685,5 +691,91 @@ func keychainOf(configs ...string) authn.Keychain {
 		}
 		secrets = append(secrets, corev1.Secret{Type: typ, Data: map[string][]byte{key: []byte(c)}})
 	}
-	return pullSecretKeychain(context.Background(), secrets)
+	kc, err := pullSecretKeychain(context.Background(), secrets, registryHosts([]corev1.Container{{Image: image}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kc
+}
+
+// hostileDockerConfig is about size bytes of a .dockerconfigjson with
+// thousands of entries, none for a registry anyone looks up.
+func hostileDockerConfig(size int) []byte {
+	var b strings.Builder
+	b.WriteString(`{"auths":{`)
+	for i := 0; b.Len() < size; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"r%08x.example.com":{"auth":"dTpw"}`, i)
+	}
+	b.WriteString(`}}`)
+	return []byte(b.String())
+}
+
+// A tenant's pull secrets are bounded in what they cost the webhook: only
+// the entries for the registries looked up are kept, and more than
+// maxRegistryCredentials of those are refused, naming the fix. Before, a
+// megabyte of entries cost one review seconds of CPU and hundreds of MiB
+// (the library re-reads every earlier Secret for each one; see
+// BenchmarkPullSecretKeychain).
+func TestPullSecretKeychainKeepsOnlyTheLookedUpRegistriesEntries(t *testing.T) {
+	t.Parallel()
+	hostile := corev1.Secret{Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{corev1.DockerConfigJsonKey: hostileDockerConfig(1 << 20)}}
+	var secrets []corev1.Secret
+	for range 16 {
+		secrets = append(secrets, hostile)
+	}
+	kc, err := pullSecretKeychain(context.Background(), secrets, []string{"reg.example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := name.ParseReference("reg.example.com/app:1")
+	if a, err := kc.Resolve(ref.Context()); err != nil || a != authn.Anonymous {
+		t.Errorf("a registry no entry names got %v, %v; want anonymous", a, err)
+	}
+
+	var many []string
+	for i := range maxRegistryCredentials + 1 {
+		many = append(many, fmt.Sprintf(`"reg.example.com/team%d":{"auth":"dTpw"}`, i))
+	}
+	crowded := corev1.Secret{Type: corev1.SecretTypeDockerConfigJson,
+		Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{` + strings.Join(many, ",") + `}}`)}}
+	_, err = pullSecretKeychain(context.Background(), []corev1.Secret{crowded}, []string{"reg.example.com"})
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("more than %d credentials for the registries reg.example.com", maxRegistryCredentials)) ||
+		!strings.Contains(err.Error(), spec.AnnotationEntrypoint) {
+		t.Errorf("%d credentials for one registry: %v; want a refusal naming the bound, the registry and the fix", maxRegistryCredentials+1, err)
+	}
+}
+
+// BenchmarkPullSecretKeychain builds the keychain of one review from 16
+// pull secrets, one of them a megabyte of entries for other registries:
+// through pullSecretKeychain, and handed to go-containerregistry's
+// authn/kubernetes as they are (the baseline).
+func BenchmarkPullSecretKeychain(b *testing.B) {
+	secrets := []corev1.Secret{{Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{corev1.DockerConfigJsonKey: hostileDockerConfig(1 << 20)}}}
+	for range 15 {
+		secrets = append(secrets, corev1.Secret{Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{}`)}})
+	}
+	ref, _ := name.ParseReference("reg.example.com/app:1")
+	b.Run("pullSecretKeychain", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			kc, err := pullSecretKeychain(context.Background(), secrets, []string{"reg.example.com"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			kc.Resolve(ref.Context())
+		}
+	})
+	b.Run("authn-kubernetes-as-is", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			kc, err := kauth.NewFromPullSecrets(context.Background(), secrets)
+			if err != nil {
+				b.Fatal(err)
+			}
+			kc.Resolve(ref.Context())
+		}
+	})
 }

@@ -304,6 +304,14 @@ type review struct {
 	// annotations; nil when it is not known (the pod template alone
 	// decides then).
 	namespace *corev1.Namespace
+	// carriedQuit is the proxy-quit choice an injection under verify
+	// carries (nil: decide afresh). The mesh plan is the one part of an
+	// injection that depends on what may change between the first pass
+	// and a reinvocation (the namespace's labels as a replica's cache sees
+	// them, a pod-template label another webhook adds), so it is carried
+	// rather than recomputed: otherwise such a change would make dislock
+	// deny its own injection, every Job of the CronJob.
+	carriedQuit *spec.ProxyQuit
 }
 
 func newReview(job *batchv1.Job, cronJob *batchv1.CronJob) *review {
@@ -329,7 +337,7 @@ func (r *review) inject(opts Options, entrypoints map[string][]string) (injectio
 // the Job verify recovered from it.
 func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]string) (injection, error) {
 	cronJob := r.cronJob
-	p, err := makePlan(job, cronJob, r.namespace, r.annotations, entrypoints, opts)
+	p, err := makePlan(job, cronJob, r.namespace, r.annotations, entrypoints, r.carriedQuit, opts)
 	if err != nil {
 		return injection{}, err
 	}
@@ -403,7 +411,7 @@ func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]
 
 // makePlan parses and checks everything Inject needs, and reports every
 // problem at once. namespace is the Job's, nil when not known.
-func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Namespace, annotations map[string]string, entrypoints map[string][]string, opts Options) (plan, error) {
+func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Namespace, annotations map[string]string, entrypoints map[string][]string, carriedQuit *spec.ProxyQuit, opts Options) (plan, error) {
 	var errs []error
 	ns := jobNamespace(job, cronJob)
 	if job.Namespace != "" && cronJob.Namespace != "" && job.Namespace != cronJob.Namespace {
@@ -468,7 +476,11 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 	if namespace != nil && namespace.Name != ns {
 		namespace = nil // not the Job's: its labels say nothing of this pod
 	}
-	p.mesh = planMeshes(&job.Spec.Template, namespace, s.ProxyQuit)
+	choice := s.ProxyQuit
+	if carriedQuit != nil {
+		choice = *carriedQuit
+	}
+	p.mesh = planMeshes(&job.Spec.Template, namespace, choice)
 	p.env.ProxyQuit = p.mesh.quit
 
 	// Every regular container but a mesh proxy is an app container.

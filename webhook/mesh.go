@@ -109,9 +109,23 @@ type meshPlan struct {
 // planMeshes decides the quit endpoints of a Job's pod. choice is the
 // CronJob's dislock.io/proxy-quit; namespace is the Job's, nil when it could
 // not be read, and the pod template alone decides then.
+//
+// A pod on the node's network (hostNetwork) gets no mesh sidecar (Istio and
+// Linkerd never inject one), and its loopback is the node's: a quit URL
+// there reaches whatever listens on the node (an ingress gateway's
+// pilot-agent on 15020), so nothing is detected for it, and an explicit
+// choice is kept with a warning.
 func planMeshes(tmpl *corev1.PodTemplateSpec, namespace *corev1.Namespace, choice spec.ProxyQuit) meshPlan {
 	if choice.Set {
-		return meshPlan{quit: choice.URLs, explicit: true}
+		mp := meshPlan{quit: choice.URLs, explicit: true}
+		if tmpl.Spec.HostNetwork && len(choice.URLs) > 0 {
+			mp.warnings = append(mp.warnings, fmt.Sprintf("dislock: the pod uses the node's network (hostNetwork), so %s %s reaches the node's loopback: "+
+				"the agent will POST there once the app containers ended, whatever listens on the node", spec.AnnotationProxyQuit, strings.Join(choice.URLs, ",")))
+		}
+		return mp
+	}
+	if tmpl.Spec.HostNetwork {
+		return meshPlan{}
 	}
 	var nsLabels, nsAnnotations map[string]string
 	if namespace != nil {

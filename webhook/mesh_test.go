@@ -555,3 +555,102 @@ func TestMeshProxyImageIsNeverLookedUp(t *testing.T) {
 		})
 	}
 }
+
+// The mesh plan is carried across a reinvocation, not decided again: what it
+// is decided from may change in between (the namespace as another replica's
+// cache sees it, or not at all within the read's timeout; a pod-template
+// label a later webhook adds, such as a policy's
+// sidecar.istio.io/inject=false for Jobs), and dislock denied its own
+// injection then, every Job of the CronJob (found by the review of the mesh
+// detection). A changed plan would change nothing that matters: the agent
+// only POSTs to the pod's loopback.
+func TestAReinvocationKeepsTheMeshPlanOfTheFirstPass(t *testing.T) {
+	t.Parallel()
+	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+	istio := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: job.Namespace, Labels: map[string]string{"istio-injection": "enabled"}}}
+	for _, tc := range []struct {
+		name        string
+		first, then *corev1.Namespace
+		edit        func(*batchv1.Job) // what a later webhook changed
+		quit        string             // the sidecar's DISLOCK_PROXY_QUIT throughout
+	}{
+		{"the reinvocation cannot read the namespace", istio, nil, nil, "http://127.0.0.1:15020/quitquitquit"},
+		{"a later webhook labels the pod for Istio", nil, nil, func(j *batchv1.Job) {
+			j.Spec.Template.Labels = map[string]string{"sidecar.istio.io/inject": "true"}
+		}, ""},
+		{"a later policy opts the pod out of Istio", istio, istio, func(j *batchv1.Job) {
+			j.Spec.Template.Labels = map[string]string{"sidecar.istio.io/inject": "false"}
+		}, "http://127.0.0.1:15020/quitquitquit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			out, _, _, err := InjectInNamespace(job, cj, tc.first, goldenOptions(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.edit != nil {
+				tc.edit(out)
+			}
+			again, _, _, err := InjectInNamespace(out, cj, tc.then, goldenOptions(), nil)
+			if err != nil {
+				t.Fatalf("dislock denies its own injection on reinvocation: %v", err)
+			}
+			if got, _ := sidecarEnv(t, again, spec.EnvProxyQuit); got != tc.quit {
+				t.Errorf("%s = %q after the reinvocation, want %q (the first pass's)", spec.EnvProxyQuit, got, tc.quit)
+			}
+		})
+	}
+}
+
+// Istio and Linkerd never inject a pod on the node's network, and its
+// loopback is the node's: no quit URL is predicted for it (the agent would
+// POST to whatever listens on the node, such as a gateway's pilot-agent),
+// not even for a container named istio-proxy; an explicit
+// dislock.io/proxy-quit is kept, with a warning.
+func TestAPodOnTheNodesNetworkGetsNoPredictedQuitURL(t *testing.T) {
+	t.Parallel()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team",
+		Labels: map[string]string{"istio-injection": "enabled"}, Annotations: map[string]string{"linkerd.io/inject": "enabled"}}}
+	for _, tc := range []struct {
+		name     string
+		explicit string
+		proxy    bool
+		quit     string
+		warning  string
+	}{
+		{name: "from the namespace"},
+		{name: "from a container named istio-proxy", proxy: true},
+		{name: "an explicit URL", explicit: "http://127.0.0.1:15020/quitquitquit", quit: "http://127.0.0.1:15020/quitquitquit",
+			warning: "reaches the node's loopback"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			annotations := map[string]string{spec.AnnotationMode: "schedule"}
+			if tc.explicit != "" {
+				annotations[spec.AnnotationProxyQuit] = tc.explicit
+			}
+			cj, job := errCase(annotations, func(cj *batchv1.CronJob, job *batchv1.Job) {
+				job.Spec.Template.Spec.HostNetwork = true
+				if tc.proxy {
+					job.Spec.Template.Spec.Containers = append(job.Spec.Template.Spec.Containers,
+						corev1.Container{Name: IstioProxyContainer, Image: "proxy", Command: []string{"proxy"}})
+				}
+			})
+			ns := ns.DeepCopy()
+			ns.Name = job.Namespace
+			out, _, warnings, err := InjectInNamespace(job, cj, ns, goldenOptions(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := sidecarEnv(t, out, spec.EnvProxyQuit); got != tc.quit {
+				t.Errorf("%s = %q, want %q", spec.EnvProxyQuit, got, tc.quit)
+			}
+			if _, set := out.Spec.Template.Annotations[LinkerdAdminShutdownAnnotation]; set {
+				t.Errorf("the pod template got %s though no mesh injects the pod", LinkerdAdminShutdownAnnotation)
+			}
+			if joined := strings.Join(warnings, "\n"); tc.warning != "" && !strings.Contains(joined, tc.warning) || tc.warning == "" && joined != "" {
+				t.Errorf("warnings %q, want %q", warnings, tc.warning)
+			}
+		})
+	}
+}

@@ -506,7 +506,7 @@ func TestRegistryCacheNeverAnswersAnotherTenantsCredential(t *testing.T) {
 		remote.WithAuth(&authn.Basic{Username: user, Password: pass}))
 	secret := func(u, p string) authn.Keychain {
 		auth := base64.StdEncoding.EncodeToString([]byte(u + ":" + p))
-		return keychainOf(`{"auths":{"` + reg.host + `":{"auth":"` + auth + `"}}}`)
+		return keychainFor(t, private, `{"auths":{"`+reg.host+`":{"auth":"`+auth+`"}}}`)
 	}
 	r := NewResolver(loopbackOptions())
 	ctx := context.Background()

@@ -170,6 +170,7 @@ func (r *review) verify(opts Options) (injection, error) {
 		return injection{}, &forgedError{marker: r.marker, problem: problem}
 	}
 	recovered, entrypoints := strip(r.job)
+	r.carriedQuit = carriedProxyQuit(r.job)
 	want, err := r.fresh(recovered, opts, entrypoints)
 	if err != nil {
 		return injection{}, &forgedError{marker: r.marker, problem: "dislock would refuse the Job it was made from: " + err.Error(), cause: err}
@@ -179,6 +180,32 @@ func (r *review) verify(opts Options) (injection, error) {
 	}
 	want.job = r.job.DeepCopy()
 	return want, nil
+}
+
+// carriedProxyQuit is the proxy-quit choice of an injected Job's sidecar:
+// its DISLOCK_PROXY_QUIT, none when it has no such variable, nil when it has
+// no sidecar or a value the agent would refuse (then the plan is made afresh
+// and the comparison finds the difference). A forged value can reach only
+// the pod's loopback, as the tenant's own dislock.io/proxy-quit can.
+func carriedProxyQuit(job *batchv1.Job) *spec.ProxyQuit {
+	pod := &job.Spec.Template.Spec
+	if len(pod.InitContainers) == 0 || pod.InitContainers[0].Name != SidecarName {
+		return nil
+	}
+	for _, e := range pod.InitContainers[0].Env {
+		if e.Name != spec.EnvProxyQuit {
+			continue
+		}
+		if e.ValueFrom != nil || e.Value == "" {
+			return nil
+		}
+		urls := strings.Split(e.Value, ",")
+		if len(urls) > spec.MaxProxyQuit || slices.ContainsFunc(urls, func(u string) bool { return spec.ProxyQuitProblem(u) != "" }) {
+			return nil
+		}
+		return &spec.ProxyQuit{Set: true, URLs: urls}
+	}
+	return &spec.ProxyQuit{Set: true}
 }
 
 // unknownEntrypoint stands for the image's entrypoint of an app container

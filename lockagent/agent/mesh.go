@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"github.com/dislock/dislock/lockagent/protocol"
@@ -58,7 +60,7 @@ func (a *agent) idle(ctx context.Context) {
 // quitProxies POSTs to every quit endpoint until it answers (any HTTP
 // status below 500), for up to quitFor each, or until ctx ends.
 func (a *agent) quitProxies(ctx context.Context) {
-	client := &http.Client{Timeout: quitCallTimeout, CheckRedirect: func(*http.Request, []*http.Request) error {
+	client := &http.Client{Timeout: quitCallTimeout, Transport: loopbackOnly(), CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse // a quit endpoint has no business redirecting
 	}}
 	for _, u := range a.cfg.ProxyQuit {
@@ -102,4 +104,21 @@ func postQuit(ctx context.Context, client *http.Client, u string) (int, error) {
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// loopbackOnly is a transport that connects only to loopback addresses, and
+// never through a proxy: "localhost" in a quit URL resolves through the
+// pod's /etc/hosts, which a hostAliases entry can point elsewhere.
+func loopbackOnly() *http.Transport {
+	dialer := &net.Dialer{Control: func(_, address string, _ syscall.RawConn) error {
+		host, _, err := net.SplitHostPort(address)
+		if err != nil {
+			return err
+		}
+		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+			return fmt.Errorf("%s is not a loopback address: a quit URL reaches only the pod's own loopback", host)
+		}
+		return nil
+	}}
+	return &http.Transport{Proxy: nil, DialContext: dialer.DialContext, DisableKeepAlives: true}
 }

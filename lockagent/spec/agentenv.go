@@ -422,8 +422,9 @@ const MaxProxyQuit = 4
 // endpoint, or "": it must be a plain http URL on the pod's loopback
 // (127.0.0.1, [::1] or localhost) with a port, e.g.
 // http://127.0.0.1:15020/quitquitquit, at most 256 bytes, without user
-// info, query or fragment. Nothing else is ever contacted: the proxies share
-// the pod's network namespace, and the URL reaches no other host.
+// info, query or fragment. The proxies share the pod's network namespace;
+// the agent connects only to loopback addresses, whatever "localhost"
+// resolves to.
 func ProxyQuitProblem(u string) string {
 	const want = ` (want a loopback http URL with a port, e.g. "http://127.0.0.1:15020/quitquitquit")`
 	if len(u) > 256 {

@@ -11,15 +11,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/images"
 )
 
 // A classic (non-native) mesh sidecar — istio-proxy as a regular container —
 // never exits by itself, so without dislock's help a Job pod would never end:
 // the Job never completes, and a run's lease is renewed for ever, so every
-// cluster skips every later window. The webhook recognises the proxy, leaves
-// it unwrapped and tells the agent its quit endpoint; the agent asks it to
-// quit once the app ended and the outcome is recorded. Shown on real
+// cluster skips every later window. The webhook leaves the proxy unwrapped
+// and tells the agent its quit endpoint; the agent asks it to quit once the
+// app ended and the outcome is recorded. Shown on real
 // kubelets for a pod that runs the window, one that fails it
 // (restartPolicy Never) and one that skips it; the lease is free afterwards.
 //
@@ -30,7 +31,11 @@ func TestPodsWithAClassicMeshSidecarCompleteWhetherTheyRanFailedOrSkipped(t *tes
 	e := Need(t)
 	const name = "mesh"
 	a, b := e.DCs[0], e.DCs[1]
-	cjs := suspendedEverywhere(t, e, name, "schedule,lease", Ledger{Work: time.Second})
+	// The test pods use the node's network, where the webhook predicts no
+	// mesh (no mesh injects such a pod), so the CronJob names the proxy's
+	// quit URL itself.
+	cjs := suspendedEverywhere(t, e, name, "schedule,lease", Ledger{Work: time.Second,
+		Annotations: map[string]string{spec.AnnotationProxyQuit: "http://127.0.0.1:15020/quitquitquit"}})
 	withProxy := func(j *batchv1.Job) {
 		j.Spec.Template.Spec.Containers = append(j.Spec.Template.Spec.Containers, corev1.Container{
 			Name: "istio-proxy", Image: images.MeshRef, ImagePullPolicy: corev1.PullNever,
