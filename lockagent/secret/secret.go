@@ -31,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -77,7 +78,7 @@ func Take(name string, stops ...os.Signal) (value string, stopped os.Signal, err
 	if value == "" {
 		return "", stop(sigs), dumpErr
 	}
-	stopped, err = handOff(name, value, sigs)
+	stopped, err = handOff(name, value, sigs, stops)
 	return value, stopped, errors.Join(dumpErr, err)
 }
 
@@ -112,7 +113,7 @@ func nonDumpable() error {
 // handOff re-executes the program with the credential in a pipe instead of
 // the environment. It returns only when a stop signal came first or
 // something failed.
-func handOff(name, value string, sigs chan os.Signal) (os.Signal, error) {
+func handOff(name, value string, sigs chan os.Signal, stops []os.Signal) (os.Signal, error) {
 	var p [2]int
 	// Non-blocking, so that a credential larger than the pipe fails here
 	// instead of blocking forever on a pipe nobody reads yet.
@@ -139,13 +140,58 @@ func handOff(name, value string, sigs chan os.Signal) (os.Signal, error) {
 			env = append(env, kv)
 		}
 	}
+	// execve ends every thread but the calling one. A stop signal caught by
+	// a handler on another thread that had not finished when execve ended
+	// that thread would be lost: the re-executed image would run on as if
+	// never stopped. So from here the stop signals take their default
+	// action, which the kernel carries out itself and ends the process
+	// whichever thread it is given to; one caught before is in sigs, which
+	// stop drains.
+	restore := defaultActions(stops)
 	if s := stop(sigs); s != nil {
+		restore()
 		unix.Close(r)
 		return s, nil
 	}
 	err = syscall.Exec(self, os.Args, env)
+	restore()
 	unix.Close(r)
 	return nil, fmt.Errorf("re-executing %s: %w", self, err)
+}
+
+// kernelSigaction is the kernel's struct sigaction for rt_sigaction on
+// linux/amd64 and linux/arm64: handler, flags, restorer, mask.
+type kernelSigaction struct {
+	handler  uintptr
+	flags    uint64
+	restorer uintptr
+	mask     uint64
+}
+
+// defaultActions sets the signals' disposition to the default action in the
+// kernel (the Go runtime offers no way to: without a channel it still runs
+// its own handler) and returns what puts the earlier ones back.
+func defaultActions(sigs []os.Signal) (restore func()) {
+	type saved struct {
+		sig int
+		old kernelSigaction
+	}
+	var done []saved
+	for _, s := range sigs {
+		n, ok := s.(syscall.Signal)
+		if !ok {
+			continue
+		}
+		var act, old kernelSigaction // handler 0 is SIG_DFL
+		if _, _, errno := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(n), uintptr(unsafe.Pointer(&act)), uintptr(unsafe.Pointer(&old)), 8, 0, 0); errno == 0 {
+			done = append(done, saved{int(n), old})
+		}
+	}
+	return func() {
+		for _, d := range done {
+			unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(d.sig), uintptr(unsafe.Pointer(&d.old)), 0, 8, 0, 0)
+		}
+	}
 }
 
 // receive reads the credential the first image left in the inherited pipe

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 
 	"github.com/dislock/dislock/internal/version"
@@ -28,6 +29,17 @@ import (
 )
 
 const usage = "usage: dislock-agent agent | exec [flags] -- CMD [ARGS...] | probe | version"
+
+// init keeps the main goroutine on the process's main thread. The agent's
+// credential hand-off re-executes the process (package secret), and execve
+// ends every other thread: a SIGTERM the kernel gave to another thread,
+// whose handler had not finished, died with it, and the re-executed agent
+// never learnt it was stopped (a pod deleted just as it started ran on until
+// SIGKILL). The kernel gives a signal sent to the process to its main
+// thread first; with execve called there, a SIGTERM arriving meanwhile is
+// either handled before execve or delivered after it, where its default
+// action ends the process.
+func init() { runtime.LockOSThread() }
 
 func main() {
 	if len(os.Args) < 2 {
