@@ -431,6 +431,7 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 		LeaseTTL:        s.LeaseTTL,
 		Standby:         s.Standby,
 		Catchup:         s.Catchup,
+		MissedAfter:     s.MissedAfter,
 		AppStartTimeout: s.AppStartTimeout,
 		// Each pod reads its own index from the downward API.
 		Indexed: ptr.Deref(job.Spec.CompletionMode, batchv1.NonIndexedCompletion) == batchv1.IndexedCompletion,

@@ -55,6 +55,11 @@ type agent struct {
 	// disagreement warns that other clusters see the job differently.
 	disagreement string
 	installed    <-chan struct{} // closed once install is done
+	// tookOver: the window was taken from a failed or lapsed owner.
+	tookOver bool
+	// The ledger's writer (ledger.go).
+	ledgerCh   chan ledgerEntry
+	ledgerDone chan struct{}
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
@@ -92,6 +97,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	defer store.Close()
 	a.store = store
+	a.startLedger()
+	defer a.flushLedger()
 
 	// A restarted sidecar (the kubelet restarts a native sidecar that died)
 	// finds its earlier decision. run and skip stand; error is never final
@@ -204,6 +211,7 @@ func (a *agent) publish(d protocol.Decision) {
 	}
 	a.terminationMessage(fmt.Sprintf("%s: %s", d.Action, d.Reason))
 	a.log.Info("decision", "action", d.Action, "key", d.Key, "window", d.Window, "owner", d.Owner, "token", d.Token, "reason", d.Reason)
+	a.ledgerDecision(d)
 }
 
 func (a *agent) terminationMessage(msg string) {

@@ -34,7 +34,9 @@ type Config struct {
 	TTL      time.Duration
 	Standby  bool
 	Catchup  time.Duration
-	Owner    lock.Owner
+	// MissedAfter is dislock.io/missed-after, recorded in the view; 0: unset.
+	MissedAfter time.Duration
+	Owner       lock.Owner
 	// JobIndex is the completion index of an Indexed Job's pod, -1 otherwise.
 	JobIndex int
 	// AppStartTimeout: after "run", if no wrapper started the app by then,
@@ -119,7 +121,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	c.Mode, c.Key = env.Mode, env.Key
 	c.Window, c.Manual = env.Window, env.Manual
 	c.Schedule, c.TimeZone = env.Schedule, env.TimeZone
-	c.TTL, c.Standby, c.Catchup = env.LeaseTTL, env.Standby, env.Catchup
+	c.TTL, c.Standby, c.Catchup, c.MissedAfter = env.LeaseTTL, env.Standby, env.Catchup, env.MissedAfter
 	c.AppStartTimeout, c.AppContainers = env.AppStartTimeout, env.AppContainers
 	c.RestartPolicy, c.ProxyQuit = env.RestartPolicy, env.ProxyQuit
 	c.JobIndex = -1

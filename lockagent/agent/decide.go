@@ -108,6 +108,7 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 			return d, err
 		}
 		tookOver = claim.Outcome == lock.TookOver
+		a.tookOver = tookOver
 		d.Token, d.Owner = claim.Window.Token, claim.Window.Owner
 		d.Reason = fmt.Sprintf("window %s of %s%s %s", d.Window, c.Key, a.indexSuffix(), claim.Outcome)
 	}
@@ -174,6 +175,9 @@ func (a *agent) recordView(ctx context.Context) {
 	v := lock.View{Schedule: c.Schedule, TimeZone: c.TimeZone, Mode: c.Mode.String(), Standby: c.Standby, LeaseTTL: c.TTL.String()}
 	if c.Catchup > 0 {
 		v.Catchup = c.Catchup.String()
+	}
+	if c.MissedAfter > 0 {
+		v.MissedAfter = c.MissedAfter.String()
 	}
 	callCtx, cancel := context.WithTimeout(ctx, a.callTimeout())
 	defer cancel()
@@ -317,6 +321,7 @@ func (a *agent) awaitOwnerChange(ctx context.Context, owner lock.Window) (time.T
 func (a *agent) waiting(why string, attrs ...any) {
 	a.log.Info("waiting: "+why, append([]any{"key", a.cfg.Key}, attrs...)...)
 	a.terminationMessage("waiting: " + why)
+	a.ledger(lock.ActionWait, why, 0, 0)
 }
 
 // acquireLease takes the lease. Another Job's live lease means an earlier run

@@ -163,6 +163,7 @@ func (a *agent) checkAppStarted(ctx context.Context) {
 	a.releaseLease(recordCtx)
 	a.windowToken, a.leaseToken = 0, 0
 	msg := "gave the claim up: " + why
+	a.ledgerOutcome(lock.StateFailed, msg)
 	a.terminationMessage(msg)
 	a.log.Error(msg, "key", a.cfg.Key, "window", formatWindow(a.window))
 }
@@ -400,6 +401,7 @@ func (a *agent) finishRun(ctx context.Context) {
 	a.terminationMessage(joinReason(msg, a.disagreement))
 	a.log.Info("recorded", "key", d.Key, "window", d.Window, "token", d.Token, "state", state, "exitCode", code, "summary", summary)
 	a.markRecorded(msg)
+	a.ledgerOutcome(state, summary)
 }
 
 // markRecorded lets the waiting wrappers exit: the outcome is handled.

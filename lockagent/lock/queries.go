@@ -167,3 +167,121 @@ WHERE seen_at > now() - $1::bigint * interval '1 microsecond'
               WHERE o.lock_key = v.lock_key AND o.cluster <> v.cluster AND o.view <> v.view
                 AND o.seen_at > now() - $1::bigint * interval '1 microsecond')
 ORDER BY lock_key, cluster`
+
+// qRecordDecision adds a ledger row and counts it, in one statement: the
+// decision, its (key, cluster, action) count, and the key's statistics (its
+// last decision and success, and the run's duration in the cumulative
+// histogram whose bounds are $11; $10 is the duration in seconds or NULL).
+const qRecordDecision = `
+WITH d AS (
+    INSERT INTO dislock.decisions (lock_key, window_start, job_index, cluster, job, pod, action, reason, token, decided_at)
+    VALUES ($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text, $7::text, $8::text, $9::bigint, now())),
+c AS (
+    INSERT INTO dislock.decision_counts AS c (lock_key, cluster, action, n) VALUES ($1::text, $4::text, $7::text, 1)
+    ON CONFLICT (lock_key, cluster, action) DO UPDATE SET n = c.n + 1)
+INSERT INTO dislock.key_stats AS k (lock_key, first_seen, last_decided, last_success, duration_count, duration_sum, duration_buckets)
+VALUES ($1::text, now(), now(), CASE WHEN $7::text = 'succeeded' THEN now() END,
+        CASE WHEN $10::float8 IS NULL THEN 0 ELSE 1 END, coalesce($10::float8, 0),
+        ARRAY(SELECT CASE WHEN $10::float8 <= le THEN 1 ELSE 0 END::bigint FROM unnest($11::float8[]) WITH ORDINALITY AS b(le, i) ORDER BY i))
+ON CONFLICT (lock_key) DO UPDATE SET
+    last_decided     = EXCLUDED.last_decided,
+    last_success     = coalesce(EXCLUDED.last_success, k.last_success),
+    duration_count   = k.duration_count + EXCLUDED.duration_count,
+    duration_sum     = k.duration_sum + EXCLUDED.duration_sum,
+    duration_buckets = ARRAY(SELECT coalesce(o, 0) + coalesce(n, 0)
+                             FROM unnest(k.duration_buckets, EXCLUDED.duration_buckets) WITH ORDINALITY AS b(o, n, i) ORDER BY i)`
+
+// qListDecisions lists ledger rows by key ($1, ” for all), window ($2) and
+// window range ($3, $4; decision time for rows without a window), newest
+// first, at most $5.
+const qListDecisions = `
+SELECT lock_key, window_start, job_index, cluster, job, pod, action, reason, token, decided_at, now()
+FROM dislock.decisions
+WHERE ($1::text = '' OR lock_key = $1::text)
+  AND ($2::timestamptz IS NULL OR window_start = $2::timestamptz)
+  AND ($3::timestamptz IS NULL OR window_start >= $3::timestamptz OR (window_start IS NULL AND decided_at >= $3::timestamptz))
+  AND ($4::timestamptz IS NULL OR window_start < $4::timestamptz OR (window_start IS NULL AND decided_at < $4::timestamptz))
+ORDER BY coalesce(window_start, decided_at) DESC, lock_key, job_index, decided_at
+LIMIT $5::int`
+
+// Retention of the ledger: its rows and the missed windows go with the
+// windows; a key's counts and statistics go once nothing was decided for it
+// within the retention (its CronJob is gone everywhere).
+const qDeleteOldLedger = `
+WITH d AS (DELETE FROM dislock.decisions WHERE decided_at < now() - $1::bigint * interval '1 microsecond'),
+m AS (DELETE FROM dislock.missed WHERE window_start < now() - $1::bigint * interval '1 microsecond'),
+k AS (DELETE FROM dislock.key_stats WHERE last_decided < now() - $1::bigint * interval '1 microsecond' RETURNING lock_key)
+DELETE FROM dislock.decision_counts WHERE lock_key IN (SELECT lock_key FROM k)`
+
+// qKeysToJudge reads every key's statistics with the newest view of it.
+const qKeysToJudge = `
+SELECT k.lock_key, k.first_seen, k.last_decided, k.checked_until, v.view::text, now()
+FROM dislock.key_stats k
+JOIN LATERAL (SELECT view FROM dislock.views WHERE lock_key = k.lock_key ORDER BY seen_at DESC LIMIT 1) v ON true
+ORDER BY k.lock_key`
+
+// qWindowsToJudge reads, for each key $1[i], its windows' states from $2[i]
+// to $3[i] inclusive (the primary key's index serves each range).
+const qWindowsToJudge = `
+SELECT w.lock_key, w.window_start, w.state, w.alive_until
+FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS r(lock_key, from_start, to_start)
+JOIN dislock.windows w ON w.lock_key = r.lock_key AND w.window_start >= r.from_start AND w.window_start <= r.to_start`
+
+// qMissedDecisions reads what each cluster decided for each window ($1[i],
+// $2[i]), at most $3 decisions per window.
+const qMissedDecisions = `
+SELECT r.lock_key, r.window_start, d.cluster, d.action, d.reason
+FROM unnest($1::text[], $2::timestamptz[]) AS r(lock_key, window_start)
+JOIN LATERAL (SELECT cluster, action, reason, decided_at FROM dislock.decisions
+              WHERE lock_key = r.lock_key AND window_start = r.window_start
+              ORDER BY decided_at LIMIT $3::int) d ON true
+ORDER BY r.lock_key, r.window_start, d.decided_at`
+
+// qRecordMissed inserts the missed windows ($1..$4), counts the ones no
+// other cluster's detection inserted first into their keys' statistics,
+// moves each judged key's checkpoint ($5, $6) forward, and returns the new
+// missed windows.
+const qRecordMissed = `
+WITH m AS (
+    INSERT INTO dislock.missed (lock_key, window_start, kind, reason, detected_at)
+    SELECT * , now() FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[])
+    ON CONFLICT (lock_key, window_start) DO NOTHING
+    RETURNING lock_key, window_start, detected_at),
+agg AS (SELECT lock_key, count(*) AS n, max(window_start) AS last FROM m GROUP BY lock_key),
+ck AS (SELECT lock_key, max(checked_until) AS checked_until FROM unnest($5::text[], $6::timestamptz[]) AS c(lock_key, checked_until) GROUP BY lock_key),
+u AS (
+    UPDATE dislock.key_stats k SET
+        missed_total       = k.missed_total + coalesce(agg.n, 0),
+        last_missed_window = CASE WHEN agg.last IS NULL THEN k.last_missed_window ELSE greatest(k.last_missed_window, agg.last) END,
+        checked_until      = CASE WHEN ck.checked_until IS NULL THEN k.checked_until ELSE greatest(k.checked_until, ck.checked_until) END
+    FROM ck FULL JOIN agg USING (lock_key)
+    WHERE k.lock_key = coalesce(ck.lock_key, agg.lock_key))
+SELECT lock_key, window_start, detected_at FROM m`
+
+// qListMissed lists missed windows by key ($1, ” for all) and window range.
+const qListMissed = `
+SELECT lock_key, window_start, kind, reason, detected_at, now() FROM dislock.missed
+WHERE ($1::text = '' OR lock_key = $1::text)
+  AND ($2::timestamptz IS NULL OR window_start >= $2::timestamptz)
+  AND ($3::timestamptz IS NULL OR window_start < $3::timestamptz)
+ORDER BY window_start DESC, lock_key
+LIMIT $4::int`
+
+const qKeyStats = `
+SELECT lock_key, last_success, missed_total, last_missed_window, duration_count, duration_sum, duration_buckets, now()
+FROM dislock.key_stats ORDER BY lock_key`
+
+const qDecisionCounts = `SELECT lock_key, cluster, action, n FROM dislock.decision_counts ORDER BY lock_key, cluster, action`
+
+const qHeldLeases = `
+SELECT lock_key, (extract(epoch FROM now() - acquired_at) * 1000000)::bigint FROM dislock.leases
+WHERE expire_at > now() ORDER BY lock_key`
+
+const qSaveSnapshot = `
+INSERT INTO dislock.metrics_snapshot (cluster, computed_at, body) VALUES ($1::text, now(), $2::bytea)
+ON CONFLICT (cluster) DO UPDATE SET computed_at = EXCLUDED.computed_at, body = EXCLUDED.body`
+
+// qLoadSnapshot returns the cluster's snapshot when it is newer than $2.
+const qLoadSnapshot = `
+SELECT body, computed_at FROM dislock.metrics_snapshot
+WHERE cluster = $1::text AND ($2::timestamptz IS NULL OR computed_at > $2::timestamptz)`

@@ -19,6 +19,10 @@ type View struct {
 	Standby  bool   `json:"standby"`
 	LeaseTTL string `json:"leaseTTL"`
 	Catchup  string `json:"catchup"`
+	// MissedAfter is dislock.io/missed-after: how long after its start a
+	// window without a successful run counts as missed. Empty: the default
+	// (DefaultMissedGrace).
+	MissedAfter string `json:"missedAfter,omitempty"`
 }
 
 // ClusterView is a View as a cluster last recorded it.
@@ -44,6 +48,7 @@ func (v View) Diff(other View) []string {
 	add("standby", v.Standby, other.Standby)
 	add("leaseTTL", v.LeaseTTL, other.LeaseTTL)
 	add("catchup", v.Catchup, other.Catchup)
+	add("missedAfter", v.MissedAfter, other.MissedAfter)
 	return out
 }
 

@@ -220,7 +220,8 @@ const (
 )
 
 // DeleteOldWindows removes windows that started more than retention ago (by
-// database time), except ones whose owner is still alive.
+// database time), except ones whose owner is still alive; and the ledger's
+// rows, missed windows and statistics of the same age.
 func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (int64, error) {
 	if retention < MinRetention {
 		return 0, fmt.Errorf("retention %s is shorter than %s: a late pod could claim and run a deleted window again", retention, MinRetention)
@@ -231,6 +232,9 @@ func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (
 	}
 	if _, err := s.pool.Exec(ctx, qDeleteOldViews, micros(retention)); err != nil {
 		return tag.RowsAffected(), s.classify("deleting old job views", err)
+	}
+	if _, err := s.pool.Exec(ctx, qDeleteOldLedger, micros(retention)); err != nil {
+		return tag.RowsAffected(), s.classify("deleting old ledger rows", err)
 	}
 	return tag.RowsAffected(), nil
 }

@@ -30,6 +30,10 @@ type AgentEnv struct {
 	LeaseTTL time.Duration
 	Standby  bool
 	Catchup  time.Duration // 0: no limit
+	// MissedAfter is the CronJob's dislock.io/missed-after, 0 when unset;
+	// the agent records it in its view of the job, which the missed-window
+	// detection reads.
+	MissedAfter time.Duration
 	// AppStartTimeout bounds the time from a "run" decision to the first
 	// wrapper starting its app; after it the claim is given up.
 	AppStartTimeout time.Duration
@@ -149,6 +153,9 @@ func (e AgentEnv) Render() []EnvVar {
 	}
 	if e.RestartPolicy != "" {
 		vars = append(vars, EnvVar{Name: EnvRestartPolicy, Value: e.RestartPolicy})
+	}
+	if e.MissedAfter != 0 {
+		vars = append(vars, EnvVar{Name: EnvMissedAfter, Value: shortDuration(e.MissedAfter)})
 	}
 	if len(e.ProxyQuit) > 0 {
 		vars = append(vars, EnvVar{Name: EnvProxyQuit, Value: strings.Join(e.ProxyQuit, ",")})
@@ -319,6 +326,14 @@ func ParseAgentEnv(getenv func(string) string, opts ParseOptions) (AgentEnv, err
 			bad(EnvCatchup, v, "is out of range (want "+catchupRange+", or empty for no limit)")
 		default:
 			e.Catchup = d
+		}
+	}
+
+	if v := getenv(EnvMissedAfter); v != "" {
+		if d, problem := parseDuration(v, MinMissedAfter, MaxMissedAfter, "2h"); problem != "" {
+			bad(EnvMissedAfter, v, problem)
+		} else {
+			e.MissedAfter = d
 		}
 	}
 

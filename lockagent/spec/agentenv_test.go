@@ -107,6 +107,7 @@ func TestAgentEnvRoundTrip(t *testing.T) {
 		want func(e *AgentEnv)
 	}{
 		{name: "a scheduled window with every option", edit: func(e *AgentEnv) {}},
+		{name: "a missed-after", edit: func(e *AgentEnv) { e.MissedAfter = 3 * time.Hour }},
 		{name: "defaults", edit: func(e *AgentEnv) {
 			e.Mode, e.Standby, e.Catchup, e.TimeZone = Mode{Lease: true}, false, 0, ""
 			e.LeaseTTL, e.AppStartTimeout = DefaultLeaseTTL, DefaultAppStartTimeout
@@ -357,6 +358,7 @@ func TestEnvAndAnnotationsShareBounds(t *testing.T) {
 			{AnnotationLeaseTTL, EnvLeaseTTL},
 			{AnnotationCatchup, EnvCatchup},
 			{AnnotationAppStartTimeout, EnvAppStartTimeout},
+			{AnnotationMissedAfter, EnvMissedAfter},
 		} {
 			_, aerr := FromAnnotations(map[string]string{AnnotationMode: "schedule", c.annotation: d}, "team-a", "report")
 			base := validEnv()

@@ -33,6 +33,14 @@ const (
 	// as stale. Unset means no limit.
 	AnnotationCatchup = Prefix + "catchup"
 
+	// AnnotationMissedAfter is a Go duration between MinMissedAfter and
+	// MaxMissedAfter: a window with no successful run this long after its
+	// start counts as missed (dislock_missed_windows_total, `dislock
+	// missed`). Unset: one period of the schedule, at least a minute and at
+	// most an hour (lock.DefaultMissedGrace). Set it above the job's longest
+	// run.
+	AnnotationMissedAfter = Prefix + "missed-after"
+
 	// AnnotationAppStartTimeout is a Go duration between MinAppStartTimeout
 	// and MaxAppStartTimeout (default DefaultAppStartTimeout): after a pod
 	// won a window or a lease, if none of its app containers has started by
@@ -105,11 +113,16 @@ const (
 	// record of that window's earlier run could already have been deleted.
 	// A run more than a day late is better left to the next tick.
 	MaxCatchup = 24 * time.Hour
+	// MinMissedAfter and MaxMissedAfter bound dislock.io/missed-after: the
+	// missed-window detection runs every half minute, and judges windows
+	// at most a day back.
+	MinMissedAfter = time.Minute
+	MaxMissedAfter = 24 * time.Hour
 )
 
 // userAnnotations are the keys users set, in the order errors list them.
 var userAnnotations = []string{
 	AnnotationMode, AnnotationKey, AnnotationLeaseTTL,
-	AnnotationStandby, AnnotationCatchup, AnnotationAppStartTimeout, AnnotationEntrypoint, AnnotationProxyQuit,
+	AnnotationStandby, AnnotationCatchup, AnnotationMissedAfter, AnnotationAppStartTimeout, AnnotationEntrypoint, AnnotationProxyQuit,
 	AnnotationAgentCPURequest, AnnotationAgentCPULimit, AnnotationAgentMemoryRequest, AnnotationAgentMemoryLimit,
 }

@@ -24,6 +24,9 @@ const (
 	EnvStandby = "DISLOCK_STANDBY"
 	// EnvCatchup is Spec.Catchup as a Go duration, empty when unset.
 	EnvCatchup = "DISLOCK_CATCHUP"
+	// EnvMissedAfter is Spec.MissedAfter as a Go duration; set only when the
+	// CronJob sets dislock.io/missed-after.
+	EnvMissedAfter = "DISLOCK_MISSED_AFTER"
 	// EnvAppStartTimeout is Spec.AppStartTimeout as a Go duration: after a
 	// "run" decision, how long the agent waits for a wrapper to start the app
 	// before it gives the claim up.

@@ -28,6 +28,8 @@ type Spec struct {
 	LeaseTTL  time.Duration
 	Standby   bool
 	Catchup   time.Duration // 0 = unset
+	// MissedAfter is dislock.io/missed-after; 0 = unset (the default grace).
+	MissedAfter time.Duration
 	// AppStartTimeout bounds the time from winning a claim to the first app
 	// container starting; DefaultAppStartTimeout when unset.
 	AppStartTimeout time.Duration
@@ -235,6 +237,18 @@ func FromAnnotations(annotations map[string]string, namespace, cronJobName strin
 		}
 	}
 
+	if v, ok := annotations[AnnotationMissedAfter]; ok {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		switch {
+		case err != nil:
+			bad(AnnotationMissedAfter, v, "is not a duration "+wantMissedAfter)
+		case d < MinMissedAfter || d > MaxMissedAfter:
+			bad(AnnotationMissedAfter, v, "is out of range "+wantMissedAfter)
+		default:
+			s.MissedAfter = d
+		}
+	}
+
 	if v, ok := annotations[AnnotationAppStartTimeout]; ok {
 		d, err := time.ParseDuration(strings.TrimSpace(v))
 		switch {
@@ -300,6 +314,7 @@ var (
 	wantLeaseTTL        = `(want e.g. "30s", ` + between(MinLeaseTTL, MaxLeaseTTL) + ")"
 	wantCatchup         = `(want e.g. "10m", ` + catchupRange + ")"
 	wantAppStartTimeout = `(want e.g. "10m", ` + between(MinAppStartTimeout, MaxAppStartTimeout) + ")"
+	wantMissedAfter     = `(want e.g. "2h", ` + between(MinMissedAfter, MaxMissedAfter) + ", above the job's longest run)"
 )
 
 func between(lo, hi time.Duration) string {
@@ -471,6 +486,9 @@ func (s Spec) Validate() error {
 	if s.Catchup < 0 || s.Catchup > MaxCatchup {
 		errs = append(errs, fmt.Errorf("catchup %s is out of range (want 0 for unset, or %s)", s.Catchup, catchupRange))
 	}
+	if s.MissedAfter != 0 && (s.MissedAfter < MinMissedAfter || s.MissedAfter > MaxMissedAfter) {
+		errs = append(errs, fmt.Errorf("missed-after %s is out of range (want 0 for unset, or %s)", s.MissedAfter, between(MinMissedAfter, MaxMissedAfter)))
+	}
 	if s.AppStartTimeout < MinAppStartTimeout || s.AppStartTimeout > MaxAppStartTimeout {
 		errs = append(errs, fmt.Errorf("app start timeout %s is out of range (want %s)", s.AppStartTimeout, between(MinAppStartTimeout, MaxAppStartTimeout)))
 	}
@@ -510,6 +528,9 @@ func (s Spec) Annotations() map[string]string {
 	}
 	if s.Catchup != 0 {
 		a[AnnotationCatchup] = s.Catchup.String()
+	}
+	if s.MissedAfter != 0 {
+		a[AnnotationMissedAfter] = s.MissedAfter.String()
 	}
 	if s.Entrypoint != nil {
 		b, _ := json.Marshal(s.Entrypoint)

@@ -202,6 +202,21 @@ func TestFromAnnotations(t *testing.T) {
 			wantErrs:    []string{`"10" is not a duration (want e.g. "10m"`},
 		},
 		{
+			name:        "missed-after is kept",
+			annotations: map[string]string{AnnotationMode: "schedule", AnnotationMissedAfter: "2h"},
+			want:        Spec{Mode: Mode{Schedule: true}, Name: "report", Namespace: "team-a", LeaseTTL: DefaultLeaseTTL, AppStartTimeout: DefaultAppStartTimeout, MissedAfter: 2 * time.Hour},
+		},
+		{
+			name:        "a missed-after below a minute names the bounds and the fix",
+			annotations: map[string]string{AnnotationMode: "schedule", AnnotationMissedAfter: "30s"},
+			wantErrs:    []string{`annotation dislock.io/missed-after: "30s" is out of range (want e.g. "2h", between 1m and 24h, above the job's longest run)`},
+		},
+		{
+			name:        "a missed-after without a unit",
+			annotations: map[string]string{AnnotationMode: "schedule", AnnotationMissedAfter: "90"},
+			wantErrs:    []string{`annotation dislock.io/missed-after: "90" is not a duration (want e.g. "2h"`},
+		},
+		{
 			name:        "the app-start timeout bounds are inclusive",
 			annotations: map[string]string{AnnotationMode: "schedule", AnnotationAppStartTimeout: "24h"},
 			want:        Spec{Mode: Mode{Schedule: true}, Name: "report", Namespace: "team-a", LeaseTTL: DefaultLeaseTTL, AppStartTimeout: 24 * time.Hour},
@@ -300,7 +315,7 @@ func TestFromAnnotations(t *testing.T) {
 			name:        "a misspelt annotation is an error with a suggestion",
 			annotations: map[string]string{AnnotationMode: "lease", "dislock.io/leasettl": "30s"},
 			wantErrs: []string{
-				`annotation dislock.io/leasettl: "30s" is not a dislock annotation (did you mean dislock.io/lease-ttl? known: dislock.io/mode, dislock.io/key, dislock.io/lease-ttl, dislock.io/standby, dislock.io/catchup, dislock.io/app-start-timeout, dislock.io/entrypoint, dislock.io/proxy-quit, dislock.io/agent-cpu-request, dislock.io/agent-cpu-limit, dislock.io/agent-memory-request, dislock.io/agent-memory-limit)`,
+				`annotation dislock.io/leasettl: "30s" is not a dislock annotation (did you mean dislock.io/lease-ttl? known: dislock.io/mode, dislock.io/key, dislock.io/lease-ttl, dislock.io/standby, dislock.io/catchup, dislock.io/missed-after, dislock.io/app-start-timeout, dislock.io/entrypoint, dislock.io/proxy-quit, dislock.io/agent-cpu-request, dislock.io/agent-cpu-limit, dislock.io/agent-memory-request, dislock.io/agent-memory-limit)`,
 			},
 		},
 		{

@@ -1,0 +1,94 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/protocol"
+)
+
+// The ledger keeps every pod's decisions in the database, for `dislock
+// windows -o wide`, the missed-window detection and the metrics. Its
+// writes are history, not locks: one goroutine writes them in order, off
+// the path of every decision, heartbeat and record, on at most one of the
+// store's two connections, so that a slow database never delays a renewal
+// because of them. A write that fails is logged and dropped.
+
+// ledgerQueue bounds the writes waiting; a pod makes a handful.
+const ledgerQueue = 16
+
+// ledgerEntry is a decision on its way to the ledger.
+type ledgerEntry = lock.Decision
+
+// startLedger starts the writer. flushLedger ends it.
+func (a *agent) startLedger() {
+	a.ledgerCh = make(chan ledgerEntry, ledgerQueue)
+	a.ledgerDone = make(chan struct{})
+	go func() {
+		defer close(a.ledgerDone)
+		for d := range a.ledgerCh {
+			ctx, cancel := context.WithTimeout(context.Background(), a.callTimeout())
+			err := a.store.RecordDecision(ctx, d)
+			cancel()
+			if err != nil {
+				a.log.Warn("adding the decision to the ledger failed; only its history is lost", "action", d.Action, "err", err)
+			}
+		}
+	}()
+}
+
+// ledger queues one decision of this pod. dur is the run's duration, on
+// succeeded and failed.
+func (a *agent) ledger(action lock.Action, reason string, token int64, dur time.Duration) {
+	if a.ledgerCh == nil {
+		return
+	}
+	d := ledgerEntry{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Cluster: a.cfg.Owner.Cluster,
+		Job: a.cfg.Owner.Job, Pod: a.cfg.Owner.Pod, Action: action, Reason: reason, Token: token, Duration: dur}
+	select {
+	case a.ledgerCh <- d:
+	default:
+		a.log.Warn("the ledger's queue is full; this decision's history is lost", "action", action)
+	}
+}
+
+// ledgerDecision queues a published decision.
+func (a *agent) ledgerDecision(d protocol.Decision) {
+	action := map[protocol.Action]lock.Action{protocol.ActionRun: lock.ActionRun, protocol.ActionSkip: lock.ActionSkip,
+		protocol.ActionError: lock.ActionError}[d.Action]
+	if action == "" {
+		return
+	}
+	if action == lock.ActionRun && a.tookOver {
+		action = lock.ActionTakeover
+	}
+	a.ledger(action, d.Reason, d.Token, 0)
+}
+
+// ledgerOutcome queues the end of this pod's run.
+func (a *agent) ledgerOutcome(state lock.State, summary string) {
+	action := lock.ActionFailed
+	if state == lock.StateSucceeded {
+		action = lock.ActionSucceeded
+	}
+	var dur time.Duration
+	if at := a.decision.DecidedAt; at != 0 {
+		dur = time.Duration(protocol.MonotonicNow() - at)
+	}
+	a.ledger(action, summary, a.decision.Token, dur)
+}
+
+// flushLedger lets the writes in flight end, for at most one call's time:
+// the pod is stopping.
+func (a *agent) flushLedger() {
+	if a.ledgerCh == nil {
+		return
+	}
+	close(a.ledgerCh)
+	select {
+	case <-a.ledgerDone:
+	case <-time.After(a.callTimeout()):
+		a.log.Warn("stopping before the ledger's last writes ended; their history is lost")
+	}
+}

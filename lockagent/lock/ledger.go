@@ -1,0 +1,157 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Action is what one pod decided, or how the run it owned ended: the ledger
+// keeps one row per Action of every pod of every cluster.
+type Action string
+
+const (
+	ActionRun       Action = "run"       // claimed the window and/or the lease: the app runs
+	ActionTakeover  Action = "takeover"  // took a failed or lapsed owner's window over: the app runs
+	ActionSkip      Action = "skip"      // another cluster's or Job's pod owns it, or it is stale
+	ActionWait      Action = "wait"      // waits for a live owner or lease to end
+	ActionError     Action = "error"     // could not decide (database unreachable, bad configuration)
+	ActionSucceeded Action = "succeeded" // the run it owned ended 0
+	ActionFailed    Action = "failed"    // the run it owned failed, lost its lease, or never started
+)
+
+// Actions lists every Action, in the order listings and metrics use.
+var Actions = []Action{ActionRun, ActionTakeover, ActionSkip, ActionWait, ActionError, ActionSucceeded, ActionFailed}
+
+// MaxReason is the longest reason the ledger keeps (bytes); a longer one is
+// cut, so that a decision is never lost to its reason's length.
+const MaxReason = 2048
+
+// DurationBuckets are the upper bounds (seconds) of the run duration
+// histogram the ledger keeps per key: from a second to four hours.
+var DurationBuckets = []float64{1, 5, 15, 60, 300, 900, 3600, 14400}
+
+// Decision is one row of the ledger.
+type Decision struct {
+	Key string `json:"key"`
+	// Window is the window start, zero when the pod locked no window.
+	Window  time.Time `json:"window,omitzero"`
+	Index   int       `json:"index"`
+	Cluster string    `json:"cluster"`
+	Job     string    `json:"job"`
+	Pod     string    `json:"pod"`
+	Action  Action    `json:"action"`
+	Reason  string    `json:"reason"`
+	Token   int64     `json:"token"`
+	// At is the database time of the decision.
+	At time.Time `json:"at"`
+	// Duration is how long the run took (local monotonic clock of the pod),
+	// on succeeded and failed only; it is not kept per row, only in the
+	// key's histogram.
+	Duration time.Duration `json:"-"`
+}
+
+// RecordDecision adds d to the ledger and to its key's counts and
+// statistics, in one statement (pooler-safe). The database sets the time.
+// A failure loses only this row of history, never a lock: callers log it
+// and go on.
+func (s *Store) RecordDecision(ctx context.Context, d Decision) error {
+	if d.Key == "" || d.Cluster == "" || d.Pod == "" {
+		return errors.New("recording a decision: key, cluster and pod must be set")
+	}
+	if !validAction(d.Action) {
+		return fmt.Errorf("recording a decision: action %q is not one of %v", d.Action, Actions)
+	}
+	var window *time.Time
+	if !d.Window.IsZero() {
+		w := d.Window.UTC()
+		window = &w
+	}
+	var seconds *float64
+	if d.Duration > 0 && (d.Action == ActionSucceeded || d.Action == ActionFailed) {
+		v := d.Duration.Seconds()
+		seconds = &v
+	}
+	_, err := s.pool.Exec(ctx, qRecordDecision, d.Key, window, d.Index, d.Cluster, d.Job, d.Pod, string(d.Action),
+		cutReason(d.Reason), d.Token, seconds, DurationBuckets)
+	return s.classify("recording the decision of "+d.Key, err)
+}
+
+func validAction(a Action) bool {
+	for _, v := range Actions {
+		if a == v {
+			return true
+		}
+	}
+	return false
+}
+
+// cutReason shortens r to at most MaxReason bytes on a rune boundary.
+func cutReason(r string) string {
+	if len(r) <= MaxReason {
+		return r
+	}
+	const mark = "…"
+	cut := MaxReason - len(mark)
+	for cut > 0 && r[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return r[:cut] + mark
+}
+
+// DecisionFilter selects ledger rows. Zero fields do not filter.
+type DecisionFilter struct {
+	Key string
+	// Window selects the decisions of one window start.
+	Window time.Time
+	// From and To bound the window start (decision time for rows without a
+	// window): From <= t < To.
+	From, To time.Time
+	// Limit bounds the rows returned, newest first; 0 means DefaultListLimit.
+	Limit int
+}
+
+// DefaultListLimit bounds a listing without a limit.
+const DefaultListLimit = 1000
+
+// ListDecisions returns ledger rows, newest window (or decision) first and,
+// within a window, in the order they were decided; and the database time.
+func (s *Store) ListDecisions(ctx context.Context, f DecisionFilter) ([]Decision, time.Time, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = DefaultListLimit
+	}
+	return list(ctx, s, "listing decisions", scanDecision, qListDecisions,
+		f.Key, nullTime(f.Window), nullTime(f.From), nullTime(f.To), limit)
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func scanDecision(row pgx.Row, d *Decision, extra ...any) error {
+	var problems []string
+	var window *time.Time
+	var action string
+	err := row.Scan(append([]any{&d.Key, &finiteTime{column: "window_start", nullable: &window, problems: &problems},
+		&d.Index, &d.Cluster, &d.Job, &d.Pod, &action, &d.Reason, &d.Token,
+		&finiteTime{column: "decided_at", t: &d.At, problems: &problems}}, extra...)...)
+	if err != nil {
+		return err
+	}
+	d.Action = Action(action)
+	if window != nil {
+		d.Window = *window
+	}
+	if len(problems) > 0 {
+		return &unreadableRow{table: "decisions", key: d.Key, problems: problems}
+	}
+	return nil
+}

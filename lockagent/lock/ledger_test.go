@@ -1,0 +1,257 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/lock"
+)
+
+// Every cluster's decision for a window is in the ledger, with its reason,
+// and each tenant writes and reads only its own namespace's rows.
+func TestEveryClustersDecisionForAWindowIsInTheLedger(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		own := openStore(t, dsn, 2)
+		ns, other := namespace(t, "ledger"), namespace(t, "ledger-other")
+		tenant := tenantStore(t, dsn, provision(t, own, ns))
+		key := ns + "/report"
+		w := windowAt(0)
+		for _, d := range []lock.Decision{
+			{Cluster: "dc-a", Action: lock.ActionRun, Reason: "window claimed", Token: 7},
+			{Cluster: "dc-b", Action: lock.ActionSkip, Reason: "window already claimed by cluster dc-a"},
+			{Cluster: "dc-c", Action: lock.ActionWait, Reason: "standby: the window's owner is alive"},
+			{Cluster: "dc-a", Action: lock.ActionSucceeded, Reason: "succeeded (1 container(s), exit code 0)", Token: 7, Duration: 3 * time.Second},
+		} {
+			d.Key, d.Window, d.Index, d.Job, d.Pod = key, w, lock.NotIndexed, "report-1", "report-1-"+d.Cluster
+			if err := tenant.RecordDecision(ctx, d); err != nil {
+				t.Fatalf("the tenant recording its own decision: %v", err)
+			}
+		}
+		err := tenant.RecordDecision(ctx, lock.Decision{Key: other + "/report", Window: w, Cluster: "dc-a", Job: "j", Pod: "p", Action: lock.ActionRun})
+		if !errors.Is(err, lock.ErrForbidden) {
+			t.Fatalf("a tenant recording another namespace's decision: err %v, want ErrForbidden", err)
+		}
+		for name, s := range map[string]*lock.Store{"owner": own, "tenant": tenant} {
+			got, _, err := s.ListDecisions(ctx, lock.DecisionFilter{Key: key, Window: w})
+			if err != nil {
+				t.Fatalf("%s listing: %v", name, err)
+			}
+			var seen []string
+			for _, d := range got {
+				seen = append(seen, d.Cluster+" "+string(d.Action)+": "+d.Reason)
+			}
+			want := []string{"dc-a run: window claimed", "dc-b skip: window already claimed by cluster dc-a",
+				"dc-c wait: standby: the window's owner is alive", "dc-a succeeded: succeeded (1 container(s), exit code 0)"}
+			if !slices.Equal(seen, want) {
+				t.Fatalf("%s sees %q, want %q (in decision order)", name, seen, want)
+			}
+		}
+		st, err := own.ReadLedgerStats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := map[string]int64{}
+		for _, c := range st.Counts {
+			if c.Key == key {
+				counts[c.Cluster+"/"+string(c.Action)] = c.N
+			}
+		}
+		if want := map[string]int64{"dc-a/run": 1, "dc-b/skip": 1, "dc-c/wait": 1, "dc-a/succeeded": 1}; !mapsEqual(counts, want) {
+			t.Fatalf("decision counts %v, want %v", counts, want)
+		}
+		k := keyStats(t, st, key)
+		if k.LastSuccess == nil || k.DurationCount != 1 || k.DurationSum != 3 {
+			t.Fatalf("key statistics %+v: want a last success and one run of 3s", k)
+		}
+		// Cumulative buckets: 3s is above 1s and within every bound from 5s.
+		if want := []int64{0, 1, 1, 1, 1, 1, 1, 1}; !slices.Equal(k.DurationBuckets, want) {
+			t.Fatalf("duration buckets %v, want %v (bounds %v)", k.DurationBuckets, want, lock.DurationBuckets)
+		}
+	})
+}
+
+func mapsEqual(a, b map[string]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func keyStats(t *testing.T, st lock.LedgerStats, key string) lock.KeyStats {
+	t.Helper()
+	for _, k := range st.Keys {
+		if k.Key == key {
+			return k
+		}
+	}
+	t.Fatalf("no statistics for %s", key)
+	return lock.KeyStats{}
+}
+
+// A window with no successful run after its grace is found missed once,
+// whichever clusters' webhooks look at the same time; windows that ran are
+// not, a window still running is judged later, and a key nobody decided
+// for over several periods is silent rather than missing every tick.
+func TestMissedWindowsAreFoundOnceAndOnlyWhereNothingSucceeded(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		own := openStore(t, dsn, 4)
+		raw := rawConn(t, dsn)
+		ns := namespace(t, "missed")
+		now, err := own.Now(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m0 := now.Truncate(time.Minute).Add(-10 * time.Minute)
+		minute := func(i int) time.Time { return m0.Add(time.Duration(i) * time.Minute) }
+		view := lock.View{Schedule: "* * * * *", Mode: "schedule", LeaseTTL: "30s"}
+		seen := func(key string, firstSeen, lastDecided time.Time) {
+			t.Helper()
+			if _, err := own.RecordView(ctx, key, "dc-a", view, lock.DefaultViewRecency); err != nil {
+				t.Fatal(err)
+			}
+			if err := own.RecordDecision(ctx, lock.Decision{Key: key, Cluster: "dc-a", Job: "j", Pod: "p", Action: lock.ActionRun}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := raw.Exec(ctx, `UPDATE dislock.key_stats SET first_seen = $2, last_decided = $3 WHERE lock_key = $1`, key, firstSeen, lastDecided); err != nil {
+				t.Fatal(err)
+			}
+		}
+		run := func(key string, i int, state lock.State, ttl time.Duration) {
+			t.Helper()
+			o := owner("dc-a", "j-"+strings.ReplaceAll(key, "/", "-"), "p")
+			c := mustClaim(t, own, key, minute(i), o, false, ttl, lock.Claimed)
+			if state == lock.StateRunning {
+				return
+			}
+			code := 0
+			if state == lock.StateFailed {
+				code = 1
+			}
+			if _, err := own.Finish(ctx, key, minute(i), lock.NotIndexed, c.Window.Token, state, &code); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ranNowhere, allRan, failed, stillRunning, silent := ns+"/nowhere", ns+"/all", ns+"/failed", ns+"/running", ns+"/silent"
+		for _, k := range []string{ranNowhere, allRan, failed, stillRunning} {
+			seen(k, m0.Add(30*time.Second), now)
+		}
+		seen(silent, m0.Add(30*time.Second), now.Add(-10*time.Minute))
+		// The detection judges windows m0+1 ... m0+9: each ended its
+		// one-minute grace, and each starts after the key was first seen.
+		// m0+10 ran everywhere, in case the clock passes a minute meanwhile.
+		for i := 1; i <= 10; i++ {
+			switch {
+			case i == 4: // ran nowhere: both clusters skipped it
+				for _, c := range []string{"dc-a", "dc-b"} {
+					if err := own.RecordDecision(ctx, lock.Decision{Key: ranNowhere, Window: minute(i), Cluster: c, Job: "j", Pod: "p-" + c,
+						Action: lock.ActionSkip, Reason: "stale: window started 3m ago"}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			default:
+				run(ranNowhere, i, lock.StateSucceeded, ttl)
+			}
+			run(allRan, i, lock.StateSucceeded, ttl)
+			switch i {
+			case 5:
+				run(failed, i, lock.StateFailed, ttl)
+			default:
+				run(failed, i, lock.StateSucceeded, ttl)
+			}
+			switch i {
+			case 3: // nobody ran it
+			case 9:
+				run(stillRunning, i, lock.StateRunning, time.Hour)
+			default:
+				run(stillRunning, i, lock.StateSucceeded, ttl)
+			}
+		}
+
+		// Two clusters' webhooks detect at the same time.
+		var mu sync.Mutex
+		var found []string
+		var silentKeys []string
+		var wg sync.WaitGroup
+		for range 2 {
+			s := openStore(t, dsn, 2)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				det, err := s.DetectMissed(ctx, lock.MissedOptions{})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				for _, m := range det.New {
+					if strings.HasPrefix(m.Key, ns+"/") {
+						found = append(found, m.Key+"@"+m.Window.Format("15:04")+" "+m.Kind)
+						if m.Key == ranNowhere && !(strings.Contains(m.Reason, "dc-a skip (stale") && strings.Contains(m.Reason, "dc-b skip (stale")) {
+							t.Errorf("the reason %q does not say what each cluster decided", m.Reason)
+						}
+					}
+				}
+				for _, k := range det.Silent {
+					if strings.HasPrefix(k.Key, ns+"/") {
+						silentKeys = append(silentKeys, k.Key)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		slices.Sort(found)
+		want := []string{
+			failed + "@" + minute(5).Format("15:04") + " failed",
+			ranNowhere + "@" + minute(4).Format("15:04") + " no-run",
+			stillRunning + "@" + minute(3).Format("15:04") + " no-run",
+		}
+		slices.Sort(want)
+		if !slices.Equal(found, want) {
+			t.Fatalf("found missed %q, want each of %q exactly once", found, want)
+		}
+		if want := []string{silent, silent}; !slices.Equal(silentKeys, want) {
+			t.Fatalf("silent keys %q, want %q (once per detection)", silentKeys, want)
+		}
+		again, err := own.DetectMissed(ctx, lock.MissedOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range again.New {
+			if strings.HasPrefix(m.Key, ns+"/") {
+				t.Fatalf("a window was found missed twice: %+v", m)
+			}
+		}
+		st, err := own.ReadLedgerStats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for key, n := range map[string]int64{ranNowhere: 1, allRan: 0, failed: 1, stillRunning: 1, silent: 0} {
+			if k := keyStats(t, st, key); k.MissedTotal != n {
+				t.Errorf("%s counts %d missed windows, want %d", key, k.MissedTotal, n)
+			}
+		}
+		if k := keyStats(t, st, ranNowhere); k.LastMissedWindow == nil || !k.LastMissedWindow.Equal(minute(4)) {
+			t.Errorf("%s: last missed window %v, want %s", ranNowhere, k.LastMissedWindow, minute(4))
+		}
+		listed, _, err := own.ListMissed(ctx, lock.MissedFilter{Key: ranNowhere})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(listed) != 1 || !listed[0].Window.Equal(minute(4)) || listed[0].Kind != lock.MissedNoRun {
+			t.Fatalf("listing %s's missed windows: %+v", ranNowhere, listed)
+		}
+	})
+}
