@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests start for real: PostgreSQL, PgBouncer
 # (transaction pooling is what users run), pgbench (the benchmark baseline),
-# libfaketime (the clock-skew tests run PostgreSQL with a clock hours off), and
+# libfaketime (the clock-skew tests run PostgreSQL with a clock hours off),
 # Patroni and HAProxy (test/hapg: a highly available PostgreSQL that fails
-# over). Does nothing when everything is present.
+# over), and Prometheus with promtool (the metrics and alert tests). Does
+# nothing when everything is present.
 set -euo pipefail
 
 missing=()
@@ -13,6 +14,7 @@ ls /usr/lib/postgresql/*/bin/pgbench >/dev/null 2>&1 || missing+=(postgresql-cli
 ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing+=(libfaketime)
 { command -v patroni || test -x /usr/bin/patroni; } >/dev/null 2>&1 || missing+=(patroni)
 { command -v haproxy || test -x /usr/sbin/haproxy; } >/dev/null 2>&1 || missing+=(haproxy)
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
