@@ -397,6 +397,9 @@ func (a *agent) finishRun(ctx context.Context) {
 	if d.Window != "" {
 		where = "window " + d.Window
 	}
+	if a.tookOver {
+		where += " (taken over from a failed or lapsed owner)"
+	}
 	msg := fmt.Sprintf("ran %s of %s with token %d: %s", where, d.Key, d.Token, summary)
 	a.terminationMessage(joinReason(msg, a.disagreement))
 	a.log.Info("recorded", "key", d.Key, "window", d.Window, "token", d.Token, "state", state, "exitCode", code, "summary", summary)
