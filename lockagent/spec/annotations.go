@@ -37,8 +37,8 @@ const (
 	// MaxMissedAfter: a window with no successful run this long after its
 	// start counts as missed (dislock_missed_windows_total, `dislock
 	// missed`). Unset: one period of the schedule, at least a minute and at
-	// most an hour (lock.DefaultMissedGrace). Set it above the job's longest
-	// run.
+	// most an hour (lock.DefaultMissedGrace). Set it above the time the
+	// Job's retries take.
 	AnnotationMissedAfter = Prefix + "missed-after"
 
 	// AnnotationAppStartTimeout is a Go duration between MinAppStartTimeout

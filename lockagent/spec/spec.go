@@ -314,7 +314,7 @@ var (
 	wantLeaseTTL        = `(want e.g. "30s", ` + between(MinLeaseTTL, MaxLeaseTTL) + ")"
 	wantCatchup         = `(want e.g. "10m", ` + catchupRange + ")"
 	wantAppStartTimeout = `(want e.g. "10m", ` + between(MinAppStartTimeout, MaxAppStartTimeout) + ")"
-	wantMissedAfter     = `(want e.g. "2h", ` + between(MinMissedAfter, MaxMissedAfter) + ", above the job's longest run)"
+	wantMissedAfter     = `(want e.g. "2h", ` + between(MinMissedAfter, MaxMissedAfter) + ": longer than the Job's retries take)"
 )
 
 func between(lo, hi time.Duration) string {

@@ -209,7 +209,7 @@ func TestFromAnnotations(t *testing.T) {
 		{
 			name:        "a missed-after below a minute names the bounds and the fix",
 			annotations: map[string]string{AnnotationMode: "schedule", AnnotationMissedAfter: "30s"},
-			wantErrs:    []string{`annotation dislock.io/missed-after: "30s" is out of range (want e.g. "2h", between 1m and 24h, above the job's longest run)`},
+			wantErrs:    []string{`annotation dislock.io/missed-after: "30s" is out of range (want e.g. "2h", between 1m and 24h: longer than the Job's retries take)`},
 		},
 		{
 			name:        "a missed-after without a unit",
