@@ -1,7 +1,8 @@
 // Package cli is the operator's command line: migrate the schema, read which
-// cluster ran which window, inspect and release leases. It answers questions
-// such as "which DC ran the 12:00 run of ns/report, how long did it take, did
-// it succeed" from the same tables the agents write.
+// cluster ran which window and what every cluster decided, find the windows
+// that ran nowhere, inspect and release leases. It answers questions such as
+// "which DC ran the 12:00 run of ns/report, how long did it take, did it
+// succeed, why did dc-b skip it" from the same tables the agents write.
 package cli
 
 import (
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,7 +25,8 @@ const (
 	exitOK    = 0
 	exitError = 1
 	exitUsage = 2
-	// exitProblems: `dislock check` ran and found problems.
+	// exitProblems: `dislock check` ran and found problems, or `dislock
+	// missed --fail-on-missed` listed something.
 	exitProblems = 3
 )
 
@@ -51,7 +54,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dislock "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := &common{}
-	fs.StringVar(&c.output, "o", "table", "output format: table or json")
+	formats := cmd.outputFormats()
+	fs.StringVar(&c.output, "o", formatTable, "output format: "+orList(formats))
 	if cmd.db {
 		fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL (default $"+EnvDatabaseURL+")")
 	}
@@ -66,11 +70,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dislock %s: unexpected argument %q (flags only; see -h)\n", args[0], fs.Arg(0))
 		return exitUsage
 	}
-	if c.output != "table" && c.output != "json" {
-		fmt.Fprintf(stderr, "dislock %s: -o %q is not a format (want table or json)\n", args[0], c.output)
+	if !slices.Contains(formats, c.output) {
+		fmt.Fprintf(stderr, "dislock %s: -o %q is not a format of dislock %s (want %s)\n", args[0], c.output, args[0], orList(formats))
 		return exitUsage
 	}
-	c.stdout = stdout
+	c.stdout, c.stderr = stdout, stderr
 	if cmd.db {
 		if c.databaseURL == "" {
 			c.databaseURL = os.Getenv(EnvDatabaseURL)
@@ -89,7 +93,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if errors.As(err, &u) {
 			return exitUsage
 		}
-		if errors.Is(err, errProblems) {
+		if errors.Is(err, errProblems) || errors.Is(err, errMissedFound) {
 			return exitProblems
 		}
 		return exitError
@@ -103,6 +107,9 @@ type common struct {
 	databaseURL string
 	store       *lock.Store
 	stdout      io.Writer
+	// stderr is for what a long-running command notes on the side (a
+	// --watch that lost the database for a while).
+	stderr io.Writer
 }
 
 type usageError struct{ error }
@@ -112,20 +119,33 @@ type command struct {
 	db      bool
 	// setup registers the command's flags and returns its body.
 	setup func(fs *flag.FlagSet) func(ctx context.Context, c *common) error
+	// formats are the -o values the command prints; nil means table and
+	// json.
+	formats []string
+}
+
+func (c command) outputFormats() []string {
+	if c.formats == nil {
+		return []string{formatTable, formatJSON}
+	}
+	return c.formats
 }
 
 var commands = map[string]command{
-	"migrate": {"create or upgrade schema dislock", true, setupMigrate},
-	"check":   {"check the database: primary, synchronous replication, schema, fencing tokens", true, setupCheck},
-	"windows": {"list schedule windows: who ran them, when, how it ended", true, setupWindows},
-	"leases":  {"list leases and who holds them", true, setupLeases},
-	"release": {"release a lease, or delete a window so that it can run again", true, setupRelease},
-	"version": {"print the version and schema version", false, setupVersion},
+	"migrate": {"create or upgrade schema dislock", true, setupMigrate, nil},
+	"check":   {"check the database: primary, synchronous replication, schema, fencing tokens", true, setupCheck, nil},
+	"windows": {"list schedule windows: who ran them, when, how it ended, what every cluster decided", true, setupWindows,
+		[]string{formatTable, formatWide, formatJSON, formatYAML}},
+	"missed": {"find and list the windows that ran nowhere, and the keys nobody decides for", true, setupMissed,
+		[]string{formatTable, formatJSON, formatYAML}},
+	"leases":  {"list leases and who holds them", true, setupLeases, nil},
+	"release": {"release a lease, or delete a window so that it can run again", true, setupRelease, nil},
+	"version": {"print the version and schema version", false, setupVersion, nil},
 }
 
 func usage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: dislock <command> [flags]\n\nCommands:\n")
-	for _, name := range []string{"migrate", "check", "windows", "leases", "release", "version"} {
+	for _, name := range []string{"migrate", "check", "windows", "missed", "leases", "release", "version"} {
 		fmt.Fprintf(w, "  %-8s %s\n", name, commands[name].summary)
 	}
 	fmt.Fprintf(w, "\nThe database URL comes from --database-url or $%s. Run `dislock <command> -h` for flags.\n", EnvDatabaseURL)
@@ -179,11 +199,15 @@ func setupVersion(*flag.FlagSet) func(context.Context, *common) error {
 func setupRelease(fs *flag.FlagSet) func(context.Context, *common) error {
 	key := fs.String("key", "", "lock key <namespace>/<name> (required)")
 	window := fs.String("window", "", "delete this window (RFC 3339) instead of releasing the lease")
+	dryRun := fs.Bool("dry-run", false, "print what would be released or deleted, from the current rows, and change nothing")
 	return func(ctx context.Context, c *common) error {
 		if err := validKey(*key, true); err != nil {
 			return err
 		}
 		if *window == "" {
+			if *dryRun {
+				return releaseLeaseDryRun(ctx, c, *key)
+			}
 			if err := c.store.ForceReleaseLease(ctx, *key); err != nil {
 				return err
 			}
@@ -195,6 +219,9 @@ func setupRelease(fs *flag.FlagSet) func(context.Context, *common) error {
 		if err != nil {
 			return usageError{fmt.Errorf("--window %q is not an RFC 3339 time (want e.g. 2026-12-02T12:00:00Z)", *window)}
 		}
+		if *dryRun {
+			return deleteWindowDryRun(ctx, c, *key, w)
+		}
 		if err := c.store.DeleteWindow(ctx, *key, w); err != nil {
 			return err
 		}
@@ -202,6 +229,66 @@ func setupRelease(fs *flag.FlagSet) func(context.Context, *common) error {
 			t.line("deleted window %s of %s: the next claim of it runs it again", w.UTC().Format(time.RFC3339), *key)
 		})
 	}
+}
+
+// dryRunNote ends every line of a dry run that found something to do.
+const dryRunNote = "nothing changed (--dry-run)"
+
+// releaseLeaseDryRun says whose lease `release` would expire. Like the
+// release itself, it fails when no live lease exists.
+func releaseLeaseDryRun(ctx context.Context, c *common, key string) error {
+	l, dbNow, err := c.store.GetLease(ctx, key)
+	if err != nil {
+		return fmt.Errorf("%w: release would fail; %s", err, dryRunNote)
+	}
+	if !l.ExpireAt.After(dbNow) {
+		return fmt.Errorf("lease %s: %w: no one holds it (it expired at %s; last holder %s): release would fail; %s",
+			key, lock.ErrNotFound, l.ExpireAt.Format(time.RFC3339), printable(l.Owner), dryRunNote)
+	}
+	res := struct {
+		DryRun       bool       `json:"dryRun"`
+		WouldRelease string     `json:"wouldRelease"`
+		Key          string     `json:"key"`
+		Lease        lock.Lease `json:"lease"`
+	}{true, "lease", key, l}
+	return c.print(res, func(t *table) {
+		t.line("would release the lease of %s held by %s (token %d, held for %s, expires in %s); %s",
+			key, l.Owner, l.Token, dbNow.Sub(l.AcquiredAt).Round(time.Second), l.ExpireAt.Sub(dbNow).Round(time.Second), dryRunNote)
+	})
+}
+
+// deleteWindowDryRun lists the rows (one per completion index) that
+// `release --window` would delete, and warns about a run that is still
+// alive: deleting its window lets another cluster run it at the same time.
+func deleteWindowDryRun(ctx context.Context, c *common, key string, w time.Time) error {
+	start := w.UTC().Truncate(time.Microsecond) // the database's resolution
+	rows, dbNow, err := c.store.ListWindowsIn(ctx, lock.WindowFilter{Key: key, From: start, To: start.Add(time.Microsecond)})
+	if err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		return fmt.Errorf("window %s of %s: %w: release would fail; %s", start.Format(time.RFC3339), key, lock.ErrNotFound, dryRunNote)
+	}
+	res := struct {
+		DryRun       bool          `json:"dryRun"`
+		WouldRelease string        `json:"wouldRelease"`
+		Key          string        `json:"key"`
+		Window       time.Time     `json:"window"`
+		Rows         []lock.Window `json:"rows"`
+	}{true, "window", key, start, rows}
+	return c.print(res, func(t *table) {
+		t.line("would delete window %s of %s (%d row(s)); the next claim of it would run it again; %s",
+			start.Format(time.RFC3339), key, len(rows), dryRunNote)
+		t.row("INDEX", "STATE", "CLUSTER", "TOKEN", "DURATION", "EXIT", "OWNER")
+		for _, r := range rows {
+			t.row(index(r.Index), string(r.State), r.Cluster, fmt.Sprint(r.Token), windowDuration(r, dbNow, time.UTC), exitCode(r.ExitCode), r.Owner)
+		}
+		for _, r := range rows {
+			if r.State == lock.StateRunning && r.AliveUntil.After(dbNow) {
+				t.line("WARNING index %s is running and its owner is alive: once the window is deleted another pod can claim it and run it while this run goes on", index(r.Index))
+			}
+		}
+	})
 }
 
 // validKey checks a <namespace>/<name> key given on the command line.
@@ -217,6 +304,14 @@ func validKey(key string, required bool) error {
 		return usageError{fmt.Errorf("--key %q is not <namespace>/<name> (e.g. default/report)", key)}
 	}
 	return nil
+}
+
+// orList joins choices as "a, b or c".
+func orList(choices []string) string {
+	if len(choices) < 2 {
+		return strings.Join(choices, "")
+	}
+	return strings.Join(choices[:len(choices)-1], ", ") + " or " + choices[len(choices)-1]
 }
 
 func joinInts(v []int) string {

@@ -152,7 +152,9 @@ func TestBadInvocationsSayWhatIsWrong(t *testing.T) {
 		password string
 	}{
 		{"unknown command", []string{"windowz"}, 2, `unknown command "windowz"`, ""},
-		{"bad output format", []string{"windows", "-o", "yaml"}, 2, `-o "yaml" is not a format`, ""},
+		{"bad output format", []string{"windows", "-o", "xml"}, 2, `-o "xml" is not a format of dislock windows (want table, wide, json or yaml)`, ""},
+		{"a format another command has", []string{"leases", "-o", "yaml"}, 2, `-o "yaml" is not a format of dislock leases (want table or json)`, ""},
+		{"wide is for windows only", []string{"missed", "-o", "wide"}, 2, `-o "wide" is not a format of dislock missed (want table, json or yaml)`, ""},
 		{"key without namespace", []string{"windows", "--key", "report", "--database-url", "postgres://u:pw-9x7@127.0.0.1:1/d"}, 2, "not <namespace>/<name>", "pw-9x7"},
 		{"release needs a key", []string{"release", "--database-url", "postgres://u:p@h/d"}, 2, "--key is required", ""},
 		{"bad window time", []string{"release", "--key", "a/b", "--window", "noon", "--database-url", "postgres://u:p@h/d"}, 2, "not an RFC 3339 time", ""},

@@ -10,40 +10,6 @@ import (
 	"github.com/dislock/dislock/lockagent/lock"
 )
 
-func setupWindows(fs *flag.FlagSet) func(context.Context, *common) error {
-	key := fs.String("key", "", "only this lock key <namespace>/<name>")
-	limit := fs.Int("limit", DefaultWindowsLimit, "show at most this many windows, newest first")
-	return func(ctx context.Context, c *common) error {
-		if err := validKey(*key, false); err != nil {
-			return err
-		}
-		if *limit <= 0 {
-			return usageError{fmt.Errorf("--limit %d must be positive", *limit)}
-		}
-		rows, dbNow, err := c.store.ListWindows(ctx, *key, *limit)
-		if err != nil {
-			return err
-		}
-		if rows == nil {
-			rows = []lock.Window{}
-		}
-		disagree, err := disagreements(ctx, c.store, rows)
-		if err != nil {
-			return err
-		}
-		return c.print(rows, func(t *table) {
-			t.row("KEY", "WINDOW", "INDEX", "STATE", "CLUSTER", "TOKEN", "DURATION", "EXIT", "OWNER")
-			for _, w := range rows {
-				t.row(w.Key, w.Start.Format(time.RFC3339), index(w.Index), string(w.State), w.Cluster, fmt.Sprint(w.Token),
-					windowDuration(w, dbNow), exitCode(w.ExitCode), w.Owner)
-			}
-			for _, line := range disagree {
-				t.line("%s", line)
-			}
-		})
-	}
-}
-
 func index(i int) string {
 	if i == lock.NotIndexed {
 		return "-"
@@ -53,14 +19,10 @@ func index(i int) string {
 
 // disagreements warns, for each listed key, about clusters whose recent view
 // of the job differs: one tick may then be a different window in each.
-func disagreements(ctx context.Context, s *lock.Store, rows []lock.Window) ([]string, error) {
+func disagreements(ctx context.Context, s *lock.Store, listed map[string]bool) ([]string, error) {
 	views, err := s.ListDisagreements(ctx, lock.DefaultViewRecency)
 	if err != nil {
 		return nil, err
-	}
-	listed := map[string]bool{}
-	for _, w := range rows {
-		listed[w.Key] = true
 	}
 	byKey := map[string][]string{}
 	var keys []string
@@ -82,15 +44,16 @@ func disagreements(ctx context.Context, s *lock.Store, rows []lock.Window) ([]st
 	return out, nil
 }
 
-// windowDuration is how long the run took, or has been running, by database time.
-func windowDuration(w lock.Window, dbNow time.Time) string {
+// windowDuration is how long the run took, or has been running, by database
+// time; a time it names is in zone loc.
+func windowDuration(w lock.Window, dbNow time.Time, loc *time.Location) string {
 	switch {
 	case w.FinishedAt != nil:
 		return w.FinishedAt.Sub(w.ClaimedAt).Round(time.Millisecond).String()
 	case w.State == lock.StateRunning && w.AliveUntil.After(dbNow):
 		return dbNow.Sub(w.ClaimedAt).Round(time.Second).String() + " so far"
 	case w.State == lock.StateRunning:
-		return "owner silent since " + w.AliveUntil.Format(time.RFC3339)
+		return "owner silent since " + w.AliveUntil.In(loc).Format(time.RFC3339)
 	}
 	return "-"
 }
