@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -252,6 +253,48 @@ func TestMissedWindowsAreFoundOnceAndOnlyWhereNothingSucceeded(t *testing.T) {
 		}
 		if len(listed) != 1 || !listed[0].Window.Equal(minute(4)) || listed[0].Kind != lock.MissedNoRun {
 			t.Fatalf("listing %s's missed windows: %+v", ranNowhere, listed)
+		}
+	})
+}
+
+// A tenant may write statistics rows for as many keys of its own namespace
+// as it likes; the owner's statistics and detection read at most
+// MaxKeysPerNamespace of them, those decided last, so that one namespace
+// cannot grow every namespace's metrics, nor push another's keys out.
+func TestOneNamespacesKeysCannotCrowdOutAnothersStatistics(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		own := openStore(t, dsn, 2)
+		flood, quiet := namespace(t, "flood"), namespace(t, "quiet")
+		tenant := rawConn(t, mustTenantDSN(t, dsn, provision(t, own, flood)))
+		extra := 5
+		if _, err := tenant.Exec(ctx, `INSERT INTO dislock.key_stats (lock_key, first_seen, last_decided)
+			SELECT $1::text || '/k' || i, now(), now() - i * interval '1 second' FROM generate_series(1, $2::int) i`,
+			flood, lock.MaxKeysPerNamespace+extra); err != nil {
+			t.Fatalf("the tenant writing its own namespace's statistics: %v", err)
+		}
+		if err := own.RecordDecision(ctx, lock.Decision{Key: quiet + "/report", Cluster: "dc-a", Job: "j", Pod: "p", Action: lock.ActionRun}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := own.ReadLedgerStats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var flooded int
+		for _, k := range st.Keys {
+			if strings.HasPrefix(k.Key, flood+"/") {
+				flooded++
+				if k.Key == fmt.Sprintf("%s/k%d", flood, lock.MaxKeysPerNamespace+1) {
+					t.Errorf("read %s, which was decided before the newest %d of its namespace", k.Key, lock.MaxKeysPerNamespace)
+				}
+			}
+		}
+		if flooded != lock.MaxKeysPerNamespace {
+			t.Errorf("read %d keys of the flooding namespace, want %d", flooded, lock.MaxKeysPerNamespace)
+		}
+		keyStats(t, st, quiet+"/report")
+		if st.KeysLeftOut < int64(extra) {
+			t.Errorf("%d keys counted as left out, want at least %d", st.KeysLeftOut, extra)
 		}
 	})
 }

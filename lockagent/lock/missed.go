@@ -254,7 +254,7 @@ func judgeWindow(rows []windowState, now time.Time) (kind string, pending bool) 
 // recorded for it, and the database time.
 func (s *Store) keysToJudge(ctx context.Context) ([]*keyToJudge, time.Time, error) {
 	const op = "reading the keys to judge"
-	rows, err := s.pool.Query(ctx, qKeysToJudge)
+	rows, err := s.pool.Query(ctx, qKeysToJudge, MaxKeysPerNamespace)
 	if err != nil {
 		return nil, time.Time{}, s.classify(op, err)
 	}

@@ -213,10 +213,25 @@ m AS (DELETE FROM dislock.missed WHERE window_start < now() - $1::bigint * inter
 k AS (DELETE FROM dislock.key_stats WHERE last_decided < now() - $1::bigint * interval '1 microsecond' RETURNING lock_key)
 DELETE FROM dislock.decision_counts WHERE lock_key IN (SELECT lock_key FROM k)`
 
-// qKeysToJudge reads every key's statistics with the newest view of it.
+// keysInBounds are the keys of dislock.key_stats the owner's statistics
+// and detection read: in each namespace at most $1, those decided last.
+// Tenants write key_stats rows for keys of their own namespace at will; the
+// bound keeps one namespace from making the metrics and the detection of
+// every namespace as large as it likes.
+const keysInBounds = `(SELECT * FROM (
+    SELECT *, row_number() OVER (PARTITION BY split_part(lock_key, '/', 1) ORDER BY last_decided DESC, lock_key) AS nth
+    FROM dislock.key_stats) ranked WHERE nth <= $1::int)`
+
+// qKeysLeftOut counts the keys beyond the bound of keysInBounds.
+const qKeysLeftOut = `
+SELECT count(*) FROM (
+    SELECT row_number() OVER (PARTITION BY split_part(lock_key, '/', 1) ORDER BY last_decided DESC, lock_key) AS nth
+    FROM dislock.key_stats) ranked WHERE nth > $1::int`
+
+// qKeysToJudge reads the keys' statistics with the newest view of each.
 const qKeysToJudge = `
 SELECT k.lock_key, k.first_seen, k.last_decided, k.checked_until, v.view::text, now()
-FROM dislock.key_stats k
+FROM ` + keysInBounds + ` k
 JOIN LATERAL (SELECT view FROM dislock.views WHERE lock_key = k.lock_key ORDER BY seen_at DESC LIMIT 1) v ON true
 ORDER BY k.lock_key`
 
@@ -269,13 +284,24 @@ LIMIT $4::int`
 
 const qKeyStats = `
 SELECT lock_key, last_success, missed_total, last_missed_window, duration_count, duration_sum, duration_buckets, now()
-FROM dislock.key_stats ORDER BY lock_key`
+FROM ` + keysInBounds + ` k ORDER BY lock_key`
 
-const qDecisionCounts = `SELECT lock_key, cluster, action, n FROM dislock.decision_counts ORDER BY lock_key, cluster, action`
+// qDecisionCounts reads the counts of the keys in bounds, at most 64 per key
+// (a cluster and an action each: a tenant can write any cluster name).
+const qDecisionCounts = `
+SELECT c.lock_key, c.cluster, c.action, c.n
+FROM ` + keysInBounds + ` k
+JOIN LATERAL (SELECT * FROM dislock.decision_counts WHERE lock_key = k.lock_key ORDER BY n DESC, cluster, action LIMIT 64) c ON true
+ORDER BY c.lock_key, c.cluster, c.action`
 
+// qHeldLeases reads the held leases of the keys in bounds (an Indexed Job's
+// lease key is "<key>#<index>").
 const qHeldLeases = `
-SELECT lock_key, (extract(epoch FROM now() - acquired_at) * 1000000)::bigint FROM dislock.leases
-WHERE expire_at > now() ORDER BY lock_key`
+SELECT l.lock_key, (extract(epoch FROM now() - l.acquired_at) * 1000000)::bigint
+FROM dislock.leases l
+WHERE l.expire_at > now()
+  AND split_part(l.lock_key, '#', 1) IN (SELECT lock_key FROM ` + keysInBounds + ` k)
+ORDER BY l.lock_key`
 
 const qSaveSnapshot = `
 INSERT INTO dislock.metrics_snapshot (cluster, computed_at, body) VALUES ($1::text, now(), $2::bytea)

@@ -47,7 +47,16 @@ type LedgerStats struct {
 	Leases    []HeldLease
 	At        time.Time
 	QueryTime map[string]time.Duration
+	// KeysLeftOut counts the keys beyond MaxKeysPerNamespace, whose
+	// statistics were not read.
+	KeysLeftOut int64
 }
+
+// MaxKeysPerNamespace bounds the keys of one namespace whose statistics the
+// metrics read and whose windows the detection judges: those decided last.
+// Tenants can write statistics rows for keys of their own namespace at
+// will; this keeps one namespace from growing every namespace's metrics.
+const MaxKeysPerNamespace = 1000
 
 // ReadLedgerStats reads every key's statistics, the decision counts and the
 // held leases.
@@ -60,7 +69,7 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 		return err
 	}
 	err := timed("key_stats", func() error {
-		rows, err := s.pool.Query(ctx, qKeyStats)
+		rows, err := s.pool.Query(ctx, qKeyStats, MaxKeysPerNamespace)
 		if err != nil {
 			return s.classify("reading key statistics", err)
 		}
@@ -81,7 +90,7 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 		return st, err
 	}
 	err = timed("decision_counts", func() error {
-		rows, err := s.pool.Query(ctx, qDecisionCounts)
+		rows, err := s.pool.Query(ctx, qDecisionCounts, MaxKeysPerNamespace)
 		if err != nil {
 			return s.classify("reading decision counts", err)
 		}
@@ -101,7 +110,7 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 		return st, err
 	}
 	err = timed("leases", func() error {
-		rows, err := s.pool.Query(ctx, qHeldLeases)
+		rows, err := s.pool.Query(ctx, qHeldLeases, MaxKeysPerNamespace)
 		if err != nil {
 			return s.classify("reading held leases", err)
 		}
@@ -116,6 +125,12 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 			st.Leases = append(st.Leases, l)
 		}
 		return s.classify("reading held leases", rows.Err())
+	})
+	if err != nil {
+		return st, err
+	}
+	err = timed("keys_left_out", func() error {
+		return s.classify("counting the keys left out", s.pool.QueryRow(ctx, qKeysLeftOut, MaxKeysPerNamespace).Scan(&st.KeysLeftOut))
 	})
 	if err != nil {
 		return st, err
