@@ -68,6 +68,7 @@ func runWebhook(args []string) int {
 	fs.BoolVar(&cfg.TenantRoles, "tenant-roles", true, "give every opted-in namespace its own database role and put only its URL in the namespace's Secret (with --database-url)")
 	fs.DurationVar(&cfg.TenantRotation, "tenant-rotation", webhook.DefaultTenantRotation, "give each namespace a new database role this often")
 	fs.DurationVar(&cfg.TenantGrace, "tenant-grace", webhook.DefaultTenantGrace, "keep a superseded namespace role valid this long for pods still using it (at least 24h)")
+	fs.DurationVar(&cfg.LedgerInterval, "ledger-interval", webhook.DefaultLedgerInterval, "compute the ledger's metrics (missed windows, decisions, run durations) this often on the elected leader (with --database-url)")
 	fs.IntVar(&port, "port", 9443, "webhook HTTPS port")
 	fs.StringVar(&cfg.Certs.CertDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory with tls.crt and tls.key (reloaded on change)")
 	fs.BoolVar(&cfg.Certs.SelfSigned, "self-signed-certs", false, "generate and rotate the serving certificate in process and keep the webhook configurations' caBundle current")
@@ -105,7 +106,7 @@ func runWebhook(args []string) int {
 	fs.BoolVar(&cfg.Resolver.Insecure, "insecure-registry", false, "let every registry be plain HTTP and on a private address (tests only)")
 	fs.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 disables)")
 	fs.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "health and readiness probe address")
-	fs.BoolVar(&leaderElect, "leader-elect", false, "elect a leader for the secret copier, tenant roles and retention")
+	fs.BoolVar(&leaderElect, "leader-elect", false, "elect a leader for the secret copier, tenant roles, retention, the ledger metrics and the pods' outcome labels and Events")
 	fs.StringVar(&kube, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)

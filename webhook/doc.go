@@ -30,7 +30,8 @@
 // another image or an app command outside the wrapper. A Job no CronJob
 // controls is never injected, and is refused if it looks injected.
 //
-// The pod template gets the emptyDir volume "dislock" (mounted at /dislock),
+// The pod template gets the label dislock.io/injected=true ([InjectedLabel]),
+// the emptyDir volume "dislock" (mounted at /dislock),
 // the native sidecar "dislock-agent" as initContainers[0] (existing init
 // containers follow it, unwrapped: they run in every cluster, after the
 // decision), and each app container's command becomes
@@ -54,6 +55,21 @@
 // gets Failed, so that a replacement pod is normally created only once the
 // old one is gone; the lock is safe without it, but the replacement would
 // wait out the old pod's claim.
+//
+// # After the run
+//
+// Once an injected pod has finished, the outcome controller (elected leader
+// only) reads its sidecar's termination message, labels the pod and its Job
+// with [OutcomeLabel] (and [TookOverLabel]) and puts one Event on the
+// CronJob (DislockRan, DislockTookOver, DislockSkipped, DislockRunFailed,
+// DislockError). The manager caches only the injected pods without an
+// outcome yet, trimmed to their status.
+//
+// With the owner's database URL, the elected leader also computes the
+// ledger's metrics (decisions, missed windows, silent keys, leases, run
+// durations) every --ledger-interval and stores them in the database, and
+// every replica serves the newest ([LedgerMetrics]); a newly missed window
+// is a DislockMissedWindow Event on its CronJob.
 //
 // # Classic mesh sidecars
 //

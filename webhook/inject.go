@@ -51,6 +51,13 @@ const (
 	// and the downward API cannot read a pod's ownerReferences, so the
 	// sidecar reads DISLOCK_JOB_UID from this label of its own pod.
 	UIDLabel = spec.LabelJobUID
+
+	// InjectedLabel, valued InjectedLabelValue, is put on every pod
+	// template Inject mutated, so that the pods of injected Jobs can be
+	// selected (kubectl get pods -l dislock.io/injected) and the outcome
+	// controller watches those pods only, not every pod of the cluster.
+	InjectedLabel      = "dislock.io/injected"
+	InjectedLabelValue = "true"
 )
 
 // WrapperPrefix is what every app container's command starts with after
@@ -343,6 +350,10 @@ func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]
 	}
 
 	out := job.DeepCopy()
+	if out.Spec.Template.Labels == nil {
+		out.Spec.Template.Labels = map[string]string{}
+	}
+	out.Spec.Template.Labels[InjectedLabel] = InjectedLabelValue
 	if len(p.mesh.podAnnotations) > 0 {
 		if out.Spec.Template.Annotations == nil {
 			out.Spec.Template.Annotations = map[string]string{}

@@ -576,10 +576,10 @@ func TestAReinvocationKeepsTheMeshPlanOfTheFirstPass(t *testing.T) {
 	}{
 		{"the reinvocation cannot read the namespace", istio, nil, nil, "http://127.0.0.1:15020/quitquitquit"},
 		{"a later webhook labels the pod for Istio", nil, nil, func(j *batchv1.Job) {
-			j.Spec.Template.Labels = map[string]string{"sidecar.istio.io/inject": "true"}
+			j.Spec.Template.Labels["sidecar.istio.io/inject"] = "true" // next to dislock's own label
 		}, ""},
 		{"a later policy opts the pod out of Istio", istio, istio, func(j *batchv1.Job) {
-			j.Spec.Template.Labels = map[string]string{"sidecar.istio.io/inject": "false"}
+			j.Spec.Template.Labels["sidecar.istio.io/inject"] = "false" // next to dislock's own label
 		}, "http://127.0.0.1:15020/quitquitquit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

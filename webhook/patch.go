@@ -96,7 +96,7 @@ func patchResponse(raw []byte, job, injected *batchv1.Job) (admission.Response, 
 
 // jobPatch returns the JSON patch from job to injected (nil if they do not
 // differ), covering the Job's annotations and labels, its
-// podReplacementPolicy, the pod template's annotations and its init
+// podReplacementPolicy, the pod template's labels and annotations and its init
 // containers, containers and volumes. ok is false when injected differs
 // from job anywhere else, or when the request's JSON may lack the object a
 // path of the patch lies in: the caller must diff the documents then.
@@ -124,14 +124,16 @@ func jobPatch(job, injected *batchv1.Job) (patch []byte, ok bool, err error) {
 	case cur != nil && (old == nil || *old != *cur):
 		p.add("/spec/podReplacementPolicy", cur)
 	}
-	// The pod template's annotations (a mesh's configuration): its
-	// metadata may be absent from the request, with no member to add a key
-	// under, and is then set whole.
-	if o, c := job.Spec.Template.Annotations, injected.Spec.Template.Annotations; !maps.Equal(o, c) {
-		if absent(&job.Spec.Template.ObjectMeta) {
-			p.add("/spec/template/metadata", &injected.Spec.Template.ObjectMeta)
+	// The pod template's labels (InjectedLabel) and annotations (a mesh's
+	// configuration): its metadata may be absent from the request, with no
+	// member to add a key under, and is then set whole.
+	oldMeta, curMeta := &job.Spec.Template.ObjectMeta, &injected.Spec.Template.ObjectMeta
+	if !maps.Equal(oldMeta.Annotations, curMeta.Annotations) || !maps.Equal(oldMeta.Labels, curMeta.Labels) {
+		if absent(oldMeta) {
+			p.add("/spec/template/metadata", curMeta)
 		} else {
-			p.stringMap("/spec/template/metadata/annotations", o, c)
+			p.stringMap("/spec/template/metadata/labels", oldMeta.Labels, curMeta.Labels)
+			p.stringMap("/spec/template/metadata/annotations", oldMeta.Annotations, curMeta.Annotations)
 		}
 	}
 	const pod = "/spec/template/spec"
@@ -176,7 +178,7 @@ func (s *scratch) sameUncovered(a, b *batchv1.Job) bool {
 		u := &s.jobs[i]
 		u.Annotations, u.Labels = nil, nil
 		u.Spec.PodReplacementPolicy = nil
-		u.Spec.Template.Annotations = nil
+		u.Spec.Template.Annotations, u.Spec.Template.Labels = nil, nil
 		u.Spec.Template.Spec.InitContainers = nil
 		u.Spec.Template.Spec.Containers = nil
 		u.Spec.Template.Spec.Volumes = nil

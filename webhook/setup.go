@@ -61,7 +61,12 @@ type Config struct {
 	// generations of one namespace (0: DefaultTenantProvisionInterval), so
 	// that a tenant deleting its Secret in a loop cannot spin the database.
 	TenantProvisionInterval time.Duration
-	Certs                   CertConfig
+	// LedgerInterval is how often the elected leader computes the metrics
+	// the ledger gives (missed windows, decisions, run durations) and
+	// stores them for every replica to serve (needs DatabaseURL; 0:
+	// DefaultLedgerInterval).
+	LedgerInterval time.Duration
+	Certs          CertConfig
 }
 
 // CertConfig chooses where the serving certificate comes from.
@@ -93,6 +98,10 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("retention %s is shorter than %s (set --retention to at least %s): a pod that starts late could claim a deleted window and run it again",
 			c.Retention, lock.MinRetention, lock.MinRetention))
 	}
+	if c.LedgerInterval < 0 || c.LedgerInterval > 0 && c.LedgerInterval < MinLedgerInterval {
+		errs = append(errs, fmt.Errorf("ledger interval %s is shorter than %s (set --ledger-interval to at least %s, or leave it 0 for %s)",
+			c.LedgerInterval, MinLedgerInterval, MinLedgerInterval, DefaultLedgerInterval))
+	}
 	if c.TenantRoles {
 		switch {
 		case c.DatabaseURL == "":
@@ -123,11 +132,14 @@ func (c Config) Validate() error {
 }
 
 // CacheOptions limits what the manager caches to what the webhook reads:
-// CronJobs, opted-in namespaces, and Secrets only in its own namespace or
-// carrying its managed-by label (never every Secret of the cluster).
+// CronJobs, opted-in namespaces, Secrets only in its own namespace or
+// carrying its managed-by label (never every Secret of the cluster), and
+// Pods only of injected Jobs until their outcome is labelled, trimmed to
+// their status (never every pod of the cluster, nor their specs).
 func CacheOptions(cfg Config) cache.Options {
 	managed := labels.SelectorFromSet(labels.Set{ManagedByLabel: ManagedByValue})
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Pod{}: {Label: injectedPodsSelector(), Transform: trimPod},
 		&corev1.Secret{}: {Namespaces: map[string]cache.Config{
 			cfg.Namespace: {},
 			// By name too: a tenant may label any number of Secrets of its
@@ -203,9 +215,15 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 			return err
 		}
 	}
+	if err := setupOutcomeRecorder(mgr); err != nil {
+		return fmt.Errorf("adding the outcome controller: %w", err)
+	}
 	if cfg.DatabaseURL != "" {
 		if err := mgr.Add(&maintenance{databaseURL: cfg.DatabaseURL, retention: cfg.Retention,
 			cronJobs: mgr.GetClient(), events: mgr.GetEventRecorder("dislock-webhook")}); err != nil {
+			return err
+		}
+		if err := setupLedgerMetrics(mgr, cfg); err != nil {
 			return err
 		}
 	}

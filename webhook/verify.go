@@ -223,6 +223,7 @@ const unknownEntrypoint = "<the image's entrypoint>"
 func strip(job *batchv1.Job) (*batchv1.Job, map[string][]string) {
 	out := job.DeepCopy()
 	delete(out.Annotations, StatusAnnotation)
+	delete(out.Spec.Template.Labels, InjectedLabel)
 	pod := &out.Spec.Template.Spec
 	if len(pod.InitContainers) > 0 && pod.InitContainers[0].Name == SidecarName {
 		pod.InitContainers = slices.Delete(pod.InitContainers, 0, 1)

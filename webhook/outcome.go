@@ -1,0 +1,353 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/dislock/dislock/lockagent/lock"
+)
+
+// What a pod's run came to, answered by kubectl without the database:
+//
+//	kubectl get jobs -l dislock.io/outcome=failed
+//	kubectl get pods -l dislock.io/took-over=true
+//	kubectl describe cronjob report   # DislockRan, DislockRunFailed, ... Events
+//
+// The outcome controller reads the dislock-agent sidecar's termination
+// message once the pod has finished, labels the pod and its Job, and puts
+// one Event on the CronJob.
+const (
+	// OutcomeLabel is one of OutcomeSucceeded, OutcomeFailed,
+	// OutcomeSkipped or OutcomeError. On a pod it is also the mark that the
+	// pod was handled: its Event is never emitted twice.
+	OutcomeLabel = "dislock.io/outcome"
+	// TookOverLabel is "true" on a pod (and its Job) whose run took the
+	// window over from a failed or lapsed owner; absent otherwise.
+	TookOverLabel = "dislock.io/took-over"
+)
+
+// Values of OutcomeLabel.
+const (
+	OutcomeSucceeded = "succeeded" // the app ran here and every container exited 0
+	OutcomeFailed    = "failed"    // the app ran here and failed, or the claim was given up or left to lapse
+	OutcomeSkipped   = "skipped"   // another pod or cluster owned the window or lease, or it was stale
+	OutcomeError     = "error"     // the agent could not decide, or was stopped before it did
+)
+
+// Reasons of the Event put on the CronJob for each finished pod.
+const (
+	ReasonRan       = "DislockRan"       // Normal: succeeded
+	ReasonTookOver  = "DislockTookOver"  // Warning: succeeded after taking a failed or lapsed owner's window over
+	ReasonSkipped   = "DislockSkipped"   // Normal
+	ReasonRunFailed = "DislockRunFailed" // Warning
+	ReasonError     = "DislockError"     // Warning
+)
+
+// maxEventNote is the longest note events.k8s.io/v1 accepts (bytes).
+const maxEventNote = 1024
+
+// Beginnings of the agent's termination messages
+// (lockagent/agent: publish, record, finishRun, giveUp).
+const (
+	msgRan           = "ran "                                                    // ran window <W> of <key> with token N: succeeded (...) | failed: ...
+	msgTakenOver     = "(taken over from a failed or lapsed owner)"              // after the window, in a "ran" message
+	msgSkip          = "skip: "                                                  // the decision, kept to the end
+	msgError         = "error: "                                                 // the decision, kept to the end
+	msgRun           = "run: "                                                   // the decision; the end of the run was never written
+	msgGaveUp        = "gave the claim up: "                                     // the app did not start in time
+	msgStoppedRun    = "stopped while an app"                                    // the claim is left to lapse
+	msgStoppedBefore = "stopped before a decision"                               // nothing ran
+	msgTookOverClaim = " " + string(lock.TookOver)                               // in a "run:" decision: "window W of K took-over"
+	msgSucceeded     = "succeeded"                                               // the summary of a successful run
+	msgNoMessage     = "the dislock-agent container left no termination message" // the kubelet never saw it end
+)
+
+// podOutcome is what a finished pod's sidecar said, as labels and an Event.
+type podOutcome struct {
+	Outcome  string
+	TookOver bool
+}
+
+// parseOutcome reads the agent's termination message. Anything it does not
+// recognise (a message of an agent that was killed while waiting, or none)
+// is an error: the pod ended without the agent saying how its run ended.
+func parseOutcome(msg string) podOutcome {
+	msg = strings.TrimSpace(msg)
+	switch {
+	case strings.HasPrefix(msg, msgRan):
+		// "ran window 2026-12-02T02:00:00Z of team/report with token 7:
+		// succeeded (...)": the first ": " ends the head (a window's
+		// RFC 3339 time has colons, never followed by a space).
+		head, summary, _ := strings.Cut(msg, ": ")
+		o := podOutcome{Outcome: OutcomeFailed, TookOver: strings.Contains(head, msgTakenOver)}
+		if strings.HasPrefix(summary, msgSucceeded) {
+			o.Outcome = OutcomeSucceeded
+		}
+		return o
+	case strings.HasPrefix(msg, msgSkip):
+		return podOutcome{Outcome: OutcomeSkipped}
+	case strings.HasPrefix(msg, msgError):
+		return podOutcome{Outcome: OutcomeError}
+	case strings.HasPrefix(msg, msgRun):
+		// The agent decided to run and ended before it recorded how the run
+		// ended (killed): nothing says the run succeeded, and its claim
+		// lapses.
+		head, _, _ := strings.Cut(msg, ";")
+		return podOutcome{Outcome: OutcomeFailed, TookOver: strings.Contains(head, msgTookOverClaim)}
+	case strings.HasPrefix(msg, msgGaveUp), strings.HasPrefix(msg, msgStoppedRun):
+		return podOutcome{Outcome: OutcomeFailed}
+	}
+	return podOutcome{Outcome: OutcomeError}
+}
+
+// event is the Event type and reason of an outcome: Normal for a run that
+// succeeded as planned and for a skip, Warning otherwise (a take-over means
+// another pod's run failed or died first).
+func (o podOutcome) event() (eventType, reason string) {
+	switch {
+	case o.Outcome == OutcomeSucceeded && o.TookOver:
+		return corev1.EventTypeWarning, ReasonTookOver
+	case o.Outcome == OutcomeSucceeded:
+		return corev1.EventTypeNormal, ReasonRan
+	case o.Outcome == OutcomeSkipped:
+		return corev1.EventTypeNormal, ReasonSkipped
+	case o.Outcome == OutcomeFailed:
+		return corev1.EventTypeWarning, ReasonRunFailed
+	}
+	return corev1.EventTypeWarning, ReasonError
+}
+
+// agentEnd returns the sidecar's last termination message, and whether the
+// pod is done: it finished (Succeeded or Failed), or the sidecar ended after
+// every app container did (the phase follows), or it ended in a pod being
+// deleted. A native sidecar that ends while the apps run is restarted by the
+// kubelet: its message then is not the pod's last word.
+func agentEnd(pod *corev1.Pod) (message string, done bool) {
+	var st *corev1.ContainerStatus
+	for i := range pod.Status.InitContainerStatuses {
+		if pod.Status.InitContainerStatuses[i].Name == SidecarName {
+			st = &pod.Status.InitContainerStatuses[i]
+		}
+	}
+	ended := st != nil && st.State.Terminated != nil
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded, corev1.PodFailed:
+		done = true
+	default:
+		done = ended && (pod.DeletionTimestamp != nil || allTerminated(pod.Status.ContainerStatuses))
+	}
+	switch {
+	case ended:
+		message = st.State.Terminated.Message
+	case st != nil && st.LastTerminationState.Terminated != nil:
+		message = st.LastTerminationState.Terminated.Message
+	}
+	return strings.TrimSpace(message), done
+}
+
+func allTerminated(statuses []corev1.ContainerStatus) bool {
+	for _, s := range statuses {
+		if s.State.Terminated == nil {
+			return false
+		}
+	}
+	return len(statuses) > 0
+}
+
+// outcomeNote is the Event's note: the pod, what its agent said, cut to
+// what an Event holds.
+func outcomeNote(pod *corev1.Pod, message string) string {
+	if message == "" {
+		message = msgNoMessage
+		if pod.Status.Reason != "" {
+			message += " (pod " + string(pod.Status.Phase) + ": " + pod.Status.Reason + ")"
+		}
+	}
+	return cutNote("pod " + pod.Name + ": " + message)
+}
+
+// cutNote shortens s to an Event's note size on a rune boundary.
+func cutNote(s string) string {
+	if len(s) <= maxEventNote {
+		return s
+	}
+	const mark = "…"
+	cut := maxEventNote - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
+// injectedPodsSelector selects the pods of injected Jobs that have no
+// outcome yet: the only pods the manager's cache holds. A pod leaves the
+// cache once it is labelled, so the cache holds the injected pods that are
+// pending, running or about to be handled, never the cluster's other pods
+// nor finished ones.
+func injectedPodsSelector() labels.Selector {
+	injected, err := labels.NewRequirement(InjectedLabel, selection.Equals, []string{InjectedLabelValue})
+	if err != nil {
+		panic(err) // constant arguments
+	}
+	unhandled, err := labels.NewRequirement(OutcomeLabel, selection.DoesNotExist, nil)
+	if err != nil {
+		panic(err)
+	}
+	return labels.NewSelector().Add(*injected, *unhandled)
+}
+
+// trimPod keeps of a cached pod what the outcome controller reads, so that
+// a pod costs the cache a few hundred bytes however large its spec: its
+// identity, labels and owners, the phase, and the containers' states (the
+// sidecar's with its termination message, the others' without theirs).
+func trimPod(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Pod{
+		TypeMeta: pod.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+			Labels: pod.Labels, OwnerReferences: pod.OwnerReferences, DeletionTimestamp: pod.DeletionTimestamp,
+		},
+		Status: corev1.PodStatus{Phase: pod.Status.Phase, Reason: pod.Status.Reason},
+	}
+	for _, s := range pod.Status.InitContainerStatuses {
+		if s.Name == SidecarName {
+			out.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: s.Name, State: s.State, LastTerminationState: s.LastTerminationState}}
+		}
+	}
+	for _, s := range pod.Status.ContainerStatuses {
+		state := corev1.ContainerState{Running: s.State.Running, Waiting: s.State.Waiting}
+		if t := s.State.Terminated; t != nil {
+			state.Terminated = &corev1.ContainerStateTerminated{ExitCode: t.ExitCode, Reason: t.Reason}
+		}
+		out.Status.ContainerStatuses = append(out.Status.ContainerStatuses, corev1.ContainerStatus{Name: s.Name, State: state})
+	}
+	return out, nil
+}
+
+// outcomeRecorder labels each finished injected pod and its Job with the
+// outcome and puts one Event on the CronJob. It runs on the elected leader
+// (the builder's default); the pod's label marks it handled, so a resync, a
+// restart or a new leader does not emit the Event again.
+type outcomeRecorder struct {
+	client client.Client
+	events events.EventRecorder
+}
+
+func setupOutcomeRecorder(mgr ctrl.Manager) error {
+	r := &outcomeRecorder{client: mgr.GetClient(), events: mgr.GetEventRecorder("dislock-webhook")}
+	finished := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		pod, ok := o.(*corev1.Pod)
+		if !ok || pod.Labels[OutcomeLabel] != "" {
+			return false
+		}
+		_, done := agentEnd(pod)
+		return done
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("dislock-outcome").
+		For(&corev1.Pod{}, builder.WithPredicates(finished)).
+		Complete(r)
+}
+
+func (r *outcomeRecorder) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	logger := log.FromContext(ctx)
+	var pod corev1.Pod
+	if err := r.client.Get(ctx, req.NamespacedName, &pod); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if pod.Labels[InjectedLabel] != InjectedLabelValue || pod.Labels[OutcomeLabel] != "" {
+		return reconcile.Result{}, nil
+	}
+	message, done := agentEnd(&pod)
+	if !done {
+		return reconcile.Result{}, nil
+	}
+	o := parseOutcome(message)
+
+	// The Job first: a failure leaves the pod unmarked, to be tried again.
+	// Its controller, from the patch's answer, is the CronJob.
+	var cronJobRef *metav1.OwnerReference
+	if ref := metav1.GetControllerOfNoCopy(&pod); ref != nil && ref.Kind == "Job" && ref.APIVersion == batchv1.SchemeGroupVersion.String() {
+		job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: ref.Name}}
+		err := r.client.Patch(ctx, job, client.RawPatch(types.MergePatchType, labelPatch(ref.UID, "", o)))
+		switch {
+		case err == nil:
+			if c := metav1.GetControllerOfNoCopy(job); c != nil && c.Kind == "CronJob" && c.APIVersion == batchv1.SchemeGroupVersion.String() {
+				cronJobRef = c
+			}
+		case apierrors.IsNotFound(err) || apierrors.IsInvalid(err) || apierrors.IsConflict(err):
+			// Gone, or another Job of that name now (the UID in the patch
+			// does not match): the pod's outcome is still its own.
+			logger.Info("the pod's Job is gone; labelling the pod only", "job", ref.Name, "reason", err.Error())
+		default:
+			return reconcile.Result{}, fmt.Errorf("labelling Job %s: %w", ref.Name, err)
+		}
+	}
+
+	// The pod, with its resourceVersion: only the reconcile whose patch set
+	// the mark goes on to the Event.
+	if err := r.client.Patch(ctx, &pod, client.RawPatch(types.MergePatchType, labelPatch(pod.UID, pod.ResourceVersion, o))); err != nil {
+		if apierrors.IsNotFound(err) {
+			return reconcile.Result{}, nil
+		}
+		if apierrors.IsConflict(err) {
+			return reconcile.Result{Requeue: true}, nil
+		}
+		return reconcile.Result{}, fmt.Errorf("labelling pod %s: %w", pod.Name, err)
+	}
+	eventType, reason := o.event()
+	logger.Info("pod finished", "outcome", o.Outcome, "tookOver", o.TookOver, "message", message)
+	if cronJobRef == nil {
+		return reconcile.Result{}, nil
+	}
+	var cj batchv1.CronJob
+	if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: cronJobRef.Name}, &cj); err != nil || cj.UID != cronJobRef.UID {
+		// The pod is marked: its Event is not worth a retry that could
+		// emit it twice.
+		logger.Info("the Job's CronJob is gone; no Event", "cronJob", cronJobRef.Name, "err", err)
+		return reconcile.Result{}, nil
+	}
+	r.events.Eventf(&cj, &pod, eventType, reason, "Run", "%s", outcomeNote(&pod, message))
+	return reconcile.Result{}, nil
+}
+
+// labelPatch is a JSON merge patch setting the outcome labels. uid (and
+// resourceVersion, when set) make it a precondition: the API server refuses
+// to change either.
+func labelPatch(uid types.UID, resourceVersion string, o podOutcome) []byte {
+	var tookOver any // null removes the label
+	if o.TookOver {
+		tookOver = "true"
+	}
+	meta := map[string]any{"uid": uid, "labels": map[string]any{OutcomeLabel: o.Outcome, TookOverLabel: tookOver}}
+	if resourceVersion != "" {
+		meta["resourceVersion"] = resourceVersion
+	}
+	b, err := json.Marshal(map[string]any{"metadata": meta})
+	if err != nil {
+		panic(err) // strings only
+	}
+	return b
+}
