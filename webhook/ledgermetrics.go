@@ -387,6 +387,10 @@ type LedgerMetrics struct {
 	cluster  string
 	cronJobs client.Reader
 	state    *ledgerState
+	// reportedThrough is the detection time of the newest missed window
+	// this cluster put an Event for: the detection of another cluster may
+	// find a window first, and this cluster's CronJob gets its Event too.
+	reportedThrough time.Time
 }
 
 // NewLedgerMetrics returns the ledger metrics of cluster (the
@@ -420,7 +424,7 @@ func (m *LedgerMetrics) Compute(ctx context.Context) error {
 		logger.Error(nil, "a key's windows cannot be judged", "problem", p)
 	}
 	cronJobs := &cronJobsByKey{reader: m.cronJobs}
-	m.reportMissed(ctx, cronJobs, det.New)
+	m.reportMissed(ctx, cronJobs, m.toReport(ctx, det.New))
 
 	stats, err := m.store.ReadLedgerStats(ctx)
 	if err != nil {
@@ -486,6 +490,47 @@ func (m *LedgerMetrics) Refresh(ctx context.Context) error {
 	}
 	m.state.serve(snap)
 	return nil
+}
+
+// maxMissedReported bounds the missed windows one computation reads to put
+// Events for.
+const maxMissedReported = 1000
+
+// toReport returns the missed windows this cluster has not put Events for:
+// those its own detection found (found) and those other clusters' found
+// since its last computation. The first computation of a leader reports
+// only what it found itself: the windows found before it led are old news.
+func (m *LedgerMetrics) toReport(ctx context.Context, found []lock.MissedWindow) []lock.MissedWindow {
+	if m.Events == nil || m.cronJobs == nil {
+		return nil
+	}
+	out := found
+	if !m.reportedThrough.IsZero() {
+		listed, _, err := m.store.ListMissed(ctx, lock.MissedFilter{DetectedAfter: m.reportedThrough, Limit: maxMissedReported})
+		if err != nil {
+			log.FromContext(ctx).Error(err, "listing the windows other clusters found missed; their Events are left out")
+		} else {
+			out = listed
+		}
+	}
+	for _, w := range append(slices.Clone(found), out...) {
+		if w.DetectedAt.After(m.reportedThrough) {
+			m.reportedThrough = w.DetectedAt
+		}
+	}
+	if m.reportedThrough.IsZero() {
+		if now, err := m.store.Now(ctx); err == nil {
+			m.reportedThrough = now
+		}
+	}
+	// Oldest window first, as the Events' notes count them.
+	slices.SortFunc(out, func(a, b lock.MissedWindow) int {
+		if c := strings.Compare(a.Key, b.Key); c != 0 {
+			return c
+		}
+		return a.Window.Compare(b.Window)
+	})
+	return out
 }
 
 // reportMissed puts a Warning Event on this cluster's CronJob of each newly

@@ -434,7 +434,10 @@ func (s *Store) recordMissed(ctx context.Context, keys []*keyToJudge, found []Mi
 type MissedFilter struct {
 	Key      string
 	From, To time.Time
-	Limit    int
+	// DetectedAfter selects the windows detected after it (by any
+	// cluster's detection).
+	DetectedAfter time.Time
+	Limit         int
 }
 
 // ListMissed returns the missed windows, newest first, and the database time.
@@ -451,5 +454,5 @@ func (s *Store) ListMissed(ctx context.Context, f MissedFilter) ([]MissedWindow,
 			return &unreadableRow{table: "missed", key: m.Key, problems: problems}
 		}
 		return err
-	}, qListMissed, f.Key, nullTime(f.From), nullTime(f.To), limit)
+	}, qListMissed, f.Key, nullTime(f.From), nullTime(f.To), limit, nullTime(f.DetectedAfter))
 }

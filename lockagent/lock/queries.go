@@ -279,6 +279,7 @@ SELECT lock_key, window_start, kind, reason, detected_at, now() FROM dislock.mis
 WHERE ($1::text = '' OR lock_key = $1::text)
   AND ($2::timestamptz IS NULL OR window_start >= $2::timestamptz)
   AND ($3::timestamptz IS NULL OR window_start < $3::timestamptz)
+  AND ($5::timestamptz IS NULL OR detected_at > $5::timestamptz)
 ORDER BY window_start DESC, lock_key
 LIMIT $4::int`
 

@@ -210,6 +210,33 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 		}
 		return false, nil
 	})
+
+	// A window another cluster's detection found first still gets its Event
+	// on this cluster's CronJob: the database counts it once, every
+	// cluster's CronJob says so.
+	late := withAnnotations(cronJob(ns, "late", "0 0 1 1 *"), map[string]string{spec.AnnotationMode: "schedule"})
+	if err := kc.Create(ctx, late); err != nil {
+		t.Fatal(err)
+	}
+	seen(ns+"/late", "dc-a", everyMinute, "3 minutes", "0 seconds")
+	if err := elsewhere.Compute(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Compute(ctx); err != nil {
+		t.Fatal(err)
+	}
+	await(t, "a DislockMissedWindow Event on CronJob late, whose window dc-b's detection found", func() (bool, error) {
+		evs, err := cs.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == "late" && e.Reason == webhook.ReasonMissedWindow && strings.Contains(e.Note, "of ledger/late was missed") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
 }
 
 // everything is c's exposition without help lines.

@@ -78,6 +78,7 @@ CREATE TABLE IF NOT EXISTS dislock.missed (
     PRIMARY KEY (lock_key, window_start)
 );
 CREATE INDEX IF NOT EXISTS missed_window_start_idx ON dislock.missed (window_start);
+CREATE INDEX IF NOT EXISTS missed_detected_at_idx ON dislock.missed (detected_at);
 
 -- The metrics one webhook replica of each cluster (the elected leader)
 -- computed last, served by every replica of that cluster.
