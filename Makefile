@@ -49,7 +49,7 @@ vet: ## Check formatting and run go vet.
 	$(GO) vet ./...
 
 .PHONY: deps
-deps: ## Install the Debian packages the tests start (PostgreSQL, PgBouncer, libfaketime, Patroni, HAProxy) when missing.
+deps: ## Install the Debian packages the tests start (PostgreSQL, PgBouncer, libfaketime, Patroni, HAProxy, Prometheus) when missing.
 	@hack/install-deps.sh
 
 .PHONY: node-deps
