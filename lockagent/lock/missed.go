@@ -94,14 +94,17 @@ type Detection struct {
 
 // keyToJudge is one key's state for the detection.
 type keyToJudge struct {
-	key                     string
-	firstSeen, lastDecided  time.Time
-	checkedUntil            *time.Time
-	view                    View
-	sched                   window.Schedule
-	grace, period           time.Duration
-	from, to, judgedThrough time.Time
-	expected                []time.Time
+	key                    string
+	firstSeen, lastDecided time.Time
+	checkedUntil           *time.Time
+	view                   View
+	sched                  window.Schedule
+	grace, period          time.Duration
+	from, to               time.Time
+	// judgedThrough is the newest window start judged (or passed over)
+	// this run: the next checkpoint; zero when it does not move.
+	judgedThrough time.Time
+	expected      []time.Time
 }
 
 // DetectMissed judges every key's windows whose grace ended since the last
@@ -145,22 +148,24 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 		if k.checkedUntil != nil {
 			k.from = laterOf(k.from, *k.checkedUntil)
 		}
-		k.judgedThrough = k.to
 		silentAfter := time.Duration(opts.SilentPeriods)*k.period + k.grace
 		if now.Sub(k.lastDecided) > silentAfter {
 			det.Silent = append(det.Silent, SilentKey{Key: k.key, LastDecided: k.lastDecided, Period: k.period,
 				ExpectedNext: sched.Next(now)})
-			// Nothing of a silent key is judged; it starts afresh when a
-			// cluster decides for it again.
+			// Nothing of a silent key is judged: its windows are passed
+			// over, so that it starts afresh when a cluster decides for it
+			// again.
+			if last, err := sched.Latest(k.to); err == nil && last.After(k.from) {
+				k.judgedThrough = last
+			}
 			judge = append(judge, k)
 			continue
 		}
-		for t := sched.Next(k.from); !t.IsZero() && !t.After(k.to); t = sched.Next(t) {
-			if len(k.expected) == opts.MaxWindowsPerKey {
-				k.judgedThrough = k.expected[len(k.expected)-1]
-				break
-			}
+		for t := sched.Next(k.from); !t.IsZero() && !t.After(k.to) && len(k.expected) < opts.MaxWindowsPerKey; t = sched.Next(t) {
 			k.expected = append(k.expected, t)
+		}
+		if len(k.expected) > 0 {
+			k.judgedThrough = k.expected[len(k.expected)-1]
 		}
 		judge = append(judge, k)
 	}
@@ -175,7 +180,7 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 			kind, pending := judgeWindow(rows[refOf(k.key, w)], now)
 			if pending {
 				// Judged again next time, with every later window.
-				k.judgedThrough = k.from
+				k.judgedThrough = time.Time{}
 				if i > 0 {
 					k.judgedThrough = k.expected[i-1]
 				}
@@ -386,7 +391,9 @@ func (s *Store) recordMissed(ctx context.Context, keys []*keyToJudge, found []Mi
 	var ckKeys []string
 	var ckUntil []time.Time
 	for _, k := range keys {
-		if k.judgedThrough.After(k.from) || k.checkedUntil == nil {
+		// Only a checkpoint that moved is written: in a steady state most
+		// keys have no window whose grace ended since the last run.
+		if !k.judgedThrough.IsZero() {
 			ckKeys = append(ckKeys, k.key)
 			ckUntil = append(ckUntil, k.judgedThrough)
 		}
