@@ -493,8 +493,9 @@ func (m *LedgerMetrics) Refresh(ctx context.Context) error {
 }
 
 // maxMissedReported bounds the missed windows one computation reads to put
-// Events for.
-const maxMissedReported = 1000
+// Events for: at most maxMissedEvents+1 of each key (the notes count the
+// rest as "more"), so that one namespace's many cannot crowd out another's.
+const maxMissedReported = 20000
 
 // toReport returns the missed windows this cluster has not put Events for:
 // those its own detection found (found) and those other clusters' found
@@ -506,7 +507,7 @@ func (m *LedgerMetrics) toReport(ctx context.Context, found []lock.MissedWindow)
 	}
 	out := found
 	if !m.reportedThrough.IsZero() {
-		listed, _, err := m.store.ListMissed(ctx, lock.MissedFilter{DetectedAfter: m.reportedThrough, Limit: maxMissedReported})
+		listed, _, err := m.store.ListMissed(ctx, lock.MissedFilter{DetectedAfter: m.reportedThrough, PerKey: maxMissedEvents + 1, Limit: maxMissedReported})
 		if err != nil {
 			log.FromContext(ctx).Error(err, "listing the windows other clusters found missed; their Events are left out")
 		} else {

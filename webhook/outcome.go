@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -23,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // What a pod's run came to, answered by kubectl without the database:
@@ -42,7 +44,61 @@ const (
 	// TookOverLabel is "true" on a pod (and its Job) whose run took the
 	// window over from a failed or lapsed owner; absent otherwise.
 	TookOverLabel = "dislock.io/took-over"
+	// JobOutcomesAnnotation holds, on a Job, the outcome of the newest
+	// finished pod of each completion index ("-" for a Job that is not
+	// Indexed), as JSON; the Job's labels are computed from it, so that
+	// the order in which pods are handled does not matter.
+	JobOutcomesAnnotation = "dislock.io/outcomes"
 )
+
+// maxJobOutcomes bounds the indexes JobOutcomesAnnotation keeps (an
+// annotation is limited in size); past it, only failures and errors are
+// added.
+const maxJobOutcomes = 512
+
+// indexOutcome is one entry of JobOutcomesAnnotation.
+type indexOutcome struct {
+	Outcome  string    `json:"o"`
+	TookOver bool      `json:"t,omitempty"`
+	Pod      string    `json:"p"`
+	Created  time.Time `json:"c"`
+}
+
+// outcomeRank orders a Job's outcomes: its label is the highest of its
+// indexes' (a failed index makes the Job failed, whatever the others did).
+var outcomeRank = map[string]int{OutcomeSkipped: 1, OutcomeSucceeded: 2, OutcomeError: 3, OutcomeFailed: 4}
+
+// jobOutcome folds pod's outcome o into the Job's per-index outcomes (raw,
+// the annotation's value) and returns the new annotation and the Job's
+// outcome. A pod created before the one already recorded for its index (a
+// retry handled first) changes nothing.
+func jobOutcome(raw string, pod *corev1.Pod, o podOutcome) (annotation string, job podOutcome) {
+	byIndex := map[string]indexOutcome{}
+	if raw != "" {
+		_ = json.Unmarshal([]byte(raw), &byIndex) // unreadable: start afresh
+	}
+	index := pod.Annotations[spec.AnnotationJobCompletionIndex]
+	if index == "" {
+		index = "-"
+	}
+	cur, seen := byIndex[index]
+	newer := !seen || pod.CreationTimestamp.Time.After(cur.Created) ||
+		(pod.CreationTimestamp.Time.Equal(cur.Created) && pod.Name >= cur.Pod)
+	if newer && (seen || len(byIndex) < maxJobOutcomes || outcomeRank[o.Outcome] >= outcomeRank[OutcomeError]) {
+		byIndex[index] = indexOutcome{Outcome: o.Outcome, TookOver: o.TookOver, Pod: pod.Name, Created: pod.CreationTimestamp.Time.UTC()}
+	}
+	for _, e := range byIndex {
+		if outcomeRank[e.Outcome] > outcomeRank[job.Outcome] {
+			job.Outcome = e.Outcome
+		}
+		job.TookOver = job.TookOver || e.TookOver
+	}
+	b, err := json.Marshal(byIndex)
+	if err != nil {
+		panic(err) // strings, booleans and times only
+	}
+	return string(b), job
+}
 
 // Values of OutcomeLabel.
 const (
@@ -252,11 +308,13 @@ func trimPod(obj any) (any, error) {
 // restart or a new leader does not emit the Event again.
 type outcomeRecorder struct {
 	client client.Client
+	// reader reads Jobs from the API server (the manager caches no Jobs).
+	reader client.Reader
 	events events.EventRecorder
 }
 
 func setupOutcomeRecorder(mgr ctrl.Manager) error {
-	r := &outcomeRecorder{client: mgr.GetClient(), events: mgr.GetEventRecorder("dislock-webhook")}
+	r := &outcomeRecorder{client: mgr.GetClient(), reader: mgr.GetAPIReader(), events: mgr.GetEventRecorder("dislock-webhook")}
 	finished := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		pod, ok := o.(*corev1.Pod)
 		if !ok || pod.Labels[OutcomeLabel] != "" {
@@ -287,19 +345,32 @@ func (r *outcomeRecorder) Reconcile(ctx context.Context, req reconcile.Request) 
 	o := parseOutcome(message)
 
 	// The Job first: a failure leaves the pod unmarked, to be tried again.
-	// Its controller, from the patch's answer, is the CronJob.
+	// Its labels fold this pod's outcome into those of the Job's other
+	// indexes (JobOutcomesAnnotation); the patch carries the Job's
+	// resourceVersion, so two pods of one Job handled at once cannot lose
+	// each other's outcome. Its controller is the CronJob.
 	var cronJobRef *metav1.OwnerReference
 	if ref := metav1.GetControllerOfNoCopy(&pod); ref != nil && ref.Kind == "Job" && ref.APIVersion == batchv1.SchemeGroupVersion.String() {
-		job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: ref.Name}}
-		err := r.client.Patch(ctx, job, client.RawPatch(types.MergePatchType, labelPatch(ref.UID, "", o)))
+		var job batchv1.Job
+		err := r.reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &job)
+		if err == nil && job.UID != ref.UID {
+			err = apierrors.NewNotFound(batchv1.Resource("jobs"), ref.Name)
+		}
+		if err == nil {
+			annotation, jo := jobOutcome(job.Annotations[JobOutcomesAnnotation], &pod, o)
+			patch := labelPatch(job.UID, job.ResourceVersion, jo, map[string]any{JobOutcomesAnnotation: annotation})
+			err = r.client.Patch(ctx, &job, client.RawPatch(types.MergePatchType, patch))
+		}
 		switch {
 		case err == nil:
-			if c := metav1.GetControllerOfNoCopy(job); c != nil && c.Kind == "CronJob" && c.APIVersion == batchv1.SchemeGroupVersion.String() {
+			if c := metav1.GetControllerOfNoCopy(&job); c != nil && c.Kind == "CronJob" && c.APIVersion == batchv1.SchemeGroupVersion.String() {
 				cronJobRef = c
 			}
-		case apierrors.IsNotFound(err) || apierrors.IsInvalid(err) || apierrors.IsConflict(err):
-			// Gone, or another Job of that name now (the UID in the patch
-			// does not match): the pod's outcome is still its own.
+		case apierrors.IsConflict(err):
+			return reconcile.Result{Requeue: true}, nil
+		case apierrors.IsNotFound(err) || apierrors.IsInvalid(err):
+			// Gone, or another Job of that name now: the pod's outcome is
+			// still its own.
 			logger.Info("the pod's Job is gone; labelling the pod only", "job", ref.Name, "reason", err.Error())
 		default:
 			return reconcile.Result{}, fmt.Errorf("labelling Job %s: %w", ref.Name, err)
@@ -308,7 +379,7 @@ func (r *outcomeRecorder) Reconcile(ctx context.Context, req reconcile.Request) 
 
 	// The pod, with its resourceVersion: only the reconcile whose patch set
 	// the mark goes on to the Event.
-	if err := r.client.Patch(ctx, &pod, client.RawPatch(types.MergePatchType, labelPatch(pod.UID, pod.ResourceVersion, o))); err != nil {
+	if err := r.client.Patch(ctx, &pod, client.RawPatch(types.MergePatchType, labelPatch(pod.UID, pod.ResourceVersion, o, nil))); err != nil {
 		if apierrors.IsNotFound(err) {
 			return reconcile.Result{}, nil
 		}
@@ -333,15 +404,18 @@ func (r *outcomeRecorder) Reconcile(ctx context.Context, req reconcile.Request) 
 	return reconcile.Result{}, nil
 }
 
-// labelPatch is a JSON merge patch setting the outcome labels. uid (and
-// resourceVersion, when set) make it a precondition: the API server refuses
-// to change either.
-func labelPatch(uid types.UID, resourceVersion string, o podOutcome) []byte {
+// labelPatch is a JSON merge patch setting the outcome labels (and
+// annotations, when given). uid (and resourceVersion, when set) make it a
+// precondition: the API server refuses to change either.
+func labelPatch(uid types.UID, resourceVersion string, o podOutcome, annotations map[string]any) []byte {
 	var tookOver any // null removes the label
 	if o.TookOver {
 		tookOver = "true"
 	}
 	meta := map[string]any{"uid": uid, "labels": map[string]any{OutcomeLabel: o.Outcome, TookOverLabel: tookOver}}
+	if annotations != nil {
+		meta["annotations"] = annotations
+	}
 	if resourceVersion != "" {
 		meta["resourceVersion"] = resourceVersion
 	}

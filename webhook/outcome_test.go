@@ -218,11 +218,11 @@ func TestTheCachedPodIsTrimmedToWhatTheOutcomeNeeds(t *testing.T) {
 
 // The label patch carries the UID (and the pod's resourceVersion) as
 // preconditions, and removes took-over where the run did not take over, so
-// that a Job's labels are its last finished pod's.
+// that a retry that succeeded clears it.
 func TestTheLabelPatchSetsTheOutcomeAndRemovesAStaleTookOver(t *testing.T) {
 	t.Parallel()
 	var got map[string]map[string]any
-	if err := json.Unmarshal(labelPatch("u", "", podOutcome{Outcome: OutcomeSkipped}), &got); err != nil {
+	if err := json.Unmarshal(labelPatch("u", "", podOutcome{Outcome: OutcomeSkipped}, nil), &got); err != nil {
 		t.Fatal(err)
 	}
 	labels := got["metadata"]["labels"].(map[string]any)
@@ -232,7 +232,7 @@ func TestTheLabelPatchSetsTheOutcomeAndRemovesAStaleTookOver(t *testing.T) {
 	if _, ok := got["metadata"]["resourceVersion"]; ok {
 		t.Errorf("a Job's patch carries a resourceVersion: %v", got)
 	}
-	if err := json.Unmarshal(labelPatch("u", "7", podOutcome{Outcome: OutcomeSucceeded, TookOver: true}), &got); err != nil {
+	if err := json.Unmarshal(labelPatch("u", "7", podOutcome{Outcome: OutcomeSucceeded, TookOver: true}, nil), &got); err != nil {
 		t.Fatal(err)
 	}
 	if labels := got["metadata"]["labels"].(map[string]any); labels[TookOverLabel] != "true" || got["metadata"]["resourceVersion"] != "7" {
@@ -256,7 +256,7 @@ func TestAFinishedPodIsLabelledAndToldOnItsCronJobOnce(t *testing.T) {
 	pod.ResourceVersion = ""
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(cj, job, pod).Build()
 	rec := events.NewFakeRecorder(10)
-	r := &outcomeRecorder{client: c, events: rec}
+	r := &outcomeRecorder{client: c, reader: c, events: rec}
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: pod.Name}}
 	for range 2 {
 		if _, err := r.Reconcile(context.Background(), req); err != nil {

@@ -175,10 +175,21 @@ func (r *review) verify(opts Options) (injection, error) {
 	if err != nil {
 		return injection{}, &forgedError{marker: r.marker, problem: "dislock would refuse the Job it was made from: " + err.Error(), cause: err}
 	}
-	if d := firstDifference(r.job, want.job); d != "" {
+	// InjectedLabel only tells the outcome controller which pods to watch:
+	// a webhook called after dislock that sets the template's labels as a
+	// whole drops it, and the reinvocation puts it back rather than refuse
+	// every Job of the CronJob.
+	job := r.job.DeepCopy()
+	if job.Spec.Template.Labels[InjectedLabel] != InjectedLabelValue {
+		if job.Spec.Template.Labels == nil {
+			job.Spec.Template.Labels = map[string]string{}
+		}
+		job.Spec.Template.Labels[InjectedLabel] = InjectedLabelValue
+	}
+	if d := firstDifference(job, want.job); d != "" {
 		return injection{}, &forgedError{marker: r.marker, problem: "it is not what dislock injects for it: " + d}
 	}
-	want.job = r.job.DeepCopy()
+	want.job = job
 	return want, nil
 }
 

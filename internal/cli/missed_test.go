@@ -56,15 +56,19 @@ func TestMissedListsTheWindowsThatRanNowhereAndTheSilentKeys(t *testing.T) {
 				if _, err := raw.Exec(ctx, `UPDATE dislock.key_stats SET first_seen = $2, last_decided = $3 WHERE lock_key = $1`, key, firstSeen, lastDecided); err != nil {
 					t.Fatal(err)
 				}
+				if _, err := raw.Exec(ctx, `UPDATE dislock.views SET changed_at = $2 WHERE lock_key = $1`, key, firstSeen); err != nil {
+					t.Fatal(err)
+				}
 			}
 			nowhere, failed, allRan, silent := ns+"/nowhere", ns+"/failed", ns+"/all", ns+"/silent"
 			for _, k := range []string{nowhere, failed, allRan} {
 				seen(k, m0.Add(30*time.Second), now)
 			}
 			seen(silent, m0.Add(30*time.Second), now.Add(-10*time.Minute))
-			// The detection judges m0+1 ... m0+9; m0+10 ran everywhere, in
-			// case the clock passes a minute meanwhile.
-			for i := 1; i <= 10; i++ {
+			// The detection judges m0 (the window of the first decision)
+			// ... m0+9; m0+10 ran everywhere, in case the clock passes a
+			// minute meanwhile.
+			for i := 0; i <= 10; i++ {
 				if i == 4 {
 					record(t, s, lock.Decision{Key: nowhere, Window: minute(i), Index: lock.NotIndexed, Cluster: "dc-a", Action: lock.ActionSkip, Reason: "stale: window started 3m ago"})
 					record(t, s, lock.Decision{Key: nowhere, Window: minute(i), Index: lock.NotIndexed, Cluster: "dc-b", Action: lock.ActionSkip, Reason: "stale\nforged line"})

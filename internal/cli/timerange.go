@@ -82,8 +82,16 @@ func parseTime(v string, loc *time.Location) (time.Time, error) {
 	return time.Time{}, errors.New("no accepted form")
 }
 
+// sinceSlack is how far past the database's time now --since still looks:
+// a window starts at or before the clock of the pod that claims it, give or
+// take the nodes' clock error. Rows further in the future were written by
+// hand (or by a tenant into its own keys) and are no part of "the last two
+// hours".
+const sinceSlack = time.Minute
+
 // bounds resolves the range at the database's time now: --since counts
-// back from it, and the later of --since and --from is the lower bound.
+// back from it, and the later of --since and --from is the lower bound;
+// without --to, --since ends at now (plus sinceSlack).
 func (r *timeRange) bounds(now time.Time) (from, to time.Time) {
 	if r.hasFrom {
 		from = r.fromAt
@@ -92,6 +100,7 @@ func (r *timeRange) bounds(now time.Time) (from, to time.Time) {
 		if s := now.Add(-time.Duration(r.since)); s.After(from) {
 			from = s
 		}
+		to = now.Add(sinceSlack)
 	}
 	if r.hasTo {
 		to = r.toAt
@@ -114,14 +123,15 @@ func (r *timeRange) resolve(ctx context.Context, s *lock.Store) (from, to time.T
 // format prints t in the --tz zone, RFC 3339.
 func (r *timeRange) format(t time.Time) string { return t.In(r.loc).Format(time.RFC3339) }
 
-// describe says which window starts [from, to) covers, for summaries.
+// describe says which window starts [from, to) covers, for summaries; a
+// range that ends where --since ends it, now, is "since".
 func (r *timeRange) describe(from, to time.Time) string {
 	switch {
-	case !from.IsZero() && !to.IsZero():
+	case !from.IsZero() && r.hasTo:
 		return " from " + r.format(from) + " up to " + r.format(to)
 	case !from.IsZero():
-		return " since " + r.format(from)
-	case !to.IsZero():
+		return " since " + r.format(from) // up to now
+	case r.hasTo:
 		return " before " + r.format(to)
 	}
 	return ""

@@ -13,7 +13,12 @@ import (
 // writes are history, not locks: one goroutine writes them in order, off
 // the path of every decision, heartbeat and record, on at most one of the
 // store's two connections, so that a slow database never delays a renewal
-// because of them. A write that fails is logged and dropped.
+// because of them. The server bounds each write (lock.LedgerLockTimeout,
+// lock.LedgerStatementTimeout), so its connection comes back at once. A
+// write the client had to give up on (the database stopped answering) may
+// keep its connection busy for a while as pgx closes it: the writer then
+// writes nothing more, so that it never holds the second connection too. A
+// write that fails is logged and dropped.
 
 // ledgerQueue bounds the writes waiting; a pod makes a handful.
 const ledgerQueue = 16
@@ -27,11 +32,21 @@ func (a *agent) startLedger() {
 	a.ledgerDone = make(chan struct{})
 	go func() {
 		defer close(a.ledgerDone)
+		gaveUp := false
 		for d := range a.ledgerCh {
-			ctx, cancel := context.WithTimeout(context.Background(), a.callTimeout())
+			if gaveUp {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), lock.LedgerCallTimeout)
 			err := a.store.RecordDecision(ctx, d)
+			timedOut := ctx.Err() != nil
 			cancel()
-			if err != nil {
+			switch {
+			case err != nil && timedOut:
+				gaveUp = true
+				a.log.Warn("adding the decision to the ledger timed out; this pod adds nothing more to the ledger, so that its lock statements keep a connection",
+					"action", d.Action, "err", err)
+			case err != nil:
 				a.log.Warn("adding the decision to the ledger failed; only its history is lost", "action", d.Action, "err", err)
 			}
 		}
@@ -88,7 +103,7 @@ func (a *agent) flushLedger() {
 	close(a.ledgerCh)
 	select {
 	case <-a.ledgerDone:
-	case <-time.After(a.callTimeout()):
+	case <-time.After(lock.LedgerCallTimeout):
 		a.log.Warn("stopping before the ledger's last writes ended; their history is lost")
 	}
 }

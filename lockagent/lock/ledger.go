@@ -54,10 +54,22 @@ type Decision struct {
 	Duration time.Duration `json:"-"`
 }
 
+// Server-side bounds of a ledger write. The server ends a write that waits
+// for a lock or runs long, and the connection comes back to the pool at
+// once; a write the client gave up on instead closes its connection, which
+// pgx drains in the background for up to 15 s while the pool counts it.
+const (
+	LedgerLockTimeout      = time.Second
+	LedgerStatementTimeout = 2 * time.Second
+	// LedgerCallTimeout is the client's bound: past the server's.
+	LedgerCallTimeout = LedgerStatementTimeout + 3*time.Second
+)
+
 // RecordDecision adds d to the ledger and to its key's counts and
-// statistics, in one statement (pooler-safe). The database sets the time.
-// A failure loses only this row of history, never a lock: callers log it
-// and go on.
+// statistics, in one statement inside a transaction that bounds its lock
+// waits and its run on the server (pooler-safe: SET LOCAL ends with the
+// transaction). The database sets the time. A failure loses only this row
+// of history, never a lock: callers log it and go on.
 func (s *Store) RecordDecision(ctx context.Context, d Decision) error {
 	if d.Key == "" || d.Cluster == "" || d.Pod == "" {
 		return errors.New("recording a decision: key, cluster and pod must be set")
@@ -75,8 +87,15 @@ func (s *Store) RecordDecision(ctx context.Context, d Decision) error {
 		v := d.Duration.Seconds()
 		seconds = &v
 	}
-	_, err := s.pool.Exec(ctx, qRecordDecision, d.Key, window, d.Index, d.Cluster, d.Job, d.Pod, string(d.Action),
-		cutReason(d.Reason), d.Token, seconds, DurationBuckets)
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true)`,
+			fmt.Sprint(LedgerLockTimeout.Milliseconds()), fmt.Sprint(LedgerStatementTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, qRecordDecision, d.Key, window, d.Index, d.Cluster, d.Job, d.Pod, string(d.Action),
+			cutReason(d.Reason), d.Token, seconds, DurationBuckets)
+		return err
+	})
 	return s.classify("recording the decision of "+d.Key, err)
 }
 

@@ -128,6 +128,9 @@ func TestMissedWindowsAreFoundOnceAndOnlyWhereNothingSucceeded(t *testing.T) {
 			if _, err := raw.Exec(ctx, `UPDATE dislock.key_stats SET first_seen = $2, last_decided = $3 WHERE lock_key = $1`, key, firstSeen, lastDecided); err != nil {
 				t.Fatal(err)
 			}
+			if _, err := raw.Exec(ctx, `UPDATE dislock.views SET changed_at = $2 WHERE lock_key = $1`, key, firstSeen); err != nil {
+				t.Fatal(err)
+			}
 		}
 		run := func(key string, i int, state lock.State, ttl time.Duration) {
 			t.Helper()
@@ -149,10 +152,11 @@ func TestMissedWindowsAreFoundOnceAndOnlyWhereNothingSucceeded(t *testing.T) {
 			seen(k, m0.Add(30*time.Second), now)
 		}
 		seen(silent, m0.Add(30*time.Second), now.Add(-10*time.Minute))
-		// The detection judges windows m0+1 ... m0+9: each ended its
-		// one-minute grace, and each starts after the key was first seen.
-		// m0+10 ran everywhere, in case the clock passes a minute meanwhile.
-		for i := 1; i <= 10; i++ {
+		// The detection judges windows m0 ... m0+9: each ended its
+		// one-minute grace, and m0 is the window in which the key was first
+		// seen. m0+10 ran everywhere, in case the clock passes a minute
+		// meanwhile.
+		for i := 0; i <= 10; i++ {
 			switch {
 			case i == 4: // ran nowhere: both clusters skipped it
 				for _, c := range []string{"dc-a", "dc-b"} {

@@ -55,19 +55,25 @@ type MissedOptions struct {
 	// SilentPeriods is how many periods without any decision make a key
 	// silent.
 	SilentPeriods int
-	// MaxWindowsPerKey bounds the windows judged per key and run; the rest
-	// wait for the next run.
-	MaxWindowsPerKey int
+	// MaxWindowsPerKey bounds the windows judged per key and run, and
+	// MaxWindowsPerNamespace those of all keys of a namespace; the rest wait
+	// for the next run.
+	MaxWindowsPerKey       int
+	MaxWindowsPerNamespace int
 }
 
 // Defaults of MissedOptions.
 const (
-	DefaultMissedLookback    = 24 * time.Hour
-	DefaultSilentPeriods     = 3
-	DefaultMaxWindowsPerKey  = 1500
-	MinMissedGrace           = time.Minute
-	MaxDefaultMissedGrace    = time.Hour
-	missedDecisionsPerWindow = 16
+	DefaultMissedLookback   = 24 * time.Hour
+	DefaultSilentPeriods    = 3
+	DefaultMaxWindowsPerKey = 1500
+	// DefaultMaxWindowsPerNamespace lets a namespace of 1000 per-minute
+	// CronJobs be judged as fast as it runs (about 500 windows a run every
+	// 30 s) and a fresh one catch up on a day in a few minutes.
+	DefaultMaxWindowsPerNamespace = 5000
+	MinMissedGrace                = time.Minute
+	MaxDefaultMissedGrace         = time.Hour
+	missedDecisionsPerWindow      = 16
 )
 
 // DefaultMissedGrace is the grace of a schedule whose view sets none: one
@@ -97,10 +103,12 @@ type keyToJudge struct {
 	key                    string
 	firstSeen, lastDecided time.Time
 	checkedUntil           *time.Time
-	view                   View
-	sched                  window.Schedule
-	grace, period          time.Duration
-	from, to               time.Time
+	// viewChanged is when the newest view last changed.
+	viewChanged   time.Time
+	view          View
+	sched         window.Schedule
+	grace, period time.Duration
+	from, to      time.Time
 	// judgedThrough is the newest window start judged (or passed over)
 	// this run: the next checkpoint; zero when it does not move.
 	judgedThrough time.Time
@@ -121,6 +129,9 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 	if opts.MaxWindowsPerKey <= 0 {
 		opts.MaxWindowsPerKey = DefaultMaxWindowsPerKey
 	}
+	if opts.MaxWindowsPerNamespace <= 0 {
+		opts.MaxWindowsPerNamespace = DefaultMaxWindowsPerNamespace
+	}
 	const op = "detecting missed windows"
 	keys, now, err := s.keysToJudge(ctx)
 	if err != nil {
@@ -128,6 +139,7 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 	}
 	var det Detection
 	var judge []*keyToJudge
+	budget := map[string]int{}
 	for _, k := range keys {
 		sched, err := window.ParseSchedule(k.view.Schedule, k.view.TimeZone)
 		if err != nil {
@@ -144,7 +156,17 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 		}
 		det.Keys++
 		k.to = now.Add(-k.grace)
-		k.from = laterOf(k.firstSeen, now.Add(-opts.Lookback))
+		// Judging starts with the window of the key's first decision (the
+		// pod that decided first decided for it), at most Lookback ago,
+		// and never before the window in which the view the clusters hold
+		// now was first recorded: a new schedule's earlier ticks were no
+		// windows. (A view is recorded by a pod claiming at a tick of it.)
+		k.from = now.Add(-opts.Lookback)
+		for _, since := range []time.Time{k.firstSeen, k.viewChanged} {
+			if w, err := sched.Latest(since); err == nil {
+				k.from = laterOf(k.from, w.Add(-time.Second))
+			}
+		}
 		if k.checkedUntil != nil {
 			k.from = laterOf(k.from, *k.checkedUntil)
 		}
@@ -161,8 +183,14 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 			judge = append(judge, k)
 			continue
 		}
-		for t := sched.Next(k.from); !t.IsZero() && !t.After(k.to) && len(k.expected) < opts.MaxWindowsPerKey; t = sched.Next(t) {
+		// Each namespace has a budget of windows per run: one namespace's
+		// keys (a tenant writes statistics and views of its own at will)
+		// cannot make the run of every namespace as long as they like.
+		// The windows left are judged next run.
+		ns, _, _ := strings.Cut(k.key, "/")
+		for t := sched.Next(k.from); !t.IsZero() && !t.After(k.to) && len(k.expected) < opts.MaxWindowsPerKey && budget[ns] < opts.MaxWindowsPerNamespace; t = sched.Next(t) {
 			k.expected = append(k.expected, t)
+			budget[ns]++
 		}
 		if len(k.expected) > 0 {
 			k.judgedThrough = k.expected[len(k.expected)-1]
@@ -272,7 +300,8 @@ func (s *Store) keysToJudge(ctx context.Context) ([]*keyToJudge, time.Time, erro
 		var problems []string
 		if err := rows.Scan(&k.key, &finiteTime{column: "first_seen", t: &k.firstSeen, problems: &problems},
 			&finiteTime{column: "last_decided", t: &k.lastDecided, problems: &problems},
-			&finiteTime{column: "checked_until", nullable: &k.checkedUntil, problems: &problems}, &raw, &now); err != nil {
+			&finiteTime{column: "checked_until", nullable: &k.checkedUntil, problems: &problems}, &raw,
+			&finiteTime{column: "changed_at", t: &k.viewChanged, problems: &problems}, &now); err != nil {
 			return nil, time.Time{}, s.classify(op, err)
 		}
 		if err := json.Unmarshal([]byte(raw), &k.view); err != nil {
@@ -444,7 +473,10 @@ type MissedFilter struct {
 	// DetectedAfter selects the windows detected after it (by any
 	// cluster's detection).
 	DetectedAfter time.Time
-	Limit         int
+	// PerKey, when positive, keeps only each key's oldest PerKey windows:
+	// one key's many missed windows do not crowd out another's.
+	PerKey int
+	Limit  int
 }
 
 // ListMissed returns the missed windows, newest first, and the database time.
@@ -461,5 +493,5 @@ func (s *Store) ListMissed(ctx context.Context, f MissedFilter) ([]MissedWindow,
 			return &unreadableRow{table: "missed", key: m.Key, problems: problems}
 		}
 		return err
-	}, qListMissed, f.Key, nullTime(f.From), nullTime(f.To), limit, nullTime(f.DetectedAfter))
+	}, qListMissed, f.Key, nullTime(f.From), nullTime(f.To), limit, nullTime(f.DetectedAfter), f.PerKey)
 }

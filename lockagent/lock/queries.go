@@ -153,7 +153,8 @@ const qRecordView = `
 WITH mine AS (
     INSERT INTO dislock.views AS v (lock_key, cluster, view, seen_at)
     VALUES ($1::text, $2::text, $3::jsonb, now())
-    ON CONFLICT (lock_key, cluster) DO UPDATE SET view = EXCLUDED.view, seen_at = EXCLUDED.seen_at)
+    ON CONFLICT (lock_key, cluster) DO UPDATE SET view = EXCLUDED.view, seen_at = EXCLUDED.seen_at,
+        changed_at = CASE WHEN v.view = EXCLUDED.view THEN v.changed_at ELSE now() END)
 SELECT lock_key, cluster, view::text, seen_at FROM dislock.views
 WHERE lock_key = $1::text AND cluster <> $2::text AND view <> $3::jsonb
   AND seen_at > now() - $4::bigint * interval '1 microsecond'
@@ -230,9 +231,9 @@ SELECT count(*) FROM (
 
 // qKeysToJudge reads the keys' statistics with the newest view of each.
 const qKeysToJudge = `
-SELECT k.lock_key, k.first_seen, k.last_decided, k.checked_until, v.view::text, now()
+SELECT k.lock_key, k.first_seen, k.last_decided, k.checked_until, v.view::text, v.changed_at, now()
 FROM ` + keysInBounds + ` k
-JOIN LATERAL (SELECT view FROM dislock.views WHERE lock_key = k.lock_key ORDER BY seen_at DESC LIMIT 1) v ON true
+JOIN LATERAL (SELECT view, changed_at FROM dislock.views WHERE lock_key = k.lock_key ORDER BY seen_at DESC LIMIT 1) v ON true
 ORDER BY k.lock_key`
 
 // qWindowsToJudge reads, for each key $1[i], its windows' states from $2[i]
@@ -255,31 +256,46 @@ ORDER BY r.lock_key, r.window_start, d.decided_at`
 // qRecordMissed inserts the missed windows ($1..$4), counts the ones no
 // other cluster's detection inserted first into their keys' statistics,
 // moves each judged key's checkpoint ($5, $6) forward, and returns the new
-// missed windows.
+// missed windows. Every key's missed windows are checkpointed with it (each
+// missed window's key is among $5). A key whose statistics row another
+// session holds locked (a tenant may lock its own) is left alone, windows
+// and checkpoint, until the next run: waiting for it would hold up every
+// namespace's detection, and the rows it had locked meanwhile would hold up
+// their agents' ledger writes.
 const qRecordMissed = `
-WITH m AS (
+WITH ck AS (
+    SELECT lock_key, max(checked_until) AS checked_until
+    FROM unnest($5::text[], $6::timestamptz[]) AS c(lock_key, checked_until) GROUP BY lock_key),
+locked AS (
+    SELECT lock_key FROM dislock.key_stats WHERE lock_key IN (SELECT lock_key FROM ck)
+    FOR NO KEY UPDATE SKIP LOCKED),
+m AS (
     INSERT INTO dislock.missed (lock_key, window_start, kind, reason, detected_at)
-    SELECT * , now() FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[])
+    SELECT x.*, now() FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[]) AS x(lock_key, window_start, kind, reason)
+    WHERE x.lock_key IN (SELECT lock_key FROM locked)
     ON CONFLICT (lock_key, window_start) DO NOTHING
     RETURNING lock_key, window_start, detected_at),
 agg AS (SELECT lock_key, count(*) AS n, max(window_start) AS last FROM m GROUP BY lock_key),
-ck AS (SELECT lock_key, max(checked_until) AS checked_until FROM unnest($5::text[], $6::timestamptz[]) AS c(lock_key, checked_until) GROUP BY lock_key),
 u AS (
     UPDATE dislock.key_stats k SET
         missed_total       = k.missed_total + coalesce(agg.n, 0),
         last_missed_window = CASE WHEN agg.last IS NULL THEN k.last_missed_window ELSE greatest(k.last_missed_window, agg.last) END,
-        checked_until      = CASE WHEN ck.checked_until IS NULL THEN k.checked_until ELSE greatest(k.checked_until, ck.checked_until) END
-    FROM ck FULL JOIN agg USING (lock_key)
-    WHERE k.lock_key = coalesce(ck.lock_key, agg.lock_key))
+        checked_until      = greatest(k.checked_until, ck.checked_until)
+    FROM ck LEFT JOIN agg USING (lock_key)
+    WHERE k.lock_key = ck.lock_key AND k.lock_key IN (SELECT lock_key FROM locked))
 SELECT lock_key, window_start, detected_at FROM m`
 
-// qListMissed lists missed windows by key ($1, ” for all) and window range.
+// qListMissed lists missed windows by key ($1, empty for all), window
+// range ($2, $3) and detection time ($5), at most $6 per key (0: all),
+// newest first, at most $4.
 const qListMissed = `
-SELECT lock_key, window_start, kind, reason, detected_at, now() FROM dislock.missed
-WHERE ($1::text = '' OR lock_key = $1::text)
-  AND ($2::timestamptz IS NULL OR window_start >= $2::timestamptz)
-  AND ($3::timestamptz IS NULL OR window_start < $3::timestamptz)
-  AND ($5::timestamptz IS NULL OR detected_at > $5::timestamptz)
+SELECT lock_key, window_start, kind, reason, detected_at, now() FROM (
+    SELECT *, row_number() OVER (PARTITION BY lock_key ORDER BY window_start) AS nth FROM dislock.missed
+    WHERE ($1::text = '' OR lock_key = $1::text)
+      AND ($2::timestamptz IS NULL OR window_start >= $2::timestamptz)
+      AND ($3::timestamptz IS NULL OR window_start < $3::timestamptz)
+      AND ($5::timestamptz IS NULL OR detected_at > $5::timestamptz)) m
+WHERE $6::int <= 0 OR nth <= $6::int
 ORDER BY window_start DESC, lock_key
 LIMIT $4::int`
 
@@ -287,21 +303,24 @@ const qKeyStats = `
 SELECT lock_key, last_success, missed_total, last_missed_window, duration_count, duration_sum, duration_buckets, now()
 FROM ` + keysInBounds + ` k ORDER BY lock_key`
 
-// qDecisionCounts reads the counts of the keys in bounds, at most 64 per key
-// (a cluster and an action each: a tenant can write any cluster name).
+// qDecisionCounts reads the counts of the keys in bounds, at most 32 per key,
+// the largest (a cluster and an action each: 4 clusters' 7 actions; a
+// tenant can write any cluster name).
 const qDecisionCounts = `
 SELECT c.lock_key, c.cluster, c.action, c.n
 FROM ` + keysInBounds + ` k
-JOIN LATERAL (SELECT * FROM dislock.decision_counts WHERE lock_key = k.lock_key ORDER BY n DESC, cluster, action LIMIT 64) c ON true
+JOIN LATERAL (SELECT * FROM dislock.decision_counts WHERE lock_key = k.lock_key ORDER BY n DESC, cluster, action LIMIT 32) c ON true
 ORDER BY c.lock_key, c.cluster, c.action`
 
-// qHeldLeases reads the held leases of the keys in bounds (an Indexed Job's
-// lease key is "<key>#<index>").
+// qHeldLeases reads, for each key in bounds, how long its oldest held lease
+// has been held (an Indexed Job's lease keys are "<key>#<index>", one per
+// index): one row per key, however many lease rows a tenant writes under
+// its key.
 const qHeldLeases = `
-SELECT l.lock_key, (extract(epoch FROM now() - l.acquired_at) * 1000000)::bigint
-FROM dislock.leases l
-WHERE l.expire_at > now()
-  AND split_part(l.lock_key, '#', 1) IN (SELECT lock_key FROM ` + keysInBounds + ` k)
+SELECT l.lock_key, (extract(epoch FROM now() - min(l.acquired_at)) * 1000000)::bigint
+FROM (SELECT split_part(lock_key, '#', 1) AS lock_key, acquired_at FROM dislock.leases WHERE expire_at > now()) l
+WHERE l.lock_key IN (SELECT lock_key FROM ` + keysInBounds + ` k)
+GROUP BY l.lock_key
 ORDER BY l.lock_key`
 
 const qSaveSnapshot = `

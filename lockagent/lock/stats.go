@@ -33,7 +33,8 @@ type DecisionCount struct {
 	N            int64
 }
 
-// HeldLease is a lease that has not expired.
+// HeldLease is a key's oldest lease that has not expired (an Indexed Job
+// holds one per index).
 type HeldLease struct {
 	Key string
 	// Age is how long its holder has held it, by database time.

@@ -97,6 +97,9 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 			WHERE lock_key = $1`, key, firstSeen, lastDecided); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := raw.Exec(ctx, `UPDATE dislock.views SET changed_at = now() - $2::interval WHERE lock_key = $1`, key, firstSeen); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// nightly was first decided 5 minutes ago and no window since ran.
 	seen(ns+"/nightly", "dc-a", everyMinute, "5 minutes", "0")

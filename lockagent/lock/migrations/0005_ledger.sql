@@ -37,8 +37,9 @@ CREATE TABLE IF NOT EXISTS dislock.decision_counts (
     action   text   NOT NULL,
     n        bigint NOT NULL,
     PRIMARY KEY (lock_key, cluster, action),
-    CONSTRAINT decision_counts_text_size CHECK (octet_length(lock_key) <= 512 AND octet_length(cluster) <= 512
-        AND octet_length(action) <= 16)
+    CONSTRAINT decision_counts_text_size CHECK (octet_length(lock_key) <= 512 AND octet_length(cluster) <= 63),
+    CONSTRAINT decision_counts_action CHECK (action IN ('run', 'takeover', 'skip', 'wait', 'error', 'succeeded', 'failed')),
+    CONSTRAINT decision_counts_n CHECK (n >= 0)
 );
 
 -- Per key: when it was first and last decided, its last success, the run
@@ -62,7 +63,16 @@ CREATE TABLE IF NOT EXISTS dislock.key_stats (
         AND (last_success IS NULL OR isfinite(last_success))
         AND (last_missed_window IS NULL OR isfinite(last_missed_window))
         AND (checked_until IS NULL OR isfinite(checked_until))),
-    CONSTRAINT key_stats_text_size CHECK (octet_length(lock_key) <= 512 AND cardinality(duration_buckets) <= 32)
+    CONSTRAINT key_stats_text_size CHECK (octet_length(lock_key) <= 512),
+    -- Every number a tenant can write is one the owner's metrics can
+    -- serve: finite, not negative, and the histogram a plain list of at
+    -- most 32 counts (one per bound), no NULL among them.
+    CONSTRAINT key_stats_numbers CHECK (duration_count >= 0 AND missed_total >= 0
+        AND duration_sum >= 0 AND duration_sum < 'Infinity'::float8),
+    CONSTRAINT key_stats_buckets CHECK (cardinality(duration_buckets) = 0
+        OR (array_ndims(duration_buckets) = 1 AND array_lower(duration_buckets, 1) = 1
+            AND cardinality(duration_buckets) <= 32 AND array_position(duration_buckets, NULL) IS NULL
+            AND 0 <= ALL (duration_buckets)))
 );
 
 -- The windows the owner's detection found missed: nobody ran them, every
@@ -113,6 +123,15 @@ CREATE POLICY tenant_namespace ON dislock.key_stats TO dislock_tenant
 
 ALTER TABLE dislock.missed ENABLE ROW LEVEL SECURITY;
 ALTER TABLE dislock.metrics_snapshot ENABLE ROW LEVEL SECURITY;
+
+-- When a cluster's view of a job last changed (its schedule, time zone,
+-- ...): the detection judges no window from before it by the new schedule,
+-- whose past ticks were never windows. Rows from before this version take
+-- the migration's time.
+ALTER TABLE dislock.views ADD COLUMN IF NOT EXISTS changed_at timestamptz NOT NULL DEFAULT now();
+ALTER TABLE dislock.views DROP CONSTRAINT IF EXISTS views_changed_at_finite,
+    ADD CONSTRAINT views_changed_at_finite CHECK (isfinite(changed_at));
+GRANT UPDATE (changed_at) ON dislock.views TO dislock_tenant;
 
 GRANT SELECT, INSERT ON dislock.decisions, dislock.decision_counts, dislock.key_stats TO dislock_tenant;
 GRANT UPDATE (n) ON dislock.decision_counts TO dislock_tenant;
