@@ -89,6 +89,9 @@ type ledgerSnapshot struct {
 	// Queries is each query's time (seconds).
 	Queries map[string]float64 `json:"q"`
 	Keys    []keySnapshot      `json:"k"`
+	// LeftOut counts the keys beyond lock.MaxKeysPerNamespace, whose
+	// metrics and windows were left out.
+	LeftOut int64 `json:"l,omitempty"`
 }
 
 // keySnapshot is one lock key's metrics.
@@ -138,7 +141,7 @@ type ledgerInputs struct {
 // Pure: the caller reads and stores.
 func buildLedgerSnapshot(in ledgerInputs) ledgerSnapshot {
 	snap := ledgerSnapshot{Version: ledgerSnapshotVersion, At: unixSeconds(in.stats.At),
-		Bounds: slices.Clone(lock.DurationBuckets), Queries: map[string]float64{}}
+		Bounds: slices.Clone(lock.DurationBuckets), Queries: map[string]float64{}, LeftOut: in.stats.KeysLeftOut}
 	byKey := map[string]*keySnapshot{}
 	key := func(k string) *keySnapshot {
 		if ks, ok := byKey[k]; ok {
@@ -239,9 +242,10 @@ var (
 	descRunDuration = prometheus.NewDesc("dislock_run_duration_seconds", "Duration of the lock key's finished runs, from the claim to the recorded end.", keyLabels, nil)
 	descSnapshotAt  = prometheus.NewDesc("dislock_ledger_snapshot_timestamp_seconds", "When the served ledger metrics were computed (database clock).", nil, nil)
 	descQueryTime   = prometheus.NewDesc("dislock_ledger_query_duration_seconds", "Time each query of the last ledger metrics computation took.", []string{"query"}, nil)
+	descLeftOut     = prometheus.NewDesc("dislock_ledger_keys_left_out", "Keys beyond the 1000 per namespace whose metrics and missed windows the ledger leaves out (those decided least recently).", nil, nil)
 	descDatabaseUp  = prometheus.NewDesc("dislock_database_up", "1 if this replica's last ping of the database (every 15s) answered, else 0.", nil, nil)
 	descDatabaseRTT = prometheus.NewDesc("dislock_database_round_trip_seconds", "Round trip of this replica's last ping of the database (until it failed, if it did).", nil, nil)
-	ledgerDescs     = []*prometheus.Desc{descDecisions, descLastSuccess, descMissed, descLastMissed, descSilent, descDisagree, descLease, descRunDuration, descSnapshotAt, descQueryTime, descDatabaseUp, descDatabaseRTT}
+	ledgerDescs     = []*prometheus.Desc{descDecisions, descLastSuccess, descMissed, descLastMissed, descSilent, descDisagree, descLease, descRunDuration, descSnapshotAt, descQueryTime, descLeftOut, descDatabaseUp, descDatabaseRTT}
 )
 
 // ledgerState is what a replica serves: the snapshot last computed or
@@ -281,6 +285,7 @@ func (s *ledgerState) collect(ch chan<- prometheus.Metric) {
 // the whole scrape.
 func (snap *ledgerSnapshot) collect(ch chan<- prometheus.Metric) {
 	emit(ch, descSnapshotAt, prometheus.GaugeValue, snap.At)
+	emit(ch, descLeftOut, prometheus.GaugeValue, float64(snap.LeftOut))
 	for _, q := range slices.Sorted(maps.Keys(snap.Queries)) {
 		emit(ch, descQueryTime, prometheus.GaugeValue, snap.Queries[q], q)
 	}
@@ -459,6 +464,10 @@ func (m *LedgerMetrics) Compute(ctx context.Context) error {
 	}
 	m.state.serve(&snap)
 	logger.V(1).Info("ledger metrics computed", "keys", len(snap.Keys), "missed", len(det.New), "silent", len(det.Silent), "bytes", len(body))
+	if stats.KeysLeftOut > 0 {
+		logger.Info("keys left out of the ledger metrics and the missed-window detection: a namespace has more than the keys it may have judged",
+			"leftOut", stats.KeysLeftOut, "perNamespace", lock.MaxKeysPerNamespace)
+	}
 	return nil
 }
 

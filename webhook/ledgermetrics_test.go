@@ -130,6 +130,8 @@ dislock_last_success_timestamp_seconds{cronjob="nightly",namespace="reports"} 1.
 # TYPE dislock_lease_held_seconds gauge
 dislock_lease_held_seconds{cronjob="nightly",namespace="reports"} 30
 dislock_lease_held_seconds{cronjob="shards",namespace="batch"} 40
+# TYPE dislock_ledger_keys_left_out gauge
+dislock_ledger_keys_left_out 0
 # TYPE dislock_ledger_query_duration_seconds gauge
 dislock_ledger_query_duration_seconds{query="decision_counts"} 0.001
 dislock_ledger_query_duration_seconds{query="detect_missed"} 0.012

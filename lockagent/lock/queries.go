@@ -303,13 +303,13 @@ const qKeyStats = `
 SELECT lock_key, last_success, missed_total, last_missed_window, duration_count, duration_sum, duration_buckets, now()
 FROM ` + keysInBounds + ` k ORDER BY lock_key`
 
-// qDecisionCounts reads the counts of the keys in bounds, at most 32 per key,
-// the largest (a cluster and an action each: 4 clusters' 7 actions; a
-// tenant can write any cluster name).
+// qDecisionCounts reads the counts of the keys in bounds, at most 16 per key,
+// the largest (a cluster and an action each: 3 clusters' 5 usual actions; a
+// tenant can write any cluster name, and every count is a series).
 const qDecisionCounts = `
 SELECT c.lock_key, c.cluster, c.action, c.n
 FROM ` + keysInBounds + ` k
-JOIN LATERAL (SELECT * FROM dislock.decision_counts WHERE lock_key = k.lock_key ORDER BY n DESC, cluster, action LIMIT 32) c ON true
+JOIN LATERAL (SELECT * FROM dislock.decision_counts WHERE lock_key = k.lock_key ORDER BY n DESC, cluster, action LIMIT 16) c ON true
 ORDER BY c.lock_key, c.cluster, c.action`
 
 // qHeldLeases reads, for each key in bounds, how long its oldest held lease

@@ -207,7 +207,7 @@ func TestMonitoringPrometheusRuleCarriesEveryAlert(t *testing.T) {
 		for _, r := range rf.Groups[0].Rules {
 			exprs[r.Alert] = r.Expr
 		}
-		if got, want := exprs["DislockLeaseStuck"], "(dislock_lease_held_seconds) > 5400"; !strings.HasSuffix(got, want) {
+		if got, want := exprs["DislockLeaseStuck"], `(dislock_lease_held_seconds{job="dislock-webhook",namespace="dislock-system"}) > 5400`; !strings.HasSuffix(got, want) {
 			t.Errorf("DislockLeaseStuck with leaseStuckAfter 1h30m: %q, want it to end in %q", got, want)
 		}
 		if got, want := exprs["DislockWebhookDown"], `up{job="dislock-webhook",namespace="dislock-system"} == 0 or absent(up{job="dislock-webhook",namespace="dislock-system"})`; got != want {

@@ -32,6 +32,7 @@ var Metrics = []string{
 	"dislock_run_duration_seconds_count",
 	"dislock_ledger_snapshot_timestamp_seconds",
 	"dislock_ledger_query_duration_seconds",
+	"dislock_ledger_keys_left_out",
 	// Measured by each webhook replica.
 	"dislock_database_up",
 	"dislock_database_round_trip_seconds",

@@ -37,7 +37,9 @@ CREATE TABLE IF NOT EXISTS dislock.decision_counts (
     action   text   NOT NULL,
     n        bigint NOT NULL,
     PRIMARY KEY (lock_key, cluster, action),
-    CONSTRAINT decision_counts_text_size CHECK (octet_length(lock_key) <= 512 AND octet_length(cluster) <= 63),
+    -- A key is at most 328 bytes, a cluster name 63 (what agents write):
+    -- the metrics carry both in every series.
+    CONSTRAINT decision_counts_text_size CHECK (octet_length(lock_key) <= 328 AND octet_length(cluster) <= 63),
     CONSTRAINT decision_counts_action CHECK (action IN ('run', 'takeover', 'skip', 'wait', 'error', 'succeeded', 'failed')),
     CONSTRAINT decision_counts_n CHECK (n >= 0)
 );
@@ -63,7 +65,7 @@ CREATE TABLE IF NOT EXISTS dislock.key_stats (
         AND (last_success IS NULL OR isfinite(last_success))
         AND (last_missed_window IS NULL OR isfinite(last_missed_window))
         AND (checked_until IS NULL OR isfinite(checked_until))),
-    CONSTRAINT key_stats_text_size CHECK (octet_length(lock_key) <= 512),
+    CONSTRAINT key_stats_text_size CHECK (octet_length(lock_key) <= 328),
     -- Every number a tenant can write is one the owner's metrics can
     -- serve: finite, not negative, and the histogram a plain list of at
     -- most 32 counts (one per bound), no NULL among them.
