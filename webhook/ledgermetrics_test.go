@@ -1,7 +1,6 @@
 package webhook
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/common/expfmt"
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/test/monitoring"
 )
 
 func at(s string) time.Time {
@@ -74,27 +73,11 @@ func ledgerFixture() ledgerInputs {
 // without the help lines.
 func exposition(t *testing.T, c prometheus.Collector) string {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(c); err != nil {
-		t.Fatal(err)
-	}
-	families, err := reg.Gather()
+	out, err := monitoring.Exposition(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b bytes.Buffer
-	for _, f := range families {
-		if _, err := expfmt.MetricFamilyToText(&b, f); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var out []string
-	for line := range strings.Lines(b.String()) {
-		if !strings.HasPrefix(line, "# HELP ") {
-			out = append(out, line)
-		}
-	}
-	return strings.Join(out, "")
+	return out
 }
 
 // servedBy is a collector serving snap, as a replica does.

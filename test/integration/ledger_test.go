@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"strconv"
 	"strings"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/common/expfmt"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -22,6 +20,7 @@ import (
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/kube"
+	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/webhook"
 )
@@ -245,27 +244,11 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 // everything is c's exposition without help lines.
 func everything(t *testing.T, c prometheus.Collector) string {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(c); err != nil {
-		t.Fatal(err)
-	}
-	families, err := reg.Gather()
+	out, err := monitoring.Exposition(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b bytes.Buffer
-	for _, f := range families {
-		if _, err := expfmt.MetricFamilyToText(&b, f); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var out []string
-	for line := range strings.Lines(b.String()) {
-		if !strings.HasPrefix(line, "# HELP ") {
-			out = append(out, line)
-		}
-	}
-	return strings.Join(out, "")
+	return out
 }
 
 // ledgerSeries is c's exposition without the replica's own ping, which
