@@ -15,7 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -50,6 +52,10 @@ const (
 	// the order in which pods are handled does not matter.
 	JobOutcomesAnnotation = "dislock.io/outcomes"
 )
+
+// jobPatchRetry paces the retries of a Job's label patch that lost a race
+// with another update of the Job: 10 tries within about 2 s.
+var jobPatchRetry = wait.Backoff{Steps: 10, Duration: 20 * time.Millisecond, Factor: 1.5, Jitter: 0.2}
 
 // maxJobOutcomes bounds the indexes JobOutcomesAnnotation keeps (an
 // annotation is limited in size); past it, only failures and errors are
@@ -284,8 +290,13 @@ func trimPod(obj any) (any, error) {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
 			Labels: pod.Labels, OwnerReferences: pod.OwnerReferences, DeletionTimestamp: pod.DeletionTimestamp,
+			// Which pod of a Job's index is newest (jobOutcome).
+			CreationTimestamp: pod.CreationTimestamp,
 		},
 		Status: corev1.PodStatus{Phase: pod.Status.Phase, Reason: pod.Status.Reason},
+	}
+	if i, ok := pod.Annotations[spec.AnnotationJobCompletionIndex]; ok {
+		out.Annotations = map[string]string{spec.AnnotationJobCompletionIndex: i}
 	}
 	for _, s := range pod.Status.InitContainerStatuses {
 		if s.Name == SidecarName {
@@ -351,16 +362,22 @@ func (r *outcomeRecorder) Reconcile(ctx context.Context, req reconcile.Request) 
 	// each other's outcome. Its controller is the CronJob.
 	var cronJobRef *metav1.OwnerReference
 	if ref := metav1.GetControllerOfNoCopy(&pod); ref != nil && ref.Kind == "Job" && ref.APIVersion == batchv1.SchemeGroupVersion.String() {
+		// The Job controller updates the Job's status as its pods end: a
+		// conflict is retried at once with the Job read again, not left to
+		// the work queue's growing backoff.
 		var job batchv1.Job
-		err := r.reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &job)
-		if err == nil && job.UID != ref.UID {
-			err = apierrors.NewNotFound(batchv1.Resource("jobs"), ref.Name)
-		}
-		if err == nil {
+		err := retry.RetryOnConflict(jobPatchRetry, func() error {
+			job = batchv1.Job{}
+			if err := r.reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &job); err != nil {
+				return err
+			}
+			if job.UID != ref.UID {
+				return apierrors.NewNotFound(batchv1.Resource("jobs"), ref.Name)
+			}
 			annotation, jo := jobOutcome(job.Annotations[JobOutcomesAnnotation], &pod, o)
 			patch := labelPatch(job.UID, job.ResourceVersion, jo, map[string]any{JobOutcomesAnnotation: annotation})
-			err = r.client.Patch(ctx, &job, client.RawPatch(types.MergePatchType, patch))
-		}
+			return r.client.Patch(ctx, &job, client.RawPatch(types.MergePatchType, patch))
+		})
 		switch {
 		case err == nil:
 			if c := metav1.GetControllerOfNoCopy(&job); c != nil && c.Kind == "CronJob" && c.APIVersion == batchv1.SchemeGroupVersion.String() {

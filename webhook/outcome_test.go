@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -18,6 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // Every message the agent leaves as its last word (lockagent/agent: publish,
@@ -189,12 +192,13 @@ func TestTheEventNoteNamesThePodAndFitsAnEvent(t *testing.T) {
 }
 
 // The cache keeps of a pod what the controller reads: its identity, labels,
-// owners, phase and container states, the sidecar's message, and nothing of
-// its spec or of the apps' messages.
+// owners, creation time and completion index, phase and container states,
+// the sidecar's message, and nothing of its spec or of the apps' messages.
 func TestTheCachedPodIsTrimmedToWhatTheOutcomeNeeds(t *testing.T) {
 	t.Parallel()
 	pod := finishedPod("skip: stale")
-	pod.Annotations = map[string]string{"big": strings.Repeat("x", 10000)}
+	pod.Annotations = map[string]string{"big": strings.Repeat("x", 10000), spec.AnnotationJobCompletionIndex: "3"}
+	pod.CreationTimestamp = metav1.NewTime(time.Date(2026, 12, 2, 2, 0, 1, 0, time.UTC))
 	pod.Spec.Containers = []corev1.Container{{Name: "app", Image: "app", Env: []corev1.EnvVar{{Name: "A", Value: "b"}}}}
 	pod.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}
 	got, err := trimPod(pod)
@@ -203,11 +207,14 @@ func TestTheCachedPodIsTrimmedToWhatTheOutcomeNeeds(t *testing.T) {
 	}
 	trimmed := got.(*corev1.Pod)
 	msg, done := agentEnd(trimmed)
+	// The creation time and completion index tell which pod of a Job's
+	// index is newest.
 	if msg != "skip: stale" || !done || trimmed.ResourceVersion != "7" || trimmed.UID != "pod-uid" ||
-		metav1.GetControllerOf(trimmed) == nil || trimmed.Labels[InjectedLabel] != InjectedLabelValue {
+		metav1.GetControllerOf(trimmed) == nil || trimmed.Labels[InjectedLabel] != InjectedLabelValue ||
+		!trimmed.CreationTimestamp.Equal(&pod.CreationTimestamp) || trimmed.Annotations[spec.AnnotationJobCompletionIndex] != "3" {
 		t.Fatalf("the trimmed pod lost what the controller reads: %+v", trimmed)
 	}
-	if len(trimmed.Annotations) != 0 || len(trimmed.Spec.Containers) != 0 || len(trimmed.ManagedFields) != 0 ||
+	if len(trimmed.Annotations) != 1 || len(trimmed.Spec.Containers) != 0 || len(trimmed.ManagedFields) != 0 ||
 		trimmed.Status.ContainerStatuses[0].State.Terminated.Message != "" {
 		t.Errorf("the trimmed pod keeps what nobody reads: %+v", trimmed)
 	}
