@@ -36,31 +36,8 @@ func TestStuckLedgerWritesDoNotStarveAStandbysHeartbeat(t *testing.T) {
 		if v, err := time.ParseDuration(os.Getenv("R16_TTL")); err == nil {
 			ttl = v
 		}
-		j := newJob(t, dsn, "schedule", ttl)
-		j.standby = true
-		a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(120, 0)})
-		j.awaitRuns(t, "dc-a's app", 1)
-		raw, err := pgx.Connect(ctx, pgtestDirect(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer raw.Close(ctx)
-		await(t, "dc-a's ledger row", 10*time.Second, func() bool {
-			var n int
-			raw.QueryRow(ctx, `SELECT count(*) FROM dislock.key_stats WHERE lock_key = $1`, j.key).Scan(&n)
-			return n == 1
-		})
-		tx, err := raw.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx)
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM dislock.key_stats WHERE lock_key = $1 FOR NO KEY UPDATE`, j.key); err != nil {
-			t.Fatal(err)
-		}
-
+		j, a, tx := ownerRunningWithItsStatisticsLocked(t, pgtestDirect(t), ttl)
 		b := j.start(t, podSpec{cluster: "dc-b", window: tick0, app: app(4, 0)})
-		time.Sleep(500 * time.Millisecond)
 		a.kill() // dc-a's node is lost: its liveness lapses after the TTL
 		code := b.finish()
 		tx.Rollback(ctx)
@@ -85,6 +62,38 @@ func TestStuckLedgerWritesDoNotStarveAStandbysHeartbeat(t *testing.T) {
 	})
 }
 
+// ownerRunningWithItsStatisticsLocked starts a standby job whose dc-a pod
+// runs a long app, waits for its ledger row, and returns with a
+// transaction (rolled back when t ends) holding that row locked, so that
+// every later ledger write of the key waits.
+func ownerRunningWithItsStatisticsLocked(t *testing.T, dsn string, ttl time.Duration) (job, *pod, pgx.Tx) {
+	t.Helper()
+	ctx := context.Background()
+	j := newJob(t, dsn, "schedule", ttl)
+	j.standby = true
+	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(120, 0)})
+	j.awaitRuns(t, "dc-a's app", 1)
+	raw, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close(context.Background()) })
+	await(t, "dc-a's ledger row", 10*time.Second, func() bool {
+		var n int
+		raw.QueryRow(ctx, `SELECT count(*) FROM dislock.key_stats WHERE lock_key = $1`, j.key).Scan(&n)
+		return n == 1
+	})
+	tx, err := raw.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM dislock.key_stats WHERE lock_key = $1 FOR NO KEY UPDATE`, j.key); err != nil {
+		t.Fatal(err)
+	}
+	return j, a, tx
+}
+
 // pgtestDirect is the direct DSN of the package's PostgreSQL (the lock is
 // held outside any pooler).
 func pgtestDirect(t *testing.T) string { return pgtestNeed(t).DirectDSN() }
@@ -101,30 +110,8 @@ var pgtestNeed = pgtest.Need
 func TestStuckLedgerWritesDoNotMakeASecondSuccess(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtestNeed(t).DirectDSN()
-	j := newJob(t, dsn, "schedule", 6*time.Second)
-	j.standby = true
-	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(120, 0)})
-	j.awaitRuns(t, "dc-a's app", 1)
-	raw, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close(ctx)
-	await(t, "dc-a's ledger row", 10*time.Second, func() bool {
-		var n int
-		raw.QueryRow(ctx, `SELECT count(*) FROM dislock.key_stats WHERE lock_key = $1`, j.key).Scan(&n)
-		return n == 1
-	})
-	tx, err := raw.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM dislock.key_stats WHERE lock_key = $1 FOR NO KEY UPDATE`, j.key); err != nil {
-		t.Fatal(err)
-	}
+	j, a, tx := ownerRunningWithItsStatisticsLocked(t, dsn, 6*time.Second)
 	b := j.start(t, podSpec{cluster: "dc-b", window: tick0, app: app(0.5, 0)})
-	time.Sleep(300 * time.Millisecond)
 	a.kill()
 	await(t, "dc-b to take over", 30*time.Second, func() bool {
 		d, ok := decisionOf(b)
