@@ -43,6 +43,20 @@ type bouncerProc struct {
 // Server: it names its files) and returns once a query through it succeeds.
 // Close stops it with the Server.
 func (s *Server) AddBouncer(name string) (*Bouncer, error) {
+	return s.addBouncer(name, "")
+}
+
+// AddSessionBouncer is AddBouncer for a PgBouncer in session pooling mode:
+// each client keeps one server connection until it disconnects, and the
+// next client gets that connection again. Tests of `dislock check` use it
+// as the misconfiguration it must name.
+func (s *Server) AddSessionBouncer(name string) (*Bouncer, error) {
+	return s.addBouncer(name, "pool_mode = session\n")
+}
+
+// addBouncer starts a bouncer whose pgbouncer.ini ends with extraConf
+// (PgBouncer takes the last value of a setting).
+func (s *Server) addBouncer(name, extraConf string) (*Bouncer, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -64,7 +78,7 @@ func (s *Server) AddBouncer(name string) (*Bouncer, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b, b.startOnFreePortLocked(func(port int) string {
-		return bouncerConf(s.pgPort, port, extraPoolSize, s.path("pgbouncer.users"), b.pid)
+		return bouncerConf(s.pgPort, port, extraPoolSize, s.path("pgbouncer.users"), b.pid) + extraConf
 	})
 }
 
