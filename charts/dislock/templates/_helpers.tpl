@@ -120,4 +120,68 @@ Checks of values that the schema cannot express; each failure says what to set.
 {{- if not (or .Values.database.url .Values.database.existingSecret) -}}
 {{- fail "the database is not set: set database.existingSecret to a Secret in the release namespace holding the PostgreSQL URL under database.secretKey, or database.url" -}}
 {{- end -}}
+{{- with .Values.database.tls -}}
+{{- if and .caSecret.name .caConfigMap.name -}}
+{{- fail (printf "database.tls.caSecret.name (%q) and database.tls.caConfigMap.name (%q) are both set: set one, the CA bundle comes from one place" .caSecret.name .caConfigMap.name) -}}
+{{- end -}}
+{{- end -}}
+{{- range $value, $flag := dict "podLabels" "--pod-labels" "podAnnotations" "--pod-annotations" -}}
+{{- range $k, $v := index $.Values.agent $value -}}
+{{- if contains "," $v -}}
+{{- fail (printf "agent.%s.%s: %q holds a comma, which the webhook's %s splits entries on: drop the comma" $value $k $v $flag) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Where the database CA bundle is mounted in the webhook's pod and the test pod; the webhook's
+--database-ca-file names the file ca.crt in it.
+*/}}
+{{- define "dislock.databaseCADir" -}}
+/etc/dislock/database-ca
+{{- end -}}
+
+{{/* The volume holding the database CA (database.tls), with its key projected as ca.crt. */}}
+{{- define "dislock.databaseCAVolume" -}}
+{{- with .Values.database.tls -}}
+- name: database-ca
+{{- if .caSecret.name }}
+  secret:
+    secretName: {{ .caSecret.name }}
+    items:
+      - key: {{ .caSecret.key }}
+        path: ca.crt
+{{- else }}
+  configMap:
+    name: {{ .caConfigMap.name }}
+    items:
+      - key: {{ .caConfigMap.key }}
+        path: ca.crt
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{- define "dislock.databaseCAMount" -}}
+- name: database-ca
+  mountPath: {{ include "dislock.databaseCADir" . }}
+  readOnly: true
+{{- end -}}
+
+{{- define "dislock.databaseCA" -}}
+{{- with .Values.database.tls -}}
+{{- if or .caSecret.name .caConfigMap.name }}true{{ end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A map as the k=v,k2=v2 list the webhook's --pod-labels and --pod-annotations take (Go templates
+range over a map's keys in sorted order, so the flag does not change between renderings).
+*/}}
+{{- define "dislock.keyValues" -}}
+{{- $out := list -}}
+{{- range $k, $v := . -}}
+{{- $out = append $out (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $out -}}
 {{- end -}}
