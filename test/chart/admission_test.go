@@ -31,10 +31,18 @@ import (
 	"github.com/dislock/dislock/webhook"
 )
 
+// createNamespace creates ns with its "default" ServiceAccount, which the
+// controller-manager's ServiceAccount controller creates in a real cluster
+// and the API server's admission looks up for every pod that names none
+// (the chart's `helm test` pod).
 func createNamespace(t *testing.T, c *kube.Cluster, ns string) {
 	t.Helper()
 	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
 	_, err := cs.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	_, err = cs.CoreV1().ServiceAccounts(ns).Create(context.Background(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}

@@ -35,7 +35,8 @@ spec:
 // Every object the chart renders and kustomize builds, with every option
 // on, passes the API server's validation and admission (server-side apply,
 // dry run): schemas, the webhooks' CEL matchConditions, RBAC rules, the
-// PodDisruptionBudget, the NetworkPolicy, the priority class.
+// PodDisruptionBudget, the NetworkPolicy, the priority class, the webhook on
+// the node's network and the `helm test` pod.
 func TestTheAPIServerAcceptsEveryRenderedObject(t *testing.T) {
 	c := kube.Need(t)
 	ensureOptionalCRDs(t, c)
@@ -56,13 +57,22 @@ func TestTheAPIServerAcceptsEveryRenderedObject(t *testing.T) {
 		"imagePullSecrets", []any{map[string]any{"name": "registry"}}, "serviceAccount.annotations", map[string]any{"example.com/role": "dislock"},
 		"agent.cpuRequest", "20m", "agent.cpuLimit", "300m", "agent.memoryRequest", "24Mi", "agent.memoryLimit", "96Mi",
 		"agent.maxCPU", "2", "agent.maxMemory", "512Mi", "certManager.issuerRef.name", "corporate-ca",
-		"certManager.issuerRef.kind", "ClusterIssuer")
+		"certManager.issuerRef.kind", "ClusterIssuer",
+		"agent.podLabels", map[string]any{"egress.corp/pgbouncer": "allow"}, "agent.podAnnotations", map[string]any{"sidecar.istio.io/inject": "false"},
+		"database.tls.caSecret.name", "db-ca", "tests.extraArgs", []any{"--allow-async-replication"},
+		"webhook.hostNetwork", true, "webhook.port", 10443, "webhook.metricsPort", 10480, "webhook.healthPort", 10481,
+		"webhook.extraEnv", []any{map[string]any{"name": "HTTPS_PROXY", "value": "http://proxy.corp:3128"}},
+		"webhook.extraArgs", []any{"--zap-devel"},
+		"webhook.extraVolumes", []any{map[string]any{"name": "corp-proxy-ca", "configMap": map[string]any{"name": "corp-proxy-ca"}}},
+		"webhook.extraVolumeMounts", []any{map[string]any{"name": "corp-proxy-ca", "mountPath": "/etc/ssl/certs/corp", "readOnly": true}})
 	for _, tc := range []struct {
 		name string
 		m    manifest
 	}{
 		{"the chart's defaults", helmTemplate(t, "dislock", "accept-defaults", base())},
 		{"the chart with every option", helmTemplate(t, "everything", "accept-options", every)},
+		{"the chart with the database CA in a ConfigMap", helmTemplate(t, "ca-configmap", "accept-options",
+			base("database.tls.caConfigMap.name", "corp-bundle", "database.tls.caConfigMap.key", "bundle.pem"))},
 		{"config/default as it is", kustomize(t, "resources:\n  - CONFIG/default\n")},
 		{"config/default with a cluster name", kustomize(t, clusterOverlay)},
 		{"config/default with cert-manager and a ServiceMonitor", kustomize(t, clusterOverlay+"components:\n  - CONFIG/certmanager\n  - CONFIG/prometheus\n")},

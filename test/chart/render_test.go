@@ -34,6 +34,13 @@ func TestTheChartLintsStrictly(t *testing.T) {
 			"serviceMonitor.enabled", true, "networkPolicy.enabled", true,
 			"networkPolicy.metricsFrom", []any{map[string]any{"namespaceSelector": map[string]any{
 				"matchLabels": map[string]any{"kubernetes.io/metadata.name": "monitoring"}}}})},
+		{"with every escape hatch, the node's network, a database CA and sidecar labels", base(
+			"webhook.hostNetwork", true, "webhook.port", 10443, "webhook.extraArgs", []any{"--zap-devel"},
+			"webhook.extraEnv", []any{map[string]any{"name": "HTTPS_PROXY", "value": "http://proxy.corp:3128"}},
+			"webhook.extraVolumes", []any{map[string]any{"name": "x", "emptyDir": map[string]any{}}},
+			"webhook.extraVolumeMounts", []any{map[string]any{"name": "x", "mountPath": "/x"}},
+			"database.tls.caConfigMap.name", "corp-bundle", "agent.podLabels", map[string]any{"team": "payments"},
+			"agent.podAnnotations", map[string]any{"sidecar.istio.io/inject": "false"})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -91,6 +98,27 @@ func TestRenderingRefusesMissingOrBadValuesSayingWhatToSet(t *testing.T) {
 			[]string{"/agent/image/repository"}},
 		{"with a sidecar image tag that is not a tag", base("agent.image.tag", "v1 latest"),
 			[]string{"/agent/image/tag"}},
+		{"with the database CA in both a Secret and a ConfigMap", base("database.tls.caSecret.name", "db-ca",
+			"database.tls.caConfigMap.name", "corp-bundle"),
+			[]string{"database.tls.caSecret.name", "database.tls.caConfigMap.name", "both set", `"db-ca"`, `"corp-bundle"`}},
+		{"with a database CA key that is empty", base("database.tls.caSecret.name", "db-ca", "database.tls.caSecret.key", ""),
+			[]string{"/database/tls/caSecret/key"}},
+		{"with a sidecar pod label holding a comma, which --pod-labels splits on", base("agent.podLabels", map[string]any{"teams": "a,b"}),
+			[]string{"agent.podLabels.teams", `"a,b"`, "--pod-labels", "comma"}},
+		{"with a sidecar pod annotation holding a comma", base("agent.podAnnotations", map[string]any{"example.com/hosts": "db1,db2"}),
+			[]string{"agent.podAnnotations.example.com/hosts", "--pod-annotations", "comma"}},
+		{"with a sidecar pod label that is a number", base("agent.podLabels", map[string]any{"tier": 1}),
+			[]string{"/agent/podLabels/tier", "want string"}},
+		{"with extraArgs that are one string, not a list", base("webhook.extraArgs", "--zap-devel"),
+			[]string{"/webhook/extraArgs", "want array"}},
+		{"with an extraEnv entry without a name", base("webhook.extraEnv", []any{map[string]any{"value": "x"}}),
+			[]string{"/webhook/extraEnv/0", "name"}},
+		{"with an extraVolumeMount without a mountPath", base("webhook.extraVolumeMounts", []any{map[string]any{"name": "x"}}),
+			[]string{"/webhook/extraVolumeMounts/0", "mountPath"}},
+		{"with hostNetwork that is not a boolean", base("webhook.hostNetwork", "yes"),
+			[]string{"/webhook/hostNetwork", "want boolean"}},
+		{"with a misspelt tests key", base("tests.enable", false),
+			[]string{"additional properties 'enable' not allowed"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
