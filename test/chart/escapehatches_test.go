@@ -311,6 +311,9 @@ func TestTheHelmTestPodChecksTheDatabaseAsTheWebhookConnects(t *testing.T) {
 			if !reflect.DeepEqual(c.SecurityContext, wc.SecurityContext) || !reflect.DeepEqual(p.Spec.SecurityContext, wpod.SecurityContext) {
 				t.Errorf("security contexts %+v / %+v, the webhook's %+v / %+v", p.Spec.SecurityContext, c.SecurityContext, wpod.SecurityContext, wc.SecurityContext)
 			}
+			if c.TerminationMessagePolicy != corev1.TerminationMessageFallbackToLogsOnError {
+				t.Errorf("terminationMessagePolicy %q: want a failed check's fix in the pod's status", c.TerminationMessagePolicy)
+			}
 			if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Spec.AutomountServiceAccountToken == nil || *p.Spec.AutomountServiceAccountToken ||
 				p.Spec.ServiceAccountName != "" {
 				t.Errorf("restartPolicy %q, automountServiceAccountToken %v, serviceAccountName %q: want Never, false and none",
