@@ -1,0 +1,171 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dislock/dislock/test/images"
+	"github.com/dislock/dislock/test/kube"
+)
+
+// checkTimeout bounds one `helm test` pod from creation to its end: pulling
+// nothing (the image is on the node), starting, and dislock check's own
+// connection attempts.
+const checkTimeout = 2 * time.Minute
+
+// `helm test` on a real kubelet: the chart's test pod, exactly as `helm
+// template` renders it for a release whose database Secret holds the
+// owner's URL through the data centre's PgBouncer, runs the image's
+// `dislock check` and Succeeds; the same pod with a wrong password in the
+// Secret ends Failed, its status and log naming the fix and never the
+// password. Helm's own `helm test` only creates this pod and waits for its
+// phase, which is what the test does (there is no Helm release here: the
+// webhook runs as a process, not a Deployment).
+func TestTheChartsHelmTestPodPassesOnARealNodeAndNamesTheFixOfAWrongPassword(t *testing.T) {
+	e := Need(t)
+	dc := e.DCs[0]
+	owner, err := url.Parse(dc.BouncerDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wrongPassword = "not-the-Pa55word-of-e2e"
+	wrong := *owner
+	wrong.User = url.UserPassword(owner.User.Username(), wrongPassword)
+
+	for _, tc := range []struct {
+		name, release, url string
+		want               corev1.PodPhase
+	}{
+		{"the owner's URL through PgBouncer", "check-ok", owner.String(), corev1.PodSucceeded},
+		{"a wrong password", "check-wrong-password", wrong.String(), corev1.PodFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tc.release + "-db", Namespace: WebhookNamespace},
+				StringData: map[string]string{"url": tc.url}}
+			if _, err := dc.Client.CoreV1().Secrets(WebhookNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = dc.Client.CoreV1().Secrets(WebhookNamespace).Delete(ctx, secret.Name, metav1.DeleteOptions{})
+			})
+
+			pod := renderCheckPod(t, e, dc.Name, tc.release, secret.Name)
+			// The one change for this harness: PgBouncer listens on the
+			// node's loopback, which pods here reach on the host network.
+			pod.Spec.HostNetwork = true
+			if _, err := dc.Client.CoreV1().Pods(WebhookNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = dc.Client.CoreV1().Pods(WebhookNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}) })
+
+			var got *corev1.Pod
+			await(t, checkTimeout, "the helm test pod "+pod.Name+" to end", func() bool {
+				p, err := dc.Client.CoreV1().Pods(WebhookNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
+				if err != nil {
+					return false
+				}
+				got = p
+				return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+			})
+			log := containerLog(t, dc, got, "check")
+			message := ""
+			if s := got.Status.ContainerStatuses; len(s) == 1 && s[0].State.Terminated != nil {
+				message = s[0].State.Terminated.Message
+			}
+			t.Logf("pod %s: %s\nlog:\n%s", pod.Name, got.Status.Phase, log)
+			if got.Status.Phase != tc.want {
+				t.Fatalf("pod %s ended %s, want %s; termination message %q", pod.Name, got.Status.Phase, tc.want, message)
+			}
+			for _, out := range []string{log, message} {
+				if strings.Contains(out, wrongPassword) || strings.Contains(out, passwordOf(owner)) {
+					t.Errorf("the check's output holds a password:\n%s", out)
+				}
+			}
+			if tc.want == corev1.PodSucceeded {
+				if !strings.Contains(log, "primary") {
+					t.Errorf("the log does not show the check's findings:\n%s", log)
+				}
+				return
+			}
+			// Where helm test users look: `kubectl describe pod` (the
+			// termination message) and `helm test --logs`.
+			for _, out := range []string{log, message} {
+				if !strings.Contains(out, "password") || !strings.Contains(out, "fix") {
+					t.Errorf("the output does not say the password is wrong and how to fix it:\n%s", out)
+				}
+			}
+		})
+	}
+}
+
+func passwordOf(u *url.URL) string {
+	p, _ := u.User.Password()
+	if p == "" {
+		return "\x00" // no password: nothing to find
+	}
+	return p
+}
+
+// renderCheckPod renders the chart's `helm test` pod for release in the
+// webhook's namespace with the e2e image, the database Secret given and
+// --allow-async-replication (the e2e PostgreSQL has no standby: without it
+// the check rightly fails; tests.extraArgs is the chart's way to say so).
+func renderCheckPod(t *testing.T, e *Env, cluster, release, secret string) *corev1.Pod {
+	t.Helper()
+	helm, err := kube.FindBinary("helm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, tag, _ := strings.Cut(images.DislockRef, ":")
+	cmd := exec.Command(helm, "template", release, filepath.Join(e.root, "charts", "dislock"),
+		"--namespace", WebhookNamespace, "--show-only", "templates/tests/check.yaml",
+		"--set-string", "clusterName="+cluster,
+		"--set-string", "database.existingSecret="+secret,
+		"--set-string", "image.repository="+repo,
+		"--set-string", "image.tag="+tag,
+		"--set-string", "image.pullPolicy="+string(corev1.PullNever),
+		"--set-string", "tests.extraArgs[0]=--allow-async-replication")
+	out, err := cmd.Output()
+	if err != nil {
+		stderr := ""
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("%s: %v: %s", strings.Join(cmd.Args, " "), err, stderr)
+	}
+	var pod corev1.Pod
+	if err := yaml.UnmarshalStrict(out, &pod); err != nil {
+		t.Fatalf("the chart's test pod: %v\n%s", err, out)
+	}
+	if pod.Annotations["helm.sh/hook"] != "test" {
+		t.Fatalf("templates/tests/check.yaml is not a helm test hook:\n%s", out)
+	}
+	return &pod
+}
+
+// containerLog reads a container's log from the kubelet's pod log directory
+// (the API server cannot reach a kubelet whose only address is loopback).
+func containerLog(t *testing.T, dc *DC, p *corev1.Pod, container string) string {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dc.Node.Dir(), "pod-logs", fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), container, "*.log"))
+	if len(files) == 0 {
+		t.Fatalf("no log of %s/%s container %s under %s", p.Namespace, p.Name, container, filepath.Join(dc.Node.Dir(), "pod-logs"))
+	}
+	b, err := os.ReadFile(files[len(files)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
