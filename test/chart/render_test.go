@@ -524,6 +524,7 @@ func TestTheInstallNotesSayHowToOptIn(t *testing.T) {
 		"kubectl annotate cronjob/NAME -n NAMESPACE " + spec.AnnotationMode + "=schedule",
 		"never intercepts ops or kube-system",
 		`cluster "dc-a"`,
+		"helm test dislock -n ops --logs",
 	} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("the notes do not say %q:\n%s", want, notes)
