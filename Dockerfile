@@ -1,14 +1,19 @@
 # syntax=docker/dockerfile:1
 #
-# Two images from one build, each with one static binary:
+# Two images, each with one static binary:
 #   webhook (the default target)  /usr/local/bin/dislock        the admission webhook and operator CLI
 #   agent   (--target agent)      /usr/local/bin/dislock-agent  the sidecar the webhook injects
+#
+# What goes into them is decided once, in internal/image (the recipe): the build flags, the
+# files (binary, /etc/passwd and /etc/group with nonroot 65532, CA certificates, /tmp) and the
+# config. `make image` builds the same images from it without a Docker daemon, and the e2e
+# tests run those. Here a build stage runs the recipe (cmd/dislock-image rootfs) to lay out each
+# image's root filesystem, and a FROM scratch stage copies it; the USER, ENV, ENTRYPOINT and
+# LABEL lines repeat the recipe's config, and internal/image's tests fail when they disagree.
+#
 # The agent image is the webhook's --agent-image. It runs in every opted-in pod, where a tenant
-# may exec into the sidecar, so it holds nothing but dislock-agent: not the operator CLI, which
-# would work there with the sidecar's database credential (`dislock leases`). The injected
-# sidecar runs `dislock-agent agent` from the PATH, and copies itself into the pod's shared
-# volume, mounted at /dislock, for the app containers. Nothing may live at /dislock in the image
-# (a binary there would be shadowed, a file would block the mount).
+# may exec into the sidecar, so it holds nothing but dislock-agent: not the operator CLI. Nothing
+# may live at /dislock in either image (the pod's shared volume is mounted there).
 #
 #   make docker-build IMG=ghcr.io/dislock/dislock:v1.0.0 AGENT_IMG=ghcr.io/dislock/dislock-agent:v1.0.0
 #   docker buildx build --platform linux/amd64,linux/arm64 -t IMG .                          # multi-arch
@@ -16,10 +21,10 @@
 
 ARG GO_VERSION=1.26.8
 
+# The build runs on the build machine's platform and cross-compiles (CGO_ENABLED=0) for the
+# target's: no emulation for multi-arch builds. The golang image is Debian: its ca-certificates
+# bundle is the one the recipe copies.
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS source
-ARG TARGETOS=linux
-ARG TARGETARCH
-ENV CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH}
 WORKDIR /src
 # Modules first: this layer is reused until go.mod or go.sum change.
 COPY go.mod go.sum ./
@@ -31,28 +36,34 @@ COPY webhook/ webhook/
 # After the module download, so that a new commit does not invalidate it.
 ARG VERSION=dev
 ARG COMMIT=unknown
-ENV LDFLAGS="-s -w -X github.com/dislock/dislock/internal/version.Version=${VERSION} -X github.com/dislock/dislock/internal/version.Commit=${COMMIT}"
+ARG TARGETOS=linux
+ARG TARGETARCH
+ENV RECIPE="go run ./internal/image/cmd/dislock-image rootfs -version=${VERSION} -commit=${COMMIT} -os=${TARGETOS} -arch=${TARGETARCH}"
 
-# Static (CGO_ENABLED=0, so no libc in the image), reproducible (-trimpath), stripped (-s -w:
-# the agent is copied into every pod and must stay under 15 MB). One stage per binary, so that
-# --target agent builds only the agent.
-FROM source AS build-agent
+# One stage per image, so that --target agent builds only the agent.
+FROM source AS rootfs-agent
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags "$LDFLAGS" -o /out/dislock-agent ./lockagent/cmd/dislock-agent
+    $RECIPE -target=agent /rootfs
 
-FROM source AS build-webhook
+FROM source AS rootfs-webhook
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags "$LDFLAGS" -o /out/dislock .
+    $RECIPE -target=webhook /rootfs
 
-# distroless/static: CA certificates (TLS to the database and registries), /etc/passwd with the
-# nonroot user (65532, the uid the injected sidecar runs as), no shell, no package manager.
-FROM gcr.io/distroless/static-debian12:nonroot AS agent
-COPY --from=build-agent /out/dislock-agent /usr/local/bin/
+FROM scratch AS agent
+ARG VERSION=dev
+ARG COMMIT=unknown
+COPY --from=rootfs-agent /rootfs/ /
 USER 65532:65532
+ENV PATH=/usr/local/bin:/usr/bin:/bin
+LABEL org.opencontainers.image.version=${VERSION} org.opencontainers.image.revision=${COMMIT} org.opencontainers.image.source=https://github.com/dislock/dislock
 ENTRYPOINT ["/usr/local/bin/dislock-agent"]
 
 # The last stage is the default target.
-FROM gcr.io/distroless/static-debian12:nonroot AS webhook
-COPY --from=build-webhook /out/dislock /usr/local/bin/
+FROM scratch AS webhook
+ARG VERSION=dev
+ARG COMMIT=unknown
+COPY --from=rootfs-webhook /rootfs/ /
 USER 65532:65532
+ENV PATH=/usr/local/bin:/usr/bin:/bin
+LABEL org.opencontainers.image.version=${VERSION} org.opencontainers.image.revision=${COMMIT} org.opencontainers.image.source=https://github.com/dislock/dislock
 ENTRYPOINT ["/usr/local/bin/dislock"]
