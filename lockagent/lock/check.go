@@ -215,25 +215,31 @@ var englishMessages = regexp.MustCompile(`^(C|POSIX)$`)
 // checkSchema appends the schema and token findings. What it cannot read
 // becomes a failing finding, so the findings before it still print.
 func (s *Store) checkSchema(ctx context.Context, out []Finding) []Finding {
-	var current int
-	err := s.pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM dislock.schema_migrations`).Scan(&current)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined table or schema
-		current, err = 0, nil
-	}
+	st, err := s.Schema(ctx)
 	if err != nil {
-		return append(out, Finding{Check: "schema", Status: StatusFail, Detail: "cannot read the schema version: " + err.Error(),
-			Fix: "grant the checking role USAGE on schema dislock and SELECT on its tables"})
+		// Only a refused privilege is mended by a grant; anything else (the
+		// database gone meanwhile) the error itself explains.
+		fix := "see the error; run dislock check again once the database answers"
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+			fix = "grant the checking role USAGE on schema dislock and SELECT on its tables"
+		}
+		return append(out, Finding{Check: "schema", Status: StatusFail, Detail: "cannot read the schema version: " + err.Error(), Fix: fix})
 	}
-	switch want := SchemaVersion(); {
-	case current == want:
-		out = append(out, Finding{Check: "schema", Status: StatusOK, Detail: fmt.Sprintf("schema dislock is at version %d", current)})
-	case current < want:
+	switch {
+	case st.Current == st.Known:
+		out = append(out, Finding{Check: "schema", Status: StatusOK, Detail: fmt.Sprintf("schema dislock is at version %d", st.Current)})
+	case st.Current < st.Known:
 		return append(out, Finding{Check: "schema", Status: StatusFail, Fix: "run `dislock migrate` (the webhook also migrates at start)",
-			Detail: fmt.Sprintf("schema dislock is at version %d; this dislock needs %d", current, want)})
+			Detail: fmt.Sprintf("schema dislock is at version %d; this dislock needs %d", st.Current, st.Known)})
+	case st.Incompatible != nil:
+		return append(out, Finding{Check: "schema", Status: StatusFail, Detail: st.Incompatible.Error(),
+			Fix: fmt.Sprintf("upgrade this cluster's dislock to a release that knows schema version %d", st.Current)})
 	default:
-		return append(out, Finding{Check: "schema", Status: StatusFail, Fix: "upgrade dislock",
-			Detail: fmt.Sprintf("schema dislock is at version %d, newer than this dislock knows (%d)", current, want)})
+		// Another cluster upgraded first: this one keeps working, and the
+		// token checks below still apply.
+		out = append(out, Finding{Check: "schema", Status: StatusWarn,
+			Fix:    fmt.Sprintf("upgrade this cluster's dislock to a release that knows schema version %d (one cluster at a time; docs/install.md, \"Upgrading\")", st.Current),
+			Detail: fmt.Sprintf("schema dislock is at version %d, newer than this dislock knows (%d), and every migration since is compatible with it", st.Current, st.Known)})
 	}
 	// A tenant role may not read the token counter or the epochs (nor
 	// every namespace's tokens): it cannot tell, and says so instead of

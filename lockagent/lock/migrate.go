@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -27,6 +28,47 @@ type migration struct {
 	version int
 	name    string
 	sql     string
+	// compatibleFrom is the oldest schema version whose code keeps working
+	// against the schema this migration leaves (its header line).
+	compatibleFrom int
+}
+
+// firstDeclaredVersion is the first migration that carries the
+// compatibility header, and the one that adds the column recording it.
+// Earlier migrations predate the rule and count as compatible only from
+// their own version, like their NULL rows in the database.
+const firstDeclaredVersion = 6
+
+// compatHeader is the first line every migration from firstDeclaredVersion
+// on starts with. Additive migrations (tables, columns, indexes older code
+// ignores) name the version before them; a migration that changes a
+// statement older code runs names its own version.
+var compatHeader = regexp.MustCompile(`^-- dislock: compatible-from ([1-9][0-9]*)$`)
+
+// parseCompatibleFrom reads a migration's compatibility header. It is
+// strict: a file that should carry it and does not, or carries it in any
+// other spelling or with a version outside 1..version, is refused, so that
+// a new migration cannot ship without saying what older code it breaks.
+func parseCompatibleFrom(name string, version int, body string) (int, error) {
+	first, _, _ := strings.Cut(body, "\n")
+	first = strings.TrimSuffix(first, "\r")
+	if !strings.HasPrefix(first, "-- dislock:") {
+		if version < firstDeclaredVersion {
+			return version, nil
+		}
+		return 0, fmt.Errorf("migration file %s: the first line must be %q, where N is the oldest schema version whose dislock keeps working against this migration "+
+			"(the previous version, %d, if it only adds what older code ignores; %d if it changes a statement older code runs)",
+			name, "-- dislock: compatible-from N", version-1, version)
+	}
+	m := compatHeader.FindStringSubmatch(first)
+	if m == nil {
+		return 0, fmt.Errorf("migration file %s: header %q: want exactly %q with N a schema version", name, first, "-- dislock: compatible-from N")
+	}
+	from, err := strconv.Atoi(m[1])
+	if err != nil || from > version {
+		return 0, fmt.Errorf("migration file %s: header %q: compatible-from must be between 1 and the migration's own version %d", name, first, version)
+	}
+	return from, nil
 }
 
 // migrations returns the embedded migrations in version order. Files are
@@ -47,7 +89,11 @@ func migrations() ([]migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, migration{version: v, name: e.Name(), sql: string(body)})
+		from, err := parseCompatibleFrom(e.Name(), v, string(body))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, migration{version: v, name: e.Name(), sql: string(body), compatibleFrom: from})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
 	for i, m := range out {
@@ -123,6 +169,115 @@ func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 	}
 }
 
+// ErrSchemaIncompatible matches an *IncompatibleSchemaError.
+var ErrSchemaIncompatible = errors.New("schema dislock is newer than this dislock knows and not compatible with it")
+
+// IncompatibleSchemaError: the database's schema is newer than this build
+// knows, and a migration since then changed something this build relies on.
+type IncompatibleSchemaError struct {
+	// Current is the database's version, Known this build's.
+	Current, Known int
+	// Version and Name are the first migration after Known that this build
+	// cannot work against; CompatibleFrom is what it recorded (0: nothing,
+	// a row from before compatibility was recorded).
+	Version        int
+	Name           string
+	CompatibleFrom int
+}
+
+func (e *IncompatibleSchemaError) Error() string {
+	why := fmt.Sprintf("works only with dislock that knows schema version %d or newer (compatible-from %d)", e.CompatibleFrom, e.CompatibleFrom)
+	if e.CompatibleFrom == 0 {
+		why = fmt.Sprintf("recorded no compatibility, so it works only with dislock that knows schema version %d or newer", e.Version)
+	}
+	return fmt.Sprintf("schema dislock is at version %d, newer than this dislock knows (%d), and migration %d (%s) %s: "+
+		"upgrade this cluster's dislock to a release that knows schema version %d, or restore the database from before that migration (docs/install.md, \"Upgrading\")",
+		e.Current, e.Known, e.Version, e.Name, why, e.Current)
+}
+
+func (e *IncompatibleSchemaError) Is(target error) bool { return target == ErrSchemaIncompatible }
+
+// SchemaState is how the database's schema relates to this build.
+type SchemaState struct {
+	// Current is the version the database is at (0: no schema yet); Known
+	// is SchemaVersion().
+	Current, Known int
+	// Incompatible is set when Current > Known and a migration after Known
+	// is not compatible with this build.
+	Incompatible *IncompatibleSchemaError
+}
+
+// Newer reports a schema newer than this build knows.
+func (st SchemaState) Newer() bool { return st.Current > st.Known }
+
+// Usable reports whether this build works against the schema as it is: at
+// its own version, or newer with every migration since compatible with it.
+func (st SchemaState) Usable() bool {
+	return st.Current == st.Known || st.Newer() && st.Incompatible == nil
+}
+
+// querier is what schemaState reads through: the pool, or the migration's
+// transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+const (
+	qSchemaVersion = `SELECT coalesce(max(version), 0) FROM dislock.schema_migrations`
+	// qNewerMigrations: compatible_from exists in every schema newer than
+	// a build that asks (it came with firstDeclaredVersion).
+	qNewerMigrations = `SELECT version, name, compatible_from FROM dislock.schema_migrations WHERE version > $1::int ORDER BY version`
+)
+
+// schemaState reads the database's version and, when it is newer than
+// known, whether code knowing known may run against it: only if every
+// migration after known is compatible from known or earlier.
+func schemaState(ctx context.Context, q querier, known int) (SchemaState, error) {
+	st := SchemaState{Known: known}
+	if err := q.QueryRow(ctx, qSchemaVersion).Scan(&st.Current); err != nil {
+		return st, err
+	}
+	if !st.Newer() {
+		return st, nil
+	}
+	rows, err := q.Query(ctx, qNewerMigrations, known)
+	if err != nil {
+		return st, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var v int
+		var name string
+		var from *int
+		if err := rows.Scan(&v, &name, &from); err != nil {
+			return st, err
+		}
+		if from == nil || *from > known {
+			st.Incompatible = &IncompatibleSchemaError{Current: st.Current, Known: known, Version: v, Name: name}
+			if from != nil {
+				st.Incompatible.CompatibleFrom = *from
+			}
+			break
+		}
+	}
+	return st, rows.Err()
+}
+
+// Schema reads how the database's schema relates to this build, without
+// changing it. A database without schema dislock is at version 0.
+func (s *Store) Schema(ctx context.Context) (SchemaState, error) {
+	st, err := schemaState(ctx, s.pool, SchemaVersion())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined table or schema
+		return SchemaState{Known: SchemaVersion()}, nil
+	}
+	if err != nil {
+		return st, s.classify("reading the schema version", err)
+	}
+	return st, nil
+}
+
 // lockTimedOut tells a lock wait cut by lock_timeout.
 func lockTimedOut(err error) bool {
 	var pgErr *pgconn.PgError
@@ -154,18 +309,37 @@ CREATE TABLE IF NOT EXISTS dislock.schema_migrations (
 		return nil, s.classify("migrating: creating schema dislock", err)
 	}
 	var current int
-	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM dislock.schema_migrations`).Scan(&current); err != nil {
+	if err := tx.QueryRow(ctx, qSchemaVersion).Scan(&current); err != nil {
 		return nil, s.classify("migrating: reading the schema version", err)
 	}
 	if current > len(ms) {
-		return nil, fmt.Errorf("migrating: the database schema is at version %d, newer than this dislock knows (%d); upgrade dislock", current, len(ms))
+		// Another cluster's newer dislock migrated first (clusters are
+		// upgraded one at a time). Nothing here may change that schema; this
+		// build only tells whether it can work against it.
+		st, err := schemaState(ctx, tx, len(ms))
+		if err != nil {
+			return nil, s.classify("migrating: reading the newer schema's compatibility", err)
+		}
+		if st.Incompatible != nil {
+			return nil, fmt.Errorf("migrating: %w", st.Incompatible)
+		}
+		s.logger.Warn("schema dislock is newer than this dislock knows, and every migration since is compatible with it: nothing to apply; upgrade this cluster's dislock when convenient",
+			"schemaVersion", st.Current, "knownVersion", st.Known)
+		return nil, nil
 	}
 	var applied []int
 	for _, m := range ms[current:] {
 		if err := tx.Conn().PgConn().Exec(ctx, m.sql).Close(); err != nil {
 			return nil, s.classify("migrating: applying "+m.name, err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO dislock.schema_migrations (version, name) VALUES ($1::int, $2::text)`, m.version, m.name); err != nil {
+		// The rows of the migrations before the column existed stay NULL:
+		// compatible from their own version only.
+		record, args := `INSERT INTO dislock.schema_migrations (version, name) VALUES ($1::int, $2::text)`, []any{m.version, m.name}
+		if m.version >= firstDeclaredVersion {
+			record = `INSERT INTO dislock.schema_migrations (version, name, compatible_from) VALUES ($1::int, $2::text, $3::int)`
+			args = append(args, m.compatibleFrom)
+		}
+		if _, err := tx.Exec(ctx, record, args...); err != nil {
 			return nil, s.classify("migrating: recording "+m.name, err)
 		}
 		applied = append(applied, m.version)
