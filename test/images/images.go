@@ -6,12 +6,11 @@
 //
 // The images:
 //   - Pause, the nodes' pod sandbox image (test/images/pause);
-//   - Dislock, the webhook's image: /usr/local/bin/dislock (the webhook and
-//     CLI), and /usr/local/bin/dislock-agent too, for suites that still
-//     inject it as the sidecar;
-//   - Agent, the sidecar's agent-only image, as the Dockerfile's agent
-//     target builds it: /usr/local/bin/dislock-agent and nothing else (the
-//     webhook's --agent-image);
+//   - Dislock and Agent, the published webhook and agent-only images, built
+//     by the recipe that builds them for release and that the Dockerfile
+//     runs (internal/image), stamped with Version: the sidecars the e2e
+//     tests inject run the agent image (the webhook's --agent-image), and
+//     the webhook they run as a host process is the webhook image's binary;
 //   - Ledger, the end-to-end CronJobs' app (test/images/ledger-app), which
 //     records each run in the e2e.ledger table (LedgerSchema);
 //   - Busybox, a shell and the usual tools from Debian's busybox-static, for
@@ -21,24 +20,22 @@
 package images
 
 import (
-	"archive/tar"
-	"bytes"
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/dislock/dislock/internal/image"
 )
 
 // Local tags. The registry name is one that never resolves, so a pod that
@@ -65,7 +62,7 @@ var busyboxApplets = []string{"sh", "sleep", "touch", "test", "cat", "echo", "tr
 
 // binPath is where the images keep their programs, on the PATH the image
 // config sets.
-const binPath = "/usr/local/bin"
+const binPath = image.BinDir
 
 // LedgerSchema creates the table ledger-app writes: one row per run, with
 // database times, so that runs of different clusters compare on one clock,
@@ -91,8 +88,23 @@ type Set struct {
 	Refs []string
 	// Binaries is the directory with the static binaries the images hold
 	// (dislock, dislock-agent, ledger-app, mesh-proxy, pause), for tests that run them
-	// as host processes too.
+	// as host processes too: the very files the images were made of.
 	Binaries string
+	// Commit is what the binaries are stamped with beside Version.
+	Commit string
+}
+
+// Version is what the images' binaries are stamped with (`dislock
+// version`, the image's org.opencontainers.image.version label).
+const Version = "v0.0.0-e2e"
+
+// recipe is the published images' build, at this checkout's commit.
+func recipe() image.Build {
+	commit := image.DefaultCommit
+	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+		commit = strings.TrimSpace(string(out))
+	}
+	return image.Build{Version: Version, Commit: commit}.WithDefaults()
 }
 
 // Build compiles the static binaries into dir/bin with `go build` (from the
@@ -102,38 +114,63 @@ func Build(dir string) (Set, error) {
 	if _, err := os.Stat(busyboxPath); err != nil {
 		return Set{}, fmt.Errorf("%w: %s not found: install Debian's busybox-static (hack/install-node-deps.sh)", ErrMissing, busyboxPath)
 	}
-	bin := filepath.Join(dir, "bin")
-	if err := buildBinaries(bin); err != nil {
-		return Set{}, err
+	b := recipe()
+	if err := b.Validate(); err != nil {
+		return Set{}, fmt.Errorf("%w: %v", ErrMissing, err)
 	}
-	inBin := func(names ...string) []File {
-		var fs []File
+	bin := filepath.Join(dir, "bin")
+	set := Set{Tarball: filepath.Join(dir, "images.tar"), Binaries: bin, Commit: b.Commit}
+	refs := make(map[name.Reference]v1.Image)
+	add := func(r string, img v1.Image) error {
+		ref, err := name.ParseReference(r)
+		if err != nil {
+			return fmt.Errorf("images: %w", err)
+		}
+		refs[ref] = img
+		set.Refs = append(set.Refs, r)
+		return nil
+	}
+	ctx := context.Background()
+	for r, im := range map[string]image.Image{DislockRef: image.Webhook, AgentRef: image.Agent} {
+		img, _, err := b.Make(ctx, im, bin)
+		if err != nil {
+			return Set{}, fmt.Errorf("images: %w", err)
+		}
+		if err := add(r, img); err != nil {
+			return Set{}, err
+		}
+	}
+	// The test programs are built with the same flags.
+	for prog, pkg := range programs {
+		if err := b.Compile(ctx, pkg, filepath.Join(bin, prog)); err != nil {
+			return Set{}, fmt.Errorf("images: %w", err)
+		}
+	}
+	inBin := func(names ...string) []image.File {
+		var fs []image.File
 		for _, n := range names {
-			fs = append(fs, File{Path: path.Join(binPath, n), Src: filepath.Join(bin, n)})
+			fs = append(fs, image.File{Path: path.Join(binPath, n), Mode: 0o755, Src: filepath.Join(bin, n)})
 		}
 		return fs
 	}
-	busybox := []File{{Path: busyboxPath, Src: busyboxPath}}
+	busybox := []image.File{{Path: busyboxPath, Mode: 0o755, Src: busyboxPath}}
 	for _, a := range busyboxApplets {
-		busybox = append(busybox, File{Path: "/bin/" + a, Link: "busybox"})
+		busybox = append(busybox, image.File{Path: "/bin/" + a, Link: "busybox"})
 	}
 	specs := []Spec{
 		{Ref: PauseRef, Files: inBin("pause"), Entrypoint: []string{path.Join(binPath, "pause")}},
-		{Ref: DislockRef, Files: inBin("dislock", "dislock-agent"), Entrypoint: []string{path.Join(binPath, "dislock")}},
-		{Ref: AgentRef, Files: inBin("dislock-agent"), Entrypoint: []string{path.Join(binPath, "dislock-agent")}},
 		{Ref: LedgerRef, Files: inBin("ledger-app"), Entrypoint: []string{path.Join(binPath, "ledger-app")}},
 		{Ref: BusyboxRef, Files: busybox, Entrypoint: []string{"/bin/sh"}},
 		{Ref: MeshRef, Files: inBin("mesh-proxy"), Entrypoint: []string{path.Join(binPath, "mesh-proxy")}},
 	}
-	set := Set{Tarball: filepath.Join(dir, "images.tar"), Binaries: bin}
-	refs := make(map[name.Reference]v1.Image)
 	for _, s := range specs {
-		ref, img, err := s.image()
+		img, err := s.image(b)
 		if err != nil {
 			return Set{}, err
 		}
-		refs[ref] = img
-		set.Refs = append(set.Refs, s.Ref)
+		if err := add(s.Ref, img); err != nil {
+			return Set{}, err
+		}
 	}
 	if err := tarball.MultiRefWriteToFile(set.Tarball, refs); err != nil {
 		return Set{}, fmt.Errorf("images: writing %s: %w", set.Tarball, err)
@@ -141,123 +178,42 @@ func Build(dir string) (Set, error) {
 	return set, nil
 }
 
-// programs are the main packages Build compiles, by binary name.
+// programs are the test programs Build compiles, by binary name.
 var programs = map[string]string{
-	"dislock":       "github.com/dislock/dislock",
-	"dislock-agent": "github.com/dislock/dislock/lockagent/cmd/dislock-agent",
-	"ledger-app":    "github.com/dislock/dislock/test/images/ledger-app",
-	"mesh-proxy":    "github.com/dislock/dislock/test/images/mesh-proxy",
-	"pause":         "github.com/dislock/dislock/test/images/pause",
+	"ledger-app": "github.com/dislock/dislock/test/images/ledger-app",
+	"mesh-proxy": "github.com/dislock/dislock/test/images/mesh-proxy",
+	"pause":      "github.com/dislock/dislock/test/images/pause",
 }
 
-// buildBinaries compiles every program, statically (no cgo: the images have
-// no C library), into dir.
-func buildBinaries(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("images: %w", err)
-	}
-	for bin, pkg := range programs {
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(dir, bin), pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("images: go build %s: %w\n%s", pkg, err, out)
-		}
-	}
-	return nil
-}
-
-// File is one entry of an image's layer: a copy of the host file Src, or,
-// when Link is set, a symbolic link to Link. Parent directories are added.
-type File struct {
-	Path string
-	Src  string
-	Link string
-}
-
-// Spec describes a single-layer image.
+// Spec describes a test program's single-layer image.
 type Spec struct {
 	Ref        string
-	Files      []File
+	Files      []image.File
 	Entrypoint []string
 }
 
-// image builds the image in memory: the layer is small (a few static
-// binaries).
-func (s Spec) image() (name.Reference, v1.Image, error) {
-	ref, err := name.ParseReference(s.Ref)
+// image builds the image in memory, for b's platform, with the published
+// images' PATH.
+func (s Spec) image(b image.Build) (v1.Image, error) {
+	layer, err := image.Layer(s.Files)
 	if err != nil {
-		return nil, nil, fmt.Errorf("images: %w", err)
-	}
-	layerTar, err := layerBytes(s.Files)
-	if err != nil {
-		return nil, nil, fmt.Errorf("images: layer of %s: %w", s.Ref, err)
-	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("images: layer of %s: %w", s.Ref, err)
+		return nil, fmt.Errorf("images: layer of %s: %w", s.Ref, err)
 	}
 	img, err := mutate.AppendLayers(empty.Image, layer)
 	if err != nil {
-		return nil, nil, fmt.Errorf("images: %s: %w", s.Ref, err)
+		return nil, fmt.Errorf("images: %s: %w", s.Ref, err)
 	}
 	cfg, err := img.ConfigFile()
 	if err != nil {
-		return nil, nil, fmt.Errorf("images: %s: %w", s.Ref, err)
+		return nil, fmt.Errorf("images: %s: %w", s.Ref, err)
 	}
 	cfg = cfg.DeepCopy()
-	cfg.OS, cfg.Architecture = "linux", runtime.GOARCH
+	cfg.OS, cfg.Architecture = b.OS, b.Arch
 	cfg.Config.Entrypoint = s.Entrypoint
-	cfg.Config.Env = []string{"PATH=" + binPath + ":/usr/bin:/bin"}
+	cfg.Config.Env = image.Env()
 	img, err = mutate.ConfigFile(img, cfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("images: %s: %w", s.Ref, err)
+		return nil, fmt.Errorf("images: %s: %w", s.Ref, err)
 	}
-	return ref, img, nil
-}
-
-// layerBytes writes files into a tar with their parent directories first.
-// Times are fixed so that the same inputs give the same digest.
-func layerBytes(files []File) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	epoch := time.Unix(0, 0)
-	dirs := map[string]bool{}
-	for _, f := range files {
-		var parents []string
-		for d := path.Dir(f.Path); d != "/" && !dirs[d]; d = path.Dir(d) {
-			parents = append([]string{d}, parents...)
-			dirs[d] = true
-		}
-		for _, d := range parents {
-			hdr := &tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(d, "/") + "/", Mode: 0o755, ModTime: epoch}
-			if err := tw.WriteHeader(hdr); err != nil {
-				return nil, err
-			}
-		}
-		name := strings.TrimPrefix(f.Path, "/")
-		if f.Link != "" {
-			hdr := &tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: f.Link, Mode: 0o777, ModTime: epoch}
-			if err := tw.WriteHeader(hdr); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		data, err := os.ReadFile(f.Src)
-		if err != nil {
-			return nil, err
-		}
-		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755, Size: int64(len(data)), ModTime: epoch}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return nil, err
-		}
-		if _, err := tw.Write(data); err != nil {
-			return nil, err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return img, nil
 }
