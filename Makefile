@@ -154,8 +154,16 @@ helm-lint: $(HELM) ## Lint the chart (strict) with its own certificates and with
 	$(HELM) lint --strict charts/dislock --set clusterName=lint --set database.existingSecret=dislock-db \
 		--set certManager.enabled=true --set serviceMonitor.enabled=true --set networkPolicy.enabled=true
 
+# make image: the images' platform (amd64 or arm64; one per tarball).
+IMAGE_ARCH     ?= $(shell $(GO) env GOARCH)
+
+.PHONY: image
+image: ## Build IMG and AGENT_IMG without a container daemon (internal/image, the recipe the Dockerfile and the e2e tests use) into bin/images/{dislock,dislock-agent}.tar: docker-archive tarballs for ctr images import, docker load, crane push (IMAGE_ARCH=amd64|arm64).
+	$(GO) run ./internal/image/cmd/dislock-image build -o $(BIN)/images -version=$(VERSION) -commit=$(COMMIT) \
+		-arch=$(IMAGE_ARCH) -webhook-tag=$(IMG) -agent-tag=$(AGENT_IMG)
+
 .PHONY: docker-build
-docker-build: ## Build the webhook image IMG and the sidecar's agent-only image AGENT_IMG (CONTAINER_TOOL=docker|podman).
+docker-build: ## Build the webhook image IMG and the sidecar's agent-only image AGENT_IMG with the Dockerfile, which runs the same recipe (CONTAINER_TOOL=docker|podman).
 	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) --target webhook -t $(IMG) .
 	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) --target agent -t $(AGENT_IMG) .
 
