@@ -14,7 +14,7 @@ import (
 )
 
 // Bouncer is an extra PgBouncer (transaction pooling, same settings and
-// credentials as the Server's own but a pool of 4 server connections) in front of the Server's PostgreSQL, on a
+// credentials as the Server's own, TLS too, but a pool of 4 server connections) in front of the Server's PostgreSQL, on a
 // port of its own. Tests that simulate several clusters give each cluster
 // one, so that one cluster can lose its path to the database (Stop, Pause)
 // while the others keep theirs. Its methods are safe for concurrent use and
@@ -78,7 +78,7 @@ func (s *Server) addBouncer(name, extraConf string) (*Bouncer, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b, b.startOnFreePortLocked(func(port int) string {
-		return bouncerConf(s.pgPort, port, extraPoolSize, s.path("pgbouncer.users"), b.pid) + extraConf
+		return bouncerConf(s.pgPort, port, extraPoolSize, s.path("pgbouncer.users"), b.pid) + s.bouncerTLSConf() + extraConf
 	})
 }
 
@@ -107,7 +107,7 @@ func (b *Bouncer) startOnFreePortLocked(conf func(port int) string) error {
 func (b *Bouncer) Name() string { return b.name }
 
 // DSN connects through this bouncer as the application role.
-func (b *Bouncer) DSN() string { return DSN(AppUser, AppPassword, b.port) }
+func (b *Bouncer) DSN() string { return b.s.DSN(AppUser, AppPassword, b.port) }
 
 // Start starts a stopped bouncer again on the same port and returns once a
 // query through it succeeds (if postgres is up). Starting a running bouncer
@@ -284,7 +284,7 @@ func (p *bouncerProc) kill(pidFile string) {
 func (s *Server) waitQuery(port int, exited <-chan struct{}, logFile string) error {
 	// connect_timeout: should pgbouncer have lost its port to another
 	// process, that one may accept connections and never answer.
-	probe := DSN(AppUser, AppPassword, port) + "&connect_timeout=5"
+	probe := s.DSN(AppUser, AppPassword, port) + "&connect_timeout=5"
 	err := retry(func() error {
 		select {
 		case <-exited:

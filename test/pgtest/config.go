@@ -3,6 +3,7 @@ package pgtest
 import (
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"strings"
 )
 
@@ -62,14 +63,67 @@ GRANT EXECUTE ON FUNCTION pgbouncer.get_auth(text) TO ` + AuthUser + `;
 // DSN is a URL for user at 127.0.0.1:port, database "dislock", without TLS:
 // postgres://user:password@127.0.0.1:port/dislock?sslmode=disable.
 func DSN(user, password string, port int) string {
+	return dsn(user, password, port, "sslmode=disable")
+}
+
+// VerifyFullDSN is DSN over TLS, verifying the server's certificate and its
+// name (127.0.0.1) against the CA in the file caFile:
+// postgres://user:password@127.0.0.1:port/dislock?sslmode=verify-full&sslrootcert=caFile.
+func VerifyFullDSN(user, password string, port int, caFile string) string {
+	return dsn(user, password, port, url.Values{"sslmode": {"verify-full"}, "sslrootcert": {caFile}}.Encode())
+}
+
+func dsn(user, password string, port int, query string) string {
 	u := url.URL{
 		Scheme:   "postgres",
 		User:     url.UserPassword(user, password),
 		Host:     addr(port),
 		Path:     "/" + Database,
-		RawQuery: "sslmode=disable",
+		RawQuery: query,
 	}
 	return u.String()
+}
+
+// Files of a TLS Server (Options.TLS), in its temp directory: one CA signs
+// PostgreSQL's and PgBouncer's certificates, both for 127.0.0.1 and
+// localhost, so a client verifying either with the CA file verifies the name
+// too (sslmode=verify-full).
+const (
+	caFile          = "ca.crt"
+	serverCertFile  = "server.crt"
+	serverKeyFile   = "server.key"
+	bouncerCertFile = "pgbouncer.crt"
+	bouncerKeyFile  = "pgbouncer.key"
+)
+
+// postgresTLSConf turns TLS on in postgresql.conf. The key file must belong
+// to the server's account and be private, or postgres refuses to start.
+func postgresTLSConf(dir string) string {
+	return fmt.Sprintf(`ssl = on
+ssl_cert_file = %s
+ssl_key_file = %s
+`, pgQuote(filepath.Join(dir, serverCertFile)), pgQuote(filepath.Join(dir, serverKeyFile)))
+}
+
+// pgHBATLS is pgHBA for a TLS Server: over TCP only hostssl lines, so a
+// client that does not encrypt finds no pg_hba.conf entry and is refused,
+// as a production server that requires TLS refuses it.
+const pgHBATLS = `# TYPE  DATABASE  USER  ADDRESS       METHOD
+local   all       all                 trust
+hostssl all       all   127.0.0.1/32  scram-sha-256
+`
+
+// bouncerTLSConf extends a pgbouncer.ini for a TLS Server: clients must
+// encrypt (PgBouncer presents its own certificate from the CA), and
+// PgBouncer verifies PostgreSQL's certificate and name against the CA, so
+// both hops of the production path are encrypted and verified.
+func bouncerTLSConf(dir string) string {
+	return fmt.Sprintf(`client_tls_sslmode = require
+client_tls_cert_file = %s
+client_tls_key_file = %s
+server_tls_sslmode = verify-full
+server_tls_ca_file = %s
+`, filepath.Join(dir, bouncerCertFile), filepath.Join(dir, bouncerKeyFile), filepath.Join(dir, caFile))
 }
 
 // postgresConf is appended to the postgresql.conf that initdb wrote, so that a

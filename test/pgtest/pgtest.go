@@ -27,6 +27,10 @@
 // simulated cluster, each of which can be stopped, restarted or paused
 // (SIGSTOP: a partition as its clients see it) on its own.
 //
+// With Options.TLS both servers refuse unencrypted TCP clients, PgBouncer
+// verifies PostgreSQL's certificate, and the DSN methods verify the
+// certificate of whichever they reach against CAFile.
+//
 // When the tests run as root, initdb, postgres and pgbouncer run as the
 // "postgres" system user, because they refuse to run as root.
 package pgtest
@@ -44,6 +48,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/test/harness"
+	"github.com/dislock/dislock/test/tlstest"
 )
 
 // Options tune a Server; the zero value is fine.
@@ -55,6 +60,10 @@ type Options struct {
 	// PostgresEnv is extra environment for the postgres server, e.g.
 	// FakeClockEnv's, to give the database a clock other than the tests'.
 	PostgresEnv []string
+	// TLS makes PostgreSQL and PgBouncer require TLS over TCP, with
+	// certificates from a CA the Server generates (CAFile): the DSNs it
+	// returns then use sslmode=verify-full with that CA.
+	TLS bool
 }
 
 // Target is one way to reach the database: "direct" or "pgbouncer".
@@ -137,6 +146,9 @@ func (s *Server) setUp() error {
 	if err := s.initdb(); err != nil {
 		return err
 	}
+	if err := s.writeCerts(); err != nil {
+		return err
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -205,7 +217,11 @@ func (s *Server) initdb() error {
 		"--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C", "--no-sync"); err != nil {
 		return fmt.Errorf("pgtest: initdb: %w", err)
 	}
-	if err := s.acct.WriteFile(filepath.Join(s.dataDir(), "pg_hba.conf"), pgHBA, 0o600); err != nil {
+	hba := pgHBA
+	if s.opts.TLS {
+		hba = pgHBATLS
+	}
+	if err := s.acct.WriteFile(filepath.Join(s.dataDir(), "pg_hba.conf"), hba, 0o600); err != nil {
 		return fmt.Errorf("pgtest: writing pg_hba.conf: %w", err)
 	}
 	return nil
@@ -218,7 +234,11 @@ func (s *Server) configurePostgres() error {
 	if err != nil {
 		return fmt.Errorf("pgtest: configuring postgres: %w", err)
 	}
-	_, err = f.WriteString(postgresConf(s.pgPort, s.dir))
+	conf := postgresConf(s.pgPort, s.dir)
+	if s.opts.TLS {
+		conf += postgresTLSConf(s.dir)
+	}
+	_, err = f.WriteString(conf)
 	if err := errors.Join(err, f.Close()); err != nil {
 		return fmt.Errorf("pgtest: configuring postgres: %w", err)
 	}
@@ -230,7 +250,7 @@ func (s *Server) writeBouncerConfig() error {
 	if err := s.acct.WriteFile(authFile, bouncerAuthFile(), 0o600); err != nil {
 		return fmt.Errorf("pgtest: writing pgbouncer auth_file: %w", err)
 	}
-	conf := bouncerConf(s.pgPort, s.bouncerPort, mainPoolSize, authFile, s.path("pgbouncer.pid"))
+	conf := bouncerConf(s.pgPort, s.bouncerPort, mainPoolSize, authFile, s.path("pgbouncer.pid")) + s.bouncerTLSConf()
 	if err := s.acct.WriteFile(s.path("pgbouncer.ini"), conf, 0o644); err != nil {
 		return fmt.Errorf("pgtest: writing pgbouncer.ini: %w", err)
 	}
@@ -238,15 +258,73 @@ func (s *Server) writeBouncerConfig() error {
 }
 
 // DirectDSN connects straight to postgres as the application role:
-// postgres://dislock:dislock-secret@127.0.0.1:PORT/dislock?sslmode=disable.
-func (s *Server) DirectDSN() string { return DSN(AppUser, AppPassword, s.pgPort) }
+// postgres://dislock:dislock-secret@127.0.0.1:PORT/dislock?sslmode=disable,
+// or with Options.TLS sslmode=verify-full&sslrootcert=CAFile.
+func (s *Server) DirectDSN() string { return s.DSN(AppUser, AppPassword, s.pgPort) }
 
 // BouncerDSN is DirectDSN through pgbouncer.
-func (s *Server) BouncerDSN() string { return DSN(AppUser, AppPassword, s.bouncerPort) }
+func (s *Server) BouncerDSN() string { return s.DSN(AppUser, AppPassword, s.bouncerPort) }
 
 // SuperuserDSN connects straight to postgres, database "dislock", as the
 // superuser "postgres" with its password over TCP (scram-sha-256).
-func (s *Server) SuperuserDSN() string { return DSN(Superuser, SuperuserPassword, s.pgPort) }
+func (s *Server) SuperuserDSN() string { return s.DSN(Superuser, SuperuserPassword, s.pgPort) }
+
+// DSN is the package's DSN for this server: with Options.TLS it verifies
+// the server's certificate against CAFile (VerifyFullDSN).
+func (s *Server) DSN(user, password string, port int) string {
+	if s.opts.TLS {
+		return VerifyFullDSN(user, password, port, s.CAFile())
+	}
+	return DSN(user, password, port)
+}
+
+// CAFile is the path of the PEM file of the CA that signed PostgreSQL's and
+// PgBouncer's certificates; "" without Options.TLS.
+func (s *Server) CAFile() string {
+	if !s.opts.TLS {
+		return ""
+	}
+	return s.path(caFile)
+}
+
+// writeCerts generates the CA and the two servers' certificates
+// (Options.TLS), owned by the servers' account.
+func (s *Server) writeCerts() error {
+	if !s.opts.TLS {
+		return nil
+	}
+	ca, err := tlstest.GenerateCA("pgtest-ca")
+	if err != nil {
+		return fmt.Errorf("pgtest: generating the CA: %w", err)
+	}
+	files := map[string]string{caFile: string(ca.CertPEM)}
+	for _, c := range []struct{ name, cert, key string }{
+		{"pgtest-postgres", serverCertFile, serverKeyFile},
+		{"pgtest-pgbouncer", bouncerCertFile, bouncerKeyFile},
+	} {
+		leaf, err := ca.IssueLeaf(c.name)
+		if err != nil {
+			return fmt.Errorf("pgtest: issuing %s's certificate: %w", c.name, err)
+		}
+		files[c.cert], files[c.key] = string(leaf.CertPEM), string(leaf.KeyPEM)
+	}
+	for name, data := range files {
+		if err := s.acct.WriteFile(s.path(name), data, 0o600); err != nil {
+			return fmt.Errorf("pgtest: writing %s: %w", name, err)
+		}
+	}
+	// Clients of any account read the CA.
+	return os.Chmod(s.path(caFile), 0o644)
+}
+
+// bouncerTLSConf is what a pgbouncer.ini of this server ends with:
+// bouncerTLSConf with Options.TLS, nothing without.
+func (s *Server) bouncerTLSConf() string {
+	if !s.opts.TLS {
+		return ""
+	}
+	return bouncerTLSConf(s.dir)
+}
 
 // Targets lists the ways to reach the database: direct, then pgbouncer.
 func (s *Server) Targets() []Target {

@@ -1,5 +1,5 @@
 // Package tlstest writes throwaway certificates for tests that run the
-// webhook server with real TLS on loopback.
+// webhook server, PostgreSQL or PgBouncer with real TLS on loopback.
 package tlstest
 
 import (
@@ -65,12 +65,22 @@ var serial atomic.Int64
 // NewCA returns a self-signed CA that can also serve 127.0.0.1 and localhost.
 func NewCA(t testing.TB) *CA {
 	t.Helper()
-	ca := &CA{}
-	var err error
-	if ca.cert, ca.key, ca.CertPEM, err = sign("dislock-webhook-test-ca", true, nil, nil); err != nil {
+	ca, err := GenerateCA("dislock-webhook-test-ca")
+	if err != nil {
 		t.Fatal(err)
 	}
 	return ca
+}
+
+// GenerateCA is NewCA with a common name, for code that has no testing.TB
+// (pgtest's servers, which make their own CA when asked for TLS).
+func GenerateCA(name string) (*CA, error) {
+	ca := &CA{}
+	var err error
+	if ca.cert, ca.key, ca.CertPEM, err = sign(name, true, nil, nil); err != nil {
+		return nil, err
+	}
+	return ca, nil
 }
 
 // Leaf is one serving certificate and its key, in PEM.
@@ -83,15 +93,24 @@ type Leaf struct {
 // Issue signs a new serving certificate for 127.0.0.1 and localhost.
 func (ca *CA) Issue(t testing.TB) Leaf {
 	t.Helper()
-	cert, key, certPEM, err := sign("dislock-webhook-test", false, ca.cert, ca.key)
+	leaf, err := ca.IssueLeaf("dislock-webhook-test")
 	if err != nil {
 		t.Fatal(err)
+	}
+	return leaf
+}
+
+// IssueLeaf is Issue with a common name, for code that has no testing.TB.
+func (ca *CA) IssueLeaf(name string) (Leaf, error) {
+	cert, key, certPEM, err := sign(name, false, ca.cert, ca.key)
+	if err != nil {
+		return Leaf{}, err
 	}
 	keyPEM, err := encodeKey(key)
 	if err != nil {
-		t.Fatal(err)
+		return Leaf{}, err
 	}
-	return Leaf{CertPEM: certPEM, KeyPEM: keyPEM, Serial: cert.SerialNumber}
+	return Leaf{CertPEM: certPEM, KeyPEM: keyPEM, Serial: cert.SerialNumber}, nil
 }
 
 // Files is the leaf as the Secret keys controller-runtime's server reads.
