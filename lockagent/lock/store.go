@@ -326,3 +326,76 @@ func utc(dest []any) {
 		}
 	}
 }
+
+// WithRootCA makes a connection string verify the server's certificate
+// against the CA in the PEM file caFile: sslrootcert=caFile unless the string
+// names a root certificate itself, and sslmode=verify-full unless it sets a
+// mode (a CA given means verify; a string that chose its mode keeps it). A
+// URL stays a URL, a key=value string stays key=value. An empty caFile leaves
+// the string as it is. Errors never contain the password.
+func WithRootCA(databaseURL, caFile string) (string, error) {
+	if caFile == "" {
+		return databaseURL, nil
+	}
+	if _, err := ParseDatabaseURL(databaseURL); err != nil {
+		return "", err
+	}
+	return setRootCA(databaseURL, caFile, false)
+}
+
+// ReplaceRootCA is WithRootCA for a connection string handed to someone who
+// reads the CA from another path: sslrootcert=caFile whatever the string
+// named before, sslmode=verify-full unless it sets a mode. The webhook
+// writes the sidecars' URL with it, naming where the sidecar mounts the CA;
+// the owner's sslrootcert is a path in the webhook's pod. The result is not
+// parsed here: pgx reads the root certificate file while parsing, and the
+// file exists only where the string is used.
+func ReplaceRootCA(databaseURL, caFile string) (string, error) {
+	if caFile == "" {
+		return "", errors.New("replacing the database URL's sslrootcert: no CA file path")
+	}
+	return setRootCA(databaseURL, caFile, true)
+}
+
+// setRootCA adds sslmode and sslrootcert to a connection string; replace
+// drops an sslrootcert it names first.
+func setRootCA(databaseURL, caFile string, replace bool) (string, error) {
+	if scheme, rest, ok := cutURLScheme(databaseURL); ok {
+		base, query, _ := strings.Cut(rest, "?")
+		var kept []string
+		has := map[string]bool{}
+		if query != "" {
+			for _, pair := range strings.Split(query, "&") {
+				rawKey, _, _ := strings.Cut(pair, "=")
+				key, err := url.QueryUnescape(rawKey)
+				if err != nil {
+					return "", fmt.Errorf("database URL: query parameter %q: %s", rawKey, scrubPassword(databaseURL, err.Error()))
+				}
+				if replace && key == "sslrootcert" {
+					continue
+				}
+				has[key] = true
+				kept = append(kept, pair)
+			}
+		}
+		if !has["sslmode"] {
+			kept = append(kept, "sslmode=verify-full")
+		}
+		if !has["sslrootcert"] {
+			// %20, not '+', for a space: pgx reads '+' in a value literally.
+			kept = append(kept, "sslrootcert="+strings.ReplaceAll(url.QueryEscape(caFile), "+", "%20"))
+		}
+		return scheme + base + "?" + strings.Join(kept, "&"), nil
+	}
+	// In a key=value string the last value of a keyword wins, as libpq and
+	// pgx read it: a default goes in front, where the string's own value
+	// overrides it, and a replacement goes at the end.
+	s := strings.TrimSpace(databaseURL)
+	root := "sslrootcert=" + quoteConnValue(caFile)
+	if replace {
+		s += " " + root
+	} else {
+		s = root + " " + s
+	}
+	return "sslmode=verify-full " + s, nil
+}
