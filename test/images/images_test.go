@@ -170,7 +170,9 @@ func TestEveryImageHoldsStaticProgramsOnItsPath(t *testing.T) {
 // taken out of the images start with the version stamped in.
 func TestTheE2EImagesAreThePublishedImagesAndStart(t *testing.T) {
 	s := needSet(t)
+	// The commit Build stamped: HEAD may have moved since.
 	b := recipe()
+	b.Commit = s.Commit
 	for _, tt := range []struct {
 		ref string
 		im  image.Image
