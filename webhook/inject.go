@@ -1,10 +1,12 @@
 package webhook
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"path"
 	"slices"
 	"strings"
@@ -13,6 +15,9 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
@@ -58,7 +63,27 @@ const (
 	// controller watches those pods only, not every pod of the cluster.
 	InjectedLabel      = "dislock.io/injected"
 	InjectedLabelValue = "true"
+
+	// DatabaseCAVolumeName is the secret volume that carries the database's
+	// CA (Options.DatabaseCA) from the namespace's database Secret, key
+	// DatabaseCAKey, to the sidecar alone, at DatabaseCADir. The tenant URL
+	// the webhook writes names the file there as its sslrootcert.
+	DatabaseCAVolumeName = "dislock-database-ca"
+	DatabaseCAKey        = "ca.crt"
+	DatabaseCADir        = "/var/run/dislock/database-ca"
+
+	// reservedPrefix starts the labels and annotations dislock itself
+	// reads: Options.PodLabels and PodAnnotations may not set them.
+	reservedPrefix = "dislock.io/"
 )
+
+// DatabaseCAPath is where the sidecar reads the database's CA.
+var DatabaseCAPath = path.Join(DatabaseCADir, DatabaseCAKey)
+
+// databaseCAMode is the CA file's mode: read-only, and set explicitly so
+// that the API server's defaulting does not change the volume between an
+// injection and its reinvocation.
+const databaseCAMode = int32(0o444)
 
 // WrapperPrefix is what every app container's command starts with after
 // injection: the agent copy in the shared volume, in wrapper mode.
@@ -122,6 +147,18 @@ type Options struct {
 	// long the sidecar may take to install the agent binary before the
 	// kubelet restarts it.
 	StartupProbeFailureThreshold int32
+	// DatabaseCA is the PEM bundle of the database's CA
+	// (--database-ca-file). When set, the sidecar mounts DatabaseCAKey of
+	// the namespace's database Secret at DatabaseCADir, and the Secrets the
+	// webhook writes carry it; when empty, injection is as without TLS.
+	DatabaseCA []byte
+	// PodLabels and PodAnnotations are added to every injected Job's pod
+	// template (--pod-labels, --pod-annotations), e.g. the label a
+	// NetworkPolicy selects to let the sidecar reach PgBouncer. A key the
+	// template sets already keeps the template's value: the Job's author
+	// decides about their own pods.
+	PodLabels      map[string]string
+	PodAnnotations map[string]string
 }
 
 // WithDefaults returns o with every zero field that has a default set to it.
@@ -191,7 +228,71 @@ func (o Options) Validate() error {
 	if o.StartupProbeFailureThreshold < 1 {
 		errs = append(errs, fmt.Errorf("startup probe failure threshold %d is below 1", o.StartupProbeFailureThreshold))
 	}
+	errs = append(errs, podMetadataProblems("--pod-labels", o.PodLabels, true)...)
+	errs = append(errs, podMetadataProblems("--pod-annotations", o.PodAnnotations, false)...)
 	return errors.Join(errs...)
+}
+
+// podMetadataProblems checks the labels (or annotations) of a flag as the
+// API server would check them on a pod, so that a bad one stops the webhook
+// at start rather than every injected Job at admission.
+func podMetadataProblems(flag string, m map[string]string, labels bool) []error {
+	var errs []error
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		v := m[k]
+		var msgs []string
+		var bad field.ErrorList
+		switch one := map[string]string{k: v}; {
+		case strings.HasPrefix(k, reservedPrefix):
+			msgs = []string{"keys in the " + reservedPrefix + " prefix are dislock's own"}
+		case labels:
+			bad = metav1validation.ValidateLabels(one, field.NewPath(flag))
+		default:
+			bad = apivalidation.ValidateAnnotations(one, field.NewPath(flag))
+		}
+		for _, e := range bad {
+			msgs = append(msgs, e.Detail)
+		}
+		if len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("%s entry %q: %s (want key=value,... with Kubernetes %s keys and values)",
+				flag, k+"="+v, strings.Join(msgs, "; "), map[bool]string{true: "label", false: "annotation"}[labels]))
+		}
+	}
+	return errs
+}
+
+// PodMetadataFlag parses a --pod-labels or --pod-annotations value,
+// key=value pairs separated by commas (a value may hold '=' but not ','),
+// into *into; the flag may be repeated. Keys and values are checked by
+// Options.Validate.
+func PodMetadataFlag(flag string, into *map[string]string) func(string) error {
+	return func(v string) error {
+		if *into == nil {
+			*into = map[string]string{}
+		}
+		for _, entry := range strings.Split(v, ",") {
+			k, val, ok := strings.Cut(entry, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("%s entry %q is not key=value (want e.g. %s team=payments,tier=batch)", flag, entry, flag)
+			}
+			(*into)[k] = val
+		}
+		return nil
+	}
+}
+
+// ReadDatabaseCA reads --database-ca-file: a PEM bundle with at least one
+// certificate. It is read once, at start; a bad file stops the webhook
+// rather than every sidecar later.
+func ReadDatabaseCA(file string) ([]byte, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--database-ca-file %s: %w (mount the database's CA there, e.g. the chart's database.tls.caSecret)", file, err)
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("--database-ca-file %s holds no PEM certificate (want the CA that signed the database's or PgBouncer's certificate, -----BEGIN CERTIFICATE-----)", file)
+	}
+	return b, nil
 }
 
 func printable(s string) bool {
@@ -360,7 +461,13 @@ func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]
 		}
 		maps.Copy(out.Spec.Template.Annotations, p.mesh.podAnnotations)
 	}
+	addPodMetadata(&out.Spec.Template.ObjectMeta, opts)
 	pod := &out.Spec.Template.Spec
+	if len(opts.DatabaseCA) > 0 {
+		// Before the shared volume, which stays last: strip finds both
+		// at the end of the list.
+		pod.Volumes = append(pod.Volumes, databaseCAVolume(opts.DBSecretName))
+	}
 	pod.Volumes = append(pod.Volumes, corev1.Volume{
 		Name: VolumeName,
 		VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
@@ -468,6 +575,14 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 	}
 	for _, e := range templateProblems(field.NewPath("spec"), &job.Spec) {
 		errs = append(errs, e)
+	}
+	if len(opts.DatabaseCA) > 0 {
+		for i, v := range job.Spec.Template.Spec.Volumes {
+			if v.Name == DatabaseCAVolumeName {
+				errs = append(errs, field.Invalid(field.NewPath("spec", "template", "spec", "volumes").Index(i).Child("name"), v.Name,
+					"dislock adds a volume of this name for the database's CA (rename this volume)"))
+			}
+		}
 	}
 
 	// Under Never a container's exit is final, and the agent may record a
@@ -645,8 +760,43 @@ func templateProblems(jobSpec *field.Path, js *batchv1.JobSpec) field.ErrorList 
 	return errs
 }
 
+// addPodMetadata adds Options.PodLabels and PodAnnotations to a pod
+// template, leaving alone every key it sets already. It adds only what is
+// missing, so it is idempotent, and verify uses it to put back what a later
+// webhook dropped.
+func addPodMetadata(meta *metav1.ObjectMeta, opts Options) {
+	for _, m := range []struct {
+		add map[string]string
+		to  *map[string]string
+	}{{opts.PodLabels, &meta.Labels}, {opts.PodAnnotations, &meta.Annotations}} {
+		for k, v := range m.add {
+			if *m.to == nil {
+				*m.to = map[string]string{}
+			}
+			if _, set := (*m.to)[k]; !set {
+				(*m.to)[k] = v
+			}
+		}
+	}
+}
+
+// databaseCAVolume is the sidecar's view of the database's CA: the one key
+// of the namespace's database Secret, read-only. The app containers do not
+// mount it: it is the sidecar's connection, not theirs.
+func databaseCAVolume(secretName string) corev1.Volume {
+	return corev1.Volume{Name: DatabaseCAVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+		SecretName:  secretName,
+		Items:       []corev1.KeyToPath{{Key: DatabaseCAKey, Path: DatabaseCAKey}},
+		DefaultMode: ptr.To(databaseCAMode),
+	}}}
+}
+
 // sidecar is the dislock-agent native sidecar.
 func sidecar(p plan, opts Options) corev1.Container {
+	mounts := []corev1.VolumeMount{sharedMount()}
+	if len(opts.DatabaseCA) > 0 {
+		mounts = append(mounts, corev1.VolumeMount{Name: DatabaseCAVolumeName, MountPath: DatabaseCADir, ReadOnly: true})
+	}
 	return corev1.Container{
 		Name:            SidecarName,
 		Image:           opts.AgentImage,
@@ -657,7 +807,7 @@ func sidecar(p plan, opts Options) corev1.Container {
 		RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
 		Env:           envVars(p.env.Render(), opts),
 		Resources:     p.resources,
-		VolumeMounts:  []corev1.VolumeMount{sharedMount()},
+		VolumeMounts:  mounts,
 		// The app containers (and any later init containers) start only once
 		// this succeeds, i.e. once the agent has installed itself in the
 		// shared volume; their wrappers then wait for the decision.

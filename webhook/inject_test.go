@@ -39,6 +39,30 @@ func goldenOptions() Options {
 type goldenCase struct {
 	name        string
 	entrypoints map[string][]string // what the caller resolved from the registry
+	// opts changes goldenOptions for the case (nil: as they are).
+	opts func(*Options)
+}
+
+// options are the options the case is injected with.
+func (c goldenCase) options() Options {
+	o := goldenOptions()
+	if c.opts != nil {
+		c.opts(&o)
+	}
+	return o
+}
+
+// testCA stands for --database-ca-file's content: injection only asks
+// whether there is one.
+var testCA = []byte("-----BEGIN CERTIFICATE-----\n(the database's CA)\n-----END CERTIFICATE-----\n")
+
+// withDatabaseCAAndPodMetadata are the options of a cluster whose database
+// has a private CA and whose sidecars need a label (a NetworkPolicy's) and
+// an annotation (a mesh's).
+func withDatabaseCAAndPodMetadata(o *Options) {
+	o.DatabaseCA = testCA
+	o.PodLabels = map[string]string{"egress.corp/pgbouncer": "allow", "team": "platform"}
+	o.PodAnnotations = map[string]string{"sidecar.istio.io/inject": "false"}
 }
 
 var goldenCases = []goldenCase{
@@ -60,6 +84,7 @@ var goldenCases = []goldenCase{
 	{name: "defaulted-pod-replacement-policy"},
 	{name: "mesh-istio-proxy-in-template"},
 	{name: "mesh-linkerd-annotation"},
+	{name: "database-ca-and-pod-metadata", opts: withDatabaseCAAndPodMetadata},
 }
 
 // readCase decodes a case file: a CronJob, then a Job, as YAML documents.
@@ -129,7 +154,7 @@ func TestInjectGolden(t *testing.T) {
 			cj, job := readCase(t, filepath.Join(goldenDir, tc.name+".yaml"))
 			before := toYAML(t, job)
 
-			out, st, err := Inject(job, cj, goldenOptions(), tc.entrypoints)
+			out, st, err := Inject(job, cj, tc.options(), tc.entrypoints)
 			if err != nil {
 				t.Fatalf("Inject: %v", err)
 			}
@@ -154,7 +179,7 @@ func TestInjectGolden(t *testing.T) {
 			checkInjected(t, out, st)
 			checkAgentReadsItsEnv(t, out, st)
 
-			again, st2, err := Inject(out, cj, goldenOptions(), nil)
+			again, st2, err := Inject(out, cj, tc.options(), nil)
 			if err != nil {
 				t.Fatalf("re-injecting: %v", err)
 			}

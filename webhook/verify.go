@@ -179,6 +179,10 @@ func (r *review) verify(opts Options) (injection, error) {
 	// a webhook called after dislock that sets the template's labels as a
 	// whole drops it, and the reinvocation puts it back rather than refuse
 	// every Job of the CronJob.
+	// The pod labels and annotations of the webhook's options serve the
+	// same kind of purpose (a NetworkPolicy's selector, a mesh's setting)
+	// and are put back the same way; a value that differs is taken for the
+	// Job author's own, as on the first pass.
 	job := r.job.DeepCopy()
 	if job.Spec.Template.Labels[InjectedLabel] != InjectedLabelValue {
 		if job.Spec.Template.Labels == nil {
@@ -186,6 +190,7 @@ func (r *review) verify(opts Options) (injection, error) {
 		}
 		job.Spec.Template.Labels[InjectedLabel] = InjectedLabelValue
 	}
+	addPodMetadata(&job.Spec.Template.ObjectMeta, opts)
 	if d := firstDifference(job, want.job); d != "" {
 		return injection{}, &forgedError{marker: r.marker, problem: "it is not what dislock injects for it: " + d}
 	}
@@ -240,6 +245,13 @@ func strip(job *batchv1.Job) (*batchv1.Job, map[string][]string) {
 		pod.InitContainers = slices.Delete(pod.InitContainers, 0, 1)
 	}
 	if n := len(pod.Volumes); n > 0 && pod.Volumes[n-1].Name == VolumeName {
+		pod.Volumes = pod.Volumes[:n-1]
+	}
+	// The database CA's volume, just before it, only in the shape fresh
+	// gives it: a volume of the user's that merely has the name stays, for
+	// fresh to refuse when it adds its own.
+	if n := len(pod.Volumes); n > 0 && pod.Volumes[n-1].Secret != nil &&
+		reflect.DeepEqual(pod.Volumes[n-1], databaseCAVolume(pod.Volumes[n-1].Secret.SecretName)) {
 		pod.Volumes = pod.Volumes[:n-1]
 	}
 	entrypoints := make(map[string][]string, len(pod.Containers))

@@ -45,7 +45,7 @@ func TestAnInjectedJobIsItsOwnInjection(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			cj, job := readCase(t, filepath.Join(goldenDir, tc.name+".yaml"))
-			out, st, err := Inject(job, cj, goldenOptions(), tc.entrypoints)
+			out, st, err := Inject(job, cj, tc.options(), tc.entrypoints)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -55,7 +55,7 @@ func TestAnInjectedJobIsItsOwnInjection(t *testing.T) {
 			if mk := injectionMarker(stripped); mk != nil {
 				t.Errorf("strip left %s", mk)
 			}
-			again, st2, err := Inject(stripped, cj, goldenOptions(), entrypoints)
+			again, st2, err := Inject(stripped, cj, tc.options(), entrypoints)
 			if err != nil {
 				t.Fatalf("injecting the stripped Job: %v", err)
 			}
@@ -67,7 +67,7 @@ func TestAnInjectedJobIsItsOwnInjection(t *testing.T) {
 			}
 
 			_, copied := asRequest(t, out)
-			kept, _, err := Inject(copied, cj, goldenOptions(), nil)
+			kept, _, err := Inject(copied, cj, tc.options(), nil)
 			if err != nil {
 				t.Fatalf("a copy of the injected Job: %v", err)
 			}
