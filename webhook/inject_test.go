@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/test/tlstest"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite the golden files in testdata/inject")
@@ -768,5 +770,103 @@ func TestDefaultStartupProbeOnlyWaitsForTheInstall(t *testing.T) {
 	if probe := out.Spec.Template.Spec.InitContainers[0].StartupProbe; !slices.Equal(probe.Exec.Command, []string{"dislock-agent", "probe"}) ||
 		probe.FailureThreshold != DefaultStartupProbeFailureThreshold {
 		t.Errorf("startup probe %+v", probe)
+	}
+}
+
+// --pod-labels and --pod-annotations are checked as the API server would
+// check them on a pod, at start, each bad entry named with its flag; keys in
+// dislock.io/ are dislock's own.
+func TestPodLabelsAndAnnotationsAreCheckedAtStart(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name        string
+		labels, ann string
+		want        []string
+	}{
+		{name: "good ones", labels: "egress.corp/pgbouncer=allow,team=payments", ann: "a.example.com/note=x=y,sidecar.istio.io/inject=false"},
+		{name: "an empty label value is a value", labels: "selected="},
+		{name: "a label value with a space", labels: "team=pay ments",
+			want: []string{`--pod-labels entry "team=pay ments"`, "a valid label must be"}},
+		{name: "a bad label key", labels: "-team=payments",
+			want: []string{`--pod-labels entry "-team=payments"`, "name part must consist of"}},
+		{name: "a dislock label", labels: "dislock.io/injected=false",
+			want: []string{`--pod-labels entry "dislock.io/injected=false"`, "dislock.io/ prefix are dislock's own"}},
+		{name: "a dislock annotation", ann: "dislock.io/mode=lease",
+			want: []string{`--pod-annotations entry "dislock.io/mode=lease"`, "dislock's own"}},
+		{name: "a bad annotation key", ann: "a b=c",
+			want: []string{`--pod-annotations entry "a b=c"`}},
+		{name: "every bad entry at once", labels: "x=a b,dislock.io/k=v", ann: "dislock.io/status=x",
+			want: []string{`"x=a b"`, `"dislock.io/k=v"`, `"dislock.io/status=x"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			opts := goldenOptions()
+			for _, f := range []struct {
+				flag, value string
+				into        *map[string]string
+			}{{"--pod-labels", tc.labels, &opts.PodLabels}, {"--pod-annotations", tc.ann, &opts.PodAnnotations}} {
+				if f.value != "" {
+					if err := PodMetadataFlag(f.flag, f.into)(f.value); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			err := opts.Validate()
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			for _, w := range tc.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("error %v does not contain %q", err, w)
+				}
+			}
+		})
+	}
+	t.Run("an entry without '=' is refused naming the flag", func(t *testing.T) {
+		t.Parallel()
+		var m map[string]string
+		err := PodMetadataFlag("--pod-labels", &m)("team=a,tier")
+		if err == nil || !strings.Contains(err.Error(), `--pod-labels entry "tier" is not key=value`) {
+			t.Fatalf("error %v", err)
+		}
+	})
+	t.Run("the flag may be repeated", func(t *testing.T) {
+		t.Parallel()
+		var m map[string]string
+		for _, v := range []string{"a=1", "b=2,c=x=y"} {
+			if err := PodMetadataFlag("--pod-labels", &m)(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if want := map[string]string{"a": "1", "b": "2", "c": "x=y"}; !maps.Equal(m, want) {
+			t.Fatalf("%v, want %v", m, want)
+		}
+	})
+}
+
+// --database-ca-file is read at start: a missing file or one without a PEM
+// certificate stops the webhook, naming the flag and the path.
+func TestReadDatabaseCA(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	good := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(good, tlstest.NewCA(t).CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	notPEM := filepath.Join(dir, "ca.der")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := ReadDatabaseCA(good); err != nil || !bytes.Contains(b, []byte("BEGIN CERTIFICATE")) {
+		t.Fatalf("a good CA: %q, %v", b, err)
+	}
+	for _, file := range []string{filepath.Join(dir, "missing.crt"), notPEM} {
+		_, err := ReadDatabaseCA(file)
+		if err == nil || !strings.Contains(err.Error(), "--database-ca-file "+file) {
+			t.Errorf("%s: error %v, want one naming the flag and the path", file, err)
+		}
 	}
 }

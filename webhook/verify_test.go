@@ -3,6 +3,7 @@ package webhook
 import (
 	"bytes"
 	"errors"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -408,5 +409,134 @@ func checkKey(t testing.TB, out *batchv1.Job, st *Status, ns string) {
 	}
 	if sidecars != 1 {
 		t.Errorf("%d sidecars", sidecars)
+	}
+}
+
+// The database CA's volume and mount and the webhook's pod labels and
+// annotations are part of the injection verify expects: a changed CA
+// volume or mount is refused naming it; a label or annotation a later
+// webhook dropped is put back, and a value the template holds is the
+// author's and stays.
+func TestVerifyHoldsTheDatabaseCAAndPodMetadata(t *testing.T) {
+	t.Parallel()
+	opts := goldenOptions()
+	withDatabaseCAAndPodMetadata(&opts)
+	schedule := map[string]string{spec.AnnotationMode: "schedule"}
+	cj, job := errCase(schedule, nil)
+	injected, _, err := Inject(job, cj, opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caVolume := func(j *batchv1.Job) *corev1.Volume {
+		vs := j.Spec.Template.Spec.Volumes
+		i := slices.IndexFunc(vs, func(v corev1.Volume) bool { return v.Name == DatabaseCAVolumeName })
+		if i < 0 {
+			t.Fatalf("no %s volume in %v", DatabaseCAVolumeName, vs)
+		}
+		return &vs[i]
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(job *batchv1.Job)
+		want string
+	}{
+		{name: "the CA mount taken off the sidecar",
+			edit: func(job *batchv1.Job) {
+				sc := &job.Spec.Template.Spec.InitContainers[0]
+				sc.VolumeMounts = sc.VolumeMounts[:1]
+			},
+			want: "spec.template.spec.initContainers[0].volumeMounts[1] is not set; dislock injects"},
+		{name: "the CA read from another Secret",
+			edit: func(job *batchv1.Job) { caVolume(job).Secret.SecretName = "other-db" },
+			want: `secretName is "other-db"; dislock injects "dislock-db"`},
+		{name: "the CA volume made writable by mode",
+			edit: func(job *batchv1.Job) { caVolume(job).Secret.DefaultMode = ptr.To(int32(0o666)) },
+			want: "spec.template.spec.volumes"},
+		{name: "the CA mounted into an app container too",
+			edit: func(job *batchv1.Job) {
+				c := &job.Spec.Template.Spec.Containers[0]
+				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: DatabaseCAVolumeName, MountPath: "/ca"})
+			},
+			want: "spec.template.spec.containers[0].volumeMounts"},
+	} {
+		t.Run(tc.name+" is refused", func(t *testing.T) {
+			t.Parallel()
+			forged := injected.DeepCopy()
+			tc.edit(forged)
+			_, _, err := Inject(forged, cj, opts, nil)
+			if !errors.Is(err, ErrForgedInjection) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want ErrForgedInjection naming %q", err, tc.want)
+			}
+		})
+	}
+	t.Run("dropped labels and annotations are put back, a changed value stays", func(t *testing.T) {
+		t.Parallel()
+		dropped := injected.DeepCopy()
+		dropped.Spec.Template.Labels = map[string]string{"team": "payments"}
+		dropped.Spec.Template.Annotations = nil
+		got, _, err := Inject(dropped, cj, opts, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantLabels := map[string]string{InjectedLabel: InjectedLabelValue, "egress.corp/pgbouncer": "allow", "team": "payments"}
+		if !maps.Equal(got.Spec.Template.Labels, wantLabels) {
+			t.Errorf("labels %v, want %v", got.Spec.Template.Labels, wantLabels)
+		}
+		if got.Spec.Template.Annotations["sidecar.istio.io/inject"] != "false" {
+			t.Errorf("annotations %v: the mesh annotation was not put back", got.Spec.Template.Annotations)
+		}
+	})
+}
+
+// During a rolling upgrade that adds or removes --database-ca-file, one
+// replica may be asked again about a Job the other injected (reinvocation,
+// or a copied Job). It refuses it, as it refuses one injected with another
+// agent image: the Job's creation fails and the CronJob controller retries
+// it, to be injected afresh by whichever replica answers.
+func TestAnInjectionWithAnotherCASettingIsRefused(t *testing.T) {
+	t.Parallel()
+	withCA := goldenOptions()
+	withCA.DatabaseCA = testCA
+	for _, tc := range []struct {
+		name       string
+		made, seen Options
+	}{
+		{"injected with the CA, verified without", withCA, goldenOptions()},
+		{"injected without the CA, verified with", goldenOptions(), withCA},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+			out, _, err := Inject(job, cj, tc.made, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, err = Inject(out, cj, tc.seen, nil)
+			if !errors.Is(err, ErrForgedInjection) || !strings.Contains(err.Error(), "volumeMounts[1]") {
+				t.Fatalf("error %v, want ErrForgedInjection naming the sidecar's CA mount", err)
+			}
+		})
+	}
+}
+
+// A volume of the user's named like the CA's is left alone by strip and
+// refused, naming it, when the webhook adds its own.
+func TestAUserVolumeNamedLikeTheCAVolume(t *testing.T) {
+	t.Parallel()
+	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
+		job.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: DatabaseCAVolumeName, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	})
+	out, _, err := Inject(job, cj, goldenOptions(), nil)
+	if err != nil {
+		t.Fatalf("without a CA the name is free: %v", err)
+	}
+	if _, _, err := Inject(out, cj, goldenOptions(), nil); err != nil {
+		t.Fatalf("strip took the user's volume: %v", err)
+	}
+	withCA := goldenOptions()
+	withCA.DatabaseCA = testCA
+	_, _, err = Inject(job, cj, withCA, nil)
+	if err == nil || !strings.Contains(err.Error(), "spec.template.spec.volumes[0].name") || !strings.Contains(err.Error(), "rename this volume") {
+		t.Fatalf("error %v, want one naming the volume", err)
 	}
 }
