@@ -3,6 +3,9 @@ package webhook
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -17,12 +20,14 @@ import (
 // DefaultRetentionInterval is how often old windows are deleted.
 const DefaultRetentionInterval = time.Hour
 
-// maintenance migrates the schema at start and deletes old windows every
-// hour. It runs on the elected leader only; the migration is safe to run
-// from every cluster at once anyway (it takes an advisory lock).
+// maintenance deletes old windows every hour and compares the clusters'
+// views of the jobs, on the elected leader only, once the databaseGate
+// found the schema usable (the gate migrates it, on every replica).
 type maintenance struct {
 	databaseURL string
 	retention   time.Duration
+	// ready is closed when the databaseGate passed.
+	ready <-chan struct{}
 	// cronJobs and events report clusters that see a job differently as
 	// Events on this cluster's CronJobs.
 	cronJobs client.Reader
@@ -37,30 +42,17 @@ func (m *maintenance) NeedLeaderElection() bool { return true }
 
 func (m *maintenance) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("maintenance")
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-m.ready:
+	}
 	store, err := lock.Open(ctx, m.databaseURL, lock.Options{MaxConns: 1})
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	// The database may come up after the webhook: retry, never crash-loop.
-	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
-		applied, err := store.Migrate(ctx)
-		if err == nil {
-			logger.Info("schema dislock is up to date", "applied", applied, "version", lock.SchemaVersion())
-			logFindings(ctx, logger, store)
-			break
-		}
-		if !errors.Is(err, lock.ErrUnavailable) {
-			logger.Error(err, "migrating failed; the webhook keeps serving, agents need the schema")
-		} else {
-			logger.Info("database unavailable; will retry the migration", "in", backoff.String(), "err", err.Error())
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-	}
+	logFindings(ctx, logger, store)
 	tick := time.NewTicker(DefaultRetentionInterval)
 	defer tick.Stop()
 	compare := time.NewTicker(DisagreementInterval)
@@ -105,4 +97,118 @@ func logFindings(ctx context.Context, logger logr.Logger, store *lock.Store) {
 		}
 		logger.Error(nil, "database check: "+f.Detail, "check", f.Check, "status", f.Status, "fix", f.Fix)
 	}
+}
+
+// Backoff of the databaseGate's attempts. An incompatible schema is asked
+// again at the longest pause only: it changes when an operator acts.
+const (
+	gateBackoffFirst = time.Second
+	gateBackoffMax   = time.Minute
+)
+
+// migration is what one attempt of the databaseGate found.
+type migration struct {
+	applied []int
+	schema  lock.SchemaState
+}
+
+// databaseGate keeps a replica unready until it has once reached the
+// database, migrated schema dislock (or found it migrated by another
+// replica or cluster) and found it usable by this build. A wrong URL, a
+// missing grant, an unreachable PgBouncer or a schema a newer dislock made
+// incompatible then fails the install or the rollout (`helm install
+// --wait`, a Deployment's rolling update keeping the old replicas) instead
+// of the next tick's pods.
+//
+// Once passed it stays passed: with failurePolicy Fail, unready replicas
+// would make the API server refuse every Job while the database is down,
+// though the agents fail closed anyway and admission needs no database.
+// A later outage shows in the logs, in dislock_database_up and in the
+// DislockDatabaseUnreachable alert instead.
+type databaseGate struct {
+	migrate               func(context.Context) (migration, error)
+	backoffFirst, backoff time.Duration
+	passed                chan struct{}
+
+	mu     sync.Mutex
+	reason error // why it has not passed yet
+}
+
+func newDatabaseGate(migrate func(context.Context) (migration, error)) *databaseGate {
+	return &databaseGate{migrate: migrate, backoffFirst: gateBackoffFirst, backoff: gateBackoffMax,
+		passed: make(chan struct{}), reason: errors.New("not connected to the database yet")}
+}
+
+// migrateDatabase is the databaseGate's attempt against the owner's URL:
+// every replica migrates (an advisory lock serialises them, and the ones
+// after the first find nothing to apply), so each replica's readiness says
+// itself what is wrong.
+func migrateDatabase(databaseURL string) func(context.Context) (migration, error) {
+	return func(ctx context.Context) (migration, error) {
+		store, err := lock.Open(ctx, databaseURL, lock.Options{MaxConns: 1})
+		if err != nil {
+			return migration{}, err
+		}
+		defer store.Close()
+		applied, err := store.Migrate(ctx)
+		if err != nil {
+			return migration{}, err
+		}
+		st, err := store.Schema(ctx)
+		return migration{applied: applied, schema: st}, err
+	}
+}
+
+// Every replica passes the gate, not only the elected leader.
+func (g *databaseGate) NeedLeaderElection() bool { return false }
+
+func (g *databaseGate) Start(ctx context.Context) error {
+	logger := log.FromContext(ctx).WithName("database")
+	for backoff := g.backoffFirst; ; backoff = min(2*backoff, g.backoff) {
+		m, err := g.migrate(ctx)
+		if err == nil && !m.schema.Usable() {
+			// Migrate answered, yet the schema moved away since (another
+			// cluster's newer dislock migrated meanwhile): ask again.
+			err = fmt.Errorf("schema dislock is at version %d after migrating, which this dislock (%d) cannot use", m.schema.Current, m.schema.Known)
+		}
+		if err == nil {
+			if m.schema.Newer() {
+				logger.Info("ready: schema dislock is newer than this dislock knows, and every migration since is compatible with it; upgrade this cluster's dislock when convenient",
+					"schemaVersion", m.schema.Current, "knownVersion", m.schema.Known)
+			} else {
+				logger.Info("ready: schema dislock is up to date", "applied", m.applied, "schemaVersion", m.schema.Current)
+			}
+			close(g.passed)
+			return nil
+		}
+		g.mu.Lock()
+		g.reason = err
+		g.mu.Unlock()
+		switch {
+		case errors.Is(err, lock.ErrSchemaIncompatible):
+			logger.Error(err, "not ready: this dislock cannot work against the database's schema", "retryIn", g.backoff.String())
+			backoff = g.backoff
+		case errors.Is(err, lock.ErrUnavailable):
+			logger.Error(err, "not ready: the database is unreachable; check --database-url, the network and PgBouncer", "retryIn", backoff.String())
+		default:
+			logger.Error(err, "not ready: migrating schema dislock failed", "retryIn", backoff.String())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// Check is the readiness check: /readyz/database gives the reason.
+func (g *databaseGate) Check(*http.Request) error {
+	select {
+	case <-g.passed:
+		return nil
+	default:
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return fmt.Errorf("not ready until this replica has reached the database once and found schema dislock usable: %w", g.reason)
 }

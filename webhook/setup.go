@@ -219,7 +219,14 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 		return fmt.Errorf("adding the outcome controller: %w", err)
 	}
 	if cfg.DatabaseURL != "" {
-		if err := mgr.Add(&maintenance{databaseURL: cfg.DatabaseURL, retention: cfg.Retention,
+		gate := newDatabaseGate(migrateDatabase(cfg.DatabaseURL))
+		if err := mgr.Add(gate); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("database", gate.Check); err != nil {
+			return err
+		}
+		if err := mgr.Add(&maintenance{databaseURL: cfg.DatabaseURL, retention: cfg.Retention, ready: gate.passed,
 			cronJobs: mgr.GetClient(), events: mgr.GetEventRecorder("dislock-webhook")}); err != nil {
 			return err
 		}

@@ -1,0 +1,181 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+// startGate runs a databaseGate with short pauses until the test ends.
+func startGate(t *testing.T, migrate func(context.Context) (migration, error)) (*databaseGate, <-chan error) {
+	t.Helper()
+	g := newDatabaseGate(migrate)
+	g.backoffFirst, g.backoff = time.Millisecond, 5*time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done, stopped := make(chan error, 1), make(chan struct{})
+	go func() {
+		done <- g.Start(ctx)
+		close(stopped)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-stopped
+	})
+	return g, done
+}
+
+// awaitReady waits for the gate to pass; awaitReason for its check to fail
+// saying want.
+func awaitReady(t *testing.T, g *databaseGate) {
+	t.Helper()
+	select {
+	case <-g.passed:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("not ready after 30s: %v", g.Check(nil))
+	}
+	if err := g.Check(nil); err != nil {
+		t.Fatalf("passed, yet the check fails: %v", err)
+	}
+}
+
+func awaitReason(t *testing.T, g *databaseGate, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := g.Check(nil)
+		if err == nil {
+			t.Fatalf("ready; want not ready saying %q", want)
+		}
+		ok := true
+		for _, w := range want {
+			ok = ok && strings.Contains(err.Error(), w)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readiness says %q; want it to say %q", err, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A replica is ready once it reached the database and found the schema
+// usable, and says until then why not; afterwards no outage makes it
+// unready (admission needs no database; the agents fail closed).
+func TestDatabaseGateTellsWhyAReplicaIsNotReady(t *testing.T) {
+	t.Parallel()
+	type result struct {
+		m   migration
+		err error
+	}
+	attempts, results := make(chan struct{}), make(chan result)
+	g, done := startGate(t, func(ctx context.Context) (migration, error) {
+		attempts <- struct{}{}
+		r := <-results
+		return r.m, r.err
+	})
+	<-attempts
+	if err := g.Check(nil); err == nil || !strings.Contains(err.Error(), "not connected to the database yet") {
+		t.Fatalf("during the first attempt: %v", err)
+	}
+	incompatible := &lock.IncompatibleSchemaError{Current: 7, Known: 6, Version: 7, Name: "0007_x.sql", CompatibleFrom: 7}
+	for _, step := range []struct {
+		name string
+		r    result
+		want string
+	}{
+		{"an unreachable database", result{err: fmt.Errorf("migrating: %w at db:6432: connection refused", lock.ErrUnavailable)}, "connection refused"},
+		{"a missing grant", result{err: errors.New("migrating: permission denied for database dislock")}, "permission denied"},
+		{"a schema a newer dislock made incompatible", result{err: fmt.Errorf("migrating: %w", incompatible)}, "upgrade this cluster's dislock to a release that knows schema version 7"},
+		{"a schema another cluster moved on after migrating", result{m: migration{schema: lock.SchemaState{Current: 7, Known: 6, Incompatible: incompatible}}}, "version 7 after migrating"},
+	} {
+		results <- step.r
+		<-attempts // the next attempt begins after the reason is recorded
+		if err := g.Check(nil); err == nil || !strings.Contains(err.Error(), step.want) {
+			t.Fatalf("after %s: readiness says %v; want %q", step.name, err, step.want)
+		}
+	}
+	results <- result{m: migration{schema: lock.SchemaState{Current: 7, Known: 6}}}
+	awaitReady(t, g)
+	if err := <-done; err != nil {
+		t.Fatalf("the gate ended with %v", err)
+	}
+	// Nothing asks the database any more: an outage cannot flip it.
+	if err := g.Check(nil); err != nil {
+		t.Fatalf("after passing: %v", err)
+	}
+}
+
+// The gate against a real PostgreSQL, directly and through PgBouncer: a
+// wrong URL, a role that may not create the schema and a schema a newer
+// dislock made incompatible each keep the replica unready, saying so; the
+// right URL migrates and makes it ready.
+func TestDatabaseGateAgainstARealDatabase(t *testing.T) {
+	t.Parallel()
+	srv, err := pgtest.Start(pgtest.Options{Name: "gate", Logf: t.Logf})
+	if err != nil {
+		pgtest.Missing(t, err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	ctx := context.Background()
+	super, err := pgx.Connect(ctx, srv.SuperuserDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { super.Close(ctx) })
+	// A role that may log in but not create schema dislock: what a DBA
+	// who forgot the grant leaves.
+	if _, err := super.Exec(ctx, `CREATE ROLE gate_nogrant LOGIN PASSWORD 'nogrant-pw'`); err != nil {
+		t.Fatal(err)
+	}
+	nograntDSN := strings.Replace(srv.DirectDSN(), pgtest.AppUser+":"+pgtest.AppPassword, "gate_nogrant:nogrant-pw", 1)
+	if nograntDSN == srv.DirectDSN() {
+		t.Fatalf("cannot derive a DSN for another role from %s", srv.DirectDSN())
+	}
+
+	t.Run("a wrong URL", func(t *testing.T) {
+		g, _ := startGate(t, migrateDatabase(pgtest.DSN(pgtest.AppUser, pgtest.AppPassword, 1)))
+		awaitReason(t, g, "database unavailable", "127.0.0.1:1")
+	})
+	t.Run("a role without the grant to create the schema", func(t *testing.T) {
+		g, _ := startGate(t, migrateDatabase(nograntDSN))
+		awaitReason(t, g, "permission denied")
+		if err := g.Check(nil); strings.Contains(err.Error(), "nogrant-pw") {
+			t.Fatalf("readiness prints the password: %v", err)
+		}
+	})
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			if _, err := super.Exec(ctx, `DROP SCHEMA IF EXISTS dislock CASCADE`); err != nil {
+				t.Fatal(err)
+			}
+			g, _ := startGate(t, migrateDatabase(tg.DSN))
+			awaitReady(t, g)
+			var v int
+			if err := super.QueryRow(ctx, `SELECT max(version) FROM dislock.schema_migrations`).Scan(&v); err != nil || v != lock.SchemaVersion() {
+				t.Fatalf("schema at %d, %v; want %d", v, err, lock.SchemaVersion())
+			}
+
+			next := lock.SchemaVersion() + 1
+			if _, err := super.Exec(ctx, `INSERT INTO dislock.schema_migrations (version, name, compatible_from) VALUES ($1, 'future.sql', $1)`, next); err != nil {
+				t.Fatal(err)
+			}
+			g, _ = startGate(t, migrateDatabase(tg.DSN))
+			awaitReason(t, g, fmt.Sprintf("migration %d (future.sql)", next), fmt.Sprintf("upgrade this cluster's dislock to a release that knows schema version %d", next))
+
+			if _, err := super.Exec(ctx, `UPDATE dislock.schema_migrations SET compatible_from = $1 WHERE version = $2`, next-1, next); err != nil {
+				t.Fatal(err)
+			}
+			awaitReady(t, g) // the same gate, asking again
+		})
+	}
+}
