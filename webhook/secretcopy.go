@@ -31,10 +31,15 @@ type secretCopier struct {
 	// managed-by label, so a user's own Secret of that name is not in it.
 	api    client.Reader
 	source types.NamespacedName
+	// ca is --database-ca-file's content: a copy carries it as ca.crt
+	// when the source has none, because the injected sidecar mounts that
+	// key (Options.DatabaseCA).
+	ca []byte
 }
 
 func setupSecretCopier(mgr ctrl.Manager, cfg Config) error {
-	r := &secretCopier{Client: mgr.GetClient(), api: mgr.GetAPIReader(), source: types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Inject.DBSecretName}}
+	r := &secretCopier{Client: mgr.GetClient(), api: mgr.GetAPIReader(), source: types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Inject.DBSecretName},
+		ca: cfg.Inject.DatabaseCA}
 	return namespaceController(mgr, "dbsecret-copier", r.namespacesFor, r)
 }
 
@@ -103,19 +108,20 @@ func (r *secretCopier) Reconcile(ctx context.Context, req reconcile.Request) (re
 		}
 		return reconcile.Result{}, nil
 	}
+	data := copiedData(src.Data, r.ca)
 	switch {
 	case want && !exists:
 		cp := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: req.Name, Name: r.source.Name,
 			Labels:      map[string]string{ManagedByLabel: ManagedByValue},
 			Annotations: map[string]string{CopiedFromAnnotation: r.source.String()}},
-			Type: src.Type, Data: src.Data}
+			Type: src.Type, Data: data}
 		if err := r.Create(ctx, cp); err != nil {
 			return reconcile.Result{}, err
 		}
 		secretCopiesTotal.WithLabelValues("create").Inc()
 		logger.Info("copied the database secret", "secret", r.source.Name)
-	case want && exists && !maps.EqualFunc(cur.Data, src.Data, func(a, b []byte) bool { return string(a) == string(b) }):
-		cur.Data = src.Data
+	case want && exists && !maps.EqualFunc(cur.Data, data, func(a, b []byte) bool { return string(a) == string(b) }):
+		cur.Data = data
 		if err := r.Update(ctx, cur); err != nil {
 			return reconcile.Result{}, err
 		}
@@ -129,4 +135,19 @@ func (r *secretCopier) Reconcile(ctx context.Context, req reconcile.Request) (re
 		logger.Info("deleted the database secret copy: the namespace is no longer opted in", "secret", r.source.Name)
 	}
 	return reconcile.Result{}, nil
+}
+
+// copiedData is what a copy of the source Secret holds: all of the source's
+// keys (its own ca.crt among them), and the webhook's database CA as ca.crt
+// when the source has none.
+func copiedData(src map[string][]byte, ca []byte) map[string][]byte {
+	if len(ca) == 0 || src[DatabaseCAKey] != nil {
+		return src
+	}
+	out := maps.Clone(src)
+	if out == nil {
+		out = map[string][]byte{}
+	}
+	out[DatabaseCAKey] = ca
+	return out
 }

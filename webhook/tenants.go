@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
@@ -95,6 +96,10 @@ type tenantProvisioner struct {
 	secret   string // the Secret's name in each namespace
 	key      string // the URL's key in it
 	ownNS    string // the webhook's namespace: never provisioned
+	// ca is the database's CA (--database-ca-file), nil without one: each
+	// Secret carries it as ca.crt, which the sidecar mounts, and its URL
+	// names the sidecar's copy as sslrootcert.
+	ca       []byte
 	rotation time.Duration
 	grace    time.Duration
 	now      func() time.Time
@@ -111,7 +116,7 @@ type tenantProvisioner struct {
 
 func setupTenantProvisioner(mgr ctrl.Manager, cfg Config) error {
 	r := &tenantProvisioner{Client: mgr.GetClient(), api: mgr.GetAPIReader(), ownerDSN: cfg.DatabaseURL,
-		cluster: cfg.Inject.ClusterName, secret: cfg.Inject.DBSecretName, key: cfg.Inject.DBSecretKey, ownNS: cfg.Namespace,
+		cluster: cfg.Inject.ClusterName, secret: cfg.Inject.DBSecretName, key: cfg.Inject.DBSecretKey, ownNS: cfg.Namespace, ca: cfg.Inject.DatabaseCA,
 		rotation: cfg.TenantRotation, grace: cfg.TenantGrace, now: time.Now,
 		pace:   &provisionPacer{interval: cmp.Or(cfg.TenantProvisionInterval, DefaultTenantProvisionInterval)},
 		events: mgr.GetEventRecorder("dislock-webhook")}
@@ -203,7 +208,7 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 		// Counted from when the generation exists, so that a failing
 		// write is retried at the interval, not minted again at once.
 		r.pace.provisioned(req.Name, r.now())
-		dsn, err := lock.TenantDSN(r.ownerDSN, cred)
+		dsn, err := r.tenantDSN(cred)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
@@ -234,6 +239,17 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 	return reconcile.Result{RequeueAfter: min(r.rotation, r.grace) / 4}, nil
 }
 
+// tenantDSN is the URL a namespace's sidecars connect with: the owner's
+// with the tenant's credential and, with a CA, the sidecar's copy of it as
+// sslrootcert (the owner's names a file in the webhook's pod).
+func (r *tenantProvisioner) tenantDSN(cred lock.TenantCredential) (string, error) {
+	dsn, err := lock.TenantDSN(r.ownerDSN, cred)
+	if err != nil || len(r.ca) == 0 {
+		return dsn, err
+	}
+	return lock.ReplaceRootCA(dsn, DatabaseCAPath)
+}
+
 // stale says why the Secret needs a new role generation, or "".
 func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []lock.TenantRole) string {
 	switch {
@@ -243,6 +259,11 @@ func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []lock.
 		return "the Secret holds a copy of the webhook's own credential (from before tenant roles)"
 	case len(cur.Data[r.key]) == 0:
 		return "the Secret has no " + r.key
+	case !bytes.Equal(cur.Data[DatabaseCAKey], r.ca):
+		// A CA added, changed or removed (--database-ca-file): the URL
+		// names the sidecar's copy only when there is one, so the URL
+		// changes too, and a URL comes only with a new generation.
+		return "the Secret's " + DatabaseCAKey + " is not the webhook's database CA (--database-ca-file)"
 	}
 	role := cur.Annotations[TenantRoleAnnotation]
 	if role == "" || len(roles) == 0 || roles[0].Role != role {
@@ -325,6 +346,9 @@ func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *co
 	s.Annotations[TenantCreatedAnnotation] = r.now().UTC().Format(time.RFC3339)
 	s.Annotations[TenantGenerationAnnotation] = strconv.Itoa(cred.Generation)
 	s.Data = map[string][]byte{r.key: []byte(dsn)}
+	if len(r.ca) > 0 {
+		s.Data[DatabaseCAKey] = r.ca
+	}
 	if exists {
 		return s, r.Update(ctx, s)
 	}

@@ -1,11 +1,19 @@
 package webhook
 
 import (
+	"bytes"
+	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/test/tlstest"
 )
 
 // A namespace gets a new role generation at once the first time, then waits
@@ -91,5 +99,92 @@ func TestANegativeTenantProvisionIntervalIsRefusedNamingTheDefault(t *testing.T)
 	cfg.TenantProvisionInterval = -time.Second
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "-1s") || !strings.Contains(err.Error(), "1m0s") {
 		t.Errorf("interval -1s: %v, want an error naming it and the default", err)
+	}
+}
+
+// With a database CA, the Secret the webhook writes for a namespace
+// carries it as ca.crt, and the URL in it verifies the server with the
+// sidecar's copy, not with the owner's path in the webhook's pod; the
+// owner's password is in neither.
+func TestATenantURLVerifiesWithTheSidecarsCopyOfTheCA(t *testing.T) {
+	t.Parallel()
+	ownerCA := filepath.Join(t.TempDir(), "ca.crt")
+	pem := tlstest.NewCA(t).CertPEM
+	if err := os.WriteFile(ownerCA, pem, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	owner, err := lock.WithRootCA("postgres://dislock:owner-s3cret@pgbouncer.db:6432/dislock", ownerCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &tenantProvisioner{ownerDSN: owner, key: DefaultDBSecretKey, ca: pem, now: time.Now}
+	cred := lock.TenantCredential{Role: "dislock_t_team_1", Password: "tenant-pw", Namespace: "team", Cluster: "dc-a", Generation: 1}
+	dsn, err := r.tenantDSN(cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "postgres://dislock_t_team_1:tenant-pw@pgbouncer.db:6432/dislock?sslmode=verify-full&sslrootcert=%2Fvar%2Frun%2Fdislock%2Fdatabase-ca%2Fca.crt"
+	if dsn != want {
+		t.Fatalf("tenant URL %s\nwant       %s", dsn, want)
+	}
+	if strings.Contains(dsn, "owner-s3cret") || strings.Contains(dsn, ownerCA) {
+		t.Fatalf("tenant URL %s carries the owner's password or CA path", dsn)
+	}
+	without := &tenantProvisioner{ownerDSN: "postgres://dislock:owner-s3cret@db/dislock", key: DefaultDBSecretKey}
+	if dsn, err := without.tenantDSN(cred); err != nil || strings.Contains(dsn, "ssl") {
+		t.Fatalf("without a CA: %s, %v; want the URL without TLS settings", dsn, err)
+	}
+}
+
+// A Secret whose ca.crt is not the webhook's CA (added, changed or removed
+// with --database-ca-file) gets a new generation, whose URL matches.
+func TestASecretWithAnotherCAIsStale(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	roles := []lock.TenantRole{{Role: "dislock_t_team_1", Generation: 1}}
+	secret := func(ca []byte) *corev1.Secret {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
+			TenantRoleAnnotation: "dislock_t_team_1", TenantCreatedAnnotation: now.Format(time.RFC3339)}},
+			Data: map[string][]byte{DefaultDBSecretKey: []byte("postgres://x")}}
+		if ca != nil {
+			s.Data[DatabaseCAKey] = ca
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name        string
+		webhook, in []byte
+		stale       bool
+	}{
+		{"no CA anywhere", nil, nil, false},
+		{"the same CA", []byte("ca-1"), []byte("ca-1"), false},
+		{"a CA added", []byte("ca-1"), nil, true},
+		{"a CA changed", []byte("ca-2"), []byte("ca-1"), true},
+		{"a CA removed", nil, []byte("ca-1"), true},
+	} {
+		r := &tenantProvisioner{key: DefaultDBSecretKey, ca: tc.webhook, rotation: time.Hour, now: func() time.Time { return now }}
+		why := r.stale(secret(tc.in), true, roles)
+		if (why != "") != tc.stale || (tc.stale && !strings.Contains(why, "--database-ca-file")) {
+			t.Errorf("%s: stale %q", tc.name, why)
+		}
+	}
+}
+
+// In copy mode a copy carries the source's keys, its ca.crt among them, and
+// the webhook's CA as ca.crt when the source has none: the sidecar mounts
+// that key.
+func TestACopiedSecretCarriesTheCA(t *testing.T) {
+	t.Parallel()
+	src := map[string][]byte{"url": []byte("postgres://x")}
+	if got := copiedData(src, nil); !maps.EqualFunc(got, src, bytes.Equal) {
+		t.Errorf("without a CA: %v", got)
+	}
+	got := copiedData(src, []byte("ca"))
+	if string(got[DatabaseCAKey]) != "ca" || string(got["url"]) != "postgres://x" || src[DatabaseCAKey] != nil {
+		t.Errorf("a source without ca.crt: %v (source %v)", got, src)
+	}
+	own := map[string][]byte{"url": []byte("postgres://x"), DatabaseCAKey: []byte("the source's")}
+	if got := copiedData(own, []byte("ca")); string(got[DatabaseCAKey]) != "the source's" {
+		t.Errorf("a source with its own ca.crt: %v", got)
 	}
 }
