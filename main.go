@@ -50,6 +50,7 @@ func runWebhook(args []string) int {
 		agentCPU, agentCPULimit      string
 		agentMem, agentMemRequest    string
 		agentMaxCPU, agentMaxMem     string
+		databaseCAFile               string
 	)
 	fs.StringVar(&cfg.Inject.ClusterName, "cluster-name", "", "name of this cluster (data centre) in every lock owner (required)")
 	fs.StringVar(&cfg.Inject.AgentImage, "agent-image", "", "image of the injected dislock-agent sidecar (required)")
@@ -64,6 +65,9 @@ func runWebhook(args []string) int {
 	fs.StringVar(&cfg.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace the webhook runs in (default $POD_NAMESPACE)")
 	fs.BoolVar(&cfg.CopyDBSecret, "copy-db-secret", false, "copy the database Secret into every opted-in namespace")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv(cli.EnvDatabaseURL), "PostgreSQL URL for migrations and retention (optional; default $"+cli.EnvDatabaseURL+")")
+	fs.StringVar(&databaseCAFile, "database-ca-file", "", "PEM file of the CA that signed the database's (or PgBouncer's) certificate: --database-url verifies with it (sslmode=verify-full unless the URL sets a mode), and the sidecars get it from their namespace's Secret")
+	fs.Func("pod-labels", "labels added to injected Jobs' pods, key=value,... (repeatable; a key the pod template sets keeps its value)", webhook.PodMetadataFlag("--pod-labels", &cfg.Inject.PodLabels))
+	fs.Func("pod-annotations", "annotations added to injected Jobs' pods, key=value,... (repeatable; a key the pod template sets keeps its value)", webhook.PodMetadataFlag("--pod-annotations", &cfg.Inject.PodAnnotations))
 	fs.DurationVar(&cfg.Retention, "retention", lock.DefaultRetention, "delete windows older than this")
 	fs.BoolVar(&cfg.TenantRoles, "tenant-roles", true, "give every opted-in namespace its own database role and put only its URL in the namespace's Secret (with --database-url)")
 	fs.DurationVar(&cfg.TenantRotation, "tenant-rotation", webhook.DefaultTenantRotation, "give each namespace a new database role this often")
@@ -127,6 +131,19 @@ func runWebhook(args []string) int {
 	if cfg.Inject.AgentMaxResources, err = webhook.AgentMaxResources(agentMaxCPU, agentMaxMem); err != nil {
 		log.Error(err, "bad sidecar resource ceiling")
 		return 2
+	}
+	if databaseCAFile != "" {
+		if cfg.Inject.DatabaseCA, err = webhook.ReadDatabaseCA(databaseCAFile); err != nil {
+			log.Error(err, "bad database CA")
+			return 2
+		}
+		// Before anything connects: the owner's connection verifies too.
+		if cfg.DatabaseURL != "" {
+			if cfg.DatabaseURL, err = lock.WithRootCA(cfg.DatabaseURL, databaseCAFile); err != nil {
+				log.Error(err, "bad --database-url")
+				return 2
+			}
+		}
 	}
 	// Tenant roles are provisioned with the owner's credential: without it
 	// each namespace's Secret is the administrator's to create.
