@@ -176,13 +176,18 @@ func TestUpgradingOneClusterAtATime(t *testing.T) {
 		if _, err := conn.Exec(ctx, `INSERT INTO dislock.schema_migrations (version, name, compatible_from) VALUES ($1, 'future.sql', $2)`, next, next-1); err != nil {
 			t.Fatal(err)
 		}
-		if _, errOut, err := cli(t, cur.dislock, dsn, "migrate"); err != nil {
+		out, errOut, err := cli(t, cur.dislock, dsn, "migrate")
+		if err != nil {
 			t.Fatalf("migrate against a compatible schema %d: %v\n%s", next, err, errOut)
+		}
+		// It says so, through the schema finding `dislock check` also gives.
+		if want := fmt.Sprintf("newer than this dislock knows (%d), and every migration since is compatible with it", next-1); !strings.Contains(out, want) {
+			t.Errorf("migrate against a compatible schema %d printed %q; want it to say %q", next, out, want)
 		}
 		if _, err := conn.Exec(ctx, `UPDATE dislock.schema_migrations SET compatible_from = $1 WHERE version = $1`, next); err != nil {
 			t.Fatal(err)
 		}
-		_, errOut, err := cli(t, cur.dislock, dsn, "migrate")
+		_, errOut, err = cli(t, cur.dislock, dsn, "migrate")
 		for _, want := range []string{fmt.Sprintf("migration %d (future.sql)", next), fmt.Sprintf("upgrade this cluster's dislock to a release that knows schema version %d", next)} {
 			if err == nil || !strings.Contains(errOut, want) {
 				t.Errorf("migrate against an incompatible schema %d: %v, %q; want it to fail saying %q", next, err, errOut, want)
