@@ -31,6 +31,9 @@ type Finding struct {
 	Status Status `json:"status"`
 	Detail string `json:"detail"`
 	Fix    string `json:"fix,omitempty"`
+	// Role names the role the finding is about (RoleReport.Heading) when
+	// dislock check checked several.
+	Role string `json:"role,omitempty"`
 }
 
 // CheckOptions tune CheckDatabase.
