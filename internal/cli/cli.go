@@ -157,6 +157,12 @@ func setupMigrate(*flag.FlagSet) func(context.Context, *common) error {
 		if err != nil {
 			return err
 		}
+		// A newer schema compatible with this build is left as it is: say
+		// so, rather than "up to date" at a version the database is not at.
+		state, err := c.store.Schema(ctx)
+		if err != nil {
+			return err
+		}
 		warnings, err := migrateFindings(ctx, c.store)
 		if err != nil {
 			return err
@@ -164,15 +170,19 @@ func setupMigrate(*flag.FlagSet) func(context.Context, *common) error {
 		res := struct {
 			Applied       []int          `json:"applied"`
 			SchemaVersion int            `json:"schemaVersion"`
+			KnownVersion  int            `json:"knownVersion"`
 			Warnings      []lock.Finding `json:"warnings,omitempty"`
-		}{Applied: applied, SchemaVersion: lock.SchemaVersion(), Warnings: warnings}
+		}{Applied: applied, SchemaVersion: state.Current, KnownVersion: state.Known, Warnings: warnings}
 		if res.Applied == nil {
 			res.Applied = []int{}
 		}
 		return c.print(res, func(t *table) {
-			if len(applied) == 0 {
+			switch {
+			case state.Newer():
+				t.line("schema dislock is at version %d, newer than this dislock knows (%d) and compatible with it: nothing applied", state.Current, state.Known)
+			case len(applied) == 0:
 				t.line("schema dislock is up to date (version %d)", res.SchemaVersion)
-			} else {
+			default:
 				t.line("applied migrations %s; schema dislock is at version %d", joinInts(applied), res.SchemaVersion)
 			}
 			if len(warnings) > 0 {

@@ -184,6 +184,10 @@ func TestUpgradingOneClusterAtATime(t *testing.T) {
 		if want := fmt.Sprintf("newer than this dislock knows (%d), and every migration since is compatible with it", next-1); !strings.Contains(out, want) {
 			t.Errorf("migrate against a compatible schema %d printed %q; want it to say %q", next, out, want)
 		}
+		// Its headline names the database's version, not this build's.
+		if want := fmt.Sprintf("schema dislock is at version %d, newer than this dislock knows (%d) and compatible with it: nothing applied", next, next-1); !strings.Contains(out, want) {
+			t.Errorf("migrate against a compatible schema %d printed %q; want its first line to say %q", next, out, want)
+		}
 		if _, err := conn.Exec(ctx, `UPDATE dislock.schema_migrations SET compatible_from = $1 WHERE version = $1`, next); err != nil {
 			t.Fatal(err)
 		}
