@@ -44,7 +44,11 @@ func (r RoleReport) Heading() string {
 	case RoleOwner:
 		who += " (owner)"
 	case RoleTenant:
-		who += " (tenant of namespace " + r.Namespace + ")"
+		if r.Namespace == "" {
+			who += " (tenant)"
+		} else {
+			who += " (tenant of namespace " + r.Namespace + ")"
+		}
 	}
 	return fmt.Sprintf("%s at %s, database %s", who, r.Addr, r.Database)
 }
@@ -99,6 +103,10 @@ func (s *Store) preflight(ctx context.Context, rep *RoleReport, opts CheckOption
 	switch err := conn.QueryRow(ctx, qTenantNamespace).Scan(&namespace); {
 	case err == nil && namespace != "":
 		rep.Kind, rep.Namespace = RoleTenant, namespace
+	case strings.HasPrefix(rep.Role, tenantRolePrefix):
+		// A tenant role that lost its grants cannot even ask which
+		// namespace it serves; its name still says what it is.
+		rep.Kind = RoleTenant
 	default:
 		// Any other role, or a database whose schema is not there yet
 		// (only the owner can create it): the schema finding says which.
@@ -156,6 +164,9 @@ func (s *Store) connectionFinding(ctx context.Context, rep *RoleReport, err erro
 	case errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000" || bouncerRefusedLogin(pgErr)):
 		f.Check = "login"
 		f.Detail = fmt.Sprintf("%s refused role %s: %s (SQLSTATE %s): a wrong password, or no such role", rep.Addr, rep.Role, pgErr.Message, pgErr.Code)
+		if pgErr.Message == bouncerConfigError {
+			f.Detail += "; PgBouncer answers so when its auth_query finds no such role, or when its own login to PostgreSQL for the role failed (its log says which)"
+		}
 		f.Fix = fmt.Sprintf(fixSecret, rep.Role)
 	case errors.As(err, &pgErr) && (pgErr.Code == "3D000" || bouncerNoDatabase(pgErr)):
 		f.Check = "database name"
@@ -189,11 +200,15 @@ func (s *Store) connectionFinding(ctx context.Context, rep *RoleReport, err erro
 // PgBouncer (up to at least 1.18) reports every refusal of its own with
 // SQLSTATE 08P01: only its message tells a wrong password or an unknown
 // role from the rest. These are PgBouncer's fixed texts, not a translated
-// server message.
+// server message. bouncerConfigError is what it answers, before the client
+// logged in, when the role's login to PostgreSQL fails, which includes an
+// auth_query that finds no such role.
 func bouncerRefusedLogin(e *pgconn.PgError) bool {
 	return e.Code == "08P01" && (e.Message == "password authentication failed" || e.Message == "no such user" ||
-		strings.HasPrefix(e.Message, "SASL authentication failed"))
+		e.Message == bouncerConfigError || strings.HasPrefix(e.Message, "SASL authentication failed"))
 }
+
+const bouncerConfigError = "bouncer config error"
 
 func bouncerNoDatabase(e *pgconn.PgError) bool {
 	return e.Code == "08P01" && strings.HasPrefix(e.Message, "no such database")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -28,11 +29,11 @@ func ownerPrivileges(ctx context.Context, conn *pgx.Conn) Finding {
 		return Finding{Check: "privileges", Status: StatusFail, Detail: "cannot read the role's privileges: " + err.Error(),
 			Fix: "run dislock check again once the database answers"}
 	}
-	ident := pgx.Identifier{role}.Sanitize()
+	ident := sqlIdent(role)
 	var missing, fixes []string
 	if !create && !ownsSchema {
 		missing = append(missing, "CREATE on database "+db+" (to create schema dislock and migrate it)")
-		fixes = append(fixes, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", pgx.Identifier{db}.Sanitize(), ident))
+		fixes = append(fixes, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", sqlIdent(db), ident))
 	}
 	if !createRole {
 		missing = append(missing, "CREATEROLE (to create and rotate each namespace's tenant role)")
@@ -51,6 +52,17 @@ func ownerPrivileges(ctx context.Context, conn *pgx.Conn) Finding {
 		Detail: fmt.Sprintf("role %s %s (migrate) and may create roles (provision tenants)", role, how)}
 }
 
+// sqlIdent quotes an identifier for a statement an operator copies, only
+// when it needs quotes.
+func sqlIdent(name string) string {
+	if plainIdent.MatchString(name) {
+		return name
+	}
+	return pgx.Identifier{name}.Sanitize()
+}
+
+var plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
 // probeKeyName is the name part of the key a tenant's privilege probe
 // claims in its own namespace.
 const probeKeyName = "dislock-check-probe"
@@ -64,6 +76,10 @@ const probeKeyName = "dislock-check-probe"
 // through PgBouncer's transaction pooling too.
 func (s *Store) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace string) Finding {
 	key := namespace + "/" + probeKeyName
+	whose := "namespace " + namespace
+	if namespace == "" {
+		whose = "its namespace (the role cannot tell which: dislock.tenant_namespace() refused it)"
+	}
 	o := Owner{Cluster: "dislock-check", Namespace: namespace, Job: probeKeyName, JobUID: "probe", Pod: probeKeyName}
 	const ttl = time.Minute
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -81,7 +97,7 @@ func (s *Store) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace 
 			Detail: fmt.Sprintf("the role claims windows and takes leases of namespace %s (tried on key %s in a transaction rolled back)", namespace, key)}
 	}
 	f := Finding{Check: "privileges", Status: StatusFail,
-		Detail: fmt.Sprintf("the role cannot do what an agent of namespace %s does (tried on key %s in a transaction rolled back): %v", namespace, key, err)}
+		Detail: fmt.Sprintf("the role cannot do what an agent of %s does (tried on key %s in a transaction rolled back): %v", whose, key, err)}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
 		f.Fix = "run `dislock migrate` with the owner's URL, then dislock check again"
@@ -107,34 +123,41 @@ var errRollBack = errors.New("rolled back")
 // statement that grants it (as migration 4 does, to the tenants' group
 // role), and whether the session's role holds it. Membership in the group
 // role comes first: without it every other grant is missing at once.
-const qTenantGrants = `
-SELECT what, fix, held FROM (VALUES
+// Objects are found by OID in the catalogs: a name such as
+// 'dislock.windows' would need USAGE on the schema just to be looked up.
+var qTenantGrants = `
+SELECT what, fix, coalesce(held, false) FROM (VALUES
   (0, 'membership in role ` + TenantGroupRole + `', 'GRANT ` + TenantGroupRole + ` TO ' || quote_ident(session_user),
       pg_has_role(session_user, '` + TenantGroupRole + `', 'USAGE')),
   (1, 'USAGE on schema dislock', 'GRANT USAGE ON SCHEMA dislock TO ` + TenantGroupRole + `',
       has_schema_privilege(session_user, 'dislock', 'USAGE')),
   (2, 'SELECT on dislock.windows', 'GRANT SELECT ON dislock.windows TO ` + TenantGroupRole + `',
-      has_table_privilege(session_user, 'dislock.windows', 'SELECT')),
+      has_table_privilege(session_user, ` + catalogRel("windows") + `, 'SELECT')),
   (3, 'INSERT on dislock.windows', 'GRANT INSERT ON dislock.windows TO ` + TenantGroupRole + `',
-      has_table_privilege(session_user, 'dislock.windows', 'INSERT')),
+      has_table_privilege(session_user, ` + catalogRel("windows") + `, 'INSERT')),
   (4, 'UPDATE on dislock.windows'' claim columns',
       'GRANT UPDATE (owner, cluster, pod, token, state, claimed_at, alive_until, finished_at, exit_code) ON dislock.windows TO ` + TenantGroupRole + `',
-      (SELECT bool_and(has_column_privilege(session_user, 'dislock.windows', c, 'UPDATE'))
+      (SELECT bool_and(has_column_privilege(session_user, ` + catalogRel("windows") + `, c, 'UPDATE'))
        FROM unnest(ARRAY['owner', 'cluster', 'pod', 'token', 'state', 'claimed_at', 'alive_until', 'finished_at', 'exit_code']) c)),
   (5, 'SELECT on dislock.leases', 'GRANT SELECT ON dislock.leases TO ` + TenantGroupRole + `',
-      has_table_privilege(session_user, 'dislock.leases', 'SELECT')),
+      has_table_privilege(session_user, ` + catalogRel("leases") + `, 'SELECT')),
   (6, 'INSERT on dislock.leases', 'GRANT INSERT ON dislock.leases TO ` + TenantGroupRole + `',
-      has_table_privilege(session_user, 'dislock.leases', 'INSERT')),
+      has_table_privilege(session_user, ` + catalogRel("leases") + `, 'INSERT')),
   (7, 'UPDATE on dislock.leases'' lease columns', 'GRANT UPDATE (owner, token, acquired_at, expire_at) ON dislock.leases TO ` + TenantGroupRole + `',
-      (SELECT bool_and(has_column_privilege(session_user, 'dislock.leases', c, 'UPDATE'))
+      (SELECT bool_and(has_column_privilege(session_user, ` + catalogRel("leases") + `, c, 'UPDATE'))
        FROM unnest(ARRAY['owner', 'token', 'acquired_at', 'expire_at']) c)),
   (8, 'EXECUTE on dislock.next_token(), dislock.tenant_namespace() and dislock.token_high_water()',
       'GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO ` + TenantGroupRole + `',
-      has_function_privilege(session_user, 'dislock.next_token()', 'EXECUTE')
-      AND has_function_privilege(session_user, 'dislock.tenant_namespace()', 'EXECUTE')
-      AND has_function_privilege(session_user, 'dislock.token_high_water()', 'EXECUTE'))
+      (SELECT bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
+       WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water')))
 ) AS p(n, what, fix, held)
 ORDER BY n`
+
+// catalogRel is the OID of table dislock.<name>, looked up without a
+// privilege on the schema.
+func catalogRel(name string) string {
+	return `(SELECT c.oid FROM pg_class c WHERE c.relnamespace = 'dislock'::regnamespace AND c.relname = '` + name + `')`
+}
 
 // tenantGrantsMissing names the privileges the session's role lacks and the
 // grants that restore them.
