@@ -152,7 +152,7 @@ func assertNoProbeRows(t *testing.T, owner *lock.Store, ns string) {
 func TestCheckURLWarnsOfSessionPooling(t *testing.T) {
 	srv := pgtest.Need(t)
 	openStore(t, srv.DirectDSN(), 2)
-	b, err := srv.AddSessionBouncer("check-session")
+	b, err := srv.AddSessionBouncer(namespace(t, "check-session"))
 	if err != nil {
 		t.Fatal(err)
 	}
