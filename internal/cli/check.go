@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 
 	"github.com/dislock/dislock/lockagent/lock"
 )
@@ -16,19 +17,51 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, *common) error {
 	allowAsync := fs.Bool(lock.AllowAsyncFlag[2:], false,
 		"accept a database whose failover may lose commits (asynchronous replication, or a managed service whose replication dislock cannot see): "+
 			"a window can then run twice after a failover; fencing tokens still never go back")
+	var tenants urlList
+	fs.Var(&tenants, "tenant-database-url",
+		"also check a namespace's tenant role with this URL (the namespace's Secret dislock-db, key url); repeatable")
 	return func(ctx context.Context, c *common) error {
-		findings, err := c.store.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: *allowAsync})
-		if err != nil {
+		opts := lock.CheckOptions{AllowAsync: *allowAsync}
+		// The owner's URL first, then each tenant's: one role's failure
+		// does not stop the others' checks.
+		reports := []lock.RoleReport{lock.CheckURL(ctx, c.databaseURL, opts)}
+		for _, u := range tenants {
+			reports = append(reports, lock.CheckURL(ctx, u, opts))
+		}
+		var all []lock.Finding
+		for _, r := range reports {
+			for _, f := range r.Findings {
+				f.Role = r.Heading()
+				all = append(all, f)
+			}
+		}
+		if err := c.print(all, func(t *table) {
+			for _, r := range reports {
+				t.line("%s:", r.Heading())
+				printFindings(t, r.Findings)
+			}
+		}); err != nil {
 			return err
 		}
-		if err := c.print(findings, func(t *table) { printFindings(t, findings) }); err != nil {
-			return err
-		}
-		if lock.Failed(findings) {
+		if lock.Failed(all) {
 			return errProblems
 		}
 		return nil
 	}
+}
+
+// urlList collects a repeatable URL flag. Its String never shows a value:
+// flag prints defaults with it, and the values hold passwords.
+type urlList []string
+
+func (l *urlList) String() string { return "" }
+
+func (l *urlList) Set(v string) error {
+	if strings.TrimSpace(v) == "" {
+		return errors.New("empty URL (want postgres://<role>:<password>@<host>:<port>/<database>)")
+	}
+	*l = append(*l, v)
+	return nil
 }
 
 // printFindings writes one line per finding, and the fix under any that is

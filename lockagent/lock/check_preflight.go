@@ -82,6 +82,10 @@ func CheckURL(ctx context.Context, databaseURL string, opts CheckOptions) RoleRe
 	}
 	cc := cfg.ConnConfig
 	rep.Role, rep.Addr, rep.Database = cc.User, addrs(cc), cc.Database
+	if strings.HasPrefix(rep.Role, tenantRolePrefix) {
+		// Known by its name even when it cannot log in.
+		rep.Kind = RoleTenant
+	}
 	s, err := Open(ctx, databaseURL, Options{MaxConns: 2})
 	if err != nil {
 		rep.Findings = []Finding{{Check: "url", Status: StatusFail, Detail: err.Error()}}
