@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -322,4 +323,73 @@ func TestCheckURLWarnsOfASkewedDatabaseClock(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Plain text to an address off this host: warned, with the URL settings
+// that fix it. PostgreSQL here listens on loopback only, so the test
+// reaches it through a TCP forwarder on this host's non-loopback address,
+// which is also what a TCP proxy in front of PostgreSQL looks like: check
+// still sees each connection's own backend.
+func TestCheckURLWarnsOfPlainTextOffThisHost(t *testing.T) {
+	srv := pgtest.Need(t)
+	openStore(t, srv.DirectDSN(), 2)
+	ip := nonLoopbackIP(t)
+	direct, _ := url.Parse(srv.DirectDSN())
+	fwd := forward(t, net.JoinHostPort(ip.String(), "0"), direct.Host)
+	u := *direct
+	u.Host = fwd
+	rep := lock.CheckURL(context.Background(), u.String(), lock.CheckOptions{AllowAsync: true})
+	wantFinding(t, rep, "tls", lock.StatusWarn, []string{"plain text to " + ip.String()}, []string{"sslmode=verify-full", "sslrootcert"})
+	wantFinding(t, rep, "pooling", lock.StatusOK, []string{"directly to PostgreSQL or through a TCP proxy"}, nil)
+	noPassword(t, rep, pgtest.AppPassword)
+}
+
+// nonLoopbackIP is an IPv4 address of this host off loopback. A machine
+// without one cannot run the test: it fails under CI=true, else skips.
+func nonLoopbackIP(t *testing.T) net.IP {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+			return n.IP
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("this host has no non-loopback IPv4 address to test plain text off the host with")
+	}
+	t.Skip("no non-loopback IPv4 address")
+	return nil
+}
+
+// forward listens on listen and copies every connection to and from
+// target until the test ends; it returns the address it listens on.
+func forward(t *testing.T, listen, target string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { _, _ = io.Copy(up, c); up.Close() }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
+	return l.Addr().String()
 }
