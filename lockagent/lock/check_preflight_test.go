@@ -244,6 +244,7 @@ func TestCheckURLNamesATenantsMissingGrant(t *testing.T) {
 			rep = lock.CheckURL(ctx, dsn, lock.CheckOptions{AllowAsync: true})
 			wantFinding(t, rep, "privileges", lock.StatusFail, []string{"membership in role " + lock.TenantGroupRole},
 				[]string{"GRANT " + lock.TenantGroupRole + " TO " + c.Role})
+			noPassword(t, rep, c.Password)
 			assertNoProbeRows(t, owner, ns)
 		})
 	}
@@ -261,6 +262,7 @@ func TestCheckURLNamesTheOwnersMissingPrivilege(t *testing.T) {
 	}
 	rep := lock.CheckURL(ctx, srv.DirectDSN(), lock.CheckOptions{AllowAsync: true})
 	wantFinding(t, rep, "privileges", lock.StatusFail, []string{"lacks CREATEROLE"}, []string{"ALTER ROLE " + pgtest.AppUser + " CREATEROLE"})
+	noPassword(t, rep, pgtest.AppPassword)
 }
 
 // The URL insists on TLS and the server has none: named, with the URL
@@ -321,6 +323,7 @@ func TestCheckURLWarnsOfASkewedDatabaseClock(t *testing.T) {
 			if !strings.Contains(f.Detail, "1h0m") && !strings.Contains(f.Detail, "59m59") {
 				t.Errorf("the detail does not say the offset is an hour: %s", f.Detail)
 			}
+			noPassword(t, rep, pgtest.AppPassword)
 		})
 	}
 }
