@@ -576,14 +576,7 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 	for _, e := range templateProblems(field.NewPath("spec"), &job.Spec) {
 		errs = append(errs, e)
 	}
-	if len(opts.DatabaseCA) > 0 {
-		for i, v := range job.Spec.Template.Spec.Volumes {
-			if v.Name == DatabaseCAVolumeName {
-				errs = append(errs, field.Invalid(field.NewPath("spec", "template", "spec", "volumes").Index(i).Child("name"), v.Name,
-					"dislock adds a volume of this name for the database's CA (rename this volume)"))
-			}
-		}
-	}
+	errs = append(errs, databaseCANameProblems(&job.Spec.Template.Spec)...)
 
 	// Under Never a container's exit is final, and the agent may record a
 	// failure as soon as every app container ended. The API server
@@ -778,6 +771,37 @@ func addPodMetadata(meta *metav1.ObjectMeta, opts Options) {
 			}
 		}
 	}
+}
+
+// databaseCANameProblems refuses the database CA's volume name in a
+// template, whether or not this webhook mounts the CA: the name is dislock's
+// (a user's volume of that name, in the CA's shape, would be taken for the
+// injected one on reinvocation), and no app container may mount the CA's
+// volume, which is the sidecar's alone. The template here has no sidecar yet
+// (a reinvocation's was stripped).
+func databaseCANameProblems(pod *corev1.PodSpec) []error {
+	var errs []error
+	base := field.NewPath("spec", "template", "spec")
+	for i, v := range pod.Volumes {
+		if v.Name == DatabaseCAVolumeName {
+			errs = append(errs, field.Invalid(base.Child("volumes").Index(i).Child("name"), v.Name,
+				"dislock reserves this volume name for the database's CA (rename this volume)"))
+		}
+	}
+	for _, list := range []struct {
+		name       string
+		containers []corev1.Container
+	}{{"initContainers", pod.InitContainers}, {"containers", pod.Containers}} {
+		for i, c := range list.containers {
+			for j, m := range c.VolumeMounts {
+				if m.Name == DatabaseCAVolumeName {
+					errs = append(errs, field.Invalid(base.Child(list.name).Index(i).Child("volumeMounts").Index(j).Child("name"), m.Name,
+						"the database's CA volume is mounted into dislock's sidecar only (remove this mount)"))
+				}
+			}
+		}
+	}
+	return errs
 }
 
 // databaseCAVolume is the sidecar's view of the database's CA: the one key

@@ -120,22 +120,30 @@ type migration struct {
 // --wait`, a Deployment's rolling update keeping the old replicas) instead
 // of the next tick's pods.
 //
-// Once passed it stays passed: with failurePolicy Fail, unready replicas
-// would make the API server refuse every Job while the database is down,
-// though the agents fail closed anyway and admission needs no database.
-// A later outage shows in the logs, in dislock_database_up and in the
-// DislockDatabaseUnreachable alert instead.
+// Once passed, a database outage never makes it unready: with failurePolicy
+// Fail, unready replicas would make the API server refuse every Job while
+// the database is down, though the agents fail closed anyway and admission
+// needs no database. A later outage shows in the logs, in
+// dislock_database_up and in the DislockDatabaseUnreachable alert instead.
+// The schema, though, is asked again every recheck: when another cluster's
+// newer dislock applies a migration this build cannot work with, the replica
+// goes unready (saying so) rather than inject agents against it, and ready
+// again once the schema is usable.
 type databaseGate struct {
 	migrate               func(context.Context) (migration, error)
 	backoffFirst, backoff time.Duration
 	passed                chan struct{}
 
+	// recheck is the pause between the schema's checks once passed.
+	recheck time.Duration
+
 	mu     sync.Mutex
 	reason error // why it has not passed yet
+	lost   error // why a passed gate is unready again: the schema became unusable
 }
 
 func newDatabaseGate(migrate func(context.Context) (migration, error)) *databaseGate {
-	return &databaseGate{migrate: migrate, backoffFirst: gateBackoffFirst, backoff: gateBackoffMax,
+	return &databaseGate{migrate: migrate, backoffFirst: gateBackoffFirst, backoff: gateBackoffMax, recheck: gateBackoffMax,
 		passed: make(chan struct{}), reason: errors.New("not connected to the database yet")}
 }
 
@@ -179,7 +187,7 @@ func (g *databaseGate) Start(ctx context.Context) error {
 				logger.Info("ready: schema dislock is up to date", "applied", m.applied, "schemaVersion", m.schema.Current)
 			}
 			close(g.passed)
-			return nil
+			return g.watchSchema(ctx, logger)
 		}
 		g.mu.Lock()
 		g.reason = err
@@ -201,14 +209,54 @@ func (g *databaseGate) Start(ctx context.Context) error {
 	}
 }
 
+// watchSchema asks again, every recheck, whether the schema is still usable,
+// and keeps g.lost: only an incompatible schema makes a passed gate
+// unready; an outage or another failure is logged and changes nothing.
+func (g *databaseGate) watchSchema(ctx context.Context, logger logr.Logger) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(g.recheck):
+		}
+		m, err := g.migrate(ctx)
+		incompatible := errors.Is(err, lock.ErrSchemaIncompatible)
+		if err == nil && !m.schema.Usable() {
+			incompatible = true
+			err = fmt.Errorf("schema dislock is at version %d, which this dislock (%d) cannot use", m.schema.Current, m.schema.Known)
+		}
+		g.mu.Lock()
+		was := g.lost
+		switch {
+		case incompatible:
+			g.lost = err
+		case err == nil:
+			g.lost = nil
+		}
+		now := g.lost
+		g.mu.Unlock()
+		switch {
+		case now != nil && was == nil:
+			logger.Error(now, "not ready: another cluster's dislock made the schema incompatible with this one; upgrade this cluster")
+		case now == nil && was != nil:
+			logger.Info("ready again: schema dislock is usable", "schemaVersion", m.schema.Current)
+		case err != nil && !incompatible:
+			logger.Error(err, "checking schema dislock failed; readiness unchanged (an outage never makes a ready replica unready)")
+		}
+	}
+}
+
 // Check is the readiness check: /readyz/database gives the reason.
 func (g *databaseGate) Check(*http.Request) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	select {
 	case <-g.passed:
+		if g.lost != nil {
+			return fmt.Errorf("not ready while schema dislock is incompatible with this dislock: %w", g.lost)
+		}
 		return nil
 	default:
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	return fmt.Errorf("not ready until this replica has reached the database once and found schema dislock usable: %w", g.reason)
 }

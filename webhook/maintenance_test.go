@@ -18,7 +18,7 @@ import (
 func startGate(t *testing.T, migrate func(context.Context) (migration, error)) (*databaseGate, <-chan error) {
 	t.Helper()
 	g := newDatabaseGate(migrate)
-	g.backoffFirst, g.backoff = time.Millisecond, 5*time.Millisecond
+	g.backoffFirst, g.backoff, g.recheck = time.Millisecond, 5*time.Millisecond, 5*time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done, stopped := make(chan error, 1), make(chan struct{})
 	go func() {
@@ -79,9 +79,17 @@ func TestDatabaseGateTellsWhyAReplicaIsNotReady(t *testing.T) {
 	}
 	attempts, results := make(chan struct{}), make(chan result)
 	g, done := startGate(t, func(ctx context.Context) (migration, error) {
-		attempts <- struct{}{}
-		r := <-results
-		return r.m, r.err
+		select {
+		case attempts <- struct{}{}:
+		case <-ctx.Done():
+			return migration{}, ctx.Err()
+		}
+		select {
+		case r := <-results:
+			return r.m, r.err
+		case <-ctx.Done():
+			return migration{}, ctx.Err()
+		}
 	})
 	<-attempts
 	if err := g.Check(nil); err == nil || !strings.Contains(err.Error(), "not connected to the database yet") {
@@ -106,12 +114,36 @@ func TestDatabaseGateTellsWhyAReplicaIsNotReady(t *testing.T) {
 	}
 	results <- result{m: migration{schema: lock.SchemaState{Current: 7, Known: 6}}}
 	awaitReady(t, g)
-	if err := <-done; err != nil {
-		t.Fatalf("the gate ended with %v", err)
+	<-attempts // the first check after passing began
+	// Passed, it asks again: an outage or a failed migration leaves it
+	// ready; a schema another cluster made incompatible makes it unready,
+	// saying so, and a usable one ready again.
+	for _, step := range []struct {
+		name  string
+		r     result
+		ready bool
+		want  string
+	}{
+		{"an outage", result{err: fmt.Errorf("migrating: %w at db:6432: connection refused", lock.ErrUnavailable)}, true, ""},
+		{"a failed migration", result{err: errors.New("migrating: permission denied for database dislock")}, true, ""},
+		{"an incompatible schema", result{err: fmt.Errorf("migrating: %w", incompatible)}, false, "schema dislock is incompatible with this dislock"},
+		{"a schema moved on after migrating", result{m: migration{schema: lock.SchemaState{Current: 7, Known: 6, Incompatible: incompatible}}}, false, "version 7, which this dislock (6) cannot use"},
+		{"a usable schema again", result{m: migration{schema: lock.SchemaState{Current: 7, Known: 6}}}, true, ""},
+	} {
+		results <- step.r
+		<-attempts // the next check begins after this one's outcome is kept
+		err := g.Check(nil)
+		switch {
+		case step.ready && err != nil:
+			t.Fatalf("after %s: readiness says %v; want ready", step.name, err)
+		case !step.ready && (err == nil || !strings.Contains(err.Error(), step.want)):
+			t.Fatalf("after %s: readiness says %v; want not ready saying %q", step.name, err, step.want)
+		}
 	}
-	// Nothing asks the database any more: an outage cannot flip it.
-	if err := g.Check(nil); err != nil {
-		t.Fatalf("after passing: %v", err)
+	select {
+	case err := <-done:
+		t.Fatalf("the gate ended with %v; want it to keep checking the schema", err)
+	default:
 	}
 }
 

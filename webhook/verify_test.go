@@ -523,20 +523,46 @@ func TestAnInjectionWithAnotherCASettingIsRefused(t *testing.T) {
 // refused, naming it, when the webhook adds its own.
 func TestAUserVolumeNamedLikeTheCAVolume(t *testing.T) {
 	t.Parallel()
+	// The name is dislock's with or without a CA: a user's volume of that
+	// name in the CA's shape would be taken for the injected one when a
+	// reinvocation strips the injection.
+	caShaped := databaseCAVolume(goldenOptions().DBSecretName)
+	for _, v := range []corev1.Volume{
+		{Name: DatabaseCAVolumeName, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		caShaped,
+	} {
+		cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
+			job.Spec.Template.Spec.Volumes = []corev1.Volume{v}
+		})
+		withCA := goldenOptions()
+		withCA.DatabaseCA = testCA
+		for name, opts := range map[string]Options{"without a CA": goldenOptions(), "with a CA": withCA} {
+			_, _, err := Inject(job, cj, opts, nil)
+			if err == nil || !strings.Contains(err.Error(), "spec.template.spec.volumes[0].name") || !strings.Contains(err.Error(), "rename this volume") {
+				t.Errorf("%s, a %s volume: error %v, want one naming the volume", name, volumeKind(v), err)
+			}
+		}
+	}
+}
+
+// An app container may not mount the CA's volume: it is the sidecar's.
+func TestAnAppContainerCannotMountTheCAVolume(t *testing.T) {
+	t.Parallel()
 	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
-		job.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: DatabaseCAVolumeName, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+		c := &job.Spec.Template.Spec.Containers[0]
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: DatabaseCAVolumeName, MountPath: "/ca"})
 	})
-	out, _, err := Inject(job, cj, goldenOptions(), nil)
-	if err != nil {
-		t.Fatalf("without a CA the name is free: %v", err)
-	}
-	if _, _, err := Inject(out, cj, goldenOptions(), nil); err != nil {
-		t.Fatalf("strip took the user's volume: %v", err)
-	}
 	withCA := goldenOptions()
 	withCA.DatabaseCA = testCA
-	_, _, err = Inject(job, cj, withCA, nil)
-	if err == nil || !strings.Contains(err.Error(), "spec.template.spec.volumes[0].name") || !strings.Contains(err.Error(), "rename this volume") {
-		t.Fatalf("error %v, want one naming the volume", err)
+	_, _, err := Inject(job, cj, withCA, nil)
+	if err == nil || !strings.Contains(err.Error(), "spec.template.spec.containers[0].volumeMounts[0].name") || !strings.Contains(err.Error(), "sidecar only") {
+		t.Fatalf("error %v, want one naming the mount", err)
 	}
+}
+
+func volumeKind(v corev1.Volume) string {
+	if v.Secret != nil {
+		return "CA-shaped secret"
+	}
+	return "emptyDir"
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/dislock/dislock/lockagent/lock"
@@ -54,7 +55,7 @@ func TestHostile17_TenantCannotWriteSchemaMigrations(t *testing.T) {
 // under prefer/allow skips verification entirely and falls back to plain
 // text: the CA is silently unused, for the owner's connection and (since
 // ReplaceRootCA keeps the mode too) every tenant URL the webhook writes.
-// PROVEN if this fails.
+// Fixed: the combination is refused at start.
 func TestHostile17_CAGivenButURLModeSilentlySkipsVerification(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -64,26 +65,9 @@ func TestHostile17_CAGivenButURLModeSilentlySkipsVerification(t *testing.T) {
 	}
 	for _, mode := range []string{"prefer", "allow", "disable"} {
 		t.Run(mode, func(t *testing.T) {
-			dsn, err := lock.WithRootCA("postgres://dislock:s3cret@db.internal:5432/dislock?sslmode="+mode, caFile)
-			if err != nil {
-				// Refusing the combination is an acceptable fix.
-				t.Logf("refused: %v", err)
-				return
-			}
-			cfg, err := lock.ParseDatabaseURL(dsn)
-			if err != nil {
-				t.Logf("refused at parse: %v", err)
-				return
-			}
-			cc := cfg.ConnConfig
-			if cc.TLSConfig == nil || cc.TLSConfig.InsecureSkipVerify && cc.TLSConfig.VerifyPeerCertificate == nil {
-				t.Errorf("with --database-ca-file and sslmode=%s the connection %q does not verify the server (TLSConfig %v): the CA is silently unused", mode, dsn, cc.TLSConfig != nil)
-			}
-			for _, fb := range cc.Fallbacks {
-				if fb.TLSConfig == nil {
-					t.Errorf("with --database-ca-file and sslmode=%s the connection falls back to plain text", mode)
-					break
-				}
+			_, err := lock.WithRootCA("postgres://dislock:s3cret@db.internal:5432/dislock?sslmode="+mode, caFile)
+			if err == nil || !strings.Contains(err.Error(), "sslmode="+mode) || !strings.Contains(err.Error(), "verify-full") || strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("with --database-ca-file and sslmode=%s: %v; want a refusal naming the mode and verify-full, without the password", mode, err)
 			}
 		})
 	}

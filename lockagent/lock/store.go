@@ -2,11 +2,13 @@ package lock
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -340,7 +342,50 @@ func WithRootCA(databaseURL, caFile string) (string, error) {
 	if _, err := ParseDatabaseURL(databaseURL); err != nil {
 		return "", err
 	}
-	return setRootCA(databaseURL, caFile, false)
+	out, err := setRootCA(databaseURL, caFile, false)
+	if err != nil {
+		return "", err
+	}
+	// A mode the string chose that verifies nothing (disable, allow,
+	// prefer: pgx then skips the certificate, or falls back to plain text)
+	// would leave the CA silently unused: refuse it rather than let the
+	// operator believe the server is verified.
+	cfg, err := ParseDatabaseURL(out)
+	if err != nil {
+		return "", err
+	}
+	if !verifiesServer(cfg.ConnConfig.TLSConfig) || slices.ContainsFunc(cfg.ConnConfig.Fallbacks, func(f *pgconn.FallbackConfig) bool {
+		return !verifiesServer(f.TLSConfig)
+	}) {
+		return "", fmt.Errorf("database URL: its sslmode (%s) does not verify the server's certificate, so the CA %s would go unused: "+
+			"set sslmode=verify-full (or leave sslmode out) when a database CA is given", urlSSLMode(databaseURL), caFile)
+	}
+	return out, nil
+}
+
+// verifiesServer tells a TLS configuration that checks the server's
+// certificate: pgx's verify-ca and require-with-a-root-certificate skip Go's
+// own check for a callback of theirs.
+func verifiesServer(c *tls.Config) bool {
+	return c != nil && (!c.InsecureSkipVerify || c.VerifyPeerCertificate != nil)
+}
+
+// urlSSLMode names the sslmode a connection string sets, for messages.
+func urlSSLMode(databaseURL string) string {
+	if _, rest, ok := cutURLScheme(databaseURL); ok {
+		if _, query, ok := strings.Cut(rest, "?"); ok {
+			if v, err := url.ParseQuery(query); err == nil && v.Has("sslmode") {
+				return "sslmode=" + v.Get("sslmode")
+			}
+		}
+		return "sslmode unset"
+	}
+	for _, f := range strings.Fields(databaseURL) {
+		if v, ok := strings.CutPrefix(f, "sslmode="); ok {
+			return "sslmode=" + strings.Trim(v, "'")
+		}
+	}
+	return "sslmode unset"
 }
 
 // ReplaceRootCA is WithRootCA for a connection string handed to someone who
