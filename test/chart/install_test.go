@@ -448,11 +448,12 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 func TestWithCertManagerTheWebhookServesTheIssuedCertificate(t *testing.T) {
 	c := kube.Need(t)
 	const name = "dislock-certmanager"
-	// The Secret the user manages (database.existingSecret), naming a database
-	// nobody listens on: the webhook retries the migration and keeps admitting.
+	// The Secret the user manages (database.existingSecret): a replica is
+	// ready only once it reached the database and found the schema usable.
+	pg := pgtest.New(t, pgtest.Options{Name: "certmanager"})
 	createNamespace(t, c, name)
 	kubectl(t, c, nil, "--namespace", name, "create", "secret", "generic", "dislock-db",
-		"--from-literal=url=postgres://dislock@127.0.0.1:1/dislock?sslmode=disable")
+		"--from-literal=url="+pg.BouncerDSN())
 	r := installChart(t, c, name, base("certManager.enabled", true, "database.copyToNamespaces", false))
 	ctx := context.Background()
 
