@@ -133,7 +133,7 @@ func (c command) outputFormats() []string {
 
 var commands = map[string]command{
 	"migrate": {"create or upgrade schema dislock", true, setupMigrate, nil},
-	"check":   {"check the database: primary, synchronous replication, schema, fencing tokens", true, setupCheck, nil},
+	"check":   {"preflight each role's URL (--tenant-database-url too): connection, pooling, TLS, clock, privileges, primary, synchronous replication, schema, fencing tokens", true, setupCheck, nil},
 	"windows": {"list schedule windows: who ran them, when, how it ended, what every cluster decided", true, setupWindows,
 		[]string{formatTable, formatWide, formatJSON, formatYAML}},
 	"missed": {"find and list the windows that ran nowhere, and the keys nobody decides for", true, setupMissed,
