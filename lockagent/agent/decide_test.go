@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"context"
-	"io"
 	"net"
 	"net/url"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -132,7 +132,7 @@ func TestAnAppRestartedAfterAnErrorDecisionRunsOnceTheDatabaseAnswers(t *testing
 		t.Fatalf("first start: exit %d, decision %+v", p.exit, p.decision())
 	}
 
-	forward(t, proxyAddr, bouncer.Host) // the database is back
+	harness.Forward(t, proxyAddr, bouncer.Host) // the database is back
 	await(t, "a decision after the error", 90*time.Second, func() bool { return p.decision().Action != protocol.ActionError })
 	if d := p.decision(); d.Action != protocol.ActionRun {
 		t.Fatalf("decision after the database came back: %+v", d)
@@ -148,35 +148,6 @@ func TestAnAppRestartedAfterAnErrorDecisionRunsOnceTheDatabaseAnswers(t *testing
 	if err != nil || w.State != lock.StateSucceeded {
 		t.Fatalf("window after the run: %+v %v", w, err)
 	}
-}
-
-// forward accepts connections on addr (which must be free) and pipes each to
-// target until the test ends.
-func forward(t *testing.T, addr, target string) {
-	t.Helper()
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", target)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				go func() { _, _ = io.Copy(up, c); up.Close() }()
-				_, _ = io.Copy(c, up)
-			}()
-		}
-	}()
 }
 
 // A misconfigured sidecar says what is wrong instead of running unlocked.

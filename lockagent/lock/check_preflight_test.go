@@ -3,7 +3,6 @@ package lock_test
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net"
 	"net/url"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/test/tlstest"
 )
@@ -338,7 +338,7 @@ func TestCheckURLWarnsOfPlainTextOffThisHost(t *testing.T) {
 	openStore(t, srv.DirectDSN(), 2)
 	ip := nonLoopbackIP(t)
 	direct, _ := url.Parse(srv.DirectDSN())
-	fwd := forward(t, net.JoinHostPort(ip.String(), "0"), direct.Host)
+	fwd := harness.Forward(t, net.JoinHostPort(ip.String(), "0"), direct.Host)
 	u := *direct
 	u.Host = fwd
 	rep := lock.CheckURL(context.Background(), u.String(), lock.CheckOptions{AllowAsync: true})
@@ -365,34 +365,4 @@ func nonLoopbackIP(t *testing.T) net.IP {
 	}
 	t.Skip("no non-loopback IPv4 address")
 	return nil
-}
-
-// forward listens on listen and copies every connection to and from
-// target until the test ends; it returns the address it listens on.
-func forward(t *testing.T, listen, target string) string {
-	t.Helper()
-	l, err := net.Listen("tcp", listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", target)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				go func() { _, _ = io.Copy(up, c); up.Close() }()
-				_, _ = io.Copy(c, up)
-			}()
-		}
-	}()
-	return l.Addr().String()
 }
