@@ -61,7 +61,7 @@ func (s *Store) poolingFinding(ctx context.Context) Finding {
 		f.Detail = fmt.Sprintf("through a pooler in transaction (or statement) mode: clients share server connections per transaction (backends %v)", pids)
 	case mode == poolSession:
 		f.Status = StatusWarn
-		f.Detail = fmt.Sprintf("through a pooler in session mode (a closed connection's backend %d served the next one): "+
+		f.Detail = fmt.Sprintf("through a pooler in session mode (backend %d, held by an idle client, was not shared with the next one): "+
 			"each pod then holds a server connection for its whole run, a standby for hours, and a few hundred pods exhaust the pool", pids[0])
 		f.Fix = "set pool_mode = transaction in pgbouncer.ini (for dislock's database or users) and reload PgBouncer"
 	default:
@@ -71,6 +71,10 @@ func (s *Store) poolingFinding(ctx context.Context) Finding {
 	}
 	return f
 }
+
+// poolingWait bounds how long a probe connection waits for its first
+// answer: longer means a pooler held it back while another client sat idle.
+const poolingWait = 5 * time.Second
 
 // probePooling runs the probe poolingFinding describes, up to poolingRounds
 // times while the answer is ambiguous, and returns the pids it saw.
@@ -101,11 +105,21 @@ func (s *Store) probePoolingOnce(ctx context.Context) (poolMode, []uint32, error
 	}
 	defer b.Close(context.Background())
 	var pidA, pidA2, pidB, pidB2 uint32
-	for _, q := range []struct {
+	for i, q := range []struct {
 		c   *pgx.Conn
 		pid *uint32
 	}{{a, &pidA}, {b, &pidB}, {a, &pidA2}, {b, &pidB2}} {
-		if err := q.c.QueryRow(ctx, qBackendPid).Scan(q.pid); err != nil {
+		qctx, cancel := context.WithTimeout(ctx, poolingWait)
+		err := q.c.QueryRow(qctx, qBackendPid).Scan(q.pid)
+		cancel()
+		if i == 1 && err != nil && qctx.Err() != nil && ctx.Err() == nil {
+			// B waited for a server connection while A sat idle between
+			// statements: a transaction pooler would have given it A's.
+			// A session pooler whose pool A (or running pods) filled
+			// holds it back instead, for up to query_wait_timeout.
+			return poolSession, []uint32{pidA}, nil
+		}
+		if err != nil {
 			return poolUnknown, nil, err
 		}
 	}

@@ -120,12 +120,16 @@ func (s *Store) preflight(ctx context.Context, rep *RoleReport, opts CheckOption
 		Detail: fmt.Sprintf("logged in as role %s at %s, database %s", rep.Role, rep.Addr, rep.Database)}}
 	out = append(out, tlsFinding(conn))
 	out = append(out, clockFinding(ctx, conn))
-	out = append(out, s.poolingFinding(ctx))
+	var privileges Finding
 	if rep.Kind == RoleTenant {
-		out = append(out, s.tenantPrivileges(ctx, conn, namespace))
+		privileges = s.tenantPrivileges(ctx, conn, namespace)
 	} else {
-		out = append(out, ownerPrivileges(ctx, conn))
+		privileges = ownerPrivileges(ctx, conn)
 	}
+	// The pooling probe opens connections of its own: under session
+	// pooling this one would hold a server connection the probe may need.
+	conn.Close(context.Background())
+	out = append(out, s.poolingFinding(ctx), privileges)
 	db, err := s.CheckDatabase(ctx, opts)
 	if err != nil {
 		return append(out, Finding{Check: "database", Status: StatusFail, Detail: err.Error(),

@@ -89,6 +89,65 @@ func setsExecMode(databaseURL string) bool {
 	return ok
 }
 
+// keywordPasswords finds the values of password keywords in a key=value
+// connection string the way libpq reads them (blanks allowed around '=',
+// a value quoted with ' or bare, backslash escapes), even when the rest of
+// the string is broken. It returns each value as written and unescaped,
+// and the words of a value with blanks: a driver's own redaction may have
+// masked its first word only.
+func keywordPasswords(conn string) []string {
+	var out []string
+	for i := 0; ; {
+		j := strings.Index(conn[i:], "password")
+		if j < 0 {
+			return out
+		}
+		start := i + j
+		i = start + len("password")
+		if start > 0 && !isConnBlank(conn[start-1]) {
+			continue // sslpassword's value is the key's, not the login's
+		}
+		k := i
+		for k < len(conn) && isConnBlank(conn[k]) {
+			k++
+		}
+		if k == len(conn) || conn[k] != '=' {
+			continue
+		}
+		k++
+		for k < len(conn) && isConnBlank(conn[k]) {
+			k++
+		}
+		quoted := k < len(conn) && conn[k] == '\''
+		if quoted {
+			k++
+		}
+		var raw, value strings.Builder
+		for ; k < len(conn); k++ {
+			c := conn[k]
+			if c == '\\' && k+1 < len(conn) {
+				raw.WriteByte(c)
+				k++
+				raw.WriteByte(conn[k])
+				value.WriteByte(conn[k])
+				continue
+			}
+			if quoted && c == '\'' || !quoted && isConnBlank(c) {
+				break
+			}
+			raw.WriteByte(c)
+			value.WriteByte(c)
+		}
+		i = k
+		out = append(out, raw.String(), value.String())
+		if words := strings.Fields(value.String()); len(words) > 1 {
+			out = append(out, words...)
+		}
+	}
+}
+
+func isConnBlank(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
 // scrubPassword removes any password the connection string carries from msg.
 // pgx already redacts what it recognises; this also covers strings too broken
 // for its redaction to find the password.
@@ -107,11 +166,7 @@ func scrubPassword(databaseURL, msg string) string {
 			}
 		}
 	}
-	for _, field := range strings.Fields(databaseURL) {
-		if v, ok := strings.CutPrefix(field, "password="); ok {
-			secrets = append(secrets, strings.Trim(v, "'"))
-		}
-	}
+	secrets = append(secrets, keywordPasswords(databaseURL)...)
 	for _, s := range secrets {
 		if s != "" {
 			msg = strings.ReplaceAll(msg, s, "xxxxx")
