@@ -11,7 +11,10 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -153,6 +156,61 @@ func (c *child) signalGroup(sig syscall.Signal) error {
 		return nil
 	}
 	return err
+}
+
+// groupStopTimeout bounds how long the wrapper waits for its killed group
+// to stop: SIGKILL takes effect within microseconds, unless a process is
+// stuck in the kernel (uninterruptible I/O), which no wait cures.
+const groupStopTimeout = 2 * time.Second
+
+// awaitGroupStopped waits until no process of the child's group runs,
+// polling /proc, for at most timeout; it reports whether the group stopped.
+// Zombies and exiting processes count as stopped: they act no more.
+func (c *child) awaitGroupStopped(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for pause := 100 * time.Microsecond; ; pause = min(2*pause, 10*time.Millisecond) {
+		if !groupRuns(c.pid) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(pause)
+	}
+}
+
+// groupRuns reports whether a process of process group pgid is neither a
+// zombie nor dead, reading /proc/<pid>/stat ("pid (comm) state ppid pgrp …").
+func groupRuns(pgid int) bool {
+	if unix.Kill(-pgid, 0) != nil {
+		return false // no member at all, not even a zombie
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return false // cannot tell: kill(2) above was the best answer
+	}
+	for _, e := range entries {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		stat := string(b)
+		i := strings.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(stat[i+1:])
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" || f[0] == "x" {
+			continue
+		}
+		if pgrp, err := strconv.Atoi(f[2]); err == nil && pgrp == pgid {
+			return true
+		}
+	}
+	return false
 }
 
 // forwarded reports whether a signal the wrapper receives is passed on to the

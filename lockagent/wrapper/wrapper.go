@@ -335,6 +335,13 @@ func (w *wrapper) runCommand(dec protocol.Decision, sigs <-chan os.Signal) int {
 	// lease, and another pod take the window (in a container the rest dies
 	// with the wrapper anyway, but only once it exits).
 	w.signal(c, syscall.SIGKILL)
+	// A signal is delivered, not yet acted on, when kill returns: wait until
+	// no member of the group still runs (a zombie does not), so that the
+	// result goes out after the leftovers stopped, not just after they
+	// were told to.
+	if !c.awaitGroupStopped(groupStopTimeout) {
+		w.log.Warn("processes of the command's group still run after SIGKILL", "waited", groupStopTimeout.String())
+	}
 	if res.err != nil {
 		w.log.Error("lost track of the command", "err", res.err)
 		w.record(protocol.Result{Ran: true, ExitCode: exitInternal, Revoked: stopped, Started: started.UTC(), Finished: finished.UTC()})
