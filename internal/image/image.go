@@ -416,3 +416,35 @@ func (f File) writeUnder(root string) error {
 	// By chmod, after the write: the umask would clear bits (/tmp's 1777).
 	return os.Chmod(p, f.Mode)
 }
+
+// Walk reads every layer of img in order and calls fn for each entry, with
+// a reader of the entry's content: what a container started from img sees,
+// for tests and for inspecting a built image.
+func Walk(img v1.Image, fn func(hdr *tar.Header, content io.Reader) error) error {
+	layers, err := img.Layers()
+	if err != nil {
+		return err
+	}
+	for _, l := range layers {
+		rc, err := l.Uncompressed()
+		if err != nil {
+			return err
+		}
+		tr := tar.NewReader(rc)
+		for {
+			hdr, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err == nil {
+				err = fn(hdr, tr)
+			}
+			if err != nil {
+				rc.Close()
+				return err
+			}
+		}
+		rc.Close()
+	}
+	return nil
+}

@@ -196,43 +196,28 @@ func imageTree(t *testing.T, b Build, im Image, binary string) map[string]entry 
 	if err != nil {
 		t.Fatal(err)
 	}
-	layers, err := img.Layers()
+	tree := map[string]entry{}
+	err = Walk(img, func(hdr *tar.Header, content io.Reader) error {
+		if hdr.Uid != 0 || hdr.Gid != 0 {
+			t.Errorf("%s is owned by %d:%d, want root: the nonroot user must not be able to change it", hdr.Name, hdr.Uid, hdr.Gid)
+		}
+		p := "/" + strings.TrimSuffix(hdr.Name, "/")
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			tree[p] = entry{typ: "dir", mode: hdr.FileInfo().Mode() & (fs.ModePerm | fs.ModeSticky)}
+		case tar.TypeSymlink:
+			tree[p] = entry{typ: "link", data: hdr.Linkname}
+		default:
+			data, err := io.ReadAll(content)
+			if err != nil {
+				return err
+			}
+			tree[p] = entry{typ: "file", mode: hdr.FileInfo().Mode().Perm(), data: string(data)}
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	tree := map[string]entry{}
-	for _, l := range layers {
-		rc, err := l.Uncompressed()
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr := tar.NewReader(rc)
-		for {
-			hdr, err := tr.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if hdr.Uid != 0 || hdr.Gid != 0 {
-				t.Errorf("%s is owned by %d:%d, want root: the nonroot user must not be able to change it", hdr.Name, hdr.Uid, hdr.Gid)
-			}
-			p := "/" + strings.TrimSuffix(hdr.Name, "/")
-			switch hdr.Typeflag {
-			case tar.TypeDir:
-				tree[p] = entry{typ: "dir", mode: hdr.FileInfo().Mode() & (fs.ModePerm | fs.ModeSticky)}
-			case tar.TypeSymlink:
-				tree[p] = entry{typ: "link", data: hdr.Linkname}
-			default:
-				data, err := io.ReadAll(tr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				tree[p] = entry{typ: "file", mode: hdr.FileInfo().Mode().Perm(), data: string(data)}
-			}
-		}
-		rc.Close()
 	}
 	return tree
 }

@@ -64,33 +64,18 @@ func load(t *testing.T, s Set, ref string) (v1.Image, map[string]*tar.Header, ma
 	if err != nil {
 		t.Fatalf("%s is not in %s: %v", ref, s.Tarball, err)
 	}
-	layers, err := img.Layers()
+	hdrs, data := map[string]*tar.Header{}, map[string][]byte{}
+	err = image.Walk(img, func(hdr *tar.Header, content io.Reader) error {
+		hdrs[hdr.Name] = hdr
+		if hdr.Typeflag == tar.TypeReg {
+			var err error
+			data[hdr.Name], err = io.ReadAll(content)
+			return err
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	hdrs, data := map[string]*tar.Header{}, map[string][]byte{}
-	for _, l := range layers {
-		rc, err := l.Uncompressed()
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr := tar.NewReader(rc)
-		for {
-			hdr, err := tr.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			hdrs[hdr.Name] = hdr
-			if hdr.Typeflag == tar.TypeReg {
-				if data[hdr.Name], err = io.ReadAll(tr); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		rc.Close()
 	}
 	return img, hdrs, data
 }
