@@ -576,7 +576,6 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 	for _, e := range templateProblems(field.NewPath("spec"), &job.Spec) {
 		errs = append(errs, e)
 	}
-	errs = append(errs, databaseCANameProblems(&job.Spec.Template.Spec)...)
 
 	// Under Never a container's exit is final, and the agent may record a
 	// failure as soon as every app container ended. The API server
@@ -710,6 +709,13 @@ func templateProblems(jobSpec *field.Path, js *batchv1.JobSpec) field.ErrorList 
 			errs = append(errs, field.Invalid(podPath.Child("volumes").Index(i).Child("name"), v.Name,
 				"dislock adds a volume of this name (rename this volume)"))
 		}
+		// Reserved with or without a CA: a user's volume of that name in
+		// the CA's shape would be taken for the injected one when a
+		// reinvocation strips the injection.
+		if v.Name == DatabaseCAVolumeName {
+			errs = append(errs, field.Invalid(podPath.Child("volumes").Index(i).Child("name"), v.Name,
+				"dislock reserves this volume name for the database's CA (rename this volume)"))
+		}
 	}
 	for _, list := range []struct {
 		name       string
@@ -729,6 +735,14 @@ func templateProblems(jobSpec *field.Path, js *batchv1.JobSpec) field.ErrorList 
 				if dislockVariable(list.name, e.Name) {
 					errs = append(errs, field.Invalid(cp.Child("env").Index(j).Child("name"), e.Name,
 						"dislock sets the "+envPrefix+" variables itself, on its sidecar and on each app container (remove this variable)"))
+				}
+			}
+			// The CA's volume is the sidecar's alone (a template here has
+			// no sidecar: a reinvocation's was stripped).
+			for j, m := range c.VolumeMounts {
+				if m.Name == DatabaseCAVolumeName {
+					errs = append(errs, field.Invalid(cp.Child("volumeMounts").Index(j).Child("name"), m.Name,
+						"the database's CA volume is mounted into dislock's sidecar only (remove this mount)"))
 				}
 			}
 			if runsAgent(c.Command) {
@@ -771,37 +785,6 @@ func addPodMetadata(meta *metav1.ObjectMeta, opts Options) {
 			}
 		}
 	}
-}
-
-// databaseCANameProblems refuses the database CA's volume name in a
-// template, whether or not this webhook mounts the CA: the name is dislock's
-// (a user's volume of that name, in the CA's shape, would be taken for the
-// injected one on reinvocation), and no app container may mount the CA's
-// volume, which is the sidecar's alone. The template here has no sidecar yet
-// (a reinvocation's was stripped).
-func databaseCANameProblems(pod *corev1.PodSpec) []error {
-	var errs []error
-	base := field.NewPath("spec", "template", "spec")
-	for i, v := range pod.Volumes {
-		if v.Name == DatabaseCAVolumeName {
-			errs = append(errs, field.Invalid(base.Child("volumes").Index(i).Child("name"), v.Name,
-				"dislock reserves this volume name for the database's CA (rename this volume)"))
-		}
-	}
-	for _, list := range []struct {
-		name       string
-		containers []corev1.Container
-	}{{"initContainers", pod.InitContainers}, {"containers", pod.Containers}} {
-		for i, c := range list.containers {
-			for j, m := range c.VolumeMounts {
-				if m.Name == DatabaseCAVolumeName {
-					errs = append(errs, field.Invalid(base.Child(list.name).Index(i).Child("volumeMounts").Index(j).Child("name"), m.Name,
-						"the database's CA volume is mounted into dislock's sidecar only (remove this mount)"))
-				}
-			}
-		}
-	}
-	return errs
 }
 
 // databaseCAVolume is the sidecar's view of the database's CA: the one key
