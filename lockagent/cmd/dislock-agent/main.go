@@ -2,7 +2,7 @@
 //
 //	dislock-agent agent            the native sidecar: decide, heartbeat, record
 //	dislock-agent exec -- CMD...   the wrapper around each app container's command
-//	dislock-agent probe            the sidecar's startupProbe: exit 0 once the agent binary is installed
+//	dislock-agent probe [--wait D]  the sidecar's postStart hook: exit 0 once the agent binary is installed
 //	dislock-agent version
 //
 // It links no Kubernetes client code, to stay small (it is in every pod).
@@ -12,13 +12,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime"
 	"syscall"
 
 	"github.com/dislock/dislock/internal/version"
 	"github.com/dislock/dislock/lockagent/agent"
-	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/secret"
 	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/lockagent/wrapper"
@@ -28,7 +26,7 @@ import (
 	_ "time/tzdata"
 )
 
-const usage = "usage: dislock-agent agent | exec [flags] -- CMD [ARGS...] | probe | version"
+const usage = "usage: dislock-agent agent | exec [flags] -- CMD [ARGS...] | probe [--wait D] | version"
 
 // init keeps the main goroutine on the process's main thread. The agent's
 // credential hand-off re-executes the process (package secret), and execve
@@ -52,7 +50,7 @@ func main() {
 	case "exec":
 		os.Exit(wrapper.Main(os.Args[2:], os.Getenv, os.Stdout, os.Stderr))
 	case "probe":
-		os.Exit(probe())
+		os.Exit(probe(os.Args[2:], os.Stderr))
 	case "version":
 		fmt.Printf("dislock-agent %s (commit %s)\n", version.Version, version.Commit)
 	default:
@@ -84,33 +82,4 @@ func runAgent() int {
 		return os.Getenv(name)
 	}
 	return agent.Main(os.Args[2:], getenv, os.Stderr)
-}
-
-// probe succeeds once the agent has installed its binary in the shared
-// directory, so the kubelet starts the app containers only when their
-// wrapped command exists. It does not wait for the decision: the wrapper
-// waits for that itself, and a standby may wait for the owner's whole run,
-// hours. A probe that waited too would have the kubelet restart a sidecar
-// that is waiting as it should once the probe's budget ran out.
-//
-// The kubelet execs the probe with the sidecar container's environment, the
-// credential included, so the probe turns non-dumpable as soon as its main
-// runs. That narrows, but does not close, what an app that shares the pod's
-// process namespace and can become the sidecar's uid (root with the
-// runtime's default capabilities can) may read in the probe's /proc entries:
-// the Go runtime starts before main (docs/install.md, "What a tenant can
-// see").
-func probe() int {
-	_ = secret.NonDumpable() // best effort: the probe reads no secret itself
-	dir := os.Getenv(spec.EnvSharedDir)
-	if dir == "" {
-		dir = spec.DefaultSharedDir
-	}
-	// The agent installs the binary by rename, so a regular executable file
-	// here is a whole one.
-	fi, err := os.Stat(filepath.Join(dir, protocol.BinPath))
-	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
-		return 1
-	}
-	return 0
 }
