@@ -108,12 +108,19 @@
 //     label: an admitted Job has no UID yet, and the downward API cannot read
 //     ownerReferences. Jobs with spec.manualSelector do not get that label,
 //     so they are refused.
-//   - The startupProbe (exec "dislock-agent probe") passes once the agent has
-//     installed its binary in the shared volume, not once it has decided: the
-//     wrapper in each app container waits for the decision itself. A standby
-//     may wait for the owner's whole run, hours, and no probe budget may
-//     restart a sidecar that is waiting as it should. Installing takes
-//     seconds; the default budget of 5 minutes is slack for a slow node.
+//   - A postStart hook (exec "dislock-agent probe --wait=5m0s") returns once
+//     the agent has installed its binary in the shared volume, not once it
+//     has decided: the wrapper in each app container waits for the decision
+//     itself. A standby may wait for the owner's whole run, hours, and no
+//     gate may restart a sidecar that is waiting as it should. The kubelet
+//     runs the hook inside the sync that starts the sidecar and starts the
+//     app containers at its next look at the pod (its 1-second relist); a
+//     startupProbe would add a wait for the probe worker's next 1-second
+//     period, since the worker only sees the sidecar running after that
+//     relist (about 1.2 s per pod start, measured: docs/benchmarks.md). The
+//     kubelet puts no limit on a hook, so the hook fails after 5 minutes
+//     (installing takes seconds; the rest is slack for a slow node) and the
+//     kubelet restarts the sidecar, whose next hook finds the binary.
 //   - The sidecar runs as uid/gid 65533 (not an app's usual uid), non-root, with a read-only root
 //     filesystem, no capabilities, no privilege escalation and the
 //     RuntimeDefault seccomp profile, set on the container so that it holds

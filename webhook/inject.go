@@ -100,24 +100,22 @@ const (
 	// re-installs it atomically, and a few small JSON files.
 	VolumeSizeLimit = "64Mi"
 
-	// StartupProbePeriodSeconds is how often the kubelet asks the sidecar
-	// whether the agent binary is installed in the shared volume. The app
-	// containers start at most this long after it is: one second keeps short
-	// jobs short.
-	StartupProbePeriodSeconds = 1
-	// DefaultStartupProbeFailureThreshold gives the sidecar 5 minutes to
-	// install the agent binary, which takes seconds; the rest is slack for a
-	// slow disk or an overloaded node. The probe gates only that, not the
-	// decision: the wrapper in each app container waits for the decision
-	// itself, because a standby may wait as long as the owner's whole run
-	// (hours), and a probe waiting for the decision would have the kubelet
-	// restart a sidecar that is waiting exactly as it should.
-	DefaultStartupProbeFailureThreshold = int32(5 * time.Minute / (StartupProbePeriodSeconds * time.Second))
+	// DefaultInstallTimeout bounds the sidecar's postStart hook, which
+	// waits for the agent to install its binary in the shared volume (it
+	// takes milliseconds to seconds; the rest is slack for a slow disk or an
+	// overloaded node). The kubelet puts no limit on a hook, so the hook
+	// gives up after this and the kubelet restarts the sidecar. It gates
+	// only the install, not the decision: the wrapper in each app container
+	// waits for the decision itself, because a standby may wait as long as
+	// the owner's whole run (hours), and a gate waiting for the decision
+	// would have the kubelet restart a sidecar that is waiting exactly as it
+	// should.
+	DefaultInstallTimeout = 5 * time.Minute
 
 	// agentUID is the sidecar's user. Not 65532, the distroless "nonroot"
 	// user that many apps run as: a process of another uid needs
 	// CAP_SYS_PTRACE to read the sidecar's /proc entries (the credential in
-	// its environment, and in that of its exec'd startup probes) or, unless
+	// its environment, and in that of its exec'd postStart hook) or, unless
 	// it is root, to signal it, even in a pod that shares its process
 	// namespace.
 	agentUID = 65533
@@ -143,10 +141,9 @@ type Options struct {
 	// AgentMaxResources (empty: DefaultAgentMaxResources).
 	AgentResources    corev1.ResourceRequirements
 	AgentMaxResources corev1.ResourceList
-	// StartupProbeFailureThreshold times StartupProbePeriodSeconds is how
-	// long the sidecar may take to install the agent binary before the
-	// kubelet restarts it.
-	StartupProbeFailureThreshold int32
+	// InstallTimeout is how long the sidecar may take to install the agent
+	// binary before its postStart hook fails and the kubelet restarts it.
+	InstallTimeout time.Duration
 	// DatabaseCA is the PEM bundle of the database's CA
 	// (--database-ca-file). When set, the sidecar mounts DatabaseCAKey of
 	// the namespace's database Secret at DatabaseCADir, and the Secrets the
@@ -180,8 +177,8 @@ func (o Options) WithDefaults() Options {
 	if len(o.AgentMaxResources) == 0 {
 		o.AgentMaxResources = DefaultAgentMaxResources()
 	}
-	if o.StartupProbeFailureThreshold == 0 {
-		o.StartupProbeFailureThreshold = DefaultStartupProbeFailureThreshold
+	if o.InstallTimeout == 0 {
+		o.InstallTimeout = DefaultInstallTimeout
 	}
 	return o
 }
@@ -225,8 +222,8 @@ func (o Options) Validate() error {
 			}
 		}
 	}
-	if o.StartupProbeFailureThreshold < 1 {
-		errs = append(errs, fmt.Errorf("startup probe failure threshold %d is below 1", o.StartupProbeFailureThreshold))
+	if o.InstallTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("install timeout %v is below 1s (want minutes, e.g. 5m: copying the agent binary takes seconds on a slow node)", o.InstallTimeout))
 	}
 	errs = append(errs, podMetadataProblems("--pod-labels", o.PodLabels, true)...)
 	errs = append(errs, podMetadataProblems("--pod-annotations", o.PodAnnotations, false)...)
@@ -816,15 +813,15 @@ func sidecar(p plan, opts Options) corev1.Container {
 		Resources:     p.resources,
 		VolumeMounts:  mounts,
 		// The app containers (and any later init containers) start only once
-		// this succeeds, i.e. once the agent has installed itself in the
-		// shared volume; their wrappers then wait for the decision.
-		StartupProbe: &corev1.Probe{
-			ProbeHandler:     corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{agentCommand, "probe"}}},
-			PeriodSeconds:    StartupProbePeriodSeconds,
-			TimeoutSeconds:   1,
-			SuccessThreshold: 1,
-			FailureThreshold: opts.StartupProbeFailureThreshold,
-		},
+		// this returns, i.e. once the agent has installed itself in the
+		// shared volume; their wrappers then wait for the decision. A hook,
+		// not a startupProbe: the kubelet runs it inside the sync that starts
+		// the sidecar and starts the app containers at its next look at the
+		// pod, where a probe adds a wait for the probe worker's next period
+		// (about a second per pod start, docs/benchmarks.md).
+		Lifecycle: &corev1.Lifecycle{PostStart: &corev1.LifecycleHandler{
+			Exec: &corev1.ExecAction{Command: []string{agentCommand, "probe", "--wait=" + opts.InstallTimeout.String()}},
+		}},
 		TerminationMessagePath:   spec.DefaultTerminationLog,
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 		// Explicit on the container, so it holds whatever the pod's own

@@ -623,7 +623,7 @@ func TestInjectUsesOptions(t *testing.T) {
 	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("20Mi")}}
 	opts := Options{ClusterName: "dc-b", AgentImage: "registry.example/dislock:v2", AgentImagePullPolicy: corev1.PullAlways,
-		DBSecretName: "pg", DBSecretKey: "dsn", AgentResources: res, StartupProbeFailureThreshold: 90}
+		DBSecretName: "pg", DBSecretKey: "dsn", AgentResources: res, InstallTimeout: 90 * time.Second}
 	out, _, err := Inject(job, cj, opts, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -635,8 +635,8 @@ func TestInjectUsesOptions(t *testing.T) {
 	if !reflect.DeepEqual(sc.Resources, res) {
 		t.Errorf("resources %+v, want %+v", sc.Resources, res)
 	}
-	if sc.StartupProbe.FailureThreshold != 90 {
-		t.Errorf("startup probe threshold %d, want 90", sc.StartupProbe.FailureThreshold)
+	if hook := sc.Lifecycle.PostStart.Exec.Command; !slices.Contains(hook, "--wait=1m30s") {
+		t.Errorf("postStart hook %q, want it to wait up to the install timeout, 1m30s", hook)
 	}
 	env := map[string]corev1.EnvVar{}
 	for _, e := range sc.Env {
@@ -714,10 +714,10 @@ func TestOptionsValidate(t *testing.T) {
 			AgentResources: corev1.ResourceRequirements{
 				Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
 				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")}},
-			StartupProbeFailureThreshold: -1},
+			InstallTimeout: -1},
 			want: []string{`cluster name "dc/a"`, `agent image "bad image"`, `pull policy "Sometimes"`,
 				`secret name "DB_Secret"`, `secret key "a/b"`, "memory request 128Mi is above its limit 64Mi",
-				"failure threshold -1"}},
+				"install timeout -1ns is below 1s"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -746,30 +746,36 @@ func TestWithDefaults(t *testing.T) {
 	o := Options{}.WithDefaults()
 	if o.DBSecretName != DefaultDBSecretName || o.DBSecretKey != DefaultDBSecretKey ||
 		o.AgentImagePullPolicy != DefaultAgentImagePullPolicy ||
-		o.StartupProbeFailureThreshold != DefaultStartupProbeFailureThreshold ||
+		o.InstallTimeout != DefaultInstallTimeout ||
 		!reflect.DeepEqual(o.AgentResources, DefaultAgentResources()) {
 		t.Errorf("defaults not applied: %+v", o)
 	}
 }
 
-// The startup probe gates only the installed agent binary, which takes
-// seconds: its budget is slack for a slow node, not a bound on how long a
-// pod may wait for its decision (a standby waits for the owner's whole run,
-// and the wrapper, not the probe, waits for the decision).
-func TestDefaultStartupProbeOnlyWaitsForTheInstall(t *testing.T) {
+// The sidecar's gate is a postStart hook that waits for the installed agent
+// binary only, which takes seconds: its bound is slack for a slow node, not
+// a bound on how long a pod may wait for its decision (a standby waits for
+// the owner's whole run, and the wrapper, not the gate, waits for the
+// decision). There is no startupProbe, whose budget would restart a waiting
+// sidecar and whose period would delay every app start.
+func TestDefaultInstallGateOnlyWaitsForTheInstall(t *testing.T) {
 	t.Parallel()
-	budget := time.Duration(DefaultStartupProbeFailureThreshold) * StartupProbePeriodSeconds * time.Second
-	if budget < time.Minute || budget > 10*time.Minute {
-		t.Errorf("startup probe budget %s: want minutes, enough to copy a binary on a slow node and no more", budget)
+	if DefaultInstallTimeout < time.Minute || DefaultInstallTimeout > 10*time.Minute {
+		t.Errorf("install timeout %s: want minutes, enough to copy a binary on a slow node and no more", DefaultInstallTimeout)
 	}
 	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationStandby: "true"}, nil)
 	out, _, err := Inject(job, cj, goldenOptions(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if probe := out.Spec.Template.Spec.InitContainers[0].StartupProbe; !slices.Equal(probe.Exec.Command, []string{"dislock-agent", "probe"}) ||
-		probe.FailureThreshold != DefaultStartupProbeFailureThreshold {
-		t.Errorf("startup probe %+v", probe)
+	sc := out.Spec.Template.Spec.InitContainers[0]
+	if sc.StartupProbe != nil || sc.LivenessProbe != nil || sc.ReadinessProbe != nil {
+		t.Errorf("the sidecar has a probe: startup %+v, liveness %+v, readiness %+v", sc.StartupProbe, sc.LivenessProbe, sc.ReadinessProbe)
+	}
+	want := []string{"dislock-agent", "probe", "--wait=5m0s"}
+	if sc.Lifecycle == nil || sc.Lifecycle.PostStart == nil || sc.Lifecycle.PostStart.Exec == nil ||
+		!slices.Equal(sc.Lifecycle.PostStart.Exec.Command, want) || sc.Lifecycle.PreStop != nil {
+		t.Errorf("lifecycle %+v, want only a postStart exec of %q", sc.Lifecycle, want)
 	}
 }
 
