@@ -120,7 +120,12 @@
 //     relist (about 1.2 s per pod start, measured: docs/benchmarks.md). The
 //     kubelet puts no limit on a hook, so the hook fails after 5 minutes
 //     (installing takes seconds; the rest is slack for a slow node) and the
-//     kubelet restarts the sidecar, whose next hook finds the binary.
+//     kubelet restarts the sidecar, whose next hook finds the binary. A
+//     kubelet restarted while a hook still waits (an install that takes
+//     longer than the kubelet's restart) counts the running sidecar as
+//     started, which a startupProbe would not: the app container then fails
+//     to start (its wrapped command does not exist yet), nothing runs
+//     unlocked, and the Job's retry starts over.
 //   - The sidecar runs as uid/gid 65533 (not an app's usual uid), non-root, with a read-only root
 //     filesystem, no capabilities, no privilege escalation and the
 //     RuntimeDefault seccomp profile, set on the container so that it holds
