@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/agent"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/spec"
@@ -29,6 +30,9 @@ import (
 var agentBin string
 
 func TestMain(m *testing.M) {
+	if code, ok := agent.HerdChild(); ok {
+		os.Exit(code)
+	}
 	os.Exit(func() int {
 		dir, err := os.MkdirTemp("", "dislock-agent-test-")
 		if err != nil {

@@ -54,6 +54,13 @@ func (s *Server) AddSessionBouncer(name string) (*Bouncer, error) {
 	return s.addBouncer(name, "pool_mode = session\n")
 }
 
+// AddBouncerConf is AddBouncer with extraConf appended to its
+// pgbouncer.ini (PgBouncer takes the last value of a setting): a load test
+// raises max_client_conn and the pool sizes with it.
+func (s *Server) AddBouncerConf(name, extraConf string) (*Bouncer, error) {
+	return s.addBouncer(name, extraConf)
+}
+
 // addBouncer starts a bouncer whose pgbouncer.ini ends with extraConf
 // (PgBouncer takes the last value of a setting).
 func (s *Server) addBouncer(name, extraConf string) (*Bouncer, error) {
@@ -102,6 +109,12 @@ func (b *Bouncer) startOnFreePortLocked(conf func(port int) string) error {
 		b.s.logf("port %d was taken before pgbouncer %s could bind it; picking another", port, b.name)
 	}
 }
+
+// Port is the port the bouncer listens on (127.0.0.1).
+func (b *Bouncer) Port() int { return b.port }
+
+// PID is the running pgbouncer's process id.
+func (b *Bouncer) PID() (int, error) { return readPID(b.pid) }
 
 // Name is the name given to AddBouncer.
 func (b *Bouncer) Name() string { return b.name }

@@ -64,6 +64,10 @@ type Options struct {
 	// certificates from a CA the Server generates (CAFile): the DSNs it
 	// returns then use sslmode=verify-full with that CA.
 	TLS bool
+	// Conf is appended to postgresql.conf after the harness's own settings
+	// (a later line wins), e.g. shared_preload_libraries for a benchmark
+	// that reads pg_stat_statements.
+	Conf string
 }
 
 // Target is one way to reach the database: "direct" or "pgbouncer".
@@ -238,6 +242,7 @@ func (s *Server) configurePostgres() error {
 	if s.opts.TLS {
 		conf += postgresTLSConf(s.dir)
 	}
+	conf += s.opts.Conf + "\n"
 	_, err = f.WriteString(conf)
 	if err := errors.Join(err, f.Close()); err != nil {
 		return fmt.Errorf("pgtest: configuring postgres: %w", err)
@@ -556,6 +561,26 @@ func (s *Server) logTails() string {
 func (s *Server) path(name string) string { return filepath.Join(s.dir, name) }
 
 func (s *Server) dataDir() string { return s.path("data") }
+
+// PostmasterPID is the running postmaster's process id, from its pid file:
+// benchmarks add up the CPU time of it and its children.
+func (s *Server) PostmasterPID() (int, error) {
+	return readPID(filepath.Join(s.dataDir(), "postmaster.pid"))
+}
+
+// readPID reads the process id on the first line of a pid file.
+func readPID(file string) (int, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: reading pid file: %w", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: pid file %s: %w", file, err)
+	}
+	return pid, nil
+}
 
 func (s *Server) logf(format string, args ...any) {
 	harness.Logf(s.opts.Logf, "pgtest", dirLabel(s.opts.Name), format, args...)

@@ -1,0 +1,733 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/test/benchscale"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+// The herd: every CronJob of every cluster fires on the same instant, and
+// each of its pods runs the agent. `make bench-scale` runs BenchmarkHerd.
+var (
+	herdKeys       = flag.String("herd.keys", "1000,3000,10000", "BenchmarkHerd: CronJobs per cluster, one herd each (comma-separated)")
+	herdClusters   = flag.Int("herd.clusters", 3, "BenchmarkHerd: clusters, each with its own PgBouncer")
+	herdNamespaces = flag.Int("herd.namespaces", 10, "BenchmarkHerd: namespaces per cluster, each with its own tenant role (and PgBouncer pool)")
+	herdPoolSize   = flag.Int("herd.pool", 2, "BenchmarkHerd: each PgBouncer's default_pool_size (server connections per tenant role)")
+	herdMode       = flag.String("herd.mode", "schedule", "BenchmarkHerd: the CronJobs' dislock.io/mode")
+	herdRun        = flag.Duration("herd.run", 30*time.Second, "BenchmarkHerd: how long the winners' apps run, heartbeating")
+	herdBaseline   = flag.Duration("herd.pgbench", 10*time.Second, "BenchmarkHerd: how long pgbench runs the heartbeat statement")
+)
+
+// herdTTL is the default lease TTL (dislock.io/lease-ttl): a heartbeat
+// every 10 s.
+const herdTTL = 30 * time.Second
+
+// herdPod is one simulated pod: the agent's own run() in a goroutine, with
+// its own shared directory, database connection and logger, as in a pod.
+type herdPod struct {
+	key, cluster string
+	dir          protocol.Dir
+	env          map[string]string
+	cancel       context.CancelFunc
+	done         chan struct{}
+
+	decidedOnce sync.Once
+	decided     chan struct{}
+	decidedAt   time.Time
+	action      protocol.Action
+	retries     atomic.Int64
+	problems    atomic.Int64
+	firstIssue  atomic.Pointer[string]
+	firstRetry  atomic.Pointer[string]
+}
+
+// Write receives the agent's JSON log lines: the decision line times the
+// decision; retries, warnings and errors are counted.
+func (p *herdPod) Write(b []byte) (int, error) {
+	switch {
+	case bytes.Contains(b, []byte(`"msg":"decision"`)):
+		var l struct {
+			Action protocol.Action `json:"action"`
+		}
+		_ = json.Unmarshal(b, &l)
+		p.decidedOnce.Do(func() {
+			p.decidedAt, p.action = time.Now(), l.Action
+			close(p.decided)
+		})
+	case bytes.Contains(b, []byte("database unavailable, retrying")):
+		p.retries.Add(1)
+		s := string(bytes.TrimSpace(b))
+		p.firstRetry.CompareAndSwap(nil, &s)
+	case bytes.Contains(b, []byte(`"level":"WARN"`)), bytes.Contains(b, []byte(`"level":"ERROR"`)):
+		p.problems.Add(1)
+		s := string(bytes.TrimSpace(b))
+		p.firstIssue.CompareAndSwap(nil, &s)
+	}
+	return len(b), nil
+}
+
+func (p *herdPod) getenv(k string) string { return p.env[k] }
+
+// herdRow is one line of the capacity table.
+type herdRow struct {
+	keys, pods             int
+	drain, p50, p99, pmax  time.Duration
+	errors, retries, warns int64
+	herd                   benchscale.Counters
+	herdWaits              string
+	hbWall                 time.Duration
+	hb                     benchscale.Counters
+	hbPerSec, pgbenchTPS   float64
+	record                 time.Duration
+	recordErrors           int64
+	topHerd, topHeartbeats []string
+	firstIssue, firstRetry string
+}
+
+// BenchmarkHerd runs, for each -herd.keys M, -herd.clusters N × M pods that
+// all start at once for the same window, each through its cluster's own
+// PgBouncer (transaction pooling) as its namespace's tenant role, to one
+// PostgreSQL: the top of the minute in N clusters with M CronJobs each.
+// Each pod is the agent's run() in this process with its own connection,
+// shared directory and logger: it reads the database's clock, records its
+// cluster's view, claims the window, publishes the decision and writes the
+// ledger, as the sidecar does. The skipping pods then end; the winners run
+// for -herd.run, heartbeating at the default TTL's interval, and then end
+// with their apps' success recorded. The same PostgreSQL's pgbench
+// throughput on the heartbeat statement is the heartbeats' baseline. It
+// fails if any key's window ran other than once.
+func BenchmarkHerd(b *testing.B) {
+	if runtime.GOOS != "linux" {
+		b.Fatal("BenchmarkHerd reads /proc: Linux only")
+	}
+	var sizes []int
+	for _, s := range strings.Split(*herdKeys, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			b.Fatalf("-herd.keys: %q is not a positive number of CronJobs", s)
+		}
+		sizes = append(sizes, n)
+	}
+	mode, err := spec.ParseMode(*herdMode)
+	if err != nil {
+		b.Fatalf("-herd.mode: %v", err)
+	}
+	// A cluster's process holds a connection per pod (two while its
+	// ledger writes beside a claim), and so does its PgBouncer.
+	if err := benchscale.RaiseFileLimit(uint64(slicesMax(sizes) + 2000)); err != nil {
+		b.Fatal(err)
+	}
+	h := newHerd(b)
+	var rows []herdRow
+	for _, m := range sizes {
+		b.Run(fmt.Sprintf("keys=%d", m), func(b *testing.B) {
+			for range b.N {
+				r := h.run(b, m, mode)
+				rows = append(rows, r)
+				b.ReportMetric(r.drain.Seconds(), "drain-s")
+				b.ReportMetric(float64(r.p99)/float64(time.Millisecond), "claim-p99-ms")
+				b.ReportMetric(float64(r.errors), "errors")
+				b.ReportMetric(r.herd.WALBytes/float64(m), "WAL-B/window")
+				b.ReportMetric(100*r.hbPerSec/r.pgbenchTPS, "heartbeat-%-of-pgbench")
+				b.ReportMetric(0, "ns/op")
+			}
+		})
+	}
+	h.report(rows)
+}
+
+func slicesMax(s []int) int {
+	m := 0
+	for _, v := range s {
+		m = max(m, v)
+	}
+	return m
+}
+
+// herd is the database and bouncers the herds share.
+type herd struct {
+	srv      *pgtest.Server
+	bouncers []*pgtest.Bouncer
+	watch    *benchscale.Watch
+	// dsn[c][n] is namespace n's tenant URL through cluster c's bouncer.
+	dsn    [][]string
+	root   string // the pods' shared directories live under it (tmpfs)
+	binary string // what install copies
+	runs   int
+}
+
+func newHerd(b *testing.B) *herd {
+	ctx := context.Background()
+	srv := pgtest.New(b, pgtest.Options{Name: "herd", Conf: "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track_planning = on\nmax_connections = 400\n"})
+	h := &herd{srv: srv}
+	pgWatch, err := pgx.Connect(ctx, srv.SuperuserDSN())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { pgWatch.Close(ctx) })
+	if _, err := pgWatch.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		b.Fatal(err)
+	}
+	pmPID, err := srv.PostmasterPID()
+	if err != nil {
+		b.Fatal(err)
+	}
+	h.watch = &benchscale.Watch{Postmaster: pmPID, DB: pgWatch}
+	// A bouncer per cluster. max_client_conn: every pod of the cluster at
+	// once, with its ledger's second connection. The tenant roles' pools
+	// are what PostgreSQL sees: namespaces × pool size per bouncer.
+	conf := fmt.Sprintf("max_client_conn = %d\ndefault_pool_size = %d\nlisten_backlog = 4096\n", 2*slicesMaxKeys()+100, *herdPoolSize)
+	owner, err := lock.Open(ctx, srv.DirectDSN(), lock.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer owner.Close()
+	if _, err := owner.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	for c := range *herdClusters {
+		bn, err := srv.AddBouncerConf(fmt.Sprintf("dc-%d", c), conf)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h.bouncers = append(h.bouncers, bn)
+		pid, err := bn.PID()
+		if err != nil {
+			b.Fatal(err)
+		}
+		h.watch.Bouncers = append(h.watch.Bouncers, pid)
+		admin, err := pgx.Connect(ctx, srv.DSN(pgtest.Superuser, pgtest.SuperuserPassword, bn.Port())+"&dbname=pgbouncer&default_query_exec_mode=simple_protocol")
+		if err != nil {
+			b.Fatalf("pgbouncer admin console: %v", err)
+		}
+		b.Cleanup(func() { admin.Close(ctx) })
+		h.watch.Admin = append(h.watch.Admin, admin)
+		var dsns []string
+		for n := range *herdNamespaces {
+			cred, err := owner.ProvisionTenant(ctx, fmt.Sprintf("dc-%d", c), fmt.Sprintf("ns-%d", n))
+			if err != nil {
+				b.Fatal(err)
+			}
+			dsn, err := lock.TenantDSN(bn.DSN(), cred)
+			if err != nil {
+				b.Fatal(err)
+			}
+			dsns = append(dsns, dsn)
+		}
+		h.dsn = append(h.dsn, dsns)
+	}
+	// Shared directories on tmpfs, as an emptyDir's writes cost a node's
+	// page cache, not this machine's one disk, where PostgreSQL's WAL is.
+	root, err := os.MkdirTemp("/dev/shm", "dislock-herd-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(root) })
+	h.root = root
+	h.binary = filepath.Join(root, "dislock-agent")
+	if err := os.WriteFile(h.binary, []byte("#!/bin/true\n"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	return h
+}
+
+func slicesMaxKeys() int {
+	m := 0
+	for _, s := range strings.Split(*herdKeys, ",") {
+		n, _ := strconv.Atoi(strings.TrimSpace(s))
+		m = max(m, n)
+	}
+	return m
+}
+
+// run is one herd of m CronJobs per cluster. Each cluster's pods run in a
+// process of their own (herdChild): this machine allows a process 20 000
+// open files and no more (no CAP_SYS_RESOURCE), and a cluster's 10 000 pods
+// each hold a connection, as its PgBouncer holds one per pod.
+func (h *herd) run(b *testing.B, m int, mode spec.Mode) herdRow {
+	ctx := context.Background()
+	h.runs++
+	var now time.Time
+	if err := h.watch.DB.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		b.Fatal(err)
+	}
+	window := now.UTC().Truncate(time.Second)
+	var clusters []*herdCluster
+	for c := range *herdClusters {
+		cluster := fmt.Sprintf("dc-%d", c)
+		spec := herdSpec{Dir: filepath.Join(h.root, strconv.Itoa(h.runs), cluster), Binary: h.binary}
+		for i := range m {
+			ns := i % *herdNamespaces
+			job := fmt.Sprintf("job-%d-%d", i, h.runs)
+			spec.Pods = append(spec.Pods, map[string]string{
+				"DISLOCK_MODE": mode.String(), "DISLOCK_KEY": fmt.Sprintf("ns-%d/job-%d", ns, i), "DISLOCK_WINDOW": window.Format(time.RFC3339),
+				"DISLOCK_SCHEDULE": "* * * * *", "DISLOCK_LEASE_TTL": herdTTL.String(), "DISLOCK_CLUSTER": cluster,
+				"DISLOCK_JOB_NAME": job, "DISLOCK_JOB_UID": fmt.Sprintf("uid-%s-%s", cluster, job), "DISLOCK_POD_NAME": job + "-x",
+				"DISLOCK_DATABASE_URL": h.dsn[c][ns],
+			})
+		}
+		hc, err := startHerdCluster(spec)
+		if err != nil {
+			b.Fatalf("%s: %v", cluster, err)
+		}
+		b.Cleanup(hc.kill)
+		clusters = append(clusters, hc)
+	}
+	for _, hc := range clusters {
+		if err := hc.await("ready"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	h.warm(b)
+	if err := benchscale.ResetStatements(ctx, h.watch.DB); err != nil {
+		b.Fatal(err)
+	}
+	before := h.read(b)
+	waits := benchscale.SampleWaits(h.sampler(b), 50*time.Millisecond)
+	t0 := time.Now()
+	for _, hc := range clusters {
+		hc.send("go")
+	}
+	var r herdRow
+	r.keys, r.pods = m, m*len(clusters)
+	var lat []time.Duration
+	runs := map[string]int{}
+	for _, hc := range clusters {
+		// A skipping pod ends as soon as it decided, as the kubelet stops
+		// the sidecar once the wrapper exited 0; "decided" comes once
+		// every pod decided and the skipping ones ended (their ledger
+		// written).
+		if err := hc.await("decided"); err != nil {
+			b.Fatal(err)
+		}
+		for i, d := range hc.decisions {
+			at := time.Unix(0, d.At).Sub(t0)
+			lat = append(lat, at)
+			r.drain = max(r.drain, at)
+			switch d.Action {
+			case protocol.ActionRun:
+				runs[hc.spec.Pods[i]["DISLOCK_KEY"]]++
+			case protocol.ActionError:
+				r.errors++
+			}
+		}
+	}
+	r.herdWaits, _ = waits.Stop()
+	r.herd = h.read(b).Sub(before)
+	var err error
+	if r.topHerd, err = benchscale.TopStatements(ctx, h.watch.DB, 6); err != nil {
+		b.Fatal(err)
+	}
+	sorted := benchscale.Sorted(lat)
+	r.p50, r.p99, r.pmax = benchscale.Percentile(sorted, 0.50), benchscale.Percentile(sorted, 0.99), sorted[len(sorted)-1]
+	for _, p := range clusters[0].spec.Pods {
+		if key := p["DISLOCK_KEY"]; runs[key] != 1 && r.errors == 0 {
+			b.Errorf("window %s of %s ran %d times (must be exactly once)", window.Format(time.RFC3339), key, runs[key])
+		}
+	}
+
+	// The winners run, heartbeating.
+	if err := benchscale.ResetStatements(ctx, h.watch.DB); err != nil {
+		b.Fatal(err)
+	}
+	hbBefore := h.read(b)
+	time.Sleep(*herdRun) // the phase's length is what is measured: nothing to await
+	r.hb = h.read(b).Sub(hbBefore)
+	r.hbWall = r.hb.At.Sub(hbBefore.At)
+	if r.topHeartbeats, err = benchscale.TopStatements(ctx, h.watch.DB, 4); err != nil {
+		b.Fatal(err)
+	}
+	r.hbPerSec = float64(r.hb.Commits) / r.hbWall.Seconds()
+
+	// The apps succeed and the kubelet stops the sidecars: each records
+	// its window succeeded and ends.
+	recordStart := time.Now()
+	for _, hc := range clusters {
+		hc.send("end")
+	}
+	for _, hc := range clusters {
+		if err := hc.await("ended"); err != nil {
+			b.Fatal(err)
+		}
+		r.retries += hc.ended.Retries
+		r.warns += hc.ended.Problems
+		r.firstRetry = cmp.Or(r.firstRetry, hc.ended.FirstRetry)
+		r.firstIssue = cmp.Or(r.firstIssue, hc.ended.FirstIssue)
+	}
+	r.record = time.Since(recordStart)
+	if n := h.succeeded(b, window); n != m {
+		b.Errorf("%d of %d windows recorded succeeded after the winners ended", n, m)
+		r.recordErrors = int64(m - n)
+	}
+	r.pgbenchTPS = h.pgbenchHeartbeat(b, window)
+	return r
+}
+
+// herdSpec is what a cluster's process runs: each pod's DISLOCK_*
+// environment (the shared directory and termination log are added).
+type herdSpec struct {
+	Dir, Binary string
+	Pods        []map[string]string
+}
+
+// herdEvent is a line a cluster's process writes.
+type herdEvent struct {
+	Event      string            `json:"event"` // ready, decided, ended, failed
+	Decisions  []herdDecision    `json:"decisions,omitempty"`
+	Retries    int64             `json:"retries,omitempty"`
+	Problems   int64             `json:"problems,omitempty"`
+	FirstRetry string            `json:"firstRetry,omitempty"`
+	FirstIssue string            `json:"firstIssue,omitempty"`
+	Error      string            `json:"error,omitempty"`
+}
+
+type herdDecision struct {
+	At     int64           `json:"at"` // Unix ns, the machine's one clock
+	Action protocol.Action `json:"action"`
+}
+
+// herdCluster is a running cluster process, seen from the benchmark.
+type herdCluster struct {
+	spec      herdSpec
+	cmd       *exec.Cmd
+	in        io.WriteCloser
+	events    chan herdEvent
+	decisions []herdDecision
+	ended     herdEvent
+}
+
+func startHerdCluster(spec herdSpec) (*herdCluster, error) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), herdChildEnv+"=1")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	hc := &herdCluster{spec: spec, cmd: cmd, in: in, events: make(chan herdEvent, 4)}
+	go func() {
+		defer close(hc.events)
+		dec := json.NewDecoder(out)
+		for {
+			var e herdEvent
+			if err := dec.Decode(&e); err != nil {
+				return
+			}
+			hc.events <- e
+		}
+	}()
+	if err := json.NewEncoder(in).Encode(spec); err != nil {
+		hc.kill()
+		return nil, err
+	}
+	return hc, nil
+}
+
+// await waits for the process's next event, which must be want.
+func (hc *herdCluster) await(want string) error {
+	select {
+	case e, ok := <-hc.events:
+		switch {
+		case !ok:
+			return fmt.Errorf("the cluster process exited before %q: %v", want, hc.cmd.Wait())
+		case e.Event != want:
+			return fmt.Errorf("the cluster process said %q (%s), not %q", e.Event, e.Error, want)
+		}
+		switch want {
+		case "decided":
+			hc.decisions = e.Decisions
+		case "ended":
+			hc.ended = e
+		}
+		return nil
+	case <-time.After(5 * time.Minute):
+		return fmt.Errorf("no %q from the cluster process within 5 minutes", want)
+	}
+}
+
+func (hc *herdCluster) send(cmd string) { fmt.Fprintln(hc.in, cmd) }
+
+func (hc *herdCluster) kill() {
+	_ = hc.in.Close()
+	_ = hc.cmd.Process.Kill()
+	_ = hc.cmd.Wait()
+}
+
+// herdChildEnv makes the test binary a cluster's process (HerdChild).
+const herdChildEnv = "DISLOCK_HERD_CLUSTER"
+
+// HerdChild runs the test binary as one cluster of BenchmarkHerd when the
+// benchmark started it so (TestMain asks first). It reads a herdSpec on
+// stdin, prepares every pod, says ready, and on "go" runs each pod's agent
+// (run(), the sidecar's code) in a goroutine; it reports every decision once
+// all pods decided and the skipping ones ended, and on "end" finishes the
+// winners' apps and reports once every agent returned.
+func HerdChild() (code int, isChild bool) {
+	if os.Getenv(herdChildEnv) == "" {
+		return 0, false
+	}
+	out := json.NewEncoder(os.Stdout)
+	if err := herdChild(bufio.NewReader(os.Stdin), out); err != nil {
+		_ = out.Encode(herdEvent{Event: "failed", Error: err.Error()})
+		return 1, true
+	}
+	return 0, true
+}
+
+func herdChild(in *bufio.Reader, out *json.Encoder) error {
+	var spec herdSpec
+	line, err := in.ReadBytes('\n')
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(line, &spec); err != nil {
+		return err
+	}
+	executable = func() (string, error) { return spec.Binary, nil }
+	pods := make([]*herdPod, len(spec.Pods))
+	for i, env := range spec.Pods {
+		dir := filepath.Join(spec.Dir, strconv.Itoa(i))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		env["DISLOCK_SHARED_DIR"], env["DISLOCK_TERMINATION_LOG"] = dir, filepath.Join(dir, "termination-log")
+		pods[i] = &herdPod{key: env["DISLOCK_KEY"], cluster: env["DISLOCK_CLUSTER"], dir: protocol.Dir(dir), env: env,
+			done: make(chan struct{}), decided: make(chan struct{})}
+	}
+	defer os.RemoveAll(spec.Dir)
+	start := make(chan struct{})
+	for _, p := range pods {
+		pctx, cancel := context.WithCancel(context.Background())
+		p.cancel = cancel
+		go func() {
+			defer close(p.done)
+			<-start
+			run(pctx, nil, p.getenv, p)
+		}()
+		go func() {
+			<-p.decided
+			if p.action != protocol.ActionRun {
+				p.cancel()
+			}
+		}()
+	}
+	if err := out.Encode(herdEvent{Event: "ready"}); err != nil {
+		return err
+	}
+	if err := expect(in, "go"); err != nil {
+		return err
+	}
+	close(start)
+	ev := herdEvent{Event: "decided"}
+	for _, p := range pods {
+		<-p.decided
+		if p.action != protocol.ActionRun {
+			<-p.done
+		}
+		ev.Decisions = append(ev.Decisions, herdDecision{At: p.decidedAt.UnixNano(), Action: p.action})
+	}
+	if err := out.Encode(ev); err != nil {
+		return err
+	}
+	if err := expect(in, "end"); err != nil {
+		return err
+	}
+	for _, p := range pods {
+		if p.action != protocol.ActionRun {
+			continue
+		}
+		at := time.Now()
+		if err := p.dir.MarkStarted("app", at); err != nil {
+			return err
+		}
+		if err := p.dir.WriteResult("app", protocol.Result{Ran: true, Started: at, Finished: at}); err != nil {
+			return err
+		}
+		p.cancel()
+	}
+	ev = herdEvent{Event: "ended"}
+	for _, p := range pods {
+		<-p.done
+		ev.Retries += p.retries.Load()
+		ev.Problems += p.problems.Load()
+		if s := p.firstRetry.Load(); s != nil && ev.FirstRetry == "" {
+			ev.FirstRetry = p.key + ": " + *s
+		}
+		if s := p.firstIssue.Load(); s != nil && ev.FirstIssue == "" {
+			ev.FirstIssue = p.key + ": " + *s
+		}
+	}
+	return out.Encode(ev)
+}
+
+// expect reads the next command line, which must be want.
+func expect(in *bufio.Reader, want string) error {
+	line, err := in.ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("waiting for %q: %w", want, err)
+	}
+	if got := strings.TrimSpace(line); got != want {
+		return fmt.Errorf("got %q, want %q", got, want)
+	}
+	return nil
+}
+
+// warm fills every tenant role's pool in every bouncer with its server
+// connections, as the previous minute's pods left them: a PostgreSQL
+// backend costs this machine ~35 ms to start (300 connections straight to
+// PostgreSQL took 10.6 s), which the top of the minute does not pay in
+// production, where PgBouncer keeps its server connections for
+// server_idle_timeout.
+func (h *herd) warm(b *testing.B) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(h.dsn)*len(h.dsn[0])*(*herdPoolSize))
+	for _, dsns := range h.dsn {
+		for _, dsn := range dsns {
+			for range *herdPoolSize {
+				wg.Go(func() {
+					c, err := pgx.Connect(ctx, dsn)
+					if err != nil {
+						errs <- err
+						return
+					}
+					defer c.Close(ctx)
+					// Held across a sleep so that every connection of the
+					// pool is in use at once and PgBouncer opens them all.
+					_, err = c.Exec(ctx, "SELECT pg_sleep(0.2)")
+					if err != nil {
+						errs <- err
+					}
+				})
+			}
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatalf("warming the pools: %v", err)
+	}
+}
+
+// read takes the counters, failing the benchmark on error.
+func (h *herd) read(b *testing.B) benchscale.Counters {
+	c, err := h.watch.Read(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// sampler is a superuser connection of its own for the wait sampling.
+func (h *herd) sampler(b *testing.B) *pgx.Conn {
+	c, err := pgx.Connect(context.Background(), h.srv.SuperuserDSN())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// succeeded counts the window's keys recorded succeeded.
+func (h *herd) succeeded(b *testing.B, window time.Time) int {
+	var n int
+	err := h.watch.DB.QueryRow(context.Background(), `SELECT count(*) FROM dislock.windows WHERE window_start = $1 AND state = 'succeeded'`, window).Scan(&n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// pgbenchHeartbeat is the baseline: pgbench running the heartbeat
+// statement as fast as it can, through the first cluster's bouncer as the
+// first namespace's tenant role, against running claims made for it.
+func (h *herd) pgbenchHeartbeat(b *testing.B, window time.Time) float64 {
+	ctx := context.Background()
+	const rows = 1000
+	_, err := h.watch.DB.Exec(ctx, `INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
+		SELECT 'ns-0/pgbench-' || i, $1, 0, 'dc-0/ns-0/pgbench/uid/pod', 'dc-0', 'pod', i, 'running', now(), now() + interval '1 hour'
+		FROM generate_series(1, $2) i ON CONFLICT DO NOTHING`, window, rows)
+	if err != nil {
+		b.Fatal(err)
+	}
+	query := lock.HeartbeatWindowSQL
+	args := []string{"'ns-0/pgbench-' || :k", fmt.Sprintf("'%s'::timestamptz", window.Format(time.RFC3339)), "0", ":k", strconv.FormatInt(herdTTL.Microseconds(), 10)}
+	for i := len(args); i >= 1; i-- {
+		query = strings.ReplaceAll(query, "$"+strconv.Itoa(i), "("+args[i-1]+")")
+	}
+	script := fmt.Sprintf("\\set k random(1, %d)\n%s;\n", rows, strings.TrimSpace(query))
+	tps, err := benchscale.Pgbench(ctx, h.srv.Pgbench(), h.dsn[0][0], script, 8, *herdBaseline)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tps
+}
+
+// report prints the capacity table and the evidence behind it.
+func (h *herd) report(rows []herdRow) {
+	cpus := runtime.NumCPU()
+	t := [][]string{{"keys/cluster", "pods", "drain", "claim p50", "p99", "max", "errors", "retries", "PG CPU", "PG CPU share", "bouncers CPU", "generator CPU", "WAL/window", "WAL syncs", "PgBouncer wait/pod"}}
+	for _, r := range rows {
+		wall := r.drain
+		t = append(t, []string{strconv.Itoa(r.keys), strconv.Itoa(r.pods), ms(r.drain), ms(r.p50), ms(r.p99), ms(r.pmax),
+			strconv.FormatInt(r.errors, 10), strconv.FormatInt(r.retries, 10),
+			fmt.Sprintf("%.1f s", r.herd.PostgreSQL.Seconds()), fmt.Sprintf("%.0f%%", benchscale.Share(r.herd.PostgreSQL, wall, cpus)),
+			fmt.Sprintf("%.1f s", r.herd.Bouncers.Seconds()), fmt.Sprintf("%.1f s", r.herd.Self.Seconds()),
+			fmt.Sprintf("%.0f B", r.herd.WALBytes/float64(r.keys)), strconv.FormatInt(r.herd.WALSyncs, 10),
+			fmt.Sprintf("%.1f ms", float64(r.herd.WaitMicros)/1000/float64(r.pods))})
+	}
+	fmt.Println("\nHerd: every CronJob of every cluster fires at once (first start → last decision)")
+	_ = benchscale.Table(os.Stdout, t)
+	t = [][]string{{"running jobs", "heartbeat statements/s", "PG CPU share", "pgbench, same statement", "heartbeats ÷ pgbench", "record (apps end)", "record errors"}}
+	for _, r := range rows {
+		t = append(t, []string{strconv.Itoa(r.keys), fmt.Sprintf("%.0f", r.hbPerSec),
+			fmt.Sprintf("%.1f%%", benchscale.Share(r.hb.PostgreSQL, r.hbWall, cpus)), fmt.Sprintf("%.0f/s", r.pgbenchTPS),
+			fmt.Sprintf("%.1f%%", 100*r.hbPerSec/r.pgbenchTPS), ms(r.record), strconv.FormatInt(r.recordErrors, 10)})
+	}
+	fmt.Printf("\nHeartbeats of the winners (TTL %s, one every %s) over %s, then their success recorded\n", herdTTL, herdTTL/3, *herdRun)
+	_ = benchscale.Table(os.Stdout, t)
+	for _, r := range rows {
+		fmt.Printf("\nkeys=%d: backends during the herd: %s\n", r.keys, r.herdWaits)
+		fmt.Printf("keys=%d: statements by time, herd:\n  %s\n", r.keys, strings.Join(r.topHerd, "\n  "))
+		fmt.Printf("keys=%d: statements by time, heartbeats:\n  %s\n", r.keys, strings.Join(r.topHeartbeats, "\n  "))
+		if r.firstRetry != "" {
+			fmt.Printf("keys=%d: a retry: %s\n", r.keys, r.firstRetry)
+		}
+		if r.firstIssue != "" {
+			fmt.Printf("keys=%d: a warning or error: %s\n", r.keys, r.firstIssue)
+		}
+		fmt.Printf("keys=%d: during the herd: %d commits, %d WAL flushes, %d full-page images, %d backends started\n", r.keys, r.herd.Commits, r.herd.WALSyncs, r.herd.WALFPI, r.herd.Sessions)
+	}
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
