@@ -140,11 +140,16 @@ func newLogger(w io.Writer, offset time.Duration) *slog.Logger {
 	}})).With("component", "dislock-agent", "pid", os.Getpid())
 }
 
+// executable is the file install copies: this binary. The herd benchmark
+// (herd_test.go) runs thousands of agents inside the test binary and points
+// it at a small file instead of copying the test binary thousands of times.
+var executable = os.Executable
+
 // install copies the agent's own executable into the shared directory, where
 // the app containers' wrapped commands exec it. Atomic, so a wrapper never
 // runs a half-copied binary.
 func (a *agent) install() error {
-	self, err := os.Executable()
+	self, err := executable()
 	if err != nil {
 		return err
 	}
@@ -230,20 +235,38 @@ func (a *agent) callTimeout() time.Duration { return min(5*time.Second, a.cfg.He
 // retry runs op until it succeeds, fails for a reason other than an
 // unreachable database, the database stayed unreachable for StartTimeout,
 // or ctx ends; then it returns op's last error. It backs off from 100 ms,
-// doubling up to a heartbeat interval: what it serves can wait, and a
-// database that is down is not hammered by every pod at once.
+// doubling up to a heartbeat interval, each pause jittered: what it serves
+// can wait, and a database that is down is not hammered by every pod at
+// once, nor in step. Each try may take decideCallTimeout.
 func (a *agent) retry(ctx context.Context, what string, op func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
 	defer cancel()
-	return a.retryPaced(ctx, what, a.backoff, op)
+	return a.retryPaced(ctx, what, decideCallTimeout, a.backoff, op)
 }
 
-// backoff is the wait after prev (0 before the first wait).
+// decideCallTimeout bounds one try of what retry runs: deciding, and
+// releasing a lease. Before a decision nothing is at risk from a slow
+// answer, and a try given up on is worse than waiting: a client that
+// closes while PgBouncer runs its statement makes PgBouncer close that
+// server connection too, and when every pod of a herd queued behind a busy
+// database gives up at once, each of their retries costs the database a
+// new backend (~35 ms of a 2-vCPU machine's CPU) on top of the queue they
+// left: BenchmarkHerd saw 3 000 pods, queued for more than the heartbeat
+// call timeout (5 s), start 4 600 backends and never drain. Waiting in the
+// queue instead, they drain (docs/benchmarks.md). StartTimeout still bounds
+// the whole decision.
+const decideCallTimeout = 30 * time.Second
+
+// backoff is the wait after prev (0 before the first wait): 100 ms,
+// doubling up to a heartbeat interval or 5 s, and then jittered to between
+// half and all of it, so that the pods that failed together do not retry
+// together.
 func (a *agent) backoff(prev time.Duration) time.Duration {
-	if prev == 0 {
-		return 100 * time.Millisecond
+	d := 100 * time.Millisecond
+	if prev != 0 {
+		d = min(2*prev, 5*time.Second, a.cfg.HeartbeatInterval())
 	}
-	return min(2*prev, 5*time.Second, a.cfg.HeartbeatInterval())
+	return d/2 + rand.N(d/2+1)
 }
 
 // racingRetryInterval paces retryRacing: shorter than any outage the
@@ -259,7 +282,7 @@ const racingRetryInterval = 100 * time.Millisecond
 // so that the pods of one outage do not knock in step; after it, it backs
 // off as retry does. Only ctx bounds it.
 func (a *agent) retryRacing(ctx context.Context, what string, lapse int64, op func(ctx context.Context) error) error {
-	return a.retryPaced(ctx, what, func(prev time.Duration) time.Duration {
+	return a.retryPaced(ctx, what, a.callTimeout(), func(prev time.Duration) time.Duration {
 		if protocol.MonotonicNow() < lapse {
 			return racingRetryInterval/2 + rand.N(racingRetryInterval)
 		}
@@ -268,14 +291,14 @@ func (a *agent) retryRacing(ctx context.Context, what string, lapse int64, op fu
 }
 
 // retryPaced runs op until it succeeds, fails for a reason other than an
-// unreachable database, or ctx ends, waiting next(previous wait) between
-// tries (0 before the first wait). It logs the first failure and then at
-// most one a second.
-func (a *agent) retryPaced(ctx context.Context, what string, next func(time.Duration) time.Duration, op func(ctx context.Context) error) error {
+// unreachable database, or ctx ends, giving each try callTimeout and
+// waiting next(previous wait) between tries (0 before the first wait). It
+// logs the first failure and then at most one a second.
+func (a *agent) retryPaced(ctx context.Context, what string, callTimeout time.Duration, next func(time.Duration) time.Duration, op func(ctx context.Context) error) error {
 	var wait time.Duration
 	var logged time.Time
 	for tries := 1; ; tries++ {
-		callCtx, cancel := context.WithTimeout(ctx, a.callTimeout())
+		callCtx, cancel := context.WithTimeout(ctx, callTimeout)
 		err := op(callCtx)
 		cancel()
 		if err == nil || !errors.Is(err, lock.ErrUnavailable) {
@@ -301,9 +324,9 @@ func (a *agent) retryPaced(ctx context.Context, what string, next func(time.Dura
 // ns) can no longer be alive in the database: the deadline is a margin
 // (ttl/3) before the expiry the last renewal earned, counted from when it
 // was sent; the database counted from when it ran, at most a call timeout
-// later.
+// later: decideCallTimeout when the claim itself earned it.
 func (a *agent) lapseBound(until int64) int64 {
-	return until + int64(a.cfg.Margin()+a.callTimeout())
+	return until + int64(a.cfg.Margin()+max(a.callTimeout(), decideCallTimeout))
 }
 
 // recordContext bounds recording a run's outcome before SIGTERM: for
