@@ -88,7 +88,13 @@ func (s *Store) RecordDecision(ctx context.Context, d Decision) error {
 		seconds = &v
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true)`,
+		// History, not a lock: its commit need not wait for the WAL flush
+		// (a crash loses at most the last few hundred milliseconds of
+		// decisions, as a failed write does), and at the top of the minute
+		// every pod's decision would otherwise hold a server connection
+		// through a flush that the claims queue for.
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true),
+			set_config('synchronous_commit', 'off', true)`,
 			fmt.Sprint(LedgerLockTimeout.Milliseconds()), fmt.Sprint(LedgerStatementTimeout.Milliseconds())); err != nil {
 			return err
 		}

@@ -37,29 +37,55 @@ const commitGuard = `,
 //
 // A succeeded or skipped window never changes hands, and a live owner is
 // never displaced. A take draws its token only once it holds the row lock,
-// so it is larger than any token handed out for the row before (the VALUES
-// token is drawn before the conflict is known and may be older). xmax = 0
-// only for a freshly inserted row.
+// so it is larger than any token handed out for the row before (the
+// inserted row's token is drawn before the conflict is known and may be
+// older). xmax = 0 only for a freshly inserted row.
+//
+// The row is read first (cur), and the insert is not even tried when the
+// row the statement sees could not be taken (claimTakes is false): the
+// common refusal, another cluster's pod at the top of the minute, then
+// locks nothing, draws no token and commits no WAL, so it does not wait
+// for a WAL flush. That is the same answer the locked path would give at
+// the statement's snapshot, and the caller acts on it as on any refusal
+// (skip, or wait and ask again). A row the snapshot does not see yet (an
+// insert committing concurrently) or that looks takeable goes through the
+// insert, whose conflict path decides under the row lock. The statement
+// returns the claimed row with claimed = true, or the refusing owner's row
+// with claimed = false, or, when the locked path refused, no row.
 const qClaimWindow = `
-INSERT INTO dislock.windows AS w
-    (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
-VALUES ($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
-        dislock.next_token(), 'running', now(), now() + $7::bigint * interval '1 microsecond')
-ON CONFLICT (lock_key, window_start, job_index) DO UPDATE SET
-    token       = CASE WHEN w.owner = EXCLUDED.owner THEN w.token ELSE dislock.next_token() END,
-    claimed_at  = CASE WHEN w.owner = EXCLUDED.owner THEN w.claimed_at ELSE EXCLUDED.claimed_at END,
-    owner       = EXCLUDED.owner,
-    cluster     = EXCLUDED.cluster,
-    pod         = EXCLUDED.pod,
-    state       = 'running',
-    alive_until = EXCLUDED.alive_until,
-    finished_at = NULL,
-    exit_code   = NULL
-WHERE (w.owner = EXCLUDED.owner AND w.state = 'running')
-   OR (w.owner <> EXCLUDED.owner
-       AND (w.state = 'failed' OR (w.state = 'running' AND w.alive_until <= now()))
-       AND (starts_with(w.owner, $8::text) OR $9::boolean))
-RETURNING ` + windowColumns + `, (xmax = 0), now()` + commitGuard
+WITH cur AS (
+    SELECT ` + windowColumns + ` FROM dislock.windows
+    WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int),
+taken AS (
+    INSERT INTO dislock.windows AS w
+        (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
+    SELECT $1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
+           dislock.next_token(), 'running', now(), now() + $7::bigint * interval '1 microsecond'
+    WHERE NOT EXISTS (SELECT 1 FROM cur w WHERE NOT (` + claimTakes + `))
+    ON CONFLICT (lock_key, window_start, job_index) DO UPDATE SET
+        token       = CASE WHEN w.owner = EXCLUDED.owner THEN w.token ELSE dislock.next_token() END,
+        claimed_at  = CASE WHEN w.owner = EXCLUDED.owner THEN w.claimed_at ELSE EXCLUDED.claimed_at END,
+        owner       = EXCLUDED.owner,
+        cluster     = EXCLUDED.cluster,
+        pod         = EXCLUDED.pod,
+        state       = 'running',
+        alive_until = EXCLUDED.alive_until,
+        finished_at = NULL,
+        exit_code   = NULL
+    WHERE ` + claimTakes + `
+    RETURNING ` + windowColumns + `, (xmax = 0) AS inserted)
+SELECT ` + windowColumns + `, inserted, true, now()` + commitGuard + `
+FROM taken
+UNION ALL
+SELECT ` + windowColumns + `, false, false, now()` + commitGuard + `
+FROM cur w WHERE NOT (` + claimTakes + `)`
+
+// claimTakes says whether the claim of owner $4 (Job prefix $8, standby
+// $9) may take the existing window row w: see qClaimWindow.
+const claimTakes = `(w.owner = $4::text AND w.state = 'running')
+       OR (w.owner <> $4::text
+           AND (w.state = 'failed' OR (w.state = 'running' AND w.alive_until <= now()))
+           AND (starts_with(w.owner, $8::text) OR $9::boolean))`
 
 const windowColumns = `lock_key, window_start, job_index, owner, cluster, pod, token, state,
     claimed_at, alive_until, finished_at, exit_code`
@@ -148,11 +174,15 @@ const qListLeases = `SELECT ` + leaseColumns + `, now() FROM dislock.leases ORDE
 // qRecordView stores this cluster's view of the job and returns the views of
 // other clusters seen within $4 that differ from it: one statement, so it is
 // as pooler-safe as the claims. The SELECT does not see the upsert's row, and
-// does not need to: it reads other clusters only.
+// does not need to: it reads other clusters only. Its commit does not wait
+// for the WAL flush (synchronous_commit off for this transaction alone): a
+// view is advice for the operator, written by every pod before its claim,
+// and a crash that loses the last few hundred milliseconds of views loses
+// nothing a later pod does not write again.
 const qRecordView = `
 WITH mine AS (
     INSERT INTO dislock.views AS v (lock_key, cluster, view, seen_at)
-    VALUES ($1::text, $2::text, $3::jsonb, now())
+    SELECT $1::text, $2::text, $3::jsonb, now() FROM set_config('synchronous_commit', 'off', true)
     ON CONFLICT (lock_key, cluster) DO UPDATE SET view = EXCLUDED.view, seen_at = EXCLUDED.seen_at,
         changed_at = CASE WHEN v.view = EXCLUDED.view THEN v.changed_at ELSE now() END)
 SELECT lock_key, cluster, view::text, seen_at FROM dislock.views

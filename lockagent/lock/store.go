@@ -278,7 +278,7 @@ func (noCancelAddr) Network() string { return noCancelNetwork }
 var ErrUncertainCommit = fmt.Errorf("%w: the commit was not confirmed durable", ErrUnavailable)
 
 // writeRow runs one lock write that returns a row and scans it. The query
-// must end with commitGuard, whose columns writeRow scans itself. The result
+// must select commitGuard's columns last, which writeRow scans itself. The result
 // is ErrUncertainCommit when the guard names a reason, or when the server
 // warned that the commit's wait for the synchronous standby was cut short;
 // a server whose messages are not in English cannot be read, so there any
@@ -286,7 +286,7 @@ var ErrUncertainCommit = fmt.Errorf("%w: the commit was not confirmed durable", 
 // only ever leads to a skip or a stop. dislock itself never cuts a
 // synchronous commit's wait short (neverCancel).
 func (s *Store) writeRow(ctx context.Context, scan func(pgx.Row) error, query string, args ...any) error {
-	if !strings.HasSuffix(query, commitGuard) {
+	if !strings.Contains(query, commitGuard) {
 		panic("lock: a write without the commit guard")
 	}
 	conn, err := s.pool.Acquire(ctx)

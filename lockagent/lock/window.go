@@ -105,11 +105,13 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 	// between; the claim is then simply tried again.
 	for attempt := 0; attempt < 3; attempt++ {
 		var c Claim
-		var inserted bool
-		err := s.writeRow(ctx, func(row pgx.Row) error { return scanWindow(row, &c.Window, &inserted, &c.DBTime) },
+		var inserted, claimed bool
+		err := s.writeRow(ctx, func(row pgx.Row) error { return scanWindow(row, &c.Window, &inserted, &claimed, &c.DBTime) },
 			qClaimWindow, r.Key, start, r.Index, r.Owner.String(), r.Owner.Cluster,
 			r.Owner.Pod, micros(r.TTL), r.Owner.JobPrefix(), r.Standby)
 		switch {
+		case err == nil && !claimed:
+			return c, windowTaken(start, r.Key, c.Window)
 		case err == nil:
 			switch {
 			case inserted:
@@ -126,12 +128,18 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		err = scanWindow(s.pool.QueryRow(ctx, qGetWindow, r.Key, start, r.Index), &c.Window, &c.DBTime)
 		switch {
 		case err == nil:
-			return c, fmt.Errorf("window %s of %s: %w by %s (%s)", formatWindow(start), r.Key, ErrWindowTaken, c.Window.Owner, c.Window.State)
+			return c, windowTaken(start, r.Key, c.Window)
 		case !errors.Is(err, pgx.ErrNoRows):
 			return Claim{}, s.classify(fmt.Sprintf("reading owner of window %s of %s", formatWindow(start), r.Key), err)
 		}
 	}
 	return Claim{}, fmt.Errorf("claiming window %s of %s: the row kept disappearing", formatWindow(start), r.Key)
+}
+
+// windowTaken is the refusal of a claim on window start of key, which owner
+// holds.
+func windowTaken(start time.Time, key string, owner Window) error {
+	return fmt.Errorf("window %s of %s: %w by %s (%s)", formatWindow(start), key, ErrWindowTaken, owner.Owner, owner.State)
 }
 
 // Heartbeat extends the liveness of the caller's running claim and returns

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 const ttl = 30 * time.Second
@@ -200,3 +201,45 @@ func TestContendedWindowsHaveExactlyOneOwnerEach(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A refused claim, the common case at the top of the minute (another
+// cluster's pod), locks nothing, draws no token and writes no WAL: it
+// leaves the owner's row as it was (xmax unchanged: no row lock) and the
+// token sequence where it was. A claim the owner's row allows (the same
+// Job's retry once the owner failed) still goes through the locked path.
+func TestARefusedClaimWritesNothing(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		s := openStore(t, dsn, 4)
+		su := rawConn(t, pgtest.Need(t).SuperuserDSN())
+		key := uniqueKey(t)
+		a, b := owner("dc-a", "report-1", "pod-a"), owner("dc-b", "report-1", "pod-b")
+		won := mustClaim(t, s, key, window0, a, false, ttl, lock.Claimed)
+		rowAndToken := func() (xmax string, token int64) {
+			t.Helper()
+			err := su.QueryRow(ctx, `SELECT xmax::text, (SELECT last_value FROM dislock.token_counter)
+				FROM dislock.windows WHERE lock_key = $1 AND window_start = $2`, key, window0).Scan(&xmax, &token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return xmax, token
+		}
+		xmax0, token0 := rowAndToken()
+		for range 3 {
+			mustBeTaken(t, s, key, window0, b, false, a.WindowOwner())
+			mustBeTaken(t, s, key, window0, b, true, a.WindowOwner()) // a standby, the owner alive
+		}
+		if xmax, token := rowAndToken(); xmax != xmax0 || token != token0 {
+			t.Fatalf("refusals changed the owner's row or drew tokens: xmax %s → %s, last token %d → %d", xmax0, xmax, token0, token)
+		}
+		if _, err := s.Finish(ctx, key, window0, lock.NotIndexed, won.Window.Token, lock.StateFailed, ptr(1)); err != nil {
+			t.Fatal(err)
+		}
+		retry := a
+		retry.Pod = "pod-a-retry"
+		took := mustClaim(t, s, key, window0, retry, false, ttl, lock.TookOver)
+		if took.Window.Token <= won.Window.Token {
+			t.Fatalf("takeover token %d after %d: tokens must increase", took.Window.Token, won.Window.Token)
+		}
+	})
+}
