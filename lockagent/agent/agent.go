@@ -237,25 +237,25 @@ func (a *agent) callTimeout() time.Duration { return min(5*time.Second, a.cfg.He
 // or ctx ends; then it returns op's last error. It backs off from 100 ms,
 // doubling up to a heartbeat interval, each pause jittered: what it serves
 // can wait, and a database that is down is not hammered by every pod at
-// once, nor in step. Each try may take decideCallTimeout.
+// once, nor in step.
+//
+// A try is not cut short before StartTimeout. Before a decision nothing is
+// at risk from a slow answer, and a try given up on is worse than waiting:
+// a client that closes while PgBouncer runs its statement makes PgBouncer
+// close that server connection too, and when the pods of a herd queued
+// behind a busy database give up together, each of their retries costs
+// the database a new backend (~35 ms of CPU on a 2-vCPU machine) on top of
+// the queue they left. BenchmarkHerd saw 3 000 pods, queued for longer than
+// a 5 s bound, start 4 600 backends and never drain, and 9 000 pods do the
+// same behind a 30 s bound; waiting in the queue instead, they drain
+// (docs/benchmarks.md). A dead connection still ends the try (the
+// connection's own errors, PgBouncer's query_wait_timeout) and so does
+// StartTimeout.
 func (a *agent) retry(ctx context.Context, what string, op func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
 	defer cancel()
-	return a.retryPaced(ctx, what, decideCallTimeout, a.backoff, op)
+	return a.retryPaced(ctx, what, a.cfg.StartTimeout, a.backoff, op)
 }
-
-// decideCallTimeout bounds one try of what retry runs: deciding, and
-// releasing a lease. Before a decision nothing is at risk from a slow
-// answer, and a try given up on is worse than waiting: a client that
-// closes while PgBouncer runs its statement makes PgBouncer close that
-// server connection too, and when every pod of a herd queued behind a busy
-// database gives up at once, each of their retries costs the database a
-// new backend (~35 ms of a 2-vCPU machine's CPU) on top of the queue they
-// left: BenchmarkHerd saw 3 000 pods, queued for more than the heartbeat
-// call timeout (5 s), start 4 600 backends and never drain. Waiting in the
-// queue instead, they drain (docs/benchmarks.md). StartTimeout still bounds
-// the whole decision.
-const decideCallTimeout = 30 * time.Second
 
 // backoff is the wait after prev (0 before the first wait): 100 ms,
 // doubling up to a heartbeat interval or 5 s, and then jittered to between
@@ -324,9 +324,9 @@ func (a *agent) retryPaced(ctx context.Context, what string, callTimeout time.Du
 // ns) can no longer be alive in the database: the deadline is a margin
 // (ttl/3) before the expiry the last renewal earned, counted from when it
 // was sent; the database counted from when it ran, at most a call timeout
-// later: decideCallTimeout when the claim itself earned it.
+// later: StartTimeout when the claim itself earned it (see retry).
 func (a *agent) lapseBound(until int64) int64 {
-	return until + int64(a.cfg.Margin()+max(a.callTimeout(), decideCallTimeout))
+	return until + int64(a.cfg.Margin()+max(a.callTimeout(), a.cfg.StartTimeout))
 }
 
 // recordContext bounds recording a run's outcome before SIGTERM: for

@@ -337,6 +337,9 @@ func (h *herd) run(b *testing.B, m int, mode spec.Mode) herdRow {
 	}
 	r.herdWaits, _ = waits.Stop()
 	r.herd = h.read(b).Sub(before)
+	for _, hc := range clusters {
+		r.herd.Self += hc.decidedCPU - hc.readyCPU
+	}
 	var err error
 	if r.topHerd, err = benchscale.TopStatements(ctx, h.watch.DB, 6); err != nil {
 		b.Fatal(err)
@@ -395,13 +398,16 @@ type herdSpec struct {
 
 // herdEvent is a line a cluster's process writes.
 type herdEvent struct {
-	Event      string            `json:"event"` // ready, decided, ended, failed
-	Decisions  []herdDecision    `json:"decisions,omitempty"`
-	Retries    int64             `json:"retries,omitempty"`
-	Problems   int64             `json:"problems,omitempty"`
-	FirstRetry string            `json:"firstRetry,omitempty"`
-	FirstIssue string            `json:"firstIssue,omitempty"`
-	Error      string            `json:"error,omitempty"`
+	Event      string         `json:"event"` // ready, decided, ended, failed
+	Decisions  []herdDecision `json:"decisions,omitempty"`
+	Retries    int64          `json:"retries,omitempty"`
+	Problems   int64          `json:"problems,omitempty"`
+	FirstRetry string         `json:"firstRetry,omitempty"`
+	FirstIssue string         `json:"firstIssue,omitempty"`
+	Error      string         `json:"error,omitempty"`
+	// CPU is the process's CPU time so far (ready and decided): the
+	// cluster's share of the load generator.
+	CPU time.Duration `json:"cpu,omitempty"`
 }
 
 type herdDecision struct {
@@ -417,6 +423,8 @@ type herdCluster struct {
 	events    chan herdEvent
 	decisions []herdDecision
 	ended     herdEvent
+	// The process's CPU time when it was ready and when all had decided.
+	readyCPU, decidedCPU time.Duration
 }
 
 func startHerdCluster(spec herdSpec) (*herdCluster, error) {
@@ -464,7 +472,10 @@ func (hc *herdCluster) await(want string) error {
 			return fmt.Errorf("the cluster process said %q (%s), not %q", e.Event, e.Error, want)
 		}
 		switch want {
+		case "ready":
+			hc.readyCPU = e.CPU
 		case "decided":
+			hc.decidedCPU = e.CPU
 			hc.decisions = e.Decisions
 		case "ended":
 			hc.ended = e
@@ -541,7 +552,7 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 			}
 		}()
 	}
-	if err := out.Encode(herdEvent{Event: "ready"}); err != nil {
+	if err := out.Encode(herdEvent{Event: "ready", CPU: benchscale.SelfCPU()}); err != nil {
 		return err
 	}
 	if err := expect(in, "go"); err != nil {
@@ -556,6 +567,7 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 		}
 		ev.Decisions = append(ev.Decisions, herdDecision{At: p.decidedAt.UnixNano(), Action: p.action})
 	}
+	ev.CPU = benchscale.SelfCPU()
 	if err := out.Encode(ev); err != nil {
 		return err
 	}

@@ -230,11 +230,11 @@ func toInt(v any) int64 {
 	case string:
 		i, _ := strconv.ParseInt(n, 10, 64)
 		return i
-	case fmt.Stringer:
-		i, _ := strconv.ParseInt(n.String(), 10, 64)
-		return i
 	}
-	return 0
+	// PgBouncer's console answers in text; whatever type pgx made of it
+	// prints as the number.
+	i, _ := strconv.ParseInt(fmt.Sprint(v), 10, 64)
+	return i
 }
 
 // Waits samples, every interval until Stop, what PostgreSQL's client
