@@ -98,11 +98,24 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 15s).
 .PHONY: bench
 bench: deps $(BIN)/etcd ## Benchmark locks (vs SELECT 1 and pgbench), pod decision latency, admission (vs a no-op handler), the ledger's metrics at 10 000 keys × 30 days, and claims on a synchronous Patroni cluster (vs a single PostgreSQL).
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 4000x -count 3 -timeout 20m ./lockagent/lock/ | tee bench-lock.txt
-	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 100x -count 3 -timeout 20m ./lockagent/agent/ | tee bench-agent.txt
+	set -o pipefail; CI=true $(GO) test -run '^$$' -bench '^Benchmark(Decision|ProcessStart)$$' -benchtime 100x -count 3 -timeout 20m ./lockagent/agent/ | tee bench-agent.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench 'Admission' -benchtime 3000x -count 3 -timeout 20m ./webhook/ | tee bench-webhook.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench 'PullSecretKeychain' -benchtime 10x -count 3 -timeout 20m ./webhook/ | tee -a bench-webhook.txt
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench 'LedgerMetrics' -benchtime 3x -count 1 -timeout 30m ./webhook/ | tee -a bench-webhook.txt
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 2000x -count 3 -timeout 20m ./test/failover/ | tee bench-failover.txt
+
+# make bench-scale: the herd's CronJobs per cluster (one herd each) and each
+# PgBouncer's pool per tenant role (docs/benchmarks.md).
+HERD_KEYS ?= 1000,3000,10000
+HERD_POOL ?= 1
+START_RUNS ?= 20
+
+.PHONY: bench-scale
+bench-scale: deps node-deps tools ## Capacity (≤ 15 min, as root): 3 clusters × HERD_KEYS CronJobs firing at once through their PgBouncers (drain, claim p50/p99, errors, PostgreSQL CPU and WAL), their heartbeats vs pgbench, Job created → app started on a real kubelet with and without dislock, and the pod's decision and admission against their baselines.
+	set -o pipefail; CI=true $(GO) test -run '^$$' -bench '^BenchmarkHerd$$' -benchtime 1x -timeout 14m ./lockagent/agent/ -herd.keys=$(HERD_KEYS) -herd.pool=$(HERD_POOL) | tee bench-herd.txt
+	set -o pipefail; CI=true $(GO) test -count=1 -timeout 10m -run '^TestStartOverhead' -v ./test/e2e/ -start.runs=$(START_RUNS) | tee bench-start.txt
+	set -o pipefail; CI=true $(GO) test -run '^$$' -bench '^Benchmark(Decision|ProcessStart)$$' -benchtime 200x -count 3 -timeout 10m ./lockagent/agent/ | tee bench-decision.txt
+	set -o pipefail; $(GO) test -run '^$$' -bench 'Admission$$' -benchtime 3000x -count 5 -timeout 10m ./webhook/ | tee bench-admission.txt
 
 .PHONY: failover
 failover: deps $(BIN)/etcd ## Kill a Patroni cluster's primary FAILOVERS times (default 20) under a stream of claims and leases; check nothing is lost or goes back, and report kill → first grant.

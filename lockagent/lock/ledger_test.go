@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 // Every cluster's decision for a window is in the ledger, with its reason,
@@ -299,6 +300,49 @@ func TestOneNamespacesKeysCannotCrowdOutAnothersStatistics(t *testing.T) {
 		keyStats(t, st, quiet+"/report")
 		if st.KeysLeftOut < int64(extra) {
 			t.Errorf("%d keys counted as left out, want at least %d", st.KeysLeftOut, extra)
+		}
+	})
+}
+
+// A ledger write goes out as one pipeline and its bounds still hold: a
+// write blocked by a lock on the key's statistics gives up after
+// LedgerLockTimeout instead of holding its connection (and, through
+// PgBouncer, a server connection) for as long as the lock is held; and its
+// relaxed commit (synchronous_commit off) stays with its own transaction,
+// never reaching the lock statements that follow on the connection.
+func TestALedgerWriteKeepsItsBoundsAndItsCommitSetting(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		s := openStore(t, dsn, 1)
+		key := uniqueKey(t)
+		d := lock.Decision{Key: key, Window: window0, Index: lock.NotIndexed, Cluster: "dc-a", Job: "j", Pod: "p", Action: lock.ActionRun}
+		if err := s.RecordDecision(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+		var setting string
+		if err := s.QueryRowForTest(ctx, "SHOW synchronous_commit").Scan(&setting); err != nil {
+			t.Fatal(err)
+		}
+		if setting != "on" {
+			t.Fatalf("synchronous_commit after a ledger write = %q, want on: the ledger's setting leaked out of its transaction", setting)
+		}
+		holder := rawConn(t, pgtest.Need(t).SuperuserDSN())
+		tx, err := holder.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM dislock.key_stats WHERE lock_key = $1 FOR UPDATE", key); err != nil {
+			t.Fatal(err)
+		}
+		begun := time.Now()
+		err = s.RecordDecision(ctx, d)
+		took := time.Since(begun)
+		if err == nil {
+			t.Fatal("a ledger write went through a lock held on the key's statistics")
+		}
+		if took >= lock.LedgerStatementTimeout {
+			t.Fatalf("the blocked ledger write gave up after %s, not at its lock timeout (%s): %v", took, lock.LedgerLockTimeout, err)
 		}
 	})
 }
