@@ -48,9 +48,10 @@ RETURNING token, claimed_at = now()`
 // do, some of them agents of the previous release (version skew). The
 // refusals answered from a snapshot taken before the failure committed
 // must not let two of them take the window, must not hand out a token that
-// is not larger than the failed owner's, and must never refuse one of them
-// naming a failed owner (on the current statement): an agent told "failed" skips, and a standby or a
-// retry that skips a window nobody ran breaks invariant 2.
+// is not larger than the failed owner's, and the current statement must
+// never refuse one of them naming a failed owner: an agent told "failed"
+// skips, and a standby or a retry that skips a window nobody ran breaks
+// invariant 2.
 func TestHostile18RacingTakeoversOfAFailingOwnerHaveOneWinner(t *testing.T) {
 	eachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
