@@ -179,7 +179,10 @@ func (a *agent) recordView(ctx context.Context) {
 	if c.MissedAfter > 0 {
 		v.MissedAfter = c.MissedAfter.String()
 	}
-	callCtx, cancel := context.WithTimeout(ctx, a.callTimeout())
+	// Bounded as a decision's try is (see retry), not by the heartbeat's
+	// call timeout: giving up on it while it runs costs the database a
+	// backend.
+	callCtx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
 	defer cancel()
 	others, err := a.store.RecordView(callCtx, c.Key, c.Owner.Cluster, v, lock.DefaultViewRecency)
 	if err != nil {

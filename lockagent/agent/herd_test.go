@@ -32,13 +32,15 @@ import (
 // The herd: every CronJob of every cluster fires on the same instant, and
 // each of its pods runs the agent. `make bench-scale` runs BenchmarkHerd.
 var (
-	herdKeys       = flag.String("herd.keys", "1000,3000,10000", "BenchmarkHerd: CronJobs per cluster, one herd each (comma-separated)")
-	herdClusters   = flag.Int("herd.clusters", 3, "BenchmarkHerd: clusters, each with its own PgBouncer")
-	herdNamespaces = flag.Int("herd.namespaces", 10, "BenchmarkHerd: namespaces per cluster, each with its own tenant role (and PgBouncer pool)")
-	herdPoolSize   = flag.Int("herd.pool", 2, "BenchmarkHerd: each PgBouncer's default_pool_size (server connections per tenant role)")
-	herdMode       = flag.String("herd.mode", "schedule", "BenchmarkHerd: the CronJobs' dislock.io/mode")
-	herdRun        = flag.Duration("herd.run", 30*time.Second, "BenchmarkHerd: how long the winners' apps run, heartbeating")
-	herdBaseline   = flag.Duration("herd.pgbench", 10*time.Second, "BenchmarkHerd: how long pgbench runs the heartbeat statement")
+	herdKeys        = flag.String("herd.keys", "1000,3000,10000", "BenchmarkHerd: CronJobs per cluster, one herd each (comma-separated)")
+	herdClusters    = flag.Int("herd.clusters", 3, "BenchmarkHerd: clusters, each with its own PgBouncer")
+	herdNamespaces  = flag.Int("herd.namespaces", 10, "BenchmarkHerd: namespaces per cluster, each with its own tenant role (and PgBouncer pool)")
+	herdPoolSize    = flag.Int("herd.pool", 2, "BenchmarkHerd: each PgBouncer's default_pool_size (server connections per tenant role)")
+	herdMode        = flag.String("herd.mode", "schedule", "BenchmarkHerd: the CronJobs' dislock.io/mode")
+	herdRun         = flag.Duration("herd.run", 30*time.Second, "BenchmarkHerd: how long the winners' apps run, heartbeating")
+	herdDrainLimit  = flag.Duration("herd.drain-limit", 150*time.Second, "BenchmarkHerd: pods undecided this long after the herd began count as errors")
+	herdRecordLimit = flag.Duration("herd.record-limit", time.Minute, "BenchmarkHerd: winners still recording this long after their apps ended count as errors")
+	herdBaseline    = flag.Duration("herd.pgbench", 10*time.Second, "BenchmarkHerd: how long pgbench runs the heartbeat statement")
 )
 
 // herdTTL is the default lease TTL (dislock.io/lease-ttl): a heartbeat
@@ -96,6 +98,7 @@ type herdRow struct {
 	keys, pods             int
 	drain, p50, p99, pmax  time.Duration
 	errors, retries, warns int64
+	undecided              int64 // not decided within -herd.drain-limit
 	herd                   benchscale.Counters
 	herdWaits              string
 	hbWall                 time.Duration
@@ -149,7 +152,7 @@ func BenchmarkHerd(b *testing.B) {
 				rows = append(rows, r)
 				b.ReportMetric(r.drain.Seconds(), "drain-s")
 				b.ReportMetric(float64(r.p99)/float64(time.Millisecond), "claim-p99-ms")
-				b.ReportMetric(float64(r.errors), "errors")
+				b.ReportMetric(float64(r.errors+r.undecided), "errors")
 				b.ReportMetric(r.herd.WALBytes/float64(m), "WAL-B/window")
 				b.ReportMetric(100*r.hbPerSec/r.pgbenchTPS, "heartbeat-%-of-pgbench")
 				b.ReportMetric(0, "ns/op")
@@ -279,7 +282,7 @@ func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration, base
 	var clusters []*herdCluster
 	for c := range h.dsn {
 		cluster := fmt.Sprintf("dc-%d", c)
-		spec := herdSpec{Dir: filepath.Join(h.root, strconv.Itoa(h.runs), cluster), Binary: h.binary}
+		spec := herdSpec{Dir: filepath.Join(h.root, strconv.Itoa(h.runs), cluster), Binary: h.binary, DrainLimit: *herdDrainLimit, RecordLimit: *herdRecordLimit}
 		for i := range m {
 			ns := i % *herdNamespaces
 			job := fmt.Sprintf("job-%d-%d", i, h.runs)
@@ -325,6 +328,10 @@ func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration, base
 			b.Fatal(err)
 		}
 		for i, d := range hc.decisions {
+			if d.At == 0 {
+				r.undecided++
+				continue
+			}
 			at := time.Unix(0, d.At).Sub(t0)
 			lat = append(lat, at)
 			r.drain = max(r.drain, at)
@@ -348,7 +355,7 @@ func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration, base
 	sorted := benchscale.Sorted(lat)
 	r.p50, r.p99, r.pmax = benchscale.Percentile(sorted, 0.50), benchscale.Percentile(sorted, 0.99), sorted[len(sorted)-1]
 	for _, p := range clusters[0].spec.Pods {
-		if key := p["DISLOCK_KEY"]; runs[key] != 1 && r.errors == 0 {
+		if key := p["DISLOCK_KEY"]; runs[key] > 1 || runs[key] == 0 && r.errors == 0 && r.undecided == 0 {
 			b.Errorf("window %s of %s ran %d times (must be exactly once)", window.Format(time.RFC3339), key, runs[key])
 		}
 	}
@@ -377,14 +384,14 @@ func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration, base
 			b.Fatal(err)
 		}
 		r.retries += hc.ended.Retries
+		r.recordErrors += hc.ended.Unfinished
 		r.warns += hc.ended.Problems
 		r.firstRetry = cmp.Or(r.firstRetry, hc.ended.FirstRetry)
 		r.firstIssue = cmp.Or(r.firstIssue, hc.ended.FirstIssue)
 	}
 	r.record = time.Since(recordStart)
-	if n := h.succeeded(b, window); n != m {
-		b.Errorf("%d of %d windows recorded succeeded after the winners ended", n, m)
-		r.recordErrors = int64(m - n)
+	if n := h.succeeded(b, window); n != len(runs) {
+		r.recordErrors = int64(len(runs) - n)
 	}
 	if baseline {
 		r.pgbenchTPS = h.pgbenchHeartbeat(b, window)
@@ -397,6 +404,9 @@ func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration, base
 type herdSpec struct {
 	Dir, Binary string
 	Pods        []map[string]string
+	// DrainLimit bounds the herd: a pod undecided by then is counted so
+	// (and stopped at "end"); RecordLimit bounds the winners' recording.
+	DrainLimit, RecordLimit time.Duration
 }
 
 // herdEvent is a line a cluster's process writes.
@@ -408,6 +418,8 @@ type herdEvent struct {
 	FirstRetry string         `json:"firstRetry,omitempty"`
 	FirstIssue string         `json:"firstIssue,omitempty"`
 	Error      string         `json:"error,omitempty"`
+	// Unfinished counts the winners still recording at RecordLimit.
+	Unfinished int64 `json:"unfinished,omitempty"`
 	// CPU is the process's CPU time so far (ready and decided): the
 	// cluster's share of the load generator.
 	CPU time.Duration `json:"cpu,omitempty"`
@@ -563,8 +575,23 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 	}
 	close(start)
 	ev := herdEvent{Event: "decided"}
+	limit := time.NewTimer(spec.DrainLimit)
+	defer limit.Stop()
+	expired := false
 	for _, p := range pods {
-		<-p.decided
+		if !expired {
+			select {
+			case <-p.decided:
+			case <-limit.C:
+				expired = true
+			}
+		}
+		select {
+		case <-p.decided:
+		default:
+			ev.Decisions = append(ev.Decisions, herdDecision{}) // undecided within the limit
+			continue
+		}
 		if p.action != protocol.ActionRun {
 			<-p.done
 		}
@@ -577,7 +604,11 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 	if err := expect(in, "end"); err != nil {
 		return err
 	}
-	for _, p := range pods {
+	for i, p := range pods {
+		if ev.Decisions[i].At == 0 {
+			p.cancel() // stopped before a decision: it writes none
+			continue
+		}
 		if p.action != protocol.ActionRun {
 			continue
 		}
@@ -590,9 +621,25 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 		}
 		p.cancel()
 	}
+	decided := ev.Decisions
 	ev = herdEvent{Event: "ended"}
-	for _, p := range pods {
-		<-p.done
+	limit.Reset(spec.RecordLimit)
+	expired = false
+	for i, p := range pods {
+		if !expired {
+			select {
+			case <-p.done:
+			case <-limit.C:
+				expired = true
+			}
+		}
+		select {
+		case <-p.done:
+		default:
+			if decided[i].Action == protocol.ActionRun {
+				ev.Unfinished++
+			}
+		}
 		ev.Retries += p.retries.Load()
 		ev.Problems += p.problems.Load()
 		if s := p.firstRetry.Load(); s != nil && ev.FirstRetry == "" {
@@ -712,11 +759,15 @@ func (h *herd) pgbenchHeartbeat(b testing.TB, window time.Time) float64 {
 // report prints the capacity table and the evidence behind it.
 func (h *herd) report(rows []herdRow) {
 	cpus := runtime.NumCPU()
-	t := [][]string{{"keys/cluster", "pods", "drain", "claim p50", "p99", "max", "errors", "retries", "PG CPU", "PG CPU share", "bouncers CPU", "generator CPU", "WAL/window", "WAL syncs", "PgBouncer wait/pod"}}
+	t := [][]string{{"keys/cluster", "pods", "drain", "claim p50", "p99", "max", "errors", "undecided", "retries", "PG CPU", "PG CPU share", "bouncers CPU", "generator CPU", "WAL/window", "WAL syncs", "PgBouncer wait/pod"}}
 	for _, r := range rows {
 		wall := r.drain
-		t = append(t, []string{strconv.Itoa(r.keys), strconv.Itoa(r.pods), ms(r.drain), ms(r.p50), ms(r.p99), ms(r.pmax),
-			strconv.FormatInt(r.errors, 10), strconv.FormatInt(r.retries, 10),
+		drain := ms(r.drain)
+		if r.undecided > 0 {
+			drain = "> " + ms(*herdDrainLimit)
+		}
+		t = append(t, []string{strconv.Itoa(r.keys), strconv.Itoa(r.pods), drain, ms(r.p50), ms(r.p99), ms(r.pmax),
+			strconv.FormatInt(r.errors, 10), strconv.FormatInt(r.undecided, 10), strconv.FormatInt(r.retries, 10),
 			fmt.Sprintf("%.1f s", r.herd.PostgreSQL.Seconds()), fmt.Sprintf("%.0f%%", benchscale.Share(r.herd.PostgreSQL, wall, cpus)),
 			fmt.Sprintf("%.1f s", r.herd.Bouncers.Seconds()), fmt.Sprintf("%.1f s", r.herd.Self.Seconds()),
 			fmt.Sprintf("%.0f B", r.herd.WALBytes/float64(r.keys)), strconv.FormatInt(r.herd.WALSyncs, 10),
@@ -765,8 +816,9 @@ func TestAHerdRunsEveryWindowOnceWithoutErrors(t *testing.T) {
 	}
 	h := newHerd(t, keys, 3, 1)
 	r := h.run(t, keys, mode, 0, false)
-	if r.errors != 0 || r.retries != 0 || r.warns != 0 {
-		t.Fatalf("%d error decisions, %d retries, %d warnings; a retry: %s; a warning: %s", r.errors, r.retries, r.warns, r.firstRetry, r.firstIssue)
+	if r.errors != 0 || r.undecided != 0 || r.retries != 0 || r.warns != 0 || r.recordErrors != 0 {
+		t.Fatalf("%d error decisions, %d undecided, %d retries, %d warnings, %d successes not recorded; a retry: %s; a warning: %s",
+			r.errors, r.undecided, r.retries, r.warns, r.recordErrors, r.firstRetry, r.firstIssue)
 	}
 	t.Logf("%d pods decided in %s (p50 %s, p99 %s); PostgreSQL used %.1f s of CPU", r.pods, r.drain, r.p50, r.p99, r.herd.PostgreSQL.Seconds())
 }

@@ -94,7 +94,12 @@ func (a *agent) ledgerOutcome(state lock.State, summary string) {
 	a.ledger(action, summary, a.decision.Token, dur)
 }
 
-// flushLedger lets the writes in flight end, for at most one call's time:
+// ledgerFlushWait bounds how long a stopping pod waits for its ledger
+// writes: within the kubelet's grace period, and shorter than a write may
+// queue at the top of the minute.
+const ledgerFlushWait = 5 * time.Second
+
+// flushLedger lets the writes in flight end, for at most ledgerFlushWait:
 // the pod is stopping.
 func (a *agent) flushLedger() {
 	if a.ledgerCh == nil {
@@ -103,7 +108,7 @@ func (a *agent) flushLedger() {
 	close(a.ledgerCh)
 	select {
 	case <-a.ledgerDone:
-	case <-time.After(lock.LedgerCallTimeout):
+	case <-time.After(ledgerFlushWait):
 		a.log.Warn("stopping before the ledger's last writes ended; their history is lost")
 	}
 }

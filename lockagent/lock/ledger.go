@@ -61,14 +61,19 @@ type Decision struct {
 const (
 	LedgerLockTimeout      = time.Second
 	LedgerStatementTimeout = 2 * time.Second
-	// LedgerCallTimeout is the client's bound: past the server's.
-	LedgerCallTimeout = LedgerStatementTimeout + 3*time.Second
+	// LedgerCallTimeout is the client's bound: past the server's, and past
+	// the queue the top of the minute builds in PgBouncer, since a write
+	// given up on while it runs makes PgBouncer close its server
+	// connection, and thousands of pods doing so at once cost the database
+	// a backend each (BenchmarkHerd).
+	LedgerCallTimeout = 30 * time.Second
 )
 
 // RecordDecision adds d to the ledger and to its key's counts and
-// statistics, in one statement inside a transaction that bounds its lock
-// waits and its run on the server (pooler-safe: SET LOCAL ends with the
-// transaction). The database sets the time. A failure loses only this row
+// statistics, in one statement sent in one pipeline with the settings that
+// bound its lock waits and its run on the server; both run in the
+// pipeline's one implicit transaction (pooler-safe: set_config(…, true)
+// ends with it). The database sets the time. A failure loses only this row
 // of history, never a lock: callers log it and go on.
 func (s *Store) RecordDecision(ctx context.Context, d Decision) error {
 	if d.Key == "" || d.Cluster == "" || d.Pod == "" {
