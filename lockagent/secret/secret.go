@@ -100,7 +100,7 @@ func stop(sigs chan os.Signal) os.Signal {
 // refuses its /proc/<pid>/environ, mem, fd and root, and ptrace, to every
 // process without CAP_SYS_PTRACE. For a process that has the credential in
 // its environment and cannot re-execute itself without it (the sidecar's
-// startup probe, which the kubelet execs with the container's environment).
+// postStart hook, which the kubelet execs with the container's environment).
 func NonDumpable() error { return nonDumpable() }
 
 func nonDumpable() error {

@@ -71,8 +71,8 @@ type Options struct {
 	// Poll is how often the decision, revoked and deadline files are read.
 	Poll time.Duration
 	// DecisionTimeout bounds the wait for the decision; 0 waits forever (in
-	// a pod the sidecar's startupProbe holds the app container back until the
-	// decision exists, so the wait is normally instant).
+	// a pod the app container starts once the sidecar's postStart hook saw
+	// the binary installed, and the decision follows within milliseconds).
 	DecisionTimeout time.Duration
 	// Command is the command and its arguments.
 	Command []string
