@@ -206,7 +206,7 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 		}
 	}
 	cfg.BeforeClose = func(c *pgx.Conn) { s.warned.Delete(c.PgConn()) }
-	cfg.ConnConfig.DialFunc = neverCancel(cfg.ConnConfig.DialFunc)
+	cfg.ConnConfig.DialFunc = neverCancel(keepAliveDialer.DialContext)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("opening database pool: %s", scrubPassword(databaseURL, err.Error()))
@@ -246,6 +246,16 @@ const noCancelNetwork = "dislock-no-cancel"
 // visible to every cluster, yet a failover can lose it. Without the cancel,
 // the commit keeps waiting, invisible, until the standby has it. A statement
 // dislock abandons finishes on its own: every one is short.
+// keepAliveDialer finds a connection whose peer went away without a word (a
+// partition, a node gone) within about 25 s of silence, where pgx's
+// default waits 5 minutes before its first probe: a decision's try is not
+// cut short by a timeout while it waits for an answer (a herd queued in
+// PgBouncer must not give up; see the agent's retry), so a dead connection
+// has to end it. A pooler or server that is alive but slow answers the
+// probes from its kernel and is waited for.
+var keepAliveDialer = &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{
+	Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}}
+
 func neverCancel(dial pgconn.DialFunc) pgconn.DialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if network == noCancelNetwork {

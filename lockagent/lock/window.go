@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -101,9 +102,13 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		return Claim{}, fmt.Errorf("claim request: %w", err)
 	}
 	start := r.Window.UTC()
-	// The refusal read can miss the row if an operator deletes it in
-	// between; the claim is then simply tried again.
-	for attempt := 0; attempt < 3; attempt++ {
+	// When the locked path refused, the owner is read by a second
+	// statement, and the row may have changed in between: deleted by an
+	// operator, or its owner failed or lapsed. A row this claim could take
+	// is claimed again, never reported as a refusal: a standby or a retry
+	// of the owner's Job told "taken by an owner who failed" would skip a
+	// window it must run.
+	for attempt := 0; attempt < 10; attempt++ {
 		var c Claim
 		var inserted, claimed bool
 		err := s.writeRow(ctx, func(row pgx.Row) error { return scanWindow(row, &c.Window, &inserted, &claimed, &c.DBTime) },
@@ -127,13 +132,26 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		}
 		err = scanWindow(s.pool.QueryRow(ctx, qGetWindow, r.Key, start, r.Index), &c.Window, &c.DBTime)
 		switch {
+		case err == nil && r.mayTake(c.Window, c.DBTime):
+			continue
 		case err == nil:
 			return c, windowTaken(start, r.Key, c.Window)
 		case !errors.Is(err, pgx.ErrNoRows):
 			return Claim{}, s.classify(fmt.Sprintf("reading owner of window %s of %s", formatWindow(start), r.Key), err)
 		}
 	}
-	return Claim{}, fmt.Errorf("claiming window %s of %s: the row kept disappearing", formatWindow(start), r.Key)
+	return Claim{}, fmt.Errorf("claiming window %s of %s: the row kept changing hands or disappearing", formatWindow(start), r.Key)
+}
+
+// mayTake is qClaimWindow's claimTakes in Go: whether this claim may take
+// the window row w at database time now.
+func (r ClaimRequest) mayTake(w Window, now time.Time) bool {
+	mine := r.Owner.String()
+	if w.Owner == mine {
+		return w.State == StateRunning
+	}
+	lapsed := w.State == StateFailed || w.State == StateRunning && !w.AliveUntil.After(now)
+	return lapsed && (strings.HasPrefix(w.Owner, r.Owner.JobPrefix()) || r.Standby)
 }
 
 // windowTaken is the refusal of a claim on window start of key, which owner
