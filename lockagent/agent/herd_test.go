@@ -37,9 +37,9 @@ var (
 	herdNamespaces  = flag.Int("herd.namespaces", 10, "BenchmarkHerd: namespaces per cluster, each with its own tenant role (and PgBouncer pool)")
 	herdPoolSize    = flag.Int("herd.pool", 2, "BenchmarkHerd: each PgBouncer's default_pool_size (server connections per tenant role)")
 	herdMode        = flag.String("herd.mode", "schedule", "BenchmarkHerd: the CronJobs' dislock.io/mode")
-	herdRun         = flag.Duration("herd.run", 30*time.Second, "BenchmarkHerd: how long the winners' apps run, heartbeating")
-	herdDrainLimit  = flag.Duration("herd.drain-limit", 150*time.Second, "BenchmarkHerd: pods undecided this long after the herd began count as errors")
-	herdRecordLimit = flag.Duration("herd.record-limit", time.Minute, "BenchmarkHerd: winners still recording this long after their apps ended count as errors")
+	herdRun         = flag.Duration("herd.run", 20*time.Second, "BenchmarkHerd: how long the winners' apps run, heartbeating")
+	herdDrainLimit  = flag.Duration("herd.drain-limit", time.Minute, "BenchmarkHerd: pods undecided this long after the herd began count as errors")
+	herdRecordLimit = flag.Duration("herd.record-limit", 30*time.Second, "BenchmarkHerd: winners still recording this long after their apps ended count as errors")
 	herdBaseline    = flag.Duration("herd.pgbench", 10*time.Second, "BenchmarkHerd: how long pgbench runs the heartbeat statement")
 )
 
@@ -496,8 +496,8 @@ func (hc *herdCluster) await(want string) error {
 			hc.ended = e
 		}
 		return nil
-	case <-time.After(5 * time.Minute):
-		return fmt.Errorf("no %q from the cluster process within 5 minutes", want)
+	case <-time.After(*herdDrainLimit + *herdRecordLimit + time.Minute):
+		return fmt.Errorf("no %q from the cluster process within %s", want, *herdDrainLimit+*herdRecordLimit+time.Minute)
 	}
 }
 
@@ -592,8 +592,12 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 			ev.Decisions = append(ev.Decisions, herdDecision{}) // undecided within the limit
 			continue
 		}
-		if p.action != protocol.ActionRun {
-			<-p.done
+		if p.action != protocol.ActionRun && !expired {
+			select {
+			case <-p.done:
+			case <-limit.C:
+				expired = true
+			}
 		}
 		ev.Decisions = append(ev.Decisions, herdDecision{At: p.decidedAt.UnixNano(), Action: p.action})
 	}
@@ -731,7 +735,7 @@ func (h *herd) succeeded(b testing.TB, window time.Time) int {
 }
 
 // pgbenchHeartbeat is the baseline: pgbench running the heartbeat
-// statement as fast as it can from 8 clients straight to PostgreSQL (what
+// statement as fast as it can from 32 clients straight to PostgreSQL (what
 // the database can do, not what one pool passes) as the first namespace's
 // tenant role, against running claims made for it.
 func (h *herd) pgbenchHeartbeat(b testing.TB, window time.Time) float64 {
@@ -749,7 +753,7 @@ func (h *herd) pgbenchHeartbeat(b testing.TB, window time.Time) float64 {
 		query = strings.ReplaceAll(query, "$"+strconv.Itoa(i), "("+args[i-1]+")")
 	}
 	script := fmt.Sprintf("\\set k random(1, %d)\n%s;\n", rows, strings.TrimSpace(query))
-	tps, err := benchscale.Pgbench(ctx, h.srv.Pgbench(), h.pgbenchDSN, script, 8, *herdBaseline)
+	tps, err := benchscale.Pgbench(ctx, h.srv.Pgbench(), h.pgbenchDSN, script, 32, *herdBaseline)
 	if err != nil {
 		b.Fatal(err)
 	}
