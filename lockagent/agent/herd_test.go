@@ -9,14 +9,18 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -64,6 +68,29 @@ type herdPod struct {
 	problems    atomic.Int64
 	firstIssue  atomic.Pointer[string]
 	firstRetry  atomic.Pointer[string]
+	causes      *causes // the process's, shared by its pods
+}
+
+// causes tallies why pods retried or warned, by operation and error with
+// numbers, addresses and keys blanked: what a herd past capacity runs into.
+type causes struct {
+	mu sync.Mutex
+	n  map[string]int64
+}
+
+var blanks = regexp.MustCompile(`[0-9]+`)
+
+func (c *causes) add(line []byte) {
+	var l struct {
+		Msg string `json:"msg"`
+		Op  string `json:"op"`
+		Err string `json:"err"`
+	}
+	_ = json.Unmarshal(line, &l)
+	k := blanks.ReplaceAllString(strings.TrimSpace(l.Msg+" "+l.Op)+": "+l.Err, "#")
+	c.mu.Lock()
+	c.n[k]++
+	c.mu.Unlock()
 }
 
 // Write receives the agent's JSON log lines: the decision line times the
@@ -81,10 +108,12 @@ func (p *herdPod) Write(b []byte) (int, error) {
 		})
 	case bytes.Contains(b, []byte("database unavailable, retrying")):
 		p.retries.Add(1)
+		p.causes.add(b)
 		s := string(bytes.TrimSpace(b))
 		p.firstRetry.CompareAndSwap(nil, &s)
 	case bytes.Contains(b, []byte(`"level":"WARN"`)), bytes.Contains(b, []byte(`"level":"ERROR"`)):
 		p.problems.Add(1)
+		p.causes.add(b)
 		s := string(bytes.TrimSpace(b))
 		p.firstIssue.CompareAndSwap(nil, &s)
 	}
@@ -108,6 +137,7 @@ type herdRow struct {
 	recordErrors           int64
 	topHerd, topHeartbeats []string
 	firstIssue, firstRetry string
+	causes                 map[string]int64
 }
 
 // BenchmarkHerd runs, for each -herd.keys M, -herd.clusters N × M pods that
@@ -140,15 +170,19 @@ func BenchmarkHerd(b *testing.B) {
 	}
 	// A cluster's process holds a connection per pod (two while its
 	// ledger writes beside a claim), and so does its PgBouncer.
-	if err := benchscale.RaiseFileLimit(uint64(slicesMax(sizes) + 2000)); err != nil {
+	if err := benchscale.RaiseFileLimit(uint64(slices.Max(sizes) + 2000)); err != nil {
 		b.Fatal(err)
 	}
-	h := newHerd(b, slicesMax(sizes), *herdClusters, *herdPoolSize)
+	h := newHerd(b, slices.Max(sizes), *herdClusters, *herdPoolSize)
+	// The heartbeats' baseline, on the database before any herd: a herd
+	// past capacity leaves it busy with its leftovers for a while.
+	baseline := h.pgbenchHeartbeat(b)
 	var rows []herdRow
 	for _, m := range sizes {
 		b.Run(fmt.Sprintf("keys=%d", m), func(b *testing.B) {
 			for range b.N {
-				r := h.run(b, m, mode, *herdRun, true)
+				r := h.run(b, m, mode, *herdRun)
+				r.pgbenchTPS = baseline
 				rows = append(rows, r)
 				b.ReportMetric(r.drain.Seconds(), "drain-s")
 				b.ReportMetric(float64(r.p99)/float64(time.Millisecond), "claim-p99-ms")
@@ -162,14 +196,6 @@ func BenchmarkHerd(b *testing.B) {
 		})
 	}
 	h.report(rows)
-}
-
-func slicesMax(s []int) int {
-	m := 0
-	for _, v := range s {
-		m = max(m, v)
-	}
-	return m
 }
 
 // herd is the database and bouncers the herds share.
@@ -273,7 +299,7 @@ func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
 // process of their own (herdChild): this machine allows a process 20 000
 // open files and no more (no CAP_SYS_RESOURCE), and a cluster's 10 000 pods
 // each hold a connection, as its PgBouncer holds one per pod.
-func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration, baseline bool) herdRow {
+func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration) herdRow {
 	ctx := context.Background()
 	h.runs++
 	var now time.Time
@@ -390,13 +416,16 @@ func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration, base
 		r.warns += hc.ended.Problems
 		r.firstRetry = cmp.Or(r.firstRetry, hc.ended.FirstRetry)
 		r.firstIssue = cmp.Or(r.firstIssue, hc.ended.FirstIssue)
+		for k, n := range hc.ended.Causes {
+			if r.causes == nil {
+				r.causes = map[string]int64{}
+			}
+			r.causes[k] += n
+		}
 	}
 	r.record = time.Since(recordStart)
 	if n := h.succeeded(b, window); n != len(runs) {
 		r.recordErrors = int64(len(runs) - n)
-	}
-	if baseline {
-		r.pgbenchTPS = h.pgbenchHeartbeat(b, window)
 	}
 	return r
 }
@@ -418,8 +447,10 @@ type herdEvent struct {
 	Retries    int64          `json:"retries,omitempty"`
 	Problems   int64          `json:"problems,omitempty"`
 	FirstRetry string         `json:"firstRetry,omitempty"`
-	FirstIssue string         `json:"firstIssue,omitempty"`
-	Error      string         `json:"error,omitempty"`
+	// Causes counts retries and warnings by what they said (causes.add).
+	Causes     map[string]int64 `json:"causes,omitempty"`
+	FirstIssue string           `json:"firstIssue,omitempty"`
+	Error      string           `json:"error,omitempty"`
 	// Unfinished counts the winners still recording at RecordLimit.
 	Unfinished int64 `json:"unfinished,omitempty"`
 	// CPU is the process's CPU time so far (ready and decided): the
@@ -437,6 +468,7 @@ type herdCluster struct {
 	spec      herdSpec
 	cmd       *exec.Cmd
 	in        io.WriteCloser
+	stderr    string // the file the process's stderr goes to
 	events    chan herdEvent
 	decisions []herdDecision
 	ended     herdEvent
@@ -447,7 +479,16 @@ type herdCluster struct {
 func startHerdCluster(spec herdSpec) (*herdCluster, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), herdChildEnv+"=1")
-	cmd.Stderr = os.Stderr
+	// The pods log to their herdPods, so the process's stderr holds only
+	// the Go runtime's words: a panic, or the stacks SIGQUIT dumps when it
+	// does not answer in time (tens of thousands of goroutines, a file's
+	// worth, not a terminal's).
+	stderr, err := os.CreateTemp("", "dislock-herd-"+filepath.Base(spec.Dir)+"-*.stderr")
+	if err != nil {
+		return nil, err
+	}
+	defer stderr.Close()
+	cmd.Stderr = stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -459,7 +500,7 @@ func startHerdCluster(spec herdSpec) (*herdCluster, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	hc := &herdCluster{spec: spec, cmd: cmd, in: in, events: make(chan herdEvent, 4)}
+	hc := &herdCluster{spec: spec, cmd: cmd, in: in, stderr: stderr.Name(), events: make(chan herdEvent, 4)}
 	go func() {
 		defer close(hc.events)
 		dec := json.NewDecoder(out)
@@ -478,13 +519,19 @@ func startHerdCluster(spec herdSpec) (*herdCluster, error) {
 	return hc, nil
 }
 
-// await waits for the process's next event, which must be want.
+// await waits for the process's next event, which must be want. A process
+// that does not answer within its phase's limit plus a minute is made to
+// dump its stacks, and the error shows where its main goroutine was.
 func (hc *herdCluster) await(want string) error {
+	patience := hc.spec.DrainLimit + time.Minute
+	if want == "ended" {
+		patience = hc.spec.RecordLimit + time.Minute
+	}
 	select {
 	case e, ok := <-hc.events:
 		switch {
 		case !ok:
-			return fmt.Errorf("the cluster process exited before %q: %v", want, hc.cmd.Wait())
+			return fmt.Errorf("the cluster process exited before %q: %v\n%s", want, hc.cmd.Wait(), tail(hc.stderr, 4096))
 		case e.Event != want:
 			return fmt.Errorf("the cluster process said %q (%s), not %q", e.Event, e.Error, want)
 		}
@@ -498,9 +545,32 @@ func (hc *herdCluster) await(want string) error {
 			hc.ended = e
 		}
 		return nil
-	case <-time.After(*herdDrainLimit + *herdRecordLimit + time.Minute):
-		return fmt.Errorf("no %q from the cluster process within %s", want, *herdDrainLimit+*herdRecordLimit+time.Minute)
+	case <-time.After(patience):
+		_ = hc.cmd.Process.Signal(syscall.SIGQUIT)
+		_ = hc.cmd.Wait()
+		return fmt.Errorf("no %q from the cluster process within %s; its stacks are in %s; its main goroutine:\n%s",
+			want, patience, hc.stderr, mainStack(hc.stderr))
 	}
+}
+
+// mainStack is goroutine 1's stack from a Go runtime dump in file.
+func mainStack(file string) string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err.Error()
+	}
+	_, g1, ok := bytes.Cut(b, []byte("\ngoroutine 1 ["))
+	if !ok {
+		return "(none in the dump)"
+	}
+	g1, _, _ = bytes.Cut(g1, []byte("\n\n"))
+	return "goroutine 1 [" + string(g1)
+}
+
+// tail is the last n bytes of file.
+func tail(file string, n int) string {
+	b, _ := os.ReadFile(file)
+	return string(b[max(0, len(b)-n):])
 }
 
 func (hc *herdCluster) send(cmd string) { fmt.Fprintln(hc.in, cmd) }
@@ -509,6 +579,9 @@ func (hc *herdCluster) kill() {
 	_ = hc.in.Close()
 	_ = hc.cmd.Process.Kill()
 	_ = hc.cmd.Wait()
+	if !strings.Contains(tail(hc.stderr, 1<<20), "goroutine 1 [") {
+		os.Remove(hc.stderr) // nothing to look into
+	}
 }
 
 // herdChildEnv makes the test binary a cluster's process (HerdChild).
@@ -542,6 +615,7 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 		return err
 	}
 	executable = func() (string, error) { return spec.Binary, nil }
+	tally := &causes{n: map[string]int64{}}
 	pods := make([]*herdPod, len(spec.Pods))
 	for i, env := range spec.Pods {
 		dir := filepath.Join(spec.Dir, strconv.Itoa(i))
@@ -550,11 +624,12 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 		}
 		env["DISLOCK_SHARED_DIR"], env["DISLOCK_TERMINATION_LOG"] = dir, filepath.Join(dir, "termination-log")
 		pods[i] = &herdPod{key: env["DISLOCK_KEY"], cluster: env["DISLOCK_CLUSTER"], dir: protocol.Dir(dir), env: env,
-			done: make(chan struct{}), decided: make(chan struct{})}
+			done: make(chan struct{}), decided: make(chan struct{}), causes: tally}
 	}
 	defer os.RemoveAll(spec.Dir)
 	start := make(chan struct{})
-	for _, p := range pods {
+	settled := make([]<-chan struct{}, len(pods))
+	for i, p := range pods {
 		pctx, cancel := context.WithCancel(context.Background())
 		p.cancel = cancel
 		go func() {
@@ -562,11 +637,16 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 			<-start
 			run(pctx, nil, p.getenv, p)
 		}()
+		// Settled: decided, and ended too when it does not run the app.
+		s := make(chan struct{})
+		settled[i] = s
 		go func() {
 			<-p.decided
 			if p.action != protocol.ActionRun {
 				p.cancel()
+				<-p.done
 			}
+			close(s)
 		}()
 	}
 	if err := out.Encode(herdEvent{Event: "ready", CPU: benchscale.SelfCPU()}); err != nil {
@@ -576,32 +656,19 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 		return err
 	}
 	close(start)
-	ev := herdEvent{Event: "decided"}
 	limit := time.NewTimer(spec.DrainLimit)
 	defer limit.Stop()
-	expired := false
+	select {
+	case <-allClosed(settled):
+	case <-limit.C:
+	}
+	ev := herdEvent{Event: "decided"}
 	for _, p := range pods {
-		if !expired {
-			select {
-			case <-p.decided:
-			case <-limit.C:
-				expired = true
-			}
+		d := herdDecision{} // undecided within the limit
+		if closed(p.decided) {
+			d = herdDecision{At: p.decidedAt.UnixNano(), Action: p.action}
 		}
-		select {
-		case <-p.decided:
-		default:
-			ev.Decisions = append(ev.Decisions, herdDecision{}) // undecided within the limit
-			continue
-		}
-		if p.action != protocol.ActionRun && !expired {
-			select {
-			case <-p.done:
-			case <-limit.C:
-				expired = true
-			}
-		}
-		ev.Decisions = append(ev.Decisions, herdDecision{At: p.decidedAt.UnixNano(), Action: p.action})
+		ev.Decisions = append(ev.Decisions, d)
 	}
 	ev.CPU = benchscale.SelfCPU()
 	if err := out.Encode(ev); err != nil {
@@ -610,6 +677,8 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 	if err := expect(in, "end"); err != nil {
 		return err
 	}
+	limit.Reset(spec.RecordLimit)
+	var winners []<-chan struct{}
 	for i, p := range pods {
 		if ev.Decisions[i].At == 0 {
 			p.cancel() // stopped before a decision: it writes none
@@ -626,25 +695,19 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 			return err
 		}
 		p.cancel()
+		winners = append(winners, p.done)
+	}
+	select {
+	case <-allClosed(winners):
+	case <-limit.C:
 	}
 	decided := ev.Decisions
-	ev = herdEvent{Event: "ended"}
-	limit.Reset(spec.RecordLimit)
-	expired = false
+	tally.mu.Lock()
+	ev = herdEvent{Event: "ended", Causes: maps.Clone(tally.n)}
+	tally.mu.Unlock()
 	for i, p := range pods {
-		if !expired {
-			select {
-			case <-p.done:
-			case <-limit.C:
-				expired = true
-			}
-		}
-		select {
-		case <-p.done:
-		default:
-			if decided[i].Action == protocol.ActionRun {
-				ev.Unfinished++
-			}
+		if decided[i].Action == protocol.ActionRun && !closed(p.done) {
+			ev.Unfinished++
 		}
 		ev.Retries += p.retries.Load()
 		ev.Problems += p.problems.Load()
@@ -656,6 +719,34 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 		}
 	}
 	return out.Encode(ev)
+}
+
+// allClosed is closed once every one of chs is. The process's main
+// goroutine waits on it once instead of on each pod in turn: with
+// thousands of runnable goroutines (a herd past capacity connecting and
+// retrying), every wait costs it a turn behind all of them, and a
+// 10 000-pod cluster's phase outlasted its limit by minutes.
+func allClosed(chs []<-chan struct{}) <-chan struct{} {
+	var wg sync.WaitGroup
+	for _, c := range chs {
+		wg.Go(func() { <-c })
+	}
+	all := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(all)
+	}()
+	return all
+}
+
+// closed reports, without waiting, whether c is closed.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // expect reads the next command line, which must be want.
@@ -740,9 +831,10 @@ func (h *herd) succeeded(b testing.TB, window time.Time) int {
 // statement as fast as it can from 32 clients straight to PostgreSQL (what
 // the database can do, not what one pool passes) as the first namespace's
 // tenant role, against running claims made for it.
-func (h *herd) pgbenchHeartbeat(b testing.TB, window time.Time) float64 {
+func (h *herd) pgbenchHeartbeat(b testing.TB) float64 {
 	ctx := context.Background()
 	const rows = 1000
+	window := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC) // no herd's
 	_, err := h.watch.DB.Exec(ctx, `INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
 		SELECT 'ns-0/pgbench-' || i, $1, 0, 'dc-0/ns-0/pgbench/uid/pod', 'dc-0', 'pod', i, 'running', now(), now() + interval '1 hour'
 		FROM generate_series(1, $2) i ON CONFLICT DO NOTHING`, window, rows)
@@ -757,10 +849,7 @@ func (h *herd) pgbenchHeartbeat(b testing.TB, window time.Time) float64 {
 	script := fmt.Sprintf("\\set k random(1, %d)\n%s;\n", rows, strings.TrimSpace(query))
 	tps, err := benchscale.Pgbench(ctx, h.srv.Pgbench(), h.pgbenchDSN, script, 32, *herdBaseline)
 	if err != nil {
-		// A herd past capacity leaves the database busy with its
-		// leftovers; the row says so (no baseline) and the sweep goes on.
-		b.Logf("no pgbench baseline after this herd: %v", err)
-		return 0
+		b.Fatal(err)
 	}
 	return tps
 }
@@ -784,7 +873,7 @@ func (h *herd) report(rows []herdRow) {
 	}
 	fmt.Println("\nHerd: every CronJob of every cluster fires at once (first start → last decision)")
 	_ = benchscale.Table(os.Stdout, t)
-	t = [][]string{{"running jobs", "heartbeat statements/s", "PG CPU share", "pgbench, same statement", "heartbeats ÷ pgbench", "record (apps end)", "record errors"}}
+	t = [][]string{{"running jobs", "heartbeat statements/s", "PG CPU share", "pgbench, same statement (before the herds)", "heartbeats ÷ pgbench", "record (apps end)", "record errors"}}
 	for _, r := range rows {
 		t = append(t, []string{strconv.Itoa(r.keys), fmt.Sprintf("%.0f", r.hbPerSec),
 			fmt.Sprintf("%.1f%%", benchscale.Share(r.hb.PostgreSQL, r.hbWall, cpus)), fmt.Sprintf("%.0f/s", r.pgbenchTPS),
@@ -798,6 +887,12 @@ func (h *herd) report(rows []herdRow) {
 		fmt.Printf("keys=%d: statements by time, heartbeats:\n  %s\n", r.keys, strings.Join(r.topHeartbeats, "\n  "))
 		if r.firstRetry != "" {
 			fmt.Printf("keys=%d: a retry: %s\n", r.keys, r.firstRetry)
+		}
+		if len(r.causes) > 0 {
+			fmt.Printf("keys=%d: retries and warnings by cause (numbers blanked):\n", r.keys)
+			for _, k := range slices.SortedFunc(maps.Keys(r.causes), func(a, b string) int { return cmp.Compare(r.causes[b], r.causes[a]) })[:min(8, len(r.causes))] {
+				fmt.Printf("  %7d  %s\n", r.causes[k], k)
+			}
 		}
 		if r.firstIssue != "" {
 			fmt.Printf("keys=%d: a warning or error: %s\n", r.keys, r.firstIssue)
@@ -832,7 +927,7 @@ func TestAHerdRunsEveryWindowOnceWithoutErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := newHerd(t, keys, 3, 1)
-	r := h.run(t, keys, mode, 0, false)
+	r := h.run(t, keys, mode, 0)
 	if r.errors != 0 || r.undecided != 0 || r.retries != 0 || r.warns != 0 || r.recordErrors != 0 {
 		t.Fatalf("%d error decisions, %d undecided, %d retries, %d warnings, %d successes not recorded; a retry: %s; a warning: %s",
 			r.errors, r.undecided, r.retries, r.warns, r.recordErrors, r.firstRetry, r.firstIssue)
