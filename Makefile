@@ -106,7 +106,7 @@ bench: deps $(BIN)/etcd ## Benchmark locks (vs SELECT 1 and pgbench), pod decisi
 
 # make bench-scale: the herd's CronJobs per cluster (one herd each) and each
 # PgBouncer's pool per tenant role (docs/benchmarks.md).
-HERD_KEYS ?= 1000,3000,10000
+HERD_KEYS ?= 100,1000,3000,10000
 HERD_POOL ?= 2
 START_RUNS ?= 20
 

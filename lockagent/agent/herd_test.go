@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -36,7 +37,7 @@ import (
 // The herd: every CronJob of every cluster fires on the same instant, and
 // each of its pods runs the agent. `make bench-scale` runs BenchmarkHerd.
 var (
-	herdKeys        = flag.String("herd.keys", "1000,3000,10000", "BenchmarkHerd: CronJobs per cluster, one herd each (comma-separated)")
+	herdKeys        = flag.String("herd.keys", "100,1000,3000,10000", "BenchmarkHerd: CronJobs per cluster, one herd each (comma-separated)")
 	herdClusters    = flag.Int("herd.clusters", 3, "BenchmarkHerd: clusters, each with its own PgBouncer")
 	herdNamespaces  = flag.Int("herd.namespaces", 10, "BenchmarkHerd: namespaces per cluster, each with its own tenant role (and PgBouncer pool)")
 	herdPoolSize    = flag.Int("herd.pool", 2, "BenchmarkHerd: each PgBouncer's default_pool_size (server connections per tenant role)")
@@ -128,6 +129,11 @@ type herdRow struct {
 	drain, p50, p99, pmax  time.Duration
 	errors, retries, warns int64
 	undecided              int64 // not decided within -herd.drain-limit
+	// late: a cluster process did not answer within its limit, starved
+	// by its own pods; ledgered is then how many decisions the ledger
+	// holds for the window, the only count left.
+	late                   bool
+	ledgered               int64
 	herd                   benchscale.Counters
 	herdWaits              string
 	hbWall                 time.Duration
@@ -184,13 +190,18 @@ func BenchmarkHerd(b *testing.B) {
 				r := h.run(b, m, mode, *herdRun)
 				r.pgbenchTPS = baseline
 				rows = append(rows, r)
+				b.ReportMetric(r.herd.WALBytes/float64(m), "WAL-B/window")
+				if r.late {
+					// No drain, latency or heartbeats to report: the
+					// table says what the database saw.
+					b.ReportMetric(float64(int64(r.pods)-r.ledgered), "undecided-per-ledger")
+					b.ReportMetric(0, "ns/op")
+					continue
+				}
 				b.ReportMetric(r.drain.Seconds(), "drain-s")
 				b.ReportMetric(float64(r.p99)/float64(time.Millisecond), "claim-p99-ms")
 				b.ReportMetric(float64(r.errors+r.undecided), "errors")
-				b.ReportMetric(r.herd.WALBytes/float64(m), "WAL-B/window")
-				if r.pgbenchTPS > 0 {
-					b.ReportMetric(100*r.hbPerSec/r.pgbenchTPS, "heartbeat-%-of-pgbench")
-				}
+				b.ReportMetric(100*r.hbPerSec/r.pgbenchTPS, "heartbeat-%-of-pgbench")
 				b.ReportMetric(0, "ns/op")
 			}
 		})
@@ -352,7 +363,15 @@ func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration) herd
 		// the sidecar once the wrapper exited 0; "decided" comes once
 		// every pod decided and the skipping ones ended (their ledger
 		// written).
-		if err := hc.await("decided"); err != nil {
+		err := hc.await("decided")
+		if errors.Is(err, errLate) {
+			// The load generator, not the database, is the limit: what
+			// the row can say comes from the database.
+			b.Logf("%s: %v", filepath.Base(hc.spec.Dir), err)
+			r.late = true
+			continue
+		}
+		if err != nil {
 			b.Fatal(err)
 		}
 		for i, d := range hc.decisions {
@@ -374,11 +393,24 @@ func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration) herd
 	r.herdWaits, _ = waits.Stop()
 	r.herd = h.read(b).Sub(before)
 	for _, hc := range clusters {
+		if r.late {
+			if hc.decidedCPU == 0 { // it did not say
+				hc.decidedCPU = hc.cpu()
+			}
+			hc.kill()
+		}
 		r.herd.Self += hc.decidedCPU - hc.readyCPU
 	}
 	var err error
 	if r.topHerd, err = benchscale.TopStatements(ctx, h.watch.DB, 6); err != nil {
 		b.Fatal(err)
+	}
+	if r.late {
+		r.drain = r.herd.At.Sub(t0)
+		if err := h.watch.DB.QueryRow(ctx, `SELECT count(*) FROM dislock.decisions WHERE window_start = $1`, window).Scan(&r.ledgered); err != nil {
+			b.Fatal(err)
+		}
+		return r
 	}
 	sorted := benchscale.Sorted(lat)
 	r.p50, r.p99, r.pmax = benchscale.Percentile(sorted, 0.50), benchscale.Percentile(sorted, 0.99), sorted[len(sorted)-1]
@@ -399,7 +431,11 @@ func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration) herd
 	if r.topHeartbeats, err = benchscale.TopStatements(ctx, h.watch.DB, 4); err != nil {
 		b.Fatal(err)
 	}
-	r.hbPerSec = float64(r.hb.Commits) / r.hbWall.Seconds()
+	heartbeats, err := benchscale.Calls(ctx, h.watch.DB, strings.TrimSpace(lock.HeartbeatWindowSQL))
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.hbPerSec = float64(heartbeats) / r.hbWall.Seconds()
 
 	// The apps succeed and the kubelet stops the sidecars: each records
 	// its window succeeded and ends.
@@ -436,7 +472,7 @@ type herdSpec struct {
 	Dir, Binary string
 	Pods        []map[string]string
 	// DrainLimit bounds the herd: a pod undecided by then is counted so
-	// (and stopped at "end"); RecordLimit bounds the winners' recording.
+	// and stopped; RecordLimit bounds the winners' recording.
 	DrainLimit, RecordLimit time.Duration
 }
 
@@ -478,7 +514,7 @@ type herdCluster struct {
 
 func startHerdCluster(spec herdSpec) (*herdCluster, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), herdChildEnv+"=1")
+	cmd.Env = append(os.Environ(), herdChildEnv+"=1", "GOTRACEBACK=all")
 	// The pods log to their herdPods, so the process's stderr holds only
 	// the Go runtime's words: a panic, or the stacks SIGQUIT dumps when it
 	// does not answer in time (tens of thousands of goroutines, a file's
@@ -548,23 +584,29 @@ func (hc *herdCluster) await(want string) error {
 	case <-time.After(patience):
 		_ = hc.cmd.Process.Signal(syscall.SIGQUIT)
 		_ = hc.cmd.Wait()
-		return fmt.Errorf("no %q from the cluster process within %s; its stacks are in %s; its main goroutine:\n%s",
-			want, patience, hc.stderr, mainStack(hc.stderr))
+		return fmt.Errorf("%w: no %q within %s; %s", errLate, want, patience, stacks(hc.stderr))
 	}
 }
 
-// mainStack is goroutine 1's stack from a Go runtime dump in file.
-func mainStack(file string) string {
+// errLate: a cluster process did not answer within its phase's limit plus
+// a minute.
+var errLate = errors.New("the cluster process is late")
+
+// stacks sums up the Go runtime's dump of all goroutines in file: how many
+// there were, how many waited for a CPU, and the main goroutine's stack.
+func stacks(file string) string {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return err.Error()
 	}
-	_, g1, ok := bytes.Cut(b, []byte("\ngoroutine 1 ["))
-	if !ok {
-		return "(none in the dump)"
+	all := bytes.Count(b, []byte("\ngoroutine "))
+	runnable := bytes.Count(b, []byte(" [runnable]:\n"))
+	main := "(not in the dump)"
+	if _, g1, ok := bytes.Cut(b, []byte("\ngoroutine 1 ")); ok {
+		g1, _, _ = bytes.Cut(g1, []byte("\n\n"))
+		main = "goroutine 1 " + string(g1)
 	}
-	g1, _, _ = bytes.Cut(g1, []byte("\n\n"))
-	return "goroutine 1 [" + string(g1)
+	return fmt.Sprintf("%d goroutines, %d of them runnable (waiting for a CPU); its main goroutine:\n%s", all, runnable, main)
 }
 
 // tail is the last n bytes of file.
@@ -573,15 +615,22 @@ func tail(file string, n int) string {
 	return string(b[max(0, len(b)-n):])
 }
 
+// cpu is the process's CPU time so far, or in all once it exited.
+func (hc *herdCluster) cpu() time.Duration {
+	if st := hc.cmd.ProcessState; st != nil {
+		return st.UserTime() + st.SystemTime()
+	}
+	cpu, _ := benchscale.TreeCPU(hc.cmd.Process.Pid)
+	return cpu
+}
+
 func (hc *herdCluster) send(cmd string) { fmt.Fprintln(hc.in, cmd) }
 
 func (hc *herdCluster) kill() {
 	_ = hc.in.Close()
 	_ = hc.cmd.Process.Kill()
 	_ = hc.cmd.Wait()
-	if !strings.Contains(tail(hc.stderr, 1<<20), "goroutine 1 [") {
-		os.Remove(hc.stderr) // nothing to look into
-	}
+	os.Remove(hc.stderr) // await's errors carry what it said
 }
 
 // herdChildEnv makes the test binary a cluster's process (HerdChild).
@@ -670,6 +719,16 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 		}
 		ev.Decisions = append(ev.Decisions, d)
 	}
+	// The pods undecided by the limit count as such and are stopped, as
+	// a Job's activeDeadlineSeconds would stop them: past capacity they
+	// are thousands of goroutines connecting and retrying, which would
+	// otherwise keep this process's main goroutine from its turn (a 10 000-
+	// pod cluster answered minutes late) and crowd the winners' heartbeats.
+	for i, p := range pods {
+		if ev.Decisions[i].At == 0 {
+			p.cancel() // stopped before a decision: it writes none
+		}
+	}
 	ev.CPU = benchscale.SelfCPU()
 	if err := out.Encode(ev); err != nil {
 		return err
@@ -680,11 +739,7 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 	limit.Reset(spec.RecordLimit)
 	var winners []<-chan struct{}
 	for i, p := range pods {
-		if ev.Decisions[i].At == 0 {
-			p.cancel() // stopped before a decision: it writes none
-			continue
-		}
-		if p.action != protocol.ActionRun {
+		if ev.Decisions[i].At == 0 || p.action != protocol.ActionRun {
 			continue
 		}
 		at := time.Now()
@@ -864,8 +919,14 @@ func (h *herd) report(rows []herdRow) {
 		if r.undecided > 0 {
 			drain = "> " + ms(*herdDrainLimit)
 		}
-		t = append(t, []string{strconv.Itoa(r.keys), strconv.Itoa(r.pods), drain, ms(r.p50), ms(r.p99), ms(r.pmax),
-			strconv.FormatInt(r.errors, 10), strconv.FormatInt(r.undecided, 10), strconv.FormatInt(r.retries, 10),
+		p50, p99, pmax, errs, undecided := ms(r.p50), ms(r.p99), ms(r.pmax), strconv.FormatInt(r.errors, 10), strconv.FormatInt(r.undecided, 10)
+		if r.late {
+			// What the database saw: the decisions in its ledger.
+			drain, p50, p99, pmax, errs = "generator-bound", "–", "–", "–", "–"
+			undecided = fmt.Sprintf("~%d (ledger)", int64(r.pods)-r.ledgered)
+		}
+		t = append(t, []string{strconv.Itoa(r.keys), strconv.Itoa(r.pods), drain, p50, p99, pmax,
+			errs, undecided, strconv.FormatInt(r.retries, 10),
 			fmt.Sprintf("%.1f s", r.herd.PostgreSQL.Seconds()), fmt.Sprintf("%.0f%%", benchscale.Share(r.herd.PostgreSQL, wall, cpus)),
 			fmt.Sprintf("%.1f s", r.herd.Bouncers.Seconds()), fmt.Sprintf("%.1f s", r.herd.Self.Seconds()),
 			fmt.Sprintf("%.0f B", r.herd.WALBytes/float64(r.keys)), strconv.FormatInt(r.herd.WALSyncs, 10),
@@ -875,6 +936,10 @@ func (h *herd) report(rows []herdRow) {
 	_ = benchscale.Table(os.Stdout, t)
 	t = [][]string{{"running jobs", "heartbeat statements/s", "PG CPU share", "pgbench, same statement (before the herds)", "heartbeats ÷ pgbench", "record (apps end)", "record errors"}}
 	for _, r := range rows {
+		if r.late {
+			t = append(t, []string{strconv.Itoa(r.keys), "–", "–", fmt.Sprintf("%.0f/s", r.pgbenchTPS), "–", "–", "–"})
+			continue
+		}
 		t = append(t, []string{strconv.Itoa(r.keys), fmt.Sprintf("%.0f", r.hbPerSec),
 			fmt.Sprintf("%.1f%%", benchscale.Share(r.hb.PostgreSQL, r.hbWall, cpus)), fmt.Sprintf("%.0f/s", r.pgbenchTPS),
 			ratio(r.hbPerSec, r.pgbenchTPS), ms(r.record), strconv.FormatInt(r.recordErrors, 10)})

@@ -345,6 +345,14 @@ func TopStatements(ctx context.Context, db *pgx.Conn, n int) ([]string, error) {
 	return out, rows.Err()
 }
 
+// Calls is how many times PostgreSQL ran query (as the client sent it,
+// whichever role ran it) since the last ResetStatements.
+func Calls(ctx context.Context, db *pgx.Conn, query string) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements WHERE query = $1`, query).Scan(&n)
+	return n, err
+}
+
 // ResetStatements clears pg_stat_statements, so TopStatements covers one
 // phase.
 func ResetStatements(ctx context.Context, db *pgx.Conn) error {
