@@ -115,7 +115,7 @@ bench-scale: deps node-deps tools ## Capacity (≤ 15 min, as root): 3 clusters 
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench '^BenchmarkHerd$$' -benchtime 1x -timeout 14m ./lockagent/agent/ -herd.keys=$(HERD_KEYS) -herd.pool=$(HERD_POOL) | tee bench-herd.txt
 	set -o pipefail; CI=true $(GO) test -count=1 -timeout 10m -run '^TestStartOverhead' -v ./test/e2e/ -start.runs=$(START_RUNS) | tee bench-start.txt
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench '^Benchmark(Decision|ProcessStart)$$' -benchtime 200x -count 3 -timeout 10m ./lockagent/agent/ | tee bench-decision.txt
-	set -o pipefail; $(GO) test -run '^$$' -bench 'Admission$$' -benchtime 3000x -count 5 -timeout 10m ./webhook/ | tee bench-admission.txt
+	set -o pipefail; $(GO) test -run '^$$' -bench 'Admission$$' -benchtime 3000x -count 3 -timeout 10m ./webhook/ | tee bench-admission.txt
 
 .PHONY: failover
 failover: deps $(BIN)/etcd ## Kill a Patroni cluster's primary FAILOVERS times (default 20) under a stream of claims and leases; check nothing is lost or goes back, and report kill → first grant.

@@ -345,11 +345,15 @@ func TopStatements(ctx context.Context, db *pgx.Conn, n int) ([]string, error) {
 	return out, rows.Err()
 }
 
-// Calls is how many times PostgreSQL ran query (as the client sent it,
-// whichever role ran it) since the last ResetStatements.
-func Calls(ctx context.Context, db *pgx.Conn, query string) (int64, error) {
+// Calls is how many times PostgreSQL ran the statements whose text starts
+// with prefix (blanks collapsed, whichever role ran them) since the last
+// ResetStatements. A prefix, not the whole text: pg_stat_statements keeps
+// a statement's text with its constants replaced by $n, so the text a
+// client sent is not what it keeps.
+func Calls(ctx context.Context, db *pgx.Conn, prefix string) (int64, error) {
 	var n int64
-	err := db.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements WHERE query = $1`, query).Scan(&n)
+	err := db.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements
+		WHERE starts_with(btrim(regexp_replace(query, '\s+', ' ', 'g')), btrim(regexp_replace($1, '\s+', ' ', 'g')))`, prefix).Scan(&n)
 	return n, err
 }
 
