@@ -31,6 +31,7 @@ import (
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/benchscale"
+	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -610,7 +611,7 @@ func (hc *herdCluster) await(want string, deadline time.Time) error {
 	case e, ok := <-hc.events:
 		switch {
 		case !ok:
-			return fmt.Errorf("the cluster process exited before %q: %v\n%s", want, hc.cmd.Wait(), tail(hc.stderr, 4096))
+			return fmt.Errorf("the cluster process exited before %q: %v\n%s", want, hc.cmd.Wait(), harness.LogTail(hc.stderr, 40, 4096))
 		case e.Event != want:
 			return fmt.Errorf("the cluster process said %q (%s), not %q", e.Event, e.Error, want)
 		}
@@ -649,12 +650,6 @@ func stacks(file string) string {
 		main = "goroutine 1 " + string(g1)
 	}
 	return fmt.Sprintf("%d goroutines, %d of them runnable (waiting for a CPU); its main goroutine:\n%s", all, runnable, main)
-}
-
-// tail is the last n bytes of file.
-func tail(file string, n int) string {
-	b, _ := os.ReadFile(file)
-	return string(b[max(0, len(b)-n):])
 }
 
 // cpu is the process's CPU time so far, or in all once it exited.
@@ -756,7 +751,7 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 	ev := herdEvent{Event: "decided"}
 	for _, p := range pods {
 		d := herdDecision{} // undecided within the limit
-		if closed(p.decided) {
+		if harness.Closed(p.decided) {
 			d = herdDecision{At: p.decidedAt.UnixNano(), Action: p.action}
 		}
 		ev.Decisions = append(ev.Decisions, d)
@@ -803,7 +798,7 @@ func herdChild(in *bufio.Reader, out *json.Encoder) error {
 	ev = herdEvent{Event: "ended", Causes: maps.Clone(tally.n)}
 	tally.mu.Unlock()
 	for i, p := range pods {
-		if decided[i].Action == protocol.ActionRun && !closed(p.done) {
+		if decided[i].Action == protocol.ActionRun && !harness.Closed(p.done) {
 			ev.Unfinished++
 		}
 		ev.Retries += p.retries.Load()
@@ -834,16 +829,6 @@ func allClosed(chs []<-chan struct{}) <-chan struct{} {
 		close(all)
 	}()
 	return all
-}
-
-// closed reports, without waiting, whether c is closed.
-func closed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
 }
 
 // expect reads the next command line, which must be want.
