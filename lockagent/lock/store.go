@@ -238,14 +238,6 @@ func hostPort(host string, port uint16) string {
 // reports as its remote address's: the dial function refuses it.
 const noCancelNetwork = "dislock-no-cancel"
 
-// neverCancel wraps a dial function so that the connections it makes never
-// send a cancel request. A call that runs out of time closes its connection,
-// and pgx then sends PostgreSQL a cancel request for the running statement,
-// dialling the connection's remote address. Cancelled while its commit waits
-// for the synchronous standby, a claim is committed on the primary and
-// visible to every cluster, yet a failover can lose it. Without the cancel,
-// the commit keeps waiting, invisible, until the standby has it. A statement
-// dislock abandons finishes on its own: every one is short.
 // keepAliveDialer finds a connection whose peer went away without a word (a
 // partition, a node gone) within about 25 s of silence, where pgx's
 // default waits 5 minutes before its first probe: a decision's try is not
@@ -256,6 +248,14 @@ const noCancelNetwork = "dislock-no-cancel"
 var keepAliveDialer = &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{
 	Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}}
 
+// neverCancel wraps a dial function so that the connections it makes never
+// send a cancel request. A call that runs out of time closes its connection,
+// and pgx then sends PostgreSQL a cancel request for the running statement,
+// dialling the connection's remote address. Cancelled while its commit waits
+// for the synchronous standby, a claim is committed on the primary and
+// visible to every cluster, yet a failover can lose it. Without the cancel,
+// the commit keeps waiting, invisible, until the standby has it. A statement
+// dislock abandons finishes on its own: every one is short.
 func neverCancel(dial pgconn.DialFunc) pgconn.DialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if network == noCancelNetwork {
