@@ -49,8 +49,7 @@ func disagreements(views []lock.ClusterView, cronJobs []batchv1.CronJob) []disag
 		}
 		parts := make([]string, 0, len(vs))
 		for _, v := range vs {
-			parts = append(parts, fmt.Sprintf("%s: schedule %q, timeZone %q, mode %s, standby %t, leaseTTL %s, catchup %q",
-				v.Cluster, v.View.Schedule, v.View.TimeZone, v.View.Mode, v.View.Standby, v.View.LeaseTTL, v.View.Catchup))
+			parts = append(parts, v.Cluster+": "+v.View.String())
 		}
 		sort.Strings(parts)
 		out = append(out, disagreement{

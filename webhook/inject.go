@@ -554,6 +554,11 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 		// Empty for a Job admitted with generateName: the pod reads it then.
 		JobName: job.Name,
 	}}
+	if p.env.Indexed {
+		// Reported when clusters disagree; a Job of more than
+		// spec.MaxCompletions is Kubernetes' to refuse.
+		p.env.Completions = int(min(max(ptr.Deref(job.Spec.Completions, 0), 0), spec.MaxCompletions))
+	}
 
 	resources, sizeErrs := agentResourcesFor(annotations, opts)
 	for _, e := range sizeErrs {

@@ -39,6 +39,8 @@ type Config struct {
 	Owner       lock.Owner
 	// JobIndex is the completion index of an Indexed Job's pod, -1 otherwise.
 	JobIndex int
+	// Completions is an Indexed Job's spec.completions, 0 when unknown.
+	Completions int
 	// AppStartTimeout: after "run", if no wrapper started the app by then,
 	// the claim is given up so that a standby or the Job's retry can take it.
 	AppStartTimeout time.Duration
@@ -126,7 +128,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	c.RestartPolicy, c.ProxyQuit = env.RestartPolicy, env.ProxyQuit
 	c.JobIndex = -1
 	if env.Indexed {
-		c.JobIndex = env.JobIndex
+		c.JobIndex, c.Completions = env.JobIndex, env.Completions
 	}
 	c.Owner = lock.Owner{Cluster: env.Cluster, Namespace: env.Namespace(), Job: env.JobName, JobUID: env.JobUID, Pod: env.PodName}
 	c.DatabaseURL = env.DatabaseURL

@@ -179,6 +179,9 @@ func (a *agent) recordView(ctx context.Context) {
 	if c.MissedAfter > 0 {
 		v.MissedAfter = c.MissedAfter.String()
 	}
+	if c.JobIndex != lock.NotIndexed {
+		v.CompletionMode, v.Completions = lock.CompletionModeIndexed, c.Completions
+	}
 	// Bounded as a decision's try is (see retry), not by the heartbeat's
 	// call timeout: giving up on it while it runs costs the database a
 	// backend.
@@ -191,7 +194,11 @@ func (a *agent) recordView(ctx context.Context) {
 	}
 	var parts []string
 	for _, o := range others {
-		parts = append(parts, fmt.Sprintf("cluster %s has %s", o.Cluster, strings.Join(v.Diff(o.View), ", ")))
+		// A view differs in what the Diff leaves out (completions an
+		// older webhook did not pass on): nothing to warn about.
+		if diff := v.Diff(o.View); len(diff) > 0 {
+			parts = append(parts, fmt.Sprintf("cluster %s has %s", o.Cluster, strings.Join(diff, ", ")))
+		}
 	}
 	if len(parts) == 0 {
 		return
@@ -251,6 +258,9 @@ func (a *agent) claimWindow(ctx context.Context) (lock.Claim, string, error) {
 			a.windowUntil = a.safeFrom(sent)
 			return claim, "", nil
 		}
+		if errors.Is(err, lock.ErrCompletionModesDisagree) {
+			return claim, shapeRefused(err), nil
+		}
 		if !errors.Is(err, lock.ErrWindowTaken) {
 			return claim, "", err
 		}
@@ -287,6 +297,14 @@ func (a *agent) claimWindow(ctx context.Context) (lock.Claim, string, error) {
 				formatWindow(a.window), a.indexSuffix(), late.Round(time.Second), lock.MaxClaimAge), nil
 		}
 	}
+}
+
+// shapeRefused is the reason of a skip whose claim or lease the database
+// refused because the window or key was taken in the other completion
+// mode: running it would run the window, or the key, twice.
+func shapeRefused(err error) string {
+	return "skipped, never run twice: " + err.Error() +
+		"; make spec.jobTemplate.spec.completionMode (and completions) the same in every cluster's CronJob"
 }
 
 // awaitOwnerChange polls the window, reading only, until it may have
@@ -344,6 +362,9 @@ func (a *agent) acquireLease(ctx context.Context, tookOver bool) (lock.LeaseGran
 			a.leaseToken = grant.Lease.Token
 			a.leaseUntil = a.safeFrom(sent)
 			return grant, "", nil
+		}
+		if errors.Is(err, lock.ErrCompletionModesDisagree) {
+			return grant, shapeRefused(err), nil
 		}
 		if !errors.Is(err, lock.ErrLeaseHeld) {
 			return grant, "", err

@@ -2,10 +2,13 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/spec"
 )
 
@@ -40,5 +43,43 @@ func TestEachIndexOfAnIndexedJobHasItsOwnLease(t *testing.T) {
 	if ran["dc-a-index-1"]+ran["dc-b-index-1"] != 1 || w1.State != lock.StateSucceeded {
 		t.Fatalf("VIOLATION (invariant 2): index 1 of the window ran %d times (window state %s) with standby on and both clusters healthy",
 			ran["dc-a-index-1"]+ran["dc-b-index-1"], w1.State)
+	}
+}
+
+// A CronJob rolled out with completionMode Indexed in dc-b while dc-a still
+// runs it plain. dc-a's pod claimed (key, W, -1) and lease "key"; dc-b's
+// index 0 claimed (key, W, 0) and lease "key#0": different rows and leases,
+// so both ran, and in schedule,lease they overlapped. Whichever shape comes
+// second skips, and says the clusters disagree on completionMode.
+func TestAPlainAndAnIndexedPodOfOneWindowNeverBothRun(t *testing.T) {
+	for _, mode := range []string{"schedule", "schedule,lease", "lease"} {
+		for _, indexedFirst := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s, indexed first %t", mode, indexedFirst), func(t *testing.T) {
+				j := newJob(t, bouncerDSN(t), mode, 3*time.Second)
+				plain := podSpec{cluster: "dc-a", window: tick0, jobName: "job-a", podName: "job-a-x", app: app(2, 0),
+					env: []string{"CLUSTER=dc-a"}}
+				indexed := podSpec{cluster: "dc-b", window: tick0, jobName: "job-b", podName: "job-b-0", app: app(2, 0),
+					env: []string{spec.EnvJobIndex + "=0", spec.EnvCompletions + "=2", "CLUSTER=dc-b"}}
+				first, second := plain, indexed
+				if indexedFirst {
+					first, second = indexed, plain
+				}
+				p1 := j.start(t, first)
+				j.awaitRuns(t, first.cluster+" to run", 1)
+				p2 := j.start(t, second)
+				p1.finish()
+				p2.finish()
+				runs := readLedger(t, j.ledger)
+				d := p2.decision()
+				t.Logf("runs %+v; %s decided %s %q", runs, second.cluster, d.Action, d.Reason)
+				if len(runs) != 1 || runs[0].cluster != first.cluster {
+					t.Fatalf("VIOLATION (invariant 1): the window ran %d times (%+v), want once, in %s", len(runs), runs, first.cluster)
+				}
+				if d.Action != protocol.ActionSkip || !strings.Contains(d.Reason, "completionMode") || !strings.Contains(p2.terminationMessage(), "completionMode") {
+					t.Fatalf("%s decided %s %q (termination message %q), want a skip naming completionMode",
+						second.cluster, d.Action, d.Reason, p2.terminationMessage())
+				}
+			})
+		}
 	}
 }

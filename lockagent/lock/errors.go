@@ -23,6 +23,13 @@ var (
 	// ErrUnavailable: the database (or the pooler in front of it) could not be
 	// reached or refused to serve. Callers retry or fail closed.
 	ErrUnavailable = errors.New("database unavailable")
+	// ErrCompletionModesDisagree: the window was first claimed in the other
+	// completion mode (a plain Job's window claimed per index, or the other
+	// way round), or a lease of the key's other shape is live ("key" while
+	// "key#i" is held, or the other way round). The clusters, or one
+	// cluster across an edit, disagree on the Job's completionMode; running
+	// both shapes would run the window twice. The error names the holder.
+	ErrCompletionModesDisagree = errors.New("clusters disagree on completionMode")
 	// ErrNotFound: no such window or lease.
 	ErrNotFound = errors.New("not found")
 	// ErrForbidden: the database refused the statement to this role: a
@@ -44,8 +51,15 @@ func (s *Store) classify(op string, err error) error {
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" && !errors.Is(err, ErrForbidden) { // insufficient_privilege
 		return fmt.Errorf("%s: %w: %w", op, ErrForbidden, err)
 	}
+	if errors.As(err, &pgErr) && pgErr.Code == sqlstateShapesDisagree {
+		return fmt.Errorf("%s: %w: %s", op, ErrCompletionModesDisagree, pgErr.Message)
+	}
 	return fmt.Errorf("%s: %w", op, err)
 }
+
+// sqlstateShapesDisagree is raised by the schema's triggers (migration 7)
+// when a claim or lease would give a window or key a second shape.
+const sqlstateShapesDisagree = "DL001"
 
 func unavailable(err error) bool {
 	if errors.Is(err, context.Canceled) {

@@ -117,8 +117,12 @@ WHERE ($1::text = '' OR lock_key = $1::text)
 ORDER BY window_start DESC, lock_key, job_index
 LIMIT $2::int`
 
-// qDeleteWindow deletes every completion index of the window.
-const qDeleteWindow = `DELETE FROM dislock.windows WHERE lock_key = $1::text AND window_start = $2::timestamptz`
+// qDeleteWindow deletes every completion index of the window, and its
+// shape, so that a re-run may have another completion mode.
+const qDeleteWindow = `
+WITH unit AS (
+    DELETE FROM dislock.window_units WHERE lock_key = $1::text AND window_start = $2::timestamptz)
+DELETE FROM dislock.windows WHERE lock_key = $1::text AND window_start = $2::timestamptz`
 
 // qDeleteOldWindows keeps a window that still claims to be running and is
 // alive, however old: deleting it would let another cluster claim it.

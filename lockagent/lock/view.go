@@ -23,6 +23,35 @@ type View struct {
 	// window without a successful run counts as missed. Empty: the default
 	// (DefaultMissedGrace).
 	MissedAfter string `json:"missedAfter,omitempty"`
+	// CompletionMode is "Indexed" for an Indexed Job, empty otherwise (so
+	// that a plain Job's view is what agents without the field wrote), and
+	// Completions its spec.completions (0 when not known: Jobs admitted by
+	// a webhook that did not pass it on). A window is one unit whatever the
+	// mode: where clusters disagree on it the database refuses the second
+	// shape (ErrCompletionModesDisagree).
+	CompletionMode string `json:"completionMode,omitempty"`
+	Completions    int    `json:"completions,omitempty"`
+}
+
+// CompletionModeIndexed is View.CompletionMode of an Indexed Job.
+const CompletionModeIndexed = "Indexed"
+
+// String spells every setting of v, for reports of clusters that disagree.
+func (v View) String() string {
+	s := fmt.Sprintf("schedule %q, timeZone %q, mode %s, standby %t, leaseTTL %s, catchup %q, missedAfter %q, completionMode %q",
+		v.Schedule, v.TimeZone, v.Mode, v.Standby, v.LeaseTTL, v.Catchup, v.MissedAfter, v.completionMode())
+	if v.Completions > 0 {
+		s += fmt.Sprintf(", completions %d", v.Completions)
+	}
+	return s
+}
+
+// completionMode is CompletionMode as Kubernetes spells the default.
+func (v View) completionMode() string {
+	if v.CompletionMode == "" {
+		return "NonIndexed"
+	}
+	return v.CompletionMode
 }
 
 // ClusterView is a View as a cluster last recorded it.
@@ -49,6 +78,11 @@ func (v View) Diff(other View) []string {
 	add("leaseTTL", v.LeaseTTL, other.LeaseTTL)
 	add("catchup", v.Catchup, other.Catchup)
 	add("missedAfter", v.MissedAfter, other.MissedAfter)
+	add("completionMode", v.completionMode(), other.completionMode())
+	// 0 is "not known" (an older webhook): no disagreement to report.
+	if v.Completions > 0 && other.Completions > 0 {
+		add("completions", v.Completions, other.Completions)
+	}
 	return out
 }
 

@@ -41,6 +41,9 @@ type AgentEnv struct {
 	// per completion index; JobIndex is then its index.
 	Indexed  bool
 	JobIndex int
+	// Completions is an Indexed Job's spec.completions (0: not Indexed,
+	// or not known).
+	Completions int
 	// AppContainers names the pod's app containers (each wrapper's
 	// DISLOCK_CONTAINER_NAME). The agent waits for every one of them to
 	// start before the app-start timeout, and may record a success as soon
@@ -170,6 +173,9 @@ func (e AgentEnv) Render() []EnvVar {
 		EnvVar{Name: EnvPodName, FieldPath: FieldPodName})
 	if e.Indexed {
 		vars = append(vars, EnvVar{Name: EnvJobIndex, FieldPath: FieldJobCompletionIndex})
+		if e.Completions > 0 {
+			vars = append(vars, EnvVar{Name: EnvCompletions, Value: strconv.Itoa(e.Completions)})
+		}
 	}
 	vars = append(vars, EnvVar{Name: EnvDatabaseURL, FromDatabaseSecret: true})
 	if e.SharedDir != "" && e.SharedDir != DefaultSharedDir {
@@ -190,6 +196,9 @@ func (e AgentEnv) renderWindow() string {
 	}
 	return e.Window.UTC().Format(time.RFC3339Nano)
 }
+
+// MaxCompletions is the most completions Kubernetes allows an Indexed Job.
+const MaxCompletions = 100000
 
 // The range of window starts, as in package window.
 var (
@@ -352,6 +361,15 @@ func ParseAgentEnv(getenv func(string) string, opts ParseOptions) (AgentEnv, err
 			bad(EnvJobIndex, v, "is not a completion index "+wantIndex)
 		} else {
 			e.Indexed, e.JobIndex = true, n
+		}
+	}
+
+	if v := getenv(EnvCompletions); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxCompletions || strings.TrimLeft(v, "0123456789") != "" {
+			bad(EnvCompletions, v, fmt.Sprintf("is not an Indexed Job's completions (want 1 to %d)", MaxCompletions))
+		} else {
+			e.Completions = n
 		}
 	}
 

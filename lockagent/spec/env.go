@@ -46,6 +46,11 @@ const (
 	// batch.kubernetes.io/job-completion-index annotation), empty otherwise.
 	// Each index claims its own window.
 	EnvJobIndex = "DISLOCK_JOB_INDEX"
+	// EnvCompletions is an Indexed Job's spec.completions, empty otherwise
+	// (and from webhooks older than it). The agent puts it in its view of
+	// the job, so that clusters whose Jobs have different indexes are
+	// reported.
+	EnvCompletions = "DISLOCK_COMPLETIONS"
 	// EnvCluster names the data centre (the webhook's --cluster-name).
 	EnvCluster = "DISLOCK_CLUSTER"
 	// EnvJobName, EnvJobUID and EnvPodName come from the downward API.

@@ -1,0 +1,253 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/lock"
+)
+
+// A window is one unit whatever the completion mode: while a CronJob is
+// rolled out to completionMode Indexed one data centre at a time, dc-a's
+// plain Job claims (key, W, -1) and dc-b's Indexed Job (key, W, 0). Those
+// are different rows; without the rule both ran, overlapping.
+
+func claimShape(ctx context.Context, s *lock.Store, key string, w time.Time, index int, o lock.Owner) (lock.Claim, error) {
+	return s.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: w, Index: index, Owner: o, TTL: ttl})
+}
+
+func TestAWindowClaimedInOneCompletionModeIsRefusedInTheOther(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 4)
+		ctx := context.Background()
+		plain, indexed := owner("dc-a", "job-a", "pod-a"), owner("dc-b", "job-b", "pod-b-0")
+		for _, tc := range []struct {
+			name                 string
+			firstIndex, secondAt int
+			first, second        lock.Owner
+		}{
+			{"plain first, then an index", lock.NotIndexed, 0, plain, indexed},
+			{"an index first, then plain", 2, lock.NotIndexed, indexed, plain},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				key := uniqueKey(t)
+				if _, err := claimShape(ctx, s, key, window0, tc.firstIndex, tc.first); err != nil {
+					t.Fatal(err)
+				}
+				_, err := claimShape(ctx, s, key, window0, tc.secondAt, tc.second)
+				if !errors.Is(err, lock.ErrCompletionModesDisagree) {
+					t.Fatalf("second shape's claim: %v, want ErrCompletionModesDisagree", err)
+				}
+				for _, want := range []string{"completionMode", tc.first.Cluster, tc.first.WindowOwner()} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("refusal %q does not name %q", err, want)
+					}
+				}
+				// The refused shape left nothing behind; the first shape's other
+				// indexes (or its own retry) are untouched by the rule.
+				if _, err := s.GetWindow(ctx, key, window0, tc.secondAt); !errors.Is(err, lock.ErrNotFound) {
+					t.Fatalf("refused shape's row: %v, want none", err)
+				}
+				if tc.firstIndex >= 0 {
+					if _, err := claimShape(ctx, s, key, window0, tc.firstIndex+1, tc.first); err != nil {
+						t.Fatalf("another index of the first shape: %v", err)
+					}
+				}
+				// Another window of the key may have the other shape (the
+				// rollout finished).
+				if _, err := claimShape(ctx, s, key, windowAt(1), tc.secondAt, tc.second); err != nil {
+					t.Fatalf("the next window in the second shape: %v", err)
+				}
+				// An operator's release of the window lets it run again in
+				// either shape.
+				if err := s.DeleteWindow(ctx, key, window0); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := claimShape(ctx, s, key, window0, tc.secondAt, tc.second); err != nil {
+					t.Fatalf("after release: %v", err)
+				}
+			})
+		}
+	})
+}
+
+// Two first claims of one window in two shapes at the same instant: one
+// shape wins every time, however the statements interleave.
+func TestConcurrentFirstClaimsOfOneWindowInTwoShapesHaveOneWinner(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 8)
+		ctx := context.Background()
+		key := uniqueKey(t)
+		const windows, perShape = 25, 3
+		for i := range windows {
+			w := windowAt(i)
+			var mu sync.Mutex
+			won := map[bool]int{}
+			var wg sync.WaitGroup
+			for p := range 2 * perShape {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					index, o := lock.NotIndexed, owner("dc-a", fmt.Sprintf("job-a-%d", p), "pod")
+					if p%2 == 1 {
+						index, o = p/2, owner("dc-b", "job-b", fmt.Sprintf("pod-%d", p/2))
+					}
+					_, err := claimShape(ctx, s, key, w, index, o)
+					switch {
+					case err == nil:
+						mu.Lock()
+						won[index >= 0]++
+						mu.Unlock()
+					case errors.Is(err, lock.ErrWindowTaken), errors.Is(err, lock.ErrCompletionModesDisagree):
+					default:
+						t.Errorf("window %d: %v", i, err)
+					}
+				}()
+			}
+			wg.Wait()
+			if won[true] > 0 && won[false] > 0 || won[true]+won[false] == 0 {
+				t.Fatalf("window %d: claims won by plain %d, by indexes %d: want exactly one shape", i, won[false], won[true])
+			}
+		}
+	})
+}
+
+// A window claimed before the rule existed has no recorded shape: the rule
+// reads its rows instead.
+func TestAWindowClaimedBeforeTheRuleKeepsItsShape(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 4)
+		ctx := context.Background()
+		key := uniqueKey(t)
+		if _, err := claimShape(ctx, s, key, window0, lock.NotIndexed, owner("dc-a", "job-a", "pod-a")); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := s.QueryRowForTest(ctx, `WITH d AS (DELETE FROM dislock.window_units WHERE lock_key = $1 RETURNING 1) SELECT count(*) FROM d`, key).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("forgetting the shape: %d rows, %v", n, err)
+		}
+		if _, err := claimShape(ctx, s, key, window0, 0, owner("dc-b", "job-b", "pod-b")); !errors.Is(err, lock.ErrCompletionModesDisagree) {
+			t.Fatalf("an index of a window claimed plain before the rule: %v, want ErrCompletionModesDisagree", err)
+		}
+	})
+}
+
+// Leases: a plain Job's "key" and an Indexed Job's "key#i" are never live
+// at once (lease mode takes no window, so only the lease can refuse).
+func TestALeaseOfOneCompletionModeRefusesTheOther(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 4)
+		ctx := context.Background()
+		plain, indexed := owner("dc-a", "job-a", "pod-a"), owner("dc-b", "job-b", "pod-b-0")
+
+		t.Run("plain held: an index is refused until it expires", func(t *testing.T) {
+			key := uniqueKey(t)
+			g, err := s.AcquireLease(ctx, key, plain, 300*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.AcquireLease(ctx, key+"#0", indexed, ttl); !errors.Is(err, lock.ErrCompletionModesDisagree) || !strings.Contains(err.Error(), plain.LeaseOwner()) {
+				t.Fatalf("index lease while the plain lease is live: %v, want ErrCompletionModesDisagree naming %s", err, plain.LeaseOwner())
+			}
+			awaitDBPast(t, s, g.Lease.ExpireAt)
+			if _, err := s.AcquireLease(ctx, key+"#0", indexed, ttl); err != nil {
+				t.Fatalf("index lease once the plain one expired: %v", err)
+			}
+		})
+
+		t.Run("an index held: plain is refused, other indexes are not", func(t *testing.T) {
+			key := uniqueKey(t)
+			if _, err := s.AcquireLease(ctx, key+"#3", indexed, ttl); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.AcquireLease(ctx, key+"#4", owner("dc-b", "job-b", "pod-b-4"), ttl); err != nil {
+				t.Fatalf("another index: %v", err)
+			}
+			if _, err := s.AcquireLease(ctx, key, plain, ttl); !errors.Is(err, lock.ErrCompletionModesDisagree) {
+				t.Fatalf("plain lease while an index's is live: %v, want ErrCompletionModesDisagree", err)
+			}
+		})
+
+		t.Run("released: the other shape may take it", func(t *testing.T) {
+			key := uniqueKey(t)
+			g, err := s.AcquireLease(ctx, key, plain, ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.ReleaseLease(ctx, key, g.Lease.Token); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.AcquireLease(ctx, key+"#0", indexed, ttl); err != nil {
+				t.Fatalf("index lease after the plain one was released: %v", err)
+			}
+		})
+	})
+}
+
+func TestConcurrentLeasesOfTwoShapesHaveOneShapeLive(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 8)
+		ctx := context.Background()
+		for i := range 25 {
+			key := uniqueKey(t)
+			var mu sync.Mutex
+			won := map[bool]int{}
+			var wg sync.WaitGroup
+			for p := range 6 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					lk, o := key, owner("dc-a", fmt.Sprintf("job-a-%d", p), "pod")
+					if p%2 == 1 {
+						lk, o = fmt.Sprintf("%s#%d", key, p/2), owner("dc-b", "job-b", fmt.Sprintf("pod-%d", p/2))
+					}
+					_, err := s.AcquireLease(ctx, lk, o, ttl)
+					switch {
+					case err == nil:
+						mu.Lock()
+						won[lk != key]++
+						mu.Unlock()
+					case errors.Is(err, lock.ErrLeaseHeld), errors.Is(err, lock.ErrCompletionModesDisagree):
+					default:
+						t.Errorf("round %d: %v", i, err)
+					}
+				}()
+			}
+			wg.Wait()
+			if won[true] > 0 && won[false] > 0 || won[true]+won[false] == 0 {
+				t.Fatalf("round %d: leases granted plain %d, indexed %d: want exactly one shape", i, won[false], won[true])
+			}
+		}
+	})
+}
+
+// Tenants: the rule holds for a namespace's own role through PgBouncer,
+// and says nothing about another namespace's windows (row-level security
+// refuses the row, as it would without the rule).
+func TestATenantsClaimInTheOtherCompletionModeIsRefusedAndLearnsNothingOfOtherNamespaces(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 4)
+		ctx := context.Background()
+		mine, theirs := namespace(t, "mine"), namespace(t, "theirs")
+		tenant := tenantStore(t, dsn, provision(t, s, mine))
+		a := lock.Owner{Cluster: "dc-a", Namespace: mine, Job: "job", JobUID: "uid", Pod: "pod"}
+		if _, err := claimShape(ctx, tenant, mine+"/report", window0, lock.NotIndexed, a); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := claimShape(ctx, tenant, mine+"/report", window0, 0, a); !errors.Is(err, lock.ErrCompletionModesDisagree) {
+			t.Fatalf("tenant's second shape: %v, want ErrCompletionModesDisagree", err)
+		}
+		if _, err := claimShape(ctx, s, theirs+"/report", window0, lock.NotIndexed, owner("dc-a", "job", "pod")); err != nil {
+			t.Fatal(err)
+		}
+		_, err := claimShape(ctx, tenant, theirs+"/report", window0, 0, a)
+		if !errors.Is(err, lock.ErrForbidden) || strings.Contains(err.Error(), "completionMode") {
+			t.Fatalf("tenant's claim in another namespace: %v, want ErrForbidden that says nothing of its shape", err)
+		}
+	})
+}
