@@ -233,6 +233,24 @@ func Check(o *Outcome) []Violation {
 				"window %s ran to completion %d times:\n  %s", u, len(done), joinRuns(done))
 		}
 	}
+	// A window is one unit whatever the completion mode: where clusters
+	// disagree on it, runs of one window in both shapes are two runs.
+	for w := range p.Windows {
+		var plain, indexed []Run
+		for _, r := range runs {
+			switch {
+			case r.Window != w:
+			case r.Index < 0:
+				plain = append(plain, r)
+			default:
+				indexed = append(indexed, r)
+			}
+		}
+		if len(plain) > 0 && len(indexed) > 0 {
+			add("a: window ran in both completion modes", podsOf(append(plain, indexed...)...),
+				"window %d ran as a plain Job's and as an Indexed Job's:\n  %s", w, joinRuns(append(plain, indexed...)))
+		}
+	}
 	for i, a := range runs {
 		for _, b := range runs[i+1:] {
 			switch {
@@ -254,6 +272,12 @@ func Check(o *Outcome) []Violation {
 			}
 			state := o.WindowStates[o.unitKey(u)]
 			if p.HasLease() && state == "skipped" {
+				continue
+			}
+			// Standby is promised within a shape: a window claimed as a
+			// plain Job's is never run by an Indexed Job, nor the other way
+			// round, whatever becomes of its owner.
+			if o.otherShapeClaimed(u) {
 				continue
 			}
 			if clean := o.cleanClusters(u); len(clean) > 0 {
@@ -339,15 +363,36 @@ func (u unit) String() string { return unitKey(strconv.Itoa(u.window), u.index) 
 func (o *Outcome) units() []unit {
 	var us []unit
 	for w := range o.Plan.Windows {
-		if o.Plan.Completions <= 1 {
+		if o.Plan.Completions <= 1 || o.Plan.PlainCluster >= 0 {
 			us = append(us, unit{w, -1})
-			continue
 		}
-		for i := range o.Plan.Completions {
-			us = append(us, unit{w, i})
+		if o.Plan.Completions > 1 {
+			for i := range o.Plan.Completions {
+				us = append(us, unit{w, i})
+			}
 		}
 	}
 	return us
+}
+
+// otherShapeClaimed tells, for a plan whose clusters disagree on the
+// completion mode, that u's window was claimed in the other shape than u's
+// (the database then refuses u's shape for good).
+func (o *Outcome) otherShapeClaimed(u unit) bool {
+	if o.Plan.PlainCluster < 0 {
+		return false
+	}
+	_, plain := o.WindowStates[unitKey(o.Windows[u.window], -1)]
+	indexed := false
+	for i := range o.Plan.Completions {
+		if _, ok := o.WindowStates[unitKey(o.Windows[u.window], i)]; ok {
+			indexed = true
+		}
+	}
+	if u.index < 0 {
+		return indexed
+	}
+	return plain
 }
 
 // unitKey is u's key in WindowStates.

@@ -121,8 +121,13 @@ type Plan struct {
 	// per completion index at once, each index claiming its own window (and,
 	// with lease, holding a lease of its own).
 	Completions int
-	Jitter      [][]time.Duration // [cluster][window]
-	Faults      []Fault
+	// PlainCluster, when ≥ 0 (Indexed plans only), is a cluster whose
+	// CronJob is not Indexed while the others' are: a rollout of
+	// completionMode one data centre at a time. A window is one unit whatever
+	// the mode, so only the shape that claims it first may run it.
+	PlainCluster int
+	Jitter       [][]time.Duration // [cluster][window]
+	Faults       []Fault
 }
 
 // Fault is one planned fault.
@@ -187,6 +192,9 @@ func (p Plan) String() string {
 		p.Seed, p.Mode, p.Standby, p.Clusters, p.Windows, p.Period.Round(time.Millisecond))
 	if p.Completions > 1 {
 		fmt.Fprintf(&b, ", Indexed Jobs of %d completions", p.Completions)
+	}
+	if p.PlainCluster >= 0 {
+		fmt.Fprintf(&b, " except in %s, whose Jobs are not Indexed", ClusterName(p.PlainCluster))
 	}
 	b.WriteString("\n")
 	for _, f := range p.Faults {
@@ -270,7 +278,35 @@ func Draw(seed uint64, s Settings) Plan {
 		p.Faults = append(p.Faults, f)
 	}
 	slices.SortStableFunc(p.Faults, func(a, b Fault) int { return int(a.At - b.At) })
+	// Drawn apart, so that every other part of a seed's plan stays what it
+	// was before plans could mix completion modes.
+	p.PlainCluster = -1
+	if mixed := rand.New(rand.NewPCG(seed, 0xc0_3713_d1ff)); p.Completions > 1 && mixed.IntN(3) == 0 {
+		p.PlainCluster = mixed.IntN(p.Clusters)
+	}
 	return p
+}
+
+// Indexes are the completion indexes of cluster c's Jobs: -1 alone for a
+// Job that is not Indexed.
+func (p Plan) Indexes(c int) []int {
+	if p.Completions <= 1 || c == p.PlainCluster {
+		return []int{-1}
+	}
+	out := make([]int, p.Completions)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// JobCount is how many Jobs (one per completion index) the plan creates.
+func (p Plan) JobCount() int {
+	n := 0
+	for c := range p.Clusters {
+		n += len(p.Indexes(c))
+	}
+	return n * p.Windows
 }
 
 // App is what one pod's app does: sleep, then exit with Exit.

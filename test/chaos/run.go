@@ -181,6 +181,7 @@ func (r *run) podEnv(j *job, p *pod) (agent, app []string, err error) {
 		AppStartTimeout: s.AppStartTimeout,
 		Indexed:         j.index >= 0,
 		JobIndex:        max(j.index, 0),
+		Completions:     r.plan.Completions,
 		AppContainers:   []string{appContainer},
 		// The simulated Jobs run restartPolicy Never pods, and the
 		// webhook says so.
@@ -229,13 +230,7 @@ func (r *run) podEnv(j *job, p *pod) (agent, app []string, err error) {
 func (r *run) createJob(c, w int) {
 	cl := r.clusters[c]
 	minutes := r.windowStart(w).Unix() / 60
-	indexes := []int{-1}
-	if r.plan.Completions > 1 {
-		indexes = nil
-		for i := range r.plan.Completions {
-			indexes = append(indexes, i)
-		}
-	}
+	indexes := r.plan.Indexes(c)
 	r.event(Event{Kind: "job-created", Cluster: cl.name, Pod: fmt.Sprintf("%s-%d", r.name, minutes),
 		Detail: "window " + strconv.Itoa(w) + " " + r.windowStart(w).Format(time.RFC3339)})
 	for _, i := range indexes {
@@ -407,7 +402,7 @@ func (w *World) Run(plan Plan, index int, slot *Slot, dir string) (*Outcome, err
 		}))
 	}
 	time.Sleep(lastJob)
-	for r.jobCount() < plan.Clusters*plan.Windows*plan.Completions {
+	for r.jobCount() < plan.JobCount() {
 		time.Sleep(10 * time.Millisecond)
 	}
 	faults.Wait()
