@@ -500,8 +500,9 @@ func TestAScheduleChangeMakesNoPastNonTickMissed(t *testing.T) {
 	if _, err := r.raw.Exec(ctx, `UPDATE dislock.key_stats SET first_seen = now() - interval '5 hours' WHERE lock_key = $1`, key); err != nil {
 		t.Fatal(err)
 	}
-	// Every hourly tick of the last 5 hours ran and succeeded.
-	for h := now.Truncate(time.Hour).Add(-4 * time.Hour); !h.After(now); h = h.Add(time.Hour) {
+	// Every hourly tick since its first decision, 5 hours ago, ran and
+	// succeeded.
+	for h := now.Truncate(time.Hour).Add(-5 * time.Hour); !h.After(now); h = h.Add(time.Hour) {
 		c := mustClaim(t, s, key, h, o, false, ttl, lock.Claimed)
 		if _, err := s.Finish(ctx, key, h, lock.NotIndexed, c.Window.Token, lock.StateSucceeded, ptr(0)); err != nil {
 			t.Fatal(err)

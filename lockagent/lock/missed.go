@@ -16,12 +16,37 @@ import (
 // A window is missed when it has no successful run by its start plus a
 // grace: no cluster ran it (every pod skipped, died, or was never created),
 // or its run failed or went silent and nobody took it over. A window of a
-// key is judged once its grace is over, from the schedule and time zone the
-// clusters recorded (the newest view), at database time, and never again:
+// key is judged once its grace is over, at database time, and never again:
 // a missed window stays counted. A window whose run is still alive is
-// judged later. A key no cluster decided anything for over several periods
-// is silent instead: its windows are not counted as missed (the CronJob was
-// deleted or suspended everywhere, or dislock was removed from it).
+// judged later.
+//
+// Each key has a checkpoint, the newest window judged, and every window
+// after it is judged in order: nothing moves the checkpoint over a window
+// that was not judged. Neither the ledger nor the views are trusted to say
+// which windows to leave out, since both are best-effort (a herd or a slow
+// database drops ledger writes, and a view's changed_at moves on any edit
+// and with every cluster that joins). Only these leave windows out:
+//
+//   - history before dislock: a key never judged is judged from the window
+//     of its first sign of life (its first decision or its first claimed
+//     window, whichever is older);
+//   - the Lookback: no window older than it is judged, however far back the
+//     checkpoint is;
+//   - a schedule (or time zone) change: the windows before the new
+//     schedule's first one are judged with the schedule the checkpoint was
+//     judged with (recorded beside it, checked_with), those from it on with
+//     the new one, so that no tick of the new schedule from before it is.
+//
+// A key with no claimed window and no decision for SilentPeriods periods
+// plus the grace is silent: its CronJob was deleted or suspended
+// everywhere, or lost its opt-in, or every cluster's pods are failing
+// before their claim, or the database was down; the windows table cannot
+// tell these apart. A silent key's windows wait, its checkpoint where it
+// was: when any pod claims (or decides) again, the windows since the
+// checkpoint, at most a Lookback back, are judged, so that an outage is
+// reported in full once it ends. A CronJob removed or suspended and back
+// within the Lookback therefore has the windows in between reported; its
+// first windows after it went quiet may be reported before it turns silent.
 
 // Kinds of missed windows.
 const (
@@ -39,9 +64,11 @@ type MissedWindow struct {
 	DetectedAt time.Time `json:"detectedAt"`
 }
 
-// SilentKey is a key with no decision for several periods.
+// SilentKey is a key with no sign of life for several periods.
 type SilentKey struct {
-	Key          string        `json:"key"`
+	Key string `json:"key"`
+	// LastDecided is the key's last sign of life: its newest claimed
+	// window or its newest decision, whichever is later.
 	LastDecided  time.Time     `json:"lastDecided"`
 	Period       time.Duration `json:"period"`
 	ExpectedNext time.Time     `json:"expectedNext"`
@@ -49,17 +76,24 @@ type SilentKey struct {
 
 // MissedOptions bound the detection.
 type MissedOptions struct {
-	// Lookback is how far back a key never judged before is judged from
-	// (it starts no earlier than the key's first decision either).
+	// Lookback is how far back windows are judged: those of a key never
+	// judged before (it starts no earlier than the key's first decision or
+	// window either), and those of a key back from silence.
 	Lookback time.Duration
-	// SilentPeriods is how many periods without any decision make a key
-	// silent.
+	// SilentPeriods is how many periods without any claimed window or
+	// decision make a key silent.
 	SilentPeriods int
 	// MaxWindowsPerKey bounds the windows judged per key and run, and
 	// MaxWindowsPerNamespace those of all keys of a namespace; the rest wait
 	// for the next run.
 	MaxWindowsPerKey       int
 	MaxWindowsPerNamespace int
+	// Now, when set and before the database's time, is the time the
+	// windows are judged at: tests replay a history with it. Zero: the
+	// database's time.
+	Now time.Time
+	// Namespace, when set, limits the detection to that namespace's keys.
+	Namespace string
 }
 
 // Defaults of MissedOptions.
@@ -76,11 +110,30 @@ const (
 	missedDecisionsPerWindow      = 16
 )
 
+// The detection's write waits at most missedLockTimeout for a lock (it
+// takes none a tenant can hold, see qRecordMissed) and runs at most
+// missedStatementTimeout, within the leader's 30 s interval.
+const (
+	missedLockTimeout      = 2 * time.Second
+	missedStatementTimeout = 20 * time.Second
+)
+
 // DefaultMissedGrace is the grace of a schedule whose view sets none: one
 // period (a run should be done by the next tick), at least a minute and at
 // most an hour. Longer runs set dislock.io/missed-after.
 func DefaultMissedGrace(period time.Duration) time.Duration {
 	return min(max(period, MinMissedGrace), MaxDefaultMissedGrace)
+}
+
+// missedGrace is the grace of a schedule of period whose view says
+// missedAfter.
+func missedGrace(missedAfter string, period time.Duration) time.Duration {
+	if missedAfter != "" {
+		if g, err := time.ParseDuration(missedAfter); err == nil && g > 0 {
+			return g
+		}
+	}
+	return DefaultMissedGrace(period)
 }
 
 // Detection is the result of one DetectMissed.
@@ -98,21 +151,73 @@ type Detection struct {
 	Problems []string
 }
 
+// judgedWith is what a key's windows up to its checkpoint were judged with
+// (key_stats.checked_with): the schedule, its time zone and missed-after.
+type judgedWith struct {
+	Schedule    string `json:"schedule"`
+	TimeZone    string `json:"timeZone,omitempty"`
+	MissedAfter string `json:"missedAfter,omitempty"`
+	// Until is set once the clusters' schedule changed: it is the new
+	// schedule's first window. The windows before it are judged with this
+	// schedule, those from it on with the new one.
+	Until *time.Time `json:"until,omitempty"`
+}
+
+func judgedWithOf(v View) *judgedWith {
+	return &judgedWith{Schedule: v.Schedule, TimeZone: v.TimeZone, MissedAfter: v.MissedAfter}
+}
+
+func (j *judgedWith) sameSchedule(v View) bool {
+	return j.Schedule == v.Schedule && j.TimeZone == v.TimeZone
+}
+
+func (j *judgedWith) equal(o *judgedWith) bool {
+	if j == nil || o == nil {
+		return j == o
+	}
+	sameUntil := j.Until == nil && o.Until == nil || j.Until != nil && o.Until != nil && j.Until.Equal(*o.Until)
+	return j.Schedule == o.Schedule && j.TimeZone == o.TimeZone && j.MissedAfter == o.MissedAfter && sameUntil
+}
+
+// judgeSpan is a run of windows judged with one schedule: its ticks after
+// after and, when until is set, before until.
+type judgeSpan struct {
+	sched        window.Schedule
+	grace        time.Duration
+	after, until time.Time
+	// complete: every window of a span with an until was listed to judge.
+	complete bool
+}
+
 // keyToJudge is one key's state for the detection.
 type keyToJudge struct {
 	key                    string
 	firstSeen, lastDecided time.Time
 	checkedUntil           *time.Time
-	// viewChanged is when the newest view last changed.
-	viewChanged   time.Time
+	// checkedWith is what the checkpoint was judged with; nil when the key
+	// was never judged or only by a dislock before schema version 8.
+	checkedWith *judgedWith
+	// lastWindow is the key's newest claimed window, firstWindow (read for
+	// a key never judged) its oldest within the lookback.
+	lastWindow, firstWindow *time.Time
+	// scheduleSince is when a cluster first recorded the newest view's
+	// schedule and time zone.
+	scheduleSince time.Time
 	view          View
 	sched         window.Schedule
 	grace, period time.Duration
-	from, to      time.Time
-	// judgedThrough is the newest window start judged (or passed over)
-	// this run: the next checkpoint; zero when it does not move.
+	spans         []judgeSpan
+	expected      []expectedWindow
+	// judgedThrough is the next checkpoint (zero: it does not move), and
+	// with what it was judged with when that changes (nil: it does not).
 	judgedThrough time.Time
-	expected      []time.Time
+	with          *judgedWith
+}
+
+// expectedWindow is a window to judge, from span spans[span].
+type expectedWindow struct {
+	start time.Time
+	span  int
 }
 
 // DetectMissed judges every key's windows whose grace ended since the last
@@ -133,7 +238,7 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 		opts.MaxWindowsPerNamespace = DefaultMaxWindowsPerNamespace
 	}
 	const op = "detecting missed windows"
-	keys, now, err := s.keysToJudge(ctx)
+	keys, now, err := s.keysToJudge(ctx, opts)
 	if err != nil {
 		return Detection{}, err
 	}
@@ -148,39 +253,18 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 		}
 		k.sched = sched
 		k.period = schedulePeriod(sched, now)
-		k.grace = DefaultMissedGrace(k.period)
-		if k.view.MissedAfter != "" {
-			if g, err := time.ParseDuration(k.view.MissedAfter); err == nil && g > 0 {
-				k.grace = g
-			}
-		}
+		k.grace = missedGrace(k.view.MissedAfter, k.period)
 		det.Keys++
-		k.to = now.Add(-k.grace)
-		// Judging starts with the window of the key's first decision (the
-		// pod that decided first decided for it), at most Lookback ago,
-		// and never before the window in which the view the clusters hold
-		// now was first recorded: a new schedule's earlier ticks were no
-		// windows. (A view is recorded by a pod claiming at a tick of it.)
-		k.from = now.Add(-opts.Lookback)
-		for _, since := range []time.Time{k.firstSeen, k.viewChanged} {
-			if w, err := sched.Latest(since); err == nil {
-				k.from = laterOf(k.from, w.Add(-time.Second))
-			}
+		k.plan(now, opts.Lookback)
+		judge = append(judge, k)
+		lastSign := k.lastDecided
+		if k.lastWindow != nil && k.lastWindow.After(lastSign) {
+			lastSign = *k.lastWindow
 		}
-		if k.checkedUntil != nil {
-			k.from = laterOf(k.from, *k.checkedUntil)
-		}
-		silentAfter := time.Duration(opts.SilentPeriods)*k.period + k.grace
-		if now.Sub(k.lastDecided) > silentAfter {
-			det.Silent = append(det.Silent, SilentKey{Key: k.key, LastDecided: k.lastDecided, Period: k.period,
+		if now.Sub(lastSign) > time.Duration(opts.SilentPeriods)*k.period+k.grace {
+			// Its windows wait, judged when it is back.
+			det.Silent = append(det.Silent, SilentKey{Key: k.key, LastDecided: lastSign, Period: k.period,
 				ExpectedNext: sched.Next(now)})
-			// Nothing of a silent key is judged: its windows are passed
-			// over, so that it starts afresh when a cluster decides for it
-			// again.
-			if last, err := sched.Latest(k.to); err == nil && last.After(k.from) {
-				k.judgedThrough = last
-			}
-			judge = append(judge, k)
 			continue
 		}
 		// Each namespace has a budget of windows per run: one namespace's
@@ -188,14 +272,20 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 		// cannot make the run of every namespace as long as they like.
 		// The windows left are judged next run.
 		ns, _, _ := strings.Cut(k.key, "/")
-		for t := sched.Next(k.from); !t.IsZero() && !t.After(k.to) && len(k.expected) < opts.MaxWindowsPerKey && budget[ns] < opts.MaxWindowsPerNamespace; t = sched.Next(t) {
-			k.expected = append(k.expected, t)
-			budget[ns]++
+		for i := range k.spans {
+			sp := &k.spans[i]
+			to := now.Add(-sp.grace)
+			t := sp.sched.Next(sp.after)
+			for ; !t.IsZero() && !t.After(to) && (sp.until.IsZero() || t.Before(sp.until)) &&
+				len(k.expected) < opts.MaxWindowsPerKey && budget[ns] < opts.MaxWindowsPerNamespace; t = sp.sched.Next(t) {
+				k.expected = append(k.expected, expectedWindow{start: t, span: i})
+				budget[ns]++
+			}
+			sp.complete = !sp.until.IsZero() && (t.IsZero() || !t.Before(sp.until))
+			if !sp.complete {
+				break // a later span's windows come after this one's
+			}
 		}
-		if len(k.expected) > 0 {
-			k.judgedThrough = k.expected[len(k.expected)-1]
-		}
-		judge = append(judge, k)
 	}
 	rows, err := s.windowsToJudge(ctx, judge)
 	if err != nil {
@@ -203,21 +293,23 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 	}
 	var found []MissedWindow
 	for _, k := range judge {
+		judged := len(k.expected)
 		for i, w := range k.expected {
-			det.Windows++
-			kind, pending := judgeWindow(rows[refOf(k.key, w)], now)
+			kind, pending := judgeWindow(rows[refOf(k.key, w.start)], now)
 			if pending {
 				// Judged again next time, with every later window.
-				k.judgedThrough = time.Time{}
-				if i > 0 {
-					k.judgedThrough = k.expected[i-1]
+				judged = i
+				if sp := &k.spans[w.span]; !sp.until.IsZero() {
+					sp.complete = false
 				}
 				break
 			}
 			if kind != "" {
-				found = append(found, MissedWindow{Key: k.key, Window: w, Kind: kind})
+				found = append(found, MissedWindow{Key: k.key, Window: w.start, Kind: kind})
 			}
 		}
+		det.Windows += judged
+		k.settle(judged)
 	}
 	if err := s.explainMissed(ctx, found); err != nil {
 		return det, err
@@ -227,6 +319,104 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 		return det, s.classify(op, err)
 	}
 	return det, nil
+}
+
+// plan sets the spans of windows to judge after the key's checkpoint, and
+// what to record when the checkpoint is new or a schedule change begins.
+func (k *keyToJudge) plan(now time.Time, lookback time.Duration) {
+	cur := judgedWithOf(k.view)
+	// firstOf is the schedule's tick at or before t less a second: the
+	// span from it on starts with that tick.
+	firstOf := func(sched window.Schedule, t time.Time) (time.Time, bool) {
+		w, err := sched.Latest(t)
+		return w.Add(-time.Second), err == nil
+	}
+	var old window.Schedule
+	oldOK := false
+	if k.checkedWith != nil {
+		var err error
+		old, err = window.ParseSchedule(k.checkedWith.Schedule, k.checkedWith.TimeZone)
+		oldOK = err == nil
+	}
+	switch {
+	case k.checkedUntil == nil:
+		// Never judged: from the window of its first sign of life (the pod
+		// that decided first decided for it; the first window claimed
+		// may be older when the ledger lost that pod's write). The
+		// checkpoint is recorded now, before a window is judged, and
+		// with it the schedule: a later edit of the view cannot move it.
+		// (A schedule change between the key's first sign of life and
+		// this first run, one leader interval later, is not seen.)
+		start := k.firstSeen
+		if k.firstWindow != nil && k.firstWindow.Before(start) {
+			start = *k.firstWindow
+		}
+		after := now.Add(-lookback)
+		if w, ok := firstOf(k.sched, start); ok {
+			after = laterOf(after, w)
+		}
+		k.spans = []judgeSpan{{sched: k.sched, grace: k.grace, after: after}}
+		k.judgedThrough, k.with = after, cur
+	case k.checkedWith == nil || !oldOK:
+		// Judged by a dislock that did not record its schedule (or the
+		// record does not parse): its rule, once. The new schedule's
+		// ticks from before a cluster first recorded it were no windows.
+		after := *k.checkedUntil
+		if w, ok := firstOf(k.sched, k.scheduleSince); ok {
+			after = laterOf(after, w)
+		}
+		k.spans = []judgeSpan{{sched: k.sched, grace: k.grace, after: after}}
+		k.with = cur
+	case k.checkedWith.Until == nil && k.checkedWith.sameSchedule(k.view):
+		k.spans = []judgeSpan{{sched: k.sched, grace: k.grace, after: *k.checkedUntil}}
+		if !k.checkedWith.equal(cur) {
+			k.with = cur // missed-after changed: the new grace holds
+		}
+	default:
+		// The schedule changed after the checkpoint (or is changing): the
+		// windows before the new schedule's first one are judged with the
+		// old schedule, and their grace.
+		until := k.checkedWith.Until
+		if until == nil {
+			w, err := k.sched.Latest(k.scheduleSince)
+			if err != nil {
+				w = now
+			}
+			until = &w
+		}
+		if !until.After(*k.checkedUntil) {
+			// Nothing of the old schedule is left to judge.
+			k.spans = []judgeSpan{{sched: k.sched, grace: k.grace, after: *k.checkedUntil}}
+			k.with = cur
+			break
+		}
+		oldWith := *k.checkedWith
+		oldWith.Until = until
+		k.spans = []judgeSpan{
+			{sched: old, grace: missedGrace(oldWith.MissedAfter, schedulePeriod(old, now)), after: *k.checkedUntil, until: *until},
+			{sched: k.sched, grace: k.grace, after: until.Add(-time.Second)},
+		}
+		if !k.checkedWith.equal(&oldWith) {
+			k.with = &oldWith
+		}
+	}
+	for i := range k.spans {
+		k.spans[i].after = laterOf(k.spans[i].after, now.Add(-lookback))
+	}
+}
+
+// settle sets the next checkpoint from the first judged windows of
+// expected, and what to record beside it.
+func (k *keyToJudge) settle(judged int) {
+	if judged > 0 {
+		k.judgedThrough = laterOf(k.judgedThrough, k.expected[judged-1].start)
+	}
+	if len(k.spans) == 2 && k.spans[0].complete {
+		// Every window of the old schedule was judged: the new one
+		// holds from its first window on.
+		k.judgedThrough = laterOf(k.judgedThrough, k.spans[1].after)
+		k.with = judgedWithOf(k.view)
+	}
 }
 
 func laterOf(a, b time.Time) time.Time {
@@ -284,10 +474,14 @@ func judgeWindow(rows []windowState, now time.Time) (kind string, pending bool) 
 }
 
 // keysToJudge reads every key's statistics with the newest view any cluster
-// recorded for it, and the database time.
-func (s *Store) keysToJudge(ctx context.Context) ([]*keyToJudge, time.Time, error) {
+// recorded for it, and the time to judge at.
+func (s *Store) keysToJudge(ctx context.Context, opts MissedOptions) ([]*keyToJudge, time.Time, error) {
 	const op = "reading the keys to judge"
-	rows, err := s.pool.Query(ctx, qKeysToJudge, MaxKeysPerNamespace)
+	var at *time.Time
+	if !opts.Now.IsZero() {
+		at = &opts.Now
+	}
+	rows, err := s.pool.Query(ctx, qKeysToJudge, MaxKeysPerNamespace, opts.Namespace, at, micros(opts.Lookback))
 	if err != nil {
 		return nil, time.Time{}, s.classify(op, err)
 	}
@@ -296,16 +490,27 @@ func (s *Store) keysToJudge(ctx context.Context) ([]*keyToJudge, time.Time, erro
 	var now time.Time
 	for rows.Next() {
 		k := &keyToJudge{}
-		var raw string
+		var view string
+		var with *string
 		var problems []string
 		if err := rows.Scan(&k.key, &finiteTime{column: "first_seen", t: &k.firstSeen, problems: &problems},
 			&finiteTime{column: "last_decided", t: &k.lastDecided, problems: &problems},
-			&finiteTime{column: "checked_until", nullable: &k.checkedUntil, problems: &problems}, &raw,
-			&finiteTime{column: "changed_at", t: &k.viewChanged, problems: &problems}, &now); err != nil {
+			&finiteTime{column: "checked_until", nullable: &k.checkedUntil, problems: &problems}, &with, &view,
+			&finiteTime{column: "changed_at", t: &k.scheduleSince, problems: &problems},
+			&finiteTime{column: "window_start", nullable: &k.lastWindow, problems: &problems},
+			&finiteTime{column: "window_start", nullable: &k.firstWindow, problems: &problems}, &now); err != nil {
 			return nil, time.Time{}, s.classify(op, err)
 		}
-		if err := json.Unmarshal([]byte(raw), &k.view); err != nil {
+		if err := json.Unmarshal([]byte(view), &k.view); err != nil {
 			problems = append(problems, "view does not decode ("+err.Error()+")")
+		}
+		if with != nil {
+			// Only a tenant inserting its own key's row can make this
+			// undecodable; the key is then judged as one whose
+			// checkpoint's schedule is unknown.
+			if err := json.Unmarshal([]byte(*with), &k.checkedWith); err != nil {
+				k.checkedWith = nil
+			}
 		}
 		if len(problems) > 0 {
 			s.skipRow(op, &unreadableRow{table: "key_stats", key: k.key, problems: problems})
@@ -323,6 +528,9 @@ func (s *Store) keysToJudge(ctx context.Context) ([]*keyToJudge, time.Time, erro
 		if now, err = s.Now(ctx); err != nil {
 			return nil, time.Time{}, err
 		}
+		if !opts.Now.IsZero() && opts.Now.Before(now) {
+			now = opts.Now
+		}
 	}
 	return out, now.UTC(), nil
 }
@@ -336,8 +544,8 @@ func (s *Store) windowsToJudge(ctx context.Context, keys []*keyToJudge) (map[win
 			continue
 		}
 		names = append(names, k.key)
-		froms = append(froms, k.expected[0])
-		tos = append(tos, k.expected[len(k.expected)-1])
+		froms = append(froms, k.expected[0].start)
+		tos = append(tos, k.expected[len(k.expected)-1].start)
 	}
 	out := map[windowRef][]windowState{}
 	if len(names) == 0 {
@@ -418,14 +626,31 @@ func (s *Store) explainMissed(ctx context.Context, found []MissedWindow) error {
 // checkpoint, in one statement, and returns the windows that are new.
 func (s *Store) recordMissed(ctx context.Context, keys []*keyToJudge, found []MissedWindow) ([]MissedWindow, error) {
 	var ckKeys []string
-	var ckUntil []time.Time
+	var ckUntil []*time.Time
+	var ckWith []*string
 	for _, k := range keys {
-		// Only a checkpoint that moved is written: in a steady state most
-		// keys have no window whose grace ended since the last run.
-		if !k.judgedThrough.IsZero() {
-			ckKeys = append(ckKeys, k.key)
-			ckUntil = append(ckUntil, k.judgedThrough)
+		// Only a checkpoint that moved is written, or what it was judged
+		// with when that changed: in a steady state most keys have no
+		// window whose grace ended since the last run.
+		if k.judgedThrough.IsZero() && k.with == nil {
+			continue
 		}
+		ckKeys = append(ckKeys, k.key)
+		var until *time.Time
+		if !k.judgedThrough.IsZero() {
+			until = &k.judgedThrough
+		}
+		ckUntil = append(ckUntil, until)
+		var with *string
+		if k.with != nil {
+			b, err := json.Marshal(k.with)
+			if err != nil {
+				return nil, err
+			}
+			w := string(b)
+			with = &w
+		}
+		ckWith = append(ckWith, with)
 	}
 	if len(ckKeys) == 0 && len(found) == 0 {
 		return nil, nil
@@ -437,7 +662,15 @@ func (s *Store) recordMissed(ctx context.Context, keys []*keyToJudge, found []Mi
 	for i, m := range found {
 		mKeys[i], mStarts[i], mKinds[i], mReasons[i] = m.Key, m.Window, m.Kind, m.Reason
 	}
-	rows, err := s.pool.Query(ctx, qRecordMissed, mKeys, mStarts, mKinds, mReasons, ckKeys, ckUntil)
+	batch := &pgx.Batch{}
+	batch.Queue(qMissedWriteBounds, fmt.Sprint(missedLockTimeout.Milliseconds()), fmt.Sprint(missedStatementTimeout.Milliseconds()))
+	batch.Queue(qRecordMissed, mKeys, mStarts, mKinds, mReasons, ckKeys, ckUntil, ckWith)
+	br := s.pool.SendBatch(ctx, batch)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, err
 	}
@@ -457,13 +690,16 @@ func (s *Store) recordMissed(ctx context.Context, keys []*keyToJudge, found []Mi
 		m.DetectedAt = at.UTC()
 		out = append(out, m)
 	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
 	slices.SortFunc(out, func(a, b MissedWindow) int {
 		if c := strings.Compare(a.Key, b.Key); c != 0 {
 			return c
 		}
 		return a.Window.Compare(b.Window)
 	})
-	return out, rows.Err()
+	return out, nil
 }
 
 // MissedFilter selects missed windows. Zero fields do not filter.

@@ -263,11 +263,26 @@ SELECT count(*) FROM (
     SELECT row_number() OVER (PARTITION BY split_part(lock_key, '/', 1) ORDER BY last_decided DESC, lock_key) AS nth
     FROM dislock.key_stats) ranked WHERE nth > $1::int`
 
-// qKeysToJudge reads the keys' statistics with the newest view of each.
+// qKeysToJudge reads, as of $3 (NULL: now; never later than now), the keys'
+// statistics ($2: one namespace's, empty for all) with the newest view of
+// each, when a cluster first recorded that view's schedule and time zone,
+// the key's newest window, and, for a key never judged, its oldest window
+// within $4 microseconds (the lookback). Each read of dislock.windows is
+// one descent of its primary key's index.
 const qKeysToJudge = `
-SELECT k.lock_key, k.first_seen, k.last_decided, k.checked_until, v.view::text, v.changed_at, now()
-FROM ` + keysInBounds + ` k
-JOIN LATERAL (SELECT view, changed_at FROM dislock.views WHERE lock_key = k.lock_key ORDER BY seen_at DESC LIMIT 1) v ON true
+WITH at AS (SELECT least(coalesce($3::timestamptz, now()), now()) AS t)
+SELECT k.lock_key, k.first_seen, k.last_decided, k.checked_until, k.checked_with::text, v.view::text,
+    (SELECT min(o.changed_at) FROM dislock.views o
+     WHERE o.lock_key = k.lock_key AND o.view->'schedule' IS NOT DISTINCT FROM v.view->'schedule'
+       AND coalesce(o.view->>'timeZone', '') = coalesce(v.view->>'timeZone', '')),
+    (SELECT max(w.window_start) FROM dislock.windows w WHERE w.lock_key = k.lock_key AND w.window_start <= at.t),
+    CASE WHEN k.checked_until IS NULL THEN
+        (SELECT min(w.window_start) FROM dislock.windows w
+         WHERE w.lock_key = k.lock_key AND w.window_start >= at.t - $4::bigint * interval '1 microsecond') END,
+    at.t
+FROM ` + keysInBounds + ` k CROSS JOIN at
+JOIN LATERAL (SELECT view FROM dislock.views WHERE lock_key = k.lock_key ORDER BY seen_at DESC LIMIT 1) v ON true
+WHERE $2::text = '' OR starts_with(k.lock_key, $2::text || '/')
 ORDER BY k.lock_key`
 
 // qWindowsToJudge reads, for each key $1[i], its windows' states from $2[i]
@@ -289,17 +304,21 @@ ORDER BY r.lock_key, r.window_start, d.decided_at`
 
 // qRecordMissed inserts the missed windows ($1..$4), counts the ones no
 // other cluster's detection inserted first into their keys' statistics,
-// moves each judged key's checkpoint ($5, $6) forward, and returns the new
-// missed windows. Every key's missed windows are checkpointed with it (each
-// missed window's key is among $5). A key whose statistics row another
-// session holds locked (a tenant may lock its own) is left alone, windows
-// and checkpoint, until the next run: waiting for it would hold up every
-// namespace's detection, and the rows it had locked meanwhile would hold up
-// their agents' ledger writes.
+// moves each judged key's checkpoint ($5, $6; NULL: where it is) forward,
+// records what it was judged with ($7, JSON; NULL: as it is), and returns
+// the new missed windows. Every key's missed windows are checkpointed with
+// it (each missed window's key is among $5, once). A key whose statistics
+// row another session holds locked (a tenant may lock its own) is left
+// alone, windows and checkpoint, until the next run: waiting for it would
+// hold up every namespace's detection, and the rows it had locked meanwhile
+// would hold up their agents' ledger writes. So the statement waits for no
+// tenant: it locks only the statistics rows it can lock at once, inserts
+// only those rows' keys' missed windows (dislock.missed is the owner's
+// alone), and updates only the rows it locked. qMissedWriteBounds bounds it
+// all the same.
 const qRecordMissed = `
 WITH ck AS (
-    SELECT lock_key, max(checked_until) AS checked_until
-    FROM unnest($5::text[], $6::timestamptz[]) AS c(lock_key, checked_until) GROUP BY lock_key),
+    SELECT * FROM unnest($5::text[], $6::timestamptz[], $7::text[]) AS c(lock_key, checked_until, checked_with)),
 locked AS (
     SELECT lock_key FROM dislock.key_stats WHERE lock_key IN (SELECT lock_key FROM ck)
     FOR NO KEY UPDATE SKIP LOCKED),
@@ -314,10 +333,18 @@ u AS (
     UPDATE dislock.key_stats k SET
         missed_total       = k.missed_total + coalesce(agg.n, 0),
         last_missed_window = CASE WHEN agg.last IS NULL THEN k.last_missed_window ELSE greatest(k.last_missed_window, agg.last) END,
-        checked_until      = greatest(k.checked_until, ck.checked_until)
+        checked_until      = greatest(k.checked_until, ck.checked_until),
+        checked_with       = coalesce(ck.checked_with::jsonb, k.checked_with)
     FROM ck LEFT JOIN agg USING (lock_key)
     WHERE k.lock_key = ck.lock_key AND k.lock_key IN (SELECT lock_key FROM locked))
 SELECT lock_key, window_start, detected_at FROM m`
+
+// qMissedWriteBounds goes out with qRecordMissed in one pipeline (one
+// implicit transaction, so the settings hold for it alone, behind a
+// transaction pooler too): the leader's detection never waits long for a
+// lock, and a statement it gave up on (dislock never cancels one) does not
+// run on for long.
+const qMissedWriteBounds = `SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true)`
 
 // qListMissed lists missed windows by key ($1, empty for all), window
 // range ($2, $3) and detection time ($5), at most $6 per key (0: all),
