@@ -124,14 +124,34 @@ WITH unit AS (
     DELETE FROM dislock.window_units WHERE lock_key = $1::text AND window_start = $2::timestamptz)
 DELETE FROM dislock.windows WHERE lock_key = $1::text AND window_start = $2::timestamptz`
 
+// Retention (DeleteOldWindows) deletes rows older than $1 microseconds, at
+// most $2 per statement, and only rows it can lock at once (FOR UPDATE SKIP
+// LOCKED): a tenant may hold its own old rows locked for as long as it
+// likes, and waiting for one held every other namespace's retention, and
+// the locks it had taken on their rows, behind it. A row skipped is deleted
+// at a later run. ctid = ANY(ARRAY(...)) deletes each locked row by its
+// position (a TID scan), not through a join with the whole table; a row
+// updated since the statement began is not visible at its new position and
+// is left for a later run too.
+
+// qDeleteOldBounds bounds the statement after it in the same pipeline (one
+// implicit transaction; set_config(…, true) ends with it, also behind
+// PgBouncer): $1 lock_timeout, $2 statement_timeout, in milliseconds.
+const qDeleteOldBounds = `SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true)`
+
 // qDeleteOldWindows keeps a window that still claims to be running and is
 // alive, however old: deleting it would let another cluster claim it.
 const qDeleteOldWindows = `
-DELETE FROM dislock.windows
-WHERE window_start < now() - $1::bigint * interval '1 microsecond'
-  AND (state <> 'running' OR alive_until < now())`
+DELETE FROM dislock.windows WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM dislock.windows
+    WHERE window_start < now() - $1::bigint * interval '1 microsecond'
+      AND (state <> 'running' OR alive_until < now())
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
 
-const qDeleteOldViews = `DELETE FROM dislock.views WHERE seen_at < now() - $1::bigint * interval '1 microsecond'`
+const qDeleteOldViews = `
+DELETE FROM dislock.views WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM dislock.views WHERE seen_at < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
 
 // qAcquireLease takes a free or expired lease, or re-enters the caller's own
 // live lease (same pod: a restarted sidecar) keeping its token. Taking an
@@ -160,9 +180,15 @@ const leaseColumns = `lock_key, owner, token, acquired_at, expire_at`
 
 const qGetLease = `SELECT ` + leaseColumns + `, now() FROM dislock.leases WHERE lock_key = $1::text`
 
+// qRenewLease extends the caller's live lease. Live is judged at the
+// database's clock when the row is read (clock_timestamp), not when the
+// statement began (now()): a renewal that waited on the row lock past the
+// expiry must fail, since the lease of the key's other shape ("key#i" for
+// "key", and the other way round: migration 7) may have been granted
+// meanwhile, and it checked this row's expiry at its own time.
 const qRenewLease = `
 UPDATE dislock.leases SET expire_at = now() + $3::bigint * interval '1 microsecond'
-WHERE lock_key = $1::text AND token = $2::bigint AND expire_at > now()
+WHERE lock_key = $1::text AND token = $2::bigint AND expire_at > clock_timestamp()
 RETURNING expire_at, now()` + commitGuard
 
 // qReleaseLease expires the caller's lease now (see qAcquireLease for why the
@@ -239,14 +265,36 @@ WHERE ($1::text = '' OR lock_key = $1::text)
 ORDER BY coalesce(window_start, decided_at) DESC, lock_key, job_index, decided_at
 LIMIT $5::int`
 
-// Retention of the ledger: its rows and the missed windows go with the
-// windows; a key's counts and statistics go once nothing was decided for it
-// within the retention (its CronJob is gone everywhere).
-const qDeleteOldLedger = `
-WITH d AS (DELETE FROM dislock.decisions WHERE decided_at < now() - $1::bigint * interval '1 microsecond'),
-m AS (DELETE FROM dislock.missed WHERE window_start < now() - $1::bigint * interval '1 microsecond'),
-k AS (DELETE FROM dislock.key_stats WHERE last_decided < now() - $1::bigint * interval '1 microsecond' RETURNING lock_key)
-DELETE FROM dislock.decision_counts WHERE lock_key IN (SELECT lock_key FROM k)`
+// Retention of the ledger, as of the windows (see qDeleteOldWindows): its
+// rows and the missed windows go with the windows; a key's counts and
+// statistics go once nothing was decided for it within the retention (its
+// CronJob is gone everywhere). The counts go first, and the statistics row
+// only once no count of its key is left: a count skipped (its row locked)
+// keeps its key's statistics, and both go at a later run.
+const (
+	qDeleteOldDecisions = `
+DELETE FROM dislock.decisions WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM dislock.decisions WHERE decided_at < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
+
+	qDeleteOldMissed = `
+DELETE FROM dislock.missed WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM dislock.missed WHERE window_start < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
+
+	qDeleteOldCounts = `
+DELETE FROM dislock.decision_counts WHERE ctid = ANY(ARRAY(
+    SELECT c.ctid FROM dislock.decision_counts c JOIN dislock.key_stats k USING (lock_key)
+    WHERE k.last_decided < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2::int FOR UPDATE OF c SKIP LOCKED))`
+
+	qDeleteOldKeyStats = `
+DELETE FROM dislock.key_stats WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM dislock.key_stats k
+    WHERE last_decided < now() - $1::bigint * interval '1 microsecond'
+      AND NOT EXISTS (SELECT 1 FROM dislock.decision_counts c WHERE c.lock_key = k.lock_key)
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
+)
 
 // keysInBounds are the keys of dislock.key_stats the owner's statistics
 // and detection read: in each namespace at most $1, those decided last.

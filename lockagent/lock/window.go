@@ -245,24 +245,83 @@ const (
 	MaxClaimAge = MinRetention - time.Hour
 )
 
+// Bounds of each statement of retention, on the server. Retention skips
+// the rows another session holds locked, so it waits for no row; these
+// bound what is left: a table lock (an operator's DDL) and a statement
+// slowed by anything else. A client whose context ends closes its
+// connection and sends no cancel request (see neverCancel), and the
+// server's statement would go on without them, holding the locks it took.
+const (
+	RetentionLockTimeout      = 2 * time.Second
+	RetentionStatementTimeout = 30 * time.Second
+	// retentionBatch bounds the rows one statement deletes: each holds its
+	// rows locked until it commits, and must end within
+	// RetentionStatementTimeout however far behind retention is.
+	retentionBatch = 1000
+)
+
 // DeleteOldWindows removes windows that started more than retention ago (by
 // database time), except ones whose owner is still alive; and the ledger's
-// rows, missed windows and statistics of the same age.
+// rows, missed windows and statistics of the same age. It returns how many
+// windows it deleted.
+//
+// A row another session holds locked (a tenant may lock its own rows for
+// as long as it likes) is skipped, and deleted at a later run; nothing one
+// namespace holds delays another's retention. Each table is deleted from in
+// batches, each statement bounded on the server (RetentionLockTimeout,
+// RetentionStatementTimeout); a table whose statement fails does not keep
+// the next from being cleaned, and the error names each that failed.
 func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (int64, error) {
 	if retention < MinRetention {
 		return 0, fmt.Errorf("retention %s is shorter than %s: a late pod could claim and run a deleted window again", retention, MinRetention)
 	}
-	tag, err := s.pool.Exec(ctx, qDeleteOldWindows, micros(retention))
-	if err != nil {
-		return 0, s.classify("deleting old windows", err)
+	deleteOld := func(query string) (int64, error) {
+		var deleted int64
+		for {
+			batch := &pgx.Batch{}
+			batch.Queue(qDeleteOldBounds, fmt.Sprint(RetentionLockTimeout.Milliseconds()), fmt.Sprint(RetentionStatementTimeout.Milliseconds()))
+			batch.Queue(query, micros(retention), retentionBatch)
+			br := s.pool.SendBatch(ctx, batch)
+			_, err := br.Exec()
+			var n int64
+			if err == nil {
+				tag, execErr := br.Exec()
+				n, err = tag.RowsAffected(), execErr
+			}
+			if closeErr := br.Close(); err == nil {
+				err = closeErr
+			}
+			if err != nil {
+				return deleted, err
+			}
+			if deleted += n; n < retentionBatch {
+				return deleted, nil
+			}
+		}
 	}
-	if _, err := s.pool.Exec(ctx, qDeleteOldViews, micros(retention)); err != nil {
-		return tag.RowsAffected(), s.classify("deleting old job views", err)
+	var windows int64
+	var errs []error
+	for _, step := range []struct{ what, query string }{
+		{"old windows", qDeleteOldWindows},
+		{"old job views", qDeleteOldViews},
+		{"old ledger rows", qDeleteOldDecisions},
+		{"old missed windows", qDeleteOldMissed},
+		{"the decision counts of keys silent for the retention", qDeleteOldCounts},
+		{"the statistics of keys silent for the retention", qDeleteOldKeyStats},
+	} {
+		if ctx.Err() != nil {
+			errs = append(errs, fmt.Errorf("deleting %s: %w", step.what, ctx.Err()))
+			break
+		}
+		n, err := deleteOld(step.query)
+		if step.query == qDeleteOldWindows {
+			windows = n
+		}
+		if err != nil {
+			errs = append(errs, s.classify("deleting "+step.what, err))
+		}
 	}
-	if _, err := s.pool.Exec(ctx, qDeleteOldLedger, micros(retention)); err != nil {
-		return tag.RowsAffected(), s.classify("deleting old ledger rows", err)
-	}
-	return tag.RowsAffected(), nil
+	return windows, errors.Join(errs...)
 }
 
 // scanWindow reads a row of windowColumns and then extra; a row holding a
