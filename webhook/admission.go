@@ -226,8 +226,9 @@ func (m *jobMutator) entrypoints(ctx context.Context, r *review) (map[string][]s
 	if err != nil {
 		return nil, err
 	}
-	// In parallel and inside the review budget (see Resolver.Entrypoints).
-	return m.resolver.Entrypoints(ctx, need, kc)
+	// In parallel, inside the review budget and the namespace's share of the
+	// lookup slots (see Resolver.Entrypoints).
+	return m.resolver.Entrypoints(ctx, r.job.Namespace, need, kc)
 }
 
 // Bounds on the pull secrets one review reads: each is a read of the API

@@ -54,6 +54,7 @@ const (
 	// reviews. With the default size bounds a lookup holds at most about
 	// 10 MiB (an index, one manifest, one config, and their parsed forms),
 	// so the default keeps the worst case well inside the webhook's 256 Mi.
+	// One namespace holds at most half of them (see lookupSlots).
 	DefaultMaxConcurrentLookups = 8
 
 	// resolverMaxTimeout is the admission call's own timeout: a lookup that
@@ -87,7 +88,8 @@ type ResolverOptions struct {
 	// no more is ever read. 0 means the defaults.
 	MaxManifestBytes, MaxConfigBytes int64
 	// MaxConcurrentLookups bounds the lookups in flight; 0 means
-	// DefaultMaxConcurrentLookups.
+	// DefaultMaxConcurrentLookups. One namespace holds at most half of them
+	// (at least one), so with 1 there is no isolation between namespaces.
 	MaxConcurrentLookups int
 
 	// AllowedRegistries, when not empty, are the only registries queried.
@@ -144,13 +146,23 @@ func (o ResolverOptions) Validate() error {
 
 // Resolver finds the entrypoint of a container image from its registry. It is
 // safe for concurrent use.
+//
+// Lookups that reach a registry hold one of MaxConcurrentLookups slots, and
+// the slots are shared fairly among namespaces (lookupSlots): a namespace
+// holds at most half of them (at least one), and a freed slot goes to the
+// waiting namespace that holds the fewest. A tenant whose images name a
+// registry that never answers thus keeps at most half the slots for a
+// lookup timeout each, and the other namespaces' lookups start at once
+// rather than being denied for a registry they never named. A lookup that
+// gets no slot within its review's budget is denied as RegistryBusy, never
+// as RegistryTimeout: its registry was not asked.
 type Resolver struct {
 	timeout, budget        time.Duration
 	maxManifest, maxConfig int64
 	platform               v1.Platform
 	policy                 *destinationPolicy
 	transport              *guardedTransport
-	slots                  chan struct{} // one per lookup in flight
+	slots                  *lookupSlots
 	cache                  *imageConfigCache
 	// salt makes the cache's credential hashes meaningless outside this
 	// process.
@@ -172,7 +184,7 @@ func NewResolver(opts ResolverOptions) *Resolver {
 		maxManifest: positive(opts.MaxManifestBytes, DefaultMaxManifestBytes),
 		maxConfig:   positive(opts.MaxConfigBytes, DefaultMaxConfigBytes),
 		platform:    v1.Platform{OS: "linux", Architecture: "amd64"},
-		slots:       make(chan struct{}, positive(int64(opts.MaxConcurrentLookups), DefaultMaxConcurrentLookups)),
+		slots:       newLookupSlots(int(positive(int64(opts.MaxConcurrentLookups), DefaultMaxConcurrentLookups))),
 		cache:       newImageConfigCache(opts.CacheSize),
 		policy: &destinationPolicy{
 			allowed:     opts.AllowedRegistries,
@@ -202,10 +214,12 @@ func NewResolver(opts ResolverOptions) *Resolver {
 // alone is the right command. An image with neither Entrypoint nor Cmd is an
 // error (ErrNoImageEntrypoint).
 //
-// kc holds the pod's registry credentials (see pullSecretKeychain); nil, or
-// no match for the registry, queries it anonymously.
-func (r *Resolver) Entrypoint(ctx context.Context, c corev1.Container, kc authn.Keychain) ([]string, error) {
-	cfg, err := r.imageConfig(ctx, c.Image, orAnonymous(kc))
+// namespace is the Job's: the lookup slots are shared fairly among
+// namespaces (see Resolver). kc holds the pod's registry credentials (see
+// pullSecretKeychain); nil, or no match for the registry, queries it
+// anonymously.
+func (r *Resolver) Entrypoint(ctx context.Context, namespace string, c corev1.Container, kc authn.Keychain) ([]string, error) {
+	cfg, err := r.imageConfig(ctx, namespace, c.Image, orAnonymous(kc))
 	return containerEntrypoint(c, cfg, err)
 }
 
@@ -220,8 +234,9 @@ func orAnonymous(kc authn.Keychain) authn.Keychain {
 // container name. The lookups run in parallel, one per distinct image, and
 // all of them inside the review budget: a slow registry gets the review a
 // clear denial before the API server's own timeout would fail it. Every
-// container that cannot be resolved is listed in the error.
-func (r *Resolver) Entrypoints(ctx context.Context, containers []corev1.Container, kc authn.Keychain) (map[string][]string, error) {
+// container that cannot be resolved is listed in the error. namespace is the
+// Job's, whose share of the lookup slots the lookups use (see Resolver).
+func (r *Resolver) Entrypoints(ctx context.Context, namespace string, containers []corev1.Container, kc authn.Keychain) (map[string][]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.budget)
 	defer cancel()
 	kc = orAnonymous(kc)
@@ -246,10 +261,11 @@ func (r *Resolver) Entrypoints(ctx context.Context, containers []corev1.Containe
 			case mine <- struct{}{}:
 				defer func() { <-mine }()
 			case <-ctx.Done():
-				res.err = registryErr(RegistryTimeout, ctx.Err(), "the review's other registry lookups took its whole budget")
+				res.err = registryErr(RegistryBusy, ctx.Err(), "the registry was never asked: the Job's other images held the %d lookups a review may run at once until the review ran out of time",
+					maxLookupsPerReview)
 				return
 			}
-			res.cfg, res.err = r.imageConfig(ctx, c.Image, kc)
+			res.cfg, res.err = r.imageConfig(ctx, namespace, c.Image, kc)
 		})
 	}
 	wg.Wait()
@@ -302,7 +318,7 @@ func containerEntrypoint(c corev1.Container, cfg imageEntrypoint, err error) ([]
 // tag is resolved to its digest on every call (tags move, so that answer is
 // never cached), and only the config behind the digest, which can never
 // change, comes from the cache.
-func (r *Resolver) imageConfig(ctx context.Context, image string, kc authn.Keychain) (imageEntrypoint, error) {
+func (r *Resolver) imageConfig(ctx context.Context, namespace, image string, kc authn.Keychain) (imageEntrypoint, error) {
 	if image == "" {
 		return imageEntrypoint{}, errors.New("the container has no image")
 	}
@@ -331,12 +347,25 @@ func (r *Resolver) imageConfig(ctx context.Context, image string, kc authn.Keych
 	// The wait for a slot spends the review's budget, not the lookup's
 	// timeout: a lookup that waited behind other reviews' slow registries
 	// still gets its whole timeout once it starts.
-	select {
-	case r.slots <- struct{}{}:
-		defer func() { <-r.slots }()
-	case <-ctx.Done():
-		return imageEntrypoint{}, registryErr(RegistryTimeout, ctx.Err(), "the webhook was too busy with other registry lookups to start this one in time")
+	waitStart := time.Now()
+	if busy, err := r.slots.acquire(ctx, namespace); err != nil {
+		waited := time.Since(waitStart).Round(10 * time.Millisecond)
+		// The tenant learns what its own namespace holds, which tells its
+		// own lookups from other tenants' apart; which namespace holds the
+		// rest is for the operator only.
+		logf.FromContext(ctx).Info("registry lookup never started: every lookup slot it may use was busy",
+			"image", image, "namespace", namespace, "waited", waited.String(), "held", busy.held, "slots", busy.total, "share", busy.share,
+			"busiestNamespace", busy.busiest, "busiestHeld", busy.busiestHeld)
+		if busy.held >= busy.share {
+			return imageEntrypoint{}, registryErr(RegistryBusy, err,
+				"the registry was never asked: namespace %s holds its share of the webhook's registry lookups (%d of %d) with its other lookups, and none of them ended in the %s this one could wait",
+				namespace, busy.held, busy.total, waited)
+		}
+		return imageEntrypoint{}, registryErr(RegistryBusy, err,
+			"the registry was never asked: the webhook's registry lookups were all busy for the %s this one could wait; namespace %s holds %d of %d",
+			waited, namespace, busy.held, busy.total)
 	}
+	defer r.slots.release(namespace)
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	lt := &lookupTransport{g: r.transport}

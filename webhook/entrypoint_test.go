@@ -122,6 +122,9 @@ func pushEPIndex(t *testing.T, ref string, platforms ...v1.Platform) {
 	}
 }
 
+// epNamespace is the namespace of the tests' lookups, where one will do.
+const epNamespace = "team"
+
 func epContainer(image string, args ...string) corev1.Container {
 	return corev1.Container{Name: "app", Image: image, Args: args}
 }
@@ -187,7 +190,7 @@ func TestEntrypointFromImageConfig(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r := NewResolver(ResolverOptions{Insecure: true, Platform: tt.platform})
-			got, err := r.Entrypoint(context.Background(), tt.container, nil)
+			got, err := r.Entrypoint(context.Background(), epNamespace, tt.container, nil)
 			if err != nil {
 				t.Fatalf("Entrypoint: %v", err)
 			}
@@ -258,7 +261,7 @@ func TestEntrypointErrorsNameContainerImageAndFix(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r := NewResolver(ResolverOptions{Insecure: true})
-			got, err := r.Entrypoint(context.Background(), tt.container, nil)
+			got, err := r.Entrypoint(context.Background(), epNamespace, tt.container, nil)
 			if err == nil {
 				t.Fatalf("Entrypoint = %q, want an error", got)
 			}
@@ -289,7 +292,7 @@ func TestEntrypointCachesConfigsByDigestAndNeverTags(t *testing.T) {
 	lookup := func(t *testing.T, r *Resolver, image string, want ...string) []string {
 		t.Helper()
 		reg.take()
-		got, err := r.Entrypoint(ctx, epContainer(image), nil)
+		got, err := r.Entrypoint(ctx, epNamespace, epContainer(image), nil)
 		if err != nil {
 			t.Fatalf("Entrypoint(%s): %v", image, err)
 		}
@@ -344,7 +347,7 @@ func TestEntrypointCachesConfigsByDigestAndNeverTags(t *testing.T) {
 
 	t.Run("changing a returned command does not change the cache", func(t *testing.T) {
 		r := NewResolver(ResolverOptions{Insecure: true})
-		got, err := r.Entrypoint(ctx, epContainer(byDigest), nil)
+		got, err := r.Entrypoint(ctx, epNamespace, epContainer(byDigest), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -380,7 +383,7 @@ func TestEntrypointConcurrentLookupsAgree(t *testing.T) {
 			image = byDigest
 		}
 		wg.Go(func() {
-			got, err := r.Entrypoint(context.Background(), epContainer(image), nil)
+			got, err := r.Entrypoint(context.Background(), epNamespace, epContainer(image), nil)
 			if err == nil && !slices.Equal(got, []string{"/bin/app", "run"}) {
 				err = fmt.Errorf("Entrypoint(%s) = %q", image, got)
 			}
@@ -450,7 +453,7 @@ func TestEntrypointUsesPullSecrets(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r := NewResolver(ResolverOptions{Insecure: true})
-			got, err := r.Entrypoint(context.Background(), epContainer(image), keychainFor(t, image, tt.secrets...))
+			got, err := r.Entrypoint(context.Background(), epNamespace, epContainer(image), keychainFor(t, image, tt.secrets...))
 			if tt.wantErr == "" {
 				if err != nil {
 					t.Fatalf("Entrypoint: %v", err)
@@ -582,7 +585,7 @@ func TestEntrypointGivesUpWhenTheRegistryHangs(t *testing.T) {
 			r := NewResolver(ResolverOptions{Insecure: true, Timeout: tt.timeout})
 			done := make(chan error, 1)
 			go func() {
-				_, err := r.Entrypoint(ctx, epContainer(image), nil)
+				_, err := r.Entrypoint(ctx, epNamespace, epContainer(image), nil)
 				done <- err
 			}()
 			select {
@@ -614,10 +617,10 @@ func TestEntrypointResolverOptions(t *testing.T) {
 		}
 		r := NewResolver(ResolverOptions{})
 		if r.timeout != DefaultResolveTimeout || r.budget != DefaultReviewBudget || r.cache.size != DefaultResolverCacheSize ||
-			r.maxManifest != DefaultMaxManifestBytes || r.maxConfig != DefaultMaxConfigBytes || cap(r.slots) != DefaultMaxConcurrentLookups ||
+			r.maxManifest != DefaultMaxManifestBytes || r.maxConfig != DefaultMaxConfigBytes || r.slots.total != DefaultMaxConcurrentLookups || r.slots.share != DefaultMaxConcurrentLookups/2 ||
 			r.platform.OS != "linux" || r.platform.Architecture != "amd64" || r.policy.anyInsecure {
 			t.Errorf("NewResolver(zero) = timeout %s, budget %s, cache %d, manifest %d, config %d, slots %d, platform %s, insecure %v",
-				r.timeout, r.budget, r.cache.size, r.maxManifest, r.maxConfig, cap(r.slots), r.platform.String(), r.policy.anyInsecure)
+				r.timeout, r.budget, r.cache.size, r.maxManifest, r.maxConfig, r.slots.total, r.platform.String(), r.policy.anyInsecure)
 		}
 	})
 	t.Run("every bad option is listed", func(t *testing.T) {

@@ -34,7 +34,14 @@ type RegistryErrorClass string
 
 // The classes of RegistryError.
 const (
-	RegistryTimeout      RegistryErrorClass = "timeout"
+	// RegistryTimeout: the registry was asked and did not answer in time.
+	RegistryTimeout RegistryErrorClass = "timeout"
+	// RegistryBusy: the registry was never asked, because the lookup found
+	// no free lookup slot within the review's budget (the webhook's slots
+	// were held by other lookups, see lookupSlots). Not the registry's
+	// fault, so not a timeout: a tenant told its registry is slow looks in
+	// the wrong place.
+	RegistryBusy         RegistryErrorClass = "busy"
 	RegistryTooLarge     RegistryErrorClass = "too large"
 	RegistryNotAllowed   RegistryErrorClass = "not allowed"
 	RegistryUnauthorized RegistryErrorClass = "unauthorized"

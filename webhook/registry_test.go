@@ -208,7 +208,7 @@ func TestRegistryHostileSizesAreRefusedBeforeTheyAreRead(t *testing.T) {
 			reg.take()
 			w := watchHeap()
 			start := time.Now()
-			_, err := r.Entrypoints(context.Background(), []corev1.Container{epContainer(image)}, nil)
+			_, err := r.Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(image)}, nil)
 			took := time.Since(start)
 			read := r.transport.bytesRead.Load()
 			w.report(t, tt.repo, read, took)
@@ -268,7 +268,7 @@ func TestRegistryIndexWithAThousandEntriesIsAnsweredWithinItsBound(t *testing.T)
 	reg.take()
 	w := watchHeap()
 	start := time.Now()
-	got, err := r.Entrypoints(context.Background(), []corev1.Container{epContainer(reg.host + "/multi:1")}, nil)
+	got, err := r.Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(reg.host + "/multi:1")}, nil)
 	took := time.Since(start)
 	read := r.transport.bytesRead.Load()
 	w.report(t, fmt.Sprintf("index of %d entries (%d bytes)", len(entries), len(index)), read, took)
@@ -323,7 +323,7 @@ func TestRegistrySlowLorisIsDeniedAsATimeoutInsideTheBudget(t *testing.T) {
 		{Name: "c", Image: reg.host + "/headers-only/c@sha256:" + strings.Repeat("ab", 32)},
 	}
 	start := time.Now()
-	_, err := r.Entrypoints(context.Background(), containers, nil)
+	_, err := r.Entrypoints(context.Background(), epNamespace, containers, nil)
 	took := time.Since(start)
 	t.Logf("three lookups against a silent registry: denied after %s (budget %s)", took.Round(time.Millisecond), opts.ReviewBudget)
 	if err == nil {
@@ -372,7 +372,7 @@ func TestRegistryLookupsOfOneReviewRunInParallel(t *testing.T) {
 	opts := loopbackOptions()
 	opts.Timeout, opts.ReviewBudget = 4*time.Second, 4500*time.Millisecond
 	armed.Store(true)
-	got, err := NewResolver(opts).Entrypoints(context.Background(), containers, nil)
+	got, err := NewResolver(opts).Entrypoints(context.Background(), epNamespace, containers, nil)
 	if err != nil {
 		t.Fatalf("Entrypoints: %v", err)
 	}
@@ -473,7 +473,7 @@ func TestRegistryDestinationsAreBounded(t *testing.T) {
 			// Not parallel: noRequest reads the registry's shared log.
 			image := reg.host + "/" + tt.repo + ":1"
 			reg.take()
-			_, err := NewResolver(tt.opts).Entrypoints(context.Background(), []corev1.Container{epContainer(image)}, nil)
+			_, err := NewResolver(tt.opts).Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(image)}, nil)
 			wantRegistryClass(t, err, RegistryNotAllowed, image)
 			if !strings.Contains(err.Error(), tt.wantCause) {
 				t.Errorf("error %q does not contain %q", err, tt.wantCause)
@@ -492,7 +492,7 @@ func TestRegistryDestinationsAreBounded(t *testing.T) {
 
 	t.Run("allowed, private and insecure hosts resolve", func(t *testing.T) {
 		o := with(func(o *ResolverOptions) { o.AllowedRegistries = []string{"127.0.0.1:*"} })
-		if _, err := NewResolver(o).Entrypoints(context.Background(), []corev1.Container{epContainer(reg.host + "/plain:1")}, nil); err != nil {
+		if _, err := NewResolver(o).Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(reg.host + "/plain:1")}, nil); err != nil {
 			t.Errorf("Entrypoints: %v", err)
 		}
 	})
@@ -512,7 +512,7 @@ func TestRegistryCacheNeverAnswersAnotherTenantsCredential(t *testing.T) {
 	ctx := context.Background()
 	lookup := func(secrets authn.Keychain) ([]string, error, []string) {
 		reg.take()
-		got, err := r.Entrypoints(ctx, []corev1.Container{epContainer(private)}, secrets)
+		got, err := r.Entrypoints(ctx, epNamespace, []corev1.Container{epContainer(private)}, secrets)
 		return got["app"], err, reg.take()
 	}
 
@@ -640,7 +640,7 @@ func TestRegistryIndexEntriesAreReadOneAtATimeAndBounded(t *testing.T) {
 			r := NewResolver(loopbackOptions())
 			w := watchHeap()
 			start := time.Now()
-			_, err := r.Entrypoints(context.Background(), []corev1.Container{epContainer(reg.host + "/hostile:1")}, nil)
+			_, err := r.Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(reg.host + "/hostile:1")}, nil)
 			w.report(t, fmt.Sprintf("index of %d bytes", len(index)), r.transport.bytesRead.Load(), time.Since(start))
 			wantRegistryClass(t, err, tc.class, reg.host+"/hostile:1")
 		})
