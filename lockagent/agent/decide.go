@@ -179,6 +179,7 @@ func (a *agent) recordView(ctx context.Context) {
 	if c.MissedAfter > 0 {
 		v.MissedAfter = c.MissedAfter.String()
 	}
+	v.CompletionMode = lock.CompletionModeNonIndexed
 	if c.JobIndex != lock.NotIndexed {
 		v.CompletionMode, v.Completions = lock.CompletionModeIndexed, c.Completions
 	}

@@ -148,6 +148,17 @@ DELETE FROM dislock.windows WHERE ctid = ANY(ARRAY(
       AND (state <> 'running' OR alive_until < now())
     LIMIT $2::int FOR UPDATE SKIP LOCKED))`
 
+// qDeleteOldWindowUnits forgets the shapes (migration 7) of windows whose
+// rows retention deleted. A unit of a window with a row left (alive, or
+// locked when its row was skipped) stays until a later run; no pod claims
+// a window this old (MaxClaimAge).
+const qDeleteOldWindowUnits = `
+DELETE FROM dislock.window_units WHERE ctid = ANY(ARRAY(
+    SELECT u.ctid FROM dislock.window_units u
+    WHERE u.window_start < now() - $1::bigint * interval '1 microsecond'
+      AND NOT EXISTS (SELECT 1 FROM dislock.windows w WHERE w.lock_key = u.lock_key AND w.window_start = u.window_start)
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
+
 const qDeleteOldViews = `
 DELETE FROM dislock.views WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM dislock.views WHERE seen_at < now() - $1::bigint * interval '1 microsecond'

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 // A window is one unit whatever the completion mode: while a CronJob is
@@ -248,6 +249,127 @@ func TestATenantsClaimInTheOtherCompletionModeIsRefusedAndLearnsNothingOfOtherNa
 		_, err := claimShape(ctx, tenant, theirs+"/report", window0, 0, a)
 		if !errors.Is(err, lock.ErrForbidden) || strings.Contains(err.Error(), "completionMode") {
 			t.Fatalf("tenant's claim in another namespace: %v, want ErrForbidden that says nothing of its shape", err)
+		}
+	})
+}
+
+// Agents older than the completionMode field write views without it: during
+// a rolling upgrade the same Indexed Job is no disagreement, in the agent's
+// warning or in the webhook's report; a real one is both.
+func TestAViewWithoutACompletionModeDisagreesWithNone(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 2)
+		ctx := context.Background()
+		old := lock.View{Schedule: "0 * * * *", TimeZone: "UTC", Mode: "schedule", LeaseTTL: "30s"}
+		indexed, plain := old, old
+		indexed.CompletionMode, indexed.Completions = lock.CompletionModeIndexed, 3
+		plain.CompletionMode = lock.CompletionModeNonIndexed
+		if d := indexed.Diff(old); len(d) > 0 {
+			t.Errorf("an Indexed Job's view next to an older agent's: %v, want no difference", d)
+		}
+		if d := indexed.Diff(plain); len(d) != 1 || !strings.Contains(d[0], "completionMode") {
+			t.Errorf("Indexed next to NonIndexed: %v, want completionMode", d)
+		}
+		upgrading, disagreeing := uniqueKey(t), uniqueKey(t)
+		for _, r := range []struct {
+			key, cluster string
+			v            lock.View
+		}{{upgrading, "dc-a", old}, {upgrading, "dc-b", indexed}, {disagreeing, "dc-a", plain}, {disagreeing, "dc-b", indexed}} {
+			if _, err := s.RecordView(ctx, r.key, r.cluster, r.v, lock.DefaultViewRecency); err != nil {
+				t.Fatal(err)
+			}
+		}
+		views, err := s.ListDisagreements(ctx, lock.DefaultViewRecency)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int{}
+		for _, v := range views {
+			got[v.Key]++
+		}
+		if got[upgrading] != 0 || got[disagreeing] != 2 {
+			t.Fatalf("disagreements listed %v; want none of %s (an older agent's view) and both views of %s", got, upgrading, disagreeing)
+		}
+	})
+}
+
+// A renewal of "key" that began before its expiry but waited on the row
+// lock past it (another statement on the row, e.g. a commit waiting for the
+// synchronous standby) must fail: "key#0" may have been granted meanwhile,
+// having read "key" as expired. Judged at statement start, it succeeded and
+// left both shapes live.
+func TestARenewalThatWaitedPastTheExpiryDoesNotReviveTheOtherShapesRival(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 4)
+		ctx := context.Background()
+		key := uniqueKey(t)
+		g, err := s.AcquireLease(ctx, key, owner("dc-a", "job-a", "pod-a"), 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocker := rawConn(t, dsn)
+		tx, err := blocker.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // committed below
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM dislock.leases WHERE lock_key = $1 FOR UPDATE`, key); err != nil {
+			t.Fatal(err)
+		}
+		renewed := make(chan error, 1)
+		go func() {
+			_, _, err := s.RenewLease(ctx, key, g.Lease.Token, 30*time.Second)
+			renewed <- err
+		}()
+		watcher := rawConn(t, pgtest.Need(t).DirectDSN())
+		awaitCond(t, "the renewal to wait on the row lock", func() bool {
+			var n int
+			err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE dislock.leases SET expire_at%'`).Scan(&n)
+			return err == nil && n > 0
+		})
+		awaitDBPast(t, s, g.Lease.ExpireAt)
+		if _, err := s.AcquireLease(ctx, key+"#0", owner("dc-b", "job-b", "pod-b-0"), 30*time.Second); err != nil {
+			t.Fatalf("index lease once the plain one expired: %v", err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-renewed; !errors.Is(err, lock.ErrLeaseLost) {
+			t.Fatalf("the late renewal: %v, want ErrLeaseLost (both shapes would be live)", err)
+		}
+	})
+}
+
+// Retention forgets a window's shape with its rows: dislock.window_units
+// does not grow by a row per tick for ever.
+func TestRetentionForgetsTheShapesOfTheWindowsItDeletes(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 2)
+		ctx := context.Background()
+		now, err := s.Now(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := uniqueKey(t)
+		old := now.Add(-100 * time.Hour).Truncate(time.Minute)
+		c, err := claimShape(ctx, s, key, old, lock.NotIndexed, owner("dc-a", "job-a", "pod-a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Finish(ctx, key, old, lock.NotIndexed, c.Window.Token, lock.StateSucceeded, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.DeleteOldWindows(ctx, lock.MinRetention); err != nil {
+			t.Fatal(err)
+		}
+		var windows, units int
+		if err := s.QueryRowForTest(ctx, `SELECT (SELECT count(*) FROM dislock.windows WHERE lock_key = $1),
+			(SELECT count(*) FROM dislock.window_units WHERE lock_key = $1)`, key).Scan(&windows, &units); err != nil {
+			t.Fatal(err)
+		}
+		if windows != 0 || units != 0 {
+			t.Fatalf("after retention: %d window rows and %d shapes of a window 100 h old; want none", windows, units)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -23,35 +24,35 @@ type View struct {
 	// window without a successful run counts as missed. Empty: the default
 	// (DefaultMissedGrace).
 	MissedAfter string `json:"missedAfter,omitempty"`
-	// CompletionMode is "Indexed" for an Indexed Job, empty otherwise (so
-	// that a plain Job's view is what agents without the field wrote), and
-	// Completions its spec.completions (0 when not known: Jobs admitted by
-	// a webhook that did not pass it on). A window is one unit whatever the
-	// mode: where clusters disagree on it the database refuses the second
-	// shape (ErrCompletionModesDisagree).
+	// CompletionMode is the Job's completionMode, CompletionModeIndexed or
+	// CompletionModeNonIndexed; empty in the views of agents older than the
+	// field, where it is not known. Completions is an Indexed Job's
+	// spec.completions (0 when not known: Jobs admitted by a webhook that
+	// did not pass it on). A window is one unit whatever the mode: where
+	// clusters disagree on it the database refuses the second shape
+	// (ErrCompletionModesDisagree). Unknown values differ from nothing, so
+	// that agents of two releases side by side are no disagreement.
 	CompletionMode string `json:"completionMode,omitempty"`
 	Completions    int    `json:"completions,omitempty"`
 }
 
-// CompletionModeIndexed is View.CompletionMode of an Indexed Job.
-const CompletionModeIndexed = "Indexed"
+// The values of View.CompletionMode, as Kubernetes spells them.
+const (
+	CompletionModeIndexed    = "Indexed"
+	CompletionModeNonIndexed = "NonIndexed"
+)
 
 // String spells every setting of v, for reports of clusters that disagree.
 func (v View) String() string {
-	s := fmt.Sprintf("schedule %q, timeZone %q, mode %s, standby %t, leaseTTL %s, catchup %q, missedAfter %q, completionMode %q",
-		v.Schedule, v.TimeZone, v.Mode, v.Standby, v.LeaseTTL, v.Catchup, v.MissedAfter, v.completionMode())
+	s := fmt.Sprintf("schedule %q, timeZone %q, mode %s, standby %t, leaseTTL %s, catchup %q, missedAfter %q",
+		v.Schedule, v.TimeZone, v.Mode, v.Standby, v.LeaseTTL, v.Catchup, v.MissedAfter)
+	if v.CompletionMode != "" {
+		s += ", completionMode " + v.CompletionMode
+	}
 	if v.Completions > 0 {
 		s += fmt.Sprintf(", completions %d", v.Completions)
 	}
 	return s
-}
-
-// completionMode is CompletionMode as Kubernetes spells the default.
-func (v View) completionMode() string {
-	if v.CompletionMode == "" {
-		return "NonIndexed"
-	}
-	return v.CompletionMode
 }
 
 // ClusterView is a View as a cluster last recorded it.
@@ -78,8 +79,11 @@ func (v View) Diff(other View) []string {
 	add("leaseTTL", v.LeaseTTL, other.LeaseTTL)
 	add("catchup", v.Catchup, other.Catchup)
 	add("missedAfter", v.MissedAfter, other.MissedAfter)
-	add("completionMode", v.completionMode(), other.completionMode())
-	// 0 is "not known" (an older webhook): no disagreement to report.
+	// "" and 0 are "not known" (an older agent or webhook): no
+	// disagreement to report.
+	if v.CompletionMode != "" && other.CompletionMode != "" {
+		add("completionMode", v.CompletionMode, other.CompletionMode)
+	}
 	if v.Completions > 0 && other.Completions > 0 {
 		add("completions", v.Completions, other.Completions)
 	}
@@ -104,7 +108,23 @@ func (s *Store) RecordView(ctx context.Context, key, cluster string, v View, rec
 // ListDisagreements returns, for every key whose clusters' views seen within
 // recency differ, each of those clusters' views.
 func (s *Store) ListDisagreements(ctx context.Context, recency time.Duration) ([]ClusterView, error) {
-	return s.views(ctx, "listing disagreeing views", qListDisagreements, micros(recency))
+	views, err := s.views(ctx, "listing disagreeing views", qListDisagreements, micros(recency))
+	if err != nil {
+		return nil, err
+	}
+	// The statement compares views as text; a key whose views differ only
+	// in what one of them does not know (see Diff) is no disagreement.
+	byKey := map[string][]ClusterView{}
+	for _, v := range views {
+		byKey[v.Key] = append(byKey[v.Key], v)
+	}
+	var out []ClusterView
+	for _, v := range views {
+		if slices.ContainsFunc(byKey[v.Key], func(o ClusterView) bool { return len(v.View.Diff(o.View)) > 0 }) {
+			out = append(out, v)
+		}
+	}
+	return out, nil
 }
 
 // views runs a query returning (lock_key, cluster, view, seen_at) rows. A

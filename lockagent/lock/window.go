@@ -303,6 +303,7 @@ func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (
 	var errs []error
 	for _, step := range []struct{ what, query string }{
 		{"old windows", qDeleteOldWindows},
+		{"the shapes of old windows", qDeleteOldWindowUnits},
 		{"old job views", qDeleteOldViews},
 		{"old ledger rows", qDeleteOldDecisions},
 		{"old missed windows", qDeleteOldMissed},

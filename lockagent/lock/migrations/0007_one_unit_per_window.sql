@@ -136,4 +136,27 @@ DROP TRIGGER IF EXISTS lease_unit_check ON dislock.leases;
 CREATE TRIGGER lease_unit_check BEFORE INSERT ON dislock.leases
     FOR EACH ROW EXECUTE FUNCTION dislock.lease_unit_check();
 
-REVOKE ALL ON FUNCTION dislock.foreign_to_tenant(text), dislock.window_unit_check(), dislock.lease_unit_check() FROM PUBLIC;
+-- A renewal (same token, a later expiry) of a lease that expired while
+-- the renewal waited for the row's lock is no renewal: the other shape's
+-- lease may have been granted meanwhile, having read this one as expired.
+-- The renewal's WHERE was judged before the wait (at the statement's
+-- start); a BEFORE trigger runs once the row is locked, so it judges at
+-- the database's clock then, and skips the update (the renewal reports the
+-- lease lost).
+CREATE OR REPLACE FUNCTION dislock.lease_renewal_check() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NEW.token = OLD.token AND NEW.expire_at > OLD.expire_at THEN
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+DROP TRIGGER IF EXISTS lease_renewal_check ON dislock.leases;
+CREATE TRIGGER lease_renewal_check BEFORE UPDATE OF expire_at ON dislock.leases
+    FOR EACH ROW WHEN (OLD.expire_at <= clock_timestamp()) EXECUTE FUNCTION dislock.lease_renewal_check();
+
+REVOKE ALL ON FUNCTION dislock.foreign_to_tenant(text), dislock.window_unit_check(), dislock.lease_unit_check(),
+    dislock.lease_renewal_check() FROM PUBLIC;
