@@ -52,24 +52,28 @@ func (m *maintenance) Start(ctx context.Context) error {
 		return err
 	}
 	defer store.Close()
-	logFindings(ctx, logger, store)
+	runStep(ctx, logger, "checking the database", checkStepTimeout, func(ctx context.Context) error {
+		logFindings(ctx, logger, store)
+		return nil
+	})
 	tick := time.NewTicker(DefaultRetentionInterval)
 	defer tick.Stop()
 	compare := time.NewTicker(DisagreementInterval)
 	defer compare.Stop()
 	seen := map[client.ObjectKey]string{}
 	for {
-		n, err := store.DeleteOldWindows(ctx, m.retention)
-		if err != nil {
-			logger.Error(err, "deleting old windows")
-		} else if n > 0 {
-			logger.Info("deleted old windows", "count", n, "olderThan", m.retention.String())
-		}
+		runStep(ctx, logger, "deleting old windows", retentionStepTimeout, func(ctx context.Context) error {
+			n, err := store.DeleteOldWindows(ctx, m.retention)
+			if n > 0 {
+				logger.Info("deleted old windows", "count", n, "olderThan", m.retention.String())
+			}
+			return err
+		})
 		for again := true; again; {
 			if m.cronJobs != nil {
-				if err := reportDisagreements(ctx, store, m.cronJobs, m.events, seen); err != nil {
-					logger.Error(err, "comparing the clusters' views of the jobs")
-				}
+				runStep(ctx, logger, "comparing the clusters' views of the jobs", comparisonStepTimeout, func(ctx context.Context) error {
+					return reportDisagreements(ctx, store, m.cronJobs, m.events, seen)
+				})
 			}
 			select {
 			case <-ctx.Done():
@@ -80,6 +84,35 @@ func (m *maintenance) Start(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// Client-side bounds of the maintenance steps. The server bounds each of
+// their statements that could wait for what a tenant holds (retention skips
+// rows another session holds locked, within lock.RetentionLockTimeout and
+// lock.RetentionStatementTimeout per statement); these are the backstop for
+// what the server cannot see, a connection whose peer is gone or an API
+// server that does not answer. A step cut short is logged by name, and the
+// loop goes on with the next: no step can stop the others.
+const (
+	// retentionStepTimeout leaves a large backlog (batches of a thousand
+	// rows) time to go; what is left goes at the next run, an hour later.
+	retentionStepTimeout  = 15 * time.Minute
+	comparisonStepTimeout = time.Minute
+	checkStepTimeout      = time.Minute
+)
+
+// runStep runs one maintenance step within timeout and logs its failure,
+// naming it; it returns when the step does, or soon after its timeout.
+func runStep(ctx context.Context, logger logr.Logger, step string, timeout time.Duration, fn func(context.Context) error) {
+	stepCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	err := fn(stepCtx)
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	logger.Error(err, "a maintenance step failed; going on with the next", "step", step,
+		"took", time.Since(start).Round(time.Millisecond).String(), "timedOut", errors.Is(stepCtx.Err(), context.DeadlineExceeded))
 }
 
 // logFindings logs what `dislock check` would say about the database, so
@@ -148,9 +181,9 @@ func newDatabaseGate(migrate func(context.Context) (migration, error)) *database
 }
 
 // migrateDatabase is the databaseGate's attempt against the owner's URL:
-// every replica migrates (an advisory lock serialises them, and the ones
-// after the first find nothing to apply), so each replica's readiness says
-// itself what is wrong.
+// every replica migrates (a table lock no tenant can take serialises them,
+// and a current schema takes no lock at all), so each replica's readiness
+// says itself what is wrong.
 func migrateDatabase(databaseURL string) func(context.Context) (migration, error) {
 	return func(ctx context.Context) (migration, error) {
 		store, err := lock.Open(ctx, databaseURL, lock.Options{MaxConns: 1})

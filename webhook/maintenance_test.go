@@ -8,9 +8,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
+	"github.com/go-logr/logr/testr"
 	"github.com/jackc/pgx/v5"
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -209,5 +219,98 @@ func TestDatabaseGateAgainstARealDatabase(t *testing.T) {
 			}
 			awaitReady(t, g) // the same gate, asking again
 		})
+	}
+}
+
+// A tenant holds old rows of its own namespace locked (an open transaction
+// that updated them). The leader's maintenance used to wait for them in its
+// retention for as long as the tenant liked, and with it every later step:
+// no namespace's old rows went, and no disagreement between clusters was
+// reported any more. Now retention skips the tenant's rows and the loop goes
+// on: another namespace's old window is deleted and its CronJob gets the
+// disagreement Event.
+func TestMaintenanceGoesOnWhileATenantHoldsItsOldRowsLocked(t *testing.T) {
+	t.Parallel()
+	d := newHostileDB(t)
+	ctx := context.Background()
+	tenant := d.tenant(t, "keeper")
+	old := `INSERT INTO dislock.windows (lock_key, window_start, owner, cluster, pod, token, state, claimed_at, alive_until, finished_at, exit_code)
+		SELECT $1::text, t, 'dc-a/ns/job/uid/pod', 'dc-a', 'pod', dislock.next_token(), 'succeeded', t, t, t, 0
+		FROM (SELECT date_trunc('minute', now() - interval '400 days') AS t) o`
+	if _, err := tenant.Exec(ctx, old, "keeper/report"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.raw.Exec(ctx, old, "bystander/report"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := tenant.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // the tenant's transaction stays open for the test
+	if _, err := tx.Exec(ctx, `UPDATE dislock.windows SET finished_at = finished_at WHERE lock_key = 'keeper/report'`); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ cluster, zone string }{{"dc-a", "UTC"}, {"dc-b", "Europe/Berlin"}} {
+		if _, err := d.own.RecordView(ctx, "bystander/report", c.cluster, lock.View{Schedule: "0 2 * * *", TimeZone: c.zone, Mode: "schedule"}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	cj := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: "bystander", Name: "report",
+		Annotations: map[string]string{spec.AnnotationMode: "schedule"}}, Spec: batchv1.CronJobSpec{Schedule: "0 2 * * *"}}
+	rec := events.NewFakeRecorder(100)
+	ready := make(chan struct{})
+	close(ready)
+	m := &maintenance{databaseURL: d.dsn, retention: lock.DefaultRetention, ready: ready,
+		cronJobs: fake.NewClientBuilder().WithScheme(scheme).WithObjects(cj).Build(), events: rec}
+	mctx, cancel := context.WithCancel(log.IntoContext(ctx, testr.New(t)))
+	stopped := make(chan error, 1)
+	go func() { stopped <- m.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-stopped
+	})
+
+	select {
+	case e := <-rec.Events:
+		if !strings.Contains(e, ReasonClustersDisagree) {
+			t.Fatalf("event %q, want %s", e, ReasonClustersDisagree)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no disagreement reported within 30 s while a tenant holds its old rows locked: the maintenance loop is stuck")
+	}
+	for key, want := range map[string]int{"bystander/report": 0, "keeper/report": 1} {
+		var n int
+		if err := d.raw.QueryRow(ctx, `SELECT count(*) FROM dislock.windows WHERE lock_key = $1`, key).Scan(&n); err != nil || n != want {
+			t.Errorf("old windows of %s: %d, %v; want %d", key, n, err, want)
+		}
+	}
+}
+
+// A step that overruns its bound is cut, logged by name, and the next step
+// runs: the loop never waits for one step for ever.
+func TestAMaintenanceStepThatOverrunsIsCutNamedAndTheNextRuns(t *testing.T) {
+	t.Parallel()
+	var logged []string
+	logger := funcr.New(func(prefix, args string) { logged = append(logged, args) }, funcr.Options{})
+	start := time.Now()
+	runStep(context.Background(), logger, "deleting old windows", 50*time.Millisecond, func(ctx context.Context) error {
+		<-ctx.Done() // a statement that never answers
+		return ctx.Err()
+	})
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the overrunning step returned after %s, want soon after its 50ms", took)
+	}
+	ran := false
+	runStep(context.Background(), logger, "comparing the clusters' views of the jobs", time.Minute, func(context.Context) error {
+		ran = true
+		return nil
+	})
+	if !ran || len(logged) != 1 || !strings.Contains(logged[0], `"step"="deleting old windows"`) || !strings.Contains(logged[0], `"timedOut"=true`) {
+		t.Fatalf("next step ran: %v; logged %q; want one line naming the step that timed out", ran, logged)
 	}
 }

@@ -134,10 +134,11 @@ DELETE FROM dislock.windows WHERE lock_key = $1::text AND window_start = $2::tim
 // updated since the statement began is not visible at its new position and
 // is left for a later run too.
 
-// qDeleteOldBounds bounds the statement after it in the same pipeline (one
-// implicit transaction; set_config(…, true) ends with it, also behind
-// PgBouncer): $1 lock_timeout, $2 statement_timeout, in milliseconds.
-const qDeleteOldBounds = `SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true)`
+// qStatementBounds bounds the statements after it in the same pipeline
+// (one implicit transaction) or transaction: set_config(…, true) ends with
+// the transaction, also behind PgBouncer. $1 lock_timeout, $2
+// statement_timeout, in milliseconds.
+const qStatementBounds = `SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true)`
 
 // qDeleteOldWindows keeps a window that still claims to be running and is
 // alive, however old: deleting it would let another cluster claim it.

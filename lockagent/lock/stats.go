@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -59,18 +60,49 @@ type LedgerStats struct {
 // will; this keeps one namespace from growing every namespace's metrics.
 const MaxKeysPerNamespace = 1000
 
+// Bounds, on the server, of the statements that read the statistics and
+// store or load the metrics snapshot. They read rows tenants write, but a
+// read waits for no row lock, and no tenant may take a table lock that
+// stops one; these bound what is left (an operator's DDL, a read slowed by
+// what a tenant wrote), since a client whose context ends does not stop a
+// statement dislock never cancels (see neverCancel). The leader's next
+// computation tries again.
+const (
+	StatsLockTimeout      = 2 * time.Second
+	StatsStatementTimeout = 30 * time.Second
+)
+
+// statsBounds are qStatementBounds' arguments for StatsLockTimeout and
+// StatsStatementTimeout.
+func statsBounds() []any {
+	return []any{fmt.Sprint(StatsLockTimeout.Milliseconds()), fmt.Sprint(StatsStatementTimeout.Milliseconds())}
+}
+
 // ReadLedgerStats reads every key's statistics, the decision counts and the
-// held leases.
+// held leases, in one transaction whose statements and pauses are bounded
+// on the server (StatsLockTimeout, StatsStatementTimeout).
 func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 	st := LedgerStats{QueryTime: map[string]time.Duration{}}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return st, s.classify("reading the ledger's statistics", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read only: nothing to commit
+	if _, err := tx.Exec(ctx, qStatementBounds, statsBounds()...); err != nil {
+		return st, s.classify("reading the ledger's statistics: bounding the statements", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1::text, true)`,
+		fmt.Sprint(StatsStatementTimeout.Milliseconds())); err != nil {
+		return st, s.classify("reading the ledger's statistics: bounding the pauses", err)
+	}
 	timed := func(name string, f func() error) error {
 		start := time.Now()
 		err := f()
 		st.QueryTime[name] = time.Since(start)
 		return err
 	}
-	err := timed("key_stats", func() error {
-		rows, err := s.pool.Query(ctx, qKeyStats, MaxKeysPerNamespace)
+	err = timed("key_stats", func() error {
+		rows, err := tx.Query(ctx, qKeyStats, MaxKeysPerNamespace)
 		if err != nil {
 			return s.classify("reading key statistics", err)
 		}
@@ -91,7 +123,7 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 		return st, err
 	}
 	err = timed("decision_counts", func() error {
-		rows, err := s.pool.Query(ctx, qDecisionCounts, MaxKeysPerNamespace)
+		rows, err := tx.Query(ctx, qDecisionCounts, MaxKeysPerNamespace)
 		if err != nil {
 			return s.classify("reading decision counts", err)
 		}
@@ -111,7 +143,7 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 		return st, err
 	}
 	err = timed("leases", func() error {
-		rows, err := s.pool.Query(ctx, qHeldLeases, MaxKeysPerNamespace)
+		rows, err := tx.Query(ctx, qHeldLeases, MaxKeysPerNamespace)
 		if err != nil {
 			return s.classify("reading held leases", err)
 		}
@@ -131,15 +163,18 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 		return st, err
 	}
 	err = timed("keys_left_out", func() error {
-		return s.classify("counting the keys left out", s.pool.QueryRow(ctx, qKeysLeftOut, MaxKeysPerNamespace).Scan(&st.KeysLeftOut))
+		return s.classify("counting the keys left out", tx.QueryRow(ctx, qKeysLeftOut, MaxKeysPerNamespace).Scan(&st.KeysLeftOut))
 	})
 	if err != nil {
 		return st, err
 	}
 	if st.At.IsZero() {
-		st.At, err = s.Now(ctx)
+		if err := tx.QueryRow(ctx, qNow).Scan(&st.At); err != nil {
+			return st, s.classify("reading database time", err)
+		}
+		st.At = st.At.UTC()
 	}
-	return st, err
+	return st, nil
 }
 
 func utcPtr(t *time.Time) {
@@ -148,17 +183,30 @@ func utcPtr(t *time.Time) {
 	}
 }
 
-// SaveMetricsSnapshot stores the metrics a cluster's leader computed.
+// SaveMetricsSnapshot stores the metrics a cluster's leader computed,
+// bounded on the server (StatsLockTimeout, StatsStatementTimeout): two
+// leaders of one cluster (a handover) write the same row.
 func (s *Store) SaveMetricsSnapshot(ctx context.Context, cluster string, body []byte) error {
-	_, err := s.pool.Exec(ctx, qSaveSnapshot, cluster, body)
-	return s.classify("saving the metrics snapshot", err)
+	batch := &pgx.Batch{}
+	batch.Queue(qStatementBounds, statsBounds()...)
+	batch.Queue(qSaveSnapshot, cluster, body)
+	return s.classify("saving the metrics snapshot", s.pool.SendBatch(ctx, batch).Close())
 }
 
 // LoadMetricsSnapshot returns the cluster's snapshot and when it was
 // computed, if it was computed after newerThan (zero: any); ok is false
 // when there is no such snapshot.
 func (s *Store) LoadMetricsSnapshot(ctx context.Context, cluster string, newerThan time.Time) (body []byte, computedAt time.Time, ok bool, err error) {
-	err = s.pool.QueryRow(ctx, qLoadSnapshot, cluster, nullTime(newerThan)).Scan(&body, &computedAt)
+	batch := &pgx.Batch{}
+	batch.Queue(qStatementBounds, statsBounds()...)
+	batch.Queue(qLoadSnapshot, cluster, nullTime(newerThan))
+	br := s.pool.SendBatch(ctx, batch)
+	if _, err = br.Exec(); err == nil {
+		err = br.QueryRow().Scan(&body, &computedAt)
+	}
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, time.Time{}, false, nil
 	}

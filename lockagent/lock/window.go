@@ -279,7 +279,7 @@ func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (
 		var deleted int64
 		for {
 			batch := &pgx.Batch{}
-			batch.Queue(qDeleteOldBounds, fmt.Sprint(RetentionLockTimeout.Milliseconds()), fmt.Sprint(RetentionStatementTimeout.Milliseconds()))
+			batch.Queue(qStatementBounds, fmt.Sprint(RetentionLockTimeout.Milliseconds()), fmt.Sprint(RetentionStatementTimeout.Milliseconds()))
 			batch.Queue(query, micros(retention), retentionBatch)
 			br := s.pool.SendBatch(ctx, batch)
 			_, err := br.Exec()
