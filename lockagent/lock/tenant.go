@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Tenant roles (migration 4). Each opted-in namespace gets, per cluster, a
@@ -47,6 +48,65 @@ const (
 // through PgBouncer a role holds at most its pool's server connections, and
 // a tenant that reaches PostgreSQL directly must not take every backend.
 const TenantConnectionLimit = 50
+
+// Defaults every tenant role's sessions start with (ALTER ROLE … SET at
+// provisioning), so that one namespace's sessions cannot cost the others
+// much by accident. The agent's statements are short and it opens no
+// transaction, so none of them binds it. A statement_timeout never cuts a
+// commit's wait for the synchronous standby short (PostgreSQL stops the
+// statement's timer before the commit), so it never makes a claim
+// uncertain.
+//
+// statement_timeout and idle_in_transaction_session_timeout are a tenant's
+// own to change: it may SET them in its session, or ALTER ROLE
+// CURRENT_USER SET them for its role, as any role may. They bound a
+// careless tenant, not a hostile one; for that, PgBouncer's
+// idle_transaction_timeout ends an idle transaction whatever the session
+// set (docs/install.md, "What one tenant can cost the others").
+// temp_file_limit binds every tenant: only a role granted SET on it (a
+// superuser's) may change it, and the owner may set it only when a
+// superuser granted it that (PostgreSQL 15 and later: GRANT SET ON
+// PARAMETER temp_file_limit TO <owner>); without the grant it is left
+// unset, and the server-wide temp_file_limit applies.
+const (
+	// TenantRoleStatementTimeout ends a statement that runs longer: the
+	// snapshot of a long statement holds back the cleanup of every
+	// namespace's dead rows.
+	TenantRoleStatementTimeout = time.Minute
+	// TenantRoleIdleInTransactionTimeout ends a session idle inside a
+	// transaction longer (the rows it locked are let go).
+	TenantRoleIdleInTransactionTimeout = 30 * time.Second
+	// TenantRoleTempFileLimit bounds the temporary files of each of the
+	// role's sessions (a spilling sort): at most TenantConnectionLimit
+	// times this per role on the disk every namespace shares.
+	TenantRoleTempFileLimit = "64MB"
+)
+
+// tenantRoleBounds sets the role's defaults the owner may always set; the
+// role name is quoted by the caller.
+func tenantRoleBounds(role string) string {
+	return fmt.Sprintf("ALTER ROLE %s SET statement_timeout = %d; ALTER ROLE %s SET idle_in_transaction_session_timeout = %d",
+		role, TenantRoleStatementTimeout.Milliseconds(), role, TenantRoleIdleInTransactionTimeout.Milliseconds())
+}
+
+// boundTenantTempFiles sets the role's temp_file_limit if the owner may (see
+// TenantRoleTempFileLimit), in a savepoint: a refusal leaves the rest of
+// the provisioning's transaction as it was.
+func boundTenantTempFiles(ctx context.Context, tx pgx.Tx, role string) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	err = sp.Conn().PgConn().Exec(ctx, "ALTER ROLE "+role+" SET temp_file_limit = "+quoteLiteral(TenantRoleTempFileLimit)).Close()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege: no GRANT SET ON PARAMETER
+		return sp.Rollback(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("bounding the temporary files of role %s: %w", role, err)
+	}
+	return sp.Commit(ctx)
+}
 
 // TenantCredential is one login role of a namespace's tenant.
 type TenantCredential struct {
@@ -176,6 +236,12 @@ func (s *Store) ProvisionTenant(ctx context.Context, cluster, namespace string) 
 		// statements.
 		if err := tx.Conn().PgConn().Exec(ctx, "ALTER ROLE "+role+" SET search_path = pg_catalog, pg_temp").Close(); err != nil {
 			return fmt.Errorf("pinning the search_path of role %s: %w", c.Role, err)
+		}
+		if err := tx.Conn().PgConn().Exec(ctx, tenantRoleBounds(role)).Close(); err != nil {
+			return fmt.Errorf("bounding the sessions of role %s: %w", c.Role, err)
+		}
+		if err := boundTenantTempFiles(ctx, tx, role); err != nil {
+			return err
 		}
 		_, err := tx.Exec(ctx, qInsertTenant, c.Role, cluster, namespace, c.Generation)
 		return err

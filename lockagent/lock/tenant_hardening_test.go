@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dislock/dislock/lockagent/lock"
@@ -689,6 +690,128 @@ func TestATenantHoldingALockOnItsOwnRoleDoesNotStallOtherNamespacesProvisioning(
 		var exists bool
 		if err := ownerConn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1)`, g1.Role).Scan(&exists); err != nil || exists {
 			t.Errorf("role %s exists after the retirement: %v, %v", g1.Role, exists, err)
+		}
+	})
+}
+
+// A tenant role's sessions start bounded: a statement ends after
+// TenantRoleStatementTimeout, a session idle in a transaction after
+// TenantRoleIdleInTransactionTimeout, so that a careless tenant's long
+// snapshot or open transaction does not hold back every namespace's
+// cleanup. Both are the tenant's own to lift (docs/install.md says so, and
+// what binds it). temp_file_limit binds it for good, where a superuser let
+// the owner set it (GRANT SET ON PARAMETER, PostgreSQL 15 and later): the
+// tenant can neither SET it nor change its role's default, and a sort
+// that spills more fails instead of filling the disk every namespace
+// shares. Without the grant, provisioning goes on without it.
+func TestATenantRoleStartsWithBoundedSessions(t *testing.T) {
+	srv := pgtest.Need(t)
+	su := superuser(t, srv)
+	ctx := context.Background()
+	settings := func(t *testing.T, c interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) (stmt, idle, temp string) {
+		t.Helper()
+		if err := c.QueryRow(ctx, `SELECT current_setting('statement_timeout'), current_setting('idle_in_transaction_session_timeout'),
+			current_setting('temp_file_limit')`).Scan(&stmt, &idle, &temp); err != nil {
+			t.Fatal(err)
+		}
+		return stmt, idle, temp
+	}
+	eachTarget(t, func(t *testing.T, dsn string) {
+		own := openStore(t, dsn, 2)
+
+		t.Run("without the grant, the timeouts only", func(t *testing.T) {
+			tenant := rawConn(t, mustTenantDSN(t, dsn, provision(t, own, namespace(t, "bounded"))))
+			if stmt, idle, temp := settings(t, tenant); stmt != "1min" || idle != "30s" || temp != "-1" {
+				t.Fatalf("statement_timeout %s, idle_in_transaction_session_timeout %s, temp_file_limit %s; want 1min, 30s, -1", stmt, idle, temp)
+			}
+		})
+
+		t.Run("with the grant, temp_file_limit too, for good", func(t *testing.T) {
+			if _, err := su.Exec(ctx, `GRANT SET ON PARAMETER temp_file_limit TO `+pgtest.AppUser); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if _, err := su.Exec(ctx, `REVOKE SET ON PARAMETER temp_file_limit FROM `+pgtest.AppUser); err != nil {
+					t.Error(err)
+				}
+			})
+			tenant := rawConn(t, mustTenantDSN(t, dsn, provision(t, own, namespace(t, "bounded"))))
+			if stmt, idle, temp := settings(t, tenant); stmt != "1min" || idle != "30s" || temp != lock.TenantRoleTempFileLimit {
+				t.Fatalf("statement_timeout %s, idle_in_transaction_session_timeout %s, temp_file_limit %s; want 1min, 30s, %s",
+					stmt, idle, temp, lock.TenantRoleTempFileLimit)
+			}
+			for _, stmt := range []string{`SET temp_file_limit = -1`, `ALTER ROLE CURRENT_USER SET temp_file_limit = -1`, `ALTER ROLE CURRENT_USER RESET temp_file_limit`} {
+				var pgErr *pgconn.PgError
+				if _, err := tenant.Exec(ctx, stmt); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+					t.Errorf("the tenant ran %q: %v; want permission denied", stmt, err)
+				}
+			}
+			tx, err := tenant.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck // read only
+			var n int64
+			var pgErr *pgconn.PgError
+			err = tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT g FROM generate_series(1, 3000000) g ORDER BY g DESC) s
+				CROSS JOIN set_config('work_mem', '64kB', true)`).Scan(&n)
+			if !errors.As(err, &pgErr) || pgErr.Code != "53400" {
+				t.Fatalf("a sort spilling past %s: %d, %v; want refused (temp_file_limit, SQLSTATE 53400)", lock.TenantRoleTempFileLimit, n, err)
+			}
+		})
+	})
+}
+
+// pg_stats shows, to any role that may read a column, the column's most
+// common values and histogram: for dislock.windows, other namespaces' keys
+// and owners. PostgreSQL leaves out a table whose row-level security applies
+// to the reader, so a tenant reads the statistics of no table it shares
+// with others (only schema_migrations, which it may read whole).
+func TestATenantReadsNoStatisticsOfOtherNamespacesRows(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		own := openStore(t, dsn, 2)
+		ownerConn := rawConn(t, dsn)
+		other := namespace(t, "secretive")
+		for i := range 200 {
+			mustClaim(t, own, fmt.Sprintf("%s/payroll-%d", other, i%5), windowAt(i), lock.Owner{Cluster: "dc-z", Namespace: other, Job: "payroll",
+				JobUID: "uid", Pod: "pod"}, false, ttl, lock.Claimed)
+		}
+		for _, table := range []string{"windows", "leases", "views", "decisions", "decision_counts", "key_stats", "schema_migrations"} {
+			if _, err := ownerConn.Exec(ctx, `ANALYZE dislock.`+table); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var seen int
+		if err := ownerConn.QueryRow(ctx, `SELECT count(*) FROM pg_stats WHERE schemaname = 'dislock' AND tablename = 'windows'
+			AND most_common_vals::text LIKE '%' || $1 || '%'`, other).Scan(&seen); err != nil || seen == 0 {
+			t.Fatalf("the owner sees %d statistics of dislock.windows naming %s, %v; want some (else this test proves nothing)", seen, other, err)
+		}
+
+		tenant := rawConn(t, mustTenantDSN(t, dsn, provision(t, own, namespace(t, "curious"))))
+		rows, err := tenant.Query(ctx, `SELECT tablename, attname, coalesce(most_common_vals::text, '') || coalesce(histogram_bounds::text, '')
+			FROM pg_stats WHERE schemaname = 'dislock'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type stat struct{ table, column, values string }
+		stats, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stat, error) {
+			var s stat
+			return s, r.Scan(&s.table, &s.column, &s.values)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range stats {
+			if s.table != "schema_migrations" || strings.Contains(s.values, other) {
+				t.Errorf("the tenant reads the statistics of dislock.%s.%s: %.200s", s.table, s.column, s.values)
+			}
+		}
+		var denied *pgconn.PgError
+		if _, err := tenant.Exec(ctx, `SELECT count(*) FROM pg_catalog.pg_statistic`); !errors.As(err, &denied) || denied.Code != "42501" {
+			t.Errorf("the tenant read pg_statistic: %v", err)
 		}
 	})
 }
