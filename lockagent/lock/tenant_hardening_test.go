@@ -132,7 +132,7 @@ func TestATenantCannotWriteATokenAboveTheHighWater(t *testing.T) {
 		before := rowsOf(t, ownerConn, ns)
 		ins := `INSERT INTO dislock.windows (lock_key, window_start, owner, cluster, pod, token, state, claimed_at, alive_until)
 			VALUES ('` + key + `', '2027-01-01T00:00:00Z', 'x', 'dc-a', 'x', %s, 'running', now(), now())`
-		insLease := `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES ('` + key + `#9', 'x', %s, now(), now())`
+		insLease := `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES ('` + key + `-shards#9', 'x', %s, now(), now())`
 		for _, tc := range []struct{ name, sql string }{
 			{"the largest bigint into its window", `UPDATE dislock.windows SET token = 9223372036854775807 WHERE lock_key = '` + key + `'`},
 			{"a token of the next epoch into its window", `UPDATE dislock.windows SET token = token + (1::bigint << 40) WHERE lock_key = '` + key + `'`},

@@ -147,6 +147,10 @@ func TestTenantLocksItsOwnNamespace(t *testing.T) {
 				t.Fatalf("acquire %s after release: %v", k, err)
 			}
 			grew("lease "+k+" again", next.Lease.Token)
+			// A live "key" refuses "key#3" (one completion mode at a time).
+			if ok, err := s.ReleaseLease(ctx, k, next.Lease.Token); err != nil || !ok {
+				t.Fatalf("release %s again: %v %v", k, ok, err)
+			}
 		}
 		if _, err := s.RecordView(ctx, key, "dc-a", lock.View{Schedule: "* * * * *", Mode: "schedule"}, lock.DefaultViewRecency); err != nil {
 			t.Fatalf("recording the view: %v", err)
@@ -194,7 +198,7 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.AcquireLease(ctx, keyB+"#1", ob, short); err != nil { // expires
+		if _, err := b.AcquireLease(ctx, keyB+"-shards#1", ob, short); err != nil { // expires
 			t.Fatal(err)
 		}
 		if _, err := b.RecordView(ctx, keyB, "dc-b", lock.View{Schedule: "0 * * * *", Mode: "schedule,lease"}, lock.DefaultViewRecency); err != nil {
@@ -246,7 +250,7 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 				{"read the live window", func() error { _, err := a.GetWindow(ctx, keyB, windowAt(0), lock.NotIndexed); return err }, []error{lock.ErrNotFound}},
 				{"delete a window", func() error { return a.DeleteWindow(ctx, keyB, windowAt(0)) }, []error{lock.ErrForbidden}},
 				{"acquire the held lease", func() error { _, err := a.AcquireLease(ctx, keyB, oa, ttl); return err }, []error{lock.ErrForbidden}},
-				{"acquire the expired lease", func() error { _, err := a.AcquireLease(ctx, keyB+"#1", oa, ttl); return err }, []error{lock.ErrForbidden}},
+				{"acquire the expired lease", func() error { _, err := a.AcquireLease(ctx, keyB+"-shards#1", oa, ttl); return err }, []error{lock.ErrForbidden}},
 				{"acquire a lease nobody holds yet", func() error { _, err := a.AcquireLease(ctx, keyB+"#2", oa, ttl); return err }, []error{lock.ErrForbidden}},
 				{"renew the held lease", func() error { _, _, err := a.RenewLease(ctx, keyB, held.Lease.Token, time.Hour); return err }, []error{lock.ErrLeaseLost}},
 				{"release the held lease", func() error {
