@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,26 +17,35 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
+// silentRegistry is a registry that never answers: each request is
+// announced on arrived (up to buffer of them) and held until the client
+// gives up or release is called. Its host is host:port.
+func silentRegistry(t *testing.T, buffer int) (host string, arrived <-chan struct{}, release func()) {
+	t.Helper()
+	held := make(chan struct{})
+	came := make(chan struct{}, buffer)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case came <- struct{}{}:
+		default:
+		}
+		select {
+		case <-r.Context().Done():
+		case <-held:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	var once sync.Once
+	return strings.TrimPrefix(srv.URL, "http://"), came, func() { once.Do(func() { close(held) }) }
+}
+
 // A tenant looping `kubectl create job --from=cronjob/x` with images from a
 // registry that never answers must not make other tenants' lookups wait for
 // that registry, and be denied as if their own registry were slow.
 func TestOneNamespaceCannotTakeEveryRegistryLookupSlot(t *testing.T) {
 	t.Parallel()
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 1024)
-	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case arrived <- struct{}{}:
-		default:
-		}
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
-	}))
-	t.Cleanup(silent.Close)
-	t.Cleanup(func() { close(release) }) // runs first: frees any handler still waiting
-	silentHost := strings.TrimPrefix(silent.URL, "http://")
+	silentHost, arrived, release := silentRegistry(t, 1024)
+	t.Cleanup(release) // runs first: frees any handler still waiting
 
 	reg := startEPRegistry(t, nil)
 	pushEPImage(t, reg.host+"/quiet/app:1", v1.Config{Entrypoint: []string{"/app"}})
@@ -117,20 +127,7 @@ func TestOneNamespaceCannotTakeEveryRegistryLookupSlot(t *testing.T) {
 // registry's timeout, and never naming another namespace.
 func TestALookupThatGetsNoSlotIsDeniedAsBusyNotAsTheRegistrysTimeout(t *testing.T) {
 	t.Parallel()
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 64)
-	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case arrived <- struct{}{}:
-		default:
-		}
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
-	}))
-	t.Cleanup(silent.Close)
-	silentHost := strings.TrimPrefix(silent.URL, "http://")
+	silentHost, arrived, release := silentRegistry(t, 64)
 
 	for _, tt := range []struct {
 		name    string
@@ -184,7 +181,7 @@ func TestALookupThatGetsNoSlotIsDeniedAsBusyNotAsTheRegistrysTimeout(t *testing.
 			}
 		})
 	}
-	close(release)
+	release()
 }
 
 // The slot scheduler's order: a namespace never holds more than its share,

@@ -167,6 +167,20 @@ func judgedWithOf(v View) *judgedWith {
 	return &judgedWith{Schedule: v.Schedule, TimeZone: v.TimeZone, MissedAfter: v.MissedAfter}
 }
 
+// maxJudgedWithBytes is key_stats.checked_with's bound (migration 8).
+const maxJudgedWithBytes = 1024
+
+// judgedWithFits tells whether v's judgedWith, with an Until, fits
+// key_stats.checked_with. A view is the tenant's own row: one that does not
+// fit (a schedule no CronJob would have) must not fail the detection's one
+// write for every namespace, so its key is a problem instead.
+func judgedWithFits(v View, now time.Time) (int, bool) {
+	j := judgedWithOf(v)
+	j.Until = &now
+	b, err := json.Marshal(j)
+	return len(b), err == nil && len(b) <= maxJudgedWithBytes
+}
+
 func (j *judgedWith) sameSchedule(v View) bool {
 	return j.Schedule == v.Schedule && j.TimeZone == v.TimeZone
 }
@@ -246,6 +260,10 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 	var judge []*keyToJudge
 	budget := map[string]int{}
 	for _, k := range keys {
+		if n, ok := judgedWithFits(k.view, now); !ok {
+			det.Problems = append(det.Problems, fmt.Sprintf("%s: the view's schedule, time zone and missed-after take %d bytes, more than the %d a key's checkpoint keeps", k.key, n, maxJudgedWithBytes))
+			continue
+		}
 		sched, err := window.ParseSchedule(k.view.Schedule, k.view.TimeZone)
 		if err != nil {
 			det.Problems = append(det.Problems, fmt.Sprintf("%s: %v", k.key, err))

@@ -703,3 +703,43 @@ func TestMissedDetectionReportsEveryWindowThatRanNowhereOnce(t *testing.T) {
 	}
 	t.Logf("%d keys, %d detections, %s", n, detections, time.Since(start).Round(time.Millisecond))
 }
+
+// A tenant's view is its own row: one whose schedule no CronJob would have
+// (valid cron, but longer than a key's checkpoint keeps) once failed the
+// detection's one write for every namespace, every run. Its key is a
+// problem now, and the other namespaces' windows are judged.
+func TestOneTenantsOversizedViewDoesNotStopEveryNamespacesDetection(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.Need(t).DirectDSN()
+	r := newReplay(t, "victim", 10*time.Minute)
+	key := r.key("report")
+	for i := range 5 {
+		if i != 2 {
+			r.ran(key, everyMinute, float64(i), "dc-a")
+		}
+	}
+	r.flush()
+	evil := namespace(t, "evil")
+	tenant := rawConn(t, mustTenantDSN(t, dsn, provision(t, r.own, evil)))
+	v, err := json.Marshal(lock.View{Schedule: strings.Repeat("0,", 600) + "0 * * * *", Mode: "schedule", LeaseTTL: "30s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenant.Exec(ctx, `INSERT INTO dislock.views (lock_key, cluster, view, seen_at, changed_at) VALUES ($1, 'dc-a', $2::jsonb, now(), now())`, evil+"/job", string(v)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenant.Exec(ctx, `INSERT INTO dislock.key_stats (lock_key, first_seen, last_decided) VALUES ($1, now(), now())`, evil+"/job"); err != nil {
+		t.Fatal(err)
+	}
+	det, err := r.own.DetectMissed(ctx, lock.MissedOptions{Now: r.minute(4.5)}) // every namespace, as the leader does
+	if err != nil {
+		t.Fatalf("the leader's detection: %v", err)
+	}
+	var n int
+	if err := r.raw.QueryRow(ctx, `SELECT count(*) FROM dislock.missed WHERE lock_key = $1`, key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || !slices.ContainsFunc(det.Problems, func(p string) bool { return strings.HasPrefix(p, evil+"/job: ") }) {
+		t.Fatalf("the victim's window m2 recorded %d times (want 1); problems %q (want the tenant's key named)", n, det.Problems)
+	}
+}
