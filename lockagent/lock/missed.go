@@ -110,13 +110,19 @@ const (
 	missedDecisionsPerWindow      = 16
 )
 
-// The detection's write waits at most missedLockTimeout for a lock (it
-// takes none a tenant can hold, see qRecordMissed) and runs at most
-// missedStatementTimeout, within the leader's 30 s interval.
+// Each of the detection's statements waits at most missedLockTimeout for a
+// lock (its write takes none a tenant can hold, see qRecordMissed; its reads
+// take none) and runs at most missedStatementTimeout, within the leader's
+// 30 s interval, however many rows a tenant wrote.
 const (
 	missedLockTimeout      = 2 * time.Second
 	missedStatementTimeout = 20 * time.Second
 )
+
+// missedBounds are qStatementBounds' arguments for the detection.
+func missedBounds() []any {
+	return []any{fmt.Sprint(missedLockTimeout.Milliseconds()), fmt.Sprint(missedStatementTimeout.Milliseconds())}
+}
 
 // DefaultMissedGrace is the grace of a schedule whose view sets none: one
 // period (a run should be done by the next tick), at least a minute and at
@@ -252,7 +258,17 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 		opts.MaxWindowsPerNamespace = DefaultMaxWindowsPerNamespace
 	}
 	const op = "detecting missed windows"
-	keys, now, err := s.keysToJudge(ctx, opts)
+	// The reads share one read-only transaction, bounded on the server as
+	// the write is (SET LOCAL semantics: behind PgBouncer too).
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return Detection{}, s.classify(op, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read only: nothing to commit
+	if _, err := tx.Exec(ctx, qStatementBounds, missedBounds()...); err != nil {
+		return Detection{}, s.classify(op+": bounding the statements", err)
+	}
+	keys, now, err := s.keysToJudge(ctx, tx, opts)
 	if err != nil {
 		return Detection{}, err
 	}
@@ -305,7 +321,7 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 			}
 		}
 	}
-	rows, err := s.windowsToJudge(ctx, judge)
+	rows, err := s.windowsToJudge(ctx, tx, judge)
 	if err != nil {
 		return det, err
 	}
@@ -329,8 +345,11 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 		det.Windows += judged
 		k.settle(judged)
 	}
-	if err := s.explainMissed(ctx, found); err != nil {
+	if err := s.explainMissed(ctx, tx, found); err != nil {
 		return det, err
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		return det, s.classify(op, err)
 	}
 	det.New, err = s.recordMissed(ctx, judge, found)
 	if err != nil {
@@ -493,13 +512,13 @@ func judgeWindow(rows []windowState, now time.Time) (kind string, pending bool) 
 
 // keysToJudge reads every key's statistics with the newest view any cluster
 // recorded for it, and the time to judge at.
-func (s *Store) keysToJudge(ctx context.Context, opts MissedOptions) ([]*keyToJudge, time.Time, error) {
+func (s *Store) keysToJudge(ctx context.Context, q querier, opts MissedOptions) ([]*keyToJudge, time.Time, error) {
 	const op = "reading the keys to judge"
 	var at *time.Time
 	if !opts.Now.IsZero() {
 		at = &opts.Now
 	}
-	rows, err := s.pool.Query(ctx, qKeysToJudge, MaxKeysPerNamespace, opts.Namespace, at, micros(opts.Lookback))
+	rows, err := q.Query(ctx, qKeysToJudge, MaxKeysPerNamespace, opts.Namespace, at, micros(opts.Lookback))
 	if err != nil {
 		return nil, time.Time{}, s.classify(op, err)
 	}
@@ -543,8 +562,10 @@ func (s *Store) keysToJudge(ctx context.Context, opts MissedOptions) ([]*keyToJu
 		return nil, time.Time{}, s.classify(op, err)
 	}
 	if now.IsZero() {
-		if now, err = s.Now(ctx); err != nil {
-			return nil, time.Time{}, err
+		// Through q: the caller's transaction may hold the pool's only
+		// connection.
+		if err := q.QueryRow(ctx, qNow).Scan(&now); err != nil {
+			return nil, time.Time{}, s.classify("reading database time", err)
 		}
 		if !opts.Now.IsZero() && opts.Now.Before(now) {
 			now = opts.Now
@@ -554,23 +575,21 @@ func (s *Store) keysToJudge(ctx context.Context, opts MissedOptions) ([]*keyToJu
 }
 
 // windowsToJudge reads the rows of every expected window, one query.
-func (s *Store) windowsToJudge(ctx context.Context, keys []*keyToJudge) (map[windowRef][]windowState, error) {
+func (s *Store) windowsToJudge(ctx context.Context, q querier, keys []*keyToJudge) (map[windowRef][]windowState, error) {
 	var names []string
-	var froms, tos []time.Time
+	var starts []time.Time
 	for _, k := range keys {
-		if len(k.expected) == 0 {
-			continue
+		for _, w := range k.expected {
+			names = append(names, k.key)
+			starts = append(starts, w.start)
 		}
-		names = append(names, k.key)
-		froms = append(froms, k.expected[0].start)
-		tos = append(tos, k.expected[len(k.expected)-1].start)
 	}
 	out := map[windowRef][]windowState{}
 	if len(names) == 0 {
 		return out, nil
 	}
 	const op = "reading the windows to judge"
-	rows, err := s.pool.Query(ctx, qWindowsToJudge, names, froms, tos)
+	rows, err := q.Query(ctx, qWindowsToJudge, names, starts)
 	if err != nil {
 		return nil, s.classify(op, err)
 	}
@@ -596,7 +615,7 @@ func (s *Store) windowsToJudge(ctx context.Context, keys []*keyToJudge) (map[win
 
 // explainMissed sets each missed window's reason from the ledger: what every
 // cluster decided for it.
-func (s *Store) explainMissed(ctx context.Context, found []MissedWindow) error {
+func (s *Store) explainMissed(ctx context.Context, q querier, found []MissedWindow) error {
 	if len(found) == 0 {
 		return nil
 	}
@@ -606,7 +625,7 @@ func (s *Store) explainMissed(ctx context.Context, found []MissedWindow) error {
 		keys[i], starts[i] = m.Key, m.Window
 	}
 	const op = "reading the decisions of missed windows"
-	rows, err := s.pool.Query(ctx, qMissedDecisions, keys, starts, missedDecisionsPerWindow)
+	rows, err := q.Query(ctx, qMissedDecisions, keys, starts, missedDecisionsPerWindow)
 	if err != nil {
 		return s.classify(op, err)
 	}
@@ -681,7 +700,7 @@ func (s *Store) recordMissed(ctx context.Context, keys []*keyToJudge, found []Mi
 		mKeys[i], mStarts[i], mKinds[i], mReasons[i] = m.Key, m.Window, m.Kind, m.Reason
 	}
 	batch := &pgx.Batch{}
-	batch.Queue(qMissedWriteBounds, fmt.Sprint(missedLockTimeout.Milliseconds()), fmt.Sprint(missedStatementTimeout.Milliseconds()))
+	batch.Queue(qStatementBounds, missedBounds()...)
 	batch.Queue(qRecordMissed, mKeys, mStarts, mKinds, mReasons, ckKeys, ckUntil, ckWith)
 	br := s.pool.SendBatch(ctx, batch)
 	defer br.Close()

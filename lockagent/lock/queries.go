@@ -345,12 +345,16 @@ JOIN LATERAL (SELECT view FROM dislock.views WHERE lock_key = k.lock_key ORDER B
 WHERE $2::text = '' OR starts_with(k.lock_key, $2::text || '/')
 ORDER BY k.lock_key`
 
-// qWindowsToJudge reads, for each key $1[i], its windows' states from $2[i]
-// to $3[i] inclusive (the primary key's index serves each range).
+// qWindowsToJudge reads, for each window to judge (key $1[i], start
+// $2[i]: the schedule's ticks only, one descent of the primary key's index
+// each), one row per state of its rows (one per completion index) with the
+// latest liveness: what judgeWindow needs, at most four rows a window
+// however many rows a tenant wrote into its own windows.
 const qWindowsToJudge = `
-SELECT w.lock_key, w.window_start, w.state, w.alive_until
-FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS r(lock_key, from_start, to_start)
-JOIN dislock.windows w ON w.lock_key = r.lock_key AND w.window_start >= r.from_start AND w.window_start <= r.to_start`
+SELECT w.lock_key, w.window_start, w.state, max(w.alive_until)
+FROM unnest($1::text[], $2::timestamptz[]) AS r(lock_key, window_start)
+JOIN dislock.windows w ON w.lock_key = r.lock_key AND w.window_start = r.window_start
+GROUP BY 1, 2, 3`
 
 // qMissedDecisions reads what each cluster decided for each window ($1[i],
 // $2[i]), at most $3 decisions per window.
@@ -374,7 +378,7 @@ ORDER BY r.lock_key, r.window_start, d.decided_at`
 // would hold up their agents' ledger writes. So the statement waits for no
 // tenant: it locks only the statistics rows it can lock at once, inserts
 // only those rows' keys' missed windows (dislock.missed is the owner's
-// alone), and updates only the rows it locked. qMissedWriteBounds bounds it
+// alone), and updates only the rows it locked. qStatementBounds bounds it
 // all the same.
 const qRecordMissed = `
 WITH ck AS (
@@ -398,13 +402,6 @@ u AS (
     FROM ck LEFT JOIN agg USING (lock_key)
     WHERE k.lock_key = ck.lock_key AND k.lock_key IN (SELECT lock_key FROM locked))
 SELECT lock_key, window_start, detected_at FROM m`
-
-// qMissedWriteBounds goes out with qRecordMissed in one pipeline (one
-// implicit transaction, so the settings hold for it alone, behind a
-// transaction pooler too): the leader's detection never waits long for a
-// lock, and a statement it gave up on (dislock never cancels one) does not
-// run on for long.
-const qMissedWriteBounds = `SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true)`
 
 // qListMissed lists missed windows by key ($1, empty for all), window
 // range ($2, $3) and detection time ($5), at most $6 per key (0: all),
