@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -77,6 +78,40 @@ func TestAWindowClaimedInOneCompletionModeIsRefusedInTheOther(t *testing.T) {
 	})
 }
 
+// oneShapeWins runs, for each of rounds, three plain and three Indexed
+// takers at once: try(round, indexed, p) takes the window or lease as
+// taker p of its shape, and is refused with one of refusals. Every round
+// must have a winner, and all winners of one shape.
+func oneShapeWins(t *testing.T, rounds int, try func(round int, indexed bool, p int) error, refusals ...error) {
+	t.Helper()
+	for i := range rounds {
+		var mu sync.Mutex
+		won := map[bool]int{}
+		var wg sync.WaitGroup
+		for p := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				indexed := p%2 == 1
+				err := try(i, indexed, p/2)
+				switch {
+				case err == nil:
+					mu.Lock()
+					won[indexed]++
+					mu.Unlock()
+				case slices.ContainsFunc(refusals, func(r error) bool { return errors.Is(err, r) }):
+				default:
+					t.Errorf("round %d: %v", i, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if won[true] > 0 && won[false] > 0 || won[true]+won[false] == 0 {
+			t.Fatalf("round %d: won by plain takers %d, by indexes %d: want exactly one shape", i, won[false], won[true])
+		}
+	}
+}
+
 // Two first claims of one window in two shapes at the same instant: one
 // shape wins every time, however the statements interleave.
 func TestConcurrentFirstClaimsOfOneWindowInTwoShapesHaveOneWinner(t *testing.T) {
@@ -84,37 +119,14 @@ func TestConcurrentFirstClaimsOfOneWindowInTwoShapesHaveOneWinner(t *testing.T) 
 		s := openStore(t, dsn, 8)
 		ctx := context.Background()
 		key := uniqueKey(t)
-		const windows, perShape = 25, 3
-		for i := range windows {
-			w := windowAt(i)
-			var mu sync.Mutex
-			won := map[bool]int{}
-			var wg sync.WaitGroup
-			for p := range 2 * perShape {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					index, o := lock.NotIndexed, owner("dc-a", fmt.Sprintf("job-a-%d", p), "pod")
-					if p%2 == 1 {
-						index, o = p/2, owner("dc-b", "job-b", fmt.Sprintf("pod-%d", p/2))
-					}
-					_, err := claimShape(ctx, s, key, w, index, o)
-					switch {
-					case err == nil:
-						mu.Lock()
-						won[index >= 0]++
-						mu.Unlock()
-					case errors.Is(err, lock.ErrWindowTaken), errors.Is(err, lock.ErrCompletionModesDisagree):
-					default:
-						t.Errorf("window %d: %v", i, err)
-					}
-				}()
+		oneShapeWins(t, 25, func(round int, indexed bool, p int) error {
+			index, o := lock.NotIndexed, owner("dc-a", fmt.Sprintf("job-a-%d", p), "pod")
+			if indexed {
+				index, o = p, owner("dc-b", "job-b", fmt.Sprintf("pod-%d", p))
 			}
-			wg.Wait()
-			if won[true] > 0 && won[false] > 0 || won[true]+won[false] == 0 {
-				t.Fatalf("window %d: claims won by plain %d, by indexes %d: want exactly one shape", i, won[false], won[true])
-			}
-		}
+			_, err := claimShape(ctx, s, key, windowAt(round), index, o)
+			return err
+		}, lock.ErrWindowTaken, lock.ErrCompletionModesDisagree)
 	})
 }
 
@@ -194,36 +206,15 @@ func TestConcurrentLeasesOfTwoShapesHaveOneShapeLive(t *testing.T) {
 	eachTarget(t, func(t *testing.T, dsn string) {
 		s := openStore(t, dsn, 8)
 		ctx := context.Background()
-		for i := range 25 {
-			key := uniqueKey(t)
-			var mu sync.Mutex
-			won := map[bool]int{}
-			var wg sync.WaitGroup
-			for p := range 6 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					lk, o := key, owner("dc-a", fmt.Sprintf("job-a-%d", p), "pod")
-					if p%2 == 1 {
-						lk, o = fmt.Sprintf("%s#%d", key, p/2), owner("dc-b", "job-b", fmt.Sprintf("pod-%d", p/2))
-					}
-					_, err := s.AcquireLease(ctx, lk, o, ttl)
-					switch {
-					case err == nil:
-						mu.Lock()
-						won[lk != key]++
-						mu.Unlock()
-					case errors.Is(err, lock.ErrLeaseHeld), errors.Is(err, lock.ErrCompletionModesDisagree):
-					default:
-						t.Errorf("round %d: %v", i, err)
-					}
-				}()
+		key := uniqueKey(t)
+		oneShapeWins(t, 25, func(round int, indexed bool, p int) error {
+			lk, o := fmt.Sprintf("%s-%d", key, round), owner("dc-a", fmt.Sprintf("job-a-%d", p), "pod")
+			if indexed {
+				lk, o = fmt.Sprintf("%s#%d", lk, p), owner("dc-b", "job-b", fmt.Sprintf("pod-%d", p))
 			}
-			wg.Wait()
-			if won[true] > 0 && won[false] > 0 || won[true]+won[false] == 0 {
-				t.Fatalf("round %d: leases granted plain %d, indexed %d: want exactly one shape", i, won[false], won[true])
-			}
-		}
+			_, err := s.AcquireLease(ctx, lk, o, ttl)
+			return err
+		}, lock.ErrLeaseHeld, lock.ErrCompletionModesDisagree)
 	})
 }
 
