@@ -82,18 +82,13 @@ chaos: deps ## Run SCHEDULES seeded fault schedules (default 2000; SEED=..., PAR
 		-chaos.schedules=$(SCHEDULES) -chaos.seed=$(SEED) -chaos.parallel=$(PARALLEL)
 
 .PHONY: fuzz
-fuzz: ## Run each fuzz target for FUZZTIME (default 15s).
-	$(GO) test -run '^$$' -fuzz '^FuzzResolve$$' -fuzztime $(FUZZTIME) ./lockagent/window/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseScheduledTimestamp$$' -fuzztime $(FUZZTIME) ./lockagent/window/
-	$(GO) test -run '^$$' -fuzz '^FuzzFromJobName$$' -fuzztime $(FUZZTIME) ./lockagent/window/
-	$(GO) test -run '^$$' -fuzz '^FuzzFromAnnotations$$' -fuzztime $(FUZZTIME) ./lockagent/spec/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseAgentEnv$$' -fuzztime $(FUZZTIME) ./lockagent/spec/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseDatabaseURL$$' -fuzztime $(FUZZTIME) ./lockagent/lock/
-	$(GO) test -run '^$$' -fuzz '^FuzzAdmission$$' -fuzztime $(FUZZTIME) ./webhook/
-	$(GO) test -run '^$$' -fuzz '^FuzzInject$$' -fuzztime $(FUZZTIME) ./webhook/
-	$(GO) test -run '^$$' -fuzz '^FuzzPatch$$' -fuzztime $(FUZZTIME) ./webhook/
-	$(GO) test -run '^$$' -fuzz '^FuzzValidateCronJob$$' -fuzztime $(FUZZTIME) ./webhook/
-	$(GO) test -run '^$$' -fuzz '^FuzzPullSecretKeychain$$' -fuzztime $(FUZZTIME) ./webhook/
+fuzz: ## Run every fuzz target (each `func Fuzz…` of a _test.go file, found, not listed) for FUZZTIME (default 15s).
+	@set -e; for f in $$(git grep -l '^func Fuzz' -- '*_test.go'); do \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "fuzz: $$t in ./$$(dirname $$f)"; \
+			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f)/; \
+		done; \
+	done
 
 .PHONY: bench
 bench: deps $(BIN)/etcd ## Benchmark locks (vs SELECT 1 and pgbench), pod decision latency, admission (vs a no-op handler), the ledger's metrics at 10 000 keys × 30 days, and claims on a synchronous Patroni cluster (vs a single PostgreSQL).
