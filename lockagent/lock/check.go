@@ -44,6 +44,11 @@ type CheckOptions struct {
 	// = off, which loses commits without any failover) become
 	// StatusAccepted.
 	AllowAsync bool
+	// TokenFloor is the highest fencing token recorded outside the
+	// database (0: none), and TokenRecord where: a database below it was
+	// restored from a backup, or lost commits, and check fails.
+	TokenFloor  int64
+	TokenRecord string
 }
 
 // Failed reports whether any finding is StatusFail.
@@ -208,7 +213,7 @@ func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding
 		add("client_connection_check_interval", StatusWarn, "ALTER ROLE <dislock's role> SET client_connection_check_interval = '2s'",
 			"client_connection_check_interval = 0: a statement an agent gave up on (its commit waiting for a standby, a row lock held by someone) keeps its backend until it ends; many agents can exhaust max_connections")
 	}
-	return s.checkSchema(ctx, out), nil
+	return s.checkSchema(ctx, opts, out), nil
 }
 
 // englishMessages matches the lc_messages values whose server messages are
@@ -217,7 +222,7 @@ var englishMessages = regexp.MustCompile(`^(C|POSIX)$`)
 
 // checkSchema appends the schema and token findings. What it cannot read
 // becomes a failing finding, so the findings before it still print.
-func (s *Store) checkSchema(ctx context.Context, out []Finding) []Finding {
+func (s *Store) checkSchema(ctx context.Context, opts CheckOptions, out []Finding) []Finding {
 	st, err := s.Schema(ctx)
 	if err != nil {
 		// Only a refused privilege is mended by a grant; anything else (the
@@ -262,63 +267,8 @@ func (s *Store) checkSchema(ctx context.Context, out []Finding) []Finding {
 			Detail: who + " may not read the token counter and epochs, so whether fencing tokens can go back was not checked",
 			Fix:    "run dislock check with the owner's URL (the webhook's --database-url) to check the tokens"})
 	}
-	var epoch, counter, counterMax, highest int64
-	if err := s.pool.QueryRow(ctx, qTokenEpoch).Scan(&epoch, &counter, &counterMax, &highest); err != nil {
-		return append(out, Finding{Check: "tokens", Status: StatusFail, Detail: "cannot compute the next fencing token: " + err.Error(),
-			Fix: "dislock needs pg_walfile_name(pg_current_wal_lsn()) on the primary (not available on some managed services)"})
-	}
-	if next := epoch<<tokenEpochShift + counter + 1; highest >= next {
-		was, _ := TokenEpoch(highest)
-		// The fix moves every later token above the highest row's: right
-		// when next_token() handed that token out, wrong when someone wrote
-		// it by hand (tenants cannot: the policies hold their tokens to the
-		// high water; the owner can), which would make the epoch jump for
-		// nothing. The rows are named so that the operator looks first.
-		rows := s.tokensAbove(ctx, next)
-		out = append(out, Finding{Check: "tokens", Status: StatusFail,
-			Detail: fmt.Sprintf("token %d (epoch %d) was handed out, but the next token would be %d (epoch %d): the database lost the record of its epochs (an asynchronous failover, or a restore of part of the schema). "+
-				"Rows above it: %s. Check them before applying the fix: a token written by hand rather than drawn by dislock is mended in its row (or the row deleted), not with the epoch", highest, was, next, epoch, rows),
-			Fix: fmt.Sprintf("UPDATE dislock.token_epoch SET base_epoch = base_epoch + %d, last_epoch = greatest(last_epoch, %d)", was-epoch+1, was)})
-	} else {
-		out = append(out, Finding{Check: "tokens", Status: StatusOK,
-			Detail: fmt.Sprintf("fencing tokens are in epoch %d (it follows the WAL timeline); the highest recorded is %d", epoch, highest)})
-	}
-	return append(out, counterFinding(counter, counterMax))
+	return append(out, s.tokenFindings(ctx, opts)...)
 }
-
-// The token counter's used fractions at which check warns and fails.
-const (
-	counterWarnAbove = 0.5
-	counterFailAbove = 0.9
-)
-
-// fixCounter is what an operator does about a counter filling up. Every
-// namespace shares the counter, and any tenant role may draw from it as
-// fast as its connections allow.
-const fixCounter = "find the role that draws: with pg_stat_statements, " +
-	"SELECT r.rolname, s.calls FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid WHERE s.query LIKE '%next_token%' ORDER BY s.calls DESC " +
-	"(a tenant role's namespace is in dislock.tenants: SELECT namespace FROM dislock.tenants WHERE role_name = '…'); " +
-	"stop it (remove the namespace's opt-in label, or ALTER ROLE … NOLOGIN and end its sessions with pg_terminate_backend). " +
-	"The counter starts again only with a new epoch, and docs/operations.md documents no procedure that forces one and resets the counter " +
-	"(a failover raises the epoch, but the counter goes on): there is none yet, so plan the reset with dislock's maintainers before the counter is full"
-
-// counterFinding grades how much of the token counter is spent: when it is
-// full, next_token() fails and every claim and lease of every namespace
-// with it.
-func counterFinding(counter, counterMax int64) Finding {
-	used := float64(counter) / float64(counterMax)
-	detail := fmt.Sprintf("the token counter is at %d of %d (%.1f %% used); every namespace draws from it, and when it is full every claim fails", counter, counterMax, 100*used)
-	switch {
-	case used > counterFailAbove:
-		return Finding{Check: "token counter", Status: StatusFail, Detail: detail, Fix: fixCounter}
-	case used > counterWarnAbove:
-		return Finding{Check: "token counter", Status: StatusWarn, Detail: detail, Fix: fixCounter}
-	}
-	return Finding{Check: "token counter", Status: StatusOK, Detail: detail}
-}
-
-// tokenEpochShift: a token is epoch<<tokenEpochShift + counter (migration 3).
-const tokenEpochShift = 40
 
 // qTokenReadable tells whether this role may run qTokenEpoch and see every
 // row's token (row-level security hides other namespaces' rows from a
@@ -333,11 +283,6 @@ SELECT has_function_privilege('dislock.token_epoch_now()', 'EXECUTE')
 
 // qTenantNamespace names the namespace of a tenant role (empty for another).
 const qTenantNamespace = `SELECT coalesce(dislock.tenant_namespace(), '')`
-
-const qTokenEpoch = `
-SELECT dislock.token_epoch_now(), (SELECT last_value FROM dislock.token_counter),
-       (SELECT seqmax FROM pg_sequence WHERE seqrelid = 'dislock.token_counter'::regclass),
-       greatest(coalesce((SELECT max(token) FROM dislock.windows), 0), coalesce((SELECT max(token) FROM dislock.leases), 0))`
 
 // qTokensAbove lists the rows whose token is at or above $1, highest first.
 const qTokensAbove = `
@@ -380,10 +325,4 @@ func (s *Store) tokensAbove(ctx context.Context, next int64) string {
 		return "(cannot list them: " + err.Error() + ")"
 	}
 	return strings.Join(named, "; ")
-}
-
-// TokenEpoch splits a fencing token into the epoch (which follows the WAL
-// timeline) it was drawn in and the counter.
-func TokenEpoch(token int64) (epoch, counter int64) {
-	return token >> tokenEpochShift, token & (1<<tokenEpochShift - 1)
 }

@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -82,9 +83,10 @@ func byCheck(fs []lock.Finding) map[string]lock.Finding {
 	return m
 }
 
-// A schema restored into another PostgreSQL cluster starts at timeline 1
-// again: check finds that new tokens would be smaller than recorded ones and
-// prints the statement that fixes it; after it, tokens grow again.
+// A row holds a token above every token the epoch can give (an
+// asynchronous failover lost the record of the epoch): check finds it,
+// names the row and prints the command that fixes it; after it, tokens
+// grow again.
 func TestCheckFindsTokensThatWouldGoBack(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "epoch"})
 	ctx := context.Background()
@@ -103,11 +105,12 @@ func TestCheckFindsTokensThatWouldGoBack(t *testing.T) {
 	f := byCheck(fs)["tokens"]
 	// The detail names the row, so that the operator checks it first.
 	if f.Status != lock.StatusFail || !strings.Contains(f.Detail, "epoch 5") || !strings.Contains(f.Detail, "window "+key+" at ") ||
-		!strings.HasPrefix(f.Fix, "UPDATE dislock.token_epoch") {
+		f.Fix != fmt.Sprintf("dislock tokens confirm --floor %d", restored) {
 		t.Fatalf("tokens finding: %+v (first token %d)", f, c.Window.Token)
 	}
-	if _, err := su.Exec(ctx, f.Fix); err != nil {
-		t.Fatalf("the printed fix %q: %v", f.Fix, err)
+	// What the printed command runs.
+	if st, err := s.KeepTokens(ctx, restored, false); err != nil || st.Moved == "" || st.Epoch != 6 {
+		t.Fatalf("the printed fix: %+v %v", st, err)
 	}
 	if fs, _ := s.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: true}); lock.Failed(fs) {
 		t.Fatalf("after the fix: %+v", fs)
@@ -382,9 +385,10 @@ func awaitCond(t *testing.T, what string, cond func() bool) {
 }
 
 // The timeline goes back when the database is upgraded with pg_upgrade or
-// restored into another cluster: tokens must not. The epoch then continues
-// above the highest it ever used. Each case puts token_epoch in the state
-// it would be in and records a token of the old epoch.
+// restored into another cluster: tokens must not. No token is drawn until
+// the owner confirms the epoch; it then continues above the highest it
+// ever used. Each case puts token_epoch in the state it would be in and
+// records a token of the old epoch.
 func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "rebase"})
 	ctx := context.Background()
@@ -409,6 +413,15 @@ func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
 			if _, err := su.Exec(ctx, `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES ($1, 'old', $2, now(), now())`, key, before); err != nil {
 				t.Fatal(err)
 			}
+			if _, err := claim(t, s, key, windowAt(0), owner("dc-a", "job", "pod"), false, ttl); !errors.Is(err, lock.ErrTokensHeld) {
+				t.Fatalf("a claim before the owner confirmed the epoch: %v, want %v", err, lock.ErrTokensHeld)
+			}
+			if fs, err := s.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: true}); err != nil || byCheck(fs)["tokens"].Status != lock.StatusFail {
+				t.Fatalf("check while tokens are held: %+v %v", fs, err)
+			}
+			if st, err := s.KeepTokens(ctx, 0, false); err != nil || st.Moved == "" || st.Epoch != tc.want {
+				t.Fatalf("confirming the epoch: %+v %v, want epoch %d", st, err, tc.want)
+			}
 			for i := range 3 {
 				c := mustClaim(t, s, key, windowAt(i), owner("dc-a", "job", "pod"), false, ttl, lock.Claimed)
 				if epoch, _ := lock.TokenEpoch(c.Window.Token); c.Window.Token <= before || epoch != tc.want {
@@ -420,7 +433,7 @@ func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
 			}
 			// Reset for the next case: this cluster, epoch = timeline.
 			if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET system_id = (SELECT system_identifier FROM pg_control_system()),
-				base_epoch = 1, base_timeline = 1, last_epoch = 1; DELETE FROM dislock.leases; DELETE FROM dislock.windows`); err != nil {
+				counter_oid = 'dislock.token_counter'::regclass::oid, base_epoch = 1, base_timeline = 1, last_epoch = 1; DELETE FROM dislock.leases; DELETE FROM dislock.windows`); err != nil {
 				t.Fatal(err)
 			}
 		})

@@ -30,6 +30,14 @@ var (
 	// cluster across an edit, disagree on the Job's completionMode; running
 	// both shapes would run the window twice. The error names the holder.
 	ErrCompletionModesDisagree = errors.New("clusters disagree on completionMode")
+	// ErrTokensHeld: the database hands out no fencing token until the owner
+	// confirms the token epoch (migration 9): it is another PostgreSQL
+	// cluster, or was restored. It also matches ErrUnavailable: callers
+	// retry, since the webhook's elected replica confirms within seconds.
+	ErrTokensHeld = errors.New("fencing tokens held until the owner confirms their epoch")
+	// ErrTokensExhausted: the token epoch or the counter's offset in it
+	// reached its bound; an operator moves to a new epoch.
+	ErrTokensExhausted = errors.New("fencing tokens exhausted")
 	// ErrNotFound: no such window or lease.
 	ErrNotFound = errors.New("not found")
 	// ErrForbidden: the database refused the statement to this role: a
@@ -51,8 +59,15 @@ func (s *Store) classify(op string, err error) error {
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" && !errors.Is(err, ErrForbidden) { // insufficient_privilege
 		return fmt.Errorf("%s: %w: %w", op, ErrForbidden, err)
 	}
-	if errors.As(err, &pgErr) && pgErr.Code == sqlstateShapesDisagree {
-		return fmt.Errorf("%s: %w: %s", op, ErrCompletionModesDisagree, pgErr.Message)
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case sqlstateShapesDisagree:
+			return fmt.Errorf("%s: %w: %s", op, ErrCompletionModesDisagree, pgErr.Message)
+		case sqlstateTokensHeld:
+			return fmt.Errorf("%s: %w (%w): %s", op, ErrTokensHeld, ErrUnavailable, pgErr.Message)
+		case sqlstateTokensExhausted:
+			return fmt.Errorf("%s: %w: %s (%s)", op, ErrTokensExhausted, pgErr.Message, pgErr.Hint)
+		}
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }
@@ -60,6 +75,13 @@ func (s *Store) classify(op string, err error) error {
 // sqlstateShapesDisagree is raised by the schema's triggers (migration 7)
 // when a claim or lease would give a window or key a second shape.
 const sqlstateShapesDisagree = "DL001"
+
+// sqlstateTokensHeld and sqlstateTokensExhausted are raised by
+// dislock.next_token() (migration 9).
+const (
+	sqlstateTokensHeld      = "DL002"
+	sqlstateTokensExhausted = "DL003"
+)
 
 func unavailable(err error) bool {
 	if errors.Is(err, context.Canceled) {
