@@ -7,21 +7,20 @@ import (
 	"crypto/tls"
 	"errors"
 	"flag"
-	"fmt"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/dislock/dislock/internal/cli"
+	"github.com/dislock/dislock/internal/kubeconfig"
+	"github.com/dislock/dislock/internal/tokenrecord"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/webhook"
 
@@ -72,6 +71,7 @@ func runWebhook(args []string) int {
 	fs.BoolVar(&cfg.TenantRoles, "tenant-roles", true, "give every opted-in namespace its own database role and put only its URL in the namespace's Secret (with --database-url)")
 	fs.DurationVar(&cfg.TenantRotation, "tenant-rotation", webhook.DefaultTenantRotation, "give each namespace a new database role this often")
 	fs.DurationVar(&cfg.TenantGrace, "tenant-grace", webhook.DefaultTenantGrace, "keep a superseded namespace role valid this long for pods still using it (at least 24h)")
+	fs.DurationVar(&cfg.TokenRecordInterval, "token-record-interval", webhook.DefaultTokenRecordInterval, "confirm the fencing token epoch and record its high water in ConfigMap "+tokenrecord.Name+" this often on the elected leader (with --database-url)")
 	fs.DurationVar(&cfg.LedgerInterval, "ledger-interval", webhook.DefaultLedgerInterval, "compute the ledger's metrics (missed windows, decisions, run durations) this often on the elected leader (with --database-url)")
 	fs.IntVar(&port, "port", 9443, "webhook HTTPS port")
 	fs.StringVar(&cfg.Certs.CertDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory with tls.crt and tls.key (reloaded on change)")
@@ -152,7 +152,7 @@ func runWebhook(args []string) int {
 		log.Error(err, "bad flags")
 		return 2
 	}
-	restCfg, err := restConfig(kube)
+	restCfg, err := kubeconfig.Load(kube)
 	if err != nil {
 		log.Error(err, "loading the kubeconfig")
 		return 1
@@ -189,17 +189,6 @@ func runWebhook(args []string) int {
 		return 1
 	}
 	return 0
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	cfg, err := ctrl.GetConfig()
-	if err != nil {
-		return nil, fmt.Errorf("no --kubeconfig and %w", err)
-	}
-	return cfg, nil
 }
 
 func ptr[T any](v T) *T { return &v }

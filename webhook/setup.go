@@ -66,7 +66,11 @@ type Config struct {
 	// stores them for every replica to serve (needs DatabaseURL; 0:
 	// DefaultLedgerInterval).
 	LedgerInterval time.Duration
-	Certs          CertConfig
+	// TokenRecordInterval is how often the elected leader confirms the
+	// fencing token epoch and records its high water in the ConfigMap
+	// tokenrecord.Name (0: DefaultTokenRecordInterval).
+	TokenRecordInterval time.Duration
+	Certs               CertConfig
 }
 
 // CertConfig chooses where the serving certificate comes from.
@@ -101,6 +105,10 @@ func (c Config) Validate() error {
 	if c.LedgerInterval < 0 || c.LedgerInterval > 0 && c.LedgerInterval < MinLedgerInterval {
 		errs = append(errs, fmt.Errorf("ledger interval %s is shorter than %s (set --ledger-interval to at least %s, or leave it 0 for %s)",
 			c.LedgerInterval, MinLedgerInterval, MinLedgerInterval, DefaultLedgerInterval))
+	}
+	if c.TokenRecordInterval < 0 || c.TokenRecordInterval > MaxTokenRecordInterval {
+		errs = append(errs, fmt.Errorf("token record interval %s is outside (0, %s] (set --token-record-interval, or leave it 0 for %s): it is how long a restored database may hand out tokens before the epoch moves past the record",
+			c.TokenRecordInterval, MaxTokenRecordInterval, DefaultTokenRecordInterval))
 	}
 	if c.TenantRoles {
 		switch {
@@ -232,6 +240,9 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 		}
 		if err := setupLedgerMetrics(mgr, cfg); err != nil {
 			return err
+		}
+		if err := setupTokenKeeper(mgr, cfg, gate.passed); err != nil {
+			return fmt.Errorf("adding the token keeper: %w", err)
 		}
 	}
 	return nil

@@ -20,8 +20,13 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, *common) error {
 	var tenants urlList
 	fs.Var(&tenants, "tenant-database-url",
 		"also check a namespace's tenant role with this URL (the namespace's Secret dislock-db, key url); repeatable")
+	var floor tokenFloor
+	floor.flags(fs)
 	return func(ctx context.Context, c *common) error {
-		opts := lock.CheckOptions{AllowAsync: *allowAsync}
+		opts, err := floor.checkOptions(ctx, lock.CheckOptions{AllowAsync: *allowAsync})
+		if err != nil {
+			return err
+		}
 		// The owner's URL first, then each tenant's: one role's failure
 		// does not stop the others' checks.
 		reports := []lock.RoleReport{lock.CheckURL(ctx, c.databaseURL, opts)}

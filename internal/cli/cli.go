@@ -140,12 +140,13 @@ var commands = map[string]command{
 		[]string{formatTable, formatJSON, formatYAML}},
 	"leases":  {"list leases and who holds them", true, setupLeases, nil},
 	"release": {"release a lease, or delete a window so that it can run again", true, setupRelease, nil},
+	"tokens":  {"confirm the fencing token epoch, moving it past a restore or a recorded high water (--new-epoch: always)", true, setupTokens, nil},
 	"version": {"print the version and schema version", false, setupVersion, nil},
 }
 
 func usage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: dislock <command> [flags]\n\nCommands:\n")
-	for _, name := range []string{"migrate", "check", "windows", "missed", "leases", "release", "version"} {
+	for _, name := range []string{"migrate", "check", "windows", "missed", "leases", "release", "tokens", "version"} {
 		fmt.Fprintf(w, "  %-8s %s\n", name, commands[name].summary)
 	}
 	fmt.Fprintf(w, "\nThe database URL comes from --database-url or $%s. Run `dislock <command> -h` for flags.\n", EnvDatabaseURL)

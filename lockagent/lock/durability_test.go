@@ -105,7 +105,7 @@ func TestCheckFindsTokensThatWouldGoBack(t *testing.T) {
 	f := byCheck(fs)["tokens"]
 	// The detail names the row, so that the operator checks it first.
 	if f.Status != lock.StatusFail || !strings.Contains(f.Detail, "epoch 5") || !strings.Contains(f.Detail, "window "+key+" at ") ||
-		f.Fix != fmt.Sprintf("dislock tokens confirm --floor %d", restored) {
+		f.Fix != fmt.Sprintf("dislock tokens --token-floor %d", restored) {
 		t.Fatalf("tokens finding: %+v (first token %d)", f, c.Window.Token)
 	}
 	// What the printed command runs.

@@ -85,8 +85,8 @@ FROM dislock.token_epoch e`
 
 // fixTokensHeld is what an operator does while tokens are held.
 const fixTokensHeld = "the webhook's elected replica confirms the epoch within seconds of its start; " +
-	"if it does not run, run dislock tokens confirm with the owner's URL (the webhook's --database-url) and the highest token recorded " +
-	"(--floor, from the token record of each cluster: docs/operations.md, \"Fencing tokens\")"
+	"if it does not run, run dislock tokens with the owner's URL (the webhook's --database-url) and the highest token recorded " +
+	"(--token-floor or --token-record, from the token record of each cluster: docs/operations.md, \"Fencing tokens\")"
 
 // tokenFindings judges the fencing tokens: whether they can be drawn, whether
 // one handed out already lies above the next, whether the database is
@@ -115,12 +115,12 @@ func (s *Store) tokenFindings(ctx context.Context, opts CheckOptions) []Finding 
 		out = append(out, Finding{Check: "tokens", Status: StatusFail,
 			Detail: fmt.Sprintf("token %d (epoch %d) was handed out, but the next token would be %d (epoch %d): the database lost the record of its epochs (an asynchronous failover, or a restore of part of the schema). "+
 				"Rows above it: %s. Check them before applying the fix: a token written by hand rather than drawn by dislock is mended in its row (or the row deleted), not with the epoch", highest, was, water+1, epoch, rows),
-			Fix: fmt.Sprintf("dislock tokens confirm --floor %d", highest)})
+			Fix: fmt.Sprintf("dislock tokens --token-floor %d", highest)})
 	case opts.TokenFloor > water:
 		out = append(out, Finding{Check: "tokens", Status: StatusFail,
 			Detail: fmt.Sprintf("the database is behind the high water recorded in %s: token %d was handed out, but the next token would be %d: it was restored from a backup, or lost commits, and nothing has moved the epoch past the record yet",
 				opts.TokenRecord, opts.TokenFloor, water+1),
-			Fix: fmt.Sprintf("dislock tokens confirm --floor %d (the webhook's elected replica does it within seconds while it runs)", opts.TokenFloor)})
+			Fix: fmt.Sprintf("dislock tokens --token-floor %d (the webhook's elected replica does it within seconds while it runs)", opts.TokenFloor)})
 	default:
 		compared := "not compared with a token record kept outside the database (--token-record)"
 		if opts.TokenRecord != "" {
@@ -144,7 +144,7 @@ const fixCounter = "find the role that draws: with pg_stat_statements, " +
 	"SELECT r.rolname, s.calls FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid WHERE s.query LIKE '%next_token%' ORDER BY s.calls DESC " +
 	"(a tenant role's namespace is in dislock.tenants: SELECT namespace FROM dislock.tenants WHERE role_name = '…'); " +
 	"stop it (remove the namespace's opt-in label, or ALTER ROLE … NOLOGIN and end its sessions with pg_terminate_backend); " +
-	"then move to a new epoch, which starts the counter again: dislock tokens new-epoch (docs/operations.md, \"Fencing tokens\")"
+	"then move to a new epoch, which starts the counter again: dislock tokens --new-epoch (docs/operations.md, \"Fencing tokens\")"
 
 // counterFinding grades how much of the counter's offset in the epoch is
 // spent: when it is full, next_token() fails and every claim and lease of

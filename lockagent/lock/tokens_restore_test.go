@@ -202,7 +202,7 @@ func TestARestoredSnapshotIsBehindTheRecordUntilTheEpochMoves(t *testing.T) {
 				if f.Status != lock.StatusOK {
 					t.Fatalf("check after a promotion to a new timeline: %+v", f)
 				}
-			} else if f.Status != lock.StatusFail || !strings.Contains(f.Detail, "behind the high water") || !strings.Contains(f.Fix, fmt.Sprint("--floor ", record)) {
+			} else if f.Status != lock.StatusFail || !strings.Contains(f.Detail, "behind the high water") || !strings.Contains(f.Fix, fmt.Sprint("--token-floor ", record)) {
 				t.Fatalf("check on the restored snapshot: %+v, want it behind %d", f, record)
 			}
 			var st lock.TokenState
@@ -233,7 +233,7 @@ var (
 // confirms the epoch with the record, and every later grant is checked:
 // above every token recorded before the loss and every token of the
 // restored database, always; above every token before it when the operator
-// followed the restore procedure (dislock tokens new-epoch). Check fails
+// followed the restore procedure (dislock tokens --new-epoch). Check fails
 // exactly while the restored database is behind the record or holds its
 // tokens, and passes once the epoch moved.
 func TestTokensNeverGoBackOverSeededRestores(t *testing.T) {
@@ -345,7 +345,7 @@ func runTokenSequence(t *testing.T, srv *pgtest.Server, seed uint64) {
 				// The operator's procedure: a new epoch after every
 				// restore, whatever the record.
 				if st.Moved == "" {
-					fail("dislock tokens new-epoch moved nothing: %+v", st)
+					fail("dislock tokens --new-epoch moved nothing: %+v", st)
 				}
 			}
 			mustExceed := max(highestOf(tokens[:recorded]), b.highest)

@@ -99,11 +99,11 @@ func TestTokensAtTheirBoundsFailClosedAndANewEpochRenewsThem(t *testing.T) {
 	if _, off := lock.TokenEpoch(last); off != lock.MaxTokenOffset {
 		t.Fatalf("token %d has offset %d, want %d", last, off, int64(lock.MaxTokenOffset))
 	}
-	if _, err := next(); !errors.Is(err, lock.ErrTokensExhausted) || !strings.Contains(err.Error(), "dislock tokens new-epoch") {
-		t.Fatalf("a grant past the counter's bound: %v, want %v naming dislock tokens new-epoch", err, lock.ErrTokensExhausted)
+	if _, err := next(); !errors.Is(err, lock.ErrTokensExhausted) || !strings.Contains(err.Error(), "dislock tokens --new-epoch") {
+		t.Fatalf("a grant past the counter's bound: %v, want %v naming dislock tokens --new-epoch", err, lock.ErrTokensExhausted)
 	}
 	fs, err := s.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: true})
-	if err != nil || byCheck(fs)["token counter"].Status != lock.StatusFail || !strings.Contains(byCheck(fs)["token counter"].Fix, "dislock tokens new-epoch") {
+	if err != nil || byCheck(fs)["token counter"].Status != lock.StatusFail || !strings.Contains(byCheck(fs)["token counter"].Fix, "dislock tokens --new-epoch") {
 		t.Fatalf("check with the counter at its bound: %+v %v", fs, err)
 	}
 	st, err := s.KeepTokens(ctx, 0, true)

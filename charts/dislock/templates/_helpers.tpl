@@ -47,6 +47,11 @@ issuer's CA).
 dislock-webhook
 {{- end -}}
 
+{{/* The fencing token record's ConfigMap (tokenrecord.Name). */}}
+{{- define "dislock.tokenRecordName" -}}
+dislock-token-record
+{{- end -}}
+
 {{/* Where the serving certificate is mounted; the webhook reads tls.crt and tls.key there. */}}
 {{- define "dislock.certDir" -}}
 /tmp/k8s-webhook-server/serving-certs

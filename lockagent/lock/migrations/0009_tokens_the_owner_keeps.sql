@@ -24,14 +24,14 @@
 -- A token is epoch << 40 plus the counter's offset in its epoch
 -- (token_counter minus counter_base): a new epoch may start the offset
 -- again: keep_token_epoch() does so once half of an epoch's offsets are
--- spent, and on demand (`dislock tokens new-epoch`). With 2^23 epochs of
+-- spent, and on demand (`dislock tokens --new-epoch`). With 2^23 epochs of
 -- 2^39 tokens, no caller drawing in a loop exhausts them. The epoch is bounded below
 -- 2^23 so that a token stays a positive bigint: next_token() refuses with
 -- DL003 beyond either bound instead of wrapping.
 --
 -- Older code keeps working: its claims call next_token() as before, and
 -- its check reads the epoch through token_epoch_now() (hence
--- compatible-from 7). Only after `dislock tokens new-epoch` does its check
+-- compatible-from 7). Only after `dislock tokens --new-epoch` does its check
 -- misjudge the counter's fill.
 ALTER TABLE dislock.token_epoch
     ADD COLUMN IF NOT EXISTS counter_oid  oid,
@@ -87,14 +87,14 @@ BEGIN
     IF held IS NOT NULL THEN
         RAISE EXCEPTION 'dislock: fencing tokens are held until the owner confirms their epoch: %', held
             USING ERRCODE = 'DL002',
-                  HINT = 'the webhook''s elected replica confirms it within seconds; or run dislock tokens confirm with the owner''s URL';
+                  HINT = 'the webhook''s elected replica confirms it within seconds; or run dislock tokens with the owner''s URL';
     END IF;
     epoch := e.base_epoch + (dislock.wal_timeline() - e.base_timeline);
     offs := pg_catalog.nextval('dislock.token_counter') - e.counter_base;
     IF epoch >= 8388608 OR offs >= 1099511627776 OR offs < 1 THEN
         RAISE EXCEPTION 'dislock: fencing tokens are exhausted: epoch % (bound 8388607), counter offset % (bound 1099511627775)', epoch, offs
             USING ERRCODE = 'DL003',
-                  HINT = 'move to a new epoch with dislock tokens new-epoch (docs/operations.md, "Fencing tokens")';
+                  HINT = 'move to a new epoch with dislock tokens --new-epoch (docs/operations.md, "Fencing tokens")';
     END IF;
     RETURN (epoch << 40) + offs;
 END

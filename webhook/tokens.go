@@ -1,0 +1,103 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/dislock/dislock/internal/tokenrecord"
+	"github.com/dislock/dislock/lockagent/lock"
+)
+
+// DefaultTokenRecordInterval is how often the elected leader confirms the
+// fencing token epoch and records the high water: the longest a restored
+// database can hand out tokens before its epoch moves past the record, and
+// the most grants a record can miss.
+const DefaultTokenRecordInterval = 5 * time.Second
+
+// MaxTokenRecordInterval bounds --token-record-interval.
+const MaxTokenRecordInterval = time.Minute
+
+// tokenKeeper confirms the fencing token epoch with the highest token this
+// cluster recorded and then records the new high water, at once on
+// becoming the elected leader and every interval after, once the
+// databaseGate passed. While the record cannot be read it confirms
+// nothing: tokens held after a restore stay held, rather than move to an
+// epoch the record may show was used.
+type tokenKeeper struct {
+	databaseURL string
+	cluster     string
+	ready       <-chan struct{}
+	record      types.NamespacedName
+	interval    time.Duration
+	// reader reads the record from the API server (no cache: one
+	// ConfigMap), writer writes it.
+	reader client.Reader
+	writer client.Client
+}
+
+func (k *tokenKeeper) NeedLeaderElection() bool { return true }
+
+func (k *tokenKeeper) Start(ctx context.Context) error {
+	logger := log.FromContext(ctx).WithName("tokens")
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-k.ready:
+	}
+	store, err := lock.Open(ctx, k.databaseURL, lock.Options{MaxConns: 1})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	tick := time.NewTicker(k.interval)
+	defer tick.Stop()
+	for {
+		runStep(ctx, logger, "confirming the fencing token epoch", tokenStepTimeout, func(ctx context.Context) error {
+			return k.keep(ctx, store, logger.Info)
+		})
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// tokenStepTimeout bounds one confirmation: a read and a write of the
+// record, and one short transaction.
+const tokenStepTimeout = 30 * time.Second
+
+// keep is one round: read the record, confirm the epoch with it, raise it.
+func (k *tokenKeeper) keep(ctx context.Context, store *lock.Store, info func(msg string, kv ...any)) error {
+	rec, _, err := tokenrecord.Read(ctx, k.reader, k.record)
+	if err != nil {
+		return fmt.Errorf("%w; the epoch is not confirmed until it can be read", err)
+	}
+	st, err := store.KeepTokens(ctx, rec.HighWater, false)
+	if err != nil {
+		return err
+	}
+	if st.Moved != "" {
+		info("moved the fencing tokens to a new epoch", "epoch", st.Epoch, "why", st.Moved,
+			"recordedHighWater", rec.HighWater, "recordedBy", rec.Cluster)
+	}
+	_, err = tokenrecord.Raise(ctx, k.writer, k.reader, k.record, tokenrecord.Record{HighWater: st.HighWater, Epoch: st.Epoch,
+		SystemID: st.SystemID, Timeline: st.Timeline, Cluster: k.cluster, RecordedAt: time.Now()})
+	return err
+}
+
+func setupTokenKeeper(mgr manager.Manager, cfg Config, ready <-chan struct{}) error {
+	interval := cfg.TokenRecordInterval
+	if interval == 0 {
+		interval = DefaultTokenRecordInterval
+	}
+	return mgr.Add(&tokenKeeper{databaseURL: cfg.DatabaseURL, cluster: cfg.Inject.ClusterName, ready: ready,
+		record: types.NamespacedName{Namespace: cfg.Namespace, Name: tokenrecord.Name}, interval: interval,
+		reader: mgr.GetAPIReader(), writer: mgr.GetClient()})
+}
