@@ -384,6 +384,7 @@ func (a *agent) finishRun(ctx context.Context) {
 	state, code, summary := outcome(results, a.cfg.AppContainers)
 	switch {
 	case a.windowToken != 0:
+		a.log.Info("recording the outcome", "key", d.Key, "window", d.Window, "token", d.Token, "state", state)
 		if err := a.finishWindow(ctx, state, code); err != nil {
 			a.log.Error("recording the outcome failed", "state", state, "err", err)
 			summary += " (not recorded: " + err.Error() + ")"

@@ -263,6 +263,20 @@ func TestChaos(t *testing.T) {
 	tally("violations:", byKind)
 	tally("documented exceptions (DESIGN.md \"Invariants\": the owner's pod could not reach the database until its claim lapsed):", excByKind)
 	if bad > 0 {
+		// The first violation of each violating schedule, whole, so that a
+		// run whose files are gone (a CI machine) still says what happened.
+		b.WriteString("first violation of each violating schedule:\n")
+		shown := 0
+		for _, r := range results {
+			for _, v := range r.vs {
+				if v.Exception || shown == *flagDumps {
+					continue
+				}
+				shown++
+				fmt.Fprintf(&b, "  seed %d: %s\n    %s\n", r.o.Plan.Seed, v.Kind, strings.ReplaceAll(v.Text, "\n", "\n    "))
+				break
+			}
+		}
 		fmt.Fprintf(&b, "reports of violating schedules: %s/violation-seed-*.txt\n", dir)
 	}
 	if excepted > 0 {

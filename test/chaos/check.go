@@ -454,7 +454,10 @@ const recordSlack = time.Second
 // bouncer restarting, PostgreSQL down, its sidecar paused or not running) at
 // any time from the run's end E until its claim's liveness lapsed (at L),
 // allowing healthy stretches of up to recordSlack; because says why, or why
-// not.
+// not. A stretch ends early where the owner's sidecar began recording the
+// outcome and the record was still in flight when the outage began: the
+// outage cut that record off (a slow commit on a busy machine is no fault
+// of the agent's).
 //
 // L is not observable, so the proof bounds it. The claim is taken by
 // another pod (a run decision for the window with another token, time T in
@@ -497,6 +500,7 @@ func (o *Outcome) unrecordable(r Run, u unit) (bool, string) {
 		m = minTime(take.At, maxTime(e.Add(o.Settings.TTL), take.At.Add(-o.Settings.TTL)))
 	}
 	down := o.downSpans(*pod)
+	recording := recordings(*pod, r.Token)
 	var longest Span
 	at := e
 	for _, d := range down {
@@ -504,7 +508,16 @@ func (o *Outcome) unrecordable(r Run, u unit) (bool, string) {
 			continue
 		}
 		if d.From.After(at) {
-			if gap := (Span{at, minTime(d.From, m)}); gap.To.Sub(gap.From) > longest.To.Sub(longest.From) {
+			gap := Span{at, minTime(d.From, m)}
+			// A record in flight when the outage began was cut off by it:
+			// the pod could reach the database only until it tried.
+			for _, rec := range recording {
+				if !rec.From.Before(gap.From) && rec.From.Before(gap.To) && !rec.To.Before(d.From) {
+					gap.To = rec.From
+					break
+				}
+			}
+			if gap.To.Sub(gap.From) > longest.To.Sub(longest.From) {
 				longest = gap
 			}
 		}
@@ -620,6 +633,38 @@ func sidecarExit(pod PodRecord, span Span) string {
 		}
 	}
 	return ""
+}
+
+// recordings are the times pod's sidecars spent recording the outcome of
+// the run with token: from the agent's "recording the outcome" until it
+// logged the record's end (recorded, or failed), or its next incarnation
+// started, or for ever.
+func recordings(pod PodRecord, token int64) []Span {
+	b, err := os.ReadFile(pod.AgentLog)
+	if err != nil {
+		return nil
+	}
+	var spans []Span
+	open := -1
+	for _, line := range strings.Split(string(b), "\n") {
+		var l struct {
+			Time  time.Time `json:"time"`
+			Msg   string    `json:"msg"`
+			Token int64     `json:"token"`
+		}
+		if json.Unmarshal([]byte(line), &l) != nil {
+			continue
+		}
+		switch {
+		case l.Msg == "recording the outcome" && l.Token == token:
+			spans = append(spans, Span{l.Time, l.Time.Add(time.Hour)})
+			open = len(spans) - 1
+		case open >= 0 && (l.Msg == "recorded" || l.Msg == "recording the outcome failed" || l.Msg == "starting"):
+			spans[open].To = l.Time
+			open = -1
+		}
+	}
+	return spans
 }
 
 // decision is one "run" decision from an agent log.

@@ -23,10 +23,14 @@ func TestUnrecordable(t *testing.T) {
 		outages   []Outage
 		sidecars  []Incarnation // the owner's; default: one running throughout
 		take      *time.Time    // the standby's run decision; nil: none
+		ownerLog  []string      // more lines of the owner's agent log
 		exception bool
 		says      string
 	}
 	ptr := func(t time.Time) *time.Time { return &t }
+	line := func(at time.Time, msg string, token int) string {
+		return fmt.Sprintf(`{"time":%q,"level":"INFO","msg":%q,"token":%d}`, at.Format(time.RFC3339Nano), msg, token)
+	}
 	// The owner decided at 0, its app ran from 100 to 1000 ms.
 	cases := []tc{
 		{name: "cut from before the end until the take", take: ptr(at(4000)),
@@ -82,6 +86,23 @@ func TestUnrecordable(t *testing.T) {
 		{name: "no take: sidecar exited at once", take: nil,
 			sidecars:  []Incarnation{{From: at(-500), To: at(1020), Code: 0}},
 			exception: false, says: "without recording the success"},
+		{name: "recording from soon after the end until the cut", take: ptr(at(5000)),
+			outages:   []Outage{{From: at(2500), To: at(8000), Cluster: "dc-a", What: "cut-cluster (pause)"}},
+			ownerLog:  []string{line(at(1100), "recording the outcome", 7)},
+			exception: true, says: "cut-cluster"},
+		{name: "recording failed while the database was reachable", take: ptr(at(5000)),
+			outages: []Outage{{From: at(2500), To: at(8000), Cluster: "dc-a", What: "cut-cluster (pause)"}},
+			ownerLog: []string{line(at(1100), "recording the outcome", 7), line(at(1200), "recording the outcome failed", 0),
+				line(at(1210), "recorded", 7)},
+			exception: false, says: "could reach the database for 1.5s"},
+		{name: "recording began long after the end", take: ptr(at(5000)),
+			outages:   []Outage{{From: at(2500), To: at(8000), Cluster: "dc-a", What: "cut-cluster (pause)"}},
+			ownerLog:  []string{line(at(2400), "recording the outcome", 7)},
+			exception: false, says: "could reach the database for 1.4s"},
+		{name: "recording another run does not count", take: ptr(at(5000)),
+			outages:   []Outage{{From: at(2500), To: at(8000), Cluster: "dc-a", What: "cut-cluster (pause)"}},
+			ownerLog:  []string{line(at(1100), "recording the outcome", 6)},
+			exception: false, says: "could reach the database for 1.5s"},
 		{name: "sidecar exited at once, then taken", take: ptr(at(3500)),
 			sidecars:  []Incarnation{{From: at(-500), To: at(1020), Code: 0}},
 			exception: false, says: "without recording the success"},
@@ -104,7 +125,7 @@ func TestUnrecordable(t *testing.T) {
 				sidecars = []Incarnation{{From: at(-500)}}
 			}
 			owner := PodRecord{Cluster: "dc-a", Name: "owner", Window: 0, Index: -1, Sidecars: sidecars,
-				AgentLog: log("owner", `{"msg":"starting"}`, dec(at(0), 7))}
+				AgentLog: log("owner", append([]string{`{"msg":"starting"}`, dec(at(0), 7)}, c.ownerLog...)...)}
 			standby := PodRecord{Cluster: "dc-b", Name: "standby", Window: 0, Index: -1, Sidecars: []Incarnation{{From: at(-500)}}}
 			if c.take != nil {
 				standby.AgentLog = log("standby", dec(*c.take, 9))

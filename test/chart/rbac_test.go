@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dislock/dislock/internal/tokenrecord"
 	"github.com/dislock/dislock/test/kube"
 )
 
@@ -29,7 +30,7 @@ type install struct {
 
 // need is one permission the webhook's code uses, where, and when.
 type need struct {
-	resource, name string // name: "db", "cert", "configurations", "lease" or "" (all)
+	resource, name string // name: "db", "cert", "configurations", "lease", "record" or "" (all)
 	verbs          []string
 	releaseOnly    bool // granted in the release namespace only
 	when           func(install) bool
@@ -52,6 +53,8 @@ func (n need) objectName(i install) string {
 		return i.configurations
 	case "lease":
 		return "dislock-webhook" // LeaderElectionID in main.go
+	case "record":
+		return tokenrecord.Name
 	}
 	return ""
 }
@@ -89,6 +92,10 @@ var needs = []need{
 		"the rotator's cache of its namespace's Secrets"},
 	{"secrets", "cert", []string{"update"}, true, selfSigned,
 		"the rotator stores the CA and the serving certificate in its Secret"},
+	{"configmaps", "", []string{"create"}, true, always,
+		"tokenKeeper creates the token record (tokenrecord.Raise) when there is none"},
+	{"configmaps", "record", []string{"get", "update"}, true, always,
+		"tokenKeeper reads the token record directly (mgr.GetAPIReader) and raises it"},
 	{"leases.coordination.k8s.io", "", []string{"create"}, true, leaderElection,
 		"controller-runtime's leader election creates the Lease dislock-webhook"},
 	{"leases.coordination.k8s.io", "lease", []string{"get", "update"}, true, leaderElection,
