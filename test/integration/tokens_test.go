@@ -136,4 +136,9 @@ func TestAfterARestoreTheWebhookMovesTokensPastItsRecord(t *testing.T) {
 		rec, _, err := tokenrecord.Read(ctx, reader, key)
 		return rec.HighWater >= tok && rec.Cluster == "dc-a", err
 	})
+	// The record never goes down, whoever writes a lower one.
+	kept, err := tokenrecord.Raise(ctx, reader, reader, key, tokenrecord.Record{HighWater: highest, Cluster: "stale"})
+	if err != nil || kept.HighWater < tok {
+		t.Fatalf("raising the record to a lower high water: %+v %v, want it kept at %d or more", kept, err, tok)
+	}
 }
