@@ -16,18 +16,12 @@ func (s *Server) Program(name string) string { return filepath.Join(filepath.Dir
 // SnapshotData stops postgres (fast), copies its data directory to dir (a
 // cold physical backup: what a volume snapshot holds) and starts it again.
 func (s *Server) SnapshotData(dir string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return errClosed
-	}
-	if err := s.stopPostgresLocked("fast"); err != nil {
-		return err
-	}
-	if out, err := s.run("/bin/cp", "-a", s.dataDir(), dir); err != nil {
-		return fmt.Errorf("pgtest: copying the data directory: %w: %s", err, out)
-	}
-	return s.startPostgresLocked()
+	return s.whileStopped("fast", func() error {
+		if out, err := s.run("/bin/cp", "-a", s.dataDir(), dir); err != nil {
+			return fmt.Errorf("pgtest: copying the data directory: %w: %s", err, out)
+		}
+		return s.startPostgresLocked()
+	})
 }
 
 // RestoreData stops postgres (immediate: the server is lost), replaces its
@@ -36,49 +30,47 @@ func (s *Server) SnapshotData(dir string) error {
 // standby would (archive recovery, then a new WAL timeline), the way a
 // standby is promoted; without, it starts where the copy stopped.
 func (s *Server) RestoreData(dir string, promote bool) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return errClosed
-	}
-	if err := s.stopPostgresLocked("immediate"); err != nil {
-		return err
-	}
-	if err := os.RemoveAll(s.dataDir()); err != nil {
-		return err
-	}
-	if out, err := s.run("/bin/cp", "-a", dir, s.dataDir()); err != nil {
-		return fmt.Errorf("pgtest: restoring the data directory: %w: %s", err, out)
-	}
-	if promote {
-		if err := s.promoteOnStartLocked(); err != nil {
+	return s.whileStopped("immediate", func() error {
+		if err := os.RemoveAll(s.dataDir()); err != nil {
 			return err
 		}
-	}
-	return s.startWritableLocked()
+		if out, err := s.run("/bin/cp", "-a", dir, s.dataDir()); err != nil {
+			return fmt.Errorf("pgtest: restoring the data directory: %w: %s", err, out)
+		}
+		return s.startWritableLocked(promote)
+	})
 }
 
 // PromoteInPlace stops postgres (fast) and starts it through archive
 // recovery, which ends on a new WAL timeline: the timeline a standby that
 // had every commit gets when it is promoted.
 func (s *Server) PromoteInPlace() error {
+	return s.whileStopped("fast", func() error { return s.startWritableLocked(true) })
+}
+
+// whileStopped stops postgres (pg_ctl's mode) and runs then, which starts it
+// again, under the server's lock.
+func (s *Server) whileStopped(mode string, then func() error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return errClosed
 	}
-	if err := s.stopPostgresLocked("fast"); err != nil {
+	if err := s.stopPostgresLocked(mode); err != nil {
 		return err
 	}
-	if err := s.promoteOnStartLocked(); err != nil {
-		return err
-	}
-	return s.startWritableLocked()
+	return then()
 }
 
-// startWritableLocked starts postgres and waits until its recovery ended
-// (a promotion chose its timeline) and it takes writes.
-func (s *Server) startWritableLocked() error {
+// startWritableLocked starts postgres, through a promotion when asked, and
+// waits until its recovery ended (a promotion chose its timeline) and it
+// takes writes.
+func (s *Server) startWritableLocked(promote bool) error {
+	if promote {
+		if err := s.promoteOnStartLocked(); err != nil {
+			return err
+		}
+	}
 	if err := s.startPostgresLocked(); err != nil {
 		return err
 	}
