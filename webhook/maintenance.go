@@ -42,13 +42,8 @@ func (m *maintenance) NeedLeaderElection() bool { return true }
 
 func (m *maintenance) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("maintenance")
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-m.ready:
-	}
-	store, err := lock.Open(ctx, m.databaseURL, lock.Options{MaxConns: 1})
-	if err != nil {
+	store, err := openWhenReady(ctx, m.ready, m.databaseURL)
+	if store == nil {
 		return err
 	}
 	defer store.Close()
@@ -84,6 +79,18 @@ func (m *maintenance) Start(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// openWhenReady waits for the databaseGate to pass (ready closed) and opens
+// a one-connection store for a leader's loop; a nil store with a nil error
+// means ctx ended first.
+func openWhenReady(ctx context.Context, ready <-chan struct{}, databaseURL string) (*lock.Store, error) {
+	select {
+	case <-ctx.Done():
+		return nil, nil
+	case <-ready:
+	}
+	return lock.Open(ctx, databaseURL, lock.Options{MaxConns: 1})
 }
 
 // Client-side bounds of the maintenance steps. The server bounds each of

@@ -45,13 +45,8 @@ func (k *tokenKeeper) NeedLeaderElection() bool { return true }
 
 func (k *tokenKeeper) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("tokens")
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-k.ready:
-	}
-	store, err := lock.Open(ctx, k.databaseURL, lock.Options{MaxConns: 1})
-	if err != nil {
+	store, err := openWhenReady(ctx, k.ready, k.databaseURL)
+	if store == nil {
 		return err
 	}
 	defer store.Close()
