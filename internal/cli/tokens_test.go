@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -31,27 +32,27 @@ func TestTokensMovesToANewEpochAboveEverythingBefore(t *testing.T) {
 	}
 	before := grant("a")
 	code, out, errOut := run(t, "tokens", "--database-url", dsn, "--new-epoch")
-	if code != 0 || !strings.Contains(out, "moved the fencing tokens to epoch 2") || !strings.Contains(out, "a new epoch was asked for") {
+	if code != 0 || !strings.Contains(out, "moved the fencing tokens to epoch 17") || !strings.Contains(out, "a new epoch was asked for") {
 		t.Fatalf("dislock tokens --new-epoch: exit %d\n%s%s", code, out, errOut)
 	}
 	after := grant("b")
 	if after <= before {
 		t.Fatalf("token %d after a new epoch, not above %d", after, before)
 	}
-	if e, off := lock.TokenEpoch(after); e != 2 || off > 2 {
-		t.Fatalf("token %d: epoch %d offset %d, want epoch 2 with the offset started again", after, e, off)
+	if e, off := lock.TokenEpoch(after); e != 17 || off > 2 {
+		t.Fatalf("token %d: epoch %d offset %d, want epoch 17 with the offset started again", after, e, off)
 	}
 
-	floor := int64(7)<<40 + 5
-	code, out, errOut = run(t, "tokens", "--database-url", dsn, "--token-floor", "7696581394437", "-o", "json")
-	if code != 0 || !strings.Contains(out, `"epoch": 8`) || !strings.Contains(out, "behind the recorded high water 7696581394437") {
+	floor := int64(40)<<40 + 5
+	code, out, errOut = run(t, "tokens", "--database-url", dsn, "--token-floor", fmt.Sprint(floor), "-o", "json")
+	if code != 0 || !strings.Contains(out, `"epoch": 56`) || !strings.Contains(out, fmt.Sprint("behind the recorded high water ", floor)) {
 		t.Fatalf("dislock tokens --token-floor %d: exit %d\n%s%s", floor, code, out, errOut)
 	}
 	if tok := grant("c"); tok <= floor {
 		t.Fatalf("token %d, not above the floor %d", tok, floor)
 	}
 	code, out, errOut = run(t, "tokens", "--database-url", dsn)
-	if code != 0 || !strings.Contains(out, "stay in epoch 8") {
+	if code != 0 || !strings.Contains(out, "stay in epoch 56") {
 		t.Fatalf("dislock tokens with nothing to move: exit %d\n%s%s", code, out, errOut)
 	}
 

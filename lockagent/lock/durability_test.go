@@ -109,7 +109,7 @@ func TestCheckFindsTokensThatWouldGoBack(t *testing.T) {
 		t.Fatalf("tokens finding: %+v (first token %d)", f, c.Window.Token)
 	}
 	// What the printed command runs.
-	if st, err := s.KeepTokens(ctx, restored, false); err != nil || st.Moved == "" || st.Epoch != 6 {
+	if st, err := s.KeepTokens(ctx, restored, false); err != nil || st.Moved == "" || st.Epoch <= 5 {
 		t.Fatalf("the printed fix: %+v %v", st, err)
 	}
 	if fs, _ := s.CheckDatabase(ctx, lock.CheckOptions{AllowAsync: true}); lock.Failed(fs) {
@@ -400,9 +400,9 @@ func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
 		old   int64  // the epoch of the highest token handed out before
 		want  int64
 	}{
-		{"pg_upgrade of a cluster that had failed over twice", "system_id = 42, base_epoch = 3, base_timeline = 3, last_epoch = 3", 3, 4},
-		{"a restore into a new cluster on the same timeline", "system_id = 42, base_epoch = 1, base_timeline = 1, last_epoch = 1", 1, 2},
-		{"a dump of a cluster at timeline 3 loaded into this one", "base_epoch = 1, base_timeline = 1, last_epoch = 3", 3, 4},
+		{"pg_upgrade of a cluster that had failed over twice", "system_id = 42, base_epoch = 3, base_timeline = 3, last_epoch = 3", 3, 3 + 16},
+		{"a restore into a new cluster on the same timeline", "system_id = 42, base_epoch = 1, base_timeline = 1, last_epoch = 1", 1, 1 + 16},
+		{"a dump of a cluster at timeline 3 loaded into this one", "base_epoch = 1, base_timeline = 1, last_epoch = 3", 3, 3 + 16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := uniqueKey(t)

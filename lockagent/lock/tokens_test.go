@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/test/pgtest"
@@ -141,5 +145,70 @@ func TestTokensAtTheirBoundsFailClosedAndANewEpochRenewsThem(t *testing.T) {
 	}
 	if st, err := s.KeepTokens(ctx, 0, true); !errors.Is(err, lock.ErrTokensExhausted) {
 		t.Fatalf("a new epoch past the last: %+v %v; want %v", st, err, lock.ErrTokensExhausted)
+	}
+}
+
+// Draws keep coming while tokens are held (agents retry, a tenant may loop):
+// one racing the owner's move either is refused or gets a token of the
+// moved epoch, never one computed from the held row. Each round holds the
+// tokens as a dump of a cluster whose epochs reached follow+1 would, with
+// its row giving follow on this timeline.
+func TestADrawRacingTheOwnersMoveNeverUsesTheHeldRow(t *testing.T) {
+	t.Parallel() // its own server: the epoch is moved every round
+	srv := pgtest.New(t, pgtest.Options{Name: "tokens-race"})
+	own := openStore(t, srv.DirectDSN(), 2)
+	su := superuser(t, srv)
+	ctx := context.Background()
+	ns := namespace(t, "racer")
+	tenantDSN := mustTenantDSN(t, srv.DirectDSN(), provision(t, own, ns))
+	conns := make([]*pgx.Conn, 3)
+	for i := range conns {
+		conns[i] = rawConn(t, tenantDSN)
+	}
+	for round := range 100 {
+		var follow int64
+		if err := su.QueryRow(ctx, `SELECT dislock.token_epoch_now()`).Scan(&follow); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET system_id = 42, last_epoch = $1::bigint + 1`, follow); err != nil {
+			t.Fatal(err)
+		}
+		var (
+			mu    sync.Mutex
+			bad   []int64
+			wg    sync.WaitGroup
+			stop  atomic.Bool
+			draws atomic.Int64
+		)
+		for _, c := range conns {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !stop.Load() {
+					var tok int64
+					err := c.QueryRow(ctx, `SELECT dislock.next_token()`).Scan(&tok)
+					draws.Add(1)
+					if e, _ := lock.TokenEpoch(tok); err == nil && e <= follow+1 {
+						mu.Lock()
+						bad = append(bad, tok)
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		awaitCond(t, "draws before the move", func() bool { return draws.Load() >= 6 })
+		st, err := own.KeepTokens(ctx, 0, false)
+		after := draws.Load()
+		awaitCond(t, "draws after the move", func() bool { return draws.Load() >= after+6 })
+		stop.Store(true)
+		wg.Wait()
+		if err != nil || st.Moved == "" || st.Epoch <= follow+1 {
+			t.Fatalf("round %d: the move: %+v %v", round, st, err)
+		}
+		if len(bad) > 0 {
+			e, _ := lock.TokenEpoch(bad[0])
+			t.Fatalf("round %d: the owner moved to epoch %d (epochs up to %d used before), yet a draw racing the move got token %d of epoch %d (%d such tokens)",
+				round, st.Epoch, follow+1, bad[0], e, len(bad))
+		}
 	}
 }

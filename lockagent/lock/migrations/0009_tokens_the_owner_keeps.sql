@@ -12,8 +12,8 @@
 -- confirmed with: a logical restore recreates the sequence) it refuses with
 -- SQLSTATE DL002 until the owner confirms the epoch with
 -- keep_token_epoch(), in its own short transaction. The webhook's elected
--- replica does that at start and every few seconds; `dislock migrate` and
--- `dislock tokens` do it too. A grant never waits on a caller's transaction.
+-- replica does that at start and every few seconds; `dislock tokens` does
+-- it too. A grant never waits on a caller's transaction.
 --
 -- keep_token_epoch(floor) also moves the epoch past floor, the highest
 -- token recorded outside the database (each cluster's webhook keeps one in
@@ -56,40 +56,49 @@ LANGUAGE sql STABLE AS $$
     SELECT e.base_epoch + (dislock.wal_timeline() - e.base_timeline) FROM dislock.token_epoch e
 $$;
 
--- Why tokens cannot be drawn now (NULL when they can): the owner must
--- confirm the epoch first.
-CREATE OR REPLACE FUNCTION dislock.token_epoch_held() RETURNS text
+-- Why tokens cannot be drawn from row e on timeline tl (NULL when they
+-- can): the owner must confirm the epoch first. Callers judge the row they
+-- computed the epoch from, never a second read of the table (an owner's
+-- move committed between two reads would pass a token of the held row).
+CREATE OR REPLACE FUNCTION dislock.token_epoch_held_by(e dislock.token_epoch, tl bigint) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN e.system_id IS DISTINCT FROM c.system_identifier THEN
             format('the database is another PostgreSQL cluster (system identifier %s, the epochs were kept in %s): a pg_upgrade, or a restore into a new cluster', c.system_identifier, e.system_id)
         WHEN e.counter_oid IS DISTINCT FROM 'dislock.token_counter'::regclass::oid THEN
             'the token counter is not the one the epochs were kept with: the schema was restored from a dump'
-        WHEN tl.t < e.base_timeline THEN
-            format('the WAL timeline %s is older than the one the epochs were kept on (%s)', tl.t, e.base_timeline)
-        WHEN e.base_epoch + (tl.t - e.base_timeline) < e.last_epoch THEN
-            format('the timeline gives epoch %s, below epoch %s already used', e.base_epoch + (tl.t - e.base_timeline), e.last_epoch)
+        WHEN tl < e.base_timeline THEN
+            format('the WAL timeline %s is older than the one the epochs were kept on (%s)', tl, e.base_timeline)
+        WHEN e.base_epoch + (tl - e.base_timeline) < e.last_epoch THEN
+            format('the timeline gives epoch %s, below epoch %s already used', e.base_epoch + (tl - e.base_timeline), e.last_epoch)
         END
-    FROM dislock.token_epoch e, (SELECT dislock.wal_timeline() AS t) tl, pg_catalog.pg_control_system() c
+    FROM pg_catalog.pg_control_system() c
+$$;
+
+-- Why tokens cannot be drawn now (NULL when they can).
+CREATE OR REPLACE FUNCTION dislock.token_epoch_held() RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT dislock.token_epoch_held_by(e, dislock.wal_timeline()) FROM dislock.token_epoch e
 $$;
 
 CREATE OR REPLACE FUNCTION dislock.next_token() RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    tl     bigint := dislock.wal_timeline();
     e      dislock.token_epoch;
     held   text;
     epoch  bigint;
     offs   bigint;
 BEGIN
     SELECT * INTO e FROM dislock.token_epoch;
-    held := dislock.token_epoch_held();
+    held := dislock.token_epoch_held_by(e, tl);
     IF held IS NOT NULL THEN
         RAISE EXCEPTION 'dislock: fencing tokens are held until the owner confirms their epoch: %', held
             USING ERRCODE = 'DL002',
                   HINT = 'the webhook''s elected replica confirms it within seconds; or run dislock tokens with the owner''s URL';
     END IF;
-    epoch := e.base_epoch + (dislock.wal_timeline() - e.base_timeline);
+    epoch := e.base_epoch + (tl - e.base_timeline);
     offs := pg_catalog.nextval('dislock.token_counter') - e.counter_base;
     IF epoch >= 8388608 OR offs >= 1099511627776 OR offs < 1 THEN
         RAISE EXCEPTION 'dislock: fencing tokens are exhausted: epoch % (bound 8388607), counter offset % (bound 1099511627775)', epoch, offs
@@ -128,11 +137,12 @@ DECLARE
     follow  bigint;
     water   bigint;
     used    bigint;
+    renewal boolean := false;
 BEGIN
     SELECT * INTO e FROM dislock.token_epoch FOR UPDATE;
     follow := e.base_epoch + (tl - e.base_timeline);
     water := (follow << 40) + (dislock.token_counter_drawn() - e.counter_base);
-    moved := dislock.token_epoch_held();
+    moved := dislock.token_epoch_held_by(e, tl);
     IF moved IS NULL AND water < floor THEN
         moved := format('the database is behind the recorded high water %s (it is at %s): it was restored from a backup, or lost commits', floor, water);
     END IF;
@@ -145,6 +155,7 @@ BEGIN
     IF moved IS NULL AND water - (follow << 40) > 549755813887 THEN
         moved := format('the counter passed half of epoch %s', follow);
         new_epoch := true;
+        renewal := true;
     END IF;
     IF moved IS NULL THEN
         UPDATE dislock.token_epoch SET last_epoch = follow, confirmed_at = now() WHERE last_epoch < follow;
@@ -152,12 +163,15 @@ BEGIN
         high_water := water;
         RETURN;
     END IF;
-    -- Every epoch anyone may have used: the row's, the timeline's, the
-    -- recorded floor's and the rows' own tokens (a dump carries those).
+    -- Every epoch anyone may have used that is known here: the row's, the
+    -- timeline's, the recorded floor's and the rows' own tokens (a dump
+    -- carries those). After a restore, promotions since the last record
+    -- may have used epochs nothing here knows of (one each): the new
+    -- epoch leaves room for 15 of them. A renewal moves by one.
     used := greatest(e.last_epoch, follow, floor >> 40,
         coalesce((SELECT max(token) FROM dislock.windows), 0) >> 40,
         coalesce((SELECT max(token) FROM dislock.leases), 0) >> 40);
-    epoch := used + 1;
+    epoch := used + CASE WHEN renewal THEN 1 ELSE 16 END;
     IF epoch >= 8388608 THEN
         RAISE EXCEPTION 'dislock: no fencing token epoch is left above % (bound 8388607)', used USING ERRCODE = 'DL003';
     END IF;
@@ -168,4 +182,5 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION dislock.token_counter_drawn(), dislock.token_epoch_held(), dislock.keep_token_epoch(bigint, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dislock.token_counter_drawn(), dislock.token_epoch_held_by(dislock.token_epoch, bigint), dislock.token_epoch_held(),
+    dislock.keep_token_epoch(bigint, boolean) FROM PUBLIC;
