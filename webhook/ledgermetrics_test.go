@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -20,6 +22,7 @@ import (
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/monitoring"
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 func at(s string) time.Time {
@@ -301,6 +304,146 @@ func TestALedgerIntervalBelowTheMinimumIsRefused(t *testing.T) {
 		cfg.LedgerInterval = bad
 		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), bad.String()) || !strings.Contains(err.Error(), "--ledger-interval") {
 			t.Errorf("interval %s: %v, want an error naming it and the flag", bad, err)
+		}
+	}
+}
+
+// hostileDB is a PostgreSQL of the test's own, migrated, with the owner's
+// Store (as the webhook's leader opens it: one connection) and a raw
+// owner connection.
+type hostileDB struct {
+	dsn string
+	own *lock.Store
+	raw *pgx.Conn
+}
+
+func newHostileDB(t *testing.T) hostileDB {
+	t.Helper()
+	srv, err := pgtest.Start(pgtest.Options{Name: "review16", Logf: t.Logf})
+	if err != nil {
+		pgtest.Missing(t, err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	ctx := context.Background()
+	dsn := srv.DirectDSN()
+	own, err := lock.Open(ctx, dsn, lock.Options{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(own.Close)
+	if _, err := own.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close(context.Background()) })
+	return hostileDB{dsn: dsn, own: own, raw: raw}
+}
+
+// tenant is a raw connection with namespace ns's own tenant role.
+func (d hostileDB) tenant(t *testing.T, ns string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	c, err := d.own.ProvisionTenant(ctx, "dc-a", ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn, err := lock.TenantDSN(d.dsn, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := lock.ParseDatabaseURL(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// toReport lists the missed windows found since the last computation,
+// newest window first, at most 1000, and then moves reportedThrough past
+// every one it saw. A tenant whose keys produce more than 1000 missed
+// windows newer than another namespace's, found in the same computation
+// (or by another cluster in between), pushes that namespace's window out
+// of the list; and since reportedThrough moves past its detection time, its
+// CronJob never gets the DislockMissedWindow Event.
+func TestATenantsMissedWindowsCannotBuryAnotherNamespacesEvent(t *testing.T) {
+	d := newHostileDB(t)
+	ctx := context.Background()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	cj := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: "victim", Name: "report", UID: "cj-uid",
+		Annotations: map[string]string{spec.AnnotationMode: "schedule"}}, Spec: batchv1.CronJobSpec{Schedule: "0 * * * *"}}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(cj).Build()
+	rec := events.NewFakeRecorder(100000)
+	m := NewLedgerMetrics(d.own, "dc-a", c)
+	m.Events = rec
+	if err := m.Compute(ctx); err != nil { // the leader's first computation
+		t.Fatal(err)
+	}
+
+	// The victim: an hourly CronJob whose last window ran nowhere (grace:
+	// one hour).
+	key := "victim/report"
+	if _, err := d.own.RecordView(ctx, key, "dc-a", lock.View{Schedule: "0 * * * *", Mode: "schedule", LeaseTTL: "30s"}, lock.DefaultViewRecency); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.own.RecordDecision(ctx, lock.Decision{Key: key, Cluster: "dc-a", Job: "j", Pod: "p", Action: lock.ActionRun}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.raw.Exec(ctx, `UPDATE dislock.key_stats SET first_seen = date_trunc('hour', now()) - interval '61 minutes' WHERE lock_key = $1`, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.raw.Exec(ctx, `UPDATE dislock.views SET changed_at = date_trunc('hour', now()) - interval '61 minutes' WHERE lock_key = $1`, key); err != nil {
+		t.Fatal(err)
+	}
+	// The tenant: 25 per-minute keys of its own, first seen 70 minutes ago
+	// (it writes its own key_stats and views), whose windows ran nowhere.
+	hostile := d.tenant(t, "hostile")
+	if _, err := hostile.Exec(ctx, `INSERT INTO dislock.key_stats (lock_key, first_seen, last_decided)
+		SELECT 'hostile/k' || i, now() - interval '70 minutes', now() + interval '10 years' FROM generate_series(1, 25) i`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hostile.Exec(ctx, `INSERT INTO dislock.views (lock_key, cluster, view, seen_at)
+		SELECT 'hostile/k' || i, 'dc-a', '{"schedule":"* * * * *","mode":"schedule"}'::jsonb, now() FROM generate_series(1, 25) i`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hostile.Exec(ctx, `UPDATE dislock.views SET changed_at = now() - interval '70 minutes' WHERE starts_with(lock_key, 'hostile/')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Compute(ctx); err != nil {
+		t.Fatal(err)
+	}
+	missed, _, err := d.own.ListMissed(ctx, lock.MissedFilter{Key: key})
+	if err != nil || len(missed) == 0 {
+		t.Fatalf("the victim's window was not found missed (%v): the attack needs it found", err)
+	}
+	close(rec.Events)
+	var got []string
+	for e := range rec.Events {
+		if strings.Contains(e, key) {
+			got = append(got, e)
+		}
+	}
+	if len(got) == 0 {
+		t.Errorf("window %s of %s was found missed in this computation, and CronJob victim/report got no DislockMissedWindow Event: namespace hostile's %d+ newer missed windows filled toReport's list of %d",
+			missed[0].Window.Format(time.RFC3339), key, maxMissedReported, maxMissedReported)
+	}
+	// And never will: the next computation lists only what was detected
+	// after the newest detection time it saw.
+	if next := m.toReport(ctx, nil); len(next) != 0 {
+		for _, w := range next {
+			if w.Key == key {
+				return
+			}
 		}
 	}
 }

@@ -287,3 +287,42 @@ func TestAFinishedPodIsLabelledAndToldOnItsCronJobOnce(t *testing.T) {
 		t.Fatalf("events %q, want one DislockRan naming the pod", got)
 	}
 }
+
+// The outcome controller labels the pod's Job with the outcome of
+// whichever of its pods it handles last. An Indexed Job's shard that failed
+// for good (index 1), handled before the last shard that succeeded (index
+// 0), leaves the Job labelled succeeded: `kubectl get jobs -l
+// dislock.io/outcome=failed` misses a Job that failed. Likewise a Job whose
+// retry succeeded, when the failed first pod is handled after it (a new
+// leader's first reconcile order is the cache's, not the pods' end order).
+func TestAJobsOutcomeIsItsWorstIndexWhateverOrderPodsAreHandledIn(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	cj := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "report", UID: "cj-uid"}}
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "report-1", UID: "job-uid",
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cj, batchv1.SchemeGroupVersion.WithKind("CronJob"))}},
+		Spec:   batchv1.JobSpec{CompletionMode: ptr.To(batchv1.IndexedCompletion), Completions: ptr.To[int32](2)},
+		Status: batchv1.JobStatus{Conditions: []batchv1.JobCondition{{Type: batchv1.JobFailed, Status: corev1.ConditionTrue}}}}
+	failed := finishedPod("ran window 2026-12-02T02:00:00Z of team/report#1 with token 8: failed: container app exit code 1")
+	failed.Name, failed.UID = "report-1-1-aaaaa", "pod-1"
+	failed.Status.Phase = corev1.PodFailed
+	ok := finishedPod("ran window 2026-12-02T02:00:00Z of team/report#0 with token 7: succeeded (1 container(s), exit code 0)")
+	ok.Name, ok.UID = "report-1-0-bbbbb", "pod-0"
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(cj, job, failed, ok).Build()
+	r := &outcomeRecorder{client: c, reader: c, events: events.NewFakeRecorder(10)}
+	for _, p := range []*corev1.Pod{failed, ok} {
+		if _, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: p.Name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got batchv1.Job
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(job), &got); err != nil {
+		t.Fatal(err)
+	}
+	if l := got.Labels[OutcomeLabel]; l != OutcomeFailed {
+		t.Errorf("Job %s failed (its shard 1 failed; condition Failed) and is labelled %s=%q: the label is the outcome of the last pod handled",
+			job.Name, OutcomeLabel, l)
+	}
+}

@@ -257,6 +257,30 @@ func TestAnOlderInjectionIsRefused(t *testing.T) {
 	}
 }
 
+// The injection now adds dislock.io/injected to the pod template's
+// labels. A mutating webhook ordered after dislock that sets the template's
+// labels as a whole (a JSON patch "add /spec/template/metadata/labels",
+// the shape the mesh test used before this change) drops it; on
+// reinvocation dislock finds its own injection changed. Before this change
+// that edit passed (the test was rewritten to add the label "next to
+// dislock's own label" instead).
+func TestALaterWebhookThatSetsTheTemplateLabelsGetsTheInjectedLabelBack(t *testing.T) {
+	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+	out, _, _, err := InjectInNamespace(job, cj, nil, goldenOptions(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.Spec.Template.Labels = map[string]string{"sidecar.istio.io/inject": "true"}
+	again, _, _, err := InjectInNamespace(out, cj, nil, goldenOptions(), nil)
+	if err != nil {
+		t.Errorf("a later webhook replacing the pod template's labels gets the Job refused on reinvocation (every Job of the CronJob, in this cluster): %v", err)
+		return
+	}
+	if again.Spec.Template.Labels[InjectedLabel] != InjectedLabelValue {
+		t.Errorf("after the reinvocation the pod template has no %s: its pods are never handled by the outcome controller", InjectedLabel)
+	}
+}
+
 // The Jobs strip gives back carry nothing of the injection, and
 // NeedsEntrypoint asks for nothing for an injected Job: its wrapped commands
 // say what the entrypoints were.
@@ -516,6 +540,30 @@ func TestAnInjectionWithAnotherCASettingIsRefused(t *testing.T) {
 				t.Fatalf("error %v, want ErrForgedInjection naming the sidecar's CA mount", err)
 			}
 		})
+	}
+}
+
+// A forged injection made by a tenant against a webhook without a CA,
+// adding a CA-shaped volume (of any Secret) and its mount to the sidecar,
+// is not trusted.
+func TestHostile17_ForgedCAVolumeWithoutCAIsRefused(t *testing.T) {
+	t.Parallel()
+	opts := goldenOptions()
+	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+	out, _, err := Inject(job, cj, opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{opts.DBSecretName, "another-teams-db"} {
+		forged := out.DeepCopy()
+		pod := &forged.Spec.Template.Spec
+		n := len(pod.Volumes)
+		pod.Volumes = append(pod.Volumes[:n-1:n-1], databaseCAVolume(secret), pod.Volumes[n-1])
+		pod.InitContainers[0].VolumeMounts = append(pod.InitContainers[0].VolumeMounts,
+			corev1.VolumeMount{Name: DatabaseCAVolumeName, MountPath: DatabaseCADir, ReadOnly: true})
+		if _, _, err := Inject(forged, cj, opts, nil); !errors.Is(err, ErrForgedInjection) {
+			t.Errorf("forged CA volume of Secret %q: %v, want ErrForgedInjection", secret, err)
+		}
 	}
 }
 

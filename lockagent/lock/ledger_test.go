@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/test/pgtest"
@@ -304,6 +309,139 @@ func TestOneNamespacesKeysCannotCrowdOutAnothersStatistics(t *testing.T) {
 	})
 }
 
+// hostile16 is the setting of a test in which a tenant attacks the ledger,
+// the missed-window detection or the statistics through its own rows: the
+// owner's Store and a raw owner connection on the direct DSN.
+type hostile16 struct {
+	dsn string
+	own *lock.Store
+	raw *pgx.Conn
+}
+
+func newHostile16(t *testing.T) hostile16 {
+	t.Helper()
+	dsn := pgtest.Need(t).DirectDSN()
+	own := openStore(t, dsn, 4)
+	return hostile16{dsn: dsn, own: own, raw: rawConn(t, dsn)}
+}
+
+// tenant provisions ns and returns its Store and a raw connection with its
+// role.
+func (r hostile16) tenant(t *testing.T, ns string) (*lock.Store, *pgx.Conn) {
+	t.Helper()
+	c := provision(t, r.own, ns)
+	return tenantStore(t, r.dsn, c), rawConn(t, mustTenantDSN(t, r.dsn, c))
+}
+
+// forget deletes, as the owner, every ledger, window, lease and view row of
+// ns: the tests share one database and DetectMissed reads all of it.
+func (r hostile16) forget(t *testing.T, ns string) {
+	t.Helper()
+	t.Cleanup(func() {
+		for _, table := range []string{"decisions", "decision_counts", "key_stats", "missed", "windows", "leases", "views"} {
+			if _, err := r.raw.Exec(context.Background(), `DELETE FROM dislock.`+table+` WHERE starts_with(lock_key, $1::text)`, ns+"/"); err != nil {
+				t.Logf("cleaning %s of %s: %v", table, ns, err)
+			}
+		}
+	})
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// A tenant may write the statistics of its own keys, and the owner reads
+// every namespace's in one query: a value the metrics cannot serve (a NULL
+// or two-dimensional histogram, a NaN or infinite duration, a negative
+// count) would fail that read, or the snapshot's encoding, for every
+// namespace. The database refuses each; the owner's read goes on.
+func TestATenantCannotWriteStatisticsTheOwnersMetricsCannotServe(t *testing.T) {
+	r := newHostile16(t)
+	ctx := context.Background()
+	victim, hostile := namespace(t, "victim"), namespace(t, "hostile")
+	r.forget(t, victim)
+	r.forget(t, hostile)
+	vs, _ := r.tenant(t, victim)
+	hs, hraw := r.tenant(t, hostile)
+	for _, d := range []struct {
+		s   *lock.Store
+		key string
+	}{{vs, victim + "/report"}, {hs, hostile + "/x"}} {
+		if err := d.s.RecordDecision(ctx, lock.Decision{Key: d.key, Cluster: "dc-a", Job: "j", Pod: "p", Action: lock.ActionRun}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, bad := range []struct{ set, value string }{
+		{"duration_buckets = $2::bigint[]", "{NULL}"},
+		{"duration_buckets = $2::bigint[]", "{{1,2},{3,4}}"},
+		{"duration_buckets = $2::bigint[]", "[5:6]={1,2}"},
+		{"duration_buckets = $2::bigint[]", "{1,NULL,3}"},
+		{"duration_buckets = $2::bigint[]", "{1,-1}"},
+		{"duration_sum = $2::float8", "NaN"},
+		{"duration_sum = $2::float8", "Infinity"},
+		{"duration_sum = $2::float8", "-Infinity"},
+		{"duration_count = $2::bigint", "-5"},
+	} {
+		_, err := hraw.Exec(ctx, `UPDATE dislock.key_stats SET `+bad.set+` WHERE lock_key = $1`, hostile+"/x", bad.value)
+		if err == nil {
+			t.Errorf("the tenant wrote %s with %q into its own statistics", bad.set, bad.value)
+		}
+	}
+	st, err := r.own.ReadLedgerStats(ctx)
+	if err != nil {
+		t.Fatalf("the owner's statistics after the tenant's attempts: %v", err)
+	}
+	keyStats(t, st, victim+"/report")
+}
+
+// The statistics read "at most 1000 keys per namespace", but the held
+// leases of a key in bounds are read without any bound: an Indexed Job's
+// per-index lease keys are "<key>#<index>", and a tenant may insert as many
+// lease rows under its prefix as it likes. Every one of them is read, every
+// computation, into the leader's memory.
+func TestTheHeldLeasesOfOneKeyAreReadAsOneRow(t *testing.T) {
+	r := newHostile16(t)
+	ctx := context.Background()
+	hostile := namespace(t, "hostile")
+	r.forget(t, hostile)
+	hs, hraw := r.tenant(t, hostile)
+	key := hostile + "/x"
+	if err := hs.RecordDecision(ctx, lock.Decision{Key: key, Cluster: "dc-a", Job: "j", Pod: "p", Action: lock.ActionRun}); err != nil {
+		t.Fatal(err)
+	}
+	n := envInt("R16_LEASES", 5*lock.MaxKeysPerNamespace)
+	if _, err := hraw.Exec(ctx, `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at)
+		SELECT $1::text || '#' || i, 'x', 1, now(), now() + interval '1 day' FROM generate_series(1, $2::int) i`, key, n); err != nil {
+		t.Fatalf("the tenant inserting lease rows under its own prefix: %v", err)
+	}
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	st, err := r.own.ReadLedgerStats(ctx)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	got := 0
+	for _, l := range st.Leases {
+		if strings.HasPrefix(l.Key, hostile+"/") {
+			got++
+		}
+	}
+	t.Logf("%d lease rows of one key read in %s (leases query %s), %d MiB allocated", got, took.Round(time.Millisecond),
+		st.QueryTime["leases"].Round(time.Millisecond), (after.TotalAlloc-before.TotalAlloc)>>20)
+	if got > lock.MaxKeysPerNamespace {
+		t.Errorf("the owner's statistics read %d held leases of namespace %s (one key); nothing bounds them (MaxKeysPerNamespace %d bounds only key_stats)",
+			got, hostile, lock.MaxKeysPerNamespace)
+	}
+}
+
 // A ledger write goes out as one pipeline and its bounds still hold: a
 // write blocked by a lock on the key's statistics gives up after
 // LedgerLockTimeout instead of holding its connection (and, through
@@ -343,6 +481,48 @@ func TestALedgerWriteKeepsItsBoundsAndItsCommitSetting(t *testing.T) {
 		}
 		if took >= lock.LedgerStatementTimeout {
 			t.Fatalf("the blocked ledger write gave up after %s, not at its lock timeout (%s): %v", took, lock.LedgerLockTimeout, err)
+		}
+	})
+}
+
+// The ledger's and the views' transactions turn synchronous_commit off for
+// themselves. Through PgBouncer's transaction pooling the next transaction
+// on the same server connection is another client's lock write: had the
+// setting outlived its transaction, that claim would be acknowledged before
+// it is on disk. The commit guard of every lock write reads the session's
+// setting, so a claim made right after a decision and a view on the one
+// connection a pool of one has must be acknowledged as durable.
+func TestHostile18HistoryWritesLeaveTheNextClaimDurable(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		s := openStore(t, dsn, 1)
+		key := uniqueKey(t)
+		o := owner("dc-a", "report-1", "pod-a")
+		view := lock.View{Schedule: "* * * * *", TimeZone: "UTC", Mode: "schedule", LeaseTTL: "30s"}
+		for i := range 10 {
+			w := windowAt(i)
+			if _, err := s.RecordView(ctx, key, o.Cluster, view, lock.DefaultViewRecency); err != nil {
+				t.Fatalf("recording the view: %v", err)
+			}
+			if err := s.RecordDecision(ctx, lock.Decision{Key: key, Window: w, Cluster: o.Cluster, Job: o.Job, Pod: o.Pod, Action: lock.ActionRun}); err != nil {
+				t.Fatalf("recording the decision: %v", err)
+			}
+			c, err := claim(t, s, key, w, o, false, ttl)
+			if err != nil {
+				t.Fatalf("window %d: a claim right after the ledger's and the view's writes: %v (ErrUncertainCommit: %v)", i, err, errors.Is(err, lock.ErrUncertainCommit))
+			}
+			if c.Outcome != lock.Claimed {
+				t.Fatalf("window %d: outcome %q, want %q", i, c.Outcome, lock.Claimed)
+			}
+			// A refusal is answered by the same statement's read branch:
+			// it must also not run with the setting left over.
+			mustBeTaken(t, s, key, w, owner("dc-b", "other", "pod-b"), false, o.WindowOwner())
+			if err := s.RecordDecision(ctx, lock.Decision{Key: key, Window: w, Cluster: "dc-b", Job: "other", Pod: "pod-b", Action: lock.ActionSkip}); err != nil {
+				t.Fatalf("recording the refusal: %v", err)
+			}
+			if _, _, err := s.Heartbeat(ctx, key, w, lock.NotIndexed, c.Window.Token, ttl); err != nil {
+				t.Fatalf("window %d: a heartbeat right after the ledger's write: %v", i, err)
+			}
 		}
 	})
 }

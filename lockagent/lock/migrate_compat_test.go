@@ -172,3 +172,39 @@ ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`,
 		})
 	}
 }
+
+// A tenant role reads schema_migrations (so that its agent could tell the
+// version) but must not be able to write it. A crafted "newer, compatible"
+// row would make every webhook skip its migrations and report ready against
+// whatever schema is there; a crafted incompatible one would keep every
+// replica unready.
+func TestHostile17_TenantCannotWriteSchemaMigrations(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		own := openStore(t, dsn, 2)
+		ns := namespace(t, "hostile17")
+		cred := provision(t, own, ns)
+		tdsn, err := lock.TenantDSN(dsn, cred)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := rawConn(t, tdsn)
+		for _, stmt := range []string{
+			`INSERT INTO dislock.schema_migrations (version, name, compatible_from) VALUES (9999, '9999_evil.sql', 1)`,
+			`UPDATE dislock.schema_migrations SET compatible_from = 1`,
+			`UPDATE dislock.schema_migrations SET version = version + 1000`,
+			`DELETE FROM dislock.schema_migrations`,
+			`TRUNCATE dislock.schema_migrations`,
+			`ALTER TABLE dislock.schema_migrations DROP CONSTRAINT IF EXISTS schema_migrations_compatible_from_check`,
+			`CREATE TABLE dislock.schema_migrations_x (version int)`,
+		} {
+			if _, err := c.Exec(ctx, stmt); err == nil {
+				t.Errorf("tenant role ran %q", stmt)
+			}
+		}
+		st, err := own.Schema(ctx)
+		if err != nil || st.Current != st.Known {
+			t.Fatalf("schema after the tenant's attempts: %+v, %v", st, err)
+		}
+	})
+}

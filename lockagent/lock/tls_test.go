@@ -70,6 +70,30 @@ func TestWithRootCAVerifiesWithTheGivenCAUnlessTheURLChose(t *testing.T) {
 	})
 }
 
+// A careless operator gives --database-ca-file, believing every connection
+// now verifies the server, but keeps the sslmode=prefer (psql's and pgx's
+// default, common in copied URLs) in --database-url. WithRootCA keeps the
+// chosen mode, and pgx under prefer/allow skips verification entirely and
+// falls back to plain text: the CA is silently unused, for the owner's
+// connection and (since ReplaceRootCA keeps the mode too) every tenant URL
+// the webhook writes. The combination is refused at start.
+func TestHostile17_CAGivenButURLModeSilentlySkipsVerification(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(caFile, tlstest.NewCA(t).CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"prefer", "allow", "disable"} {
+		t.Run(mode, func(t *testing.T) {
+			_, err := lock.WithRootCA("postgres://dislock:s3cret@db.internal:5432/dislock?sslmode="+mode, caFile)
+			if err == nil || !strings.Contains(err.Error(), "sslmode="+mode) || !strings.Contains(err.Error(), "verify-full") || strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("with --database-ca-file and sslmode=%s: %v; want a refusal naming the mode and verify-full, without the password", mode, err)
+			}
+		})
+	}
+}
+
 // The sidecar reads the CA where its volume is mounted, whatever path the
 // owner's URL named in the webhook's pod.
 func TestReplaceRootCANamesTheSidecarsPath(t *testing.T) {

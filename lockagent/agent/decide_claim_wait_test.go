@@ -1,8 +1,9 @@
 package agent_test
 
-// Hostile review of issue 18's agent change: a decision's database call is
-// no longer cut at 5 s but may take the whole StartTimeout (2 min by
-// default), so a claim held up in the database is now waited for.
+// A decision's database call is not cut at 5 s but may take the whole
+// StartTimeout (2 min by default): a claim held up in the database is
+// waited for, and neither a stop nor a lapse while it waits may let the
+// window run twice.
 
 import (
 	"context"

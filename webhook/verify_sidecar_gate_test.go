@@ -11,15 +11,15 @@ import (
 	"github.com/dislock/dislock/lockagent/spec"
 )
 
-// Hostile review of issue 18: the sidecar's gate is now a postStart hook
-// (dislock-agent probe --wait=…) instead of a startupProbe. The gate is what
-// keeps the app containers from starting before the wrapper binary exists,
-// and nothing may restart a sidecar that waits, as a standby does, for
-// hours. A Job whose sidecar carries any other gate, or an extra probe or
-// hook, is not what dislock injects: whether it is a tenant's forgery, a
-// copy of a Job the previous release injected (with its startupProbe), or
-// a stale shape, it is refused, never trusted. The unchanged injection
-// passes again unchanged (reinvocation).
+// The sidecar's gate is a postStart hook (dislock-agent probe --wait=…),
+// not a startupProbe. The gate is what keeps the app containers from
+// starting before the wrapper binary exists, and nothing may restart a
+// sidecar that waits, as a standby does, for hours. A Job whose sidecar
+// carries any other gate, or an extra probe or hook, is not what dislock
+// injects: whether it is a tenant's forgery, a copy of a Job the previous
+// release injected (with its startupProbe), or a stale shape, it is
+// refused, never trusted. The unchanged injection passes again unchanged
+// (reinvocation).
 func TestHostile18_ForgedSidecarGatesAreRefused(t *testing.T) {
 	t.Parallel()
 	opts := goldenOptions()
