@@ -11,7 +11,8 @@
 // credential there.
 //
 // Take therefore, in the same process (execve keeps the PID; there is no
-// parent and child to keep in step):
+// parent and child to keep in step), unless the process is the init of its
+// own PID namespace (see Take):
 //  1. makes the process non-dumpable at once: the kernel then refuses its
 //     /proc/<pid>/environ, mem, fd and root, and ptrace, to every process
 //     without CAP_SYS_PTRACE, even one of the same uid;
@@ -77,6 +78,16 @@ func Take(name string, stops ...os.Signal) (value string, stopped os.Signal, err
 	value = os.Getenv(name)
 	if value == "" {
 		return "", stop(sigs), dumpErr
+	}
+	if os.Getpid() == 1 {
+		// The init of its own PID namespace: a container that does not
+		// share the pod's process namespace, whose /proc no other
+		// container sees. The hand-off would protect nothing, and the
+		// kernel drops a signal sent to a namespace's init while its
+		// action is the default one, which the hand-off needs for a
+		// moment: the kubelet's SIGTERM would be lost.
+		os.Unsetenv(name)
+		return value, stop(sigs), dumpErr
 	}
 	stopped, err = handOff(name, value, sigs, stops)
 	return value, stopped, errors.Join(dumpErr, err)
