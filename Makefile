@@ -7,12 +7,12 @@ LDFLAGS := -s -w -X github.com/dislock/dislock/internal/version.Version=$(VERSIO
 BIN     := $(CURDIR)/bin
 SHELL   := /bin/bash
 GO      ?= go
-# Packages whose tests start nothing (no database, no API server): quick feedback while editing.
-UNIT_PKGS := ./lockagent/window/... ./lockagent/spec/... ./lockagent/protocol/... ./lockagent/wrapper/... ./webhook/...
-# Packages whose tests need a real kube-apiserver built by `make tools`.
-KUBE_PKGS := ./test/kube/... ./test/integration/... ./test/chart/...
-# Packages whose tests run real nodes (kubelet + containerd) as root: one at a time, after the rest.
-E2E_PKGS := ./test/node/... ./test/e2e/...
+# Test tiers are found, not listed: hack/test-packages.sh sorts each package
+# by what its tests import (unit: no server; db: PostgreSQL and PgBouncer;
+# kube: kube-apiserver or Patroni; e2e: real kubelets), and hack/test.sh runs
+# them through hack/testreport, which prints failing output, every skipped
+# test with its reason, and at the end the time each package took.
+TEST := GO=$(GO) hack/test.sh
 # What `make tools` builds from the Go module proxy into bin/ (test/tools/build.sh).
 TOOLS := kube-apiserver etcd kube-controller-manager kube-scheduler kubelet kubectl helm
 FUZZTIME ?= 15s
@@ -59,50 +59,34 @@ node-deps: ## Install what a real test node runs (containerd, runc, CNI plugins,
 ##@ Test
 
 .PHONY: test
-test: deps node-deps vet tools ## Run every test against real components, the multi-cluster e2e last (the CI command; as root).
-	CI=true $(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /test/node -e /test/e2e -e /test/chaos)
-	CI=true $(GO) test -count=1 -timeout 15m ./test/chaos/ -run '^TestChaos$$' -chaos.schedules=$(TEST_SCHEDULES) -chaos.seed=$(TEST_SEED) -chaos.parallel=$(PARALLEL)
-	CI=true $(GO) test -count=1 -p 1 -timeout 40m $(E2E_PKGS)
+test: deps node-deps vet tools ## Run every test against real components, the multi-cluster e2e last, and print each package's time (the CI command; as root).
+	CI=true CHAOS_FLAGS='-chaos.schedules=$(TEST_SCHEDULES) -chaos.seed=$(TEST_SEED) -chaos.parallel=$(PARALLEL)' \
+		$(TEST) unit+db+kube chaos-slice e2e
+
+.PHONY: test-unit
+test-unit: ## Run the tests that start no server (no database, API server or node): quick feedback while editing.
+	$(TEST) unit
+
+.PHONY: test-db
+test-db: deps ## Run the tests that start PostgreSQL and PgBouncer, and nothing more.
+	CI=true $(TEST) db
 
 .PHONY: test-integration
-test-integration: deps tools ## Run only the tests that start a real kube-apiserver (webhook, chart).
-	CI=true $(GO) test -count=1 -timeout 30m $(KUBE_PKGS)
+test-integration: deps tools ## Run the tests that start a real kube-apiserver or Patroni (webhook, chart, agent in pods, failover).
+	CI=true $(TEST) kube
 
 .PHONY: test-e2e
 test-e2e: deps node-deps tools ## Run only the multi-cluster end-to-end tests on real kubelets (as root).
-	CI=true $(GO) test -count=1 -p 1 -v -timeout 40m $(E2E_PKGS)
-
-.PHONY: test-unit
-test-unit: ## Run the fast tests that need no database.
-	$(GO) test -count=1 $(UNIT_PKGS)
+	CI=true $(TEST) e2e
 
 .PHONY: chaos
 chaos: deps ## Run SCHEDULES seeded fault schedules (default 2000; SEED=..., PARALLEL=...) against real agents, PgBouncers and PostgreSQL, and check the invariants.
 	CI=true $(GO) test -count=1 -v -timeout 0 ./test/chaos/ -run '^TestChaos$$' \
 		-chaos.schedules=$(SCHEDULES) -chaos.seed=$(SEED) -chaos.parallel=$(PARALLEL)
 
-# Every fuzz target, as <package>:<FuzzName>; test/repo fails when a
-# `func Fuzz…` is missing here, or listed but gone.
-FUZZ_TARGETS := \
-	./internal/tokenrecord:FuzzDecode \
-	./lockagent/lock:FuzzParseDatabaseURL \
-	./lockagent/lock:FuzzTenantDSN \
-	./lockagent/spec:FuzzFromAnnotations \
-	./lockagent/spec:FuzzParseAgentEnv \
-	./lockagent/window:FuzzFromJobName \
-	./lockagent/window:FuzzParseSchedule \
-	./lockagent/window:FuzzParseScheduledTimestamp \
-	./lockagent/window:FuzzResolve \
-	./webhook:FuzzAdmission \
-	./webhook:FuzzForgedInjection \
-	./webhook:FuzzInject \
-	./webhook:FuzzPatch \
-	./webhook:FuzzPullSecretKeychain \
-	./webhook:FuzzValidateCronJob
-
 .PHONY: fuzz
-fuzz: ## Run every fuzz target of FUZZ_TARGETS for FUZZTIME (default 15s).
-	@set -e; for t in $(FUZZ_TARGETS); do \
+fuzz: ## Run every fuzz target (hack/fuzz-targets.sh finds them) for FUZZTIME (default 15s).
+	@set -e; for t in $$(hack/fuzz-targets.sh); do \
 		echo "fuzz: $${t#*:} in $${t%%:*}"; \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) $${t%%:*}/; \
 	done
