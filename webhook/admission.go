@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // Paths the webhooks are served at (the chart's configurations name them).
@@ -199,7 +199,7 @@ func (m *jobMutator) cronJob(ctx context.Context, key types.NamespacedName, uid 
 	// annotate cronjob/x dislock.io/mode=schedule` a moment before a tick):
 	// a cached copy that is not opted in is read again from the API, so
 	// that such a Job is never let through unlocked.
-	if apierrors.IsNotFound(err) || (err == nil && (cj.UID != uid || !spec.Enabled(spec.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)))) {
+	if apierrors.IsNotFound(err) || (err == nil && (cj.UID != uid || !contract.Enabled(contract.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)))) {
 		err = m.api.Get(ctx, key, cj)
 	}
 	if err != nil {
@@ -275,7 +275,7 @@ func (m *jobMutator) pullSecrets(ctx context.Context, job *batchv1.Job) ([]corev
 	}
 	if len(names) > maxPullSecrets {
 		return nil, fmt.Errorf("%s lists %d image pull secrets; to read an image's entrypoint the webhook uses at most %d: "+
-			"set the container's command, or the annotation %s on the CronJob", source, len(names), maxPullSecrets, spec.AnnotationEntrypoint)
+			"set the container's command, or the annotation %s on the CronJob", source, len(names), maxPullSecrets, contract.AnnotationEntrypoint)
 	}
 	var out []corev1.Secret
 	total := 0
@@ -295,7 +295,7 @@ func (m *jobMutator) pullSecrets(ctx context.Context, job *batchv1.Job) ([]corev
 		}
 		if total > maxPullSecretBytes {
 			return nil, fmt.Errorf("the image pull secrets of %s hold more than %d bytes of registry credentials, more than the webhook reads: "+
-				"set the container's command, or the annotation %s on the CronJob", source, maxPullSecretBytes, spec.AnnotationEntrypoint)
+				"set the container's command, or the annotation %s on the CronJob", source, maxPullSecretBytes, contract.AnnotationEntrypoint)
 		}
 		// Nothing but the credentials stays in memory.
 		out = append(out, corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: s.Name}, Type: s.Type, Data: map[string][]byte{

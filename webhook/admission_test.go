@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 func TestAdmissionOverHTTPS(t *testing.T) {
@@ -61,14 +61,14 @@ func TestAdmissionOverHTTPS(t *testing.T) {
 		}
 	})
 	forged := injected.DeepCopy()
-	forged.Spec.Template.Spec.InitContainers[0].Env[1] = corev1.EnvVar{Name: spec.EnvKey, Value: "team-b/report"}
+	forged.Spec.Template.Spec.InitContainers[0].Env[1] = corev1.EnvVar{Name: contract.EnvKey, Value: "team-b/report"}
 	bareForged := forged.DeepCopy()
 	bareForged.OwnerReferences = nil
 	plainForged := forged.DeepCopy()
 	plainForged.OwnerReferences = plainJob.OwnerReferences
 	bareAnnotated := orphan.DeepCopy()
-	bareAnnotated.Annotations[spec.AnnotationMode] = "schedule"
-	bareAnnotated.Spec.Template.Annotations = map[string]string{spec.AnnotationKey: "report"}
+	bareAnnotated.Annotations[contract.AnnotationMode] = "schedule"
+	bareAnnotated.Spec.Template.Annotations = map[string]string{contract.AnnotationKey: "report"}
 	for _, tc := range []struct {
 		name string
 		job  *batchv1.Job
@@ -235,8 +235,8 @@ func TestPullSecretsAreReadOnceEachAndBounded(t *testing.T) {
 	}
 	reads = 0
 	if _, err := m.pullSecrets(context.Background(), refs(names...)); err == nil || reads != 0 ||
-		!strings.Contains(err.Error(), fmt.Sprintf("lists %d image pull secrets", maxPullSecrets+1)) || !strings.Contains(err.Error(), spec.AnnotationEntrypoint) {
-		t.Errorf("%d names: %v after %d reads; want a refusal before reading, naming the count and %s", maxPullSecrets+1, err, reads, spec.AnnotationEntrypoint)
+		!strings.Contains(err.Error(), fmt.Sprintf("lists %d image pull secrets", maxPullSecrets+1)) || !strings.Contains(err.Error(), contract.AnnotationEntrypoint) {
+		t.Errorf("%d names: %v after %d reads; want a refusal before reading, naming the count and %s", maxPullSecrets+1, err, reads, contract.AnnotationEntrypoint)
 	}
 	if _, err := m.pullSecrets(context.Background(), refs("huge", "huge2")); err == nil || !strings.Contains(err.Error(), "more than the webhook reads") {
 		t.Errorf("two Secrets above the byte bound together: %v, want a refusal", err)

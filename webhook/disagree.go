@@ -11,8 +11,8 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // ReasonClustersDisagree is the reason of the Warning Event put on a CronJob
@@ -35,11 +35,11 @@ func disagreements(views []lock.ClusterView, cronJobs []batchv1.CronJob) []disag
 	}
 	var out []disagreement
 	for _, cj := range cronJobs {
-		annotations := spec.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)
-		if !spec.Enabled(annotations) {
+		annotations := contract.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)
+		if !contract.Enabled(annotations) {
 			continue
 		}
-		s, err := spec.FromAnnotations(annotations, cj.Namespace, cj.Name)
+		s, err := contract.FromAnnotations(annotations, cj.Namespace, cj.Name)
 		if err != nil {
 			continue
 		}

@@ -28,7 +28,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // Defaults and bounds of ResolverOptions.
@@ -292,7 +292,7 @@ func containerEntrypoint(c corev1.Container, cfg imageEntrypoint, err error) ([]
 	}
 	if err != nil {
 		return nil, fmt.Errorf("container %q: cannot resolve the entrypoint of image %q (%w); set the container's command or the annotation %s",
-			c.Name, c.Image, err, spec.AnnotationEntrypoint)
+			c.Name, c.Image, err, contract.AnnotationEntrypoint)
 	}
 	out := make([]string, 0, len(cfg.entrypoint)+len(cfg.cmd))
 	out = append(out, cfg.entrypoint...)
@@ -735,7 +735,7 @@ func pullSecretKeychain(ctx context.Context, secrets []corev1.Secret, hosts []st
 			}
 			if len(auths) == maxRegistryCredentials {
 				return nil, fmt.Errorf("the pod's image pull secrets hold more than %d credentials for the registries %s; the webhook uses at most %d: "+
-					"set the container's command, or the annotation %s on the CronJob", maxRegistryCredentials, strings.Join(hosts, ", "), maxRegistryCredentials, spec.AnnotationEntrypoint)
+					"set the container's command, or the annotation %s on the CronJob", maxRegistryCredentials, strings.Join(hosts, ", "), maxRegistryCredentials, contract.AnnotationEntrypoint)
 			}
 			auths[key] = cfg
 		}

@@ -25,7 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // epRegistry is go-containerregistry's in-process registry behind a real
@@ -746,7 +746,7 @@ func TestPullSecretKeychainKeepsOnlyTheLookedUpRegistriesEntries(t *testing.T) {
 		Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{` + strings.Join(many, ",") + `}}`)}}
 	_, err = pullSecretKeychain(context.Background(), []corev1.Secret{crowded}, []string{"reg.example.com"})
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("more than %d credentials for the registries reg.example.com", maxRegistryCredentials)) ||
-		!strings.Contains(err.Error(), spec.AnnotationEntrypoint) {
+		!strings.Contains(err.Error(), contract.AnnotationEntrypoint) {
 		t.Errorf("%d credentials for one registry: %v; want a refusal naming the bound, the registry and the fix", maxRegistryCredentials+1, err)
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/window"
 )
 
@@ -24,10 +24,10 @@ import (
 // shape's bits make the job template Indexed, set parallelism 2, set
 // completions 3, and choose podReplacementPolicy TerminatingOrFailed.
 func fuzzCronJob(mode, ttl, standby, catchup, appStart, entrypoint, key, schedule, tz string, shape uint8) *batchv1.CronJob {
-	ann := map[string]string{spec.AnnotationMode: mode}
-	for k, v := range map[string]string{spec.AnnotationLeaseTTL: ttl, spec.AnnotationStandby: standby,
-		spec.AnnotationCatchup: catchup, spec.AnnotationAppStartTimeout: appStart, spec.AnnotationEntrypoint: entrypoint,
-		spec.AnnotationKey: key} {
+	ann := map[string]string{contract.AnnotationMode: mode}
+	for k, v := range map[string]string{contract.AnnotationLeaseTTL: ttl, contract.AnnotationStandby: standby,
+		contract.AnnotationCatchup: catchup, contract.AnnotationAppStartTimeout: appStart, contract.AnnotationEntrypoint: entrypoint,
+		contract.AnnotationKey: key} {
 		if v != "" {
 			ann[k] = v
 		}
@@ -172,7 +172,7 @@ func FuzzForgedInjection(f *testing.F) {
 	f.Add(uint8(6), uint8(0), "Memory")
 	f.Add(uint8(7), uint8(0), "agent")
 	opts := goldenOptions()
-	cj, legit := injectedCase(f, map[string]string{spec.AnnotationMode: "schedule,lease"})
+	cj, legit := injectedCase(f, map[string]string{contract.AnnotationMode: "schedule,lease"})
 	want := toJSON(f, legit)
 	wantSidecar := toJSON(f, legit.Spec.Template.Spec.InitContainers[0])
 	wantVolume := toJSON(f, legit.Spec.Template.Spec.Volumes)

@@ -22,8 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/lockagent/window"
 )
 
@@ -32,7 +32,7 @@ const (
 	// StatusAnnotation is written on every Job Inject mutated. A Job that
 	// carries it is checked against what Inject would make of it, and left
 	// alone only if it is exactly that.
-	StatusAnnotation = spec.AnnotationStatus
+	StatusAnnotation = contract.AnnotationStatus
 	// StatusVersion is Status.Version as written by this package.
 	StatusVersion = 1
 
@@ -43,7 +43,7 @@ const (
 	// SharedDir is where VolumeName is mounted in every container; it is the
 	// agent's and the wrapper's default DISLOCK_SHARED_DIR, so neither needs
 	// the variable.
-	SharedDir = spec.DefaultSharedDir
+	SharedDir = contract.DefaultSharedDir
 
 	// agentCommand is the binary's name in the dislock image, which has it
 	// at /usr/local/bin/dislock-agent, on the image's PATH. The sidecar runs
@@ -55,7 +55,7 @@ const (
 	// valued with the Job's UID. A Job has no UID yet when it is admitted,
 	// and the downward API cannot read a pod's ownerReferences, so the
 	// sidecar reads DISLOCK_JOB_UID from this label of its own pod.
-	UIDLabel = spec.LabelJobUID
+	UIDLabel = contract.LabelJobUID
 
 	// InjectedLabel, valued InjectedLabelValue, is put on every pod
 	// template Inject mutated, so that the pods of injected Jobs can be
@@ -190,7 +190,7 @@ func (o Options) Validate() error {
 	switch {
 	case o.ClusterName == "":
 		errs = append(errs, errors.New("cluster name is empty (set --cluster-name to this data centre's name, e.g. dc-a)"))
-	case !spec.ValidClusterName(o.ClusterName):
+	case !contract.ValidClusterName(o.ClusterName):
 		errs = append(errs, fmt.Errorf("cluster name %q is not usable in a lock owner (want at most 63 printable characters without '/' or spaces, e.g. dc-a)", o.ClusterName))
 	}
 	switch {
@@ -324,8 +324,8 @@ var ErrNotOptedIn = errors.New("the job is not opted in to dislock (no dislock.i
 // the lock request, the sidecar's environment, where the window came from
 // and what each app container runs. The injection only applies it.
 type plan struct {
-	spec         spec.Spec
-	env          spec.AgentEnv
+	spec         contract.Spec
+	env          contract.AgentEnv
 	windowSource window.Source
 	// commands holds the original entrypoint of each regular container, by
 	// index; nil for a mesh proxy, which is not wrapped.
@@ -416,13 +416,13 @@ type review struct {
 	// them, a pod-template label another webhook adds), so it is carried
 	// rather than recomputed: otherwise such a change would make dislock
 	// deny its own injection, every Job of the CronJob.
-	carriedQuit *spec.ProxyQuit
+	carriedQuit *contract.ProxyQuit
 }
 
 func newReview(job *batchv1.Job, cronJob *batchv1.CronJob) *review {
-	annotations := spec.Merge(cronJob.Annotations, job.Annotations)
+	annotations := contract.Merge(cronJob.Annotations, job.Annotations)
 	return &review{job: job, cronJob: cronJob, annotations: annotations,
-		enabled: spec.Enabled(annotations), marker: injectionMarker(job)}
+		enabled: contract.Enabled(annotations), marker: injectionMarker(job)}
 }
 
 // inject injects the Job under review, or checks the injection it carries.
@@ -479,8 +479,8 @@ func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]
 			continue // not the app: left as the mesh made it
 		}
 		c.Command = append(slices.Clone(WrapperPrefix), p.commands[i]...)
-		c.Env = append(slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == spec.EnvContainerName }),
-			corev1.EnvVar{Name: spec.EnvContainerName, Value: c.Name})
+		c.Env = append(slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == contract.EnvContainerName }),
+			corev1.EnvVar{Name: contract.EnvContainerName, Value: c.Name})
 		c.VolumeMounts = append(c.VolumeMounts, sharedMount())
 		names = append(names, c.Name)
 	}
@@ -526,7 +526,7 @@ func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]
 
 // makePlan parses and checks everything Inject needs, and reports every
 // problem at once. namespace is the Job's, nil when not known.
-func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Namespace, annotations map[string]string, entrypoints map[string][]string, carriedQuit *spec.ProxyQuit, opts Options) (plan, error) {
+func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Namespace, annotations map[string]string, entrypoints map[string][]string, carriedQuit *contract.ProxyQuit, opts Options) (plan, error) {
 	var errs []error
 	ns := jobNamespace(job, cronJob)
 	if job.Namespace != "" && cronJob.Namespace != "" && job.Namespace != cronJob.Namespace {
@@ -534,11 +534,11 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 		// must not lend its annotations to it.
 		errs = append(errs, fmt.Errorf("the Job's namespace %q is not its CronJob's namespace %q", job.Namespace, cronJob.Namespace))
 	}
-	s, err := spec.FromAnnotations(annotations, ns, cronJob.Name)
+	s, err := contract.FromAnnotations(annotations, ns, cronJob.Name)
 	if err != nil {
 		errs = append(errs, err)
 	}
-	p := plan{spec: s, env: spec.AgentEnv{
+	p := plan{spec: s, env: contract.AgentEnv{
 		Mode:            s.Mode,
 		Key:             s.Key(),
 		Schedule:        cronJob.Spec.Schedule,
@@ -556,8 +556,8 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 	}}
 	if p.env.Indexed {
 		// Reported when clusters disagree; a Job of more than
-		// spec.MaxCompletions is Kubernetes' to refuse.
-		p.env.Completions = int(min(max(ptr.Deref(job.Spec.Completions, 0), 0), spec.MaxCompletions))
+		// contract.MaxCompletions is Kubernetes' to refuse.
+		p.env.Completions = int(min(max(ptr.Deref(job.Spec.Completions, 0), 0), contract.MaxCompletions))
 	}
 
 	resources, sizeErrs := agentResourcesFor(annotations, opts)
@@ -607,7 +607,7 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 	// Every regular container but a mesh proxy is an app container.
 	// With dislock.io/entrypoint present but bad, its own error says
 	// everything; do not add one "no entrypoint" error per container.
-	_, haveAnnotation := annotations[spec.AnnotationEntrypoint]
+	_, haveAnnotation := annotations[contract.AnnotationEntrypoint]
 	for _, c := range job.Spec.Template.Spec.Containers {
 		if meshProxy(c) {
 			// Not the app: never wrapped, so it needs no entrypoint.
@@ -617,7 +617,7 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 		cmd := originalCommand(c, s.Entrypoint, entrypoints)
 		if cmd == nil && !haveAnnotation {
 			errs = append(errs, fmt.Errorf("container %q has no command and its image's entrypoint could not be read: set the container's command, or the annotation %s on the CronJob to the image's entrypoint as a JSON array (e.g. [\"/app/run\"])",
-				c.Name, spec.AnnotationEntrypoint))
+				c.Name, contract.AnnotationEntrypoint))
 		}
 		p.commands = append(p.commands, cmd)
 		p.env.AppContainers = append(p.env.AppContainers, c.Name)
@@ -827,7 +827,7 @@ func sidecar(p plan, opts Options) corev1.Container {
 		Lifecycle: &corev1.Lifecycle{PostStart: &corev1.LifecycleHandler{
 			Exec: &corev1.ExecAction{Command: []string{agentCommand, "probe", "--wait=" + opts.InstallTimeout.String()}},
 		}},
-		TerminationMessagePath:   spec.DefaultTerminationLog,
+		TerminationMessagePath:   contract.DefaultTerminationLog,
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 		// Explicit on the container, so it holds whatever the pod's own
 		// securityContext says (a pod runAsUser is overridden here), and
@@ -847,7 +847,7 @@ func sidecar(p plan, opts Options) corev1.Container {
 
 // envVars maps the sidecar's environment, as spec renders it, to the
 // container's variables. Only the sidecar gets the database credentials.
-func envVars(vars []spec.EnvVar, opts Options) []corev1.EnvVar {
+func envVars(vars []contract.EnvVar, opts Options) []corev1.EnvVar {
 	out := make([]corev1.EnvVar, len(vars))
 	for i, v := range vars {
 		switch {
@@ -895,7 +895,7 @@ func (r *review) needsEntrypoint() ([]corev1.Container, error) {
 	case !r.enabled:
 		return nil, ErrNotOptedIn
 	}
-	if _, ok := r.annotations[spec.AnnotationEntrypoint]; ok {
+	if _, ok := r.annotations[contract.AnnotationEntrypoint]; ok {
 		return nil, nil
 	}
 	var out []corev1.Container

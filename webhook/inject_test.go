@@ -22,7 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/tlstest"
 )
 
@@ -233,9 +233,9 @@ func checkInjected(t testing.TB, out *batchv1.Job, st *Status) {
 			t.Errorf("container %s: command %q does not start with %q and a command", c.Name, c.Command, WrapperPrefix)
 		}
 		if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
-			return reflect.DeepEqual(e, corev1.EnvVar{Name: spec.EnvContainerName, Value: c.Name})
+			return reflect.DeepEqual(e, corev1.EnvVar{Name: contract.EnvContainerName, Value: c.Name})
 		}) {
-			t.Errorf("container %s: no %s=%s", c.Name, spec.EnvContainerName, c.Name)
+			t.Errorf("container %s: no %s=%s", c.Name, contract.EnvContainerName, c.Name)
 		}
 		if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
 			return reflect.DeepEqual(m, corev1.VolumeMount{Name: VolumeName, MountPath: SharedDir})
@@ -243,8 +243,8 @@ func checkInjected(t testing.TB, out *batchv1.Job, st *Status) {
 			t.Errorf("container %s: %s not mounted at %s", c.Name, VolumeName, SharedDir)
 		}
 		for _, e := range c.Env {
-			if e.Name == spec.EnvDatabaseURL {
-				t.Errorf("container %s sees %s; only the sidecar may", c.Name, spec.EnvDatabaseURL)
+			if e.Name == contract.EnvDatabaseURL {
+				t.Errorf("container %s sees %s; only the sidecar may", c.Name, contract.EnvDatabaseURL)
 			}
 		}
 	}
@@ -302,7 +302,7 @@ func checkAgentReadsItsEnv(t testing.TB, out *batchv1.Job, st *Status) {
 			t.Fatalf("%s: unexpected source %+v", e.Name, e.ValueFrom)
 		}
 	}
-	got, err := spec.ParseAgentEnv(func(k string) string { return env[k] }, spec.ParseOptions{})
+	got, err := contract.ParseAgentEnv(func(k string) string { return env[k] }, contract.ParseOptions{})
 	if err != nil {
 		t.Fatalf("the agent refuses the injected env: %v", err)
 	}
@@ -391,7 +391,7 @@ func errCase(annotations map[string]string, edit func(cj *batchv1.CronJob, job *
 
 func TestInjectRefuses(t *testing.T) {
 	t.Parallel()
-	schedule := map[string]string{spec.AnnotationMode: "schedule"}
+	schedule := map[string]string{contract.AnnotationMode: "schedule"}
 	tests := []struct {
 		name        string
 		annotations map[string]string
@@ -403,8 +403,8 @@ func TestInjectRefuses(t *testing.T) {
 	}{
 		{
 			name: "every bad annotation is listed with its value and the allowed values",
-			annotations: map[string]string{spec.AnnotationMode: "sometimes", spec.AnnotationLeaseTTL: "5",
-				spec.AnnotationCatchup: "-1m", spec.AnnotationKey: "Bad_Key", "dislock.io/standbye": "true"},
+			annotations: map[string]string{contract.AnnotationMode: "sometimes", contract.AnnotationLeaseTTL: "5",
+				contract.AnnotationCatchup: "-1m", contract.AnnotationKey: "Bad_Key", "dislock.io/standbye": "true"},
 			want: []string{
 				`annotation dislock.io/mode: "sometimes" is not a valid mode (want "schedule", "lease" or "schedule,lease")`,
 				`annotation dislock.io/lease-ttl: "5" is not a duration (want e.g. "30s", between 5s and 1h)`,
@@ -415,7 +415,7 @@ func TestInjectRefuses(t *testing.T) {
 		},
 		{
 			name:        "a key without a mode is an error, not an unlocked Job",
-			annotations: map[string]string{spec.AnnotationKey: "report"},
+			annotations: map[string]string{contract.AnnotationKey: "report"},
 			want:        []string{"annotation dislock.io/mode is required"},
 		},
 		{
@@ -431,7 +431,7 @@ func TestInjectRefuses(t *testing.T) {
 		},
 		{
 			name:        "annotation and entrypoint problems are reported together",
-			annotations: map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationLeaseTTL: "2h"},
+			annotations: map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationLeaseTTL: "2h"},
 			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
 				job.Spec.Template.Spec.Containers[0].Command = nil
 			},
@@ -439,7 +439,7 @@ func TestInjectRefuses(t *testing.T) {
 		},
 		{
 			name:        "a bad dislock.io/entrypoint is reported once, not per container",
-			annotations: map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationEntrypoint: "/app/run"},
+			annotations: map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationEntrypoint: "/app/run"},
 			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
 				job.Spec.Template.Spec.Containers[0].Command = nil
 			},
@@ -487,7 +487,7 @@ func TestInjectRefuses(t *testing.T) {
 		},
 		{
 			name:        "no window from the Job, and a schedule that cannot give one",
-			annotations: map[string]string{spec.AnnotationMode: "lease"},
+			annotations: map[string]string{contract.AnnotationMode: "lease"},
 			edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
 				delete(job.Annotations, "batch.kubernetes.io/cronjob-scheduled-timestamp")
 				job.Name = "report-by-hand"
@@ -588,7 +588,7 @@ func TestInjectRefuses(t *testing.T) {
 
 func TestInjectNilArguments(t *testing.T) {
 	t.Parallel()
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
 	if _, _, err := Inject(nil, cj, goldenOptions(), nil); err == nil {
 		t.Error("nil job: no error")
 	}
@@ -604,7 +604,7 @@ func TestInjectNilArguments(t *testing.T) {
 // it from the label the Job controller puts on its pods.
 func TestInjectJobWithoutName(t *testing.T) {
 	t.Parallel()
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "lease"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "lease"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
 		job.Name, job.GenerateName = "", "report-"
 	})
 	out, _, err := Inject(job, cj, goldenOptions(), nil)
@@ -612,7 +612,7 @@ func TestInjectJobWithoutName(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := out.Spec.Template.Spec.InitContainers[0].Env
-	i := slices.IndexFunc(env, func(e corev1.EnvVar) bool { return e.Name == spec.EnvJobName })
+	i := slices.IndexFunc(env, func(e corev1.EnvVar) bool { return e.Name == contract.EnvJobName })
 	if i < 0 || env[i].ValueFrom == nil || env[i].ValueFrom.FieldRef.FieldPath != "metadata.labels['batch.kubernetes.io/job-name']" {
 		t.Errorf("DISLOCK_JOB_NAME = %+v, want the job-name label", env)
 	}
@@ -620,7 +620,7 @@ func TestInjectJobWithoutName(t *testing.T) {
 
 func TestInjectUsesOptions(t *testing.T) {
 	t.Parallel()
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("20Mi")}}
 	opts := Options{ClusterName: "dc-b", AgentImage: "registry.example/dislock:v2", AgentImagePullPolicy: corev1.PullAlways,
 		DBSecretName: "pg", DBSecretKey: "dsn", AgentResources: res, InstallTimeout: 90 * time.Second}
@@ -642,11 +642,11 @@ func TestInjectUsesOptions(t *testing.T) {
 	for _, e := range sc.Env {
 		env[e.Name] = e
 	}
-	if env[spec.EnvCluster].Value != "dc-b" {
-		t.Errorf("%s = %q", spec.EnvCluster, env[spec.EnvCluster].Value)
+	if env[contract.EnvCluster].Value != "dc-b" {
+		t.Errorf("%s = %q", contract.EnvCluster, env[contract.EnvCluster].Value)
 	}
-	if ref := env[spec.EnvDatabaseURL].ValueFrom.SecretKeyRef; ref.Name != "pg" || ref.Key != "dsn" {
-		t.Errorf("%s from %s/%s, want pg/dsn", spec.EnvDatabaseURL, ref.Name, ref.Key)
+	if ref := env[contract.EnvDatabaseURL].ValueFrom.SecretKeyRef; ref.Name != "pg" || ref.Key != "dsn" {
+		t.Errorf("%s from %s/%s, want pg/dsn", contract.EnvDatabaseURL, ref.Name, ref.Key)
 	}
 	// The caller's options must not share memory with the Job.
 	opts.AgentResources.Requests[corev1.ResourceMemory] = resource.MustParse("1Gi")
@@ -668,14 +668,14 @@ func TestNeedsEntrypoint(t *testing.T) {
 		want        []string
 		wantErr     error
 	}{
-		{name: "every container has a command", annotations: map[string]string{spec.AnnotationMode: "lease"}},
-		{name: "a container without a command", annotations: map[string]string{spec.AnnotationMode: "lease"}, edit: bare, want: []string{"bare"}},
+		{name: "every container has a command", annotations: map[string]string{contract.AnnotationMode: "lease"}},
+		{name: "a container without a command", annotations: map[string]string{contract.AnnotationMode: "lease"}, edit: bare, want: []string{"bare"}},
 		{name: "dislock.io/entrypoint covers it", edit: bare,
-			annotations: map[string]string{spec.AnnotationMode: "lease", spec.AnnotationEntrypoint: `["/run"]`}},
+			annotations: map[string]string{contract.AnnotationMode: "lease", contract.AnnotationEntrypoint: `["/run"]`}},
 		{name: "a bad dislock.io/entrypoint: Inject will refuse anyway", edit: bare,
-			annotations: map[string]string{spec.AnnotationMode: "lease", spec.AnnotationEntrypoint: `nope`}},
+			annotations: map[string]string{contract.AnnotationMode: "lease", contract.AnnotationEntrypoint: `nope`}},
 		{name: "not opted in", edit: bare, wantErr: ErrNotOptedIn},
-		{name: "already injected", annotations: map[string]string{spec.AnnotationMode: "lease"}, edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
+		{name: "already injected", annotations: map[string]string{contract.AnnotationMode: "lease"}, edit: func(cj *batchv1.CronJob, job *batchv1.Job) {
 			bare(cj, job)
 			job.Annotations[StatusAnnotation] = "{}"
 		}},
@@ -763,7 +763,7 @@ func TestDefaultInstallGateOnlyWaitsForTheInstall(t *testing.T) {
 	if DefaultInstallTimeout < time.Minute || DefaultInstallTimeout > 10*time.Minute {
 		t.Errorf("install timeout %s: want minutes, enough to copy a binary on a slow node and no more", DefaultInstallTimeout)
 	}
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationStandby: "true"}, nil)
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationStandby: "true"}, nil)
 	out, _, err := Inject(job, cj, goldenOptions(), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -21,8 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // The ledger's metrics (dislock_decisions_total, dislock_missed_windows_total
@@ -616,9 +616,9 @@ func (c *cronJobsByKey) of(ctx context.Context, key string) ([]batchv1.CronJob, 
 	}
 	var locking, named []batchv1.CronJob
 	for _, cj := range list {
-		annotations := spec.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)
-		if spec.Enabled(annotations) {
-			if s, err := spec.FromAnnotations(annotations, cj.Namespace, cj.Name); err == nil && s.Key() == key {
+		annotations := contract.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)
+		if contract.Enabled(annotations) {
+			if s, err := contract.FromAnnotations(annotations, cj.Namespace, cj.Name); err == nil && s.Key() == key {
 				locking = append(locking, cj)
 				continue
 			}

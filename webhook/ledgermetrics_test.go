@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -229,10 +229,10 @@ func TestASilentKeyLooksLikeItsCronJobHere(t *testing.T) {
 		return &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: "reports", Name: name, Annotations: annotations},
 			Spec: batchv1.CronJobSpec{Schedule: "0 2 * * *", Suspend: ptr.To(suspend)}}
 	}
-	optIn := map[string]string{spec.AnnotationMode: "schedule"}
+	optIn := map[string]string{contract.AnnotationMode: "schedule"}
 	lists := 0
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
-		cronJob("nightly-v2", map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationKey: "nightly"}, false),
+		cronJob("nightly-v2", map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationKey: "nightly"}, false),
 		cronJob("nightly", nil, true), // the old one, no longer opted in and suspended
 		cronJob("paused", optIn, true),
 		cronJob("plain", nil, false),
@@ -381,7 +381,7 @@ func TestATenantsMissedWindowsCannotBuryAnotherNamespacesEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	cj := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: "victim", Name: "report", UID: "cj-uid",
-		Annotations: map[string]string{spec.AnnotationMode: "schedule"}}, Spec: batchv1.CronJobSpec{Schedule: "0 * * * *"}}
+		Annotations: map[string]string{contract.AnnotationMode: "schedule"}}, Spec: batchv1.CronJobSpec{Schedule: "0 * * * *"}}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(cj).Build()
 	rec := events.NewFakeRecorder(100000)
 	m := NewLedgerMetrics(d.own, "dc-a", c)

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -261,7 +261,7 @@ func TestMaintenanceGoesOnWhileATenantHoldsItsOldRowsLocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	cj := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: "bystander", Name: "report",
-		Annotations: map[string]string{spec.AnnotationMode: "schedule"}}, Spec: batchv1.CronJobSpec{Schedule: "0 2 * * *"}}
+		Annotations: map[string]string{contract.AnnotationMode: "schedule"}}, Spec: batchv1.CronJobSpec{Schedule: "0 2 * * *"}}
 	rec := events.NewFakeRecorder(100)
 	ready := make(chan struct{})
 	close(ready)

@@ -8,7 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // A classic (non-native) service-mesh sidecar is a regular container that
@@ -115,12 +115,12 @@ type meshPlan struct {
 // there reaches whatever listens on the node (an ingress gateway's
 // pilot-agent on 15020), so nothing is detected for it, and an explicit
 // choice is kept with a warning.
-func planMeshes(tmpl *corev1.PodTemplateSpec, namespace *corev1.Namespace, choice spec.ProxyQuit) meshPlan {
+func planMeshes(tmpl *corev1.PodTemplateSpec, namespace *corev1.Namespace, choice contract.ProxyQuit) meshPlan {
 	if choice.Set {
 		mp := meshPlan{quit: choice.URLs, explicit: true}
 		if tmpl.Spec.HostNetwork && len(choice.URLs) > 0 {
 			mp.warnings = append(mp.warnings, fmt.Sprintf("dislock: the pod uses the node's network (hostNetwork), so %s %s reaches the node's loopback: "+
-				"the agent will POST there once the app containers ended, whatever listens on the node", spec.AnnotationProxyQuit, strings.Join(choice.URLs, ",")))
+				"the agent will POST there once the app containers ended, whatever listens on the node", contract.AnnotationProxyQuit, strings.Join(choice.URLs, ",")))
 		}
 		return mp
 	}

@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 const (
@@ -74,7 +74,7 @@ func TestMeshSidecars(t *testing.T) {
 	}{
 		{name: "no mesh: no quit URL and no warning"},
 		{name: "a namespace labelled for another purpose: no mesh",
-			nsLabels: map[string]string{"team": "billing", spec.LabelInjection: spec.LabelInjectionEnabled}},
+			nsLabels: map[string]string{"team": "billing", contract.LabelInjection: contract.LabelInjectionEnabled}},
 		{name: "Istio: the pod template's label",
 			podLabels: map[string]string{"sidecar.istio.io/inject": "true"},
 			wantQuit:  istioQuit,
@@ -188,9 +188,9 @@ func TestMeshSidecars(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			annotations := map[string]string{spec.AnnotationMode: "schedule"}
+			annotations := map[string]string{contract.AnnotationMode: "schedule"}
 			if tc.proxyQuit != "" {
-				annotations[spec.AnnotationProxyQuit] = tc.proxyQuit
+				annotations[contract.AnnotationProxyQuit] = tc.proxyQuit
 			}
 			cj, job := errCase(annotations, func(cj *batchv1.CronJob, job *batchv1.Job) {
 				for _, js := range []*batchv1.JobSpec{&cj.Spec.JobTemplate.Spec, &job.Spec} {
@@ -216,12 +216,12 @@ func TestMeshSidecars(t *testing.T) {
 			checkInjected(t, out, st)
 			checkAgentReadsItsEnv(t, out, st)
 
-			quit, set := sidecarEnv(t, out, spec.EnvProxyQuit)
+			quit, set := sidecarEnv(t, out, contract.EnvProxyQuit)
 			if quit != tc.wantQuit || set != (tc.wantQuit != "") {
-				t.Errorf("%s = %q (set %v), want %q", spec.EnvProxyQuit, quit, set, tc.wantQuit)
+				t.Errorf("%s = %q (set %v), want %q", contract.EnvProxyQuit, quit, set, tc.wantQuit)
 			}
-			if apps, _ := sidecarEnv(t, out, spec.EnvAppContainers); apps != "app" {
-				t.Errorf("%s = %q, want only the app", spec.EnvAppContainers, apps)
+			if apps, _ := sidecarEnv(t, out, contract.EnvAppContainers); apps != "app" {
+				t.Errorf("%s = %q, want only the app", contract.EnvAppContainers, apps)
 			}
 			if !slices.Equal(st.Containers, []string{"app"}) {
 				t.Errorf("status containers %q, want only the app", st.Containers)
@@ -280,14 +280,14 @@ func TestMeshSidecars(t *testing.T) {
 // A namespace object that is not the Job's says nothing about its pods.
 func TestMeshIgnoresAnotherNamespace(t *testing.T) {
 	t.Parallel()
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "lease"}, nil)
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "lease"}, nil)
 	other := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere", Labels: map[string]string{"istio-injection": "enabled"}}}
 	out, _, warnings, err := InjectInNamespace(job, cj, other, goldenOptions(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, set := sidecarEnv(t, out, spec.EnvProxyQuit); set || len(warnings) > 0 {
-		t.Errorf("%s = %q, warnings %q; want neither", spec.EnvProxyQuit, v, warnings)
+	if v, set := sidecarEnv(t, out, contract.EnvProxyQuit); set || len(warnings) > 0 {
+		t.Errorf("%s = %q, warnings %q; want neither", contract.EnvProxyQuit, v, warnings)
 	}
 }
 
@@ -314,7 +314,7 @@ func TestRestartPolicyReachesTheAgent(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
+			cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
 				job.Spec.Template.Spec.RestartPolicy = tc.policy
 				job.Spec.Template.Spec.Containers[0].RestartPolicy = tc.container
 				if tc.rules {
@@ -329,9 +329,9 @@ func TestRestartPolicyReachesTheAgent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, set := sidecarEnv(t, out, spec.EnvRestartPolicy)
+			got, set := sidecarEnv(t, out, contract.EnvRestartPolicy)
 			if got != tc.want || set != (tc.want != "") {
-				t.Errorf("%s = %q (set %v), want %q", spec.EnvRestartPolicy, got, set, tc.want)
+				t.Errorf("%s = %q (set %v), want %q", contract.EnvRestartPolicy, got, set, tc.want)
 			}
 			checkAgentReadsItsEnv(t, out, st)
 		})
@@ -355,7 +355,7 @@ func TestBadProxyQuitIsRefused(t *testing.T) {
 	} {
 		t.Run(tc.value, func(t *testing.T) {
 			t.Parallel()
-			cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationProxyQuit: tc.value}, nil)
+			cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationProxyQuit: tc.value}, nil)
 			if _, _, err := Inject(job, cj, goldenOptions(), nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Inject: %v\nwant an error containing %s", err, tc.want)
 			}
@@ -373,7 +373,7 @@ func TestBadProxyQuitIsRefused(t *testing.T) {
 // A pod template of mesh proxies only has no app to lock.
 func TestOnlyMeshProxiesIsRefused(t *testing.T) {
 	t.Parallel()
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
 		for _, js := range []*batchv1.JobSpec{&cj.Spec.JobTemplate.Spec, &job.Spec} {
 			js.Template.Spec.Containers = []corev1.Container{proxyContainer(IstioProxyContainer)}
 		}
@@ -436,7 +436,7 @@ func admit(t testing.TB, m *jobMutator, job *batchv1.Job) (admission.Response, *
 // admission warnings to no one.
 func TestAdmissionDetectsMeshesFromTheNamespace(t *testing.T) {
 	t.Parallel()
-	cj, job := cronJobAndJob(map[string]string{spec.AnnotationMode: "schedule"})
+	cj, job := cronJobAndJob(map[string]string{contract.AnnotationMode: "schedule"})
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team", Labels: map[string]string{"istio-injection": "enabled"}}}
 	const note = "dislock: Istio sidecar detected (namespace label istio-injection=enabled): the agent will POST http://127.0.0.1:15020/quitquitquit once the app containers ended"
 
@@ -447,8 +447,8 @@ func TestAdmissionDetectsMeshesFromTheNamespace(t *testing.T) {
 		if out == nil || !slices.Equal(resp.Warnings, []string{note}) {
 			t.Fatalf("response allowed %v, warnings %q; want the note %q", resp.Allowed, resp.Warnings, note)
 		}
-		if quit, _ := sidecarEnv(t, out, spec.EnvProxyQuit); quit != istioQuit {
-			t.Errorf("%s = %q", spec.EnvProxyQuit, quit)
+		if quit, _ := sidecarEnv(t, out, contract.EnvProxyQuit); quit != istioQuit {
+			t.Errorf("%s = %q", contract.EnvProxyQuit, quit)
 		}
 		if ev := <-rec.Events; !strings.Contains(ev, "DislockInjected") || !strings.Contains(ev, "Istio sidecar detected (namespace label istio-injection=enabled)") {
 			t.Errorf("event %q does not tell the mesh", ev)
@@ -461,8 +461,8 @@ func TestAdmissionDetectsMeshesFromTheNamespace(t *testing.T) {
 		if out == nil || len(resp.Warnings) != 0 {
 			t.Fatalf("response allowed %v, warnings %q", resp.Allowed, resp.Warnings)
 		}
-		if quit, set := sidecarEnv(t, out, spec.EnvProxyQuit); set {
-			t.Errorf("%s = %q, want unset", spec.EnvProxyQuit, quit)
+		if quit, set := sidecarEnv(t, out, contract.EnvProxyQuit); set {
+			t.Errorf("%s = %q, want unset", contract.EnvProxyQuit, quit)
 		}
 	})
 	t.Run("a namespace the cache does not hold: the pod template alone decides", func(t *testing.T) {
@@ -507,7 +507,7 @@ func TestAdmissionDetectsMeshesFromTheNamespace(t *testing.T) {
 	})
 	t.Run("a bad dislock.io/proxy-quit is denied naming it", func(t *testing.T) {
 		t.Parallel()
-		badCJ, badJob := cronJobAndJob(map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationProxyQuit: "http://10.0.0.7:15020/quitquitquit"})
+		badCJ, badJob := cronJobAndJob(map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationProxyQuit: "http://10.0.0.7:15020/quitquitquit"})
 		m, _ := meshMutator(t, true, nil, badCJ, ns)
 		resp, _ := admit(t, m, badJob)
 		if resp.Allowed || !strings.Contains(resp.Result.Message, `annotation dislock.io/proxy-quit: "http://10.0.0.7:15020/quitquitquit" is not on the pod's loopback`) {
@@ -524,7 +524,7 @@ func TestMeshProxyImageIsNeverLookedUp(t *testing.T) {
 	reg := startEPRegistry(t, nil)
 	image := pushEPImage(t, reg.host+"/istio/proxyv2:1.24", v1.Config{Entrypoint: []string{"/usr/local/bin/pilot-agent"}})
 	reg.take()
-	cj, job := cronJobAndJob(map[string]string{spec.AnnotationMode: "schedule"})
+	cj, job := cronJobAndJob(map[string]string{contract.AnnotationMode: "schedule"})
 	resolver := NewResolver(ResolverOptions{Insecure: true})
 
 	for _, tc := range []struct {
@@ -566,7 +566,7 @@ func TestMeshProxyImageIsNeverLookedUp(t *testing.T) {
 // only POSTs to the pod's loopback.
 func TestAReinvocationKeepsTheMeshPlanOfTheFirstPass(t *testing.T) {
 	t.Parallel()
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
 	istio := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: job.Namespace, Labels: map[string]string{"istio-injection": "enabled"}}}
 	for _, tc := range []struct {
 		name        string
@@ -595,8 +595,8 @@ func TestAReinvocationKeepsTheMeshPlanOfTheFirstPass(t *testing.T) {
 			if err != nil {
 				t.Fatalf("dislock denies its own injection on reinvocation: %v", err)
 			}
-			if got, _ := sidecarEnv(t, again, spec.EnvProxyQuit); got != tc.quit {
-				t.Errorf("%s = %q after the reinvocation, want %q (the first pass's)", spec.EnvProxyQuit, got, tc.quit)
+			if got, _ := sidecarEnv(t, again, contract.EnvProxyQuit); got != tc.quit {
+				t.Errorf("%s = %q after the reinvocation, want %q (the first pass's)", contract.EnvProxyQuit, got, tc.quit)
 			}
 		})
 	}
@@ -625,9 +625,9 @@ func TestAPodOnTheNodesNetworkGetsNoPredictedQuitURL(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			annotations := map[string]string{spec.AnnotationMode: "schedule"}
+			annotations := map[string]string{contract.AnnotationMode: "schedule"}
 			if tc.explicit != "" {
-				annotations[spec.AnnotationProxyQuit] = tc.explicit
+				annotations[contract.AnnotationProxyQuit] = tc.explicit
 			}
 			cj, job := errCase(annotations, func(cj *batchv1.CronJob, job *batchv1.Job) {
 				job.Spec.Template.Spec.HostNetwork = true
@@ -642,8 +642,8 @@ func TestAPodOnTheNodesNetworkGetsNoPredictedQuitURL(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, _ := sidecarEnv(t, out, spec.EnvProxyQuit); got != tc.quit {
-				t.Errorf("%s = %q, want %q", spec.EnvProxyQuit, got, tc.quit)
+			if got, _ := sidecarEnv(t, out, contract.EnvProxyQuit); got != tc.quit {
+				t.Errorf("%s = %q, want %q", contract.EnvProxyQuit, got, tc.quit)
 			}
 			if _, set := out.Spec.Template.Annotations[LinkerdAdminShutdownAnnotation]; set {
 				t.Errorf("the pod template got %s though no mesh injects the pod", LinkerdAdminShutdownAnnotation)

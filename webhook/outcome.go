@@ -25,8 +25,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // What a pod's run came to, answered by kubectl without the database:
@@ -83,7 +83,7 @@ func jobOutcome(raw string, pod *corev1.Pod, o podOutcome) (annotation string, j
 	if raw != "" {
 		_ = json.Unmarshal([]byte(raw), &byIndex) // unreadable: start afresh
 	}
-	index := pod.Annotations[spec.AnnotationJobCompletionIndex]
+	index := pod.Annotations[contract.AnnotationJobCompletionIndex]
 	if index == "" {
 		index = "-"
 	}
@@ -295,8 +295,8 @@ func trimPod(obj any) (any, error) {
 		},
 		Status: corev1.PodStatus{Phase: pod.Status.Phase, Reason: pod.Status.Reason},
 	}
-	if i, ok := pod.Annotations[spec.AnnotationJobCompletionIndex]; ok {
-		out.Annotations = map[string]string{spec.AnnotationJobCompletionIndex: i}
+	if i, ok := pod.Annotations[contract.AnnotationJobCompletionIndex]; ok {
+		out.Annotations = map[string]string{contract.AnnotationJobCompletionIndex: i}
 	}
 	for _, s := range pod.Status.InitContainerStatuses {
 		if s.Name == SidecarName {

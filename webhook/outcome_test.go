@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // Every message the agent leaves as its last word (lockagent/agent: publish,
@@ -197,7 +197,7 @@ func TestTheEventNoteNamesThePodAndFitsAnEvent(t *testing.T) {
 func TestTheCachedPodIsTrimmedToWhatTheOutcomeNeeds(t *testing.T) {
 	t.Parallel()
 	pod := finishedPod("skip: stale")
-	pod.Annotations = map[string]string{"big": strings.Repeat("x", 10000), spec.AnnotationJobCompletionIndex: "3"}
+	pod.Annotations = map[string]string{"big": strings.Repeat("x", 10000), contract.AnnotationJobCompletionIndex: "3"}
 	pod.CreationTimestamp = metav1.NewTime(time.Date(2026, 12, 2, 2, 0, 1, 0, time.UTC))
 	pod.Spec.Containers = []corev1.Container{{Name: "app", Image: "app", Env: []corev1.EnvVar{{Name: "A", Value: "b"}}}}
 	pod.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}
@@ -211,7 +211,7 @@ func TestTheCachedPodIsTrimmedToWhatTheOutcomeNeeds(t *testing.T) {
 	// index is newest.
 	if msg != "skip: stale" || !done || trimmed.ResourceVersion != "7" || trimmed.UID != "pod-uid" ||
 		metav1.GetControllerOf(trimmed) == nil || trimmed.Labels[InjectedLabel] != InjectedLabelValue ||
-		!trimmed.CreationTimestamp.Equal(&pod.CreationTimestamp) || trimmed.Annotations[spec.AnnotationJobCompletionIndex] != "3" {
+		!trimmed.CreationTimestamp.Equal(&pod.CreationTimestamp) || trimmed.Annotations[contract.AnnotationJobCompletionIndex] != "3" {
 		t.Fatalf("the trimmed pod lost what the controller reads: %+v", trimmed)
 	}
 	if len(trimmed.Annotations) != 1 || len(trimmed.Spec.Containers) != 0 || len(trimmed.ManagedFields) != 0 ||

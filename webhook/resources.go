@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // The sidecar's sizes by default, and the most a CronJob may ask for.
@@ -52,10 +52,10 @@ type agentSize struct {
 }
 
 var agentSizes = []agentSize{
-	{spec.AnnotationAgentCPURequest, "agent CPU request", false, corev1.ResourceCPU},
-	{spec.AnnotationAgentCPULimit, "agent CPU limit", true, corev1.ResourceCPU},
-	{spec.AnnotationAgentMemoryRequest, "agent memory request", false, corev1.ResourceMemory},
-	{spec.AnnotationAgentMemoryLimit, "agent memory limit", true, corev1.ResourceMemory},
+	{contract.AnnotationAgentCPURequest, "agent CPU request", false, corev1.ResourceCPU},
+	{contract.AnnotationAgentCPULimit, "agent CPU limit", true, corev1.ResourceCPU},
+	{contract.AnnotationAgentMemoryRequest, "agent memory request", false, corev1.ResourceMemory},
+	{contract.AnnotationAgentMemoryLimit, "agent memory limit", true, corev1.ResourceMemory},
 }
 
 // DefaultAgentResources are the sidecar's requests and limits by default.
@@ -209,13 +209,13 @@ func defaultOf(s agentSize) resource.Quantity {
 // agentResourcesFor is the sidecar's resources for a Job with these
 // (merged) dislock annotations: the installation's, with each size the
 // annotations set instead, none above the installation's ceiling.
-func agentResourcesFor(annotations map[string]string, opts Options) (corev1.ResourceRequirements, []*spec.FieldError) {
+func agentResourcesFor(annotations map[string]string, opts Options) (corev1.ResourceRequirements, []*contract.FieldError) {
 	r, problems := resize(opts.AgentResources,
 		func(s agentSize) string { return annotations[s.annotation] },
 		func(s agentSize) string { return "limit " + s.annotation })
-	var errs []*spec.FieldError
+	var errs []*contract.FieldError
 	for _, p := range problems {
-		errs = append(errs, &spec.FieldError{Annotation: p.size.annotation, Value: p.value, Problem: p.problem})
+		errs = append(errs, &contract.FieldError{Annotation: p.size.annotation, Value: p.value, Problem: p.problem})
 	}
 	for _, s := range agentSizes {
 		v, ok := annotations[s.annotation]
@@ -227,7 +227,7 @@ func agentResourcesFor(annotations map[string]string, opts Options) (corev1.Reso
 			got = r.Limits[s.name]
 		}
 		if most, ok := opts.AgentMaxResources[s.name]; ok && got.Cmp(most) > 0 {
-			errs = append(errs, &spec.FieldError{Annotation: s.annotation, Value: v,
+			errs = append(errs, &contract.FieldError{Annotation: s.annotation, Value: v,
 				Problem: fmt.Sprintf("is above the most this installation gives the sidecar, %s (ask its administrator to raise the webhook's --agent-max-%s)", most.String(), s.name)})
 		}
 	}

@@ -7,7 +7,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // sizes shows a sidecar's resources as "cpu request/limit, memory
@@ -102,27 +102,27 @@ func TestACronJobSizesItsSidecarWithinTheInstallationsCeiling(t *testing.T) {
 	}{
 		{name: "none: the installation's", want: "cpu 100m/500m, memory 48Mi/64Mi"},
 		{name: "a strict LimitRange's minimum and ratio",
-			annotations: map[string]string{spec.AnnotationAgentCPURequest: "100m", spec.AnnotationAgentCPULimit: "200m", spec.AnnotationAgentMemoryRequest: "64Mi"},
+			annotations: map[string]string{contract.AnnotationAgentCPURequest: "100m", contract.AnnotationAgentCPULimit: "200m", contract.AnnotationAgentMemoryRequest: "64Mi"},
 			want:        "cpu 100m/200m, memory 64Mi/64Mi"},
 		{name: "only a lower limit: the installation's request follows it",
-			annotations: map[string]string{spec.AnnotationAgentCPULimit: "50m", spec.AnnotationAgentMemoryLimit: "32Mi"},
+			annotations: map[string]string{contract.AnnotationAgentCPULimit: "50m", contract.AnnotationAgentMemoryLimit: "32Mi"},
 			want:        "cpu 50m/50m, memory 32Mi/32Mi"},
 		{name: "a memory limit the agent cannot run in",
-			annotations: map[string]string{spec.AnnotationAgentMemoryLimit: "1"},
-			wantErr:     []string{spec.AnnotationAgentMemoryLimit + `]: Invalid value: "1": is below 32Mi, the least the agent runs with`}},
+			annotations: map[string]string{contract.AnnotationAgentMemoryLimit: "1"},
+			wantErr:     []string{contract.AnnotationAgentMemoryLimit + `]: Invalid value: "1": is below 32Mi, the least the agent runs with`}},
 		{name: "above the ceiling",
-			annotations: map[string]string{spec.AnnotationAgentCPULimit: "4", spec.AnnotationAgentMemoryLimit: "1Gi"},
-			wantErr: []string{spec.AnnotationAgentCPULimit + `]: Invalid value: "4": is above the most this installation gives the sidecar, 1 (ask its administrator to raise the webhook's --agent-max-cpu)`,
-				spec.AnnotationAgentMemoryLimit + `]: Invalid value: "1Gi": is above the most this installation gives the sidecar, 256Mi`}},
+			annotations: map[string]string{contract.AnnotationAgentCPULimit: "4", contract.AnnotationAgentMemoryLimit: "1Gi"},
+			wantErr: []string{contract.AnnotationAgentCPULimit + `]: Invalid value: "4": is above the most this installation gives the sidecar, 1 (ask its administrator to raise the webhook's --agent-max-cpu)`,
+				contract.AnnotationAgentMemoryLimit + `]: Invalid value: "1Gi": is above the most this installation gives the sidecar, 256Mi`}},
 		{name: "not a quantity",
-			annotations: map[string]string{spec.AnnotationAgentMemoryRequest: "a lot"},
-			wantErr:     []string{spec.AnnotationAgentMemoryRequest + `]: Invalid value: "a lot": is not a positive quantity (want e.g. "16Mi")`}},
+			annotations: map[string]string{contract.AnnotationAgentMemoryRequest: "a lot"},
+			wantErr:     []string{contract.AnnotationAgentMemoryRequest + `]: Invalid value: "a lot": is not a positive quantity (want e.g. "16Mi")`}},
 		{name: "a request above its limit",
-			annotations: map[string]string{spec.AnnotationAgentCPURequest: "800m"},
-			wantErr:     []string{spec.AnnotationAgentCPURequest + `]: Invalid value: "800m": is above the limit ` + spec.AnnotationAgentCPULimit + ` 500m (raise that too, or lower this)`}},
+			annotations: map[string]string{contract.AnnotationAgentCPURequest: "800m"},
+			wantErr:     []string{contract.AnnotationAgentCPURequest + `]: Invalid value: "800m": is above the limit ` + contract.AnnotationAgentCPULimit + ` 500m (raise that too, or lower this)`}},
 	}
 	for _, tc := range tests {
-		annotations := map[string]string{spec.AnnotationMode: "lease"}
+		annotations := map[string]string{contract.AnnotationMode: "lease"}
 		for k, v := range tc.annotations {
 			annotations[k] = v
 		}

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // CopiedFromAnnotation names the source of a database secret copy.
@@ -67,7 +67,7 @@ func managedSecretNamespace(name string, o client.Object) []reconcile.Request {
 func (r *secretCopier) namespacesFor(ctx context.Context, o client.Object) []reconcile.Request {
 	if o.GetNamespace() == r.source.Namespace && o.GetName() == r.source.Name {
 		var nss corev1.NamespaceList
-		if err := r.List(ctx, &nss, client.MatchingLabels{spec.LabelInjection: spec.LabelInjectionEnabled}); err != nil {
+		if err := r.List(ctx, &nss, client.MatchingLabels{contract.LabelInjection: contract.LabelInjectionEnabled}); err != nil {
 			log.FromContext(ctx).Error(err, "listing opted-in namespaces")
 			return nil
 		}
@@ -89,7 +89,7 @@ func (r *secretCopier) Reconcile(ctx context.Context, req reconcile.Request) (re
 	if err := r.Get(ctx, req.NamespacedName, ns); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	want := ns.DeletionTimestamp == nil && ns.Labels[spec.LabelInjection] == spec.LabelInjectionEnabled
+	want := ns.DeletionTimestamp == nil && ns.Labels[contract.LabelInjection] == contract.LabelInjectionEnabled
 	src := &corev1.Secret{}
 	if err := r.Get(ctx, r.source, src); apierrors.IsNotFound(err) {
 		want = false

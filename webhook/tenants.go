@@ -23,8 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // Annotations on a provisioned tenant Secret.
@@ -158,7 +158,7 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 	if err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
-	want := err == nil && ns.DeletionTimestamp == nil && ns.Labels[spec.LabelInjection] == spec.LabelInjectionEnabled
+	want := err == nil && ns.DeletionTimestamp == nil && ns.Labels[contract.LabelInjection] == contract.LabelInjectionEnabled
 	cur := &corev1.Secret{}
 	err = r.api.Get(ctx, types.NamespacedName{Namespace: req.Name, Name: r.secret}, cur)
 	exists := err == nil

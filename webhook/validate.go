@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/window"
 )
 
@@ -24,8 +24,8 @@ func ValidateCronJob(cj *batchv1.CronJob, opts Options) field.ErrorList {
 		return nil
 	}
 	own, tmpl := cj.Annotations, cj.Spec.JobTemplate.Annotations
-	merged := spec.Merge(own, tmpl)
-	if !spec.Enabled(merged) {
+	merged := contract.Merge(own, tmpl)
+	if !contract.Enabled(merged) {
 		return nil
 	}
 	var errs field.ErrorList
@@ -36,9 +36,9 @@ func ValidateCronJob(cj *batchv1.CronJob, opts Options) field.ErrorList {
 		}
 		return field.NewPath("metadata", "annotations").Key(key)
 	}
-	if _, err := spec.FromAnnotations(merged, cj.Namespace, cj.Name); err != nil {
+	if _, err := contract.FromAnnotations(merged, cj.Namespace, cj.Name); err != nil {
 		for _, e := range flatten(err) {
-			var fe *spec.FieldError
+			var fe *contract.FieldError
 			switch {
 			case !errors.As(e, &fe):
 				errs = append(errs, field.Invalid(field.NewPath("metadata", "namespace"), cj.Namespace, e.Error()))
@@ -68,7 +68,7 @@ func ValidateCronJob(cj *batchv1.CronJob, opts Options) field.ErrorList {
 // fix, as admission warnings (kubectl prints them). A CronJob that is not
 // opted in gives none.
 func CronJobWarnings(cj *batchv1.CronJob) []string {
-	if cj == nil || !spec.Enabled(spec.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)) {
+	if cj == nil || !contract.Enabled(contract.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)) {
 		return nil
 	}
 	var out []string
@@ -96,7 +96,7 @@ const probeSchedule = "0 0 * * *"
 // time zone are what window.ParseSchedule accepts: the same parser the agent
 // computes windows with, which refuses @every (its ticks differ per cluster).
 func scheduleProblems(cj *batchv1.CronJob, annotations map[string]string) field.ErrorList {
-	mode, err := spec.ParseMode(annotations[spec.AnnotationMode])
+	mode, err := contract.ParseMode(annotations[contract.AnnotationMode])
 	if err != nil || !mode.Schedule {
 		return nil // a bad mode is reported by its annotation's error
 	}

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // validationCronJob is a valid CronJob with the given annotations on its own
@@ -40,27 +40,27 @@ func TestValidateCronJob(t *testing.T) {
 		edit func(cj *batchv1.CronJob)
 		want []problem
 	}{
-		{name: "a valid schedule-mode CronJob", own: map[string]string{spec.AnnotationMode: "schedule"}},
+		{name: "a valid schedule-mode CronJob", own: map[string]string{contract.AnnotationMode: "schedule"}},
 		{name: "a valid CronJob with every annotation, in a time zone",
-			tmpl: map[string]string{spec.AnnotationMode: "schedule,lease", spec.AnnotationKey: "billing",
-				spec.AnnotationLeaseTTL: "1m", spec.AnnotationStandby: "true", spec.AnnotationCatchup: "10m",
-				spec.AnnotationAppStartTimeout: "30m", spec.AnnotationEntrypoint: `["/app/run"]`},
+			tmpl: map[string]string{contract.AnnotationMode: "schedule,lease", contract.AnnotationKey: "billing",
+				contract.AnnotationLeaseTTL: "1m", contract.AnnotationStandby: "true", contract.AnnotationCatchup: "10m",
+				contract.AnnotationAppStartTimeout: "30m", contract.AnnotationEntrypoint: `["/app/run"]`},
 			edit: func(cj *batchv1.CronJob) { cj.Spec.TimeZone = ptr.To("Europe/Berlin") }},
 		{name: "not opted in: nothing is checked",
 			own:  map[string]string{"team.example/owner": "billing"},
 			edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "@every 5m" }},
 		{name: "a bad TTL and a bad mode are both named, with value and allowed values",
-			own: map[string]string{spec.AnnotationMode: "sometimes", spec.AnnotationLeaseTTL: "5"},
+			own: map[string]string{contract.AnnotationMode: "sometimes", contract.AnnotationLeaseTTL: "5"},
 			want: []problem{
 				{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/mode]", `Invalid value: "sometimes": is not a valid mode (want "schedule", "lease" or "schedule,lease")`},
 				{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/lease-ttl]", `Invalid value: "5": is not a duration (want e.g. "30s", between 5s and 1h)`},
 			}},
 		{name: "an app-start timeout out of range names the bounds",
-			own: map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationAppStartTimeout: "48h"},
+			own: map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationAppStartTimeout: "48h"},
 			want: []problem{{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/app-start-timeout]",
 				`Invalid value: "48h": is out of range (want between 30s and 24h)`}}},
 		{name: "parallel pods without Indexed would share one window",
-			own: map[string]string{spec.AnnotationMode: "schedule"},
+			own: map[string]string{contract.AnnotationMode: "schedule"},
 			edit: func(cj *batchv1.CronJob) {
 				cj.Spec.JobTemplate.Spec.Parallelism = ptr.To(int32(4))
 				cj.Spec.JobTemplate.Spec.Completions = ptr.To(int32(8))
@@ -70,55 +70,55 @@ func TestValidateCronJob(t *testing.T) {
 				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.completions", "Invalid value: 8:"},
 			}},
 		{name: "completions alone: later pods would find the window done",
-			own:  map[string]string{spec.AnnotationMode: "lease"},
+			own:  map[string]string{contract.AnnotationMode: "lease"},
 			edit: func(cj *batchv1.CronJob) { cj.Spec.JobTemplate.Spec.Completions = ptr.To(int32(2)) },
 			want: []problem{{field.ErrorTypeInvalid, "spec.jobTemplate.spec.completions", "or set completions to 1"}}},
 		{name: "an Indexed Job claims one window per index",
-			own: map[string]string{spec.AnnotationMode: "schedule"},
+			own: map[string]string{contract.AnnotationMode: "schedule"},
 			edit: func(cj *batchv1.CronJob) {
 				js := &cj.Spec.JobTemplate.Spec
 				js.CompletionMode = ptr.To(batchv1.IndexedCompletion)
 				js.Parallelism, js.Completions = ptr.To(int32(3)), ptr.To(int32(3))
 			}},
 		{name: "parallelism and completions of 1 are one pod",
-			own: map[string]string{spec.AnnotationMode: "schedule"},
+			own: map[string]string{contract.AnnotationMode: "schedule"},
 			edit: func(cj *batchv1.CronJob) {
 				cj.Spec.JobTemplate.Spec.Parallelism, cj.Spec.JobTemplate.Spec.Completions = ptr.To(int32(1)), ptr.To(int32(1))
 			}},
 		{name: "a problem in the job template is reported at the template's path",
-			own:  map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationLeaseTTL: "30s"},
-			tmpl: map[string]string{spec.AnnotationLeaseTTL: "2h"},
+			own:  map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationLeaseTTL: "30s"},
+			tmpl: map[string]string{contract.AnnotationLeaseTTL: "2h"},
 			want: []problem{{field.ErrorTypeInvalid, "spec.jobTemplate.metadata.annotations[dislock.io/lease-ttl]", "out of range"}}},
 		{name: "the template's valid value overrides the CronJob's bad one",
-			own:  map[string]string{spec.AnnotationMode: "sometimes"},
-			tmpl: map[string]string{spec.AnnotationMode: "lease"}},
+			own:  map[string]string{contract.AnnotationMode: "sometimes"},
+			tmpl: map[string]string{contract.AnnotationMode: "lease"}},
 		{name: "opted in by another annotation but without a mode",
-			own:  map[string]string{spec.AnnotationKey: "billing"},
+			own:  map[string]string{contract.AnnotationKey: "billing"},
 			want: []problem{{field.ErrorTypeRequired, "metadata.annotations[dislock.io/mode]", "is required"}}},
 		{name: "an unknown dislock annotation is a typo, with a suggestion",
-			own:  map[string]string{spec.AnnotationMode: "lease", "dislock.io/leasettl": "1m"},
+			own:  map[string]string{contract.AnnotationMode: "lease", "dislock.io/leasettl": "1m"},
 			want: []problem{{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/leasettl]", "did you mean dislock.io/lease-ttl?"}}},
 		{name: "schedule mode refuses @every, whose ticks differ per cluster",
-			own:  map[string]string{spec.AnnotationMode: "schedule"},
+			own:  map[string]string{contract.AnnotationMode: "schedule"},
 			edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "@every 5m" },
 			want: []problem{{field.ErrorTypeInvalid, "spec.schedule", "@every is not supported"}}},
 		{name: "lease mode does not need windows, so @every is fine",
-			own:  map[string]string{spec.AnnotationMode: "lease"},
+			own:  map[string]string{contract.AnnotationMode: "lease"},
 			edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "@every 5m" }},
 		{name: "schedule mode with an unknown time zone names the time zone, not the schedule",
-			own:  map[string]string{spec.AnnotationMode: "schedule,lease"},
+			own:  map[string]string{contract.AnnotationMode: "schedule,lease"},
 			edit: func(cj *batchv1.CronJob) { cj.Spec.TimeZone = ptr.To("Mars/Olympus") },
 			want: []problem{{field.ErrorTypeInvalid, "spec.timeZone", `unknown time zone "Mars/Olympus"`}}},
 		{name: "schedule mode with TZ= in the schedule",
-			own:  map[string]string{spec.AnnotationMode: "schedule"},
+			own:  map[string]string{contract.AnnotationMode: "schedule"},
 			edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "CRON_TZ=UTC 0 * * * *" },
 			want: []problem{{field.ErrorTypeInvalid, "spec.schedule", "set the CronJob's spec.timeZone instead"}}},
 		{name: "a status annotation in the job template would switch injection off",
-			own:  map[string]string{spec.AnnotationMode: "schedule"},
+			own:  map[string]string{contract.AnnotationMode: "schedule"},
 			tmpl: map[string]string{StatusAnnotation: "{}"},
 			want: []problem{{field.ErrorTypeForbidden, "spec.jobTemplate.metadata.annotations[dislock.io/status]", "only the dislock webhook writes"}}},
 		{name: "the job template takes a name dislock adds",
-			own: map[string]string{spec.AnnotationMode: "lease"},
+			own: map[string]string{contract.AnnotationMode: "lease"},
 			edit: func(cj *batchv1.CronJob) {
 				cj.Spec.JobTemplate.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "data"}, {Name: "dislock"}}
 				cj.Spec.JobTemplate.Spec.ManualSelector = ptr.To(true)
@@ -128,7 +128,7 @@ func TestValidateCronJob(t *testing.T) {
 				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.template.spec.volumes[1].name", "rename this volume"},
 			}},
 		{name: "the job template sets dislock's variables or runs dislock-agent itself",
-			own: map[string]string{spec.AnnotationMode: "schedule"},
+			own: map[string]string{contract.AnnotationMode: "schedule"},
 			edit: func(cj *batchv1.CronJob) {
 				pod := &cj.Spec.JobTemplate.Spec.Template.Spec
 				pod.InitContainers = []corev1.Container{{Name: "helper", Image: "registry.example/dislock-agent",
@@ -142,7 +142,7 @@ func TestValidateCronJob(t *testing.T) {
 				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.template.spec.containers[0].env[1].name", `"DISLOCK_SHARED_DIR"`},
 			}},
 		{name: "every kind of problem at once",
-			own: map[string]string{spec.AnnotationMode: "schedule", spec.AnnotationCatchup: "soon"},
+			own: map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationCatchup: "soon"},
 			edit: func(cj *batchv1.CronJob) {
 				cj.Spec.Schedule = "@hourly-ish"
 				cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0].Name = "dislock-agent"
@@ -153,7 +153,7 @@ func TestValidateCronJob(t *testing.T) {
 				{field.ErrorTypeInvalid, "spec.jobTemplate.spec.template.spec.containers[0].name", "rename this container"},
 			}},
 		{name: "a huge bad value is shortened in the message",
-			own:  map[string]string{spec.AnnotationMode: "lease", spec.AnnotationEntrypoint: strings.Repeat("x", 5000)},
+			own:  map[string]string{contract.AnnotationMode: "lease", contract.AnnotationEntrypoint: strings.Repeat("x", 5000)},
 			want: []problem{{field.ErrorTypeInvalid, "metadata.annotations[dislock.io/entrypoint]", strings.Repeat("x", 120) + `..."`}}},
 	}
 	for _, tc := range tests {
@@ -197,17 +197,17 @@ func TestValidateAgreesWithInject(t *testing.T) {
 		own  map[string]string
 		edit func(cj *batchv1.CronJob)
 	}{
-		{name: "valid", own: map[string]string{spec.AnnotationMode: "schedule"}},
-		{name: "bad ttl", own: map[string]string{spec.AnnotationMode: "lease", spec.AnnotationLeaseTTL: "5"}},
-		{name: "@every", own: map[string]string{spec.AnnotationMode: "schedule"}, edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "@every 1m" }},
-		{name: "parallel pods", own: map[string]string{spec.AnnotationMode: "schedule"}, edit: func(cj *batchv1.CronJob) {
+		{name: "valid", own: map[string]string{contract.AnnotationMode: "schedule"}},
+		{name: "bad ttl", own: map[string]string{contract.AnnotationMode: "lease", contract.AnnotationLeaseTTL: "5"}},
+		{name: "@every", own: map[string]string{contract.AnnotationMode: "schedule"}, edit: func(cj *batchv1.CronJob) { cj.Spec.Schedule = "@every 1m" }},
+		{name: "parallel pods", own: map[string]string{contract.AnnotationMode: "schedule"}, edit: func(cj *batchv1.CronJob) {
 			cj.Spec.JobTemplate.Spec.Parallelism = ptr.To(int32(2))
 		}},
-		{name: "indexed", own: map[string]string{spec.AnnotationMode: "schedule"}, edit: func(cj *batchv1.CronJob) {
+		{name: "indexed", own: map[string]string{contract.AnnotationMode: "schedule"}, edit: func(cj *batchv1.CronJob) {
 			cj.Spec.JobTemplate.Spec.CompletionMode = ptr.To(batchv1.IndexedCompletion)
 			cj.Spec.JobTemplate.Spec.Parallelism, cj.Spec.JobTemplate.Spec.Completions = ptr.To(int32(2)), ptr.To(int32(4))
 		}},
-		{name: "mount clash", own: map[string]string{spec.AnnotationMode: "lease"}, edit: func(cj *batchv1.CronJob) {
+		{name: "mount clash", own: map[string]string{contract.AnnotationMode: "lease"}, edit: func(cj *batchv1.CronJob) {
 			cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "x", MountPath: "/dislock/"}}
 		}},
 	} {
@@ -244,14 +244,14 @@ func TestCronJobWarnings(t *testing.T) {
 		want   []string // substrings of the one warning; nil = no warning
 	}{
 		{name: "no time zone: the clusters' controllers may fire at different instants",
-			own: map[string]string{spec.AnnotationMode: "schedule"},
+			own: map[string]string{contract.AnnotationMode: "schedule"},
 			want: []string{"spec.timeZone is not set", "controllers in different zones fire at different instants",
 				"the same tick becomes two windows", `Set spec.timeZone to the same zone in every cluster, e.g. "Etc/UTC"`}},
-		{name: "an empty time zone is no time zone", own: map[string]string{spec.AnnotationMode: "lease"}, tz: ptr.To(""),
+		{name: "an empty time zone is no time zone", own: map[string]string{contract.AnnotationMode: "lease"}, tz: ptr.To(""),
 			want: []string{"spec.timeZone is not set"}},
-		{name: "a time zone set", own: map[string]string{spec.AnnotationMode: "schedule"}, tz: ptr.To("Etc/UTC")},
+		{name: "a time zone set", own: map[string]string{contract.AnnotationMode: "schedule"}, tz: ptr.To("Etc/UTC")},
 		{name: "not opted in", own: map[string]string{"team.example/owner": "billing"}},
-		{name: "a shared process namespace: the apps see the sidecar's processes", own: map[string]string{spec.AnnotationMode: "schedule"},
+		{name: "a shared process namespace: the apps see the sidecar's processes", own: map[string]string{contract.AnnotationMode: "schedule"},
 			tz: ptr.To("Etc/UTC"), shared: true,
 			want: []string{"shareProcessNamespace is true", "may read this namespace's database credential", "restricted Pod Security Standard"}},
 		{name: "a shared process namespace, not opted in", own: map[string]string{"team.example/owner": "billing"}, shared: true},

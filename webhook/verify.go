@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // A Job may arrive carrying an injection already: the webhook called again
@@ -145,7 +145,7 @@ func wrapped(command []string) bool {
 // (it is what a template copied from an injected pod carries), so it can
 // neither point the wrapper elsewhere nor survive.
 func dislockVariable(list, name string) bool {
-	return strings.HasPrefix(name, envPrefix) && (list != "containers" || name != spec.EnvContainerName)
+	return strings.HasPrefix(name, envPrefix) && (list != "containers" || name != contract.EnvContainerName)
 }
 
 // runsAgent tells whether a command runs the dislock-agent binary, from the
@@ -203,25 +203,25 @@ func (r *review) verify(opts Options) (injection, error) {
 // no sidecar or a value the agent would refuse (then the plan is made afresh
 // and the comparison finds the difference). A forged value can reach only
 // the pod's loopback, as the tenant's own dislock.io/proxy-quit can.
-func carriedProxyQuit(job *batchv1.Job) *spec.ProxyQuit {
+func carriedProxyQuit(job *batchv1.Job) *contract.ProxyQuit {
 	pod := &job.Spec.Template.Spec
 	if len(pod.InitContainers) == 0 || pod.InitContainers[0].Name != SidecarName {
 		return nil
 	}
 	for _, e := range pod.InitContainers[0].Env {
-		if e.Name != spec.EnvProxyQuit {
+		if e.Name != contract.EnvProxyQuit {
 			continue
 		}
 		if e.ValueFrom != nil || e.Value == "" {
 			return nil
 		}
 		urls := strings.Split(e.Value, ",")
-		if len(urls) > spec.MaxProxyQuit || slices.ContainsFunc(urls, func(u string) bool { return spec.ProxyQuitProblem(u) != "" }) {
+		if len(urls) > contract.MaxProxyQuit || slices.ContainsFunc(urls, func(u string) bool { return contract.ProxyQuitProblem(u) != "" }) {
 			return nil
 		}
-		return &spec.ProxyQuit{Set: true, URLs: urls}
+		return &contract.ProxyQuit{Set: true, URLs: urls}
 	}
-	return &spec.ProxyQuit{Set: true}
+	return &contract.ProxyQuit{Set: true}
 }
 
 // unknownEntrypoint stands for the image's entrypoint of an app container
@@ -260,7 +260,7 @@ func strip(job *batchv1.Job) (*batchv1.Job, map[string][]string) {
 		if meshProxy(*c) {
 			continue // fresh leaves a mesh proxy as it is
 		}
-		c.Env = slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == spec.EnvContainerName })
+		c.Env = slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == contract.EnvContainerName })
 		if n := len(c.VolumeMounts); n > 0 && c.VolumeMounts[n-1].Name == VolumeName && c.VolumeMounts[n-1].MountPath == SharedDir {
 			c.VolumeMounts = c.VolumeMounts[:n-1]
 		}

@@ -8,7 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // The sidecar's gate is a postStart hook (dislock-agent probe --wait=…),
@@ -23,7 +23,7 @@ import (
 func TestHostile18_ForgedSidecarGatesAreRefused(t *testing.T) {
 	t.Parallel()
 	opts := goldenOptions()
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
 	out, _, err := Inject(job, cj, opts, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ func TestHostile18_ATenantsContainerNamedLikeTheSidecarIsRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+			cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
 			for _, pod := range []*corev1.PodSpec{&cj.Spec.JobTemplate.Spec.Template.Spec, &job.Spec.Template.Spec} {
 				if tc.init {
 					pod.InitContainers = append(pod.InitContainers, tc.c)

@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // injectedCase is errCase's Job injected with goldenOptions, and its CronJob.
@@ -83,7 +83,7 @@ func TestAnInjectedJobIsItsOwnInjection(t *testing.T) {
 // naming where it differs, whatever was forged.
 func TestForgedInjectionsAreRefused(t *testing.T) {
 	t.Parallel()
-	schedule := map[string]string{spec.AnnotationMode: "schedule"}
+	schedule := map[string]string{contract.AnnotationMode: "schedule"}
 	sidecarEnv := func(name, value string) func(t testing.TB, cj *batchv1.CronJob, job *batchv1.Job) {
 		return func(t testing.TB, cj *batchv1.CronJob, job *batchv1.Job) {
 			sc := &job.Spec.Template.Spec.InitContainers[0]
@@ -95,11 +95,11 @@ func TestForgedInjectionsAreRefused(t *testing.T) {
 		edit func(t testing.TB, cj *batchv1.CronJob, job *batchv1.Job)
 		want string // a substring of the error, naming the field
 	}{
-		{name: "another team's key in the sidecar", edit: sidecarEnv(spec.EnvKey, "team-b/report"),
+		{name: "another team's key in the sidecar", edit: sidecarEnv(contract.EnvKey, "team-b/report"),
 			want: `spec.template.spec.initContainers[0].env[DISLOCK_KEY].value is "team-b/report"; dislock injects "team/report"`},
 		{name: "another team's key in the sidecar and in the status alike",
 			edit: func(t testing.TB, cj *batchv1.CronJob, job *batchv1.Job) {
-				sidecarEnv(spec.EnvKey, "team-b/report")(t, cj, job)
+				sidecarEnv(contract.EnvKey, "team-b/report")(t, cj, job)
 				job.Annotations[StatusAnnotation] = strings.Replace(job.Annotations[StatusAnnotation], `"team/report"`, `"team-b/report"`, 1)
 			},
 			want: `spec.template.spec.initContainers[0].env[DISLOCK_KEY].value is "team-b/report"`},
@@ -111,9 +111,9 @@ func TestForgedInjectionsAreRefused(t *testing.T) {
 		{name: "a status that is not JSON",
 			edit: func(t testing.TB, cj *batchv1.CronJob, job *batchv1.Job) { job.Annotations[StatusAnnotation] = "yes" },
 			want: `metadata.annotations[dislock.io/status] is "yes"; dislock injects`},
-		{name: "another mode in the sidecar", edit: sidecarEnv(spec.EnvMode, "lease"),
+		{name: "another mode in the sidecar", edit: sidecarEnv(contract.EnvMode, "lease"),
 			want: `env[DISLOCK_MODE].value is "lease"; dislock injects "schedule"`},
-		{name: "another cluster in the sidecar", edit: sidecarEnv(spec.EnvCluster, "dc-b"),
+		{name: "another cluster in the sidecar", edit: sidecarEnv(contract.EnvCluster, "dc-b"),
 			want: `env[DISLOCK_CLUSTER].value is "dc-b"; dislock injects "dc-a"`},
 		{name: "another image",
 			edit: func(t testing.TB, cj *batchv1.CronJob, job *batchv1.Job) {
@@ -123,19 +123,19 @@ func TestForgedInjectionsAreRefused(t *testing.T) {
 		{name: "another team's database Secret",
 			edit: func(t testing.TB, cj *batchv1.CronJob, job *batchv1.Job) {
 				sc := &job.Spec.Template.Spec.InitContainers[0]
-				sc.Env[envIndex(t, sc, spec.EnvDatabaseURL)].ValueFrom.SecretKeyRef.Name = "team-b-db"
+				sc.Env[envIndex(t, sc, contract.EnvDatabaseURL)].ValueFrom.SecretKeyRef.Name = "team-b-db"
 			},
 			want: `env[DISLOCK_DATABASE_URL].valueFrom.secretKeyRef.name is "team-b-db"; dislock injects "dislock-db"`},
 		{name: "a database URL written into the Job",
 			edit: func(t testing.TB, cj *batchv1.CronJob, job *batchv1.Job) {
 				sc := &job.Spec.Template.Spec.InitContainers[0]
-				sc.Env[envIndex(t, sc, spec.EnvDatabaseURL)] = corev1.EnvVar{Name: spec.EnvDatabaseURL, Value: "postgres://owner@pg/dislock"}
+				sc.Env[envIndex(t, sc, contract.EnvDatabaseURL)] = corev1.EnvVar{Name: contract.EnvDatabaseURL, Value: "postgres://owner@pg/dislock"}
 			},
 			want: `env[DISLOCK_DATABASE_URL].value is "postgres://owner@pg/dislock"; dislock injects nothing there`},
 		{name: "an extra variable on the sidecar",
 			edit: func(t testing.TB, cj *batchv1.CronJob, job *batchv1.Job) {
 				sc := &job.Spec.Template.Spec.InitContainers[0]
-				sc.Env = append(sc.Env, corev1.EnvVar{Name: spec.EnvSharedDir, Value: "/tmp"})
+				sc.Env = append(sc.Env, corev1.EnvVar{Name: contract.EnvSharedDir, Value: "/tmp"})
 			},
 			want: `spec.template.spec.initContainers[0].env[DISLOCK_SHARED_DIR] is {"name":"DISLOCK_SHARED_DIR", …}; dislock injects nothing there`},
 		{name: "another command in the sidecar",
@@ -170,7 +170,7 @@ func TestForgedInjectionsAreRefused(t *testing.T) {
 			edit: func(t testing.TB, cj *batchv1.CronJob, job *batchv1.Job) {
 				pod := &job.Spec.Template.Spec
 				pod.InitContainers = append(pod.InitContainers, corev1.Container{Name: "helper", Image: "ghcr.io/dislock/dislock:v0.1.0",
-					Args: []string{"agent"}, Env: []corev1.EnvVar{{Name: spec.EnvKey, Value: "team-b/report"}}})
+					Args: []string{"agent"}, Env: []corev1.EnvVar{{Name: contract.EnvKey, Value: "team-b/report"}}})
 			},
 			want: `spec.template.spec.initContainers[1].env[DISLOCK_KEY] is set too, which dislock never injects`},
 		{name: "an app command without the wrapper",
@@ -217,7 +217,7 @@ func TestForgedInjectionsAreRefused(t *testing.T) {
 		{name: "the Job of an Indexed CronJob made not Indexed",
 			edit: func(t testing.TB, cj *batchv1.CronJob, job *batchv1.Job) {
 				job.Spec.Template.Spec.InitContainers[0].Env = append(job.Spec.Template.Spec.InitContainers[0].Env,
-					corev1.EnvVar{Name: spec.EnvJobIndex, ValueFrom: fieldRef(spec.FieldJobCompletionIndex)})
+					corev1.EnvVar{Name: contract.EnvJobIndex, ValueFrom: fieldRef(contract.FieldJobCompletionIndex)})
 			},
 			want: `env[DISLOCK_JOB_INDEX] is {"name":"DISLOCK_JOB_INDEX", …}; dislock injects nothing there`},
 	}
@@ -265,7 +265,7 @@ func TestAnOlderInjectionIsRefused(t *testing.T) {
 // that edit passed (the test was rewritten to add the label "next to
 // dislock's own label" instead).
 func TestALaterWebhookThatSetsTheTemplateLabelsGetsTheInjectedLabelBack(t *testing.T) {
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
 	out, _, _, err := InjectInNamespace(job, cj, nil, goldenOptions(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -286,7 +286,7 @@ func TestALaterWebhookThatSetsTheTemplateLabelsGetsTheInjectedLabelBack(t *testi
 // say what the entrypoints were.
 func TestStrip(t *testing.T) {
 	t.Parallel()
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "lease"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "lease"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
 		pod := &job.Spec.Template.Spec
 		pod.InitContainers = []corev1.Container{{Name: "fetch", Image: "fetch"}}
 		pod.Volumes = []corev1.Volume{{Name: "scratch"}}
@@ -351,14 +351,14 @@ func TestTheKeyIsAlwaysInTheJobsNamespace(t *testing.T) {
 		for _, where := range []string{"CronJob", "job template"} {
 			t.Run(where+" "+shown(v.key), func(t *testing.T) {
 				t.Parallel()
-				cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule,lease"}, nil)
+				cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule,lease"}, nil)
 				target := cj.Annotations
 				if where == "job template" {
 					// The controller copies the template's annotations onto the Job.
 					target = job.Annotations
-					cj.Annotations[spec.AnnotationKey] = "billing"
+					cj.Annotations[contract.AnnotationKey] = "billing"
 				}
-				target[spec.AnnotationKey] = v.key
+				target[contract.AnnotationKey] = v.key
 				out, st, err := Inject(job, cj, goldenOptions(), nil)
 				if v.wantOK == "" {
 					if err == nil {
@@ -382,7 +382,7 @@ func TestTheKeyIsAlwaysInTheJobsNamespace(t *testing.T) {
 
 	t.Run("a Job whose CronJob is in another namespace is refused", func(t *testing.T) {
 		t.Parallel()
-		cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+		cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
 		cj.Namespace = "team-b"
 		if _, _, err := Inject(job, cj, goldenOptions(), nil); err == nil || !strings.Contains(err.Error(), `the Job's namespace "team" is not its CronJob's namespace "team-b"`) {
 			t.Fatalf("error %v", err)
@@ -390,7 +390,7 @@ func TestTheKeyIsAlwaysInTheJobsNamespace(t *testing.T) {
 	})
 	t.Run("a Job admitted without a namespace takes its CronJob's", func(t *testing.T) {
 		t.Parallel()
-		cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+		cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
 		job.Namespace = ""
 		out, st, err := Inject(job, cj, goldenOptions(), nil)
 		if err != nil {
@@ -400,7 +400,7 @@ func TestTheKeyIsAlwaysInTheJobsNamespace(t *testing.T) {
 	})
 	t.Run("a CronJob name that is no lock name is refused, not used", func(t *testing.T) {
 		t.Parallel()
-		cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+		cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
 		cj.Name = "team-b/report"
 		if _, st, err := Inject(job, cj, goldenOptions(), nil); err == nil {
 			t.Fatalf("accepted as %s", st.Key)
@@ -423,11 +423,11 @@ func checkKey(t testing.TB, out *batchv1.Job, st *Status, ns string) {
 			continue
 		}
 		sidecars++
-		env := c.Env[envIndex(t, &c, spec.EnvKey)]
+		env := c.Env[envIndex(t, &c, contract.EnvKey)]
 		if env.Value != st.Key || env.ValueFrom != nil {
 			t.Errorf("DISLOCK_KEY %+v, status key %s", env, st.Key)
 		}
-		if got := (spec.AgentEnv{Key: env.Value}).Namespace(); got != ns {
+		if got := (contract.AgentEnv{Key: env.Value}).Namespace(); got != ns {
 			t.Errorf("the agent reads namespace %q from %q", got, env.Value)
 		}
 	}
@@ -445,7 +445,7 @@ func TestVerifyHoldsTheDatabaseCAAndPodMetadata(t *testing.T) {
 	t.Parallel()
 	opts := goldenOptions()
 	withDatabaseCAAndPodMetadata(&opts)
-	schedule := map[string]string{spec.AnnotationMode: "schedule"}
+	schedule := map[string]string{contract.AnnotationMode: "schedule"}
 	cj, job := errCase(schedule, nil)
 	injected, _, err := Inject(job, cj, opts, nil)
 	if err != nil {
@@ -530,7 +530,7 @@ func TestAnInjectionWithAnotherCASettingIsRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+			cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
 			out, _, err := Inject(job, cj, tc.made, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -549,7 +549,7 @@ func TestAnInjectionWithAnotherCASettingIsRefused(t *testing.T) {
 func TestHostile17_ForgedCAVolumeWithoutCAIsRefused(t *testing.T) {
 	t.Parallel()
 	opts := goldenOptions()
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, nil)
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
 	out, _, err := Inject(job, cj, opts, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -579,7 +579,7 @@ func TestAUserVolumeNamedLikeTheCAVolume(t *testing.T) {
 		{Name: DatabaseCAVolumeName, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 		caShaped,
 	} {
-		cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
+		cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
 			job.Spec.Template.Spec.Volumes = []corev1.Volume{v}
 		})
 		withCA := goldenOptions()
@@ -596,7 +596,7 @@ func TestAUserVolumeNamedLikeTheCAVolume(t *testing.T) {
 // An app container may not mount the CA's volume: it is the sidecar's.
 func TestAnAppContainerCannotMountTheCAVolume(t *testing.T) {
 	t.Parallel()
-	cj, job := errCase(map[string]string{spec.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
+	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, func(cj *batchv1.CronJob, job *batchv1.Job) {
 		c := &job.Spec.Template.Spec.Containers[0]
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: DatabaseCAVolumeName, MountPath: "/ca"})
 	})

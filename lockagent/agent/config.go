@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // Defaults for the agent-only settings.
@@ -25,7 +25,7 @@ const (
 // Config is everything the agent acts on, parsed once from the environment
 // (the webhook's contract) and flags.
 type Config struct {
-	Mode     spec.Mode
+	Mode     contract.Mode
 	Key      string
 	Window   time.Time // zero: computed from Schedule at database time, or manual
 	Manual   bool      // no window: bypasses the schedule lock, honours the lease
@@ -78,7 +78,7 @@ func (c Config) KillGrace() time.Duration { return c.Margin() / 2 }
 func (c Config) HeartbeatInterval() time.Duration { return c.TTL / 3 }
 
 // parseConfig reads flags (which override) and the environment, which
-// spec.ParseAgentEnv parses: the same code that renders it in the webhook
+// contract.ParseAgentEnv parses: the same code that renders it in the webhook
 // holds it to the same bounds. It returns every problem at once, each naming
 // the variable, its value and the fix. On error the Config still holds what
 // could be read, so that the agent can publish an error decision.
@@ -86,14 +86,14 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	fs := flag.NewFlagSet("dislock-agent agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := Config{}
-	shared := fs.String("shared-dir", "", "directory shared with the wrappers ($"+spec.EnvSharedDir+", default "+spec.DefaultSharedDir+")")
-	termLog := fs.String("termination-log", "", "file for the one-line outcome ($"+spec.EnvTerminationLog+", default "+spec.DefaultTerminationLog+")")
+	shared := fs.String("shared-dir", "", "directory shared with the wrappers ($"+contract.EnvSharedDir+", default "+contract.DefaultSharedDir+")")
+	termLog := fs.String("termination-log", "", "file for the one-line outcome ($"+contract.EnvTerminationLog+", default "+contract.DefaultTerminationLog+")")
 	fs.DurationVar(&c.StartTimeout, "start-timeout", DefaultStartTimeout, "how long to retry an unreachable database before deciding error")
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", DefaultStopTimeout, "how long to try recording the outcome after SIGTERM")
 	// Test-only flags, left out of the usage text: neither has a use in a
 	// pod, and the short TTLs would be unsafe there.
 	fs.DurationVar(&c.WallClockOffset, "test-wall-clock-offset", 0, "test only: shift the local wall clock (decisions must not change)")
-	var opts spec.ParseOptions
+	var opts contract.ParseOptions
 	fs.BoolVar(&opts.AllowShortTTL, "test-allow-short-ttl", false, "test only: allow a lease TTL and an app-start timeout down to 1s")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: dislock-agent agent [flags] (configured by the DISLOCK_* environment)\n")
@@ -111,11 +111,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	}
 
 	// The flags mirror their variables.
-	env, err := spec.ParseAgentEnv(func(name string) string {
+	env, err := contract.ParseAgentEnv(func(name string) string {
 		switch {
-		case name == spec.EnvSharedDir && *shared != "":
+		case name == contract.EnvSharedDir && *shared != "":
 			return *shared
-		case name == spec.EnvTerminationLog && *termLog != "":
+		case name == contract.EnvTerminationLog && *termLog != "":
 			return *termLog
 		}
 		return getenv(name)

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -125,7 +125,7 @@ func TestAnAppRestartedAfterAnErrorDecisionRunsOnceTheDatabaseAnswers(t *testing
 	// The webhook names each app container; a restarted container reports
 	// under the same name, replacing its earlier result.
 	j := job{dsn: dsn.String(), key: uniqueKey(t), mode: "schedule", ttl: 5 * time.Second, ledger: t.TempDir() + "/ledger",
-		extra: []string{spec.EnvContainerName + "=app"}}
+		extra: []string{contract.EnvContainerName + "=app"}}
 	p := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(0, 0), agentArgs: []string{"--start-timeout=2s"}})
 	p.waitWrapper()
 	if p.exit != 75 || p.decision().Action != protocol.ActionError {

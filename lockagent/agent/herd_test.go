@@ -27,9 +27,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/benchscale"
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
@@ -174,7 +174,7 @@ func BenchmarkHerd(b *testing.B) {
 		}
 		sizes = append(sizes, n)
 	}
-	mode, err := spec.ParseMode(*herdMode)
+	mode, err := contract.ParseMode(*herdMode)
 	if err != nil {
 		b.Fatalf("-herd.mode: %v", err)
 	}
@@ -314,7 +314,7 @@ func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
 // process of their own (herdChild): this machine allows a process 20 000
 // open files and no more (no CAP_SYS_RESOURCE), and a cluster's 10 000 pods
 // each hold a connection, as its PgBouncer holds one per pod.
-func (h *herd) run(b testing.TB, m int, mode spec.Mode, hold time.Duration) herdRow {
+func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration) herdRow {
 	ctx := context.Background()
 	h.runs++
 	var now time.Time
@@ -1022,7 +1022,7 @@ func TestAHerdRunsEveryWindowOnceWithoutErrors(t *testing.T) {
 	if err := benchscale.RaiseFileLimit(keys + 2000); err != nil {
 		t.Fatal(err)
 	}
-	mode, err := spec.ParseMode("schedule,lease")
+	mode, err := contract.ParseMode("schedule,lease")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1050,7 +1050,7 @@ func TestHerdHeartbeatFiguresCountRealRenewals(t *testing.T) {
 	if err := benchscale.RaiseFileLimit(keys + 2000); err != nil {
 		t.Fatal(err)
 	}
-	mode, err := spec.ParseMode("schedule")
+	mode, err := contract.ParseMode("schedule")
 	if err != nil {
 		t.Fatal(err)
 	}

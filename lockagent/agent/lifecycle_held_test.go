@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // Pod lifecycles the hostile review tried that held from the start; kept so
@@ -21,7 +21,7 @@ import (
 func TestAGivenUpClaimStaysGivenUpAfterASidecarRestart(t *testing.T) {
 	j := newJob(t, bouncerDSN(t), "schedule,lease", 2*time.Second)
 	j.standby = true
-	j.extra = append(j.extra, spec.EnvAppStartTimeout+"=2s")
+	j.extra = append(j.extra, contract.EnvAppStartTimeout+"=2s")
 	a := j.sidecar(t, podSpec{cluster: "dc-a", window: tick0, app: app(0.2, 0)})
 	await(t, "dc-a to give up", 15*time.Second, func() bool { return strings.Contains(a.terminationMessage(), "gave the claim up") })
 	a.stopAgent()

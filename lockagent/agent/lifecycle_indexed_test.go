@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // Indexed Job, schedule,lease, standby, two healthy clusters. With a lease
@@ -24,12 +24,12 @@ func TestEachIndexOfAnIndexedJobHasItsOwnLease(t *testing.T) {
 	j := newJob(t, bouncerDSN(t), "schedule,lease", 3*time.Second)
 	j.standby = true
 	a0 := j.start(t, podSpec{cluster: "dc-a", window: tick0, jobName: "job-a", podName: "job-a-0", app: app(3, 0),
-		env: []string{spec.EnvJobIndex + "=0", "CLUSTER=dc-a-index-0"}})
+		env: []string{contract.EnvJobIndex + "=0", "CLUSTER=dc-a-index-0"}})
 	j.awaitRuns(t, "dc-a index 0 to run", 1)
 	b1 := j.start(t, podSpec{cluster: "dc-b", window: tick0, jobName: "job-b", podName: "job-b-1", app: app(0.2, 0),
-		env: []string{spec.EnvJobIndex + "=1", "CLUSTER=dc-b-index-1"}})
+		env: []string{contract.EnvJobIndex + "=1", "CLUSTER=dc-b-index-1"}})
 	a1 := j.start(t, podSpec{cluster: "dc-a", window: tick0, jobName: "job-a", podName: "job-a-1", app: app(0.2, 0),
-		env: []string{spec.EnvJobIndex + "=1", "CLUSTER=dc-a-index-1"}})
+		env: []string{contract.EnvJobIndex + "=1", "CLUSTER=dc-a-index-1"}})
 	a0.finish()
 	b1.finish()
 	a1.finish()
@@ -59,7 +59,7 @@ func TestAPlainAndAnIndexedPodOfOneWindowNeverBothRun(t *testing.T) {
 				plain := podSpec{cluster: "dc-a", window: tick0, jobName: "job-a", podName: "job-a-x", app: app(2, 0),
 					env: []string{"CLUSTER=dc-a"}}
 				indexed := podSpec{cluster: "dc-b", window: tick0, jobName: "job-b", podName: "job-b-0", app: app(2, 0),
-					env: []string{spec.EnvJobIndex + "=0", spec.EnvCompletions + "=2", "CLUSTER=dc-b"}}
+					env: []string{contract.EnvJobIndex + "=0", contract.EnvCompletions + "=2", "CLUSTER=dc-b"}}
 				first, second := plain, indexed
 				if indexedFirst {
 					first, second = indexed, plain

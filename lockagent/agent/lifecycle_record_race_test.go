@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -99,7 +99,7 @@ func TestAStartedFileOfNoAppContainerDoesNotHoldTheRecordBack(t *testing.T) {
 	j := newJob(t, pgtest.Need(t).BouncerDSN(), "schedule", 6*time.Second)
 	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, agentArgs: []string{"--stop-timeout=2s"},
 		app: `touch "$DISLOCK_SHARED_DIR/started/ghost"; sleep 0.3; exit 1`,
-		env: []string{spec.EnvRestartPolicy + "=" + spec.RestartNever}})
+		env: []string{contract.EnvRestartPolicy + "=" + contract.RestartNever}})
 	a.waitWrapper()
 	s := openStore(t, j.dsn)
 	await(t, "the failure recorded while the sidecar runs", 20*time.Second, func() bool {
@@ -118,7 +118,7 @@ func TestAFailedAppsLeftoversAreStoppedBeforeItsFailureIsRecorded(t *testing.T) 
 	pidFile := filepath.Join(t.TempDir(), "leftover.pid")
 	a := j.start(t, podSpec{cluster: "dc-a", window: tick0,
 		app: `sleep 300 >/dev/null 2>&1 & echo $! > "` + pidFile + `"; sleep 0.2; exit 1`,
-		env: []string{spec.EnvRestartPolicy + "=" + spec.RestartNever}})
+		env: []string{contract.EnvRestartPolicy + "=" + contract.RestartNever}})
 	a.waitWrapper()
 	b, err := os.ReadFile(pidFile)
 	if err != nil {

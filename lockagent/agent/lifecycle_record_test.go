@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -74,7 +74,7 @@ func TestTheWaitForTheRecordEnds(t *testing.T) {
 	})
 	t.Run("another container failed", func(t *testing.T) {
 		j := newJob(t, bouncerDSN(t), "schedule", 3*time.Second)
-		j.extra = append(j.extra, spec.EnvAppContainers+"=app,other")
+		j.extra = append(j.extra, contract.EnvAppContainers+"=app,other")
 		a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(0.5, 0)})
 		other := exec.Command(filepath.Join(a.dir, protocol.BinPath), "exec", "--name", "other", "--", "/bin/sh", "-c", "exit 3")
 		other.Env = a.env
@@ -132,7 +132,7 @@ func (po *pod) startContainer(name, script string, env ...string) *reviewContain
 	po.t.Helper()
 	c := &reviewContainer{log: &syncBuffer{}, done: make(chan struct{})}
 	c.cmd = exec.Command(filepath.Join(po.dir, protocol.BinPath), "exec", "--", "/bin/sh", "-c", script)
-	c.cmd.Env = append(append(append([]string{}, po.env...), spec.EnvContainerName+"="+name), env...)
+	c.cmd.Env = append(append(append([]string{}, po.env...), contract.EnvContainerName+"="+name), env...)
 	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
 	c.cmd.WaitDelay = time.Second // a killed wrapper's orphans may hold its output open
 	if err := c.cmd.Start(); err != nil {
@@ -192,7 +192,7 @@ const waitingLine = "waiting for the agent to record the success"
 func TestOnlyTheLastAppContainerToFinishWaitsForTheRecord(t *testing.T) {
 	j := newJob(t, bouncerDSN(t), "schedule", 3*time.Second)
 	j.standby = true
-	j.extra = append(j.extra, spec.EnvAppContainers+"=app,other")
+	j.extra = append(j.extra, contract.EnvAppContainers+"=app,other")
 	a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(4, 0)})
 	other := a.startContainer("other", app(0.2, 0), "CLUSTER=dc-a-other")
 	// Only the last container to finish waits for the record: other ends
@@ -322,7 +322,7 @@ func TestTheAppsLeftoverProcessesDieBeforeTheLeaseIsReleased(t *testing.T) {
 	j := newJob(t, bouncerDSN(t), "lease", 1*time.Second) // a waiting pod polls every 100 ms
 	// As the webhook renders it (explicit, so that this test also runs
 	// unchanged on the commit before the change, for comparison).
-	j.extra = append(j.extra, spec.EnvAppContainers+"=app", spec.EnvContainerName+"=app")
+	j.extra = append(j.extra, contract.EnvAppContainers+"=app", contract.EnvContainerName+"=app")
 	leftover := filepath.Join(t.TempDir(), "leftover")
 	script := `line() { echo "$1 $CLUSTER ${DISLOCK_WINDOW:-manual} ${DISLOCK_FENCING_TOKEN:-0} $(date +%s%N)" >> "$LEDGER"; }
 line start
@@ -434,7 +434,7 @@ func TestAContainerKilledWithoutAResultDoesNotKeepThePodAlive(t *testing.T) {
 	const ttl = 2 * time.Second
 	j := newJob(t, bouncerDSN(t), "schedule", ttl)
 	j.standby = true
-	j.extra = append(j.extra, spec.EnvAppContainers+"=app,other")
+	j.extra = append(j.extra, contract.EnvAppContainers+"=app,other")
 	a := j.sidecar(t, podSpec{cluster: "dc-a", window: tick0, app: app(1, 0)})
 	other := a.startContainer("other", app(30, 0), "CLUSTER=dc-a-other")
 	a.startWrapper()

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -161,7 +161,7 @@ func TestASuccessBeforeARevocationIsRecordedAsASuccess(t *testing.T) {
 	// list): it records only at its SIGTERM, and the wrapper does not wait.
 	// With them known the success is recorded before the app container
 	// exits, and this revocation cannot come between.
-	j.extra = append(j.extra, spec.EnvAppContainers+"=")
+	j.extra = append(j.extra, contract.EnvAppContainers+"=")
 	ja := j
 	ja.dsn = bn.DSN()
 	a := ja.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(0.2, 0)})
@@ -196,7 +196,7 @@ func TestASuccessBeforeARevocationIsRecordedAsASuccess(t *testing.T) {
 func TestASecondAppContainerThatNeverStartsGivesTheWindowUp(t *testing.T) {
 	j := newJob(t, bouncerDSN(t), "schedule", 2*time.Second)
 	j.standby = true
-	j.extra = append(j.extra, spec.EnvAppStartTimeout+"=2s", spec.EnvAppContainers+"=one,two", spec.EnvContainerName+"=one")
+	j.extra = append(j.extra, contract.EnvAppStartTimeout+"=2s", contract.EnvAppContainers+"=one,two", contract.EnvContainerName+"=one")
 	a := j.sidecar(t, podSpec{cluster: "dc-a", window: tick0, app: app(0.2, 0)})
 	a.startWrapper() // container "one" starts and finishes; container "two" never starts
 	a.waitWrapper()

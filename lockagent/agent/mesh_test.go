@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -113,7 +113,7 @@ func TestTheAgentAsksAClassicMeshSidecarToQuitOnceTheAppsEnded(t *testing.T) {
 	meshJob := func(t *testing.T, mode, policy string, listen bool) (job, *fakeProxy) {
 		j := newJob(t, dsn, mode, 6*time.Second)
 		fp := newFakeProxy(t, j, listen)
-		j.extra = append(j.extra, spec.EnvRestartPolicy+"="+policy, spec.EnvProxyQuit+"="+fp.url)
+		j.extra = append(j.extra, contract.EnvRestartPolicy+"="+policy, contract.EnvProxyQuit+"="+fp.url)
 		return j, fp
 	}
 	// startIn starts the pod the proxy sits in.
@@ -134,9 +134,9 @@ func TestTheAgentAsksAClassicMeshSidecarToQuitOnceTheAppsEnded(t *testing.T) {
 		exit         int
 		state        lock.State
 	}{
-		{"the app succeeds", spec.RestartNever, 0, lock.StateSucceeded},
-		{"the app fails under restartPolicy Never", spec.RestartNever, 3, lock.StateFailed},
-		{"the app succeeds under restartPolicy OnFailure", spec.RestartOnFailure, 0, lock.StateSucceeded},
+		{"the app succeeds", contract.RestartNever, 0, lock.StateSucceeded},
+		{"the app fails under restartPolicy Never", contract.RestartNever, 3, lock.StateFailed},
+		{"the app succeeds under restartPolicy OnFailure", contract.RestartOnFailure, 0, lock.StateSucceeded},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j, fp := meshJob(t, "schedule,lease", tc.policy, true)
@@ -155,7 +155,7 @@ func TestTheAgentAsksAClassicMeshSidecarToQuitOnceTheAppsEnded(t *testing.T) {
 	}
 
 	t.Run("another cluster's pod skips", func(t *testing.T) {
-		j, fp := meshJob(t, "schedule,lease", spec.RestartNever, true)
+		j, fp := meshJob(t, "schedule,lease", contract.RestartNever, true)
 		runElsewhere(t, j)
 		a := startIn(t, j, fp, podSpec{cluster: "dc-a", window: tick0, app: app(0, 0)})
 		a.waitWrapper()
@@ -169,7 +169,7 @@ func TestTheAgentAsksAClassicMeshSidecarToQuitOnceTheAppsEnded(t *testing.T) {
 	})
 
 	t.Run("the app fails under restartPolicy OnFailure: the proxy stays for the restart", func(t *testing.T) {
-		j, fp := meshJob(t, "schedule,lease", spec.RestartOnFailure, true)
+		j, fp := meshJob(t, "schedule,lease", contract.RestartOnFailure, true)
 		a := startIn(t, j, fp, podSpec{cluster: "dc-a", window: tick0, app: app(0.2, 3)})
 		a.waitWrapper()
 		a.spec.app = app(0.2, 0)
@@ -186,7 +186,7 @@ func TestTheAgentAsksAClassicMeshSidecarToQuitOnceTheAppsEnded(t *testing.T) {
 	})
 
 	t.Run("the proxy is not up yet when the pod skips", func(t *testing.T) {
-		j, fp := meshJob(t, "schedule", spec.RestartNever, false)
+		j, fp := meshJob(t, "schedule", contract.RestartNever, false)
 		runElsewhere(t, j)
 		a := startIn(t, j, fp, podSpec{cluster: "dc-a", window: tick0, app: app(0, 0)})
 		a.waitWrapper()

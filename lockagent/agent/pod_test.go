@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/agent"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -165,8 +165,8 @@ func (j job) env(p podSpec, dir, termLog string) []string {
 		"DISLOCK_SHARED_DIR=" + dir,
 		"DISLOCK_TERMINATION_LOG=" + termLog,
 		// As the webhook renders it: the pod's one app container is named.
-		spec.EnvAppContainers + "=app",
-		spec.EnvContainerName + "=app",
+		contract.EnvAppContainers + "=app",
+		contract.EnvContainerName + "=app",
 		"LEDGER=" + j.ledger,
 		"CLUSTER=" + p.cluster,
 	}
@@ -239,7 +239,7 @@ func (po *pod) startWrapper() {
 }
 
 func (po *pod) startAgent() {
-	// Short TTLs keep the tests quick; the bounds users get are tested in spec.
+	// Short TTLs keep the tests quick; the bounds users get are tested in package contract.
 	args := append([]string{"agent", "--test-allow-short-ttl"}, po.spec.agentArgs...)
 	if po.spec.clock != 0 {
 		args = append(args, "--test-wall-clock-offset="+po.spec.clock.String())

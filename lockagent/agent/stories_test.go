@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -129,7 +129,7 @@ func TestAWinnerWhoseAppNeverStartsGivesTheWindowUp(t *testing.T) {
 			t.Run(mode, func(t *testing.T) {
 				j := newJob(t, dsn, mode, 3*time.Second)
 				j.standby = true
-				j.extra = append(j.extra, spec.EnvAppStartTimeout+"=2s")
+				j.extra = append(j.extra, contract.EnvAppStartTimeout+"=2s")
 				a := j.sidecar(t, podSpec{cluster: "dc-a", window: tick0, app: app(0, 0)})
 				await(t, "dc-a to win", 10*time.Second, func() bool {
 					d, ok, _ := protocol.Dir(a.dir).ReadDecision()
@@ -192,12 +192,12 @@ func TestASidecarRestartedAfterAnErrorDecidesAgain(t *testing.T) {
 func TestClustersThatDisagreeAreTold(t *testing.T) {
 	eachTarget(t, func(t *testing.T, dsn string) {
 		j := newJob(t, dsn, "schedule", 3*time.Second)
-		a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(0, 0), env: []string{spec.EnvSchedule + "=0 2 * * *", spec.EnvTimeZone + "=Europe/Berlin"}})
+		a := j.start(t, podSpec{cluster: "dc-a", window: tick0, app: app(0, 0), env: []string{contract.EnvSchedule + "=0 2 * * *", contract.EnvTimeZone + "=Europe/Berlin"}})
 		if a.finish() != 0 {
 			t.Fatal("dc-a failed")
 		}
 		// dc-b's tick of the same schedule is another instant: it runs too.
-		b := j.start(t, podSpec{cluster: "dc-b", window: tick0.Add(time.Hour), app: app(0, 0), env: []string{spec.EnvSchedule + "=0 2 * * *"}})
+		b := j.start(t, podSpec{cluster: "dc-b", window: tick0.Add(time.Hour), app: app(0, 0), env: []string{contract.EnvSchedule + "=0 2 * * *"}})
 		if b.finish() != 0 {
 			t.Fatal("dc-b failed")
 		}
@@ -221,7 +221,7 @@ func TestEachIndexOfAnIndexedJobRunsOnceAcrossClusters(t *testing.T) {
 		for _, cluster := range []string{"dc-a", "dc-b"} {
 			for i := range 3 {
 				p := podSpec{cluster: cluster, window: tick0, podName: fmt.Sprintf("%s-%d", cluster, i), app: app(0.3, 0),
-					env: []string{spec.EnvJobIndex + "=" + fmt.Sprint(i), fmt.Sprintf("CLUSTER=%s-index-%d", cluster, i)}}
+					env: []string{contract.EnvJobIndex + "=" + fmt.Sprint(i), fmt.Sprintf("CLUSTER=%s-index-%d", cluster, i)}}
 				pods = append(pods, j.start(t, p))
 			}
 		}

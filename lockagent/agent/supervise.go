@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // supervise keeps what the pod holds alive until SIGTERM: a heartbeat every
@@ -203,7 +203,7 @@ func (a *agent) allEnded() bool {
 	}
 	for _, c := range a.cfg.AppContainers {
 		r, ok := results[c]
-		if !ok || r.ExitCode != 0 && a.cfg.RestartPolicy != spec.RestartNever {
+		if !ok || r.ExitCode != 0 && a.cfg.RestartPolicy != contract.RestartNever {
 			return false
 		}
 	}

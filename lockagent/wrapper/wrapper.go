@@ -26,8 +26,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // Exit codes of the wrapper itself; otherwise it exits with the command's
@@ -133,10 +133,10 @@ func parseArgs(args []string, getenv func(string) string, output io.Writer) (Opt
 	fs := flag.NewFlagSet("dislock-agent exec", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var o Options
-	fs.StringVar(&o.SharedDir, "shared-dir", envOr(getenv, spec.EnvSharedDir, spec.DefaultSharedDir),
-		"directory shared with the agent (env "+spec.EnvSharedDir+")")
-	fs.StringVar(&o.Name, "name", getenv(spec.EnvContainerName),
-		"result file name under results/ (env "+spec.EnvContainerName+"; default app-<random hex>)")
+	fs.StringVar(&o.SharedDir, "shared-dir", envOr(getenv, contract.EnvSharedDir, contract.DefaultSharedDir),
+		"directory shared with the agent (env "+contract.EnvSharedDir+")")
+	fs.StringVar(&o.Name, "name", getenv(contract.EnvContainerName),
+		"result file name under results/ (env "+contract.EnvContainerName+"; default app-<random hex>)")
 	fs.DurationVar(&o.Poll, "poll", DefaultPoll, "how often the agent's files are read")
 	fs.DurationVar(&o.DecisionTimeout, "decision-timeout", 0, "how long to wait for the agent's decision (0: forever)")
 	err := fs.Parse(args)
@@ -448,8 +448,8 @@ func childEnv(environ []string, dec protocol.Decision) []string {
 		token = strconv.FormatInt(dec.Token, 10)
 	}
 	return append(slices.Clip(environ),
-		spec.EnvFencingToken+"="+token,
-		spec.EnvWindow+"="+dec.Window)
+		contract.EnvFencingToken+"="+token,
+		contract.EnvWindow+"="+dec.Window)
 }
 
 // supervise forwards signals to the command's process group and, every poll,

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 const window = "2024-05-01T12:00:00Z"
@@ -97,7 +97,7 @@ func TestTheCommandSeesItsFencingTokenAndWindowAndOwnsStdout(t *testing.T) {
 	p.decide(runDecision(42))
 	// A stale token in the container's own env must not leak through.
 	w := p.runScript(nil, `echo "$DISLOCK_FENCING_TOKEN $DISLOCK_WINDOW $KEEP" > "$D/env"; echo hello`,
-		spec.EnvFencingToken+"=1", "KEEP=kept")
+		contract.EnvFencingToken+"=1", "KEEP=kept")
 
 	if code := w.wait(); code != 0 {
 		t.Fatalf("exit code %d, want 0; log:\n%s", code, w.rawLog())
@@ -461,7 +461,7 @@ func TestMisuseExits64(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			dir := t.TempDir()
 			env := func(k string) string {
-				if k == spec.EnvSharedDir {
+				if k == contract.EnvSharedDir {
 					return dir
 				}
 				return ""
@@ -496,13 +496,13 @@ func TestFlagsDefaultToTheEnvironment(t *testing.T) {
 	}{
 		{
 			name: "the env names the directory and the container",
-			env:  map[string]string{spec.EnvSharedDir: "/shared", spec.EnvContainerName: "worker"},
+			env:  map[string]string{contract.EnvSharedDir: "/shared", contract.EnvContainerName: "worker"},
 			args: []string{"--", "app", "-x"},
 			want: Options{SharedDir: "/shared", Name: "worker", Poll: DefaultPoll, Command: []string{"app", "-x"}},
 		},
 		{
 			name: "flags win over the env",
-			env:  map[string]string{spec.EnvSharedDir: "/shared", spec.EnvContainerName: "worker"},
+			env:  map[string]string{contract.EnvSharedDir: "/shared", contract.EnvContainerName: "worker"},
 			args: []string{"--shared-dir", "/x", "--name", "y", "--poll", "1s", "--decision-timeout", "1m", "--", "app"},
 			want: Options{SharedDir: "/x", Name: "y", Poll: time.Second, DecisionTimeout: time.Minute, Command: []string{"app"}},
 		},

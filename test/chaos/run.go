@@ -15,8 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -159,18 +159,18 @@ func (r *run) windowStart(w int) time.Time {
 const appContainer = "app"
 
 // podEnv is the sidecar's environment and the app container's, as the
-// webhook renders them: the sidecar's from spec.AgentEnv.Render (so the
+// webhook renders them: the sidecar's from contract.AgentEnv.Render (so the
 // simulator sets exactly the variables the webhook does, DISLOCK_APP_CONTAINERS
 // included), with the references the kubelet resolves (downward API, the
 // database Secret) resolved here; the app container's wrapper gets
 // DISLOCK_CONTAINER_NAME.
 func (r *run) podEnv(j *job, p *pod) (agent, app []string, err error) {
 	s := r.w.Settings
-	mode, err := spec.ParseMode(r.plan.Mode)
+	mode, err := contract.ParseMode(r.plan.Mode)
 	if err != nil {
 		return nil, nil, err
 	}
-	e := spec.AgentEnv{
+	e := contract.AgentEnv{
 		Mode:            mode,
 		Key:             r.key,
 		Window:          r.windowStart(j.window),
@@ -185,7 +185,7 @@ func (r *run) podEnv(j *job, p *pod) (agent, app []string, err error) {
 		AppContainers:   []string{appContainer},
 		// The simulated Jobs run restartPolicy Never pods, and the
 		// webhook says so.
-		RestartPolicy:  spec.RestartNever,
+		RestartPolicy:  contract.RestartNever,
 		Cluster:        j.cl.name,
 		JobName:        j.name,
 		JobUID:         j.uid,
@@ -200,13 +200,13 @@ func (r *run) podEnv(j *job, p *pod) (agent, app []string, err error) {
 		switch {
 		case v.FromDatabaseSecret:
 			val = j.cl.bouncer.DSN()
-		case v.FieldPath == spec.FieldPodName:
+		case v.FieldPath == contract.FieldPodName:
 			val = p.name
-		case v.FieldPath == spec.FieldJobUID:
+		case v.FieldPath == contract.FieldJobUID:
 			val = j.uid
-		case v.FieldPath == spec.FieldJobName:
+		case v.FieldPath == contract.FieldJobName:
 			val = j.name
-		case v.FieldPath == spec.FieldJobCompletionIndex:
+		case v.FieldPath == contract.FieldJobCompletionIndex:
 			val = strconv.Itoa(j.index)
 		case v.FieldPath != "":
 			return nil, nil, fmt.Errorf("the simulator cannot resolve %s from field %s", v.Name, v.FieldPath)
@@ -215,8 +215,8 @@ func (r *run) podEnv(j *job, p *pod) (agent, app []string, err error) {
 	}
 	app = []string{
 		path,
-		spec.EnvSharedDir + "=" + p.dir,
-		spec.EnvContainerName + "=" + appContainer,
+		contract.EnvSharedDir + "=" + p.dir,
+		contract.EnvContainerName + "=" + appContainer,
 		"LEDGER=" + r.ledger,
 		fmt.Sprintf("RUN_ID=cluster=%s job=%s pod=%s w=%d i=%d", j.cl.name, j.name, p.name, j.window, j.index),
 		fmt.Sprintf("APP_SLEEP=%.3f", p.app.Sleep.Seconds()),

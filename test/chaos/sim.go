@@ -15,8 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // Event is one line of a schedule's log: what the simulated kubelet and Job
@@ -280,7 +280,7 @@ func (p *pod) awaitProbe() bool {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		probe := exec.CommandContext(ctx, p.r.w.AgentBin, "probe")
-		probe.Env = []string{spec.EnvSharedDir + "=" + p.dir}
+		probe.Env = []string{contract.EnvSharedDir + "=" + p.dir}
 		err := probe.Run()
 		cancel()
 		if err == nil {

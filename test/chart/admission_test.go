@@ -26,7 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/webhook"
 )
@@ -60,11 +60,11 @@ func ensureOptionalCRDs(t *testing.T, c *kube.Cluster) {
 // label opts namespace ns in (on) or out.
 func label(t *testing.T, cs kubernetes.Interface, ns string, on bool) {
 	t.Helper()
-	value := `"` + spec.LabelInjectionEnabled + `"`
+	value := `"` + contract.LabelInjectionEnabled + `"`
 	if !on {
 		value = "null"
 	}
-	patch := `{"metadata":{"labels":{"` + spec.LabelInjection + `":` + value + `}}}`
+	patch := `{"metadata":{"labels":{"` + contract.LabelInjection + `":` + value + `}}}`
 	if _, err := cs.CoreV1().Namespaces().Patch(context.Background(), ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func (r *release) optIn(t *testing.T, team string) string {
 	t.Cleanup(func() { label(t, r.admin, "kube-system", false) })
 	createNamespace(t, r.c, team)
 	label(t, r.admin, team, true)
-	probe := cronJobIn(team, "opt-in-probe", spec.AnnotationMode, "sometimes")
+	probe := cronJobIn(team, "opt-in-probe", contract.AnnotationMode, "sometimes")
 	await(t, 30*time.Second, "the webhooks to see namespace "+team+" opted in", func(ctx context.Context) (bool, error) {
 		_, err := r.admin.BatchV1().CronJobs(team).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err != nil && strings.Contains(err.Error(), "sometimes"), nil
@@ -98,12 +98,12 @@ func (r *release) optIn(t *testing.T, team string) string {
 func (r *release) injects(t *testing.T, team string) {
 	t.Helper()
 	ctx := context.Background()
-	bad := cronJobIn(team, "bad", spec.AnnotationMode, "schedule", spec.AnnotationLeaseTTL, "5")
+	bad := cronJobIn(team, "bad", contract.AnnotationMode, "schedule", contract.AnnotationLeaseTTL, "5")
 	if _, err := r.admin.BatchV1().CronJobs(team).Create(ctx, bad, metav1.CreateOptions{}); err == nil ||
-		!strings.Contains(err.Error(), spec.AnnotationLeaseTTL) {
+		!strings.Contains(err.Error(), contract.AnnotationLeaseTTL) {
 		t.Errorf("a CronJob with lease-ttl 5 was not refused for it: %v", err)
 	}
-	cj, err := r.admin.BatchV1().CronJobs(team).Create(ctx, cronJobIn(team, "report", spec.AnnotationMode, "schedule"), metav1.CreateOptions{})
+	cj, err := r.admin.BatchV1().CronJobs(team).Create(ctx, cronJobIn(team, "report", contract.AnnotationMode, "schedule"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func (r *release) injects(t *testing.T, team string) {
 		t.Fatal(err)
 	}
 	pod := job.Spec.Template.Spec
-	if job.Annotations[spec.AnnotationStatus] == "" || len(pod.InitContainers) == 0 || pod.InitContainers[0].Name != webhook.SidecarName {
+	if job.Annotations[contract.AnnotationStatus] == "" || len(pod.InitContainers) == 0 || pod.InitContainers[0].Name != webhook.SidecarName {
 		t.Fatalf("the Job was not injected: annotations %v, init containers %+v", job.Annotations, pod.InitContainers)
 	}
 	sidecar := pod.InitContainers[0]
@@ -120,13 +120,13 @@ func (r *release) injects(t *testing.T, team string) {
 	for _, e := range sidecar.Env {
 		env[e.Name] = e
 	}
-	if sidecar.Image != r.flags.value("agent-image") || env[spec.EnvCluster].Value != r.flags.value("cluster-name") {
-		t.Errorf("sidecar image %q cluster %q, want the chart's %q and %q", sidecar.Image, env[spec.EnvCluster].Value,
+	if sidecar.Image != r.flags.value("agent-image") || env[contract.EnvCluster].Value != r.flags.value("cluster-name") {
+		t.Errorf("sidecar image %q cluster %q, want the chart's %q and %q", sidecar.Image, env[contract.EnvCluster].Value,
 			r.flags.value("agent-image"), r.flags.value("cluster-name"))
 	}
-	if ref := env[spec.EnvDatabaseURL].ValueFrom; ref == nil || ref.SecretKeyRef == nil ||
+	if ref := env[contract.EnvDatabaseURL].ValueFrom; ref == nil || ref.SecretKeyRef == nil ||
 		ref.SecretKeyRef.Name != r.flags.value("db-secret-name") || ref.SecretKeyRef.Key != r.flags.value("db-secret-key") {
-		t.Errorf("the sidecar's %s is %+v, want the chart's Secret %s key %s", spec.EnvDatabaseURL, ref,
+		t.Errorf("the sidecar's %s is %+v, want the chart's Secret %s key %s", contract.EnvDatabaseURL, ref,
 			r.flags.value("db-secret-name"), r.flags.value("db-secret-key"))
 	}
 	if cmd := pod.Containers[0].Command; !slices.Equal(cmd[:min(len(cmd), len(webhook.WrapperPrefix))], webhook.WrapperPrefix) {
@@ -148,7 +148,7 @@ func (r *release) leavesAlone(t *testing.T, namespaces ...string) {
 	ctx := context.Background()
 	for _, ns := range namespaces {
 		name := "ignored-" + strconv.FormatInt(time.Now().UnixNano()%1e6, 10)
-		cj, err := r.admin.BatchV1().CronJobs(ns).Create(ctx, cronJobIn(ns, name, spec.AnnotationMode, "sometimes"), metav1.CreateOptions{})
+		cj, err := r.admin.BatchV1().CronJobs(ns).Create(ctx, cronJobIn(ns, name, contract.AnnotationMode, "sometimes"), metav1.CreateOptions{})
 		if err != nil {
 			t.Errorf("a CronJob in %s went to the webhook: %v", ns, err)
 			continue
@@ -170,7 +170,7 @@ func untouched(t *testing.T, cs kubernetes.Interface, job *batchv1.Job) {
 	t.Cleanup(func() {
 		_ = cs.BatchV1().Jobs(job.Namespace).Delete(context.Background(), job.Name, metav1.DeleteOptions{})
 	})
-	if _, ok := stored.Annotations[spec.AnnotationStatus]; ok || len(stored.Spec.Template.Spec.InitContainers) > 0 {
+	if _, ok := stored.Annotations[contract.AnnotationStatus]; ok || len(stored.Spec.Template.Spec.InitContainers) > 0 {
 		t.Errorf("Job %s/%s was changed by the webhook", job.Namespace, job.Name)
 	}
 }

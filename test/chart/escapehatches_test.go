@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // databaseCAFile is where the chart mounts database.tls's CA bundle; the
@@ -77,8 +77,8 @@ func TestTheEscapeHatchesReachTheWebhookAfterTheChartsOwn(t *testing.T) {
 			c.Env[n-1].Name != "GOMEMLIMIT" || c.Env[n-1].ValueFrom == nil || c.Env[n-1].ValueFrom.ResourceFieldRef == nil {
 			t.Errorf("env %+v: want HTTPS_PROXY and GOMEMLIMIT last", c.Env)
 		}
-		if envNamed(c.Env, spec.EnvDatabaseURL) == nil {
-			t.Errorf("env %+v lost %s", c.Env, spec.EnvDatabaseURL)
+		if envNamed(c.Env, contract.EnvDatabaseURL) == nil {
+			t.Errorf("env %+v lost %s", c.Env, contract.EnvDatabaseURL)
 		}
 	})
 	t.Run("args, a repeated flag last", func(t *testing.T) {
@@ -305,8 +305,8 @@ func TestTheHelmTestPodChecksTheDatabaseAsTheWebhookConnects(t *testing.T) {
 			if c.Image != wc.Image || !slices.Equal(c.Command, wc.Command) || !slices.Equal(c.Args, wantArgs) {
 				t.Errorf("runs %s %v %v, want %s %v %v", c.Image, c.Command, c.Args, wc.Image, wc.Command, wantArgs)
 			}
-			if got, want := envNamed(c.Env, spec.EnvDatabaseURL), envNamed(wc.Env, spec.EnvDatabaseURL); got == nil || !reflect.DeepEqual(got, want) {
-				t.Errorf("%s %+v, the webhook's is %+v", spec.EnvDatabaseURL, got, want)
+			if got, want := envNamed(c.Env, contract.EnvDatabaseURL), envNamed(wc.Env, contract.EnvDatabaseURL); got == nil || !reflect.DeepEqual(got, want) {
+				t.Errorf("%s %+v, the webhook's is %+v", contract.EnvDatabaseURL, got, want)
 			}
 			if !reflect.DeepEqual(c.SecurityContext, wc.SecurityContext) || !reflect.DeepEqual(p.Spec.SecurityContext, wpod.SecurityContext) {
 				t.Errorf("security contexts %+v / %+v, the webhook's %+v / %+v", p.Spec.SecurityContext, c.SecurityContext, wpod.SecurityContext, wc.SecurityContext)

@@ -34,8 +34,8 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/test/tlstest"
@@ -405,7 +405,7 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 		if _, err := r.admin.CoreV1().Secrets(team).Create(ctx, pull, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		cj := cronJobIn(team, "imaged", spec.AnnotationMode, "schedule")
+		cj := cronJobIn(team, "imaged", contract.AnnotationMode, "schedule")
 		app := &cj.Spec.JobTemplate.Spec.Template.Spec
 		app.Containers[0].Image, app.Containers[0].Command = image, nil
 		app.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "registry"}}
@@ -500,7 +500,7 @@ func TestWithCertManagerTheWebhookServesTheIssuedCertificate(t *testing.T) {
 		// Admissions go on all through the renewal: a dry-run CronJob the
 		// validating webhook refuses naming its bad mode. Anything else is
 		// an admission that failed (a TLS error, a webhook not answering).
-		probe := cronJobIn(team, "renewal-probe", spec.AnnotationMode, "sometimes")
+		probe := cronJobIn(team, "renewal-probe", contract.AnnotationMode, "sometimes")
 		var answered, failed atomic.Int64
 		var firstFailure atomic.Value
 		stop := make(chan struct{})

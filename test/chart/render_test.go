@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/webhook"
 )
 
@@ -135,8 +135,8 @@ func TestRenderingRefusesMissingOrBadValuesSayingWhatToSet(t *testing.T) {
 	}
 }
 
-// contract is what one rendering must show.
-type contract struct {
+// expected is what one rendering must show.
+type expected struct {
 	ns, cluster, agentImage, dbSecret string
 	createdURL                        string // the database Secret the chart creates holds it
 	timeout                           int32
@@ -153,23 +153,23 @@ func TestTheRenderedChartKeepsItsPromises(t *testing.T) {
 	for _, tc := range []struct {
 		name, release string
 		vals          map[string]any
-		want          contract
+		want          expected
 	}{
-		{"the defaults: own certificates, the database Secret copied", "dislock", base(), contract{
+		{"the defaults: own certificates, the database Secret copied", "dislock", base(), expected{
 			ns: "dislock-system", cluster: "dc-a", agentImage: "ghcr.io/dislock/dislock-agent:" + appVersion(t),
 			dbSecret: "dislock-db", timeout: 5, selfSigned: true, copier: true}},
-		{"certificates from cert-manager", "dislock", base("certManager.enabled", true), contract{
+		{"certificates from cert-manager", "dislock", base("certManager.enabled", true), expected{
 			ns: "dislock-system", cluster: "dc-a", agentImage: "ghcr.io/dislock/dislock-agent:" + appVersion(t),
 			dbSecret: "dislock-db", timeout: 5, copier: true}},
 		{"another release and namespace, a database URL, no copies, a pinned agent image", "prod", values(
 			"clusterName", "dc-b", "database.url", testURL, "database.copyToNamespaces", false,
 			"webhook.timeoutSeconds", 9, "webhook.excludeNamespaces", []any{"monitoring"},
-			"image.tag", "1.2.3", "agent.image.digest", "sha256:"+strings.Repeat("ab", 32)), contract{
+			"image.tag", "1.2.3", "agent.image.digest", "sha256:"+strings.Repeat("ab", 32)), expected{
 			ns: "ops", cluster: "dc-b", agentImage: "ghcr.io/dislock/dislock-agent@sha256:" + strings.Repeat("ab", 32),
 			dbSecret: "prod-dislock-db", createdURL: testURL, timeout: 9, selfSigned: true, excluded: []string{"monitoring"}}},
 		{"images from a private registry: the sidecar's tag follows the webhook's", "dislock", base(
 			"image.repository", "registry.example.com/dislock", "image.tag", "v0.2.0",
-			"agent.image.repository", "registry.example.com/dislock-agent"), contract{
+			"agent.image.repository", "registry.example.com/dislock-agent"), expected{
 			ns: "dislock-system", cluster: "dc-a", agentImage: "registry.example.com/dislock-agent:v0.2.0",
 			dbSecret: "dislock-db", timeout: 5, selfSigned: true, copier: true}},
 	} {
@@ -180,7 +180,7 @@ func TestTheRenderedChartKeepsItsPromises(t *testing.T) {
 	}
 }
 
-func checkContract(t *testing.T, m manifest, w contract) {
+func checkContract(t *testing.T, m manifest, w expected) {
 	dep := typed[appsv1.Deployment](t, m.one(t, "Deployment"))
 	pod := dep.Spec.Template.Spec
 	podLabels := dep.Spec.Template.Labels
@@ -363,10 +363,10 @@ func checkContract(t *testing.T, m manifest, w contract) {
 				t.Errorf("%s: no matchConditions", h.name)
 			}
 			wantExcluded := append([]string{w.ns, "kube-system"}, w.excluded...)
-			if h.ns == nil || h.ns.MatchLabels[spec.LabelInjection] != spec.LabelInjectionEnabled || len(h.ns.MatchExpressions) != 1 ||
+			if h.ns == nil || h.ns.MatchLabels[contract.LabelInjection] != contract.LabelInjectionEnabled || len(h.ns.MatchExpressions) != 1 ||
 				h.ns.MatchExpressions[0].Key != corev1.LabelMetadataName || h.ns.MatchExpressions[0].Operator != metav1.LabelSelectorOpNotIn ||
 				!sameSet(h.ns.MatchExpressions[0].Values, wantExcluded) {
-				t.Errorf("%s: namespaceSelector %+v, want %s=%s and not in %v", h.name, h.ns, spec.LabelInjection, spec.LabelInjectionEnabled, wantExcluded)
+				t.Errorf("%s: namespaceSelector %+v, want %s=%s and not in %v", h.name, h.ns, contract.LabelInjection, contract.LabelInjectionEnabled, wantExcluded)
 			}
 		}
 		if p := mw.ReinvocationPolicy; p == nil || *p != admissionregistrationv1.IfNeededReinvocationPolicy {
@@ -401,10 +401,10 @@ func checkContract(t *testing.T, m manifest, w contract) {
 		if f := env["POD_NAMESPACE"].ValueFrom; f == nil || f.FieldRef == nil || f.FieldRef.FieldPath != "metadata.namespace" {
 			t.Errorf("POD_NAMESPACE %+v", env["POD_NAMESPACE"])
 		}
-		ref := env[spec.EnvDatabaseURL].ValueFrom
+		ref := env[contract.EnvDatabaseURL].ValueFrom
 		if ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != w.dbSecret || ref.SecretKeyRef.Key != flags.value("db-secret-key") ||
 			flags.value("db-secret-name") != w.dbSecret {
-			t.Fatalf("%s %+v, --db-secret-name %s: want Secret %s", spec.EnvDatabaseURL, ref, flags.value("db-secret-name"), w.dbSecret)
+			t.Fatalf("%s %+v, --db-secret-name %s: want Secret %s", contract.EnvDatabaseURL, ref, flags.value("db-secret-name"), w.dbSecret)
 		}
 		created := m.find("Secret", w.dbSecret)
 		if w.createdURL == "" {
@@ -520,8 +520,8 @@ func TestTheInstallNotesSayHowToOptIn(t *testing.T) {
 		t.Fatalf("no NOTES in\n%s", out)
 	}
 	for _, want := range []string{
-		"kubectl label namespace NAMESPACE " + spec.LabelInjection + "=" + spec.LabelInjectionEnabled,
-		"kubectl annotate cronjob/NAME -n NAMESPACE " + spec.AnnotationMode + "=schedule",
+		"kubectl label namespace NAMESPACE " + contract.LabelInjection + "=" + contract.LabelInjectionEnabled,
+		"kubectl annotate cronjob/NAME -n NAMESPACE " + contract.AnnotationMode + "=schedule",
 		"never intercepts ops or kube-system",
 		`cluster "dc-a"`,
 		"helm test dislock -n ops --logs",

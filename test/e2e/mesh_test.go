@@ -10,8 +10,8 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/images"
 )
 
@@ -35,7 +35,7 @@ func TestPodsWithAClassicMeshSidecarCompleteWhetherTheyRanFailedOrSkipped(t *tes
 	// mesh (no mesh injects such a pod), so the CronJob names the proxy's
 	// quit URL itself.
 	cjs := suspendedEverywhere(t, e, name, "schedule,lease", Ledger{Work: time.Second,
-		Annotations: map[string]string{spec.AnnotationProxyQuit: "http://127.0.0.1:15020/quitquitquit"}})
+		Annotations: map[string]string{contract.AnnotationProxyQuit: "http://127.0.0.1:15020/quitquitquit"}})
 	withProxy := func(j *batchv1.Job) {
 		j.Spec.Template.Spec.Containers = append(j.Spec.Template.Spec.Containers, corev1.Container{
 			Name: "istio-proxy", Image: images.MeshRef, ImagePullPolicy: corev1.PullNever,

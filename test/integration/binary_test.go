@@ -21,7 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/tlstest"
 	"github.com/dislock/dislock/webhook"
@@ -176,7 +176,7 @@ func TestTheWebhookBinaryServesProbesMetricsAndARenewedCertificate(t *testing.T)
 	registerWebhooks(t, cs, fmt.Sprintf("https://127.0.0.1:%d", w.port), ca.CertPEM)
 	awaitOptedIn(t, cs, "metered")
 
-	annotated, err := cs.BatchV1().CronJobs("metered").Create(ctx, withAnnotations(cronJob("metered", "report", "0 3 * * *"), map[string]string{spec.AnnotationMode: "schedule"}), metav1.CreateOptions{})
+	annotated, err := cs.BatchV1().CronJobs("metered").Create(ctx, withAnnotations(cronJob("metered", "report", "0 3 * * *"), map[string]string{contract.AnnotationMode: "schedule"}), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/tlstest"
 	"github.com/dislock/dislock/webhook"
@@ -66,7 +66,7 @@ func TestSelfSignedCertificatesAreGeneratedAndPublished(t *testing.T) {
 	var cj *batchv1.CronJob
 	await(t, "the webhook to admit a CronJob", func() (bool, error) {
 		var err error
-		cj, err = cs.BatchV1().CronJobs("selfsigned").Create(ctx, withAnnotations(cronJob("selfsigned", "report", "0 0 1 1 *"), map[string]string{spec.AnnotationMode: "schedule"}), metav1.CreateOptions{})
+		cj, err = cs.BatchV1().CronJobs("selfsigned").Create(ctx, withAnnotations(cronJob("selfsigned", "report", "0 0 1 1 *"), map[string]string{contract.AnnotationMode: "schedule"}), metav1.CreateOptions{})
 		return err == nil, nil
 	})
 	tick := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/webhook"
 )
@@ -108,11 +108,11 @@ func TestInjectionsAndDenialsAreEventsOnTheCronJob(t *testing.T) {
 	// Created before the namespace opted in, so the validating webhook never
 	// saw its bad annotation; its Jobs are denied once the namespace opts in.
 	namespace(t, cs, "events", false)
-	good, err := cs.BatchV1().CronJobs("events").Create(ctx, withAnnotations(cronJob("events", "good", "0 0 1 1 *"), map[string]string{spec.AnnotationMode: "lease"}), metav1.CreateOptions{})
+	good, err := cs.BatchV1().CronJobs("events").Create(ctx, withAnnotations(cronJob("events", "good", "0 0 1 1 *"), map[string]string{contract.AnnotationMode: "lease"}), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad, err := cs.BatchV1().CronJobs("events").Create(ctx, withAnnotations(cronJob("events", "bad", "0 0 1 1 *"), map[string]string{spec.AnnotationMode: "lease", spec.AnnotationLeaseTTL: "2h"}), metav1.CreateOptions{})
+	bad, err := cs.BatchV1().CronJobs("events").Create(ctx, withAnnotations(cronJob("events", "bad", "0 0 1 1 *"), map[string]string{contract.AnnotationMode: "lease", contract.AnnotationLeaseTTL: "2h"}), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestInjectionsAndDenialsAreEventsOnTheCronJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns.Labels[spec.LabelInjection] = spec.LabelInjectionEnabled
+	ns.Labels[contract.LabelInjection] = contract.LabelInjectionEnabled
 	if _, err := cs.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestInjectionsAndDenialsAreEventsOnTheCronJob(t *testing.T) {
 // dry-run CronJob with a bad mode is refused by the webhook.
 func awaitOptedIn(t *testing.T, cs kubernetes.Interface, ns string) {
 	t.Helper()
-	probe := withAnnotations(cronJob(ns, "opt-in-probe", "* * * * *"), map[string]string{spec.AnnotationMode: "sometimes"})
+	probe := withAnnotations(cronJob(ns, "opt-in-probe", "* * * * *"), map[string]string{contract.AnnotationMode: "sometimes"})
 	await(t, "the webhook to see namespace "+ns+" opted in", func() (bool, error) {
 		_, err := cs.BatchV1().CronJobs(ns).Create(context.Background(), probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err != nil && strings.Contains(err.Error(), "sometimes"), nil

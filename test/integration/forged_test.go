@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/webhook"
 )
@@ -33,7 +33,7 @@ func TestForgedInjectionsAreRefusedByTheAPIServer(t *testing.T) {
 	namespace(t, cs, "team-a", true)
 	awaitOptedIn(t, cs, "team-a")
 
-	cj := withAnnotations(cronJob("team-a", "nightly", "0 3 * * *"), map[string]string{spec.AnnotationMode: "schedule,lease"})
+	cj := withAnnotations(cronJob("team-a", "nightly", "0 3 * * *"), map[string]string{contract.AnnotationMode: "schedule,lease"})
 	cj.Spec.Suspend = ptr.To(true) // no Job of the controller's in the way
 	cj, err := cs.BatchV1().CronJobs("team-a").Create(ctx, cj, metav1.CreateOptions{})
 	if err != nil {
@@ -50,7 +50,7 @@ func TestForgedInjectionsAreRefusedByTheAPIServer(t *testing.T) {
 			Annotations: job.Annotations, OwnerReferences: job.OwnerReferences}
 		out.Status = batchv1.JobStatus{}
 		out.Spec.Selector = nil
-		for _, l := range []string{"controller-uid", "job-name", webhook.UIDLabel, spec.LabelJobName} {
+		for _, l := range []string{"controller-uid", "job-name", webhook.UIDLabel, contract.LabelJobName} {
 			delete(out.Labels, l)
 			delete(out.Spec.Template.Labels, l)
 		}
@@ -74,7 +74,7 @@ func TestForgedInjectionsAreRefusedByTheAPIServer(t *testing.T) {
 		forged.Name = stored.Name + "-forged"
 		sc := &forged.Spec.Template.Spec.InitContainers[0]
 		for i := range sc.Env {
-			if sc.Env[i].Name == spec.EnvKey {
+			if sc.Env[i].Name == contract.EnvKey {
 				sc.Env[i].Value = "team-b/nightly"
 			}
 		}
@@ -92,14 +92,14 @@ func TestForgedInjectionsAreRefusedByTheAPIServer(t *testing.T) {
 		bare := jobFor(cj, time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC))
 		bare.Name, bare.OwnerReferences, bare.Annotations = "bare-sidecar", nil, nil
 		bare.Spec.Template.Spec.InitContainers = []corev1.Container{{Name: webhook.SidecarName, Image: "dislock:test",
-			RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways), Env: []corev1.EnvVar{{Name: spec.EnvKey, Value: "team-b/nightly"}}}}
+			RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways), Env: []corev1.EnvVar{{Name: contract.EnvKey, Value: "team-b/nightly"}}}}
 		refused(t, bare, "dislock only injects Jobs created by a CronJob", `spec.template.spec.initContainers[0] is named "dislock-agent"`)
 	})
 
 	t.Run("a Job no CronJob owns with dislock.io/ annotations of its user's is stored untouched", func(t *testing.T) {
 		bare := jobFor(cj, time.Date(2026, 12, 2, 5, 0, 0, 0, time.UTC))
 		bare.Name, bare.OwnerReferences = "bare-annotated", nil
-		bare.Annotations[spec.AnnotationMode] = "schedule"
+		bare.Annotations[contract.AnnotationMode] = "schedule"
 		assertUntouched(t, createJob(t, cs, bare))
 	})
 
@@ -114,9 +114,9 @@ func TestForgedInjectionsAreRefusedByTheAPIServer(t *testing.T) {
 			return apierrors.IsNotFound(err), nil
 		})
 		again := createJob(t, cs, cp)
-		if again.Annotations[spec.AnnotationStatus] != stored.Annotations[spec.AnnotationStatus] ||
+		if again.Annotations[contract.AnnotationStatus] != stored.Annotations[contract.AnnotationStatus] ||
 			!apiequality.Semantic.DeepEqual(again.Spec.Template.Spec, stored.Spec.Template.Spec) {
-			t.Errorf("the copy was changed:\nstatus %s\nwas    %s", again.Annotations[spec.AnnotationStatus], stored.Annotations[spec.AnnotationStatus])
+			t.Errorf("the copy was changed:\nstatus %s\nwas    %s", again.Annotations[contract.AnnotationStatus], stored.Annotations[contract.AnnotationStatus])
 		}
 	})
 }

@@ -17,8 +17,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
@@ -68,8 +68,8 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 	// that misses windows, paused is suspended; gone has none.
 	const ns = "ledger"
 	namespace(t, cs, ns, false)
-	nightly := withAnnotations(cronJob(ns, "nightly", "0 0 1 1 *"), map[string]string{spec.AnnotationMode: "schedule"})
-	paused := withAnnotations(cronJob(ns, "paused", "0 0 1 1 *"), map[string]string{spec.AnnotationMode: "schedule"})
+	nightly := withAnnotations(cronJob(ns, "nightly", "0 0 1 1 *"), map[string]string{contract.AnnotationMode: "schedule"})
+	paused := withAnnotations(cronJob(ns, "paused", "0 0 1 1 *"), map[string]string{contract.AnnotationMode: "schedule"})
 	paused.Spec.Suspend = ptr.To(true)
 	for _, cj := range []client.Object{nightly, paused} {
 		if err := kc.Create(ctx, cj); err != nil {
@@ -216,7 +216,7 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 	// A window another cluster's detection found first still gets its Event
 	// on this cluster's CronJob: the database counts it once, every
 	// cluster's CronJob says so.
-	late := withAnnotations(cronJob(ns, "late", "0 0 1 1 *"), map[string]string{spec.AnnotationMode: "schedule"})
+	late := withAnnotations(cronJob(ns, "late", "0 0 1 1 *"), map[string]string{contract.AnnotationMode: "schedule"})
 	if err := kc.Create(ctx, late); err != nil {
 		t.Fatal(err)
 	}

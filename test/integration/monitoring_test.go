@@ -17,9 +17,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
@@ -49,7 +49,7 @@ func TestAWindowThatRanNowherePagesForItsKeyOnly(t *testing.T) {
 	// The CronJobs exist (Events and `looks` name them) but are suspended:
 	// the test is the CronJob controller, and there is no kubelet.
 	for _, name := range []string{"nowhere", "fine"} {
-		cj := withAnnotations(cronJob(ns, name, "* * * * *"), map[string]string{spec.AnnotationMode: "schedule"})
+		cj := withAnnotations(cronJob(ns, name, "* * * * *"), map[string]string{contract.AnnotationMode: "schedule"})
 		cj.Spec.Suspend = ptr.To(true)
 		if _, err := cs.BatchV1().CronJobs(ns).Create(ctx, cj, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -254,12 +254,12 @@ func (r podRunner) pod(cluster, name string, w time.Time, app string) string {
 	job := fmt.Sprintf("%s-%d", name, w.Unix()/60)
 	env := []string{
 		"PATH=" + os.Getenv("PATH"),
-		spec.EnvMode + "=schedule", spec.EnvKey + "=" + r.ns + "/" + name, spec.EnvSchedule + "=* * * * *",
-		spec.EnvWindow + "=" + w.UTC().Format(time.RFC3339), spec.EnvCluster + "=" + cluster,
-		spec.EnvJobName + "=" + job, spec.EnvJobUID + "=uid-" + cluster + "-" + job, spec.EnvPodName + "=" + job + "-" + cluster,
-		spec.EnvDatabaseURL + "=" + r.dsn, spec.EnvSharedDir + "=" + dir,
-		spec.EnvTerminationLog + "=" + filepath.Join(dir, "termination-log"),
-		spec.EnvAppContainers + "=app", spec.EnvContainerName + "=app",
+		contract.EnvMode + "=schedule", contract.EnvKey + "=" + r.ns + "/" + name, contract.EnvSchedule + "=* * * * *",
+		contract.EnvWindow + "=" + w.UTC().Format(time.RFC3339), contract.EnvCluster + "=" + cluster,
+		contract.EnvJobName + "=" + job, contract.EnvJobUID + "=uid-" + cluster + "-" + job, contract.EnvPodName + "=" + job + "-" + cluster,
+		contract.EnvDatabaseURL + "=" + r.dsn, contract.EnvSharedDir + "=" + dir,
+		contract.EnvTerminationLog + "=" + filepath.Join(dir, "termination-log"),
+		contract.EnvAppContainers + "=app", contract.EnvContainerName + "=app",
 	}
 	logs := &logBuffer{}
 	sidecar := exec.Command(r.bin, "agent")

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/webhook"
 )
@@ -35,7 +35,7 @@ func TestFinishedPodsSayHowTheirRunEndedOnPodJobAndCronJob(t *testing.T) {
 	namespace(t, cs, ns, true)
 	awaitOptedIn(t, cs, ns)
 	cj, err := cs.BatchV1().CronJobs(ns).Create(ctx, withAnnotations(cronJob(ns, "report", "0 0 1 1 *"),
-		map[string]string{spec.AnnotationMode: "schedule"}), metav1.CreateOptions{})
+		map[string]string{contract.AnnotationMode: "schedule"}), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

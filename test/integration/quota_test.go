@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/webhook"
 )
@@ -60,8 +60,8 @@ func TestOptedInJobsRunUnderAResourceQuotaAndAStrictLimitRange(t *testing.T) {
 	}
 
 	sized := map[string]string{
-		spec.AnnotationAgentCPURequest: "50m", spec.AnnotationAgentCPULimit: "200m",
-		spec.AnnotationAgentMemoryRequest: "32Mi", spec.AnnotationAgentMemoryLimit: "64Mi",
+		contract.AnnotationAgentCPURequest: "50m", contract.AnnotationAgentCPULimit: "200m",
+		contract.AnnotationAgentMemoryRequest: "32Mi", contract.AnnotationAgentMemoryLimit: "64Mi",
 	}
 	tests := []struct {
 		name, ns string
@@ -76,7 +76,7 @@ func TestOptedInJobsRunUnderAResourceQuotaAndAStrictLimitRange(t *testing.T) {
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			annotations := map[string]string{spec.AnnotationMode: "schedule"}
+			annotations := map[string]string{contract.AnnotationMode: "schedule"}
 			for k, v := range tc.sizes {
 				annotations[k] = v
 			}
@@ -127,13 +127,13 @@ func TestOptedInJobsRunUnderAResourceQuotaAndAStrictLimitRange(t *testing.T) {
 				want := resource.MustParse(v)
 				var got resource.Quantity
 				switch k {
-				case spec.AnnotationAgentCPURequest:
+				case contract.AnnotationAgentCPURequest:
 					got = agent.Resources.Requests[corev1.ResourceCPU]
-				case spec.AnnotationAgentCPULimit:
+				case contract.AnnotationAgentCPULimit:
 					got = agent.Resources.Limits[corev1.ResourceCPU]
-				case spec.AnnotationAgentMemoryRequest:
+				case contract.AnnotationAgentMemoryRequest:
 					got = agent.Resources.Requests[corev1.ResourceMemory]
-				case spec.AnnotationAgentMemoryLimit:
+				case contract.AnnotationAgentMemoryLimit:
 					got = agent.Resources.Limits[corev1.ResourceMemory]
 				}
 				if got.Cmp(want) != 0 {

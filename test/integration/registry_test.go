@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/webhook"
 )
@@ -77,7 +77,7 @@ func TestASecondTenantWithoutAPullSecretCannotLearnAPrivateImagesEntrypoint(t *t
 
 	tick := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	submit := func(ns, cronJobName string, edit func(*corev1.PodSpec)) (*batchv1.Job, error) {
-		cj := withAnnotations(cronJob(ns, cronJobName, "*/5 * * * *"), map[string]string{spec.AnnotationMode: "schedule"})
+		cj := withAnnotations(cronJob(ns, cronJobName, "*/5 * * * *"), map[string]string{contract.AnnotationMode: "schedule"})
 		cj.Spec.Suspend = ptr.To(true)
 		pod := &cj.Spec.JobTemplate.Spec.Template.Spec
 		pod.Containers[0].Image, pod.Containers[0].Command = image, nil
@@ -133,7 +133,7 @@ func TestASecondTenantWithoutAPullSecretCannotLearnAPrivateImagesEntrypoint(t *t
 			continue
 		}
 		msg := err.Error()
-		if !strings.Contains(msg, "the registry refused access") || !strings.Contains(msg, spec.AnnotationEntrypoint) {
+		if !strings.Contains(msg, "the registry refused access") || !strings.Contains(msg, contract.AnnotationEntrypoint) {
 			t.Errorf("%s: denial %q does not say the registry refused access and how to set the entrypoint", tc.name, msg)
 		}
 		if strings.Contains(msg, "secret-job") || strings.Contains(msg, "token-file") {

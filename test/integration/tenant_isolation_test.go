@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/webhook"
 )
 
@@ -87,7 +87,7 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 	})
 
 	t.Run("the webhook refuses a forged injection with the other team's key", func(t *testing.T) {
-		cj := withAnnotations(cronJob("hostile-a", "nightly", "0 3 * * *"), map[string]string{spec.AnnotationMode: "schedule"})
+		cj := withAnnotations(cronJob("hostile-a", "nightly", "0 3 * * *"), map[string]string{contract.AnnotationMode: "schedule"})
 		cj.Spec.Suspend = ptr.To(true)
 		cj, err := alice.BatchV1().CronJobs("hostile-a").Create(ctx, cj, metav1.CreateOptions{})
 		if err != nil {
@@ -102,12 +102,12 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 		forged := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: "hostile-a", Name: "nightly-forged-2", Annotations: stored.Annotations,
 			OwnerReferences: stored.OwnerReferences}, Spec: *stored.Spec.DeepCopy()}
 		forged.Spec.Selector = nil
-		for _, l := range []string{"controller-uid", "job-name", webhook.UIDLabel, spec.LabelJobName} {
+		for _, l := range []string{"controller-uid", "job-name", webhook.UIDLabel, contract.LabelJobName} {
 			delete(forged.Spec.Template.Labels, l)
 		}
 		sc := &forged.Spec.Template.Spec.InitContainers[0]
 		for i := range sc.Env {
-			if sc.Env[i].Name == spec.EnvKey {
+			if sc.Env[i].Name == contract.EnvKey {
 				sc.Env[i].Value = "hostile-b/report"
 			}
 		}

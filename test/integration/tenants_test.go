@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/lock"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/webhook"
@@ -112,9 +112,9 @@ func setOptIn(t *testing.T, cs kubernetes.Interface, name string, on bool) {
 		ns.Labels = map[string]string{}
 	}
 	if on {
-		ns.Labels[spec.LabelInjection] = spec.LabelInjectionEnabled
+		ns.Labels[contract.LabelInjection] = contract.LabelInjectionEnabled
 	} else {
-		delete(ns.Labels, spec.LabelInjection)
+		delete(ns.Labels, contract.LabelInjection)
 	}
 	if _, err := cs.CoreV1().Namespaces().Update(context.Background(), ns, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)

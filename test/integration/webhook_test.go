@@ -30,7 +30,7 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dislock/dislock/lockagent/spec"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/tlstest"
 	"github.com/dislock/dislock/webhook"
@@ -113,7 +113,7 @@ func registerWebhooks(t *testing.T, cs kubernetes.Interface, base string, ca []b
 	ifNeeded := admissionregistrationv1.IfNeededReinvocationPolicy
 	timeout := int32(5)
 	optIn := &metav1.LabelSelector{
-		MatchLabels: map[string]string{spec.LabelInjection: spec.LabelInjectionEnabled},
+		MatchLabels: map[string]string{contract.LabelInjection: contract.LabelInjectionEnabled},
 		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn,
 			Values: []string{webhookNamespace, "kube-system"}}},
 	}
@@ -195,7 +195,7 @@ func TestJobsOfAnnotatedCronJobsArriveInjected(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Opt the existing CronJob in, as `kubectl annotate` would.
-	created.Annotations = map[string]string{spec.AnnotationMode: "schedule,lease"}
+	created.Annotations = map[string]string{contract.AnnotationMode: "schedule,lease"}
 	if created, err = cs.BatchV1().CronJobs("team").Update(ctx, created, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestJobsOfAnnotatedCronJobsArriveInjected(t *testing.T) {
 	})
 
 	t.Run("a Job in a namespace without the label is stored untouched", func(t *testing.T) {
-		other, err := cs.BatchV1().CronJobs("other").Create(ctx, withAnnotations(cronJob("other", "report", "* * * * *"), map[string]string{spec.AnnotationMode: "schedule"}), metav1.CreateOptions{})
+		other, err := cs.BatchV1().CronJobs("other").Create(ctx, withAnnotations(cronJob("other", "report", "* * * * *"), map[string]string{contract.AnnotationMode: "schedule"}), metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -288,8 +288,8 @@ spec:
 
 func assertInjected(t *testing.T, job *batchv1.Job, window, mode string) {
 	t.Helper()
-	if job.Annotations[spec.AnnotationStatus] == "" {
-		t.Fatalf("no %s annotation: %v", spec.AnnotationStatus, job.Annotations)
+	if job.Annotations[contract.AnnotationStatus] == "" {
+		t.Fatalf("no %s annotation: %v", contract.AnnotationStatus, job.Annotations)
 	}
 	pod := job.Spec.Template.Spec
 	if len(pod.InitContainers) == 0 || pod.InitContainers[0].Name != "dislock-agent" ||
@@ -301,14 +301,14 @@ func assertInjected(t *testing.T, job *batchv1.Job, window, mode string) {
 		env[e.Name] = e
 	}
 	cronJob := job.Name[:max(0, strings.LastIndex(job.Name, "-"))] // <cronjob>-<minutes>
-	if env[spec.EnvMode].Value != mode || env[spec.EnvKey].Value != job.Namespace+"/"+cronJob || env[spec.EnvCluster].Value != "dc-a" {
+	if env[contract.EnvMode].Value != mode || env[contract.EnvKey].Value != job.Namespace+"/"+cronJob || env[contract.EnvCluster].Value != "dc-a" {
 		t.Errorf("sidecar env: %+v", env)
 	}
-	if w, _ := time.Parse(time.RFC3339, window); env[spec.EnvWindow].Value != w.UTC().Format(time.RFC3339) {
-		t.Errorf("DISLOCK_WINDOW %q, want %s", env[spec.EnvWindow].Value, window)
+	if w, _ := time.Parse(time.RFC3339, window); env[contract.EnvWindow].Value != w.UTC().Format(time.RFC3339) {
+		t.Errorf("DISLOCK_WINDOW %q, want %s", env[contract.EnvWindow].Value, window)
 	}
-	if ref := env[spec.EnvDatabaseURL].ValueFrom; ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != webhook.DefaultDBSecretName {
-		t.Errorf("database URL is not a secretKeyRef: %+v", env[spec.EnvDatabaseURL])
+	if ref := env[contract.EnvDatabaseURL].ValueFrom; ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != webhook.DefaultDBSecretName {
+		t.Errorf("database URL is not a secretKeyRef: %+v", env[contract.EnvDatabaseURL])
 	}
 	for _, c := range pod.Containers {
 		if len(c.Command) < 3 || c.Command[0] != "/dislock/bin/dislock-agent" || c.Command[1] != "exec" {
@@ -324,7 +324,7 @@ func assertInjected(t *testing.T, job *batchv1.Job, window, mode string) {
 
 func assertUntouched(t *testing.T, job *batchv1.Job) {
 	t.Helper()
-	if _, ok := job.Annotations[spec.AnnotationStatus]; ok || len(job.Spec.Template.Spec.InitContainers) != 0 {
+	if _, ok := job.Annotations[contract.AnnotationStatus]; ok || len(job.Spec.Template.Spec.InitContainers) != 0 {
 		b, _ := json.Marshal(job.Spec.Template.Spec)
 		t.Fatalf("job %s was changed: %s", job.Name, b)
 	}
@@ -334,7 +334,7 @@ func namespace(t *testing.T, cs kubernetes.Interface, name string, optIn bool) {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if optIn {
-		ns.Labels = map[string]string{spec.LabelInjection: spec.LabelInjectionEnabled}
+		ns.Labels = map[string]string{contract.LabelInjection: contract.LabelInjectionEnabled}
 	}
 	if _, err := cs.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)

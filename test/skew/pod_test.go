@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // lockKey is the story's CronJob: <namespace>/<name>.
@@ -62,20 +62,20 @@ func (p *pod) env() []string {
 	job := fmt.Sprintf("report-%d", p.window.Unix()/60)
 	return []string{
 		"PATH=" + os.Getenv("PATH"),
-		spec.EnvMode + "=schedule",
-		spec.EnvKey + "=" + lockKey,
-		spec.EnvWindow + "=" + p.window.UTC().Format(time.RFC3339),
-		spec.EnvLeaseTTL + "=30s",
-		spec.EnvStandby + "=false",
-		spec.EnvCluster + "=" + p.cluster,
-		spec.EnvJobName + "=" + job,
-		spec.EnvJobUID + "=uid-" + p.cluster + "-" + job,
-		spec.EnvPodName + "=" + job + "-pod",
-		spec.EnvDatabaseURL + "=" + p.dsn,
-		spec.EnvSharedDir + "=" + p.dir,
-		spec.EnvTerminationLog + "=" + filepath.Join(p.dir, "termination-log"),
-		spec.EnvAppContainers + "=app",
-		spec.EnvContainerName + "=app",
+		contract.EnvMode + "=schedule",
+		contract.EnvKey + "=" + lockKey,
+		contract.EnvWindow + "=" + p.window.UTC().Format(time.RFC3339),
+		contract.EnvLeaseTTL + "=30s",
+		contract.EnvStandby + "=false",
+		contract.EnvCluster + "=" + p.cluster,
+		contract.EnvJobName + "=" + job,
+		contract.EnvJobUID + "=uid-" + p.cluster + "-" + job,
+		contract.EnvPodName + "=" + job + "-pod",
+		contract.EnvDatabaseURL + "=" + p.dsn,
+		contract.EnvSharedDir + "=" + p.dir,
+		contract.EnvTerminationLog + "=" + filepath.Join(p.dir, "termination-log"),
+		contract.EnvAppContainers + "=app",
+		contract.EnvContainerName + "=app",
 		"LEDGER=" + p.ledger,
 		"CLUSTER=" + p.cluster,
 	}

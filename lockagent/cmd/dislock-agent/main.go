@@ -17,8 +17,8 @@ import (
 
 	"github.com/dislock/dislock/internal/version"
 	"github.com/dislock/dislock/lockagent/agent"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/secret"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/lockagent/wrapper"
 
 	// CronJobs name IANA zones; a static binary in a minimal image may
@@ -63,7 +63,7 @@ func main() {
 // package secret. The wrapper runs in app containers, which never get the
 // credential; the probe does (see probe).
 func runAgent() int {
-	dsn, stopped, err := secret.Take(spec.EnvDatabaseURL, syscall.SIGTERM, os.Interrupt)
+	dsn, stopped, err := secret.Take(contract.EnvDatabaseURL, syscall.SIGTERM, os.Interrupt)
 	// The agent's own logger starts in agent.Main; these lines look the same.
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "dislock-agent", "pid", os.Getpid())
 	if err != nil {
@@ -76,7 +76,7 @@ func runAgent() int {
 		return 0
 	}
 	getenv := func(name string) string {
-		if name == spec.EnvDatabaseURL {
+		if name == contract.EnvDatabaseURL {
 			return dsn
 		}
 		return os.Getenv(name)

@@ -8,9 +8,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/secret"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // probePoll is how often a waiting probe looks for the binary: the app
@@ -52,9 +52,9 @@ func probe(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dislock-agent probe: want no arguments and --wait ≥ 0 (e.g. --wait=5m), got %q\n", args)
 		return 64
 	}
-	dir := os.Getenv(spec.EnvSharedDir)
+	dir := os.Getenv(contract.EnvSharedDir)
 	if dir == "" {
-		dir = spec.DefaultSharedDir
+		dir = contract.DefaultSharedDir
 	}
 	bin := filepath.Join(dir, protocol.BinPath)
 	if installed(bin) {

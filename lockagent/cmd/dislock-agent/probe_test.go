@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 )
 
 // The probe gates the app containers on the installed binary only:
@@ -18,7 +18,7 @@ import (
 // waits for hours is never restarted by an exhausted probe.
 func TestProbePassesOnceTheBinaryIsInstalled(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv(spec.EnvSharedDir, dir)
+	t.Setenv(contract.EnvSharedDir, dir)
 	bin := filepath.Join(dir, protocol.BinPath)
 	steps := []struct {
 		name string
@@ -53,7 +53,7 @@ func TestProbePassesOnceTheBinaryIsInstalled(t *testing.T) {
 // it passes the moment the binary is there, whenever the agent gets to it.
 func TestProbeWaitPassesOnceTheAgentInstalls(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv(spec.EnvSharedDir, dir)
+	t.Setenv(contract.EnvSharedDir, dir)
 	done := make(chan int)
 	go func() { done <- probe([]string{"--wait=1m"}, io.Discard) }()
 	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
@@ -82,7 +82,7 @@ func TestProbeWaitPassesOnceTheAgentInstalls(t *testing.T) {
 // the sidecar instead of holding the pod.
 func TestProbeWaitGivesUpAfterItsBound(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv(spec.EnvSharedDir, dir)
+	t.Setenv(contract.EnvSharedDir, dir)
 	var stderr bytes.Buffer
 	begun := time.Now()
 	if got := probe([]string{"--wait=50ms"}, &stderr); got != 1 {

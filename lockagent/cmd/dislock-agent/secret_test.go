@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
-	"github.com/dislock/dislock/lockagent/spec"
 	"github.com/dislock/dislock/test/harness"
 )
 
@@ -179,16 +179,16 @@ func startAgent(t *testing.T, b podBins, dsn string, cred *syscall.Credential, t
 	a.cmd = exec.Command(b.agent, "agent")
 	a.cmd.Env = []string{
 		"PATH=/usr/bin:/bin",
-		spec.EnvMode + "=schedule",
-		spec.EnvKey + "=team-a/report",
-		spec.EnvWindow + "=2026-01-01T00:00:00Z",
-		spec.EnvCluster + "=dc-a",
-		spec.EnvJobName + "=report-29430720",
-		spec.EnvJobUID + "=uid-1",
-		spec.EnvPodName + "=report-29430720-x",
-		spec.EnvSharedDir + "=" + dir,
-		spec.EnvTerminationLog + "=" + filepath.Join(dir, "termination-log"),
-		spec.EnvDatabaseURL + "=" + dsn,
+		contract.EnvMode + "=schedule",
+		contract.EnvKey + "=team-a/report",
+		contract.EnvWindow + "=2026-01-01T00:00:00Z",
+		contract.EnvCluster + "=dc-a",
+		contract.EnvJobName + "=report-29430720",
+		contract.EnvJobUID + "=uid-1",
+		contract.EnvPodName + "=report-29430720-x",
+		contract.EnvSharedDir + "=" + dir,
+		contract.EnvTerminationLog + "=" + filepath.Join(dir, "termination-log"),
+		contract.EnvDatabaseURL + "=" + dsn,
 	}
 	w := lockedWriter{a.logMu, a.log}
 	a.cmd.Stdout, a.cmd.Stderr = w, w
@@ -271,10 +271,10 @@ func TestTheAgentHidesItsDatabaseCredentialFromThePod(t *testing.T) {
 			t.Fatalf("root reading %s: %v", environ, err)
 		}
 		env := string(b)
-		if !strings.Contains(env, spec.EnvKey+"=team-a/report") {
+		if !strings.Contains(env, contract.EnvKey+"=team-a/report") {
 			t.Fatalf("%s does not look like the agent's environment: %q", environ, env)
 		}
-		if strings.Contains(env, password) || strings.Contains(env, spec.EnvDatabaseURL+"=") {
+		if strings.Contains(env, password) || strings.Contains(env, contract.EnvDatabaseURL+"=") {
 			t.Errorf("%s still shows the credential: %q", environ, env)
 		}
 	} else {
@@ -294,7 +294,7 @@ func TestTheAgentHidesItsDatabaseCredentialFromThePod(t *testing.T) {
 		// Without the hand-off it could: an ordinary process of the uid
 		// with the credential in its environment is readable.
 		hold := exec.Command(b.helper)
-		hold.Env = []string{helperEnv + "=" + helperHold, spec.EnvDatabaseURL + "=" + dsn}
+		hold.Env = []string{helperEnv + "=" + helperHold, contract.EnvDatabaseURL + "=" + dsn}
 		hold.SysProcAttr = &syscall.SysProcAttr{Credential: app}
 		if err := hold.Start(); err != nil {
 			t.Fatal(err)

@@ -1,12 +1,13 @@
-// Package spec owns dislock's user-facing contract: the dislock.io/
-// annotations on a CronJob (or its job template), parsed once into a
-// validated Spec, and the environment the webhook hands the sidecar.
+// Package contract owns what crosses dislock's process boundaries: the
+// dislock.io/ annotations on a CronJob (or its job template), parsed once
+// into a validated Spec; the environment the webhook hands the sidecar; and
+// the termination record the sidecar leaves for the webhook.
 //
 // It imports nothing from Kubernetes: the sidecar agent links it, and the
 // agent must stay small. The webhook uses the same parser to reject bad
 // CronJobs and Jobs, so what is accepted at apply time is exactly what the
 // agent can run.
-package spec
+package contract
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package spec
+package contract
 
 // The sidecar's environment contract. The webhook sets these on the injected
 // dislock-agent container; the agent and the exec wrapper read exactly these
