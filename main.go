@@ -21,7 +21,7 @@ import (
 	"github.com/dislock/dislock/internal/cli"
 	"github.com/dislock/dislock/internal/kubeconfig"
 	"github.com/dislock/dislock/internal/tokenrecord"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook"
 
 	_ "time/tzdata" // CronJob time zones in a minimal image
@@ -67,7 +67,7 @@ func runWebhook(args []string) int {
 	fs.StringVar(&databaseCAFile, "database-ca-file", "", "PEM file of the CA that signed the database's (or PgBouncer's) certificate: --database-url verifies with it (sslmode=verify-full unless the URL sets a mode), and the sidecars get it from their namespace's Secret")
 	fs.Func("pod-labels", "labels added to injected Jobs' pods, key=value,... (repeatable; a key the pod template sets keeps its value)", webhook.PodMetadataFlag("--pod-labels", &cfg.Inject.PodLabels))
 	fs.Func("pod-annotations", "annotations added to injected Jobs' pods, key=value,... (repeatable; a key the pod template sets keeps its value)", webhook.PodMetadataFlag("--pod-annotations", &cfg.Inject.PodAnnotations))
-	fs.DurationVar(&cfg.Retention, "retention", lock.DefaultRetention, "delete windows older than this")
+	fs.DurationVar(&cfg.Retention, "retention", store.DefaultRetention, "delete windows older than this")
 	fs.BoolVar(&cfg.TenantRoles, "tenant-roles", true, "give every opted-in namespace its own database role and put only its URL in the namespace's Secret (with --database-url)")
 	fs.DurationVar(&cfg.TenantRotation, "tenant-rotation", webhook.DefaultTenantRotation, "give each namespace a new database role this often")
 	fs.DurationVar(&cfg.TenantGrace, "tenant-grace", webhook.DefaultTenantGrace, "keep a superseded namespace role valid this long for pods still using it (at least 24h)")
@@ -139,7 +139,7 @@ func runWebhook(args []string) int {
 		}
 		// Before anything connects: the owner's connection verifies too.
 		if cfg.DatabaseURL != "" {
-			if cfg.DatabaseURL, err = lock.WithRootCA(cfg.DatabaseURL, databaseCAFile); err != nil {
+			if cfg.DatabaseURL, err = store.WithRootCA(cfg.DatabaseURL, databaseCAFile); err != nil {
 				log.Error(err, "bad --database-url")
 				return 2
 			}

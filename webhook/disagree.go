@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // ReasonClustersDisagree is the reason of the Warning Event put on a CronJob
@@ -26,10 +26,10 @@ type disagreement struct {
 }
 
 // disagreements matches the keys whose clusters' views differ (from
-// lock.Store.ListDisagreements) with this cluster's opted-in CronJobs that
+// store.Store.ListDisagreements) with this cluster's opted-in CronJobs that
 // lock those keys, and says what differs. Pure: the caller lists and emits.
-func disagreements(views []lock.ClusterView, cronJobs []batchv1.CronJob) []disagreement {
-	byKey := map[string][]lock.ClusterView{}
+func disagreements(views []store.ClusterView, cronJobs []batchv1.CronJob) []disagreement {
+	byKey := map[string][]store.ClusterView{}
 	for _, v := range views {
 		byKey[v.Key] = append(byKey[v.Key], v)
 	}
@@ -64,8 +64,8 @@ func disagreements(views []lock.ClusterView, cronJobs []batchv1.CronJob) []disag
 // reportDisagreements puts a Warning Event on each CronJob of this cluster
 // whose lock's clusters disagree. It says a message again only once it
 // changed (seen holds what was said; Events aggregate repeats anyway).
-func reportDisagreements(ctx context.Context, store *lock.Store, c client.Reader, rec events.EventRecorder, seen map[client.ObjectKey]string) error {
-	views, err := store.ListDisagreements(ctx, lock.DefaultViewRecency)
+func reportDisagreements(ctx context.Context, db *store.Store, c client.Reader, rec events.EventRecorder, seen map[client.ObjectKey]string) error {
+	views, err := db.ListDisagreements(ctx, store.DefaultViewRecency)
 	if err != nil || len(views) == 0 {
 		return err
 	}

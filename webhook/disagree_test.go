@@ -7,7 +7,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 func TestDisagreementsNameTheCronJobsThatLockTheKey(t *testing.T) {
@@ -15,9 +15,9 @@ func TestDisagreementsNameTheCronJobsThatLockTheKey(t *testing.T) {
 	cronJob := func(ns, name string, annotations map[string]string) batchv1.CronJob {
 		return batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations}}
 	}
-	views := []lock.ClusterView{
-		{Key: "reports/nightly", Cluster: "dc-a", View: lock.View{Schedule: "0 2 * * *", TimeZone: "Europe/Berlin", Mode: "schedule"}},
-		{Key: "reports/nightly", Cluster: "dc-b", View: lock.View{Schedule: "0 2 * * *", Mode: "schedule"}},
+	views := []store.ClusterView{
+		{Key: "reports/nightly", Cluster: "dc-a", View: store.View{Schedule: "0 2 * * *", TimeZone: "Europe/Berlin", Mode: "schedule"}},
+		{Key: "reports/nightly", Cluster: "dc-b", View: store.View{Schedule: "0 2 * * *", Mode: "schedule"}},
 	}
 	got := disagreements(views, []batchv1.CronJob{
 		cronJob("reports", "nightly", map[string]string{"dislock.io/mode": "schedule"}),

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -43,12 +43,12 @@ func BenchmarkLedgerMetrics(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { srv.Close() })
-	store, err := lock.Open(ctx, srv.DirectDSN(), lock.Options{MaxConns: 4})
+	db, err := store.Open(ctx, srv.DirectDSN(), store.Options{MaxConns: 4})
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(store.Close)
-	if _, err := store.Migrate(ctx); err != nil {
+	b.Cleanup(db.Close)
+	if _, err := db.Migrate(ctx); err != nil {
 		b.Fatal(err)
 	}
 	raw, err := pgx.Connect(ctx, srv.DirectDSN())
@@ -69,11 +69,11 @@ func BenchmarkLedgerMetrics(b *testing.B) {
 		}
 		b.StartTimer()
 	}
-	leader := NewLedgerMetrics(store, "dc-a", nil)
+	leader := NewLedgerMetrics(db, "dc-a", nil)
 
 	b.Run("select1", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := store.Now(ctx); err != nil {
+			if _, err := db.Now(ctx); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -113,14 +113,14 @@ func BenchmarkLedgerMetrics(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.StartTimer()
-			det, err := store.DetectMissed(ctx, lock.MissedOptions{})
+			det, err := db.DetectMissed(ctx, store.MissedOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}
 			b.ReportMetric(float64(det.Windows), "windows-judged")
 		}
 	})
-	replica := NewLedgerMetrics(store, "dc-a", nil)
+	replica := NewLedgerMetrics(db, "dc-a", nil)
 	b.Run("refresh", func(b *testing.B) {
 		for b.Loop() {
 			replica.state.loaded = time.Time{} // load it again each time

@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // The ledger's metrics (dislock_decisions_total, dislock_missed_windows_total
@@ -67,7 +67,7 @@ const (
 )
 
 // Values of the query label of dislock_ledger_query_duration_seconds, beside
-// lock.ReadLedgerStats' own (key_stats, decision_counts, leases).
+// store.ReadLedgerStats' own (key_stats, decision_counts, leases).
 const (
 	QueryDetectMissed  = "detect_missed"
 	QueryDisagreements = "disagreements"
@@ -89,7 +89,7 @@ type ledgerSnapshot struct {
 	// Queries is each query's time (seconds).
 	Queries map[string]float64 `json:"q"`
 	Keys    []keySnapshot      `json:"k"`
-	// LeftOut counts the keys beyond lock.MaxKeysPerNamespace, whose
+	// LeftOut counts the keys beyond store.MaxKeysPerNamespace, whose
 	// metrics and windows were left out.
 	LeftOut int64 `json:"l,omitempty"`
 }
@@ -127,9 +127,9 @@ type runHistogram struct {
 
 // ledgerInputs is what one computation read.
 type ledgerInputs struct {
-	stats       lock.LedgerStats
-	detection   lock.Detection
-	disagreeing []lock.ClusterView
+	stats       store.LedgerStats
+	detection   store.Detection
+	disagreeing []store.ClusterView
 	// looks is this cluster's look of each silent key (LooksUnknown when
 	// missing).
 	looks map[string]string
@@ -141,7 +141,7 @@ type ledgerInputs struct {
 // Pure: the caller reads and stores.
 func buildLedgerSnapshot(in ledgerInputs) ledgerSnapshot {
 	snap := ledgerSnapshot{Version: ledgerSnapshotVersion, At: unixSeconds(in.stats.At),
-		Bounds: slices.Clone(lock.DurationBuckets), Queries: map[string]float64{}, LeftOut: in.stats.KeysLeftOut}
+		Bounds: slices.Clone(store.DurationBuckets), Queries: map[string]float64{}, LeftOut: in.stats.KeysLeftOut}
 	byKey := map[string]*keySnapshot{}
 	key := func(k string) *keySnapshot {
 		if ks, ok := byKey[k]; ok {
@@ -386,9 +386,9 @@ type LedgerMetrics struct {
 	// cluster's CronJob of each window Compute finds missed.
 	Events events.EventRecorder
 	// Missed bounds the detection; zero fields take lock's defaults.
-	Missed lock.MissedOptions
+	Missed store.MissedOptions
 
-	store    *lock.Store
+	store    *store.Store
 	cluster  string
 	cronJobs client.Reader
 	state    *ledgerState
@@ -403,8 +403,8 @@ type LedgerMetrics struct {
 // reads this cluster's CronJobs, for dislock_key_silent's looks label and
 // the missed-window Events; nil makes every silent key look unknown and
 // puts no Event anywhere.
-func NewLedgerMetrics(store *lock.Store, cluster string, cronJobs client.Reader) *LedgerMetrics {
-	return &LedgerMetrics{store: store, cluster: cluster, cronJobs: cronJobs, state: &ledgerState{}}
+func NewLedgerMetrics(db *store.Store, cluster string, cronJobs client.Reader) *LedgerMetrics {
+	return &LedgerMetrics{store: db, cluster: cluster, cronJobs: cronJobs, state: &ledgerState{}}
 }
 
 // Collector serves what Compute computed or Refresh loaded last, and the
@@ -436,7 +436,7 @@ func (m *LedgerMetrics) Compute(ctx context.Context) error {
 		return fmt.Errorf("computing the ledger metrics: %w", err)
 	}
 	start = time.Now()
-	views, err := m.store.ListDisagreements(ctx, lock.DefaultViewRecency)
+	views, err := m.store.ListDisagreements(ctx, store.DefaultViewRecency)
 	queries[QueryDisagreements] = time.Since(start)
 	if err != nil {
 		return fmt.Errorf("computing the ledger metrics: %w", err)
@@ -466,7 +466,7 @@ func (m *LedgerMetrics) Compute(ctx context.Context) error {
 	logger.V(1).Info("ledger metrics computed", "keys", len(snap.Keys), "missed", len(det.New), "silent", len(det.Silent), "bytes", len(body))
 	if stats.KeysLeftOut > 0 {
 		logger.Info("keys left out of the ledger metrics and the missed-window detection: a namespace has more than the keys it may have judged",
-			"leftOut", stats.KeysLeftOut, "perNamespace", lock.MaxKeysPerNamespace)
+			"leftOut", stats.KeysLeftOut, "perNamespace", store.MaxKeysPerNamespace)
 	}
 	return nil
 }
@@ -510,13 +510,13 @@ const maxMissedReported = 20000
 // those its own detection found (found) and those other clusters' found
 // since its last computation. The first computation of a leader reports
 // only what it found itself: the windows found before it led are old news.
-func (m *LedgerMetrics) toReport(ctx context.Context, found []lock.MissedWindow) []lock.MissedWindow {
+func (m *LedgerMetrics) toReport(ctx context.Context, found []store.MissedWindow) []store.MissedWindow {
 	if m.Events == nil || m.cronJobs == nil {
 		return nil
 	}
 	out := found
 	if !m.reportedThrough.IsZero() {
-		listed, _, err := m.store.ListMissed(ctx, lock.MissedFilter{DetectedAfter: m.reportedThrough, PerKey: maxMissedEvents + 1, Limit: maxMissedReported})
+		listed, _, err := m.store.ListMissed(ctx, store.MissedFilter{DetectedAfter: m.reportedThrough, PerKey: maxMissedEvents + 1, Limit: maxMissedReported})
 		if err != nil {
 			log.FromContext(ctx).Error(err, "listing the windows other clusters found missed; their Events are left out")
 		} else {
@@ -534,7 +534,7 @@ func (m *LedgerMetrics) toReport(ctx context.Context, found []lock.MissedWindow)
 		}
 	}
 	// Oldest window first, as the Events' notes count them.
-	slices.SortFunc(out, func(a, b lock.MissedWindow) int {
+	slices.SortFunc(out, func(a, b store.MissedWindow) int {
 		if c := strings.Compare(a.Key, b.Key); c != 0 {
 			return c
 		}
@@ -546,11 +546,11 @@ func (m *LedgerMetrics) toReport(ctx context.Context, found []lock.MissedWindow)
 // reportMissed puts a Warning Event on this cluster's CronJob of each newly
 // missed window's key, at most maxMissedEvents per key: the rest are told
 // in the last one.
-func (m *LedgerMetrics) reportMissed(ctx context.Context, cronJobs *cronJobsByKey, missed []lock.MissedWindow) {
+func (m *LedgerMetrics) reportMissed(ctx context.Context, cronJobs *cronJobsByKey, missed []store.MissedWindow) {
 	if m.Events == nil || m.cronJobs == nil {
 		return
 	}
-	byKey := map[string][]lock.MissedWindow{}
+	byKey := map[string][]store.MissedWindow{}
 	for _, w := range missed {
 		byKey[w.Key] = append(byKey[w.Key], w)
 	}
@@ -571,7 +571,7 @@ func (m *LedgerMetrics) reportMissed(ctx context.Context, cronJobs *cronJobsByKe
 // missedNotes are the Event notes of one key's missed windows, oldest
 // first: one per window, and when there are more than maxMissedEvents, a
 // last one that counts the rest.
-func missedNotes(ws []lock.MissedWindow) []string {
+func missedNotes(ws []store.MissedWindow) []string {
 	var out []string
 	for i, w := range ws {
 		if i == maxMissedEvents-1 && len(ws) > maxMissedEvents {
@@ -655,8 +655,8 @@ func setupLedgerMetrics(mgr manager.Manager, cfg Config) error {
 	}
 	state := &ledgerState{}
 	activeLedger.Store(state)
-	newMetrics := func(store *lock.Store) *LedgerMetrics {
-		m := NewLedgerMetrics(store, cfg.Inject.ClusterName, mgr.GetClient())
+	newMetrics := func(db *store.Store) *LedgerMetrics {
+		m := NewLedgerMetrics(db, cfg.Inject.ClusterName, mgr.GetClient())
 		m.state, m.Events = state, mgr.GetEventRecorder("dislock-webhook")
 		return m
 	}
@@ -679,7 +679,7 @@ type ledgerLoop struct {
 	interval    time.Duration
 	leader      bool
 	run         func(*LedgerMetrics, context.Context) error
-	metrics     func(*lock.Store) *LedgerMetrics
+	metrics     func(*store.Store) *LedgerMetrics
 }
 
 func (l *ledgerLoop) NeedLeaderElection() bool { return l.leader }
@@ -687,12 +687,12 @@ func (l *ledgerLoop) NeedLeaderElection() bool { return l.leader }
 func (l *ledgerLoop) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName(l.name)
 	ctx = log.IntoContext(ctx, logger)
-	store, err := lock.Open(ctx, l.databaseURL, lock.Options{MaxConns: 1})
+	db, err := store.Open(ctx, l.databaseURL, store.Options{MaxConns: 1})
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	m := l.metrics(store)
+	defer db.Close()
+	m := l.metrics(db)
 	tick := time.NewTicker(l.interval)
 	defer tick.Stop()
 	failing := false

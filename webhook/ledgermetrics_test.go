@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -38,9 +38,9 @@ func at(s string) time.Time {
 // two clusters that disagree.
 func ledgerFixture() ledgerInputs {
 	return ledgerInputs{
-		stats: lock.LedgerStats{
+		stats: store.LedgerStats{
 			At: at("2026-12-02T12:00:00Z"),
-			Keys: []lock.KeyStats{
+			Keys: []store.KeyStats{
 				{Key: "reports/fresh", DurationBuckets: []int64{0, 0, 0, 0, 0, 0, 0, 0}},
 				{Key: "reports/gone", DurationBuckets: []int64{0, 0, 0, 0, 0, 0, 0, 0}},
 				// Three runs of 3s, 40s and 200s; the stored buckets are cumulative.
@@ -48,23 +48,23 @@ func ledgerFixture() ledgerInputs {
 					LastMissedWindow: ptr.To(at("2026-12-02T02:00:00Z")), DurationCount: 3, DurationSum: 243,
 					DurationBuckets: []int64{0, 1, 1, 2, 3, 3, 3, 3}},
 			},
-			Counts: []lock.DecisionCount{
-				{Key: "reports/fresh", Cluster: "dc-a", Action: lock.ActionError, N: 1},
-				{Key: "reports/nightly", Cluster: "dc-a", Action: lock.ActionRun, N: 3},
-				{Key: "reports/nightly", Cluster: "dc-a", Action: lock.ActionSucceeded, N: 3},
-				{Key: "reports/nightly", Cluster: "dc-b", Action: lock.ActionSkip, N: 3},
+			Counts: []store.DecisionCount{
+				{Key: "reports/fresh", Cluster: "dc-a", Action: store.ActionError, N: 1},
+				{Key: "reports/nightly", Cluster: "dc-a", Action: store.ActionRun, N: 3},
+				{Key: "reports/nightly", Cluster: "dc-a", Action: store.ActionSucceeded, N: 3},
+				{Key: "reports/nightly", Cluster: "dc-b", Action: store.ActionSkip, N: 3},
 			},
-			Leases: []lock.HeldLease{
+			Leases: []store.HeldLease{
 				{Key: "batch/shards#0", Age: 10 * time.Second},
 				{Key: "batch/shards#1", Age: 40 * time.Second},
 				{Key: "reports/nightly", Age: 30 * time.Second},
 			},
 			QueryTime: map[string]time.Duration{"key_stats": 2 * time.Millisecond, "decision_counts": time.Millisecond, "leases": 500 * time.Microsecond},
 		},
-		detection: lock.Detection{Silent: []lock.SilentKey{{Key: "reports/gone"}}},
-		disagreeing: []lock.ClusterView{
-			{Key: "reports/nightly", Cluster: "dc-a", View: lock.View{Schedule: "0 2 * * *", TimeZone: "Europe/Berlin"}},
-			{Key: "reports/nightly", Cluster: "dc-b", View: lock.View{Schedule: "0 2 * * *"}},
+		detection: store.Detection{Silent: []store.SilentKey{{Key: "reports/gone"}}},
+		disagreeing: []store.ClusterView{
+			{Key: "reports/nightly", Cluster: "dc-a", View: store.View{Schedule: "0 2 * * *", TimeZone: "Europe/Berlin"}},
+			{Key: "reports/nightly", Cluster: "dc-b", View: store.View{Schedule: "0 2 * * *"}},
 		},
 		looks:   map[string]string{"reports/gone": LooksDeleted},
 		queries: map[string]time.Duration{QueryDetectMissed: 12 * time.Millisecond, QueryDisagreements: 1500 * time.Microsecond},
@@ -267,10 +267,10 @@ func TestASilentKeyLooksLikeItsCronJobHere(t *testing.T) {
 // an Event's note, the last counting the rest.
 func TestMissedWindowsAreToldInABoundedNumberOfNotes(t *testing.T) {
 	t.Parallel()
-	var ws []lock.MissedWindow
+	var ws []store.MissedWindow
 	for i := range 8 {
-		ws = append(ws, lock.MissedWindow{Key: "reports/nightly", Window: at("2026-12-02T02:00:00Z").Add(time.Duration(i) * time.Hour),
-			Kind: lock.MissedNoRun, Reason: "no cluster ran it: " + strings.Repeat("dc-a skip (stale); ", 200)})
+		ws = append(ws, store.MissedWindow{Key: "reports/nightly", Window: at("2026-12-02T02:00:00Z").Add(time.Duration(i) * time.Hour),
+			Kind: store.MissedNoRun, Reason: "no cluster ran it: " + strings.Repeat("dc-a skip (stale); ", 200)})
 	}
 	notes := missedNotes(ws)
 	if len(notes) != maxMissedEvents {
@@ -296,7 +296,7 @@ func TestMissedWindowsAreToldInABoundedNumberOfNotes(t *testing.T) {
 // minimum or negative.
 func TestALedgerIntervalBelowTheMinimumIsRefused(t *testing.T) {
 	t.Parallel()
-	cfg := Config{Inject: testOptions(), Namespace: "dislock-system", DatabaseURL: "postgres://owner@db/dislock", Retention: lock.DefaultRetention}
+	cfg := Config{Inject: testOptions(), Namespace: "dislock-system", DatabaseURL: "postgres://owner@db/dislock", Retention: store.DefaultRetention}
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("the interval left 0: %v", err)
 	}
@@ -313,7 +313,7 @@ func TestALedgerIntervalBelowTheMinimumIsRefused(t *testing.T) {
 // owner connection.
 type hostileDB struct {
 	dsn string
-	own *lock.Store
+	own *store.Store
 	raw *pgx.Conn
 }
 
@@ -326,7 +326,7 @@ func newHostileDB(t *testing.T) hostileDB {
 	t.Cleanup(func() { srv.Close() })
 	ctx := context.Background()
 	dsn := srv.DirectDSN()
-	own, err := lock.Open(ctx, dsn, lock.Options{MaxConns: 1})
+	own, err := store.Open(ctx, dsn, store.Options{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,11 +350,11 @@ func (d hostileDB) tenant(t *testing.T, ns string) *pgx.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dsn, err := lock.TenantDSN(d.dsn, c)
+	dsn, err := store.TenantDSN(d.dsn, c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := lock.ParseDatabaseURL(dsn)
+	cfg, err := store.ParseDatabaseURL(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,10 +393,10 @@ func TestATenantsMissedWindowsCannotBuryAnotherNamespacesEvent(t *testing.T) {
 	// The victim: an hourly CronJob whose last window ran nowhere (grace:
 	// one hour).
 	key := "victim/report"
-	if _, err := d.own.RecordView(ctx, key, "dc-a", lock.View{Schedule: "0 * * * *", Mode: "schedule", LeaseTTL: "30s"}, lock.DefaultViewRecency); err != nil {
+	if _, err := d.own.RecordView(ctx, key, "dc-a", store.View{Schedule: "0 * * * *", Mode: "schedule", LeaseTTL: "30s"}, store.DefaultViewRecency); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.own.RecordDecision(ctx, lock.Decision{Key: key, Cluster: "dc-a", Job: "j", Pod: "p", Action: lock.ActionRun}); err != nil {
+	if err := d.own.RecordDecision(ctx, store.Decision{Key: key, Cluster: "dc-a", Job: "j", Pod: "p", Action: store.ActionRun}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.raw.Exec(ctx, `UPDATE dislock.key_stats SET first_seen = date_trunc('hour', now()) - interval '61 minutes' WHERE lock_key = $1`, key); err != nil {
@@ -422,7 +422,7 @@ func TestATenantsMissedWindowsCannotBuryAnotherNamespacesEvent(t *testing.T) {
 	if err := m.Compute(ctx); err != nil {
 		t.Fatal(err)
 	}
-	missed, _, err := d.own.ListMissed(ctx, lock.MissedFilter{Key: key})
+	missed, _, err := d.own.ListMissed(ctx, store.MissedFilter{Key: key})
 	if err != nil || len(missed) == 0 {
 		t.Fatalf("the victim's window was not found missed (%v): the attack needs it found", err)
 	}

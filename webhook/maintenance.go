@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // DefaultRetentionInterval is how often old windows are deleted.
@@ -42,13 +42,13 @@ func (m *maintenance) NeedLeaderElection() bool { return true }
 
 func (m *maintenance) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("maintenance")
-	store, err := openWhenReady(ctx, m.ready, m.databaseURL)
-	if store == nil {
+	db, err := openWhenReady(ctx, m.ready, m.databaseURL)
+	if db == nil {
 		return err
 	}
-	defer store.Close()
+	defer db.Close()
 	runStep(ctx, logger, "checking the database", checkStepTimeout, func(ctx context.Context) error {
-		logFindings(ctx, logger, store)
+		logFindings(ctx, logger, db)
 		return nil
 	})
 	tick := time.NewTicker(DefaultRetentionInterval)
@@ -58,7 +58,7 @@ func (m *maintenance) Start(ctx context.Context) error {
 	seen := map[client.ObjectKey]string{}
 	for {
 		runStep(ctx, logger, "deleting old windows", retentionStepTimeout, func(ctx context.Context) error {
-			n, err := store.DeleteOldWindows(ctx, m.retention)
+			n, err := db.DeleteOldWindows(ctx, m.retention)
 			if n > 0 {
 				logger.Info("deleted old windows", "count", n, "olderThan", m.retention.String())
 			}
@@ -67,7 +67,7 @@ func (m *maintenance) Start(ctx context.Context) error {
 		for again := true; again; {
 			if m.cronJobs != nil {
 				runStep(ctx, logger, "comparing the clusters' views of the jobs", comparisonStepTimeout, func(ctx context.Context) error {
-					return reportDisagreements(ctx, store, m.cronJobs, m.events, seen)
+					return reportDisagreements(ctx, db, m.cronJobs, m.events, seen)
 				})
 			}
 			select {
@@ -84,19 +84,19 @@ func (m *maintenance) Start(ctx context.Context) error {
 // openWhenReady waits for the databaseGate to pass (ready closed) and opens
 // a one-connection store for a leader's loop; a nil store with a nil error
 // means ctx ended first.
-func openWhenReady(ctx context.Context, ready <-chan struct{}, databaseURL string) (*lock.Store, error) {
+func openWhenReady(ctx context.Context, ready <-chan struct{}, databaseURL string) (*store.Store, error) {
 	select {
 	case <-ctx.Done():
 		return nil, nil
 	case <-ready:
 	}
-	return lock.Open(ctx, databaseURL, lock.Options{MaxConns: 1})
+	return store.Open(ctx, databaseURL, store.Options{MaxConns: 1})
 }
 
 // Client-side bounds of the maintenance steps. The server bounds each of
 // their statements that could wait for what a tenant holds (retention skips
-// rows another session holds locked, within lock.RetentionLockTimeout and
-// lock.RetentionStatementTimeout per statement); these are the backstop for
+// rows another session holds locked, within store.RetentionLockTimeout and
+// store.RetentionStatementTimeout per statement); these are the backstop for
 // what the server cannot see, a connection whose peer is gone or an API
 // server that does not answer. A step cut short is logged by name, and the
 // loop goes on with the next: no step can stop the others.
@@ -124,14 +124,14 @@ func runStep(ctx context.Context, logger logr.Logger, step string, timeout time.
 
 // logFindings logs what `dislock check` would say about the database, so
 // that an asynchronous failover setup is never accepted silently.
-func logFindings(ctx context.Context, logger logr.Logger, store *lock.Store) {
-	findings, err := store.CheckDatabase(ctx, lock.CheckOptions{})
+func logFindings(ctx context.Context, logger logr.Logger, db *store.Store) {
+	findings, err := db.CheckDatabase(ctx, store.CheckOptions{})
 	if err != nil {
 		logger.Error(err, "checking the database")
 		return
 	}
 	for _, f := range findings {
-		if f.Status == lock.StatusOK {
+		if f.Status == store.StatusOK {
 			logger.Info("database check", "check", f.Check, "status", f.Status, "detail", f.Detail)
 			continue
 		}
@@ -149,7 +149,7 @@ const (
 // migration is what one attempt of the databaseGate found.
 type migration struct {
 	applied []int
-	schema  lock.SchemaState
+	schema  store.SchemaState
 }
 
 // databaseGate keeps a replica unready until it has once reached the
@@ -193,16 +193,16 @@ func newDatabaseGate(migrate func(context.Context) (migration, error)) *database
 // says itself what is wrong.
 func migrateDatabase(databaseURL string) func(context.Context) (migration, error) {
 	return func(ctx context.Context) (migration, error) {
-		store, err := lock.Open(ctx, databaseURL, lock.Options{MaxConns: 1})
+		db, err := store.Open(ctx, databaseURL, store.Options{MaxConns: 1})
 		if err != nil {
 			return migration{}, err
 		}
-		defer store.Close()
-		applied, err := store.Migrate(ctx)
+		defer db.Close()
+		applied, err := db.Migrate(ctx)
 		if err != nil {
 			return migration{}, err
 		}
-		st, err := store.Schema(ctx)
+		st, err := db.Schema(ctx)
 		return migration{applied: applied, schema: st}, err
 	}
 }
@@ -233,10 +233,10 @@ func (g *databaseGate) Start(ctx context.Context) error {
 		g.reason = err
 		g.mu.Unlock()
 		switch {
-		case errors.Is(err, lock.ErrSchemaIncompatible):
+		case errors.Is(err, store.ErrSchemaIncompatible):
 			logger.Error(err, "not ready: this dislock cannot work against the database's schema", "retryIn", g.backoff.String())
 			backoff = g.backoff
-		case errors.Is(err, lock.ErrUnavailable):
+		case errors.Is(err, store.ErrUnavailable):
 			logger.Error(err, "not ready: the database is unreachable; check --database-url, the network and PgBouncer", "retryIn", backoff.String())
 		default:
 			logger.Error(err, "not ready: migrating schema dislock failed", "retryIn", backoff.String())
@@ -260,7 +260,7 @@ func (g *databaseGate) watchSchema(ctx context.Context, logger logr.Logger) erro
 		case <-time.After(g.recheck):
 		}
 		m, err := g.migrate(ctx)
-		incompatible := errors.Is(err, lock.ErrSchemaIncompatible)
+		incompatible := errors.Is(err, store.ErrSchemaIncompatible)
 		if err == nil && !m.schema.Usable() {
 			incompatible = true
 			err = fmt.Errorf("schema dislock is at version %d, which this dislock (%d) cannot use", m.schema.Current, m.schema.Known)

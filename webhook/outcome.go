@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // What a pod's run came to, answered by kubectl without the database:
@@ -137,7 +137,7 @@ const (
 	msgGaveUp        = "gave the claim up: "                                     // the app did not start in time
 	msgStoppedRun    = "stopped while an app"                                    // the claim is left to lapse
 	msgStoppedBefore = "stopped before a decision"                               // nothing ran
-	msgTookOverClaim = " " + string(lock.TookOver)                               // in a "run:" decision: "window W of K took-over"
+	msgTookOverClaim = " " + string(store.TookOver)                              // in a "run:" decision: "window W of K took-over"
 	msgSucceeded     = "succeeded"                                               // the summary of a successful run
 	msgNoMessage     = "the dislock-agent container left no termination message" // the kubelet never saw it end
 )

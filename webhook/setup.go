@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"net/http"
 	"time"
 
@@ -98,9 +98,9 @@ func (c Config) Validate() error {
 	if c.Namespace == "" {
 		errs = append(errs, errors.New("namespace is empty (set --namespace or POD_NAMESPACE)"))
 	}
-	if c.DatabaseURL != "" && c.Retention < lock.MinRetention {
+	if c.DatabaseURL != "" && c.Retention < store.MinRetention {
 		errs = append(errs, fmt.Errorf("retention %s is shorter than %s (set --retention to at least %s): a pod that starts late could claim a deleted window and run it again",
-			c.Retention, lock.MinRetention, lock.MinRetention))
+			c.Retention, store.MinRetention, store.MinRetention))
 	}
 	if c.LedgerInterval < 0 || c.LedgerInterval > 0 && c.LedgerInterval < MinLedgerInterval {
 		errs = append(errs, fmt.Errorf("ledger interval %s is shorter than %s (set --ledger-interval to at least %s, or leave it 0 for %s)",

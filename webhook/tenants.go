@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // Annotations on a provisioned tenant Secret.
@@ -111,7 +111,7 @@ type tenantProvisioner struct {
 	// The store is opened on first use: the database may come up after
 	// the webhook, which must serve admissions meanwhile.
 	mu    sync.Mutex
-	store *lock.Store
+	store *store.Store
 }
 
 func setupTenantProvisioner(mgr ctrl.Manager, cfg Config) error {
@@ -127,11 +127,11 @@ func setupTenantProvisioner(mgr ctrl.Manager, cfg Config) error {
 	}, r)
 }
 
-func (r *tenantProvisioner) open(ctx context.Context) (*lock.Store, error) {
+func (r *tenantProvisioner) open(ctx context.Context) (*store.Store, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.store == nil {
-		s, err := lock.Open(ctx, r.ownerDSN, lock.Options{MaxConns: 2})
+		s, err := store.Open(ctx, r.ownerDSN, store.Options{MaxConns: 2})
 		if err != nil {
 			return nil, err
 		}
@@ -149,7 +149,7 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 	// every other namespace behind this one: the controller retries.
 	ctx, cancel := context.WithTimeout(ctx, tenantReconcileTimeout)
 	defer cancel()
-	store, err := r.open(ctx)
+	db, err := r.open(ctx)
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("opening the database for tenant roles: %w", err)
 	}
@@ -169,20 +169,20 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 	if !want {
 		// The roles go whoever holds the Secret now: taking the label
 		// off it must not keep a role alive.
-		return r.optedOut(ctx, store, logger, req.Name, cur, mine)
+		return r.optedOut(ctx, db, logger, req.Name, cur, mine)
 	}
 	if exists && !mine {
 		logger.Info("leaving a Secret dislock did not create alone; its credential is used as it is", "secret", r.secret)
 		return reconcile.Result{}, nil
 	}
-	roles, err := store.TenantRoles(ctx, r.cluster, req.Name)
+	roles, err := db.TenantRoles(ctx, r.cluster, req.Name)
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing the tenant roles of namespace %s: %w", req.Name, err)
 	}
 	why := r.stale(cur, exists, roles)
 	// Generations dropped inside their grace are told to the namespace on
 	// the way out, errors included: they are gone either way.
-	var early []lock.TenantRole
+	var early []store.TenantRole
 	var regarding runtime.Object = ns
 	if exists {
 		regarding = cur
@@ -196,12 +196,12 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 		}
 		// Make room first, so that with the new generation the namespace
 		// holds at most MaxLiveTenantGenerations.
-		dropped, err := r.retireBeyond(ctx, store, logger, req.Name, MaxLiveTenantGenerations-1)
+		dropped, err := r.retireBeyond(ctx, db, logger, req.Name, MaxLiveTenantGenerations-1)
 		early = append(early, dropped...)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		cred, err := store.ProvisionTenant(ctx, r.cluster, req.Name)
+		cred, err := db.ProvisionTenant(ctx, r.cluster, req.Name)
 		if err != nil {
 			return reconcile.Result{}, fmt.Errorf("provisioning a database role for namespace %s: %w", req.Name, err)
 		}
@@ -220,7 +220,7 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 		tenantRolesTotal.WithLabelValues("provision").Inc()
 		logger.Info("gave the namespace a new database role", "role", cred.Role, "generation", cred.Generation, "why", why, "secret", r.secret)
 	}
-	retired, err := store.RetireTenantRoles(ctx, r.cluster, req.Name, r.grace)
+	retired, err := db.RetireTenantRoles(ctx, r.cluster, req.Name, r.grace)
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("retiring superseded roles of namespace %s: %w", req.Name, err)
 	}
@@ -230,7 +230,7 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 	}
 	// Holds the bound even when something else minted (another replica
 	// while the leadership moved) or a namespace has more from before it.
-	dropped, err := r.retireBeyond(ctx, store, logger, req.Name, MaxLiveTenantGenerations)
+	dropped, err := r.retireBeyond(ctx, db, logger, req.Name, MaxLiveTenantGenerations)
 	early = append(early, dropped...)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -242,16 +242,16 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 // tenantDSN is the URL a namespace's sidecars connect with: the owner's
 // with the tenant's credential and, with a CA, the sidecar's copy of it as
 // sslrootcert (the owner's names a file in the webhook's pod).
-func (r *tenantProvisioner) tenantDSN(cred lock.TenantCredential) (string, error) {
-	dsn, err := lock.TenantDSN(r.ownerDSN, cred)
+func (r *tenantProvisioner) tenantDSN(cred store.TenantCredential) (string, error) {
+	dsn, err := store.TenantDSN(r.ownerDSN, cred)
 	if err != nil || len(r.ca) == 0 {
 		return dsn, err
 	}
-	return lock.ReplaceRootCA(dsn, DatabaseCAPath)
+	return store.ReplaceRootCA(dsn, DatabaseCAPath)
 }
 
 // stale says why the Secret needs a new role generation, or "".
-func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []lock.TenantRole) string {
+func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []store.TenantRole) string {
 	switch {
 	case !exists:
 		return "the namespace has no database Secret yet"
@@ -281,8 +281,8 @@ func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []lock.
 
 // retireBeyond drops the namespace's superseded generations beyond its
 // keep newest live ones, inside their grace, and logs and counts them.
-func (r *tenantProvisioner) retireBeyond(ctx context.Context, store *lock.Store, logger logr.Logger, namespace string, keep int) ([]lock.TenantRole, error) {
-	dropped, err := store.RetireTenantRolesBeyond(ctx, r.cluster, namespace, keep)
+func (r *tenantProvisioner) retireBeyond(ctx context.Context, db *store.Store, logger logr.Logger, namespace string, keep int) ([]store.TenantRole, error) {
+	dropped, err := db.RetireTenantRolesBeyond(ctx, r.cluster, namespace, keep)
 	if len(dropped) > 0 {
 		tenantRolesTotal.WithLabelValues(tenantActionRetireEarly).Add(float64(len(dropped)))
 		roles := make([]string, 0, len(dropped))
@@ -302,7 +302,7 @@ func (r *tenantProvisioner) retireBeyond(ctx context.Context, store *lock.Store,
 // on the namespace when there is none) for generations retired early: the
 // tenant's pods that used them lose the database, and the namespace's
 // events are where its people look.
-func (r *tenantProvisioner) reportEarly(regarding runtime.Object, early []lock.TenantRole) {
+func (r *tenantProvisioner) reportEarly(regarding runtime.Object, early []store.TenantRole) {
 	if len(early) == 0 || r.events == nil {
 		return
 	}
@@ -312,7 +312,7 @@ func (r *tenantProvisioner) reportEarly(regarding runtime.Object, early []lock.T
 // earlyRetirementNote says why generations were retired inside their grace
 // and what it means for the namespace's pods. It stays short: an Event's
 // note is at most 1 kB.
-func earlyRetirementNote(early []lock.TenantRole, grace time.Duration) string {
+func earlyRetirementNote(early []store.TenantRole, grace time.Duration) string {
 	gens := make([]string, 0, len(early))
 	for _, e := range early {
 		gens = append(gens, strconv.Itoa(e.Generation))
@@ -329,7 +329,7 @@ func earlyRetirementNote(early []lock.TenantRole, grace time.Duration) string {
 		"pods started from now on use the Secret's new role", MaxLiveTenantGenerations, grace, MaxLiveTenantGenerations, which, them)
 }
 
-func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *corev1.Secret, exists bool, cred lock.TenantCredential, dsn string) (*corev1.Secret, error) {
+func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *corev1.Secret, exists bool, cred store.TenantCredential, dsn string) (*corev1.Secret, error) {
 	s := cur
 	if !exists {
 		s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: r.secret}, Type: corev1.SecretTypeOpaque}
@@ -397,17 +397,17 @@ func (p *provisionPacer) provisioned(namespace string, now time.Time) {
 
 // optedOut removes the namespace's Secret and supersedes its roles, which are
 // dropped after the grace: pods of the namespace still running keep theirs.
-func (r *tenantProvisioner) optedOut(ctx context.Context, store *lock.Store, logger logr.Logger, namespace string, cur *corev1.Secret, exists bool) (reconcile.Result, error) {
+func (r *tenantProvisioner) optedOut(ctx context.Context, db *store.Store, logger logr.Logger, namespace string, cur *corev1.Secret, exists bool) (reconcile.Result, error) {
 	if exists {
 		if err := r.Delete(ctx, cur); client.IgnoreNotFound(err) != nil {
 			return reconcile.Result{}, err
 		}
 		logger.Info("deleted the database Secret: the namespace is no longer opted in", "secret", r.secret)
 	}
-	if err := store.SupersedeTenantRoles(ctx, r.cluster, namespace); err != nil {
+	if err := db.SupersedeTenantRoles(ctx, r.cluster, namespace); err != nil {
 		return reconcile.Result{}, err
 	}
-	retired, err := store.RetireTenantRoles(ctx, r.cluster, namespace, r.grace)
+	retired, err := db.RetireTenantRoles(ctx, r.cluster, namespace, r.grace)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -415,7 +415,7 @@ func (r *tenantProvisioner) optedOut(ctx context.Context, store *lock.Store, log
 		tenantRolesTotal.WithLabelValues("retire").Add(float64(len(retired)))
 		logger.Info("dropped the roles of a namespace no longer opted in", "roles", retired)
 	}
-	left, err := store.TenantRoles(ctx, r.cluster, namespace)
+	left, err := db.TenantRoles(ctx, r.cluster, namespace)
 	if err != nil || len(left) == 0 {
 		return reconcile.Result{}, err
 	}

@@ -12,7 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/tlstest"
 )
 
@@ -56,16 +56,16 @@ func TestEachNamespaceWaitsOutTheIntervalBetweenTwoNewGenerations(t *testing.T) 
 // an Event note's 1 kB however many went.
 func TestTheEarlyRetirementNoteSaysWhyWhichAndWhatFollows(t *testing.T) {
 	t.Parallel()
-	gens := func(g ...int) []lock.TenantRole {
-		var out []lock.TenantRole
+	gens := func(g ...int) []store.TenantRole {
+		var out []store.TenantRole
 		for _, n := range g {
-			out = append(out, lock.TenantRole{Role: "r", Generation: n})
+			out = append(out, store.TenantRole{Role: "r", Generation: n})
 		}
 		return out
 	}
 	for _, tc := range []struct {
 		name  string
-		early []lock.TenantRole
+		early []store.TenantRole
 		want  []string
 	}{
 		{"one generation", gens(2), []string{"generation 2 retired early", "pods started with it can"}},
@@ -92,7 +92,7 @@ func TestTheEarlyRetirementNoteSaysWhyWhichAndWhatFollows(t *testing.T) {
 func TestANegativeTenantProvisionIntervalIsRefusedNamingTheDefault(t *testing.T) {
 	t.Parallel()
 	cfg := Config{Inject: testOptions(), Namespace: "dislock-system", DatabaseURL: "postgres://owner@db/dislock",
-		Retention: lock.DefaultRetention, TenantRoles: true, TenantRotation: DefaultTenantRotation, TenantGrace: DefaultTenantGrace}
+		Retention: store.DefaultRetention, TenantRoles: true, TenantRotation: DefaultTenantRotation, TenantGrace: DefaultTenantGrace}
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("the interval left 0: %v", err)
 	}
@@ -113,12 +113,12 @@ func TestATenantURLVerifiesWithTheSidecarsCopyOfTheCA(t *testing.T) {
 	if err := os.WriteFile(ownerCA, pem, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	owner, err := lock.WithRootCA("postgres://dislock:owner-s3cret@pgbouncer.db:6432/dislock", ownerCA)
+	owner, err := store.WithRootCA("postgres://dislock:owner-s3cret@pgbouncer.db:6432/dislock", ownerCA)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := &tenantProvisioner{ownerDSN: owner, key: DefaultDBSecretKey, ca: pem, now: time.Now}
-	cred := lock.TenantCredential{Role: "dislock_t_team_1", Password: "tenant-pw", Namespace: "team", Cluster: "dc-a", Generation: 1}
+	cred := store.TenantCredential{Role: "dislock_t_team_1", Password: "tenant-pw", Namespace: "team", Cluster: "dc-a", Generation: 1}
 	dsn, err := r.tenantDSN(cred)
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +141,7 @@ func TestATenantURLVerifiesWithTheSidecarsCopyOfTheCA(t *testing.T) {
 func TestASecretWithAnotherCAIsStale(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-	roles := []lock.TenantRole{{Role: "dislock_t_team_1", Generation: 1}}
+	roles := []store.TenantRole{{Role: "dislock_t_team_1", Generation: 1}}
 	secret := func(ca []byte) *corev1.Secret {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
 			TenantRoleAnnotation: "dislock_t_team_1", TenantCreatedAnnotation: now.Format(time.RFC3339)}},

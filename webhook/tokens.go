@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/dislock/dislock/internal/tokenrecord"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // DefaultTokenRecordInterval is how often the elected leader confirms the
@@ -45,16 +45,16 @@ func (k *tokenKeeper) NeedLeaderElection() bool { return true }
 
 func (k *tokenKeeper) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("tokens")
-	store, err := openWhenReady(ctx, k.ready, k.databaseURL)
-	if store == nil {
+	db, err := openWhenReady(ctx, k.ready, k.databaseURL)
+	if db == nil {
 		return err
 	}
-	defer store.Close()
+	defer db.Close()
 	tick := time.NewTicker(k.interval)
 	defer tick.Stop()
 	for {
 		runStep(ctx, logger, "confirming the fencing token epoch", tokenStepTimeout, func(ctx context.Context) error {
-			return k.keep(ctx, store, logger.Info)
+			return k.keep(ctx, db, logger.Info)
 		})
 		select {
 		case <-ctx.Done():
@@ -69,12 +69,12 @@ func (k *tokenKeeper) Start(ctx context.Context) error {
 const tokenStepTimeout = 30 * time.Second
 
 // keep is one round: read the record, confirm the epoch with it, raise it.
-func (k *tokenKeeper) keep(ctx context.Context, store *lock.Store, info func(msg string, kv ...any)) error {
+func (k *tokenKeeper) keep(ctx context.Context, db *store.Store, info func(msg string, kv ...any)) error {
 	rec, _, err := tokenrecord.Read(ctx, k.reader, k.record)
 	if err != nil {
 		return fmt.Errorf("%w; the epoch is not confirmed until it can be read", err)
 	}
-	st, err := store.KeepTokens(ctx, rec.HighWater, false)
+	st, err := db.KeepTokens(ctx, rec.HighWater, false)
 	if err != nil {
 		return err
 	}

@@ -7,14 +7,14 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // errProblems makes `dislock check` exit non-zero after printing its findings.
 var errProblems = errors.New("found problems that can lose claims or stop every job (see fix: lines)")
 
 func setupCheck(fs *flag.FlagSet) func(context.Context, *common) error {
-	allowAsync := fs.Bool(lock.AllowAsyncFlag[2:], false,
+	allowAsync := fs.Bool(store.AllowAsyncFlag[2:], false,
 		"accept a database whose failover may lose commits (asynchronous replication, or a managed service whose replication dislock cannot see): "+
 			"a window can then run twice after a failover; fencing tokens still never go back")
 	var tenants urlList
@@ -23,17 +23,17 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, *common) error {
 	var floor tokenFloor
 	floor.flags(fs)
 	return func(ctx context.Context, c *common) error {
-		opts, err := floor.checkOptions(ctx, lock.CheckOptions{AllowAsync: *allowAsync})
+		opts, err := floor.checkOptions(ctx, store.CheckOptions{AllowAsync: *allowAsync})
 		if err != nil {
 			return err
 		}
 		// The owner's URL first, then each tenant's: one role's failure
 		// does not stop the others' checks.
-		reports := []lock.RoleReport{lock.CheckURL(ctx, c.databaseURL, opts)}
+		reports := []store.RoleReport{store.CheckURL(ctx, c.databaseURL, opts)}
 		for _, u := range tenants {
-			reports = append(reports, lock.CheckURL(ctx, u, opts))
+			reports = append(reports, store.CheckURL(ctx, u, opts))
 		}
-		var all []lock.Finding
+		var all []store.Finding
 		for _, r := range reports {
 			for _, f := range r.Findings {
 				f.Role = r.Heading()
@@ -48,7 +48,7 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, *common) error {
 		}); err != nil {
 			return err
 		}
-		if lock.Failed(all) {
+		if store.Failed(all) {
 			return errProblems
 		}
 		return nil
@@ -71,7 +71,7 @@ func (l *urlList) Set(v string) error {
 
 // printFindings writes one line per finding, and the fix under any that is
 // not ok.
-func printFindings(t *table, findings []lock.Finding) {
+func printFindings(t *table, findings []store.Finding) {
 	for _, f := range findings {
 		t.row(string(f.Status), f.Check, f.Detail)
 		if f.Fix != "" {
@@ -82,14 +82,14 @@ func printFindings(t *table, findings []lock.Finding) {
 
 // migrateFindings checks the database after a migration and renders what
 // is not ok as lines for the migrate output: migrate still succeeds.
-func migrateFindings(ctx context.Context, s *lock.Store) ([]lock.Finding, error) {
-	findings, err := s.CheckDatabase(ctx, lock.CheckOptions{})
+func migrateFindings(ctx context.Context, s *store.Store) ([]store.Finding, error) {
+	findings, err := s.CheckDatabase(ctx, store.CheckOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("checking the database after migrating: %w", err)
 	}
-	var notOK []lock.Finding
+	var notOK []store.Finding
 	for _, f := range findings {
-		if f.Status != lock.StatusOK {
+		if f.Status != store.StatusOK {
 			notOK = append(notOK, f)
 		}
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -29,13 +29,13 @@ func TestCheckChecksEachRoleUnderItsHeading(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			goodURL, err := lock.TenantDSN(tg.DSN, good)
+			goodURL, err := store.TenantDSN(tg.DSN, good)
 			if err != nil {
 				t.Fatal(err)
 			}
 			const wrongPassword = "Wr0ng-Tenant-Pa55-cli-41d2"
 			bad.Password = wrongPassword
-			badURL, err := lock.TenantDSN(tg.DSN, bad)
+			badURL, err := store.TenantDSN(tg.DSN, bad)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -72,14 +72,14 @@ func TestCheckChecksEachRoleUnderItsHeading(t *testing.T) {
 				t.Errorf("the bad tenant's heading and login finding are not there:\n%s", out)
 			}
 			code, jsonOut, jsonErr := run(t, append(args, "-o", "json")...)
-			var findings []lock.Finding
+			var findings []store.Finding
 			if err := json.Unmarshal([]byte(jsonOut), &findings); code != 3 || err != nil {
 				t.Fatalf("-o json: exit %d, %v\n%s%s", code, err, jsonOut, jsonErr)
 			}
 			roles := map[string]bool{}
 			for _, f := range findings {
 				roles[f.Role] = true
-				if f.Check == "login" && (f.Status != lock.StatusFail || !strings.Contains(f.Role, bad.Role)) {
+				if f.Check == "login" && (f.Status != store.StatusFail || !strings.Contains(f.Role, bad.Role)) {
 					t.Errorf("login finding %+v", f)
 				}
 			}

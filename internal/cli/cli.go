@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/internal/version"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // Exit codes.
@@ -79,7 +79,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if c.databaseURL == "" {
 			c.databaseURL = os.Getenv(EnvDatabaseURL)
 		}
-		s, err := lock.Open(ctx, c.databaseURL, lock.Options{MaxConns: 2})
+		s, err := store.Open(ctx, c.databaseURL, store.Options{MaxConns: 2})
 		if err != nil {
 			fmt.Fprintf(stderr, "dislock %s: %v\n", args[0], err)
 			return exitError
@@ -105,7 +105,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 type common struct {
 	output      string
 	databaseURL string
-	store       *lock.Store
+	store       *store.Store
 	stdout      io.Writer
 	// stderr is for what a long-running command notes on the side (a
 	// --watch that lost the database for a while).
@@ -169,10 +169,10 @@ func setupMigrate(*flag.FlagSet) func(context.Context, *common) error {
 			return err
 		}
 		res := struct {
-			Applied       []int          `json:"applied"`
-			SchemaVersion int            `json:"schemaVersion"`
-			KnownVersion  int            `json:"knownVersion"`
-			Warnings      []lock.Finding `json:"warnings,omitempty"`
+			Applied       []int           `json:"applied"`
+			SchemaVersion int             `json:"schemaVersion"`
+			KnownVersion  int             `json:"knownVersion"`
+			Warnings      []store.Finding `json:"warnings,omitempty"`
 		}{Applied: applied, SchemaVersion: state.Current, KnownVersion: state.Known, Warnings: warnings}
 		if res.Applied == nil {
 			res.Applied = []int{}
@@ -200,7 +200,7 @@ func setupVersion(*flag.FlagSet) func(context.Context, *common) error {
 			Version       string `json:"version"`
 			Commit        string `json:"commit"`
 			SchemaVersion int    `json:"schemaVersion"`
-		}{version.Version, version.Commit, lock.SchemaVersion()}
+		}{version.Version, version.Commit, store.SchemaVersion()}
 		return c.print(res, func(t *table) {
 			t.line("dislock %s (commit %s, schema version %d)", res.Version, res.Commit, res.SchemaVersion)
 		})
@@ -254,13 +254,13 @@ func releaseLeaseDryRun(ctx context.Context, c *common, key string) error {
 	}
 	if !l.ExpireAt.After(dbNow) {
 		return fmt.Errorf("lease %s: %w: no one holds it (it expired at %s; last holder %s): release would fail; %s",
-			key, lock.ErrNotFound, l.ExpireAt.Format(time.RFC3339), printable(l.Owner), dryRunNote)
+			key, store.ErrNotFound, l.ExpireAt.Format(time.RFC3339), printable(l.Owner), dryRunNote)
 	}
 	res := struct {
-		DryRun       bool       `json:"dryRun"`
-		WouldRelease string     `json:"wouldRelease"`
-		Key          string     `json:"key"`
-		Lease        lock.Lease `json:"lease"`
+		DryRun       bool        `json:"dryRun"`
+		WouldRelease string      `json:"wouldRelease"`
+		Key          string      `json:"key"`
+		Lease        store.Lease `json:"lease"`
 	}{true, "lease", key, l}
 	return c.print(res, func(t *table) {
 		t.line("would release the lease of %s held by %s (token %d, held for %s, expires in %s); %s",
@@ -273,19 +273,19 @@ func releaseLeaseDryRun(ctx context.Context, c *common, key string) error {
 // alive: deleting its window lets another cluster run it at the same time.
 func deleteWindowDryRun(ctx context.Context, c *common, key string, w time.Time) error {
 	start := w.UTC().Truncate(time.Microsecond) // the database's resolution
-	rows, dbNow, err := c.store.ListWindowsIn(ctx, lock.WindowFilter{Key: key, From: start, To: start.Add(time.Microsecond)})
+	rows, dbNow, err := c.store.ListWindowsIn(ctx, store.WindowFilter{Key: key, From: start, To: start.Add(time.Microsecond)})
 	if err != nil {
 		return err
 	}
 	if len(rows) == 0 {
-		return fmt.Errorf("window %s of %s: %w: release would fail; %s", start.Format(time.RFC3339), key, lock.ErrNotFound, dryRunNote)
+		return fmt.Errorf("window %s of %s: %w: release would fail; %s", start.Format(time.RFC3339), key, store.ErrNotFound, dryRunNote)
 	}
 	res := struct {
-		DryRun       bool          `json:"dryRun"`
-		WouldRelease string        `json:"wouldRelease"`
-		Key          string        `json:"key"`
-		Window       time.Time     `json:"window"`
-		Rows         []lock.Window `json:"rows"`
+		DryRun       bool           `json:"dryRun"`
+		WouldRelease string         `json:"wouldRelease"`
+		Key          string         `json:"key"`
+		Window       time.Time      `json:"window"`
+		Rows         []store.Window `json:"rows"`
 	}{true, "window", key, start, rows}
 	return c.print(res, func(t *table) {
 		t.line("would delete window %s of %s (%d row(s)); the next claim of it would run it again; %s",
@@ -295,7 +295,7 @@ func deleteWindowDryRun(ctx context.Context, c *common, key string, w time.Time)
 			t.row(index(r.Index), string(r.State), r.Cluster, fmt.Sprint(r.Token), windowDuration(r, dbNow, time.UTC), exitCode(r.ExitCode), r.Owner)
 		}
 		for _, r := range rows {
-			if r.State == lock.StateRunning && r.AliveUntil.After(dbNow) {
+			if r.State == store.StateRunning && r.AliveUntil.After(dbNow) {
 				t.line("WARNING index %s is running and its owner is alive: once the window is deleted another pod can claim it and run it while this run goes on", index(r.Index))
 			}
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/internal/cli"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -36,24 +36,24 @@ func TestWindowsTellWhichClusterRanWhichTick(t *testing.T) {
 			if code, out, _ := run(t, "migrate", "--database-url", tg.DSN, "-o", "json"); code != 0 || !strings.Contains(out, `"applied": []`) {
 				t.Fatalf("second migrate applied something: %d %s", code, out)
 			}
-			s, err := lock.Open(context.Background(), tg.DSN, lock.Options{})
+			s, err := store.Open(context.Background(), tg.DSN, store.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer s.Close()
 			key := "cli-" + tg.Name + "/report"
 			tick := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-			a := lock.Owner{Cluster: "dc-a", Namespace: "cli-" + tg.Name, Job: "report-1", JobUID: "u1", Pod: "p1"}
-			b := lock.Owner{Cluster: "dc-b", Namespace: "cli-" + tg.Name, Job: "report-1", JobUID: "u2", Pod: "p2"}
-			c, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick, Index: lock.NotIndexed, Owner: a, TTL: time.Minute})
+			a := store.Owner{Cluster: "dc-a", Namespace: "cli-" + tg.Name, Job: "report-1", JobUID: "u1", Pod: "p1"}
+			b := store.Owner{Cluster: "dc-b", Namespace: "cli-" + tg.Name, Job: "report-1", JobUID: "u2", Pod: "p2"}
+			c, err := s.ClaimWindow(context.Background(), store.ClaimRequest{Key: key, Window: tick, Index: store.NotIndexed, Owner: a, TTL: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
 			code := 0
-			if _, err := s.Finish(context.Background(), key, tick, lock.NotIndexed, c.Window.Token, lock.StateSucceeded, &code); err != nil {
+			if _, err := s.Finish(context.Background(), key, tick, store.NotIndexed, c.Window.Token, store.StateSucceeded, &code); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick.Add(time.Minute), Index: lock.NotIndexed, Owner: b, TTL: time.Minute}); err != nil {
+			if _, err := s.ClaimWindow(context.Background(), store.ClaimRequest{Key: key, Window: tick.Add(time.Minute), Index: store.NotIndexed, Owner: b, TTL: time.Minute}); err != nil {
 				t.Fatal(err)
 			}
 
@@ -75,14 +75,14 @@ func TestWindowsTellWhichClusterRanWhichTick(t *testing.T) {
 			}
 
 			_, out, _ = run(t, "windows", "--database-url", tg.DSN, "--key", key, "-o", "json", "--limit", "1")
-			var rows []lock.Window
+			var rows []store.Window
 			if err := json.Unmarshal([]byte(out), &rows); err != nil || len(rows) != 1 || rows[0].Cluster != "dc-b" {
 				t.Fatalf("json windows: %v %+v\n%s", err, rows, out)
 			}
 
 			// The two clusters' CronJobs differ in time zone: the table warns.
 			for cluster, tz := range map[string]string{"dc-a": "Europe/Berlin", "dc-b": ""} {
-				if _, err := s.RecordView(context.Background(), key, cluster, lock.View{Schedule: "0 2 * * *", TimeZone: tz, Mode: "schedule", LeaseTTL: "30s"}, time.Hour); err != nil {
+				if _, err := s.RecordView(context.Background(), key, cluster, store.View{Schedule: "0 2 * * *", TimeZone: tz, Mode: "schedule", LeaseTTL: "30s"}, time.Hour); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -95,7 +95,7 @@ func TestWindowsTellWhichClusterRanWhichTick(t *testing.T) {
 			if code, out, errOut := run(t, "release", "--database-url", tg.DSN, "--key", key, "--window", "2026-12-02T12:00:00Z"); code != 0 || !strings.Contains(out, "runs it again") {
 				t.Fatalf("release window: %d %q %q", code, out, errOut)
 			}
-			if got, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: tick, Index: lock.NotIndexed, Owner: b, TTL: time.Minute}); err != nil || got.Outcome != lock.Claimed {
+			if got, err := s.ClaimWindow(context.Background(), store.ClaimRequest{Key: key, Window: tick, Index: store.NotIndexed, Owner: b, TTL: time.Minute}); err != nil || got.Outcome != store.Claimed {
 				t.Fatalf("claim after release: %+v %v", got, err)
 			}
 		})
@@ -108,12 +108,12 @@ func TestLeasesShowHolderAndReleaseExpiresIt(t *testing.T) {
 	if code, _, errOut := run(t, "migrate", "--database-url", dsn); code != 0 {
 		t.Fatal(errOut)
 	}
-	s, err := lock.Open(context.Background(), dsn, lock.Options{})
+	s, err := store.Open(context.Background(), dsn, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	a := lock.Owner{Cluster: "dc-a", Namespace: "leases", Job: "sync-1", JobUID: "u1", Pod: "p1"}
+	a := store.Owner{Cluster: "dc-a", Namespace: "leases", Job: "sync-1", JobUID: "u1", Pod: "p1"}
 	if _, err := s.AcquireLease(context.Background(), "leases/sync", a, time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -198,12 +198,12 @@ func TestCheckNamesTheSettingAndTheFix(t *testing.T) {
 				}
 			}
 			code, out, errOut = run(t, "check", "--database-url", tg.DSN, "--allow-async-replication", "-o", "json")
-			var findings []lock.Finding
+			var findings []store.Finding
 			if err := json.Unmarshal([]byte(out), &findings); code != 0 || err != nil {
 				t.Fatalf("check --allow-async-replication: exit %d, %v, stdout %q, stderr %q", code, err, out, errOut)
 			}
 			for _, f := range findings {
-				if f.Check == "replication" && f.Status != lock.StatusAccepted {
+				if f.Check == "replication" && f.Status != store.StatusAccepted {
 					t.Errorf("replication with the acknowledgement: %+v", f)
 				}
 			}
@@ -223,26 +223,26 @@ func TestATenantsRowsCannotForgeLinesOfTheOperatorsListing(t *testing.T) {
 			if code, _, errOut := run(t, "migrate", "--database-url", tg.DSN); code != 0 {
 				t.Fatal(errOut)
 			}
-			owner, err := lock.Open(ctx, tg.DSN, lock.Options{})
+			owner, err := store.Open(ctx, tg.DSN, store.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer owner.Close()
 			victim, hostile := "victim-"+tg.Name, "hostile-"+tg.Name
 			tick := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-			if _, err := owner.ClaimWindow(ctx, lock.ClaimRequest{Key: victim + "/report", Window: tick, Index: lock.NotIndexed, TTL: time.Minute,
-				Owner: lock.Owner{Cluster: "dc-a", Namespace: victim, Job: "report-1", JobUID: "u1", Pod: "p1"}}); err != nil {
+			if _, err := owner.ClaimWindow(ctx, store.ClaimRequest{Key: victim + "/report", Window: tick, Index: store.NotIndexed, TTL: time.Minute,
+				Owner: store.Owner{Cluster: "dc-a", Namespace: victim, Job: "report-1", JobUID: "u1", Pod: "p1"}}); err != nil {
 				t.Fatal(err)
 			}
 			cred, err := owner.ProvisionTenant(ctx, "dc-a", hostile)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tenantURL, err := lock.TenantDSN(tg.DSN, cred)
+			tenantURL, err := store.TenantDSN(tg.DSN, cred)
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg, err := lock.ParseDatabaseURL(tenantURL)
+			cfg, err := store.ParseDatabaseURL(tenantURL)
 			if err != nil {
 				t.Fatal(err)
 			}

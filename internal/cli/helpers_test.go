@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 var nsSeq atomic.Int64
@@ -23,12 +23,12 @@ func namespace(team string) string { return fmt.Sprintf("%s-%d", team, nsSeq.Add
 
 // migratedStore migrates the schema with the CLI and opens a Store as its
 // owner, closed with the test.
-func migratedStore(t *testing.T, dsn string) *lock.Store {
+func migratedStore(t *testing.T, dsn string) *store.Store {
 	t.Helper()
 	if code, _, errOut := run(t, "migrate", "--database-url", dsn); code != 0 {
 		t.Fatalf("migrate: exit %d: %s", code, errOut)
 	}
-	s, err := lock.Open(context.Background(), dsn, lock.Options{MaxConns: 2})
+	s, err := store.Open(context.Background(), dsn, store.Options{MaxConns: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func migratedStore(t *testing.T, dsn string) *lock.Store {
 // usable through PgBouncer's transaction pooling.
 func rawConn(t *testing.T, dsn string) *pgx.Conn {
 	t.Helper()
-	cfg, err := lock.ParseDatabaseURL(dsn)
+	cfg, err := store.ParseDatabaseURL(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func rawConn(t *testing.T, dsn string) *pgx.Conn {
 	return conn
 }
 
-func dbNow(t *testing.T, s *lock.Store) time.Time {
+func dbNow(t *testing.T, s *store.Store) time.Time {
 	t.Helper()
 	now, err := s.Now(context.Background())
 	if err != nil {
@@ -61,7 +61,7 @@ func dbNow(t *testing.T, s *lock.Store) time.Time {
 	return now
 }
 
-func record(t *testing.T, s *lock.Store, d lock.Decision) {
+func record(t *testing.T, s *store.Store, d store.Decision) {
 	t.Helper()
 	if d.Job == "" {
 		d.Job = "report-1"
@@ -76,22 +76,22 @@ func record(t *testing.T, s *lock.Store, d lock.Decision) {
 
 // runWindow claims window w of key for cluster and ends it in state
 // (running: left running with the TTL).
-func runWindow(t *testing.T, s *lock.Store, key string, w time.Time, cluster string, state lock.State, ttl time.Duration) lock.Claim {
+func runWindow(t *testing.T, s *store.Store, key string, w time.Time, cluster string, state store.State, ttl time.Duration) store.Claim {
 	t.Helper()
 	ns, _, _ := strings.Cut(key, "/")
-	o := lock.Owner{Cluster: cluster, Namespace: ns, Job: "job-" + w.Format("150405"), JobUID: "uid-" + w.Format("150405"), Pod: "pod-" + cluster}
-	c, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: w, Index: lock.NotIndexed, Owner: o, TTL: ttl})
+	o := store.Owner{Cluster: cluster, Namespace: ns, Job: "job-" + w.Format("150405"), JobUID: "uid-" + w.Format("150405"), Pod: "pod-" + cluster}
+	c, err := s.ClaimWindow(context.Background(), store.ClaimRequest{Key: key, Window: w, Index: store.NotIndexed, Owner: o, TTL: ttl})
 	if err != nil {
 		t.Fatalf("claiming %s of %s: %v", w, key, err)
 	}
-	if state == lock.StateRunning {
+	if state == store.StateRunning {
 		return c
 	}
 	code := 0
-	if state == lock.StateFailed {
+	if state == store.StateFailed {
 		code = 1
 	}
-	if _, err := s.Finish(context.Background(), key, w, lock.NotIndexed, c.Window.Token, state, &code); err != nil {
+	if _, err := s.Finish(context.Background(), key, w, store.NotIndexed, c.Window.Token, state, &code); err != nil {
 		t.Fatal(err)
 	}
 	return c

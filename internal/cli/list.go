@@ -7,11 +7,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 func index(i int) string {
-	if i == lock.NotIndexed {
+	if i == store.NotIndexed {
 		return "-"
 	}
 	return fmt.Sprint(i)
@@ -19,8 +19,8 @@ func index(i int) string {
 
 // disagreements warns, for each listed key, about clusters whose recent view
 // of the job differs: one tick may then be a different window in each.
-func disagreements(ctx context.Context, s *lock.Store, listed map[string]bool) ([]string, error) {
-	views, err := s.ListDisagreements(ctx, lock.DefaultViewRecency)
+func disagreements(ctx context.Context, s *store.Store, listed map[string]bool) ([]string, error) {
+	views, err := s.ListDisagreements(ctx, store.DefaultViewRecency)
 	if err != nil {
 		return nil, err
 	}
@@ -46,13 +46,13 @@ func disagreements(ctx context.Context, s *lock.Store, listed map[string]bool) (
 
 // windowDuration is how long the run took, or has been running, by database
 // time; a time it names is in zone loc.
-func windowDuration(w lock.Window, dbNow time.Time, loc *time.Location) string {
+func windowDuration(w store.Window, dbNow time.Time, loc *time.Location) string {
 	switch {
 	case w.FinishedAt != nil:
 		return w.FinishedAt.Sub(w.ClaimedAt).Round(time.Millisecond).String()
-	case w.State == lock.StateRunning && w.AliveUntil.After(dbNow):
+	case w.State == store.StateRunning && w.AliveUntil.After(dbNow):
 		return dbNow.Sub(w.ClaimedAt).Round(time.Second).String() + " so far"
-	case w.State == lock.StateRunning:
+	case w.State == store.StateRunning:
 		return "owner silent since " + w.AliveUntil.In(loc).Format(time.RFC3339)
 	}
 	return "-"
@@ -72,7 +72,7 @@ func setupLeases(*flag.FlagSet) func(context.Context, *common) error {
 			return err
 		}
 		type leaseView struct {
-			lock.Lease
+			store.Lease
 			Live bool `json:"live"`
 		}
 		views := make([]leaseView, 0, len(rows))

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // DefaultMissedSince is how far back `dislock missed` lists by default.
@@ -20,8 +20,8 @@ var errMissedFound = errors.New("found missed windows or silent keys (--fail-on-
 
 // missedReport is what `dislock missed` prints.
 type missedReport struct {
-	Missed []lock.MissedWindow `json:"missed"`
-	Silent []silentKey         `json:"silent"`
+	Missed []store.MissedWindow `json:"missed"`
+	Silent []silentKey          `json:"silent"`
 	// NewlyDetected counts the listed windows this run's detection found
 	// (another cluster's webhook, or an earlier run, found the others).
 	NewlyDetected int `json:"newlyDetected"`
@@ -29,7 +29,7 @@ type missedReport struct {
 	Problems []string `json:"problems,omitempty"`
 }
 
-// silentKey is lock.SilentKey with its period as text (e.g. "1h0m0s").
+// silentKey is store.SilentKey with its period as text (e.g. "1h0m0s").
 type silentKey struct {
 	Key          string    `json:"key"`
 	LastDecided  time.Time `json:"lastDecided"`
@@ -39,7 +39,7 @@ type silentKey struct {
 
 func setupMissed(fs *flag.FlagSet) func(context.Context, *common) error {
 	key := fs.String("key", "", "only this lock key <namespace>/<name>")
-	limit := fs.Int("limit", lock.DefaultListLimit, "list at most this many missed windows, newest first")
+	limit := fs.Int("limit", store.DefaultListLimit, "list at most this many missed windows, newest first")
 	tr := addTimeRange(fs, DefaultMissedSince, "only windows that started within this `duration` before now, by database time (0: no bound)")
 	failOnMissed := fs.Bool("fail-on-missed", false, fmt.Sprintf("exit %d when a missed window or a silent key is listed", exitProblems))
 	return func(ctx context.Context, c *common) error {
@@ -58,7 +58,7 @@ func setupMissed(fs *flag.FlagSet) func(context.Context, *common) error {
 		}
 		// The detection is idempotent and safe beside every webhook's:
 		// each window is judged and recorded once, whoever runs it.
-		det, err := c.store.DetectMissed(ctx, lock.MissedOptions{})
+		det, err := c.store.DetectMissed(ctx, store.MissedOptions{})
 		if err != nil {
 			return err
 		}
@@ -66,7 +66,7 @@ func setupMissed(fs *flag.FlagSet) func(context.Context, *common) error {
 		if err != nil {
 			return err
 		}
-		missed, _, err := c.store.ListMissed(ctx, lock.MissedFilter{Key: *key, From: from, To: to, Limit: *limit})
+		missed, _, err := c.store.ListMissed(ctx, store.MissedFilter{Key: *key, From: from, To: to, Limit: *limit})
 		if err != nil {
 			return err
 		}
@@ -108,8 +108,8 @@ func setupMissed(fs *flag.FlagSet) func(context.Context, *common) error {
 }
 
 // report keeps what concerns key ("" for all) and puts times in zone loc.
-func report(det lock.Detection, missed []lock.MissedWindow, key string, loc *time.Location) missedReport {
-	rep := missedReport{Missed: make([]lock.MissedWindow, 0, len(missed)), Silent: []silentKey{}}
+func report(det store.Detection, missed []store.MissedWindow, key string, loc *time.Location) missedReport {
+	rep := missedReport{Missed: make([]store.MissedWindow, 0, len(missed)), Silent: []silentKey{}}
 	isNew := map[string]bool{}
 	for _, m := range det.New {
 		isNew[missedID(m)] = true
@@ -135,7 +135,7 @@ func report(det lock.Detection, missed []lock.MissedWindow, key string, loc *tim
 	return rep
 }
 
-func missedID(m lock.MissedWindow) string { return fmt.Sprintf("%q %d", m.Key, m.Window.UnixMicro()) }
+func missedID(m store.MissedWindow) string { return fmt.Sprintf("%q %d", m.Key, m.Window.UnixMicro()) }
 
 func plural(n int, noun string) string {
 	if n == 1 {

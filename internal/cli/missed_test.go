@@ -10,13 +10,13 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
 // missedOutput is what `dislock missed -o json|yaml` prints.
 type missedOutput struct {
-	Missed []lock.MissedWindow `json:"missed"`
+	Missed []store.MissedWindow `json:"missed"`
 	Silent []struct {
 		Key    string `json:"key"`
 		Period string `json:"period"`
@@ -43,16 +43,16 @@ func TestMissedListsTheWindowsThatRanNowhereAndTheSilentKeys(t *testing.T) {
 			now := dbNow(t, s)
 			m0 := now.Truncate(time.Minute).Add(-10 * time.Minute)
 			minute := func(i int) time.Time { return m0.Add(time.Duration(i) * time.Minute) }
-			view := lock.View{Schedule: "* * * * *", Mode: "schedule", LeaseTTL: "30s"}
+			view := store.View{Schedule: "* * * * *", Mode: "schedule", LeaseTTL: "30s"}
 			// seen makes the key's statistics say it was first decided at
 			// firstSeen and last at lastDecided: the detection judges only
 			// windows after the first, and a key silent since the last.
 			seen := func(key string, firstSeen, lastDecided time.Time) {
 				t.Helper()
-				if _, err := s.RecordView(ctx, key, "dc-a", view, lock.DefaultViewRecency); err != nil {
+				if _, err := s.RecordView(ctx, key, "dc-a", view, store.DefaultViewRecency); err != nil {
 					t.Fatal(err)
 				}
-				record(t, s, lock.Decision{Key: key, Cluster: "dc-a", Action: lock.ActionRun, Reason: "lease only"})
+				record(t, s, store.Decision{Key: key, Cluster: "dc-a", Action: store.ActionRun, Reason: "lease only"})
 				if _, err := raw.Exec(ctx, `UPDATE dislock.key_stats SET first_seen = $2, last_decided = $3 WHERE lock_key = $1`, key, firstSeen, lastDecided); err != nil {
 					t.Fatal(err)
 				}
@@ -70,15 +70,15 @@ func TestMissedListsTheWindowsThatRanNowhereAndTheSilentKeys(t *testing.T) {
 			// minute meanwhile.
 			for i := 0; i <= 10; i++ {
 				if i == 4 {
-					record(t, s, lock.Decision{Key: nowhere, Window: minute(i), Index: lock.NotIndexed, Cluster: "dc-a", Action: lock.ActionSkip, Reason: "stale: window started 3m ago"})
-					record(t, s, lock.Decision{Key: nowhere, Window: minute(i), Index: lock.NotIndexed, Cluster: "dc-b", Action: lock.ActionSkip, Reason: "stale\nforged line"})
+					record(t, s, store.Decision{Key: nowhere, Window: minute(i), Index: store.NotIndexed, Cluster: "dc-a", Action: store.ActionSkip, Reason: "stale: window started 3m ago"})
+					record(t, s, store.Decision{Key: nowhere, Window: minute(i), Index: store.NotIndexed, Cluster: "dc-b", Action: store.ActionSkip, Reason: "stale\nforged line"})
 				} else {
-					runWindow(t, s, nowhere, minute(i), "dc-a", lock.StateSucceeded, time.Minute)
+					runWindow(t, s, nowhere, minute(i), "dc-a", store.StateSucceeded, time.Minute)
 				}
-				runWindow(t, s, allRan, minute(i), "dc-b", lock.StateSucceeded, time.Minute)
-				state := lock.StateSucceeded
+				runWindow(t, s, allRan, minute(i), "dc-b", store.StateSucceeded, time.Minute)
+				state := store.StateSucceeded
 				if i == 5 {
-					state = lock.StateFailed
+					state = store.StateFailed
 				}
 				runWindow(t, s, failed, minute(i), "dc-a", state, time.Minute)
 			}
@@ -165,7 +165,7 @@ func TestMissedListsTheWindowsThatRanNowhereAndTheSilentKeys(t *testing.T) {
 			code, out, _ = run(t, "missed", "--database-url", tg.DSN, "--key", failed, "-o", "yaml")
 			var fromYAML missedOutput
 			if err := yaml.Unmarshal([]byte(out), &fromYAML); code != 0 || err != nil || len(fromYAML.Missed) != 1 ||
-				!fromYAML.Missed[0].Window.Equal(minute(5)) || fromYAML.Missed[0].Kind != lock.MissedFailed {
+				!fromYAML.Missed[0].Window.Equal(minute(5)) || fromYAML.Missed[0].Kind != store.MissedFailed {
 				t.Errorf("missed -o yaml: exit %d, %v, %+v:\n%s", code, err, fromYAML, out)
 			}
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -24,7 +24,7 @@ func TestReleaseDryRunSaysWhatItWouldDoAndChangesNothing(t *testing.T) {
 			s := migratedStore(t, tg.DSN)
 			ns := namespace("dry-run")
 			key := ns + "/sync"
-			a := lock.Owner{Cluster: "dc-a", Namespace: ns, Job: "sync-1", JobUID: "u1", Pod: "p1"}
+			a := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "sync-1", JobUID: "u1", Pod: "p1"}
 			g, err := s.AcquireLease(ctx, key, a, time.Hour)
 			if err != nil {
 				t.Fatal(err)
@@ -41,8 +41,8 @@ func TestReleaseDryRunSaysWhatItWouldDoAndChangesNothing(t *testing.T) {
 			}
 			_, out, _ = run(t, "release", "--database-url", tg.DSN, "--key", key, "--dry-run", "-o", "json")
 			var res struct {
-				DryRun bool       `json:"dryRun"`
-				Lease  lock.Lease `json:"lease"`
+				DryRun bool        `json:"dryRun"`
+				Lease  store.Lease `json:"lease"`
 			}
 			if err := json.Unmarshal([]byte(out), &res); err != nil || !res.DryRun || res.Lease.Owner != a.LeaseOwner() {
 				t.Errorf("release --dry-run -o json: %v %+v:\n%s", err, res, out)
@@ -55,7 +55,7 @@ func TestReleaseDryRunSaysWhatItWouldDoAndChangesNothing(t *testing.T) {
 			// A window whose run is alive: deleting it would let another pod
 			// run it at the same time, which the dry run says.
 			w := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-			runWindow(t, s, key, w, "dc-b", lock.StateRunning, time.Hour)
+			runWindow(t, s, key, w, "dc-b", store.StateRunning, time.Hour)
 			code, out, errOut = run(t, "release", "--database-url", tg.DSN, "--key", key, "--window", w.Format(time.RFC3339), "--dry-run")
 			if code != 0 {
 				t.Fatalf("release --window --dry-run: exit %d: %s", code, errOut)
@@ -66,7 +66,7 @@ func TestReleaseDryRunSaysWhatItWouldDoAndChangesNothing(t *testing.T) {
 					t.Errorf("release --window --dry-run lacks %q:\n%s", want, out)
 				}
 			}
-			if got, err := s.GetWindow(ctx, key, w, lock.NotIndexed); err != nil || got.State != lock.StateRunning {
+			if got, err := s.GetWindow(ctx, key, w, store.NotIndexed); err != nil || got.State != store.StateRunning {
 				t.Fatalf("after the dry run the window is %+v (%v), want it still running", got, err)
 			}
 

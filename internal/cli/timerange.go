@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // timeRange is the --since, --from, --to and --tz flags of a listing:
@@ -109,7 +109,7 @@ func (r *timeRange) bounds(now time.Time) (from, to time.Time) {
 }
 
 // resolve is bounds at the database's time, read only when --since needs it.
-func (r *timeRange) resolve(ctx context.Context, s *lock.Store) (from, to time.Time, err error) {
+func (r *timeRange) resolve(ctx context.Context, s *store.Store) (from, to time.Time, err error) {
 	var now time.Time
 	if r.since > 0 {
 		if now, err = s.Now(ctx); err != nil {

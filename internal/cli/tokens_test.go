@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -24,7 +24,7 @@ func TestTokensMovesToANewEpochAboveEverythingBefore(t *testing.T) {
 	ns := namespace("tokens")
 	grant := func(pod string) int64 {
 		t.Helper()
-		g, err := s.AcquireLease(ctx, ns+"/job-"+pod, lock.Owner{Cluster: "dc-a", Namespace: ns, Job: "job", JobUID: "uid", Pod: pod}, time.Minute)
+		g, err := s.AcquireLease(ctx, ns+"/job-"+pod, store.Owner{Cluster: "dc-a", Namespace: ns, Job: "job", JobUID: "uid", Pod: pod}, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +39,7 @@ func TestTokensMovesToANewEpochAboveEverythingBefore(t *testing.T) {
 	if after <= before {
 		t.Fatalf("token %d after a new epoch, not above %d", after, before)
 	}
-	if e, off := lock.TokenEpoch(after); e != 17 || off > 2 {
+	if e, off := store.TokenEpoch(after); e != 17 || off > 2 {
 		t.Fatalf("token %d: epoch %d offset %d, want epoch 17 with the offset started again", after, e, off)
 	}
 

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // Watching `dislock windows`.
@@ -88,7 +88,7 @@ func (l *windowsListing) entries(ctx context.Context) ([]entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := lock.WindowFilter{Key: l.key, From: from, To: to, Limit: l.limit}
+	f := store.WindowFilter{Key: l.key, From: from, To: to, Limit: l.limit}
 	rows, dbNow, err := l.c.store.ListWindowsIn(ctx, f)
 	if err != nil {
 		return nil, err
@@ -130,7 +130,7 @@ func (l *windowsListing) entries(ctx context.Context) ([]entry, error) {
 
 // windowID identifies an owner's row as printed: it is printed again by
 // --watch once its state, owner or outcome changes.
-func windowID(w lock.Window) string {
+func windowID(w store.Window) string {
 	finished := ""
 	if w.FinishedAt != nil {
 		finished = w.FinishedAt.Format(time.RFC3339Nano)
@@ -139,7 +139,7 @@ func windowID(w lock.Window) string {
 		exitCode(w.ExitCode), finished)
 }
 
-func decisionID(d lock.Decision) string {
+func decisionID(d store.Decision) string {
 	return fmt.Sprintf("decision %q %d %d %q %q %s %d %d %q", d.Key, d.Window.UnixMicro(), d.Index, d.Cluster, d.Pod, d.Action,
 		d.Token, d.At.UnixMicro(), d.Reason)
 }
@@ -149,15 +149,15 @@ func decisionID(d lock.Decision) string {
 type windowGroup struct {
 	key       string
 	start     time.Time
-	decisions []lock.Decision
-	rows      []lock.Window
+	decisions []store.Decision
+	rows      []store.Window
 }
 
 // groupWindows gathers rows and decisions by window, newest window first,
 // at most limit windows. A window may have decisions and no owner's row
 // (every cluster skipped it), or an owner's row and no decisions (the
 // ledger lost them, or the window is older than the ledger).
-func groupWindows(rows []lock.Window, decisions []lock.Decision, limit int) []*windowGroup {
+func groupWindows(rows []store.Window, decisions []store.Decision, limit int) []*windowGroup {
 	type ref struct {
 		key   string
 		start int64
@@ -199,9 +199,9 @@ func (l *windowsListing) wideEntries(g *windowGroup) []entry {
 		out = append(out, entry{id: decisionID(d), cells: []string{d.Key, l.tr.format(d.Window), index(d.Index), d.Cluster,
 			string(d.Action), token(d.Token), l.tr.format(d.At), d.Pod, d.Reason}})
 	}
-	if len(g.decisions) >= lock.MaxDecisionsPerWindow {
+	if len(g.decisions) >= store.MaxDecisionsPerWindow {
 		out = append(out, entry{id: fmt.Sprintf("more %q %d", g.key, g.start.UnixMicro()),
-			line: fmt.Sprintf("(window %s of %s has more decisions; the first %d are shown)", l.tr.format(g.start), g.key, lock.MaxDecisionsPerWindow)})
+			line: fmt.Sprintf("(window %s of %s has more decisions; the first %d are shown)", l.tr.format(g.start), g.key, store.MaxDecisionsPerWindow)})
 	}
 	if len(g.decisions) > 0 {
 		return out
@@ -225,7 +225,7 @@ func token(t int64) string {
 }
 
 // windowIn is w with its times in zone loc.
-func windowIn(w lock.Window, loc *time.Location) lock.Window {
+func windowIn(w store.Window, loc *time.Location) store.Window {
 	w.Start, w.ClaimedAt, w.AliveUntil = w.Start.In(loc), w.ClaimedAt.In(loc), w.AliveUntil.In(loc)
 	if w.FinishedAt != nil {
 		f := w.FinishedAt.In(loc)
@@ -299,7 +299,7 @@ func (l *windowsListing) watch(ctx context.Context, interval time.Duration, prin
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case errors.Is(err, lock.ErrUnavailable):
+		case errors.Is(err, store.ErrUnavailable):
 			fmt.Fprintf(l.c.stderr, "dislock windows: %v (asking again in %s)\n", err, interval)
 			continue
 		case err != nil:

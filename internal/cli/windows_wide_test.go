@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dislock/dislock/internal/cli"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 
 	_ "time/tzdata" // --tz Europe/Berlin wherever the tests run
@@ -40,20 +40,20 @@ func TestWideWindowsShowWhatEveryClusterDecided(t *testing.T) {
 			// and skipped by dc-b and dc-c; skipped was skipped everywhere
 			// and has no owner's row.
 			old, decided, skipped := base.Add(-3*time.Hour), base.Add(-30*time.Minute), base.Add(-20*time.Minute)
-			runWindow(t, s, key, old, "dc-a", lock.StateSucceeded, time.Minute)
-			record(t, s, lock.Decision{Key: key, Window: old, Index: lock.NotIndexed, Cluster: "dc-a", Action: lock.ActionRun, Reason: "window claimed three hours ago"})
-			c := runWindow(t, s, key, decided, "dc-a", lock.StateSucceeded, time.Minute)
+			runWindow(t, s, key, old, "dc-a", store.StateSucceeded, time.Minute)
+			record(t, s, store.Decision{Key: key, Window: old, Index: store.NotIndexed, Cluster: "dc-a", Action: store.ActionRun, Reason: "window claimed three hours ago"})
+			c := runWindow(t, s, key, decided, "dc-a", store.StateSucceeded, time.Minute)
 			tok := c.Window.Token
-			for _, d := range []lock.Decision{
-				{Cluster: "dc-a", Action: lock.ActionRun, Reason: "window claimed", Token: tok},
-				{Cluster: "dc-b", Action: lock.ActionSkip, Reason: "window already claimed by cluster dc-a"},
-				{Cluster: "dc-c", Action: lock.ActionSkip, Reason: "window already claimed by cluster dc-a, no standby"},
+			for _, d := range []store.Decision{
+				{Cluster: "dc-a", Action: store.ActionRun, Reason: "window claimed", Token: tok},
+				{Cluster: "dc-b", Action: store.ActionSkip, Reason: "window already claimed by cluster dc-a"},
+				{Cluster: "dc-c", Action: store.ActionSkip, Reason: "window already claimed by cluster dc-a, no standby"},
 			} {
-				d.Key, d.Window, d.Index = key, decided, lock.NotIndexed
+				d.Key, d.Window, d.Index = key, decided, store.NotIndexed
 				record(t, s, d)
 			}
 			for _, cl := range []string{"dc-a", "dc-b"} {
-				record(t, s, lock.Decision{Key: key, Window: skipped, Index: lock.NotIndexed, Cluster: cl, Action: lock.ActionSkip, Reason: "stale: window started 3m ago"})
+				record(t, s, store.Decision{Key: key, Window: skipped, Index: store.NotIndexed, Cluster: cl, Action: store.ActionSkip, Reason: "stale: window started 3m ago"})
 			}
 			utc := func(at time.Time) string { return at.UTC().Format(time.RFC3339) }
 
@@ -124,7 +124,7 @@ func TestWideWindowsShowWhatEveryClusterDecided(t *testing.T) {
 			// -o yaml and -o json parse back into the owners' rows.
 			for _, format := range []string{"yaml", "json"} {
 				code, out, errOut = run(t, "windows", "--database-url", tg.DSN, "--key", key, "-o", format)
-				var got []lock.Window
+				var got []store.Window
 				var err error
 				if format == "yaml" {
 					err = yaml.Unmarshal([]byte(out), &got)
@@ -135,7 +135,7 @@ func TestWideWindowsShowWhatEveryClusterDecided(t *testing.T) {
 					t.Fatalf("-o %s: exit %d, %v, stderr %q:\n%s", format, code, err, errOut, out)
 				}
 				if len(got) != 2 || !got[0].Start.Equal(decided) || got[0].Cluster != "dc-a" || got[0].Token != tok ||
-					got[0].State != lock.StateSucceeded || !got[1].Start.Equal(old) {
+					got[0].State != store.StateSucceeded || !got[1].Start.Equal(old) {
 					t.Fatalf("-o %s: %+v, want %s (dc-a, token %d, succeeded) then %s", format, got, utc(decided), tok, utc(old))
 				}
 			}
@@ -154,11 +154,11 @@ func TestWatchPrintsWhatHappensAfterItStarted(t *testing.T) {
 			key := namespace("watch") + "/report"
 			base := dbNow(t, s).Truncate(time.Minute)
 			w := base.Add(-10 * time.Minute)
-			record(t, s, lock.Decision{Key: key, Window: w, Index: lock.NotIndexed, Cluster: "dc-a", Action: lock.ActionRun, Reason: "decided before the watch"})
+			record(t, s, store.Decision{Key: key, Window: w, Index: store.NotIndexed, Cluster: "dc-a", Action: store.ActionRun, Reason: "decided before the watch"})
 
 			out, stop := startWatch(t, "windows", "--database-url", tg.DSN, "--key", key, "-o", "wide", "--watch", "--interval", "1s")
 			out.await(t, "the first listing", func(s string) bool { return strings.Contains(s, "decided before the watch") })
-			record(t, s, lock.Decision{Key: key, Window: w, Index: lock.NotIndexed, Cluster: "dc-b", Action: lock.ActionSkip, Reason: "decided while watched"})
+			record(t, s, store.Decision{Key: key, Window: w, Index: store.NotIndexed, Cluster: "dc-b", Action: store.ActionSkip, Reason: "decided while watched"})
 			out.await(t, "the decision recorded after the watch started", func(s string) bool { return strings.Contains(s, "decided while watched") })
 			if got := stop(); got != 0 {
 				t.Fatalf("the interrupted watch exited %d, want 0", got)
@@ -176,12 +176,12 @@ func TestWatchPrintsWhatHappensAfterItStarted(t *testing.T) {
 			first, second := base.Add(-5*time.Minute), base.Add(-4*time.Minute)
 			out, stop = startWatch(t, "windows", "--database-url", tg.DSN, "--key", key, "--watch", "--interval", "1s")
 			out.await(t, "the header", func(s string) bool { return strings.Contains(s, "KEY") })
-			c := runWindow(t, s, key, first, "dc-b", lock.StateRunning, time.Minute)
+			c := runWindow(t, s, key, first, "dc-b", store.StateRunning, time.Minute)
 			out.await(t, "the first window's row", func(s string) bool { return len(tableRows(s, key)) >= 1 })
-			runWindow(t, s, key, second, "dc-a", lock.StateRunning, time.Minute)
+			runWindow(t, s, key, second, "dc-a", store.StateRunning, time.Minute)
 			out.await(t, "the second window's row", func(s string) bool { return strings.Contains(s, second.Format(time.RFC3339)) })
 			exit := 0
-			if _, err := s.Finish(context.Background(), key, first, lock.NotIndexed, c.Window.Token, lock.StateSucceeded, &exit); err != nil {
+			if _, err := s.Finish(context.Background(), key, first, store.NotIndexed, c.Window.Token, store.StateSucceeded, &exit); err != nil {
 				t.Fatal(err)
 			}
 			out.await(t, "the first window's end", func(s string) bool { return strings.Contains(s, "succeeded") })
@@ -251,19 +251,19 @@ func TestATenantsDecisionsCannotForgeRowsOfTheWideListing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tenantURL, err := lock.TenantDSN(tg.DSN, cred)
+			tenantURL, err := store.TenantDSN(tg.DSN, cred)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tenant, err := lock.Open(ctx, tenantURL, lock.Options{MaxConns: 1})
+			tenant, err := store.Open(ctx, tenantURL, store.Options{MaxConns: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer tenant.Close()
 			forged := "victim/report  2026-12-02T13:00:00Z  -  dc-b  run  42"
 			reason := "ok\n" + forged + "\t\x1b[2K"
-			d := lock.Decision{Key: hostile + "/x", Window: time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC), Index: lock.NotIndexed,
-				Cluster: "dc-a\n" + forged, Job: "j", Pod: "p\x1b[8m", Action: lock.ActionSkip, Reason: reason}
+			d := store.Decision{Key: hostile + "/x", Window: time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC), Index: store.NotIndexed,
+				Cluster: "dc-a\n" + forged, Job: "j", Pod: "p\x1b[8m", Action: store.ActionSkip, Reason: reason}
 			if err := tenant.RecordDecision(ctx, d); err != nil {
 				t.Fatalf("the tenant recording its own decision: %v", err)
 			}
@@ -300,23 +300,23 @@ func TestATenantsFutureWindowsDoNotFillTheWideListingOfTheLastHours(t *testing.T
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenantURL, err := lock.TenantDSN(dsn, cred)
+	tenantURL, err := store.TenantDSN(dsn, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenant, err := lock.Open(ctx, tenantURL, lock.Options{MaxConns: 1})
+	tenant, err := store.Open(ctx, tenantURL, store.Options{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tenant.Close()
 	far := time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := 0; i < 60; i++ {
-		record(t, tenant, lock.Decision{Key: hostile + "/x", Window: far.Add(time.Duration(i) * time.Minute), Index: lock.NotIndexed,
-			Cluster: "dc-a", Action: lock.ActionSkip, Reason: "noise"})
+		record(t, tenant, store.Decision{Key: hostile + "/x", Window: far.Add(time.Duration(i) * time.Minute), Index: store.NotIndexed,
+			Cluster: "dc-a", Action: store.ActionSkip, Reason: "noise"})
 	}
 	victim := namespace("victim") + "/report"
 	w := dbNow(t, owner).Truncate(time.Minute).Add(-time.Minute)
-	record(t, owner, lock.Decision{Key: victim, Window: w, Index: lock.NotIndexed, Cluster: "dc-b", Action: lock.ActionError, Reason: "database unreachable"})
+	record(t, owner, store.Decision{Key: victim, Window: w, Index: store.NotIndexed, Cluster: "dc-b", Action: store.ActionError, Reason: "database unreachable"})
 	code, out, errOut := run(t, "windows", "--database-url", dsn, "-o", "wide", "--since", "2h")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)

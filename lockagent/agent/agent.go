@@ -20,8 +20,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // Main runs the agent until SIGTERM and returns its exit code: 0 whenever it
@@ -35,7 +35,7 @@ func Main(args []string, getenv func(string) string, stderr io.Writer) int {
 
 type agent struct {
 	cfg   Config
-	store *lock.Store
+	store *store.Store
 	dir   protocol.Dir
 	log   *slog.Logger
 
@@ -89,14 +89,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		a.idle(ctx)
 		return 0
 	}
-	store, err := lock.Open(ctx, cfg.DatabaseURL, lock.Options{MaxConns: 2})
+	db, err := store.Open(ctx, cfg.DatabaseURL, store.Options{MaxConns: 2})
 	if err != nil {
 		a.publish(protocol.Decision{Action: protocol.ActionError, Key: cfg.Key, Reason: err.Error()})
 		a.idle(ctx)
 		return 0
 	}
-	defer store.Close()
-	a.store = store
+	defer db.Close()
+	a.store = db
 	a.startLedger()
 	defer a.flushLedger()
 
@@ -301,7 +301,7 @@ func (a *agent) retryPaced(ctx context.Context, what string, callTimeout time.Du
 		callCtx, cancel := context.WithTimeout(ctx, callTimeout)
 		err := op(callCtx)
 		cancel()
-		if err == nil || !errors.Is(err, lock.ErrUnavailable) {
+		if err == nil || !errors.Is(err, store.ErrUnavailable) {
 			if err == nil && tries > 1 {
 				a.log.Info("database available again", "op", what, "tries", tries)
 			}

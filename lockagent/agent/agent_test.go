@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -69,8 +69,8 @@ func TestThreeClustersOneWindowOneRun(t *testing.T) {
 						t.Fatalf("decision %+v", d)
 					}
 				}
-				row, err := s.GetWindow(context.Background(), j.key, tick, lock.NotIndexed)
-				if err != nil || row.State != lock.StateSucceeded || row.Cluster != ran {
+				row, err := s.GetWindow(context.Background(), j.key, tick, store.NotIndexed)
+				if err != nil || row.State != store.StateSucceeded || row.Cluster != ran {
 					t.Fatalf("window %d row %+v (%v); ran in %s", w, row, err, ran)
 				}
 			}
@@ -115,7 +115,7 @@ func TestLongRunHoldsTheLeaseAndTheNextWindowSkips(t *testing.T) {
 		t.Fatal("long run failed")
 	}
 	s := openStore(t, j.dsn)
-	if w, err := s.GetWindow(context.Background(), j.key, tick0.Add(time.Minute), lock.NotIndexed); err != nil || w.State != lock.StateSkipped {
+	if w, err := s.GetWindow(context.Background(), j.key, tick0.Add(time.Minute), store.NotIndexed); err != nil || w.State != store.StateSkipped {
 		t.Fatalf("next window row: %+v %v", w, err)
 	}
 	// The long run heartbeated through more than one TTL: its lease held.
@@ -187,8 +187,8 @@ func TestRestartedAgentReentersItsOwnLease(t *testing.T) {
 	if len(runs) != 1 || runs[0].token != token || time.Duration(runs[0].stop-runs[0].start) < 5*time.Second {
 		t.Fatalf("ledger %+v, token %d", runs, token)
 	}
-	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-	if err != nil || w.State != lock.StateSucceeded {
+	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+	if err != nil || w.State != store.StateSucceeded {
 		t.Fatalf("window %+v %v", w, err)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // Defaults for the agent-only settings.
@@ -36,7 +36,7 @@ type Config struct {
 	Catchup  time.Duration
 	// MissedAfter is dislock.io/missed-after, recorded in the view; 0: unset.
 	MissedAfter time.Duration
-	Owner       lock.Owner
+	Owner       store.Owner
 	// JobIndex is the completion index of an Indexed Job's pod, -1 otherwise.
 	JobIndex int
 	// Completions is an Indexed Job's spec.completions, 0 when unknown.
@@ -130,7 +130,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	if env.Indexed {
 		c.JobIndex, c.Completions = env.JobIndex, env.Completions
 	}
-	c.Owner = lock.Owner{Cluster: env.Cluster, Namespace: env.Namespace(), Job: env.JobName, JobUID: env.JobUID, Pod: env.PodName}
+	c.Owner = store.Owner{Cluster: env.Cluster, Namespace: env.Namespace(), Job: env.JobName, JobUID: env.JobUID, Pod: env.PodName}
 	c.DatabaseURL = env.DatabaseURL
 	c.SharedDir, c.TerminationLog = env.SharedDir, env.TerminationLog
 	return c, err

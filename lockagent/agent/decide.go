@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/window"
 )
 
@@ -90,12 +90,12 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 			d.Action = protocol.ActionSkip
 			d.Reason = fmt.Sprintf("stale: window %s started %s ago by database time, more than catchup %s", d.Window, late.Round(time.Second), c.Catchup)
 			return d, nil
-		case c.Mode.Schedule && late > lock.MaxClaimAge:
+		case c.Mode.Schedule && late > store.MaxClaimAge:
 			// Retention may already have deleted this window's record, and
 			// claiming it again would run it a second time.
 			d.Action = protocol.ActionSkip
 			d.Reason = fmt.Sprintf("stale: window %s started %s ago by database time, more than %s, after which its record may have been deleted by retention",
-				d.Window, late.Round(time.Second), lock.MaxClaimAge)
+				d.Window, late.Round(time.Second), store.MaxClaimAge)
 			return d, nil
 		}
 	}
@@ -107,7 +107,7 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 			d.Action, d.Reason, d.Owner = protocol.ActionSkip, skip, claim.Window.Owner
 			return d, err
 		}
-		tookOver = claim.Outcome == lock.TookOver
+		tookOver = claim.Outcome == store.TookOver
 		a.tookOver = tookOver
 		d.Token, d.Owner = claim.Window.Token, claim.Window.Owner
 		d.Reason = fmt.Sprintf("window %s of %s%s %s", d.Window, c.Key, a.indexSuffix(), claim.Outcome)
@@ -118,7 +118,7 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 			return d, err
 		}
 		if skip != "" {
-			if err := a.finishWindow(ctx, lock.StateSkipped, nil); err != nil {
+			if err := a.finishWindow(ctx, store.StateSkipped, nil); err != nil {
 				a.log.Warn("marking the window skipped failed", "err", err)
 			}
 			a.windowToken = 0
@@ -153,7 +153,7 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 // Per index, the lease still keeps a shard's run from overlapping the same
 // shard's run of the next window.
 func (a *agent) leaseKey() string {
-	if a.cfg.JobIndex == lock.NotIndexed {
+	if a.cfg.JobIndex == store.NotIndexed {
 		return a.cfg.Key
 	}
 	return fmt.Sprintf("%s#%d", a.cfg.Key, a.cfg.JobIndex)
@@ -161,7 +161,7 @@ func (a *agent) leaseKey() string {
 
 // indexSuffix names the completion index of an Indexed Job's pod.
 func (a *agent) indexSuffix() string {
-	if a.cfg.JobIndex == lock.NotIndexed {
+	if a.cfg.JobIndex == store.NotIndexed {
 		return ""
 	}
 	return fmt.Sprintf(" index %d", a.cfg.JobIndex)
@@ -172,23 +172,23 @@ func (a *agent) indexSuffix() string {
 // holds up the decision; a failure is logged.
 func (a *agent) recordView(ctx context.Context) {
 	c := a.cfg
-	v := lock.View{Schedule: c.Schedule, TimeZone: c.TimeZone, Mode: c.Mode.String(), Standby: c.Standby, LeaseTTL: c.TTL.String()}
+	v := store.View{Schedule: c.Schedule, TimeZone: c.TimeZone, Mode: c.Mode.String(), Standby: c.Standby, LeaseTTL: c.TTL.String()}
 	if c.Catchup > 0 {
 		v.Catchup = c.Catchup.String()
 	}
 	if c.MissedAfter > 0 {
 		v.MissedAfter = c.MissedAfter.String()
 	}
-	v.CompletionMode = lock.CompletionModeNonIndexed
-	if c.JobIndex != lock.NotIndexed {
-		v.CompletionMode, v.Completions = lock.CompletionModeIndexed, c.Completions
+	v.CompletionMode = store.CompletionModeNonIndexed
+	if c.JobIndex != store.NotIndexed {
+		v.CompletionMode, v.Completions = store.CompletionModeIndexed, c.Completions
 	}
 	// Bounded as a decision's try is (see retry), not by the heartbeat's
 	// call timeout: giving up on it while it runs costs the database a
 	// backend.
 	callCtx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
 	defer cancel()
-	others, err := a.store.RecordView(callCtx, c.Key, c.Owner.Cluster, v, lock.DefaultViewRecency)
+	others, err := a.store.RecordView(callCtx, c.Key, c.Owner.Cluster, v, store.DefaultViewRecency)
 	if err != nil {
 		a.log.Warn("recording this cluster's view of the job failed; disagreement with other clusters goes unnoticed this time", "err", err)
 		return
@@ -244,11 +244,11 @@ func (a *agent) dbNow(ctx context.Context) (now time.Time, err error) {
 // replacement while the old pod terminates: never skip, never run alongside)
 // or a standby; the database hands it the window, with a new token, once the
 // owner failed or its liveness lapsed.
-func (a *agent) claimWindow(ctx context.Context) (lock.Claim, string, error) {
-	req := lock.ClaimRequest{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Owner: a.cfg.Owner, TTL: a.cfg.TTL, Standby: a.cfg.Standby}
+func (a *agent) claimWindow(ctx context.Context) (store.Claim, string, error) {
+	req := store.ClaimRequest{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Owner: a.cfg.Owner, TTL: a.cfg.TTL, Standby: a.cfg.Standby}
 	waiting := false
 	for {
-		var claim lock.Claim
+		var claim store.Claim
 		sent := protocol.MonotonicNow()
 		err := a.retry(ctx, "claiming the window", func(ctx context.Context) (err error) {
 			claim, err = a.store.ClaimWindow(ctx, req)
@@ -259,10 +259,10 @@ func (a *agent) claimWindow(ctx context.Context) (lock.Claim, string, error) {
 			a.windowUntil = a.safeFrom(sent)
 			return claim, "", nil
 		}
-		if errors.Is(err, lock.ErrCompletionModesDisagree) {
+		if errors.Is(err, store.ErrCompletionModesDisagree) {
 			return claim, shapeRefused(err), nil
 		}
-		if !errors.Is(err, lock.ErrWindowTaken) {
+		if !errors.Is(err, store.ErrWindowTaken) {
 			return claim, "", err
 		}
 		owner := claim.Window
@@ -272,7 +272,7 @@ func (a *agent) claimWindow(ctx context.Context) (lock.Claim, string, error) {
 			// Only a claim this pod gave up or finished is refused to it.
 			return claim, fmt.Sprintf("window %s%s was claimed by this pod and is %s: nothing more to run",
 				formatWindow(a.window), a.indexSuffix(), owner.State), nil
-		case owner.State != lock.StateRunning:
+		case owner.State != store.StateRunning:
 			return claim, fmt.Sprintf("window %s%s already claimed by cluster %s (%s, state %s)",
 				formatWindow(a.window), a.indexSuffix(), owner.Cluster, owner.Owner, owner.State), nil
 		case a.cfg.Owner.SameJob(owner.Owner):
@@ -293,9 +293,9 @@ func (a *agent) claimWindow(ctx context.Context) (lock.Claim, string, error) {
 		}
 		// A wait can outlast retention: never claim a window whose record
 		// may have been deleted meanwhile.
-		if late := now.Sub(a.window); late > lock.MaxClaimAge {
+		if late := now.Sub(a.window); late > store.MaxClaimAge {
 			return claim, fmt.Sprintf("stale: waited until window %s%s was %s old by database time, more than %s, after which its record may have been deleted by retention",
-				formatWindow(a.window), a.indexSuffix(), late.Round(time.Second), lock.MaxClaimAge), nil
+				formatWindow(a.window), a.indexSuffix(), late.Round(time.Second), store.MaxClaimAge), nil
 		}
 	}
 }
@@ -313,12 +313,12 @@ func shapeRefused(err error) string {
 // the running claim of owner. Claiming on every poll would draw a fencing
 // token and lock the row each time. It returns the database time of its
 // last look.
-func (a *agent) awaitOwnerChange(ctx context.Context, owner lock.Window) (time.Time, error) {
+func (a *agent) awaitOwnerChange(ctx context.Context, owner store.Window) (time.Time, error) {
 	for {
 		if err := sleep(ctx, a.pollInterval()); err != nil {
 			return time.Time{}, err
 		}
-		var w lock.Window
+		var w store.Window
 		var now time.Time
 		err := a.retry(ctx, "watching the window's owner", func(ctx context.Context) (err error) {
 			w, now, err = a.store.WindowAt(ctx, a.cfg.Key, a.window, a.cfg.JobIndex)
@@ -332,7 +332,7 @@ func (a *agent) awaitOwnerChange(ctx context.Context, owner lock.Window) (time.T
 			// unreadable: the claim says what it is now, once the clock
 			// says the window may still be claimed.
 			return a.dbNow(ctx)
-		case w.Token != owner.Token || w.State != lock.StateRunning || !w.AliveUntil.After(now):
+		case w.Token != owner.Token || w.State != store.StateRunning || !w.AliveUntil.After(now):
 			return now, nil
 		}
 	}
@@ -343,17 +343,17 @@ func (a *agent) awaitOwnerChange(ctx context.Context, owner lock.Window) (time.T
 func (a *agent) waiting(why string, attrs ...any) {
 	a.log.Info("waiting: "+why, append([]any{"key", a.cfg.Key}, attrs...)...)
 	a.terminationMessage("waiting: " + why)
-	a.ledger(lock.ActionWait, why, 0, 0)
+	a.ledger(store.ActionWait, why, 0, 0)
 }
 
 // acquireLease takes the lease. Another Job's live lease means an earlier run
 // is still going: skip. A retry pod of this Job, or a standby that took the
 // window over from a dead owner, waits for the old holder's lease to be
 // released or to expire instead, keeping its window claim alive meanwhile.
-func (a *agent) acquireLease(ctx context.Context, tookOver bool) (lock.LeaseGrant, string, error) {
+func (a *agent) acquireLease(ctx context.Context, tookOver bool) (store.LeaseGrant, string, error) {
 	waiting := false
 	for {
-		var grant lock.LeaseGrant
+		var grant store.LeaseGrant
 		sent := protocol.MonotonicNow()
 		err := a.retry(ctx, "acquiring the lease", func(ctx context.Context) (err error) {
 			grant, err = a.store.AcquireLease(ctx, a.leaseKey(), a.cfg.Owner, a.cfg.TTL)
@@ -364,10 +364,10 @@ func (a *agent) acquireLease(ctx context.Context, tookOver bool) (lock.LeaseGran
 			a.leaseUntil = a.safeFrom(sent)
 			return grant, "", nil
 		}
-		if errors.Is(err, lock.ErrCompletionModesDisagree) {
+		if errors.Is(err, store.ErrCompletionModesDisagree) {
 			return grant, shapeRefused(err), nil
 		}
-		if !errors.Is(err, lock.ErrLeaseHeld) {
+		if !errors.Is(err, store.ErrLeaseHeld) {
 			return grant, "", err
 		}
 		holder := grant.Lease

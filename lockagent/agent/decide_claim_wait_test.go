@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -29,7 +29,7 @@ type heldWindow struct {
 	tx     pgx.Tx
 	txPID  uint32
 	watch  *pgx.Conn // watches who waits for it
-	failed lock.Claim
+	failed store.Claim
 }
 
 func holdFailedWindow(t *testing.T, j job, w time.Time) *heldWindow {
@@ -37,12 +37,12 @@ func holdFailedWindow(t *testing.T, j job, w time.Time) *heldWindow {
 	ctx := context.Background()
 	s := openStore(t, j.dsn)
 	ns, _, _ := strings.Cut(j.key, "/")
-	o := lock.Owner{Cluster: "dc-b", Namespace: ns, Job: "other", JobUID: "uid-other", Pod: "other-pod"}
-	c, err := s.ClaimWindow(ctx, lock.ClaimRequest{Key: j.key, Window: w, Index: lock.NotIndexed, Owner: o, TTL: j.ttl})
+	o := store.Owner{Cluster: "dc-b", Namespace: ns, Job: "other", JobUID: "uid-other", Pod: "other-pod"}
+	c, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: j.key, Window: w, Index: store.NotIndexed, Owner: o, TTL: j.ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Finish(ctx, j.key, w, lock.NotIndexed, c.Window.Token, lock.StateFailed, nil); err != nil {
+	if _, err := s.Finish(ctx, j.key, w, store.NotIndexed, c.Window.Token, store.StateFailed, nil); err != nil {
 		t.Fatal(err)
 	}
 	h := &heldWindow{failed: c}
@@ -178,8 +178,8 @@ func TestHostile18AClaimHeldUpPastItsTTLNeverRunsBesideATakeover(t *testing.T) {
 			if runs[0].token <= h.failed.Window.Token {
 				t.Fatalf("the run's token %d is not above the failed owner's %d", runs[0].token, h.failed.Window.Token)
 			}
-			row, err := s.GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-			if err != nil || row.State != lock.StateSucceeded || row.Token != runs[0].token {
+			row, err := s.GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+			if err != nil || row.State != store.StateSucceeded || row.Token != runs[0].token {
 				t.Fatalf("window row %+v (%v); want succeeded with the run's token %d", row, err, runs[0].token)
 			}
 		})
@@ -187,7 +187,7 @@ func TestHostile18AClaimHeldUpPastItsTTLNeverRunsBesideATakeover(t *testing.T) {
 }
 
 // awaitDBClockPast waits until the database clock is past ts.
-func awaitDBClockPast(t *testing.T, s *lock.Store, ts time.Time) {
+func awaitDBClockPast(t *testing.T, s *store.Store, ts time.Time) {
 	t.Helper()
 	await(t, "the database clock to pass "+ts.Format(time.RFC3339Nano), 60*time.Second, func() bool {
 		now, err := s.Now(context.Background())

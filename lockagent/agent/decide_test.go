@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -66,9 +66,9 @@ func TestCatchupSkipsAStaleWindow(t *testing.T) {
 // its record may be gone, and claiming it again would run it twice.
 func TestAWindowOlderThanRetentionAllowsIsSkippedAsStale(t *testing.T) {
 	j := newJob(t, pgtest.Need(t).BouncerDSN(), "schedule", 5*time.Second)
-	old := j.start(t, podSpec{cluster: "dc-a", window: time.Now().Add(-lock.MinRetention).Truncate(time.Minute), app: app(0, 0)})
+	old := j.start(t, podSpec{cluster: "dc-a", window: time.Now().Add(-store.MinRetention).Truncate(time.Minute), app: app(0, 0)})
 	if old.finish() != 0 || old.decision().Action != protocol.ActionSkip || !strings.Contains(old.decision().Reason, "deleted by retention") {
-		t.Fatalf("a window %s old: %+v", lock.MinRetention, old.decision())
+		t.Fatalf("a window %s old: %+v", store.MinRetention, old.decision())
 	}
 	if runs := readLedger(t, j.ledger); len(runs) != 0 {
 		t.Fatalf("ran: %+v", runs)
@@ -110,7 +110,7 @@ func TestAnAppRestartedAfterAnErrorDecisionRunsOnceTheDatabaseAnswers(t *testing
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := openStore(t, bouncer.String())
+	db := openStore(t, bouncer.String())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -144,8 +144,8 @@ func TestAnAppRestartedAfterAnErrorDecisionRunsOnceTheDatabaseAnswers(t *testing
 	if runs := readLedger(t, j.ledger); len(runs) != 1 {
 		t.Fatalf("the app ran %d times, want once: %+v", len(runs), runs)
 	}
-	w, err := store.GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-	if err != nil || w.State != lock.StateSucceeded {
+	w, err := db.GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+	if err != nil || w.State != store.StateSucceeded {
 		t.Fatalf("window after the run: %+v %v", w, err)
 	}
 }

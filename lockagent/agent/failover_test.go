@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/hapg"
 )
 
@@ -23,7 +23,7 @@ func TestPrimaryLostWhileJobsRun(t *testing.T) {
 	c := hapg.New(t, hapg.Options{Name: "agent", Logf: t.Logf})
 	ctx := context.Background()
 	for deadline := time.Now().Add(time.Minute); ; {
-		s, err := lock.Open(ctx, c.HAProxyDSN(), lock.Options{MaxConns: 1})
+		s, err := store.Open(ctx, c.HAProxyDSN(), store.Options{MaxConns: 1})
 		if err == nil {
 			_, err = s.Migrate(ctx)
 			s.Close()
@@ -82,8 +82,8 @@ func TestPrimaryLostWhileJobsRun(t *testing.T) {
 		if len(runs) != 1 {
 			t.Fatalf("runs: %+v", runs)
 		}
-		w, err := openStore(t, c.HAProxyDSN()).GetWindow(ctx, j.key, tick0, lock.NotIndexed)
-		if err != nil || w.State != lock.StateSucceeded || w.Cluster != "dc-"+dc {
+		w, err := openStore(t, c.HAProxyDSN()).GetWindow(ctx, j.key, tick0, store.NotIndexed)
+		if err != nil || w.State != store.StateSucceeded || w.Cluster != "dc-"+dc {
 			t.Fatalf("window after the failover: %+v %v", w, err)
 		}
 		if err := c.Restart(node); err != nil {
@@ -131,8 +131,8 @@ func TestPrimaryLostWhileJobsRun(t *testing.T) {
 		if succeeded[0].token <= runs[0].token {
 			t.Fatalf("the standby's token %d is not above the lost owner's %d", succeeded[0].token, runs[0].token)
 		}
-		w, err := openStore(t, c.HAProxyDSN()).GetWindow(ctx, j.key, tick0, lock.NotIndexed)
-		if err != nil || w.State != lock.StateSucceeded || w.Cluster != "dc-"+other(dc) {
+		w, err := openStore(t, c.HAProxyDSN()).GetWindow(ctx, j.key, tick0, store.NotIndexed)
+		if err != nil || w.State != store.StateSucceeded || w.Cluster != "dc-"+other(dc) {
 			t.Fatalf("window: %+v %v", w, err)
 		}
 	})

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -49,8 +49,8 @@ func TestDatabaseLostMidRunStopsTheAppBeforeExpiry(t *testing.T) {
 			// the agent released it at the end; either way dc-a's window is
 			// recorded failed, and no other cluster runs the same window.
 			s := openStore(t, j.dsn)
-			w, err := s.GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-			if err != nil || w.State != lock.StateFailed || w.Cluster != "dc-a" {
+			w, err := s.GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+			if err != nil || w.State != store.StateFailed || w.Cluster != "dc-a" {
 				t.Fatalf("window after the outage: %+v %v", w, err)
 			}
 			b := j.start(t, podSpec{cluster: "dc-b", window: tick0, app: app(0, 0)})
@@ -88,8 +88,8 @@ func TestStandbyTakesTheWindowOverWhenTheWinnerFailsOrDies(t *testing.T) {
 		if code := bp.finish(); code != 0 || bp.decision().Action != protocol.ActionRun {
 			t.Fatalf("dc-b: exit %d, %+v", code, bp.decision())
 		}
-		w, err := openStore(t, dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-		if err != nil || w.State != lock.StateSucceeded || w.Cluster != "dc-b" {
+		w, err := openStore(t, dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+		if err != nil || w.State != store.StateSucceeded || w.Cluster != "dc-b" {
 			t.Fatalf("window: %+v %v", w, err)
 		}
 		assertNoOverlap(t, readLedger(t, j.ledger))
@@ -105,7 +105,7 @@ func TestStandbyTakesTheWindowOverWhenTheWinnerFailsOrDies(t *testing.T) {
 		// dc-a is lost: its sidecar dies. Its wrapper stops the app at the
 		// deadline, before the liveness lapses and dc-b may take over.
 		a.agent.Process.Signal(syscall.SIGKILL)
-		before, err := s.GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
+		before, err := s.GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,8 +114,8 @@ func TestStandbyTakesTheWindowOverWhenTheWinnerFailsOrDies(t *testing.T) {
 		if code := bp.finish(); code != 0 || bp.decision().Action != protocol.ActionRun {
 			t.Fatalf("dc-b: exit %d, %+v", code, bp.decision())
 		}
-		after, err := s.GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-		if err != nil || after.State != lock.StateSucceeded || after.Cluster != "dc-b" || !after.ClaimedAt.After(before.AliveUntil.Add(-time.Second)) {
+		after, err := s.GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+		if err != nil || after.State != store.StateSucceeded || after.Cluster != "dc-b" || !after.ClaimedAt.After(before.AliveUntil.Add(-time.Second)) {
 			t.Fatalf("window before %+v, after %+v (%v)", before, after, err)
 		}
 		assertNoOverlap(t, readLedger(t, j.ledger))

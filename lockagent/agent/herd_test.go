@@ -28,8 +28,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/benchscale"
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
@@ -251,7 +251,7 @@ func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
 	// once, with its ledger's second connection. The tenant roles' pools
 	// are what PostgreSQL sees: namespaces × pool size per bouncer.
 	conf := fmt.Sprintf("max_client_conn = %d\ndefault_pool_size = %d\nlisten_backlog = 4096\n", 2*maxKeys+100, pool)
-	owner, err := lock.Open(ctx, srv.DirectDSN(), lock.Options{})
+	owner, err := store.Open(ctx, srv.DirectDSN(), store.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -282,12 +282,12 @@ func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
 			if err != nil {
 				b.Fatal(err)
 			}
-			dsn, err := lock.TenantDSN(bn.DSN(), cred)
+			dsn, err := store.TenantDSN(bn.DSN(), cred)
 			if err != nil {
 				b.Fatal(err)
 			}
 			if c == 0 && n == 0 {
-				if h.pgbenchDSN, err = lock.TenantDSN(srv.DirectDSN(), cred); err != nil {
+				if h.pgbenchDSN, err = store.TenantDSN(srv.DirectDSN(), cred); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -466,7 +466,7 @@ func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration) 
 		b.Fatal(err)
 	}
 	// The heartbeat statement, up to its first constant.
-	heartbeats, err := benchscale.Calls(ctx, h.watch.DB, lock.HeartbeatWindowSQL[:strings.Index(lock.HeartbeatWindowSQL, "'")])
+	heartbeats, err := benchscale.Calls(ctx, h.watch.DB, store.HeartbeatWindowSQL[:strings.Index(store.HeartbeatWindowSQL, "'")])
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -923,7 +923,7 @@ func (h *herd) pgbenchHeartbeat(b testing.TB) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-	query := lock.HeartbeatWindowSQL
+	query := store.HeartbeatWindowSQL
 	args := []string{"'ns-0/pgbench-' || :k", fmt.Sprintf("'%s'::timestamptz", window.Format(time.RFC3339)), "0", ":k", strconv.FormatInt(herdTTL.Microseconds(), 10)}
 	for i := len(args); i >= 1; i-- {
 		query = strings.ReplaceAll(query, "$"+strconv.Itoa(i), "("+args[i-1]+")")
@@ -1101,7 +1101,7 @@ func TestHerdHeartbeatFiguresCountRealRenewals(t *testing.T) {
 		}
 		// HeartbeatWindowSQL starts with a newline, which SQL's btrim
 		// keeps: a prefix match needs it trimmed.
-		prefix := strings.TrimSpace(lock.HeartbeatWindowSQL[:strings.Index(lock.HeartbeatWindowSQL, "'")])
+		prefix := strings.TrimSpace(store.HeartbeatWindowSQL[:strings.Index(store.HeartbeatWindowSQL, "'")])
 		trimmed, _ := benchscale.Calls(ctx, h.watch.DB, prefix)
 		t.Logf("benchscale.Calls(the heartbeat up to its first constant, trimmed) = %d", trimmed)
 		t.Logf("statements by time over the heartbeat phase:\n  %s\nthe heartbeat as pg_stat_statements holds it:\n  %s",

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // The ledger keeps every pod's decisions in the database, for `dislock
@@ -13,8 +13,8 @@ import (
 // writes are history, not locks: one goroutine writes them in order, off
 // the path of every decision, heartbeat and record, on at most one of the
 // store's two connections, so that a slow database never delays a renewal
-// because of them. The server bounds each write (lock.LedgerLockTimeout,
-// lock.LedgerStatementTimeout), so its connection comes back at once. A
+// because of them. The server bounds each write (store.LedgerLockTimeout,
+// store.LedgerStatementTimeout), so its connection comes back at once. A
 // write the client had to give up on (the database stopped answering) may
 // keep its connection busy for a while as pgx closes it: the writer then
 // writes nothing more, so that it never holds the second connection too. A
@@ -24,7 +24,7 @@ import (
 const ledgerQueue = 16
 
 // ledgerEntry is a decision on its way to the ledger.
-type ledgerEntry = lock.Decision
+type ledgerEntry = store.Decision
 
 // startLedger starts the writer. flushLedger ends it.
 func (a *agent) startLedger() {
@@ -37,7 +37,7 @@ func (a *agent) startLedger() {
 			if gaveUp {
 				continue
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), lock.LedgerCallTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), store.LedgerCallTimeout)
 			err := a.store.RecordDecision(ctx, d)
 			timedOut := ctx.Err() != nil
 			cancel()
@@ -55,7 +55,7 @@ func (a *agent) startLedger() {
 
 // ledger queues one decision of this pod. dur is the run's duration, on
 // succeeded and failed.
-func (a *agent) ledger(action lock.Action, reason string, token int64, dur time.Duration) {
+func (a *agent) ledger(action store.Action, reason string, token int64, dur time.Duration) {
 	if a.ledgerCh == nil {
 		return
 	}
@@ -70,22 +70,22 @@ func (a *agent) ledger(action lock.Action, reason string, token int64, dur time.
 
 // ledgerDecision queues a published decision.
 func (a *agent) ledgerDecision(d protocol.Decision) {
-	action := map[protocol.Action]lock.Action{protocol.ActionRun: lock.ActionRun, protocol.ActionSkip: lock.ActionSkip,
-		protocol.ActionError: lock.ActionError}[d.Action]
+	action := map[protocol.Action]store.Action{protocol.ActionRun: store.ActionRun, protocol.ActionSkip: store.ActionSkip,
+		protocol.ActionError: store.ActionError}[d.Action]
 	if action == "" {
 		return
 	}
-	if action == lock.ActionRun && a.tookOver {
-		action = lock.ActionTakeover
+	if action == store.ActionRun && a.tookOver {
+		action = store.ActionTakeover
 	}
 	a.ledger(action, d.Reason, d.Token, 0)
 }
 
 // ledgerOutcome queues the end of this pod's run.
-func (a *agent) ledgerOutcome(state lock.State, summary string) {
-	action := lock.ActionFailed
-	if state == lock.StateSucceeded {
-		action = lock.ActionSucceeded
+func (a *agent) ledgerOutcome(state store.State, summary string) {
+	action := store.ActionFailed
+	if state == store.StateSucceeded {
+		action = store.ActionSucceeded
 	}
 	var dur time.Duration
 	if at := a.decision.DecidedAt; at != 0 {

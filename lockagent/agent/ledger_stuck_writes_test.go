@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -41,11 +41,11 @@ func TestStuckLedgerWritesDoNotStarveAStandbysHeartbeat(t *testing.T) {
 		a.kill() // dc-a's node is lost: its liveness lapses after the TTL
 		code := b.finish()
 		tx.Rollback(ctx)
-		w, err := openStore(t, j.dsn).GetWindow(ctx, j.key, tick0, lock.NotIndexed)
+		w, err := openStore(t, j.dsn).GetWindow(ctx, j.key, tick0, store.NotIndexed)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if code != 0 || w.State != lock.StateSucceeded {
+		if code != 0 || w.State != store.StateSucceeded {
 			d, _ := decisionOf(b)
 			var revoked []string
 			for _, l := range strings.Split(b.agentLog.String(), "\n") {

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // Pod lifecycles the hostile review tried that held from the start; kept so
@@ -58,8 +58,8 @@ func TestASidecarRestartedWithinItsDeadlineReentersWithTheSameToken(t *testing.T
 	if code := b.finish(); code != 0 || b.decision().Action != protocol.ActionSkip {
 		t.Fatalf("dc-b %d %+v", code, b.decision())
 	}
-	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-	if err != nil || w.State != lock.StateSucceeded || a.decision().Token != tok {
+	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+	if err != nil || w.State != store.StateSucceeded || a.decision().Token != tok {
 		t.Fatalf("window %+v %v", w, err)
 	}
 	if runs := readLedger(t, j.ledger); len(runs) != 1 {

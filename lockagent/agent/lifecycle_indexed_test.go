@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // Indexed Job, schedule,lease, standby, two healthy clusters. With a lease
@@ -40,7 +40,7 @@ func TestEachIndexOfAnIndexedJobHasItsOwnLease(t *testing.T) {
 	}
 	t.Logf("runs %v; dc-b index 1: %s %q; dc-a index 1: %s %q; window index 1 %+v %v",
 		ran, b1.decision().Action, b1.decision().Reason, a1.decision().Action, a1.decision().Reason, w1, err)
-	if ran["dc-a-index-1"]+ran["dc-b-index-1"] != 1 || w1.State != lock.StateSucceeded {
+	if ran["dc-a-index-1"]+ran["dc-b-index-1"] != 1 || w1.State != store.StateSucceeded {
 		t.Fatalf("VIOLATION (invariant 2): index 1 of the window ran %d times (window state %s) with standby on and both clusters healthy",
 			ran["dc-a-index-1"]+ran["dc-b-index-1"], w1.State)
 	}

@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -63,8 +63,8 @@ func TestASuccessIsRecordedWhenTheDatabaseReturnsBeforeTheClaimLapses(t *testing
 			s := openStore(t, j.dsn)
 			var left time.Duration
 			await(t, fmt.Sprintf("dc-a's claim to have less than %s left", tc.left), tc.ttl+10*time.Second, func() bool {
-				w, now, err := s.WindowAt(context.Background(), j.key, tick0, lock.NotIndexed)
-				if err != nil || w.State != lock.StateRunning {
+				w, now, err := s.WindowAt(context.Background(), j.key, tick0, store.NotIndexed)
+				if err != nil || w.State != store.StateRunning {
 					t.Fatalf("dc-a's window while its bouncer is down: %+v (%v)", w, err)
 				}
 				left = w.AliveUntil.Sub(now)
@@ -81,8 +81,8 @@ func TestASuccessIsRecordedWhenTheDatabaseReturnsBeforeTheClaimLapses(t *testing
 			}
 			a.waitWrapper()
 			a.stopAgent()
-			w, err := s.GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-			if err != nil || w.State != lock.StateSucceeded || w.Token != token {
+			w, err := s.GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+			if err != nil || w.State != store.StateSucceeded || w.Token != token {
 				t.Fatalf("window %+v (%v); want succeeded with dc-a's token %d", w, err, token)
 			}
 			if runs := readLedger(t, j.ledger); len(runs) != 1 {
@@ -103,8 +103,8 @@ func TestAStartedFileOfNoAppContainerDoesNotHoldTheRecordBack(t *testing.T) {
 	a.waitWrapper()
 	s := openStore(t, j.dsn)
 	await(t, "the failure recorded while the sidecar runs", 20*time.Second, func() bool {
-		w, err := s.GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-		return err == nil && w.State == lock.StateFailed
+		w, err := s.GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+		return err == nil && w.State == store.StateFailed
 	})
 	a.stopAgent()
 }

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -45,8 +45,8 @@ func TestTheAppContainerExitsOnlyOnceItsSuccessIsRecorded(t *testing.T) {
 		// of the signal before it can handle it.
 		a.agent.Process.Kill()
 		<-a.agentDone
-		w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-		if err != nil || w.State != lock.StateSucceeded {
+		w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+		if err != nil || w.State != store.StateSucceeded {
 			t.Fatalf("VIOLATION (invariant 1): the app container exited %d while its window was %+v (%v): a standby may run it again\nagent:\n%s\nwrapper:\n%s",
 				a.exit, w, err, a.agentLog, a.wrapperLog)
 		}
@@ -86,8 +86,8 @@ func TestTheWaitForTheRecordEnds(t *testing.T) {
 			t.Fatalf("the app container exited %d; want 0 without waiting for a record:\n%s", a.exit, a.wrapperLog)
 		}
 		a.stopAgent()
-		w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-		if err != nil || w.State != lock.StateFailed {
+		w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+		if err != nil || w.State != store.StateFailed {
 			t.Fatalf("window %+v (%v); want failed", w, err)
 		}
 	})
@@ -205,8 +205,8 @@ func TestOnlyTheLastAppContainerToFinishWaitsForTheRecord(t *testing.T) {
 	if n := runsOf(t, j.ledger, "dc-a-other"); n != 1 {
 		t.Fatalf("container other's app reached its end %d times, want 1", n)
 	}
-	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-	if err != nil || w.State != lock.StateSucceeded {
+	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+	if err != nil || w.State != store.StateSucceeded {
 		t.Fatalf("window %+v (%v), want succeeded", w, err)
 	}
 }
@@ -283,9 +283,9 @@ func TestAWaitingContainerRestartedAfterTheRevocationKeepsItsSuccess(t *testing.
 	}
 	await(t, "the record", 20*time.Second, func() bool { return protocol.Dir(a.dir).Recorded() })
 	a.stopAgent()
-	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
+	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
 	t.Logf("window %s (%v); restarted container exits %v", w.State, err, exits)
-	if w.State == lock.StateSucceeded && exits[len(exits)-1] != 0 {
+	if w.State == store.StateSucceeded && exits[len(exits)-1] != 0 {
 		t.Fatalf("the window succeeded, but the app container, restarted while it waited for the record, now exits %v on every restart (crash loop until backoffLimit fails the Job)", exits)
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // slowStopApp runs like app() but takes stopDelay seconds to stop on SIGTERM
@@ -60,7 +60,7 @@ func TestAnEarlierAttemptsResultDoesNotLetAStandbyRunAlongside(t *testing.T) {
 	b.finish()
 	a.stopAgent()
 	runs := readLedger(t, j.ledger)
-	w, _ := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
+	w, _ := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
 	t.Logf("ledger %+v; window %s token %d; dc-a termination message %q", runs, w.State, w.Token, a.terminationMessage())
 	assertNoOverlap(t, runs)
 }

@@ -5,7 +5,7 @@ package agent_test
 // one of the four invariants of the design before it was fixed (R1..R5 name
 // the review's findings). They run through PgBouncer, the production path;
 // the lock statements themselves are tested direct and through PgBouncer in
-// package lock.
+// package store.
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -39,7 +39,7 @@ func TestAPodStoppedWhileWaitingForTheLeaseRunsAfterItsRestart(t *testing.T) {
 	s := openStore(t, j.dsn)
 	ctx := context.Background()
 	spec1 := podSpec{cluster: "dc-a", window: tick0, jobName: "job-1", podName: "job-1-bbbbb", app: app(0.2, 0)}
-	old := lock.Owner{Cluster: "dc-a", Namespace: strings.SplitN(j.key, "/", 2)[0], Job: "job-1", JobUID: "uid-dc-a-job-1", Pod: "job-1-aaaaa"}
+	old := store.Owner{Cluster: "dc-a", Namespace: strings.SplitN(j.key, "/", 2)[0], Job: "job-1", JobUID: "uid-dc-a-job-1", Pod: "job-1-aaaaa"}
 	held, err := s.AcquireLease(ctx, j.key, old, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func TestASidecarBackAfterItsClaimLapsedNeverRunsTheAppWithAStaleToken(t *testin
 	if code != 75 {
 		t.Fatalf("A's restarted app container exited %d, want 75 (not run):\n%s", code, a.wrapperLog)
 	}
-	w, _ := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
+	w, _ := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
 	runs := readLedger(t, j.ledger)
 	t.Logf("A's second start exited %d with decision token %d; window row %+v; ledger %+v", code, a.decision().Token, w, runs)
 	if len(runs) > 2 {
@@ -177,7 +177,7 @@ func TestASuccessBeforeARevocationIsRecordedAsASuccess(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.stopAgent() // the kubelet stops the sidecar
-	w, _ := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
+	w, _ := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
 	t.Logf("after dc-a's record: window %s (termination message %q)", w.State, a.terminationMessage())
 	b := j.start(t, podSpec{cluster: "dc-b", window: tick0, app: app(0.2, 0)})
 	b.finish()
@@ -238,8 +238,8 @@ func TestASIGTERMWhileTheSuccessIsBeingRecordedDoesNotLoseIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-a.agentDone
-	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-	if err != nil || w.State != lock.StateSucceeded {
+	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+	if err != nil || w.State != store.StateSucceeded {
 		t.Fatalf("window after a SIGTERM during the recording: %+v, %v; want succeeded\n%s", w, err, a.agentLog)
 	}
 }
@@ -274,8 +274,8 @@ func TestARestartedSidecarStoppedBeforeItReenteredStillRecordsTheSuccess(t *test
 		t.Fatal(err)
 	}
 	<-a.agentDone
-	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-	if err != nil || w.State != lock.StateSucceeded {
+	w, err := openStore(t, j.dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+	if err != nil || w.State != store.StateSucceeded {
 		t.Fatalf("window: %+v, %v; want succeeded\n%s", w, err, a.agentLog)
 	}
 }

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -22,7 +22,7 @@ import (
 // moment, and whether the agent was still running (the kubelet never stops
 // it while the proxy runs).
 type quitSeen struct {
-	window     lock.Window
+	window     store.Window
 	windowErr  error
 	leaseFree  bool
 	agentAlive bool
@@ -55,9 +55,9 @@ func newFakeProxy(t *testing.T, j job, listen bool) *fakeProxy {
 		}
 		var seen quitSeen
 		ctx := context.Background()
-		seen.window, seen.windowErr = s.GetWindow(ctx, j.key, tick0, lock.NotIndexed)
+		seen.window, seen.windowErr = s.GetWindow(ctx, j.key, tick0, store.NotIndexed)
 		l, now, err := s.GetLease(ctx, j.key)
-		seen.leaseFree = errors.Is(err, lock.ErrNotFound) || err == nil && !l.ExpireAt.After(now)
+		seen.leaseFree = errors.Is(err, store.ErrNotFound) || err == nil && !l.ExpireAt.After(now)
 		if po := fp.pod.Load(); po != nil {
 			select {
 			case <-po.agentDone:
@@ -132,11 +132,11 @@ func TestTheAgentAsksAClassicMeshSidecarToQuitOnceTheAppsEnded(t *testing.T) {
 	for _, tc := range []struct {
 		name, policy string
 		exit         int
-		state        lock.State
+		state        store.State
 	}{
-		{"the app succeeds", contract.RestartNever, 0, lock.StateSucceeded},
-		{"the app fails under restartPolicy Never", contract.RestartNever, 3, lock.StateFailed},
-		{"the app succeeds under restartPolicy OnFailure", contract.RestartOnFailure, 0, lock.StateSucceeded},
+		{"the app succeeds", contract.RestartNever, 0, store.StateSucceeded},
+		{"the app fails under restartPolicy Never", contract.RestartNever, 3, store.StateFailed},
+		{"the app succeeds under restartPolicy OnFailure", contract.RestartOnFailure, 0, store.StateSucceeded},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j, fp := meshJob(t, "schedule,lease", tc.policy, true)
@@ -176,7 +176,7 @@ func TestTheAgentAsksAClassicMeshSidecarToQuitOnceTheAppsEnded(t *testing.T) {
 		a.startWrapper() // the kubelet restarts the failed container in the pod
 		a.waitWrapper()
 		q := fp.await(t, a)
-		if q.window.State != lock.StateSucceeded || !q.leaseFree {
+		if q.window.State != store.StateSucceeded || !q.leaseFree {
 			t.Fatalf("asked to quit with window %+v, lease free %v; want the retry's success recorded first", q.window, q.leaseFree)
 		}
 		a.stopAgent()

@@ -19,8 +19,8 @@ import (
 
 	"github.com/dislock/dislock/lockagent/agent"
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -422,9 +422,9 @@ func assertNoOverlap(t *testing.T, runs []run) {
 	}
 }
 
-func openStore(t testing.TB, dsn string) *lock.Store {
+func openStore(t testing.TB, dsn string) *store.Store {
 	t.Helper()
-	s, err := lock.Open(context.Background(), dsn, lock.Options{})
+	s, err := store.Open(context.Background(), dsn, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

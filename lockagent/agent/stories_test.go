@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -77,8 +77,8 @@ func TestASecondPodOfTheSameJobWaitsAndNeverRunsAlongside(t *testing.T) {
 				t.Fatalf("want the failed run and its retry: %+v", runs)
 			}
 			assertNoOverlap(t, runs) // also: the retry's token is larger
-			w, err := openStore(t, dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-			if err != nil || w.State != lock.StateSucceeded || w.Pod != "report-1-bbbbb" {
+			w, err := openStore(t, dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+			if err != nil || w.State != store.StateSucceeded || w.Pod != "report-1-bbbbb" {
 				t.Fatalf("window: %+v %v", w, err)
 			}
 		})
@@ -113,8 +113,8 @@ func TestAStandbyStoppedWhileWaitingDecidesAgainAndTakesOver(t *testing.T) {
 			t.Fatalf("dc-b: exit %d, decision %+v", code, b.decision())
 		}
 		assertNoOverlap(t, readLedger(t, j.ledger))
-		w, err := openStore(t, dsn).GetWindow(context.Background(), j.key, tick0, lock.NotIndexed)
-		if err != nil || w.State != lock.StateSucceeded || w.Cluster != "dc-b" {
+		w, err := openStore(t, dsn).GetWindow(context.Background(), j.key, tick0, store.NotIndexed)
+		if err != nil || w.State != store.StateSucceeded || w.Cluster != "dc-b" {
 			t.Fatalf("window: %+v %v", w, err)
 		}
 	})

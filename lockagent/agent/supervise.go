@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // supervise keeps what the pod holds alive until SIGTERM: a heartbeat every
@@ -91,7 +91,7 @@ func (a *agent) supervise(ctx context.Context) {
 			}
 			err := a.heartbeat(ctx)
 			switch {
-			case errors.Is(err, lock.ErrLeaseLost), errors.Is(err, lock.ErrWindowLost):
+			case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrWindowLost):
 				a.revoke(err.Error())
 			case err != nil:
 				a.log.Warn("heartbeat failed; retrying before the safety deadline", "err", err)
@@ -157,13 +157,13 @@ func (a *agent) checkAppStarted(ctx context.Context) {
 	a.gaveUp = why
 	recordCtx, cancel := context.WithTimeout(ctx, a.cfg.StopTimeout)
 	defer cancel()
-	if err := a.finishWindow(recordCtx, lock.StateFailed, nil); err != nil {
+	if err := a.finishWindow(recordCtx, store.StateFailed, nil); err != nil {
 		a.log.Error("recording the given-up window as failed failed; it lapses after the TTL instead", "err", err)
 	}
 	a.releaseLease(recordCtx)
 	a.windowToken, a.leaseToken = 0, 0
 	msg := "gave the claim up: " + why
-	a.ledgerOutcome(lock.StateFailed, msg)
+	a.ledgerOutcome(store.StateFailed, msg)
 	a.terminationMessage(msg)
 	a.log.Error(msg, "key", a.cfg.Key, "window", formatWindow(a.window))
 }
@@ -274,9 +274,9 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 	defer cancel()
 	lapse := a.lapseBound(until)
 	if a.cfg.Mode.Schedule && !a.window.IsZero() {
-		req := lock.ClaimRequest{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Owner: a.cfg.Owner, TTL: a.cfg.TTL}
+		req := store.ClaimRequest{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Owner: a.cfg.Owner, TTL: a.cfg.TTL}
 		sent := protocol.MonotonicNow()
-		var claim lock.Claim
+		var claim store.Claim
 		err := a.retryRacing(reenterCtx, "re-entering the window", lapse, func(ctx context.Context) (err error) {
 			claim, err = a.store.ClaimWindow(ctx, req)
 			return err
@@ -285,13 +285,13 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 			a.revoke("re-entering the window after a restart: " + err.Error())
 			return
 		}
-		if claim.Outcome != lock.Reentered {
+		if claim.Outcome != store.Reentered {
 			// The claim lapsed and another pod of this Job took it and let
 			// it go, so this pod took it anew with a new token: the app
 			// may have been stopped at its deadline meanwhile, and must not
 			// run on with its old token. Give the new claim back.
 			a.windowToken = claim.Window.Token
-			if err := a.finishWindow(ctx, lock.StateFailed, nil); err != nil {
+			if err := a.finishWindow(ctx, store.StateFailed, nil); err != nil {
 				a.log.Error("giving back the window taken anew failed; it lapses", "err", err)
 			}
 			a.windowToken = 0
@@ -302,7 +302,7 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 	}
 	if a.cfg.Mode.Lease {
 		sent := protocol.MonotonicNow()
-		var grant lock.LeaseGrant
+		var grant store.LeaseGrant
 		err := a.retryRacing(reenterCtx, "re-entering the lease", lapse, func(ctx context.Context) (err error) {
 			grant, err = a.store.AcquireLease(ctx, a.leaseKey(), a.cfg.Owner, a.cfg.TTL)
 			return err
@@ -447,7 +447,7 @@ func (a *agent) awaitResults(ctx context.Context) (map[string]protocol.Result, b
 	}
 }
 
-func (a *agent) finishWindow(ctx context.Context, state lock.State, code *int) error {
+func (a *agent) finishWindow(ctx context.Context, state store.State, code *int) error {
 	if a.windowToken == 0 {
 		return nil
 	}
@@ -475,29 +475,29 @@ func (a *agent) releaseLease(ctx context.Context) {
 // only if every app container (every one of expected, when known) ran,
 // exited 0 and was not stopped because the claim was lost. A revocation
 // after the apps ended does not undo their success.
-func outcome(results map[string]protocol.Result, expected []string) (lock.State, *int, string) {
+func outcome(results map[string]protocol.Result, expected []string) (store.State, *int, string) {
 	if len(results) == 0 {
-		return lock.StateFailed, nil, "failed: no app container reported a result (killed, or never started)"
+		return store.StateFailed, nil, "failed: no app container reported a result (killed, or never started)"
 	}
 	for _, n := range expected {
 		if _, ok := results[n]; !ok {
-			return lock.StateFailed, nil, fmt.Sprintf("failed: container %s reported no result (killed, or never started)", n)
+			return store.StateFailed, nil, fmt.Sprintf("failed: container %s reported no result (killed, or never started)", n)
 		}
 	}
 	for _, n := range slices.Sorted(maps.Keys(results)) {
 		r := results[n]
 		switch {
 		case !r.Ran:
-			return lock.StateFailed, nil, fmt.Sprintf("failed: container %s did not run its app", n)
+			return store.StateFailed, nil, fmt.Sprintf("failed: container %s did not run its app", n)
 		case r.ExitCode != 0 || r.Revoked:
 			code := r.ExitCode
 			why := fmt.Sprintf("exit code %d", code)
 			if r.Revoked {
 				why += ", stopped because the lease was lost"
 			}
-			return lock.StateFailed, &code, fmt.Sprintf("failed: container %s %s", n, why)
+			return store.StateFailed, &code, fmt.Sprintf("failed: container %s %s", n, why)
 		}
 	}
 	zero := 0
-	return lock.StateSucceeded, &zero, fmt.Sprintf("succeeded (%d container(s), exit code 0)", len(results))
+	return store.StateSucceeded, &zero, fmt.Sprintf("succeeded (%d container(s), exit code 0)", len(results))
 }

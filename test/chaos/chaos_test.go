@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -73,14 +73,14 @@ func TestChaos(t *testing.T) {
 	pg := pgtest.Need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	store, err := lock.Open(ctx, pg.DirectDSN(), lock.Options{})
+	db, err := store.Open(ctx, pg.DirectDSN(), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Migrate(ctx); err != nil {
+	if _, err := db.Migrate(ctx); err != nil {
 		t.Fatalf("migrating: %v", err)
 	}
-	store.Close()
+	db.Close()
 
 	schedules, parallel := *flagSchedules, max(1, *flagParallel)
 	if testing.Short() {

@@ -35,7 +35,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/test/tlstest"
@@ -344,7 +344,7 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 	})
 
 	t.Run("the leader migrates the schema through PgBouncer", func(t *testing.T) {
-		await(t, 60*time.Second, "schema version "+strconv.Itoa(lock.SchemaVersion()), func(ctx context.Context) (bool, error) {
+		await(t, 60*time.Second, "schema version "+strconv.Itoa(store.SchemaVersion()), func(ctx context.Context) (bool, error) {
 			conn, err := pgx.Connect(ctx, pg.DirectDSN())
 			if err != nil {
 				return false, err
@@ -355,7 +355,7 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 			if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM dislock.schema_migrations").Scan(&v); err != nil {
 				return false, nil
 			}
-			return v == lock.SchemaVersion(), nil
+			return v == store.SchemaVersion(), nil
 		})
 	})
 
@@ -375,20 +375,20 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 		if url == "" || url == pg.BouncerDSN() {
 			t.Fatalf("the namespace's Secret holds %q, not a role of its own", url)
 		}
-		store, err := lock.Open(ctx, url, lock.Options{})
+		tenantDB, err := store.Open(ctx, url, store.Options{})
 		if err != nil {
 			t.Fatalf("opening the database with the namespace's Secret: %v", err)
 		}
-		defer store.Close()
+		defer tenantDB.Close()
 		claim := func(key string) error {
-			_, err := store.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC), Index: lock.NotIndexed, TTL: time.Minute,
-				Owner: lock.Owner{Cluster: "dc-a", Namespace: team, Job: "report-1", JobUID: "uid-1", Pod: "report-1-x"}})
+			_, err := tenantDB.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC), Index: store.NotIndexed, TTL: time.Minute,
+				Owner: store.Owner{Cluster: "dc-a", Namespace: team, Job: "report-1", JobUID: "uid-1", Pod: "report-1-x"}})
 			return err
 		}
 		if err := claim(team + "/report"); err != nil {
 			t.Fatalf("claiming the namespace's own window: %v", err)
 		}
-		if err := claim("someone-else/report"); !errors.Is(err, lock.ErrForbidden) {
+		if err := claim("someone-else/report"); !errors.Is(err, store.ErrForbidden) {
 			t.Fatalf("claiming another namespace's window: %v, want refused", err)
 		}
 	})

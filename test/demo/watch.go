@@ -20,7 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/e2e"
 )
 
@@ -52,7 +52,7 @@ type dcOutcome struct {
 type outcome struct {
 	window time.Time
 	runs   int
-	row    *lock.Window // dislock.windows, as `dislock windows` shows it
+	row    *store.Window // dislock.windows, as `dislock windows` shows it
 	dcs    []dcOutcome
 }
 
@@ -240,12 +240,12 @@ func decisionTime(dc *e2e.DC, pod *corev1.Pod) (time.Time, bool) {
 
 // windowRow is the window's row in dislock.windows, read with the operator
 // CLI the way a user would (`dislock windows -o json`).
-func windowRow(env *e2e.Env, w time.Time) (*lock.Window, error) {
+func windowRow(env *e2e.Env, w time.Time) (*store.Window, error) {
 	text, err := env.Dislock("windows", "--key", e2e.Namespace+"/"+cronJobName, "--limit", "100", "-o", "json")
 	if err != nil {
 		return nil, fmt.Errorf("dislock windows: %w: %s", err, text)
 	}
-	var rows []lock.Window
+	var rows []store.Window
 	if err := json.Unmarshal([]byte(text), &rows); err != nil {
 		return nil, fmt.Errorf("dislock windows -o json: %w: %s", err, text)
 	}

@@ -7,7 +7,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/e2e"
 )
 
@@ -19,7 +19,7 @@ func TestATableRowSaysWhoRanAndWhyTheOthersSkippedInAHundredColumns(t *testing.T
 	o := outcome{
 		window: w,
 		runs:   1,
-		row:    &lock.Window{Cluster: "dc-b"},
+		row:    &store.Window{Cluster: "dc-b"},
 		dcs: []dcOutcome{
 			{dc: "dc-b", job: &batchv1.Job{}, complete: true, decided: 1500 * time.Millisecond,
 				ran:     &e2e.Run{Token: 41, Cluster: "dc-b", Started: started, Finished: &finished},
@@ -64,10 +64,10 @@ func TestAWindowThatRanTwiceOrNeverFailsTheDemo(t *testing.T) {
 		o    outcome
 		mark string
 	}{
-		{"ran twice", outcome{runs: 2, row: &lock.Window{Cluster: "dc-a"}, dcs: []dcOutcome{complete, complete}}, "RAN 2 TIMES"},
-		{"never ran", outcome{runs: 0, row: &lock.Window{Cluster: "dc-a"}, dcs: []dcOutcome{complete, complete}}, "DID NOT RUN"},
+		{"ran twice", outcome{runs: 2, row: &store.Window{Cluster: "dc-a"}, dcs: []dcOutcome{complete, complete}}, "RAN 2 TIMES"},
+		{"never ran", outcome{runs: 0, row: &store.Window{Cluster: "dc-a"}, dcs: []dcOutcome{complete, complete}}, "DID NOT RUN"},
 		{"no lock row", outcome{runs: 1, dcs: []dcOutcome{complete, complete}}, "no row in dislock.windows"},
-		{"a Job failed", outcome{runs: 1, row: &lock.Window{Cluster: "dc-a"}, dcs: []dcOutcome{complete, {dc: "dc-b", job: &batchv1.Job{}}}}, "failed"},
+		{"a Job failed", outcome{runs: 1, row: &store.Window{Cluster: "dc-a"}, dcs: []dcOutcome{complete, {dc: "dc-b", job: &batchv1.Job{}}}}, "failed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

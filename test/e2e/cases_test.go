@@ -31,7 +31,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/images"
 	"github.com/dislock/dislock/test/kube"
 )
@@ -120,8 +120,8 @@ func TestLeaseRunLongerThanItsPeriodIsNotOverlappedByTheNextWindow(t *testing.T)
 	if len(runs) != 2 || runs[0].Window != w(0) || runs[1].Window != w(2) {
 		t.Fatalf("ledger %v, want one run of window %s and one of %s, none of %s", runs, w(0), w(2), w(1))
 	}
-	if got := windowsOf(t, e, name)[w(1)].State; got != lock.StateSkipped {
-		t.Errorf("dislock windows: window %s is %q, want %s", w(1), got, lock.StateSkipped)
+	if got := windowsOf(t, e, name)[w(1)].State; got != store.StateSkipped {
+		t.Errorf("dislock windows: window %s is %q, want %s", w(1), got, store.StateSkipped)
 	}
 	// The cluster that claimed the window names the lease's holder; the
 	// other found the window taken. Both skipped.
@@ -320,9 +320,9 @@ func ungate(t *testing.T, dc *DC, job string) {
 
 // windowsOf is what `dislock windows --key <namespace>/<cronJob> -o json`
 // shows an operator, by window start (RFC 3339, UTC).
-func windowsOf(t *testing.T, e *Env, cronJob string) map[string]lock.Window {
+func windowsOf(t *testing.T, e *Env, cronJob string) map[string]store.Window {
 	t.Helper()
-	byStart := map[string]lock.Window{}
+	byStart := map[string]store.Window{}
 	for _, w := range windowRowsOf(t, e, cronJob) {
 		byStart[w.Start.UTC().Format(time.RFC3339)] = w
 	}
@@ -331,13 +331,13 @@ func windowsOf(t *testing.T, e *Env, cronJob string) map[string]lock.Window {
 
 // windowRowsOf is every row `dislock windows --key <namespace>/<cronJob> -o
 // json` shows: an Indexed Job's window has one per completion index.
-func windowRowsOf(t *testing.T, e *Env, cronJob string) []lock.Window {
+func windowRowsOf(t *testing.T, e *Env, cronJob string) []store.Window {
 	t.Helper()
 	out, err := e.Dislock("windows", "--key", Namespace+"/"+cronJob, "-o", "json")
 	if err != nil {
 		t.Fatalf("dislock windows: %v\n%s", err, out)
 	}
-	var rows []lock.Window
+	var rows []store.Window
 	if err := json.Unmarshal([]byte(out), &rows); err != nil {
 		t.Fatalf("dislock windows -o json: %v\n%s", err, out)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 func TestAStandbyTakesTheWindowOverOnThePromotedPrimaryWhenTheOwnersDataCentreIsLostWithThePrimary(t *testing.T) {
@@ -70,8 +70,8 @@ func TestAStandbyTakesTheWindowOverOnThePromotedPrimaryWhenTheOwnersDataCentreIs
 
 	// On the promoted primary: the takeover's token was drawn in a later
 	// epoch (the new WAL timeline) than the lost owner's, so it is larger.
-	killedEpoch, _ := lock.TokenEpoch(killed.Token)
-	tookEpoch, _ := lock.TokenEpoch(took.Token)
+	killedEpoch, _ := store.TokenEpoch(killed.Token)
+	tookEpoch, _ := store.TokenEpoch(took.Token)
 	if took.Token <= killed.Token || tookEpoch <= killedEpoch {
 		t.Errorf("the takeover's fencing token %d (epoch %d) is not above the lost owner's %d (epoch %d) from a later epoch",
 			took.Token, tookEpoch, killed.Token, killedEpoch)
@@ -91,7 +91,7 @@ func TestAStandbyTakesTheWindowOverOnThePromotedPrimaryWhenTheOwnersDataCentreIs
 		t.Errorf("ledger: %d successful runs of window %s, want exactly 1", succeeded, w)
 	}
 	windows := windowRowsOf(t, e, s.name)
-	if len(windows) != 1 || windows[0].Start.UTC().Format(time.RFC3339) != w || windows[0].State != lock.StateSucceeded ||
+	if len(windows) != 1 || windows[0].Start.UTC().Format(time.RFC3339) != w || windows[0].State != store.StateSucceeded ||
 		windows[0].Cluster != b.Name || windows[0].Token != took.Token {
 		t.Errorf("dislock windows: %+v, want window %s alone, succeeded by %s with token %d", windows, w, b.Name, took.Token)
 	}

@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/images"
 )
 
@@ -77,7 +77,7 @@ func TestPodsWithAClassicMeshSidecarCompleteWhetherTheyRanFailedOrSkipped(t *tes
 		t.Errorf("%s: termination message %q, want the window recorded failed", b.Name, msg)
 	}
 
-	s, err := lock.Open(context.Background(), e.dsn(), lock.Options{MaxConns: 1})
+	s, err := store.Open(context.Background(), e.dsn(), store.Options{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestPodsWithAClassicMeshSidecarCompleteWhetherTheyRanFailedOrSkipped(t *tes
 	l, now, err := s.GetLease(context.Background(), Namespace+"/"+name)
 	if err == nil && l.ExpireAt.After(now) {
 		t.Errorf("the lease is still held after every pod ended: %+v (database time %s)", l, now)
-	} else if err != nil && !errors.Is(err, lock.ErrNotFound) {
+	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
 		t.Fatal(err)
 	}
 	runs := runsOf(t, e, name)

@@ -21,7 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 )
 
 // sameJobWaiting is in the agent's log line when another pod of its Job
@@ -123,7 +123,7 @@ func TestADrainedNodesPodIsReplacedWhileItTerminatesAndTheWindowStillRunsOnceWit
 	if err != nil || !ok {
 		t.Fatalf("window %s of %s: %v (found %v)", w, key, err, ok)
 	}
-	if row.State != string(lock.StateSucceeded) || row.Cluster != a.Name || !strings.HasSuffix(row.Owner, "/"+replaced.Pod) || row.Token != replaced.Token {
+	if row.State != string(store.StateSucceeded) || row.Cluster != a.Name || !strings.HasSuffix(row.Owner, "/"+replaced.Pod) || row.Token != replaced.Token {
 		t.Errorf("window %s: %s, owned by %s with token %d; want succeeded, owned by the replacement %s with its token %d",
 			w, row.State, row.Owner, row.Token, replaced.Pod, replaced.Token)
 	}
@@ -217,7 +217,7 @@ func TestAnIndexedJobWithThreeCompletionsInTwoClustersRunsEachIndexOnce(t *testi
 		ran[*r.Index] = r
 	}
 	// The database: a window per index, succeeded, owned by the run's pod.
-	rows := map[int]lock.Window{}
+	rows := map[int]store.Window{}
 	for _, row := range windowRowsOf(t, e, name) {
 		if row.Start.UTC().Format(time.RFC3339) == w {
 			rows[row.Index] = row
@@ -230,7 +230,7 @@ func TestAnIndexedJobWithThreeCompletionsInTwoClustersRunsEachIndexOnce(t *testi
 			t.Errorf("index %d never ran; its pods decided: %v", i, decided[i])
 			continue
 		}
-		if row := rows[i]; row.State != lock.StateSucceeded || row.Pod != r.Pod || row.Token != r.Token {
+		if row := rows[i]; row.State != store.StateSucceeded || row.Pod != r.Pod || row.Token != r.Token {
 			t.Errorf("window %s index %d: %s, owned by %s with token %d; want succeeded, owned by %s with token %d",
 				w, i, row.State, row.Pod, row.Token, r.Pod, r.Token)
 		}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/internal/cli"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/hapg"
 )
 
@@ -33,12 +33,12 @@ func TestAsyncFailoverLosesClaimsButTokensNeverGoBack(t *testing.T) {
 	}
 
 	primary := open(t, p.PrimaryDSN())
-	a := lock.Owner{Cluster: "dc-a", Namespace: "async", Job: "job-a", JobUID: "uid-a", Pod: "pod-a"}
-	b := lock.Owner{Cluster: "dc-b", Namespace: "async", Job: "job-b", JobUID: "uid-b", Pod: "pod-b"}
+	a := store.Owner{Cluster: "dc-a", Namespace: "async", Job: "job-a", JobUID: "uid-a", Pod: "pod-a"}
+	b := store.Owner{Cluster: "dc-b", Namespace: "async", Job: "job-b", JobUID: "uid-b", Pod: "pod-b"}
 	const key = "async/job"
 	var replicated, lostTokens []int64
 	for i := range 3 {
-		c, err := primary.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: windowAt(i), Index: lock.NotIndexed, Owner: a, TTL: time.Hour})
+		c, err := primary.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: windowAt(i), Index: store.NotIndexed, Owner: a, TTL: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,7 +47,7 @@ func TestAsyncFailoverLosesClaimsButTokensNeverGoBack(t *testing.T) {
 	if err := p.PauseReplication(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c, err := primary.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: windowAt(3), Index: lock.NotIndexed, Owner: a, TTL: time.Hour})
+	c, err := primary.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: windowAt(3), Index: store.NotIndexed, Owner: a, TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestAsyncFailoverLosesClaimsButTokensNeverGoBack(t *testing.T) {
 	lostTokens = append(lostTokens, c.Window.Token, g.Lease.Token)
 	// Many more grants than the sequence logs ahead (32), for other keys too.
 	for i := range 40 {
-		c, err := primary.ClaimWindow(ctx, lock.ClaimRequest{Key: "async/other", Window: windowAt(i), Index: lock.NotIndexed, Owner: a, TTL: time.Hour})
+		c, err := primary.ClaimWindow(ctx, store.ClaimRequest{Key: "async/other", Window: windowAt(i), Index: store.NotIndexed, Owner: a, TTL: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,10 +72,10 @@ func TestAsyncFailoverLosesClaimsButTokensNeverGoBack(t *testing.T) {
 	}
 
 	promoted := open(t, p.StandbyDSN())
-	if _, err := promoted.GetWindow(ctx, key, windowAt(3), lock.NotIndexed); !errors.Is(err, lock.ErrNotFound) {
+	if _, err := promoted.GetWindow(ctx, key, windowAt(3), store.NotIndexed); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the claim made after replication paused survived the failover (%v): the test did not lose commits", err)
 	}
-	cb, err := promoted.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: windowAt(3), Index: lock.NotIndexed, Owner: b, TTL: time.Hour})
+	cb, err := promoted.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: windowAt(3), Index: store.NotIndexed, Owner: b, TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,14 +89,14 @@ func TestAsyncFailoverLosesClaimsButTokensNeverGoBack(t *testing.T) {
 			t.Fatalf("token %d after the failover is not above %d, handed out before it (lost grants: %v)", tok, before, lostTokens)
 		}
 	}
-	eb, _ := lock.TokenEpoch(before)
-	ea, _ := lock.TokenEpoch(cb.Window.Token)
+	eb, _ := store.TokenEpoch(before)
+	ea, _ := store.TokenEpoch(cb.Window.Token)
 	t.Logf("before the failover: tokens up to %d (epoch %d); after: %d and %d (epoch %d)", before, eb, cb.Window.Token, gb.Lease.Token, ea)
 }
 
-func open(t *testing.T, dsn string) *lock.Store {
+func open(t *testing.T, dsn string) *store.Store {
 	t.Helper()
-	s, err := lock.Open(context.Background(), dsn, lock.Options{MaxConns: 2})
+	s, err := store.Open(context.Background(), dsn, store.Options{MaxConns: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

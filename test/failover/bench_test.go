@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/benchmark"
 	"github.com/dislock/dislock/test/hapg"
 	"github.com/dislock/dislock/test/pgtest"
@@ -28,15 +28,15 @@ func BenchmarkClaimWindow(b *testing.B) {
 		migrate(b, db.dsn)
 		for _, clients := range []int{1, 8} {
 			b.Run(fmt.Sprintf("%s/clients=%d", db.name, clients), func(b *testing.B) {
-				s, err := lock.Open(context.Background(), db.dsn, lock.Options{MaxConns: int32(clients)})
+				s, err := store.Open(context.Background(), db.dsn, store.Options{MaxConns: int32(clients)})
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer s.Close()
 				key := fmt.Sprintf("bench/%s-%d-%d", db.name, clients, time.Now().UnixNano())
-				o := lock.Owner{Cluster: "dc-a", Namespace: "bench", Job: "job", JobUID: "uid", Pod: "pod"}
+				o := store.Owner{Cluster: "dc-a", Namespace: "bench", Job: "job", JobUID: "uid", Pod: "pod"}
 				lat, elapsed := benchmark.Run(b, clients, func(i int64) error {
-					_, err := s.ClaimWindow(context.Background(), lock.ClaimRequest{Key: key, Window: windowAt(int(i)), Index: lock.NotIndexed, Owner: o, TTL: time.Minute})
+					_, err := s.ClaimWindow(context.Background(), store.ClaimRequest{Key: key, Window: windowAt(int(i)), Index: store.NotIndexed, Owner: o, TTL: time.Minute})
 					return err
 				})
 				benchmark.Report(b, lat, time.Microsecond, "claims/s", float64(len(lat))/elapsed.Seconds())

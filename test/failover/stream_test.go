@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/hapg"
 )
 
@@ -31,8 +31,8 @@ type grant struct {
 // own path to the database.
 type client struct {
 	name  string
-	store *lock.Store
-	owner lock.Owner
+	store *store.Store
+	owner store.Owner
 
 	mu      sync.Mutex
 	grants  []grant
@@ -54,8 +54,8 @@ func windowAt(i int) time.Time { return window0.Add(time.Duration(i) * time.Minu
 // retrying through any outage. A winner takes the lease and gives it back.
 func (c *client) run(ctx context.Context) {
 	for i := 0; ctx.Err() == nil; i++ {
-		req := lock.ClaimRequest{Key: streamKey, Window: windowAt(i), Index: lock.NotIndexed, Owner: c.owner, TTL: time.Hour}
-		var claim lock.Claim
+		req := store.ClaimRequest{Key: streamKey, Window: windowAt(i), Index: store.NotIndexed, Owner: c.owner, TTL: time.Hour}
+		var claim store.Claim
 		var sent time.Time
 		err := c.retry(ctx, func(ctx context.Context) (err error) {
 			sent = time.Now()
@@ -63,7 +63,7 @@ func (c *client) run(ctx context.Context) {
 			return err
 		})
 		switch {
-		case errors.Is(err, lock.ErrWindowTaken):
+		case errors.Is(err, store.ErrWindowTaken):
 			c.mu.Lock()
 			c.skipped++
 			c.mu.Unlock()
@@ -71,9 +71,9 @@ func (c *client) run(ctx context.Context) {
 		case err != nil:
 			return // the test is over
 		}
-		c.record(grant{client: c.name, window: i, token: claim.Window.Token, sent: sent, ackd: time.Now(), reentered: claim.Outcome == lock.Reentered})
+		c.record(grant{client: c.name, window: i, token: claim.Window.Token, sent: sent, ackd: time.Now(), reentered: claim.Outcome == store.Reentered})
 
-		var g lock.LeaseGrant
+		var g store.LeaseGrant
 		err = c.retry(ctx, func(ctx context.Context) (err error) {
 			sent = time.Now()
 			g, err = c.store.AcquireLease(ctx, streamLease, c.owner, time.Minute)
@@ -96,7 +96,7 @@ func (c *client) retry(ctx context.Context, op func(context.Context) error) erro
 		callCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		err := op(callCtx)
 		cancel()
-		if err == nil || !errors.Is(err, lock.ErrUnavailable) || ctx.Err() != nil {
+		if err == nil || !errors.Is(err, store.ErrUnavailable) || ctx.Err() != nil {
 			return err
 		}
 		c.mu.Lock()
@@ -155,13 +155,13 @@ func TestFailoverLosesNoClaim(t *testing.T) {
 	}
 	var clients []*client
 	for _, p := range paths {
-		s, err := lock.Open(ctx, p.dsn, lock.Options{MaxConns: 2})
+		s, err := store.Open(ctx, p.dsn, store.Options{MaxConns: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(s.Close)
 		clients = append(clients, &client{name: p.name, store: s,
-			owner: lock.Owner{Cluster: p.name, Namespace: "stream", Job: "job-" + p.name, JobUID: "uid-" + p.name, Pod: p.name + "-pod"}})
+			owner: store.Owner{Cluster: p.name, Namespace: "stream", Job: "job-" + p.name, JobUID: "uid-" + p.name, Pod: p.name + "-pod"}})
 	}
 	streamCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -240,7 +240,7 @@ func totalGrants(clients []*client) int {
 // checkGrants holds the acknowledged grants against the last primary's rows.
 func checkGrants(t *testing.T, c *hapg.Cluster, all []grant) {
 	t.Helper()
-	s, err := lock.Open(context.Background(), c.HAProxyDSN(), lock.Options{MaxConns: 1})
+	s, err := store.Open(context.Background(), c.HAProxyDSN(), store.Options{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func checkGrants(t *testing.T, c *hapg.Cluster, all []grant) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored := map[time.Time]lock.Window{}
+	stored := map[time.Time]store.Window{}
 	for _, w := range rows {
 		stored[w.Start] = w
 	}
@@ -282,7 +282,7 @@ func checkGrants(t *testing.T, c *hapg.Cluster, all []grant) {
 	for _, g := range all {
 		if !g.reentered {
 			fresh = append(fresh, g)
-			e, _ := lock.TokenEpoch(g.token)
+			e, _ := store.TokenEpoch(g.token)
 			epochs[e]++
 		}
 	}
@@ -319,7 +319,7 @@ func checkGrants(t *testing.T, c *hapg.Cluster, all []grant) {
 // writes.
 func migrate(t testing.TB, dsn string) {
 	t.Helper()
-	s, err := lock.Open(context.Background(), dsn, lock.Options{MaxConns: 1})
+	s, err := store.Open(context.Background(), dsn, store.Options{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

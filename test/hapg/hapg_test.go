@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/hapg"
 )
 
@@ -101,14 +101,14 @@ func TestSyncClusterFailover(t *testing.T) {
 	t.Logf("leader %s, sync standby %s (synchronous_standby_names = %s)", leader, syncStandby, names)
 
 	// The lock store migrates through a bouncer as it does against pgtest.
-	store, err := lock.Open(ctx, c.BouncerDSN("a"), lock.Options{})
+	db, err := store.Open(ctx, c.BouncerDSN("a"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Migrate(ctx); err != nil {
+	if _, err := db.Migrate(ctx); err != nil {
 		t.Fatalf("migrating through bouncer a: %v", err)
 	}
-	store.Close()
+	db.Close()
 
 	newLeader := failoverAndRejoin(ctx, t, c)
 	if newLeader != syncStandby {

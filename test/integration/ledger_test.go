@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
@@ -44,9 +44,9 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 		pgtest.Missing(t, err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	open := func() *lock.Store {
+	open := func() *store.Store {
 		t.Helper()
-		s, err := lock.Open(ctx, srv.BouncerDSN(), lock.Options{MaxConns: 2})
+		s, err := store.Open(ctx, srv.BouncerDSN(), store.Options{MaxConns: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,20 +77,20 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 		}
 	}
 
-	everyMinute := lock.View{Schedule: "* * * * *", Mode: "schedule", LeaseTTL: "30s"}
-	decide := func(key, cluster string, action lock.Action, took time.Duration) {
+	everyMinute := store.View{Schedule: "* * * * *", Mode: "schedule", LeaseTTL: "30s"}
+	decide := func(key, cluster string, action store.Action, took time.Duration) {
 		t.Helper()
-		if err := leaderStore.RecordDecision(ctx, lock.Decision{Key: key, Cluster: cluster, Job: "j", Pod: "p-" + cluster,
+		if err := leaderStore.RecordDecision(ctx, store.Decision{Key: key, Cluster: cluster, Job: "j", Pod: "p-" + cluster,
 			Action: action, Reason: "test", Duration: took}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	seen := func(key, cluster string, v lock.View, firstSeen, lastDecided string) {
+	seen := func(key, cluster string, v store.View, firstSeen, lastDecided string) {
 		t.Helper()
-		if _, err := leaderStore.RecordView(ctx, key, cluster, v, lock.DefaultViewRecency); err != nil {
+		if _, err := leaderStore.RecordView(ctx, key, cluster, v, store.DefaultViewRecency); err != nil {
 			t.Fatal(err)
 		}
-		decide(key, cluster, lock.ActionRun, 0)
+		decide(key, cluster, store.ActionRun, 0)
 		// The ledger's clock is the database's: the history is moved back in it.
 		if _, err := raw.Exec(ctx, `UPDATE dislock.key_stats SET first_seen = now() - $2::interval, last_decided = now() - $3::interval
 			WHERE lock_key = $1`, key, firstSeen, lastDecided); err != nil {
@@ -103,13 +103,13 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 	// nightly was first decided 5 minutes ago and no window since ran.
 	seen(ns+"/nightly", "dc-a", everyMinute, "5 minutes", "0")
 	// hourly ran once for 3s, holds its lease, and dc-b sees it otherwise.
-	seen(ns+"/hourly", "dc-a", lock.View{Schedule: "0 * * * *", Mode: "lease", LeaseTTL: "30s"}, "0", "0")
-	if _, err := leaderStore.RecordView(ctx, ns+"/hourly", "dc-b", lock.View{Schedule: "0 * * * *", TimeZone: "Europe/Berlin", Mode: "lease", LeaseTTL: "30s"}, lock.DefaultViewRecency); err != nil {
+	seen(ns+"/hourly", "dc-a", store.View{Schedule: "0 * * * *", Mode: "lease", LeaseTTL: "30s"}, "0", "0")
+	if _, err := leaderStore.RecordView(ctx, ns+"/hourly", "dc-b", store.View{Schedule: "0 * * * *", TimeZone: "Europe/Berlin", Mode: "lease", LeaseTTL: "30s"}, store.DefaultViewRecency); err != nil {
 		t.Fatal(err)
 	}
-	decide(ns+"/hourly", "dc-a", lock.ActionSucceeded, 3*time.Second)
-	decide(ns+"/hourly", "dc-b", lock.ActionSkip, 0)
-	if _, err := leaderStore.AcquireLease(ctx, ns+"/hourly", lock.Owner{Cluster: "dc-a", Namespace: ns, Job: "hourly-1", JobUID: "u", Pod: "hourly-1-x"}, time.Hour); err != nil {
+	decide(ns+"/hourly", "dc-a", store.ActionSucceeded, 3*time.Second)
+	decide(ns+"/hourly", "dc-b", store.ActionSkip, 0)
+	if _, err := leaderStore.AcquireLease(ctx, ns+"/hourly", store.Owner{Cluster: "dc-a", Namespace: ns, Job: "hourly-1", JobUID: "u", Pod: "hourly-1-x"}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	// gone and paused: nothing decided for an hour.
@@ -181,7 +181,7 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 
 	// A new computation reaches the other replica at its next load, and
 	// only a new one: a load without one changes nothing.
-	decide(ns+"/hourly", "dc-a", lock.ActionRun, 0)
+	decide(ns+"/hourly", "dc-a", store.ActionRun, 0)
 	if err := follower.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
@@ -72,7 +72,7 @@ func TestAWindowThatRanNowherePagesForItsKeyOnly(t *testing.T) {
 		RuleFiles: []string{shippedRules(t)},
 	})
 
-	owner, err := lock.Open(ctx, srv.DirectDSN(), lock.Options{MaxConns: 1})
+	owner, err := store.Open(ctx, srv.DirectDSN(), store.Options{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func shippedRules(t *testing.T) string {
 
 // awaitDBPast waits until the database clock is past ts, at most a minute
 // and a half.
-func awaitDBPast(t *testing.T, s *lock.Store, ts time.Time) {
+func awaitDBPast(t *testing.T, s *store.Store, ts time.Time) {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {

@@ -17,7 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook"
 )
 
@@ -41,8 +41,8 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 	// team-b holds a running window and a lease.
 	window := time.Date(2026, 12, 3, 2, 0, 0, 0, time.UTC)
 	b := openAs(t, urlB)
-	ownerB := lock.Owner{Cluster: "dc-a", Namespace: "hostile-b", Job: "report-1", JobUID: "uid-b", Pod: "report-1-b"}
-	claimB, err := b.ClaimWindow(ctx, lock.ClaimRequest{Key: "hostile-b/report", Window: window, Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerB})
+	ownerB := store.Owner{Cluster: "dc-a", Namespace: "hostile-b", Job: "report-1", JobUID: "uid-b", Pod: "report-1-b"}
+	claimB, err := b.ClaimWindow(ctx, store.ClaimRequest{Key: "hostile-b/report", Window: window, Index: store.NotIndexed, TTL: time.Hour, Owner: ownerB})
 	if err != nil {
 		t.Fatalf("hostile-b claiming its window: %v", err)
 	}
@@ -117,13 +117,13 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 	})
 
 	a := openAs(t, urlA)
-	ownerA := lock.Owner{Cluster: "dc-a", Namespace: "hostile-a", Job: "evil-1", JobUID: "uid-a", Pod: "evil-1-a"}
+	ownerA := store.Owner{Cluster: "dc-a", Namespace: "hostile-a", Job: "evil-1", JobUID: "uid-a", Pod: "evil-1-a"}
 	t.Run("the lock API refuses every move on the other team's locks", func(t *testing.T) {
 		for what, err := range map[string]error{
-			"claim":      two(a.ClaimWindow(ctx, lock.ClaimRequest{Key: "hostile-b/report", Window: window, Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerA, Standby: true})),
-			"claim next": two(a.ClaimWindow(ctx, lock.ClaimRequest{Key: "hostile-b/report", Window: window.Add(time.Hour), Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerA})),
-			"heartbeat":  three(a.Heartbeat(ctx, "hostile-b/report", window, lock.NotIndexed, claimB.Window.Token, time.Hour)),
-			"finish":     two(a.Finish(ctx, "hostile-b/report", window, lock.NotIndexed, claimB.Window.Token, lock.StateSucceeded, ptr.To(0))),
+			"claim":      two(a.ClaimWindow(ctx, store.ClaimRequest{Key: "hostile-b/report", Window: window, Index: store.NotIndexed, TTL: time.Hour, Owner: ownerA, Standby: true})),
+			"claim next": two(a.ClaimWindow(ctx, store.ClaimRequest{Key: "hostile-b/report", Window: window.Add(time.Hour), Index: store.NotIndexed, TTL: time.Hour, Owner: ownerA})),
+			"heartbeat":  three(a.Heartbeat(ctx, "hostile-b/report", window, store.NotIndexed, claimB.Window.Token, time.Hour)),
+			"finish":     two(a.Finish(ctx, "hostile-b/report", window, store.NotIndexed, claimB.Window.Token, store.StateSucceeded, ptr.To(0))),
 			"lease":      two(a.AcquireLease(ctx, "hostile-b/report", ownerA, time.Hour)),
 			"renew":      three(a.RenewLease(ctx, "hostile-b/report", leaseB.Lease.Token, time.Hour)),
 			"release":    releaseErr(a.ReleaseLease(ctx, "hostile-b/report", leaseB.Lease.Token)),
@@ -168,7 +168,7 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 	})
 
 	t.Run("the tenant's own locks keep working", func(t *testing.T) {
-		if _, err := a.ClaimWindow(ctx, lock.ClaimRequest{Key: "hostile-a/report", Window: window, Index: lock.NotIndexed, TTL: time.Hour, Owner: ownerA}); err != nil {
+		if _, err := a.ClaimWindow(ctx, store.ClaimRequest{Key: "hostile-a/report", Window: window, Index: store.NotIndexed, TTL: time.Hour, Owner: ownerA}); err != nil {
 			t.Errorf("hostile-a claiming its own window: %v", err)
 		}
 		if _, err := a.AcquireLease(ctx, "hostile-a/report", ownerA, time.Hour); err != nil {
@@ -198,9 +198,9 @@ func connect(t *testing.T, url string) *pgx.Conn {
 	return conn
 }
 
-func openAs(t *testing.T, url string) *lock.Store {
+func openAs(t *testing.T, url string) *store.Store {
 	t.Helper()
-	s, err := lock.Open(context.Background(), url, lock.Options{})
+	s, err := store.Open(context.Background(), url, store.Options{})
 	if err != nil {
 		t.Fatalf("opening the database: %v", err)
 	}

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/webhook"
@@ -60,20 +60,20 @@ func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
 	}
 
 	// tenant-a's credential locks tenant-a's keys and not tenant-b's.
-	a, err := lock.Open(ctx, urlA, lock.Options{})
+	a, err := store.Open(ctx, urlA, store.Options{})
 	if err != nil {
 		t.Fatalf("opening the database with tenant-a's Secret: %v", err)
 	}
 	defer a.Close()
 	claim := func(key string) error {
-		_, err := a.ClaimWindow(ctx, lock.ClaimRequest{Key: key, Window: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC), Index: lock.NotIndexed, TTL: time.Minute,
-			Owner: lock.Owner{Cluster: "dc-a", Namespace: "tenant-a", Job: "report-1", JobUID: "uid-1", Pod: "report-1-x"}})
+		_, err := a.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC), Index: store.NotIndexed, TTL: time.Minute,
+			Owner: store.Owner{Cluster: "dc-a", Namespace: "tenant-a", Job: "report-1", JobUID: "uid-1", Pod: "report-1-x"}})
 		return err
 	}
 	if err := claim("tenant-a/report"); err != nil {
 		t.Fatalf("tenant-a claiming its own window: %v", err)
 	}
-	if err := claim("tenant-b/report"); !errors.Is(err, lock.ErrForbidden) {
+	if err := claim("tenant-b/report"); !errors.Is(err, store.ErrForbidden) {
 		t.Fatalf("tenant-a claiming tenant-b's window: %v, want refused", err)
 	}
 
@@ -142,7 +142,7 @@ func tenantDatabase(t *testing.T) string {
 		pgtest.Missing(t, err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	admin, err := lock.Open(context.Background(), srv.BouncerDSN(), lock.Options{})
+	admin, err := store.Open(context.Background(), srv.BouncerDSN(), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func tenantDatabase(t *testing.T) string {
 
 func withTenantRoles(owner string) func(*webhook.Config) {
 	return func(cfg *webhook.Config) {
-		cfg.DatabaseURL, cfg.Retention = owner, lock.DefaultRetention
+		cfg.DatabaseURL, cfg.Retention = owner, store.DefaultRetention
 		cfg.TenantRoles, cfg.TenantRotation, cfg.TenantGrace = true, webhook.DefaultTenantRotation, webhook.DefaultTenantGrace
 		// A Secret the test deletes comes back at once, not after the
 		// minute a real tenant waits.
@@ -198,7 +198,7 @@ func TestOptingOutRetiresTheRolesEvenOfAnUnlabelledSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	setOptIn(t, cs, "unlabel-a", false)
-	admin, err := lock.Open(ctx, owner, lock.Options{})
+	admin, err := store.Open(ctx, owner, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,13 +320,13 @@ func TestATenantDeletingItsSecretInALoopHoldsAtMostAFewRoles(t *testing.T) {
 		t.Fatalf("live generations %v (%v), want %s", gens, err, want)
 	}
 	claimWith := func(gen int, window int) error {
-		s, err := lock.Open(ctx, urls[gen], lock.Options{})
+		s, err := store.Open(ctx, urls[gen], store.Options{})
 		if err != nil {
 			return err
 		}
 		defer s.Close()
-		_, err = s.ClaimWindow(ctx, lock.ClaimRequest{Key: "loop-a/report", Window: time.Date(2026, 12, 3, window, 0, 0, 0, time.UTC),
-			Index: lock.NotIndexed, TTL: time.Minute, Owner: lock.Owner{Cluster: "dc-a", Namespace: "loop-a", Job: "report-1", JobUID: "uid-1", Pod: "report-1-x"}})
+		_, err = s.ClaimWindow(ctx, store.ClaimRequest{Key: "loop-a/report", Window: time.Date(2026, 12, 3, window, 0, 0, 0, time.UTC),
+			Index: store.NotIndexed, TTL: time.Minute, Owner: store.Owner{Cluster: "dc-a", Namespace: "loop-a", Job: "report-1", JobUID: "uid-1", Pod: "report-1-x"}})
 		return err
 	}
 	for gen := 1; gen <= last; gen++ {

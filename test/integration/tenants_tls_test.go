@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/webhook"
@@ -35,11 +35,11 @@ func TestATenantSecretCarriesTheDatabaseCA(t *testing.T) {
 	}
 	// The operator's URL, as main.go makes it verify with the CA file.
 	plain, _, _ := strings.Cut(srv.BouncerDSN(), "?")
-	owner, err := lock.WithRootCA(plain, srv.CAFile())
+	owner, err := store.WithRootCA(plain, srv.CAFile())
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin, err := lock.Open(context.Background(), owner, lock.Options{})
+	admin, err := store.Open(context.Background(), owner, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,18 +73,18 @@ func TestATenantSecretCarriesTheDatabaseCA(t *testing.T) {
 	if err := os.WriteFile(mounted, s.Data[webhook.DatabaseCAKey], 0o444); err != nil {
 		t.Fatal(err)
 	}
-	sidecarURL, err := lock.ReplaceRootCA(url, mounted)
+	sidecarURL, err := store.ReplaceRootCA(url, mounted)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenant, err := lock.Open(context.Background(), sidecarURL, lock.Options{})
+	tenant, err := store.Open(context.Background(), sidecarURL, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tenant.Close()
-	if _, err := tenant.ClaimWindow(context.Background(), lock.ClaimRequest{Key: "tls-a/report", Window: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC),
-		Index: lock.NotIndexed, TTL: time.Minute,
-		Owner: lock.Owner{Cluster: "dc-a", Namespace: "tls-a", Job: "report-1", JobUID: "uid-1", Pod: "report-1-x"}}); err != nil {
+	if _, err := tenant.ClaimWindow(context.Background(), store.ClaimRequest{Key: "tls-a/report", Window: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC),
+		Index: store.NotIndexed, TTL: time.Minute,
+		Owner: store.Owner{Cluster: "dc-a", Namespace: "tls-a", Job: "report-1", JobUID: "uid-1", Pod: "report-1-x"}}); err != nil {
 		t.Fatalf("claiming with the namespace's URL over TLS through PgBouncer: %v", err)
 	}
 }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/dislock/dislock/internal/cli"
 	"github.com/dislock/dislock/internal/tokenrecord"
-	"github.com/dislock/dislock/lockagent/lock"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/test/tlstest"
@@ -37,22 +37,22 @@ func TestAfterARestoreTheWebhookMovesTokensPastItsRecord(t *testing.T) {
 	namespace(t, cs, ns, false)
 	srv := pgtest.New(t, pgtest.Options{Name: "tokens-record"})
 	dsn := srv.DirectDSN()
-	store, err := lock.Open(ctx, dsn, lock.Options{MaxConns: 2})
+	db, err := store.Open(ctx, dsn, store.Options{MaxConns: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(store.Close)
-	if _, err := store.Migrate(ctx); err != nil {
+	t.Cleanup(db.Close)
+	if _, err := db.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	window := 0
-	grant := func(s *lock.Store) (int64, error) {
+	grant := func(s *store.Store) (int64, error) {
 		window++
-		claim, err := s.ClaimWindow(ctx, lock.ClaimRequest{Key: "tokens/job", Window: time.Date(2026, 12, 5, 0, window, 0, 0, time.UTC),
-			Index: lock.NotIndexed, Owner: lock.Owner{Cluster: "dc-a", Namespace: "tokens", Job: "job", JobUID: "uid", Pod: "pod-" + strconv.Itoa(window)}, TTL: time.Minute})
+		claim, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: "tokens/job", Window: time.Date(2026, 12, 5, 0, window, 0, 0, time.UTC),
+			Index: store.NotIndexed, Owner: store.Owner{Cluster: "dc-a", Namespace: "tokens", Job: "job", JobUID: "uid", Pod: "pod-" + strconv.Itoa(window)}, TTL: time.Minute})
 		return claim.Window.Token, err
 	}
-	if _, err := grant(store); err != nil {
+	if _, err := grant(db); err != nil {
 		t.Fatal(err)
 	}
 	dump := filepath.Join(t.TempDir(), "dislock.dump")
@@ -61,7 +61,7 @@ func TestAfterARestoreTheWebhookMovesTokensPastItsRecord(t *testing.T) {
 	}
 	var highest int64
 	for range 5 {
-		if highest, err = grant(store); err != nil {
+		if highest, err = grant(db); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -98,13 +98,13 @@ func TestAfterARestoreTheWebhookMovesTokensPastItsRecord(t *testing.T) {
 	if code, out := check(); code != 3 || !strings.Contains(out, "restored from a dump") {
 		t.Fatalf("dislock check on the restored schema: exit %d, want 3 naming the restore\n%s", code, out)
 	}
-	restored, err := lock.Open(ctx, dsn, lock.Options{MaxConns: 2})
+	restored, err := store.Open(ctx, dsn, store.Options{MaxConns: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(restored.Close)
-	if tok, err := grant(restored); !errors.Is(err, lock.ErrTokensHeld) {
-		t.Fatalf("a grant on the restored schema: token %d, %v; want %v", tok, err, lock.ErrTokensHeld)
+	if tok, err := grant(restored); !errors.Is(err, store.ErrTokensHeld) {
+		t.Fatalf("a grant on the restored schema: token %d, %v; want %v", tok, err, store.ErrTokensHeld)
 	}
 
 	// The webhook's elected replica confirms the epoch with the record.
@@ -117,7 +117,7 @@ func TestAfterARestoreTheWebhookMovesTokensPastItsRecord(t *testing.T) {
 	var tok int64
 	await(t, "a grant after the restore", func() (bool, error) {
 		tok, err = grant(restored)
-		if errors.Is(err, lock.ErrTokensHeld) {
+		if errors.Is(err, store.ErrTokensHeld) {
 			return false, nil
 		}
 		return err == nil, err

@@ -1,0 +1,181 @@
+package store_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/test/benchmark"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+// The benchmarks measure through PgBouncer (what users run) at 1 and 8
+// concurrent clients. Baselines in the same run: a bare SELECT 1 round trip,
+// and pgbench executing the identical claim and lease statements, which is the
+// database's own price for a durable write.
+var benchClients = []int{1, 8}
+
+// BenchmarkSelect1 is the round-trip floor: the same pool and exec mode, no work.
+func BenchmarkSelect1(b *testing.B) {
+	srv := pgtest.Need(b)
+	for _, clients := range benchClients {
+		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+			cfg, err := store.ParseDatabaseURL(srv.BouncerDSN())
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg.MaxConns = int32(clients)
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pool.Close()
+			measure(b, clients, func(ctx context.Context, _ int64) error {
+				var one int
+				return pool.QueryRow(ctx, "SELECT 1").Scan(&one)
+			})
+		})
+	}
+}
+
+func BenchmarkClaimWindow(b *testing.B) {
+	srv := pgtest.Need(b)
+	for _, clients := range benchClients {
+		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+			s := openStore(b, srv.BouncerDSN(), int32(clients))
+			key := uniqueKey(b)
+			o := owner("dc-a", "job", "pod")
+			measure(b, clients, func(ctx context.Context, i int64) error {
+				_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: window0.Add(time.Duration(i) * time.Minute), Index: store.NotIndexed, Owner: o, TTL: ttl})
+				return err
+			})
+		})
+	}
+}
+
+func BenchmarkAcquireLease(b *testing.B) {
+	srv := pgtest.Need(b)
+	for _, clients := range benchClients {
+		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+			s := openStore(b, srv.BouncerDSN(), int32(clients))
+			prefix := uniqueKey(b)
+			o := owner("dc-a", "job", "pod")
+			measure(b, clients, func(ctx context.Context, i int64) error {
+				_, err := s.AcquireLease(ctx, prefix+strconv.FormatInt(i, 10), o, ttl)
+				return err
+			})
+		})
+	}
+}
+
+// BenchmarkPgbenchClaimWindow and BenchmarkPgbenchAcquireLease run pgbench
+// (extended protocol, unnamed statements: the same wire shape as the Store)
+// with the Store's own SQL, through the same PgBouncer.
+func BenchmarkPgbenchClaimWindow(b *testing.B) {
+	pgbenchSQL(b, store.ClaimWindowSQL, `\set w random(1, 1000000000000)
+\set k :client_id
+`, []string{"'pgbench-claim'", "'2026-01-01T00:00:00Z'::timestamptz + :w * interval '1 second'", "'dc-a/ns/job/uid'", "'dc-a'", "'pod'", "30000000", "false"})
+}
+
+func BenchmarkPgbenchAcquireLease(b *testing.B) {
+	pgbenchSQL(b, store.AcquireLeaseSQL, `\set w random(1, 1000000000000)
+`, []string{"'pgbench-lease-' || :w", "'dc-a/ns/job/uid/pod'", "30000000"})
+}
+
+func BenchmarkPgbenchSelect1(b *testing.B) {
+	pgbenchSQL(b, "SELECT 1", "", nil)
+}
+
+// pgbenchSQL runs query under pgbench with $n replaced by args[n-1], b.N
+// transactions split over the clients, and reports the same metrics as measure.
+func pgbenchSQL(b *testing.B, query, prelude string, args []string) {
+	srv := pgtest.Need(b)
+	if srv.Pgbench() == "" {
+		b.Fatal("pgbench is not installed (apt-get install -y postgresql-client)")
+	}
+	for i := len(args); i >= 1; i-- { // $10 before $1
+		query = strings.ReplaceAll(query, "$"+strconv.Itoa(i), "("+args[i-1]+")")
+	}
+	for _, clients := range benchClients {
+		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+			dir := b.TempDir()
+			script := filepath.Join(dir, "script.sql")
+			if err := os.WriteFile(script, []byte(prelude+strings.TrimSpace(query)+";\n"), 0o644); err != nil {
+				b.Fatal(err)
+			}
+			u, err := url.Parse(srv.BouncerDSN())
+			if err != nil {
+				b.Fatal(err)
+			}
+			pw, _ := u.User.Password()
+			perClient := max(1, b.N/clients)
+			threads := min(clients, runtime.GOMAXPROCS(0))
+			cmd := exec.Command(srv.Pgbench(), "-n", "-M", "extended", "-f", script,
+				"-c", strconv.Itoa(clients), "-j", strconv.Itoa(threads), "-t", strconv.Itoa(perClient),
+				"-l", "--log-prefix", filepath.Join(dir, "log"),
+				"-h", u.Hostname(), "-p", u.Port(), "-U", u.User.Username(), strings.TrimPrefix(u.Path, "/"))
+			cmd.Env = append(os.Environ(), "PGPASSWORD="+pw)
+			b.ResetTimer()
+			out, err := cmd.CombinedOutput()
+			b.StopTimer()
+			if err != nil {
+				b.Fatalf("pgbench: %v\n%s", err, out)
+			}
+			m := regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`).FindSubmatch(out)
+			if m == nil {
+				b.Fatalf("no tps in pgbench output:\n%s", out)
+			}
+			tps, _ := strconv.ParseFloat(string(m[1]), 64)
+			benchmark.Report(b, pgbenchLatencies(b, dir), time.Microsecond, "ops/s", tps)
+		})
+	}
+}
+
+// pgbenchLatencies reads the per-transaction logs (-l): the third field is
+// the latency in microseconds.
+func pgbenchLatencies(b *testing.B, dir string) []time.Duration {
+	logs, _ := filepath.Glob(filepath.Join(dir, "log.*"))
+	var lat []time.Duration
+	for _, name := range logs {
+		f, err := os.Open(name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 3 {
+				continue
+			}
+			us, err := strconv.ParseInt(fields[2], 10, 64)
+			if err == nil {
+				lat = append(lat, time.Duration(us)*time.Microsecond)
+			}
+		}
+		f.Close()
+	}
+	if len(lat) == 0 {
+		b.Fatalf("pgbench wrote no per-transaction log in %s", dir)
+	}
+	return lat
+}
+
+// measure runs b.N operations on `clients` goroutines and reports latency
+// percentiles and throughput.
+func measure(b *testing.B, clients int, op func(ctx context.Context, i int64) error) {
+	lat, elapsed := benchmark.Run(b, clients, func(i int64) error { return op(context.Background(), i) })
+	benchmark.Report(b, lat, time.Microsecond, "ops/s", float64(len(lat))/elapsed.Seconds())
+}

@@ -1,0 +1,416 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/test/harness"
+	"github.com/dislock/dislock/test/pgtest"
+	"github.com/dislock/dislock/test/tlstest"
+)
+
+// finding returns rep's finding of check, failing the test without one.
+func finding(t *testing.T, rep store.RoleReport, check string) store.Finding {
+	t.Helper()
+	for _, f := range rep.Findings {
+		if f.Check == check {
+			return f
+		}
+	}
+	t.Fatalf("no %q finding in %s", check, dump(rep))
+	return store.Finding{}
+}
+
+func dump(rep store.RoleReport) string {
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	return string(b)
+}
+
+// wantFinding holds a finding to its status and to words of its detail
+// and fix.
+func wantFinding(t *testing.T, rep store.RoleReport, check string, status store.Status, detail, fix []string) store.Finding {
+	t.Helper()
+	f := finding(t, rep, check)
+	if f.Status != status {
+		t.Errorf("%s is %s, want %s: %+v", check, f.Status, status, f)
+	}
+	for _, w := range detail {
+		if !strings.Contains(f.Detail, w) {
+			t.Errorf("%s's detail lacks %q: %s", check, w, f.Detail)
+		}
+	}
+	for _, w := range fix {
+		if !strings.Contains(f.Fix, w) {
+			t.Errorf("%s's fix lacks %q: %s", check, w, f.Fix)
+		}
+	}
+	return f
+}
+
+// noPassword fails the test if the password appears anywhere in rep.
+func noPassword(t *testing.T, rep store.RoleReport, password string) {
+	t.Helper()
+	if s := dump(rep); strings.Contains(s, password) {
+		t.Fatalf("the report holds the password %q:\n%s", password, s)
+	}
+}
+
+// withPassword is dsn with its password replaced.
+func withPassword(t *testing.T, dsn, password string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(u.User.Username(), password)
+	return u.String()
+}
+
+// withQuery is dsn with query parameter key set to value.
+func withQuery(t *testing.T, dsn, key, value string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// A fresh install as it should be, checked with the owner's URL and a
+// tenant's: every check passes; directly it says so, through PgBouncer it
+// sees transaction pooling; the tenant's probe claim leaves no row behind.
+func TestCheckURLPassesAGoodInstallDirectAndThroughPgBouncer(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		owner := openStore(t, dsn, 2)
+		rep := store.CheckURL(ctx, dsn, store.CheckOptions{AllowAsync: true})
+		if store.Failed(rep.Findings) || rep.Kind != store.RoleOwner || rep.Role != pgtest.AppUser {
+			t.Fatalf("owner: %s", dump(rep))
+		}
+		wantFinding(t, rep, "connection", store.StatusOK, []string{"logged in as role " + pgtest.AppUser}, nil)
+		wantFinding(t, rep, "tls", store.StatusOK, []string{"loopback"}, nil)
+		wantFinding(t, rep, "clock", store.StatusOK, []string{"round trip"}, nil)
+		wantFinding(t, rep, "privileges", store.StatusOK, []string{"may create roles"}, nil)
+		pooling := []string{"directly to PostgreSQL"}
+		if strings.Contains(t.Name(), "pgbouncer") {
+			pooling = []string{"transaction", "clients share server connections per transaction"}
+		}
+		wantFinding(t, rep, "pooling", store.StatusOK, pooling, nil)
+		noPassword(t, rep, pgtest.AppPassword)
+
+		ns := namespace(t, "check")
+		c := provision(t, owner, ns)
+		trep := store.CheckURL(ctx, mustTenantDSN(t, dsn, c), store.CheckOptions{AllowAsync: true})
+		if store.Failed(trep.Findings) || trep.Kind != store.RoleTenant || trep.Namespace != ns || trep.Role != c.Role {
+			t.Fatalf("tenant: %s", dump(trep))
+		}
+		if h := trep.Heading(); !strings.Contains(h, c.Role) || !strings.Contains(h, "tenant of namespace "+ns) {
+			t.Errorf("heading %q", h)
+		}
+		wantFinding(t, trep, "privileges", store.StatusOK, []string{"claims windows and takes leases of namespace " + ns, "rolled back"}, nil)
+		noPassword(t, trep, c.Password)
+		assertNoProbeRows(t, owner, ns)
+	})
+}
+
+// assertNoProbeRows fails the test if a check left a window or a lease of
+// namespace ns's probe key (or any key of ns).
+func assertNoProbeRows(t *testing.T, owner *store.Store, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	windows, _, err := owner.ListWindowsIn(ctx, store.WindowFilter{Key: ns + "/dislock-check-probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(windows) > 0 {
+		t.Errorf("the check left windows %+v", windows)
+	}
+	leases, _, err := owner.ListLeases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leases {
+		if strings.HasPrefix(l.Key, ns+"/") {
+			t.Errorf("the check left lease %+v", l)
+		}
+	}
+}
+
+// A PgBouncer in session pooling mode works, but each pod holds a server
+// connection for its whole run: check says so and how to fix it.
+func TestCheckURLWarnsOfSessionPooling(t *testing.T) {
+	srv := pgtest.Need(t)
+	openStore(t, srv.DirectDSN(), 2)
+	b, err := srv.AddSessionBouncer(namespace(t, "check-session"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := store.CheckURL(context.Background(), b.DSN(), store.CheckOptions{AllowAsync: true})
+	wantFinding(t, rep, "pooling", store.StatusWarn, []string{"session mode", "whole run"}, []string{"pool_mode = transaction"})
+	noPassword(t, rep, pgtest.AppPassword)
+}
+
+// A session-mode PgBouncer whose pool is nearly full (two free server
+// connections: a pool of 2, or running pods holding the rest) is the very
+// misconfiguration the pooling check names. The check's own connection
+// holds one server connection while the pooling probe opens two more, so
+// the probe waits for PgBouncer's query_wait_timeout and then says it
+// cannot tell, with the fix "run dislock check again".
+func TestHostile17bSessionPoolNearlyFullIsStillNamed(t *testing.T) {
+	srv := pgtest.Need(t)
+	openStore(t, srv.DirectDSN(), 2)
+	b, err := srv.AddSessionBouncer(namespace(t, "h17b-sess"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// Two "pods" hold two of the pool's four server connections.
+	for range 2 {
+		c, err := pgx.Connect(ctx, b.DSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
+	start := time.Now()
+	rep := store.CheckURL(cctx, b.DSN(), store.CheckOptions{AllowAsync: true})
+	t.Logf("took %s", time.Since(start))
+	wantFinding(t, rep, "pooling", store.StatusWarn, []string{"session mode"}, []string{"pool_mode = transaction"})
+}
+
+// Nothing listens at the URL's port: a finding, not an error, naming the
+// address and what to look at.
+func TestCheckURLNamesAnUnreachableHost(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	const password = "Unreach-Pa55-9c1d"
+	rep := store.CheckURL(context.Background(), pgtest.DSN(pgtest.AppUser, password, port), store.CheckOptions{})
+	if !store.Failed(rep.Findings) || len(rep.Findings) != 1 {
+		t.Fatalf("%s", dump(rep))
+	}
+	wantFinding(t, rep, "connection", store.StatusFail, []string{"cannot reach 127.0.0.1:" + strconv.Itoa(port)},
+		[]string{"host and port", "listens", "NetworkPolicy or firewall"})
+	noPassword(t, rep, password)
+}
+
+// A wrong password, from PostgreSQL (28P01) or from PgBouncer (08P01 "password
+// authentication failed"), and an unknown role: the fix names the Secret and
+// ALTER ROLE; the password is nowhere.
+func TestCheckURLNamesAWrongPasswordAndTheSecret(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		const password = "Wr0ng-Pa55-check-7f3a"
+		rep := store.CheckURL(context.Background(), withPassword(t, dsn, password), store.CheckOptions{})
+		wantFinding(t, rep, "login", store.StatusFail, []string{"refused role " + pgtest.AppUser},
+			[]string{"dislock-db", "url", "database.existingSecret", "ALTER ROLE " + pgtest.AppUser + " PASSWORD"})
+		noPassword(t, rep, password)
+
+		u, _ := url.Parse(withPassword(t, dsn, password))
+		u.User = url.UserPassword("no_such_role_check", password)
+		rep = store.CheckURL(context.Background(), u.String(), store.CheckOptions{})
+		wantFinding(t, rep, "login", store.StatusFail, []string{"refused role no_such_role_check"}, []string{"ALTER ROLE no_such_role_check PASSWORD"})
+		noPassword(t, rep, password)
+	})
+}
+
+// libpq's key=value syntax allows blanks around '=' and a backslash-escaped
+// quote inside a quoted value. An operator's URL with a typo elsewhere
+// (sslmode=bogus) must not have its password printed back.
+func TestHostile17bKeyValuePasswordNeverPrinted(t *testing.T) {
+	for _, c := range []struct{ url, secret string }{
+		{`host=127.0.0.1 user=u password = S3cretPw-kv1 sslmode=bogus`, "S3cretPw-kv1"},
+		{`host=127.0.0.1 user=u password= S3cretPw-kv2 sslmode=bogus`, "S3cretPw-kv2"},
+		{`host=127.0.0.1 user=u password='it\'s S3cretPw-kv3' sslmode=bogus`, "S3cretPw-kv3"},
+	} {
+		rep := store.CheckURL(context.Background(), c.url, store.CheckOptions{})
+		if s := dump(rep) + rep.Heading(); strings.Contains(s, c.secret) {
+			t.Errorf("URL %q: the report holds the password:\n%s", c.url, s)
+		}
+	}
+}
+
+// A database name that does not exist, on PostgreSQL (3D000) or PgBouncer
+// (08P01 "no such database").
+func TestCheckURLNamesAWrongDatabase(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		u, _ := url.Parse(dsn)
+		u.Path = "/no_such_db_check"
+		rep := store.CheckURL(context.Background(), u.String(), store.CheckOptions{})
+		wantFinding(t, rep, "database name", store.StatusFail, []string{`no database "no_such_db_check"`}, []string{"URL's path", "CREATE DATABASE"})
+		noPassword(t, rep, pgtest.AppPassword)
+	})
+}
+
+// A tenant role whose grant was revoked cannot claim: check tries the
+// agent's own claim, fails it, and names the grant to restore. Its own
+// server: the revoke would break every other tenant of a shared one.
+func TestCheckURLNamesATenantsMissingGrant(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "check-grant"})
+	super := rawConn(t, srv.SuperuserDSN())
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			ctx := context.Background()
+			owner := openStore(t, tg.DSN, 2)
+			ns := namespace(t, "grant")
+			c := provision(t, owner, ns)
+			dsn := mustTenantDSN(t, tg.DSN, c)
+			if _, err := super.Exec(ctx, "REVOKE INSERT ON dislock.windows FROM "+store.TenantGroupRole); err != nil {
+				t.Fatal(err)
+			}
+			rep := store.CheckURL(ctx, dsn, store.CheckOptions{AllowAsync: true})
+			if _, err := super.Exec(ctx, "GRANT INSERT ON dislock.windows TO "+store.TenantGroupRole); err != nil {
+				t.Fatal(err)
+			}
+			wantFinding(t, rep, "privileges", store.StatusFail, []string{"namespace " + ns, "missing: INSERT on dislock.windows"},
+				[]string{"GRANT INSERT ON dislock.windows TO " + store.TenantGroupRole})
+			noPassword(t, rep, c.Password)
+
+			// Without the group role, every grant is missing at once.
+			if _, err := super.Exec(ctx, "REVOKE "+store.TenantGroupRole+" FROM "+c.Role); err != nil {
+				t.Fatal(err)
+			}
+			rep = store.CheckURL(ctx, dsn, store.CheckOptions{AllowAsync: true})
+			wantFinding(t, rep, "privileges", store.StatusFail, []string{"membership in role " + store.TenantGroupRole},
+				[]string{"GRANT " + store.TenantGroupRole + " TO " + c.Role})
+			noPassword(t, rep, c.Password)
+			assertNoProbeRows(t, owner, ns)
+		})
+	}
+}
+
+// An owner role that may not create roles cannot provision tenants: check
+// prints the ALTER ROLE to run.
+func TestCheckURLNamesTheOwnersMissingPrivilege(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "check-owner"})
+	super := rawConn(t, srv.SuperuserDSN())
+	ctx := context.Background()
+	openStore(t, srv.DirectDSN(), 2)
+	if _, err := super.Exec(ctx, "ALTER ROLE "+pgtest.AppUser+" NOCREATEROLE"); err != nil {
+		t.Fatal(err)
+	}
+	rep := store.CheckURL(ctx, srv.DirectDSN(), store.CheckOptions{AllowAsync: true})
+	wantFinding(t, rep, "privileges", store.StatusFail, []string{"lacks CREATEROLE"}, []string{"ALTER ROLE " + pgtest.AppUser + " CREATEROLE"})
+	noPassword(t, rep, pgtest.AppPassword)
+}
+
+// The URL insists on TLS and the server has none: named, with the URL
+// settings and the chart's values to fix it.
+func TestCheckURLNamesAServerWithoutTLS(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		rep := store.CheckURL(context.Background(), withQuery(t, dsn, "sslmode", "require"), store.CheckOptions{})
+		wantFinding(t, rep, "tls", store.StatusFail, []string{"does not support TLS"},
+			[]string{"sslmode=verify-full", "sslrootcert", "database.tls.caSecret", "--database-ca-file"})
+		noPassword(t, rep, pgtest.AppPassword)
+	})
+}
+
+// Over TLS: verify-full is ok; require encrypts but does not verify whom
+// it talks to (warn); a CA that did not sign the server's certificate fails
+// the connection, named with the fix.
+func TestCheckURLJudgesTLS(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "check-tls", TLS: true})
+	otherCA := filepath.Join(t.TempDir(), "other-ca.crt")
+	if err := os.WriteFile(otherCA, tlstest.NewCA(t).CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			ctx := context.Background()
+			openStore(t, tg.DSN, 2)
+			rep := store.CheckURL(ctx, tg.DSN, store.CheckOptions{AllowAsync: true})
+			wantFinding(t, rep, "tls", store.StatusOK, []string{"verify-full"}, nil)
+
+			u, _ := url.Parse(tg.DSN)
+			q := u.Query()
+			q.Set("sslmode", "require")
+			q.Del("sslrootcert")
+			u.RawQuery = q.Encode()
+			rep = store.CheckURL(ctx, u.String(), store.CheckOptions{AllowAsync: true})
+			wantFinding(t, rep, "tls", store.StatusWarn, []string{"server identity not verified"}, []string{"sslmode=verify-full", "sslrootcert"})
+
+			rep = store.CheckURL(ctx, withQuery(t, tg.DSN, "sslrootcert", otherCA), store.CheckOptions{})
+			wantFinding(t, rep, "tls", store.StatusFail, []string{"did not verify"}, []string{"sslrootcert", "database.tls.caSecret", "--database-ca-file"})
+			noPassword(t, rep, pgtest.AppPassword)
+		})
+	}
+}
+
+// A database whose clock is an hour ahead: decisions are still right
+// (they use the database clock), but CronJob controllers fire by the
+// nodes' clocks, so check warns with the offset and the round trip.
+func TestCheckURLWarnsOfASkewedDatabaseClock(t *testing.T) {
+	env, err := pgtest.FakeClockEnv(time.Hour)
+	if err != nil {
+		pgtest.Missing(t, err)
+	}
+	srv := pgtest.New(t, pgtest.Options{Name: "check-clock", PostgresEnv: env})
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			rep := store.CheckURL(context.Background(), tg.DSN, store.CheckOptions{AllowAsync: true})
+			f := wantFinding(t, rep, "clock", store.StatusWarn, []string{"ahead of this host's", "round trip"}, []string{"NTP", "chrony"})
+			if !strings.Contains(f.Detail, "1h0m") && !strings.Contains(f.Detail, "59m59") {
+				t.Errorf("the detail does not say the offset is an hour: %s", f.Detail)
+			}
+			noPassword(t, rep, pgtest.AppPassword)
+		})
+	}
+}
+
+// Plain text to an address off this host: warned, with the URL settings
+// that fix it. PostgreSQL here listens on loopback only, so the test
+// reaches it through a TCP forwarder on this host's non-loopback address,
+// which is also what a TCP proxy in front of PostgreSQL looks like: check
+// still sees each connection's own backend.
+func TestCheckURLWarnsOfPlainTextOffThisHost(t *testing.T) {
+	srv := pgtest.Need(t)
+	openStore(t, srv.DirectDSN(), 2)
+	ip := nonLoopbackIP(t)
+	direct, _ := url.Parse(srv.DirectDSN())
+	fwd := harness.Forward(t, net.JoinHostPort(ip.String(), "0"), direct.Host)
+	u := *direct
+	u.Host = fwd
+	rep := store.CheckURL(context.Background(), u.String(), store.CheckOptions{AllowAsync: true})
+	wantFinding(t, rep, "tls", store.StatusWarn, []string{"plain text to " + ip.String()}, []string{"sslmode=verify-full", "sslrootcert"})
+	wantFinding(t, rep, "pooling", store.StatusOK, []string{"directly to PostgreSQL or through a TCP proxy"}, nil)
+	noPassword(t, rep, pgtest.AppPassword)
+}
+
+// nonLoopbackIP is an IPv4 address of this host off loopback. A machine
+// without one cannot run the test, which then fails.
+func nonLoopbackIP(t *testing.T) net.IP {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+			return n.IP
+		}
+	}
+	t.Fatal("this host has no non-loopback IPv4 address to test plain text off the host with")
+	return nil
+}

@@ -1,0 +1,181 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// qOwnerPrivileges reads what the owner role needs: CREATE on the database
+// to create schema dislock (or, once it exists, owning it) to migrate, and
+// CREATEROLE (or superuser) to provision the tenants' login roles.
+const qOwnerPrivileges = `
+SELECT current_user::text, current_database()::text,
+       has_database_privilege(current_database(), 'CREATE'),
+       coalesce((SELECT pg_has_role(nspowner, 'USAGE') FROM pg_namespace WHERE nspname = 'dislock'), false),
+       coalesce((SELECT rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user), false)`
+
+// ownerPrivileges says whether the owner role can migrate and provision.
+func ownerPrivileges(ctx context.Context, conn *pgx.Conn) Finding {
+	var role, db string
+	var create, ownsSchema, createRole bool
+	if err := conn.QueryRow(ctx, qOwnerPrivileges).Scan(&role, &db, &create, &ownsSchema, &createRole); err != nil {
+		return Finding{Check: "privileges", Status: StatusFail, Detail: "cannot read the role's privileges: " + err.Error(),
+			Fix: "run dislock check again once the database answers"}
+	}
+	ident := sqlIdent(role)
+	var missing, fixes []string
+	if !create && !ownsSchema {
+		missing = append(missing, "CREATE on database "+db+" (to create schema dislock and migrate it)")
+		fixes = append(fixes, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", sqlIdent(db), ident))
+	}
+	if !createRole {
+		missing = append(missing, "CREATEROLE (to create and rotate each namespace's tenant role)")
+		fixes = append(fixes, "ALTER ROLE "+ident+" CREATEROLE")
+	}
+	if len(missing) > 0 {
+		return Finding{Check: "privileges", Status: StatusFail,
+			Detail: fmt.Sprintf("role %s lacks %s", role, strings.Join(missing, " and ")),
+			Fix:    "as a superuser (or the database's owner): " + strings.Join(fixes, "; ")}
+	}
+	how := "may create schema dislock"
+	if ownsSchema {
+		how = "owns schema dislock"
+	}
+	return Finding{Check: "privileges", Status: StatusOK,
+		Detail: fmt.Sprintf("role %s %s (migrate) and may create roles (provision tenants)", role, how)}
+}
+
+// sqlIdent quotes an identifier for a statement an operator copies, only
+// when it needs quotes.
+func sqlIdent(name string) string {
+	if plainIdent.MatchString(name) {
+		return name
+	}
+	return pgx.Identifier{name}.Sanitize()
+}
+
+var plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// probeKeyName is the name part of the key a tenant's privilege probe
+// claims in its own namespace.
+const probeKeyName = "dislock-check-probe"
+
+// tenantPrivileges runs what an agent runs, the claim of a window and the
+// grant of a lease, with the very statements the agent sends, on a probe
+// key of the role's namespace, inside a transaction it rolls back: the rows
+// are never committed. The statements draw fencing tokens (a sequence is
+// not transactional), which only leaves a gap in the counter, as any
+// claim that is refused does. BEGIN … ROLLBACK holds one server connection
+// through PgBouncer's transaction pooling too.
+func (s *Store) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace string) Finding {
+	key := namespace + "/" + probeKeyName
+	whose := "namespace " + namespace
+	if namespace == "" {
+		whose = "its namespace (the role cannot tell which: dislock.tenant_namespace() refused it)"
+	}
+	o := Owner{Cluster: "dislock-check", Namespace: namespace, Job: probeKeyName, JobUID: "probe", Pod: probeKeyName}
+	const ttl = time.Minute
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, qClaimWindow, key, time.Now().UTC().Truncate(time.Minute), NotIndexed,
+			o.WindowOwner(), o.Cluster, o.Pod, micros(ttl), o.JobPrefix(), false); err != nil {
+			return fmt.Errorf("claiming a window: %w", err)
+		}
+		if _, err := tx.Exec(ctx, qAcquireLease, key, o.LeaseOwner(), micros(ttl)); err != nil {
+			return fmt.Errorf("taking a lease: %w", err)
+		}
+		return errRollBack
+	})
+	if errors.Is(err, errRollBack) {
+		return Finding{Check: "privileges", Status: StatusOK,
+			Detail: fmt.Sprintf("the role claims windows and takes leases of namespace %s (tried on key %s in a transaction rolled back)", namespace, key)}
+	}
+	f := Finding{Check: "privileges", Status: StatusFail,
+		Detail: fmt.Sprintf("the role cannot do what an agent of %s does (tried on key %s in a transaction rolled back): %v", whose, key, err)}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
+		f.Fix = "run `dislock migrate` with the owner's URL, then dislock check again"
+		return f
+	}
+	missing, grants, lerr := tenantGrantsMissing(ctx, conn)
+	switch {
+	case lerr != nil:
+		f.Fix = "restore the grants migration 4 gives role " + TenantGroupRole + " (lockagent/store/migrations/0004_tenants.sql); cannot list which are missing: " + lerr.Error()
+	case len(missing) == 0:
+		f.Fix = "the role holds every grant an agent needs, so a row-level security policy refused it: check that dislock.tenants names this role for namespace " + namespace
+	default:
+		f.Detail += "; missing: " + strings.Join(missing, ", ")
+		f.Fix = "as the owner: " + strings.Join(grants, "; ")
+	}
+	return f
+}
+
+// errRollBack ends the probe's transaction with a rollback.
+var errRollBack = errors.New("rolled back")
+
+// qTenantGrants lists every privilege an agent's statements need, the
+// statement that grants it (as migration 4 does, to the tenants' group
+// role), and whether the session's role holds it. Membership in the group
+// role comes first: without it every other grant is missing at once.
+// Objects are found by OID in the catalogs: a name such as
+// 'dislock.windows' would need USAGE on the schema just to be looked up.
+var qTenantGrants = `
+SELECT what, fix, coalesce(held, false) FROM (VALUES
+  (0, 'membership in role ` + TenantGroupRole + `', 'GRANT ` + TenantGroupRole + ` TO ' || quote_ident(session_user),
+      pg_has_role(session_user, '` + TenantGroupRole + `', 'USAGE')),
+  (1, 'USAGE on schema dislock', 'GRANT USAGE ON SCHEMA dislock TO ` + TenantGroupRole + `',
+      has_schema_privilege(session_user, 'dislock', 'USAGE')),
+  (2, 'SELECT on dislock.windows', 'GRANT SELECT ON dislock.windows TO ` + TenantGroupRole + `',
+      has_table_privilege(session_user, ` + catalogRel("windows") + `, 'SELECT')),
+  (3, 'INSERT on dislock.windows', 'GRANT INSERT ON dislock.windows TO ` + TenantGroupRole + `',
+      has_table_privilege(session_user, ` + catalogRel("windows") + `, 'INSERT')),
+  (4, 'UPDATE on dislock.windows'' claim columns',
+      'GRANT UPDATE (owner, cluster, pod, token, state, claimed_at, alive_until, finished_at, exit_code) ON dislock.windows TO ` + TenantGroupRole + `',
+      (SELECT bool_and(has_column_privilege(session_user, ` + catalogRel("windows") + `, c, 'UPDATE'))
+       FROM unnest(ARRAY['owner', 'cluster', 'pod', 'token', 'state', 'claimed_at', 'alive_until', 'finished_at', 'exit_code']) c)),
+  (5, 'SELECT on dislock.leases', 'GRANT SELECT ON dislock.leases TO ` + TenantGroupRole + `',
+      has_table_privilege(session_user, ` + catalogRel("leases") + `, 'SELECT')),
+  (6, 'INSERT on dislock.leases', 'GRANT INSERT ON dislock.leases TO ` + TenantGroupRole + `',
+      has_table_privilege(session_user, ` + catalogRel("leases") + `, 'INSERT')),
+  (7, 'UPDATE on dislock.leases'' lease columns', 'GRANT UPDATE (owner, token, acquired_at, expire_at) ON dislock.leases TO ` + TenantGroupRole + `',
+      (SELECT bool_and(has_column_privilege(session_user, ` + catalogRel("leases") + `, c, 'UPDATE'))
+       FROM unnest(ARRAY['owner', 'token', 'acquired_at', 'expire_at']) c)),
+  (8, 'EXECUTE on dislock.next_token(), dislock.tenant_namespace() and dislock.token_high_water()',
+      'GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO ` + TenantGroupRole + `',
+      (SELECT bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
+       WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water')))
+) AS p(n, what, fix, held)
+ORDER BY n`
+
+// catalogRel is the OID of table dislock.<name>, looked up without a
+// privilege on the schema.
+func catalogRel(name string) string {
+	return `(SELECT c.oid FROM pg_class c WHERE c.relnamespace = 'dislock'::regnamespace AND c.relname = '` + name + `')`
+}
+
+// tenantGrantsMissing names the privileges the session's role lacks and the
+// grants that restore them.
+func tenantGrantsMissing(ctx context.Context, conn *pgx.Conn) (missing, grants []string, err error) {
+	rows, err := conn.Query(ctx, qTenantGrants)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var what, fix string
+		var held bool
+		if err := rows.Scan(&what, &fix, &held); err != nil {
+			return nil, nil, err
+		}
+		if !held {
+			missing, grants = append(missing, what), append(grants, fix)
+		}
+	}
+	return missing, grants, rows.Err()
+}

@@ -1,0 +1,441 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+// Every token carries the epoch (the WAL timeline) in its high bits, so a
+// failover, which always starts a higher timeline, can never hand out a
+// smaller token than one already used downstream (test/hapg shows the
+// failover itself).
+func TestTokensCarryTheTimeline(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 2)
+		key := uniqueKey(t)
+		var last int64
+		for i := range 5 {
+			c := mustClaim(t, s, key, windowAt(i), owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
+			if epoch, _ := store.TokenEpoch(c.Window.Token); epoch != 1 {
+				t.Fatalf("token %d is in epoch %d, want 1 (the timeline of a fresh cluster)", c.Window.Token, epoch)
+			}
+			if c.Window.Token <= last {
+				t.Fatalf("token %d after %d", c.Window.Token, last)
+			}
+			last = c.Window.Token
+		}
+		g, err := s.AcquireLease(context.Background(), key, owner("dc-a", "job", "pod"), ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Lease.Token <= last {
+			t.Fatalf("lease token %d after window token %d", g.Lease.Token, last)
+		}
+	})
+}
+
+// A single PostgreSQL has nobody to fail over to: dislock check says so and
+// names the setting and the fix, and passes once the operator explicitly
+// accepts it.
+func TestCheckRefusesAnUnreplicatedDatabase(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 2)
+		fs, err := s.CheckDatabase(context.Background(), store.CheckOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := byCheck(fs)
+		if f := got["replication"]; f.Status != store.StatusFail || !strings.Contains(f.Detail, "synchronous_standby_names") || !strings.Contains(f.Fix, "synchronous_mode: true") {
+			t.Errorf("replication finding: %+v", f)
+		}
+		for _, c := range []string{"primary", "synchronous_commit", "schema", "tokens"} {
+			if got[c].Status != store.StatusOK {
+				t.Errorf("%s: %+v, want ok", c, got[c])
+			}
+		}
+		if !store.Failed(fs) {
+			t.Error("Failed(findings) = false for an unreplicated database")
+		}
+		fs, err = s.CheckDatabase(context.Background(), store.CheckOptions{AllowAsync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := byCheck(fs)["replication"]; f.Status != store.StatusAccepted || store.Failed(fs) {
+			t.Errorf("with AllowAsync: %+v", fs)
+		}
+	})
+}
+
+func byCheck(fs []store.Finding) map[string]store.Finding {
+	m := map[string]store.Finding{}
+	for _, f := range fs {
+		m[f.Check] = f
+	}
+	return m
+}
+
+// A row holds a token above every token the epoch can give (an
+// asynchronous failover lost the record of the epoch): check finds it,
+// names the row and prints the command that fixes it; after it, tokens
+// grow again.
+func TestCheckFindsTokensThatWouldGoBack(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "epoch"})
+	ctx := context.Background()
+	s := openStore(t, srv.DirectDSN(), 2)
+	key := uniqueKey(t)
+	c := mustClaim(t, s, key, windowAt(0), owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
+	su := superuser(t, srv)
+	restored := int64(5)<<40 + 77 // a token handed out on timeline 5 of the old cluster
+	if _, err := su.Exec(ctx, `UPDATE dislock.windows SET token = $1 WHERE lock_key = $2`, restored, key); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := byCheck(fs)["tokens"]
+	// The detail names the row, so that the operator checks it first.
+	if f.Status != store.StatusFail || !strings.Contains(f.Detail, "epoch 5") || !strings.Contains(f.Detail, "window "+key+" at ") ||
+		f.Fix != fmt.Sprintf("dislock tokens --token-floor %d", restored) {
+		t.Fatalf("tokens finding: %+v (first token %d)", f, c.Window.Token)
+	}
+	// What the printed command runs.
+	if st, err := s.KeepTokens(ctx, restored, false); err != nil || st.Moved == "" || st.Epoch <= 5 {
+		t.Fatalf("the printed fix: %+v %v", st, err)
+	}
+	if fs, _ := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true}); store.Failed(fs) {
+		t.Fatalf("after the fix: %+v", fs)
+	}
+	next := mustClaim(t, s, key, windowAt(1), owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
+	if next.Window.Token <= restored {
+		t.Fatalf("token %d after the fix, not above the restored %d", next.Window.Token, restored)
+	}
+}
+
+func superuser(t *testing.T, srv *pgtest.Server) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), srv.SuperuserDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// With synchronous replication, a commit waits for the standby. Whoever cuts
+// that wait short (pg_cancel_backend here; a pooler's query_timeout or a
+// client's cancel request alike) leaves the row committed and visible on
+// the primary but possibly lost by a failover. The store must report such a
+// claim or lease as uncertain — never as won — so the agent tries again
+// instead of running. And its own call timeout must not cut the wait: the
+// row then stays invisible until the standby confirms it.
+func TestACommitTheStandbyNeverConfirmedIsNotAWin(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "syncwait"})
+	ctx := context.Background()
+	openStore(t, srv.DirectDSN(), 1) // migrate while commits still return
+	// A standby that never connects. A restart, not a reload, so that every
+	// process (the checkpointer tells backends whether to wait) has it.
+	if _, err := superuser(t, srv).Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'standby_in_dc_b'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.StopPostgres("fast"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.StartPostgres(); err != nil {
+		t.Fatal(err)
+	}
+	su := superuser(t, srv)
+	// The test's own writes must not wait for the missing standby.
+	if _, err := su.Exec(ctx, `SET synchronous_commit = local`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			s, err := store.Open(ctx, tg.DSN, store.Options{MaxConns: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			awaitReachable(t, s) // PgBouncer drops its connections from before the restart
+			key := uniqueKey(t)
+
+			// The agent's own timeout: the commit keeps waiting, unseen.
+			short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			_, err = s.ClaimWindow(short, store.ClaimRequest{Key: key, Window: windowAt(0), Index: store.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+			cancel()
+			if !errors.Is(err, store.ErrUnavailable) {
+				t.Fatalf("claim whose commit waits for the standby: %v, want ErrUnavailable", err)
+			}
+			t.Logf("claim whose commit waits for the standby: %v", err)
+			awaitSyncRepWaiters(t, su, 1)
+			var visible int
+			if err := su.QueryRow(ctx, `SELECT count(*) FROM dislock.windows WHERE lock_key = $1`, key).Scan(&visible); err != nil || visible != 0 {
+				t.Fatalf("claim visible to other sessions while its commit waits: %d rows (%v)", visible, err)
+			}
+			cancelWaiters(t, su)
+
+			// Someone else cuts the wait short (an operator, a pooler's
+			// query_timeout): committed locally, uncertain.
+			req := store.ClaimRequest{Key: key, Window: windowAt(1), Index: store.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl}
+			claimErr := make(chan error, 1)
+			go func() {
+				_, err := s.ClaimWindow(ctx, req)
+				claimErr <- err
+			}()
+			cancelWaiters(t, su)
+			if err := <-claimErr; !errors.Is(err, store.ErrUncertainCommit) || !errors.Is(err, store.ErrUnavailable) {
+				t.Fatalf("claim whose synchronous wait was cancelled: %v, want ErrUncertainCommit (retryable)", err)
+			}
+			if err := su.QueryRow(ctx, `SELECT count(*) FROM dislock.windows WHERE lock_key = $1 AND window_start = $2`, key, windowAt(1)).Scan(&visible); err != nil || visible != 1 {
+				t.Fatalf("the cancelled commit is not visible locally (%d rows, %v): the hazard this guards against did not happen", visible, err)
+			}
+			go func() {
+				_, err := s.AcquireLease(ctx, key, owner("dc-a", "job", "pod"), ttl)
+				claimErr <- err
+			}()
+			cancelWaiters(t, su)
+			if err := <-claimErr; !errors.Is(err, store.ErrUncertainCommit) {
+				t.Fatalf("lease whose synchronous wait was cancelled: %v, want ErrUncertainCommit", err)
+			}
+
+			// A role default that skips the wait altogether is no better.
+			withRoleSetting(t, srv, su, tg.DSN, "synchronous_commit", "local", func(s *store.Store) {
+				_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: windowAt(2), Index: store.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+				if !errors.Is(err, store.ErrUncertainCommit) || !strings.Contains(err.Error(), "synchronous_commit = local") {
+					t.Fatalf("claim under synchronous_commit = local with a synchronous standby configured: %v, want ErrUncertainCommit naming the setting", err)
+				}
+			})
+		})
+	}
+}
+
+// cancelWaiters waits for a backend waiting for the synchronous standby and
+// cancels its wait (pg_cancel_backend, as an operator or a pooler would).
+func cancelWaiters(t *testing.T, su *pgx.Conn) {
+	t.Helper()
+	awaitSyncRepWaiters(t, su, 1)
+	if _, err := su.Exec(context.Background(), `SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`); err != nil {
+		t.Fatal(err)
+	}
+	awaitSyncRepWaiters(t, su, 0)
+}
+
+// awaitSyncRepWaiters waits until n backends wait for the synchronous standby.
+func awaitSyncRepWaiters(t *testing.T, su *pgx.Conn, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var got int
+		if err := su.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d backends wait for the synchronous standby, want %d", got, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// withRoleSetting runs fn with a fresh Store through dsn while the
+// application role has a default setting (ALTER ROLE … SET), then resets it.
+// Server connections from before are closed, so that PgBouncer's new ones
+// pick the default up.
+func withRoleSetting(t *testing.T, srv *pgtest.Server, su *pgx.Conn, dsn, name, value string, fn func(s *store.Store)) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := pgx.Identifier{cfg.User}.Sanitize()
+	reconnect := func() {
+		if _, err := su.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1 AND pid <> pg_backend_pid()`, cfg.User); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := su.Exec(ctx, `ALTER ROLE `+role+` SET `+name+` = '`+value+`'`); err != nil {
+		t.Fatal(err)
+	}
+	reconnect()
+	defer func() {
+		if _, err := su.Exec(ctx, `ALTER ROLE `+role+` RESET `+name); err != nil {
+			t.Fatal(err)
+		}
+		reconnect()
+	}()
+	s, err := store.Open(ctx, dsn, store.Options{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	awaitReachable(t, s) // PgBouncer notices its closed server connections on first use
+	fn(s)
+}
+
+// A role default that hides warnings makes every write uncertain (the agent
+// retries and fails closed, with the reason); a harmless warning during a
+// write is not mistaken for a cut-short wait; and dislock check names the
+// setting, and a read-only database, and a standby quorum that is not met.
+func TestWeakenedCommitsAreNeverWins(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "guard"})
+	ctx := context.Background()
+	openStore(t, srv.DirectDSN(), 2) // migrated
+	su := superuser(t, srv)
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			key := uniqueKey(t)
+			withRoleSetting(t, srv, su, tg.DSN, "client_min_messages", "error", func(s *store.Store) {
+				_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: windowAt(0), Index: store.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+				if !errors.Is(err, store.ErrUncertainCommit) || !strings.Contains(err.Error(), "client_min_messages = error") {
+					t.Fatalf("claim under client_min_messages = error: %v, want ErrUncertainCommit naming the setting", err)
+				}
+				fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if f := byCheck(fs)["role settings"]; f.Status != store.StatusFail || !strings.Contains(f.Detail, "client_min_messages=error for dislock") {
+					t.Fatalf("check under a role's client_min_messages = error: %+v", fs)
+				}
+			})
+		})
+	}
+
+	if _, err := su.Exec(ctx, `CREATE FUNCTION dislock.warn() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE WARNING 'a warning about something else'; RETURN NEW; END $$;
+CREATE TRIGGER warn BEFORE INSERT ON dislock.windows FOR EACH ROW EXECUTE FUNCTION dislock.warn()`); err != nil {
+		t.Fatal(err)
+	}
+	// Under lc_messages = C the server's messages are surely English, and a
+	// harmless warning is told apart from a cut-short wait; under any other
+	// value (C.UTF-8 follows the server's LANGUAGE) every warning counts.
+	for _, tc := range []struct {
+		lcMessages string
+		uncertain  bool
+	}{{"C", false}, {"C.UTF-8", true}} {
+		withRoleSetting(t, srv, su, srv.DirectDSN(), "lc_messages", tc.lcMessages, func(s *store.Store) {
+			c, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: uniqueKey(t), Window: windowAt(0), Index: store.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+			if got := errors.Is(err, store.ErrUncertainCommit); got != tc.uncertain || (!tc.uncertain && (err != nil || c.Outcome != store.Claimed)) {
+				t.Fatalf("lc_messages = %s, a claim that drew a harmless warning: %+v %v; want uncertain: %v", tc.lcMessages, c.Outcome, err, tc.uncertain)
+			}
+		})
+	}
+	if _, err := su.Exec(ctx, `DROP TRIGGER warn ON dislock.windows`); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		set, reset, check, want string
+		async                   bool
+	}{
+		{`ALTER SYSTEM SET synchronous_commit = off`, `ALTER SYSTEM RESET synchronous_commit`, "synchronous_commit", "before it is on disk", true},
+		{`ALTER SYSTEM SET synchronous_standby_names = 'FIRST 2 (b, c)'`, `ALTER SYSTEM RESET synchronous_standby_names`, "replication", "waits for 2 standby(s) but 0 stream", true},
+		{`ALTER SYSTEM SET synchronous_standby_names = '2 (b, c)'`, `ALTER SYSTEM RESET synchronous_standby_names`, "replication", "waits for 2 standby(s) but 0 stream", true},
+		{`ALTER ROLE dislock SET synchronous_commit = false`, `ALTER ROLE dislock RESET synchronous_commit`, "role settings", "synchronous_commit=false for dislock", true},
+		{`ALTER DATABASE dislock SET default_transaction_read_only = on`, `ALTER DATABASE dislock RESET default_transaction_read_only`, "primary", "read-only", false},
+	} {
+		for _, q := range []string{tc.set, `SELECT pg_reload_conf()`} {
+			if _, err := su.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A fresh session sees the new settings once the server reloaded.
+		var f store.Finding
+		awaitCond(t, tc.check+" to fail", func() bool {
+			fresh, err := store.Open(ctx, srv.DirectDSN(), store.Options{MaxConns: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fresh.Close()
+			fs, err := fresh.CheckDatabase(ctx, store.CheckOptions{AllowAsync: tc.async})
+			f = byCheck(fs)[tc.check]
+			return err == nil && f.Status == store.StatusFail
+		})
+		if !strings.Contains(f.Detail, tc.want) || f.Fix == "" {
+			t.Errorf("%s: %+v", tc.set, f)
+		}
+		for _, q := range []string{tc.reset, `SELECT pg_reload_conf()`} {
+			if _, err := su.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+	}
+}
+
+func awaitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The timeline goes back when the database is upgraded with pg_upgrade or
+// restored into another cluster: tokens must not. No token is drawn until
+// the owner confirms the epoch; it then continues above the highest it
+// ever used. Each case puts token_epoch in the state it would be in and
+// records a token of the old epoch.
+func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "rebase"})
+	ctx := context.Background()
+	s := openStore(t, srv.DirectDSN(), 2)
+	su := superuser(t, srv)
+	for _, tc := range []struct {
+		name  string
+		state string // how token_epoch looks when the cluster (timeline 1) starts
+		old   int64  // the epoch of the highest token handed out before
+		want  int64
+	}{
+		{"pg_upgrade of a cluster that had failed over twice", "system_id = 42, base_epoch = 3, base_timeline = 3, last_epoch = 3", 3, 3 + 16},
+		{"a restore into a new cluster on the same timeline", "system_id = 42, base_epoch = 1, base_timeline = 1, last_epoch = 1", 1, 1 + 16},
+		{"a dump of a cluster at timeline 3 loaded into this one", "base_epoch = 1, base_timeline = 1, last_epoch = 3", 3, 3 + 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := uniqueKey(t)
+			if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET `+tc.state); err != nil {
+				t.Fatal(err)
+			}
+			before := tc.old<<40 + 1_000_000
+			if _, err := su.Exec(ctx, `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES ($1, 'old', $2, now(), now())`, key, before); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := claim(t, s, key, windowAt(0), owner("dc-a", "job", "pod"), false, ttl); !errors.Is(err, store.ErrTokensHeld) {
+				t.Fatalf("a claim before the owner confirmed the epoch: %v, want %v", err, store.ErrTokensHeld)
+			}
+			if fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true}); err != nil || byCheck(fs)["tokens"].Status != store.StatusFail {
+				t.Fatalf("check while tokens are held: %+v %v", fs, err)
+			}
+			if st, err := s.KeepTokens(ctx, 0, false); err != nil || st.Moved == "" || st.Epoch != tc.want {
+				t.Fatalf("confirming the epoch: %+v %v, want epoch %d", st, err, tc.want)
+			}
+			for i := range 3 {
+				c := mustClaim(t, s, key, windowAt(i), owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
+				if epoch, _ := store.TokenEpoch(c.Window.Token); c.Window.Token <= before || epoch != tc.want {
+					t.Fatalf("token %d (epoch %d): want epoch %d, above %d", c.Window.Token, epoch, tc.want, before)
+				}
+			}
+			if fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true}); err != nil || byCheck(fs)["tokens"].Status != store.StatusOK {
+				t.Fatalf("check after the rebase: %+v %v", fs, err)
+			}
+			// Reset for the next case: this cluster, epoch = timeline.
+			if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET system_id = (SELECT system_identifier FROM pg_control_system()),
+				counter_oid = 'dislock.token_counter'::regclass::oid, base_epoch = 1, base_timeline = 1, last_epoch = 1; DELETE FROM dislock.leases; DELETE FROM dislock.windows`); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

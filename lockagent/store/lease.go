@@ -1,0 +1,136 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Lease is one row of dislock.leases; times are database times in UTC.
+type Lease struct {
+	Key        string    `json:"key"`
+	Owner      string    `json:"owner"`
+	Token      int64     `json:"token"`
+	AcquiredAt time.Time `json:"acquiredAt"`
+	ExpireAt   time.Time `json:"expireAt"`
+}
+
+// LeaseGrant is the result of AcquireLease. On ErrLeaseHeld, Lease is the
+// holder's row.
+type LeaseGrant struct {
+	Lease Lease
+	// Reentered: the caller already held it (a restarted sidecar of the same
+	// pod); the token is unchanged.
+	Reentered bool
+	// DBTime is now() of the statement that decided.
+	DBTime time.Time
+}
+
+// AcquireLease takes a free or expired lease, or re-enters the caller's own.
+// A live lease of another owner is ErrLeaseHeld with the holder's row.
+func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl time.Duration) (LeaseGrant, error) {
+	if err := owner.Validate(); err != nil {
+		return LeaseGrant{}, fmt.Errorf("acquiring lease %s: %w", key, err)
+	}
+	if key == "" || ttl <= 0 {
+		return LeaseGrant{}, fmt.Errorf("acquiring lease %q: need a key and a positive ttl (got %s)", key, ttl)
+	}
+	for attempt := 0; attempt < 3; attempt++ {
+		var g LeaseGrant
+		var inserted bool
+		err := s.writeRow(ctx, func(row pgx.Row) error { return scanLease(row, &g.Lease, &inserted, &g.DBTime) },
+			qAcquireLease, key, owner.LeaseOwner(), micros(ttl))
+		switch {
+		case err == nil:
+			g.Reentered = !inserted && !g.Lease.AcquiredAt.Equal(g.DBTime)
+			return g, nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return LeaseGrant{}, s.classify("acquiring lease "+key, err)
+		}
+		err = scanLease(s.pool.QueryRow(ctx, qGetLease, key), &g.Lease, &g.DBTime)
+		switch {
+		case err == nil:
+			return g, fmt.Errorf("lease %s: %w: %s until %s", key, ErrLeaseHeld, g.Lease.Owner, g.Lease.ExpireAt.Format(time.RFC3339))
+		case !errors.Is(err, pgx.ErrNoRows):
+			return LeaseGrant{}, s.classify("reading holder of lease "+key, err)
+		}
+	}
+	return LeaseGrant{}, fmt.Errorf("acquiring lease %s: the row kept disappearing", key)
+}
+
+// RenewLease extends the caller's lease while it is still live at database
+// time. ErrLeaseLost once it expired or was taken over: the caller must stop.
+func (s *Store) RenewLease(ctx context.Context, key string, token int64, ttl time.Duration) (expireAt, dbTime time.Time, err error) {
+	err = s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&expireAt, &dbTime) },
+		qRenewLease, key, token, micros(ttl))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, time.Time{}, fmt.Errorf("renewing lease %s token %d: %w", key, token, ErrLeaseLost)
+	}
+	if err != nil {
+		return time.Time{}, time.Time{}, s.classify("renewing lease "+key, err)
+	}
+	return expireAt.UTC(), dbTime.UTC(), nil
+}
+
+// ReleaseLease gives the caller's lease up: it expires at once. It reports
+// false when there was nothing of the caller's to release (it had expired,
+// and perhaps someone else took it).
+func (s *Store) ReleaseLease(ctx context.Context, key string, token int64) (bool, error) {
+	tag, err := s.pool.Exec(ctx, qReleaseLease, key, token)
+	if err != nil {
+		return false, s.classify("releasing lease "+key, err)
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+// ForceReleaseLease expires the lease of key whoever holds it: an operator's
+// tool for a holder known to be gone. ErrNotFound when no live lease exists.
+func (s *Store) ForceReleaseLease(ctx context.Context, key string) error {
+	tag, err := s.pool.Exec(ctx, qForceReleaseLease, key)
+	if err != nil {
+		return s.classify("releasing lease "+key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("lease %s: %w", key, ErrNotFound)
+	}
+	return nil
+}
+
+// GetLease reads the lease of key (live or expired); ErrNotFound when none.
+func (s *Store) GetLease(ctx context.Context, key string) (Lease, time.Time, error) {
+	var l Lease
+	var dbTime time.Time
+	err := scanLease(s.pool.QueryRow(ctx, qGetLease, key), &l, &dbTime)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Lease{}, time.Time{}, fmt.Errorf("lease %s: %w", key, ErrNotFound)
+	}
+	if err != nil {
+		return Lease{}, time.Time{}, s.classify("reading lease "+key, err)
+	}
+	return l, dbTime, nil
+}
+
+// ListLeases returns every lease row (expired ones too) and the database time.
+func (s *Store) ListLeases(ctx context.Context) ([]Lease, time.Time, error) {
+	return list(ctx, s, "listing leases", scanLease, qListLeases)
+}
+
+// scanLease reads a row of leaseColumns and then extra; a row holding a
+// time no time.Time can hold is an *unreadableRow.
+func scanLease(row pgx.Row, l *Lease, extra ...any) error {
+	var problems []string
+	dest := append([]any{&l.Key, &l.Owner, &l.Token,
+		&finiteTime{column: "acquired_at", t: &l.AcquiredAt, problems: &problems},
+		&finiteTime{column: "expire_at", t: &l.ExpireAt, problems: &problems}}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return err
+	}
+	utc(extra)
+	if len(problems) > 0 {
+		return &unreadableRow{table: "leases", key: l.Key, problems: problems}
+	}
+	return nil
+}

@@ -1,0 +1,166 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/store"
+)
+
+func TestLeaseHasOneHolderAndTheSamePodReenters(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 4)
+		ctx := context.Background()
+		key := uniqueKey(t)
+		a := owner("dc-a", "job-a", "pod-a")
+
+		g, err := s.AcquireLease(ctx, key, a, ttl)
+		if err != nil || g.Reentered {
+			t.Fatalf("acquire: %+v, %v", g, err)
+		}
+		if got := g.Lease.ExpireAt.Sub(g.Lease.AcquiredAt); got != ttl {
+			t.Fatalf("expire_at - acquired_at = %s, want %s", got, ttl)
+		}
+		// A restarted sidecar of the same pod re-enters and keeps its token.
+		again, err := s.AcquireLease(ctx, key, a, ttl)
+		if err != nil || !again.Reentered || again.Lease.Token != g.Lease.Token {
+			t.Fatalf("re-entry: %+v, %v (first token %d)", again, err, g.Lease.Token)
+		}
+		// Another Job is refused and told who holds it.
+		held, err := s.AcquireLease(ctx, key, owner("dc-b", "job-b", "pod-b"), ttl)
+		if !errors.Is(err, store.ErrLeaseHeld) || held.Lease.Owner != a.LeaseOwner() {
+			t.Fatalf("other job: %+v, %v", held, err)
+		}
+		// A retry pod of the same Job is refused too, and can tell it must wait.
+		retry := a
+		retry.Pod = "pod-a-2"
+		held, err = s.AcquireLease(ctx, key, retry, ttl)
+		if !errors.Is(err, store.ErrLeaseHeld) || !retry.SameJob(held.Lease.Owner) {
+			t.Fatalf("retry pod: %+v, %v", held, err)
+		}
+		if (owner("dc-b", "job-a", "pod-a")).SameJob(held.Lease.Owner) {
+			t.Fatal("a Job of the same name in another cluster counted as the same Job")
+		}
+		// Released: the next holder gets a larger token.
+		if ok, err := s.ReleaseLease(ctx, key, g.Lease.Token); err != nil || !ok {
+			t.Fatalf("release: %v %v", ok, err)
+		}
+		next, err := s.AcquireLease(ctx, key, retry, ttl)
+		if err != nil || next.Lease.Token <= g.Lease.Token {
+			t.Fatalf("after release: %+v, %v", next, err)
+		}
+	})
+}
+
+func TestRenewFailsAfterExpiryOrTakeover(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 4)
+		ctx := context.Background()
+		a, b := owner("dc-a", "job-a", "pod-a"), owner("dc-b", "job-b", "pod-b")
+		short := 300 * time.Millisecond
+
+		t.Run("renewal extends a live lease", func(t *testing.T) {
+			key := uniqueKey(t)
+			g, err := s.AcquireLease(ctx, key, a, short)
+			if err != nil {
+				t.Fatal(err)
+			}
+			exp, dbNow, err := s.RenewLease(ctx, key, g.Lease.Token, ttl)
+			if err != nil || exp.Sub(dbNow) != ttl {
+				t.Fatalf("renew: expire %s at %s, %v", exp, dbNow, err)
+			}
+		})
+
+		t.Run("expired, nobody else came: renew still fails", func(t *testing.T) {
+			key := uniqueKey(t)
+			g, err := s.AcquireLease(ctx, key, a, short)
+			if err != nil {
+				t.Fatal(err)
+			}
+			awaitDBPast(t, s, g.Lease.ExpireAt)
+			if _, _, err := s.RenewLease(ctx, key, g.Lease.Token, ttl); !errors.Is(err, store.ErrLeaseLost) {
+				t.Fatalf("renew after expiry: %v, want ErrLeaseLost", err)
+			}
+		})
+
+		t.Run("expired and taken over: renew and release fail, token moves on", func(t *testing.T) {
+			key := uniqueKey(t)
+			g, err := s.AcquireLease(ctx, key, a, short)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.AcquireLease(ctx, key, b, ttl); !errors.Is(err, store.ErrLeaseHeld) {
+				t.Fatalf("before expiry: %v, want ErrLeaseHeld", err)
+			}
+			awaitDBPast(t, s, g.Lease.ExpireAt)
+			took, err := s.AcquireLease(ctx, key, b, ttl)
+			if err != nil || took.Reentered || took.Lease.Token <= g.Lease.Token {
+				t.Fatalf("takeover: %+v, %v", took, err)
+			}
+			if _, _, err := s.RenewLease(ctx, key, g.Lease.Token, ttl); !errors.Is(err, store.ErrLeaseLost) {
+				t.Fatalf("old holder's renew: %v, want ErrLeaseLost", err)
+			}
+			if ok, err := s.ReleaseLease(ctx, key, g.Lease.Token); err != nil || ok {
+				t.Fatalf("old holder's release: released=%v err=%v; it must not remove the new holder's lease", ok, err)
+			}
+			if l, _, err := s.GetLease(ctx, key); err != nil || l.Owner != b.LeaseOwner() {
+				t.Fatalf("lease after stale release: %+v %v", l, err)
+			}
+		})
+	})
+}
+
+// Three clusters × eight pods keep taking one lease; at no moment do two of
+// them believe they hold it.
+func TestContendedLeaseNeverHasTwoLiveHolders(t *testing.T) {
+	const clusters, pods, acquisitions = 3, 8, 60
+	eachTarget(t, func(t *testing.T, dsn string) {
+		key := uniqueKey(t)
+		var holders, granted atomic.Int64
+		var lastToken atomic.Int64
+		var wg sync.WaitGroup
+		for c := range clusters {
+			s := openStore(t, dsn, pods)
+			for p := range pods {
+				o := owner(fmt.Sprintf("dc-%d", c), fmt.Sprintf("job-%d", p), "pod")
+				wg.Go(func() {
+					ctx := context.Background()
+					for granted.Load() < acquisitions {
+						g, err := s.AcquireLease(ctx, key, o, ttl)
+						if errors.Is(err, store.ErrLeaseHeld) {
+							time.Sleep(5 * time.Millisecond) // a waiting pod polls; it does not spin
+							continue
+						}
+						if err != nil {
+							t.Errorf("acquire: %v", err)
+							return
+						}
+						if n := holders.Add(1); n != 1 {
+							t.Errorf("%d holders at once", n)
+						}
+						if prev := lastToken.Swap(g.Lease.Token); g.Lease.Token <= prev {
+							t.Errorf("token %d granted after %d", g.Lease.Token, prev)
+						}
+						granted.Add(1)
+						if _, _, err := s.RenewLease(ctx, key, g.Lease.Token, ttl); err != nil {
+							t.Errorf("renew: %v", err)
+						}
+						holders.Add(-1)
+						if ok, err := s.ReleaseLease(ctx, key, g.Lease.Token); err != nil || !ok {
+							t.Errorf("release: %v %v", ok, err)
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		if granted.Load() < acquisitions {
+			t.Fatalf("only %d acquisitions", granted.Load())
+		}
+	})
+}

@@ -1,0 +1,280 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+// oldMigrationLockID is the advisory lock every release before the table
+// lock took, without bound, to serialise its migrations ("dislock" in
+// ASCII). It is public, and any role may take any advisory lock.
+const oldMigrationLockID int64 = 0x646973_6c6f636b
+
+// qAdvisoryHolders lists the sessions holding oldMigrationLockID.
+const qAdvisoryHolders = `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+  AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+
+// awaitAdvisoryHolder waits until a session holds oldMigrationLockID and
+// returns its pid.
+func awaitAdvisoryHolder(t *testing.T, c *pgx.Conn) int32 {
+	t.Helper()
+	var pid int32
+	awaitCond(t, "a session holding the migration's advisory lock", func() bool {
+		return c.QueryRow(context.Background(), qAdvisoryHolders, oldMigrationLockID).Scan(&pid) == nil
+	})
+	return pid
+}
+
+// unapplyLast deletes the newest migration's record, so that Migrate
+// applies it again (migrations are idempotent).
+func unapplyLast(t *testing.T, c *pgx.Conn) {
+	t.Helper()
+	if _, err := c.Exec(context.Background(), `DELETE FROM dislock.schema_migrations WHERE version = $1`, store.SchemaVersion()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newestMigration reads the newest migration's file name and SQL.
+func newestMigration(t *testing.T) (name, body string) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("migrations", fmt.Sprintf("%04d_*.sql", store.SchemaVersion())))
+	if err != nil || len(files) != 1 {
+		t.Fatalf("the newest migration's file: %v, %v", files, err)
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Base(files[0]), string(b)
+}
+
+type migrated struct {
+	applied []int
+	err     error
+	took    time.Duration
+}
+
+// migrateIn runs Migrate with a fresh Store in the background, cut by the
+// client after limit (a migrator that never returns fails the test
+// instead of hanging it).
+func migrateIn(t *testing.T, dsn string, opts store.Options, limit time.Duration) <-chan migrated {
+	t.Helper()
+	s, err := store.Open(context.Background(), dsn, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	done := make(chan migrated, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), limit)
+		defer cancel()
+		start := time.Now()
+		applied, err := s.Migrate(ctx)
+		done <- migrated{applied, err, time.Since(start)}
+	}()
+	return done
+}
+
+// A schema at this build's version needs no lock at all: every replica
+// that starts, in every cluster, reads schema_migrations and is done. While
+// another session holds both the table lock migrators serialise on and the
+// advisory lock older releases took, Migrate still answers at once.
+func TestMigrateOnACurrentSchemaTakesNoLock(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		openStore(t, dsn, 2)
+		tx, err := rawConn(t, pgtest.Need(t).DirectDSN()).Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // ends the holder's transaction
+		if _, err := tx.Exec(ctx, `LOCK TABLE dislock.schema_migrations IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, oldMigrationLockID); err != nil {
+			t.Fatal(err)
+		}
+		r := <-migrateIn(t, dsn, store.Options{MaxConns: 1}, 20*time.Second)
+		if r.err != nil || r.applied != nil || r.took >= store.DefaultMigrationLockTimeout {
+			t.Fatalf("Migrate on a current schema while another session holds the migration locks: applied %v, %v after %s; want nothing, at once",
+				r.applied, r.err, r.took)
+		}
+	})
+}
+
+// A tenant takes the advisory lock every earlier release migrated under,
+// for its session: through PgBouncer the lock stays with the server
+// connection, past any idle timeout. Earlier, every replica that started
+// (and `dislock migrate`) waited for it for ever, in every cluster. Now a
+// current schema takes no lock, and a pending migration is serialised by a
+// lock no tenant may take: the tenant's advisory lock keeps no migrator
+// waiting, since no migrator can hold it meanwhile.
+func TestMigrateIsNotStalledByATenantsAdvisoryLock(t *testing.T) {
+	t.Parallel() // a server of its own: it re-applies a migration
+	srv := pgtest.New(t, pgtest.Options{Name: "migrate-tenant"})
+	ctx := context.Background()
+	own := openStore(t, srv.DirectDSN(), 2)
+	su := superuser(t, srv)
+	cred := provision(t, own, namespace(t, "advisory"))
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			tenant := rawConn(t, mustTenantDSN(t, tg.DSN, cred))
+			if _, err := tenant.Exec(ctx, `SELECT pg_advisory_lock($1::bigint)`, oldMigrationLockID); err != nil {
+				t.Fatal(err)
+			}
+			pid := awaitAdvisoryHolder(t, su)
+			t.Cleanup(func() {
+				if _, err := su.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+					t.Error(err)
+				}
+			})
+
+			t.Run("a replica starting against a current schema is ready at once", func(t *testing.T) {
+				r := <-migrateIn(t, tg.DSN, store.Options{MaxConns: 1}, 20*time.Second)
+				if r.err != nil || r.applied != nil || r.took >= store.DefaultMigrationLockTimeout {
+					t.Fatalf("applied %v, %v after %s; want nothing, at once", r.applied, r.err, r.took)
+				}
+			})
+			t.Run("a pending migration is applied", func(t *testing.T) {
+				unapplyLast(t, su)
+				r := <-migrateIn(t, tg.DSN, store.Options{MaxConns: 1}, 30*time.Second)
+				if r.err != nil || !slices.Equal(r.applied, []int{store.SchemaVersion()}) {
+					t.Fatalf("applied %v, %v after %s; want [%d]", r.applied, r.err, r.took, store.SchemaVersion())
+				}
+			})
+			if held := awaitAdvisoryHolder(t, su); held != pid {
+				t.Fatalf("the advisory lock moved from pid %d to %d", pid, held)
+			}
+		})
+	}
+}
+
+// Migrators of every release serialise: this one on a table lock no tenant
+// may take, and with a release before it, which takes the advisory lock
+// (without bound), by taking that lock too, but only if it is free at once.
+// Concurrent migrators of a fresh database apply each migration once; a
+// migrator of an older release that holds the advisory lock is waited for,
+// and what it applied is not applied again; and a migrator that gives up
+// names the session in its way.
+func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
+	t.Parallel() // a server of its own: it drops the schema
+	srv := pgtest.New(t, pgtest.Options{Name: "migrate-serial"})
+	ctx := context.Background()
+	su := superuser(t, srv)
+	all := make([]int, store.SchemaVersion())
+	for i := range all {
+		all[i] = i + 1
+	}
+
+	t.Run("concurrent migrators of a fresh database apply each migration once", func(t *testing.T) {
+		if _, err := su.Exec(ctx, `DROP SCHEMA IF EXISTS dislock CASCADE`); err != nil {
+			t.Fatal(err)
+		}
+		var runs []<-chan migrated
+		for i := range 4 {
+			runs = append(runs, migrateIn(t, srv.Targets()[i%2].DSN, store.Options{MaxConns: 1}, time.Minute))
+		}
+		var got []int
+		for _, run := range runs {
+			r := <-run
+			if r.err != nil {
+				t.Fatalf("a concurrent migrator: %v", r.err)
+			}
+			got = append(got, r.applied...)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, all) {
+			t.Fatalf("the migrators together applied %v; want %v, each once", got, all)
+		}
+	})
+
+	t.Run("an older release's migrator is waited for and nothing is applied twice", func(t *testing.T) {
+		unapplyLast(t, su)
+		// What every earlier release's migrateOnce does, stopped after
+		// reading the version: it holds the advisory lock, and is about
+		// to apply the newest migration.
+		old, err := rawConn(t, srv.DirectDSN()).Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer old.Rollback(ctx) //nolint:errcheck // committed below
+		var current int
+		if err := old.QueryRow(ctx, `SELECT pg_advisory_xact_lock($1::bigint), max(version) FROM dislock.schema_migrations`,
+			oldMigrationLockID).Scan(nil, &current); err != nil {
+			t.Fatal(err)
+		}
+		if current != store.SchemaVersion()-1 {
+			t.Fatalf("the older migrator reads version %d, want %d", current, store.SchemaVersion()-1)
+		}
+		watcher := rawConn(t, srv.DirectDSN())
+		done := migrateIn(t, srv.BouncerDSN()+"&application_name=dislock-new-migrate", store.Options{MaxConns: 1, MigrationRetryFor: time.Minute}, 2*time.Minute)
+		// Its first attempt asked for the advisory lock, found a session
+		// of the owner's role holding it, and rolled back.
+		awaitCond(t, "the migrator's first attempt asking for the advisory lock", func() bool {
+			var n int
+			return watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dislock-new-migrate'
+				AND (query LIKE '%pg_try_advisory_xact_lock%' OR query LIKE '%pg_has_role%' OR lower(query) = 'rollback')`).Scan(&n) == nil && n > 0
+		})
+		select {
+		case r := <-done:
+			t.Fatalf("Migrate returned while an older release's migrator holds the advisory lock: %v, %v", r.applied, r.err)
+		default:
+		}
+		name, body := newestMigration(t)
+		if err := old.Conn().PgConn().Exec(ctx, body).Close(); err != nil {
+			t.Fatalf("the older migrator applying %s: %v", name, err)
+		}
+		if _, err := old.Exec(ctx, `INSERT INTO dislock.schema_migrations (version, name) VALUES ($1::int, $2::text)`,
+			store.SchemaVersion(), name); err != nil {
+			t.Fatalf("the older migrator recording %s: %v", name, err)
+		}
+		if err := old.Commit(ctx); err != nil {
+			t.Fatalf("the older migrator's commit: %v", err)
+		}
+		if r := <-done; r.err != nil || r.applied != nil {
+			t.Fatalf("Migrate once the older migrator committed: applied %v, %v; want nothing (it was applied)", r.applied, r.err)
+		}
+	})
+
+	t.Run("giving up, Migrate names the session holding the migration lock", func(t *testing.T) {
+		unapplyLast(t, su)
+		// A session of the owner's role (an older release's migrator stuck
+		// mid-way, an operator's forgotten psql) holds the advisory lock:
+		// it may be migrating, so it is waited for, within the bound.
+		holder := rawConn(t, srv.DirectDSN()+"&application_name=dislock-0.4-migrate")
+		if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock($1::bigint)`, oldMigrationLockID); err != nil {
+			t.Fatal(err)
+		}
+		pid := awaitAdvisoryHolder(t, su)
+		r := <-migrateIn(t, srv.BouncerDSN(), store.Options{MaxConns: 1, MigrationLockTimeout: 100 * time.Millisecond, MigrationRetryFor: time.Second}, 30*time.Second)
+		if r.err == nil || errors.Is(r.err, store.ErrUnavailable) || errors.Is(r.err, context.DeadlineExceeded) {
+			t.Fatalf("Migrate: applied %v, %v after %s; want it to give up, naming the holder", r.applied, r.err, r.took)
+		}
+		for _, want := range []string{fmt.Sprintf("pid %d", pid), "role " + pgtest.AppUser, `application_name "dislock-0.4-migrate"`,
+			"advisory lock", "pg_terminate_backend"} {
+			if !strings.Contains(r.err.Error(), want) {
+				t.Errorf("the error does not say %q: %v", want, r.err)
+			}
+		}
+		t.Logf("Migrate gave up after %s: %v", r.took, r.err)
+		if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-migrateIn(t, srv.BouncerDSN(), store.Options{MaxConns: 1}, 30*time.Second); r.err != nil || !slices.Equal(r.applied, []int{store.SchemaVersion()}) {
+			t.Fatalf("Migrate once the holder let go: %v, %v", r.applied, r.err)
+		}
+	})
+}

@@ -1,0 +1,154 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/store"
+)
+
+// The "Ownership and re-entry" table of the design, row by row: who asks for
+// a window whose owner is in which state, and what the database answers.
+func TestOwnershipTable(t *testing.T) {
+	type answer int
+	const (
+		sameToken answer = iota // re-entered with the owner's token
+		newToken                // took it over with a larger token
+		refused                 // ErrWindowTaken: the caller waits or skips
+	)
+	owner0 := owner("dc-a", "report-1", "pod-a")
+	samePod := owner0
+	sameJob := owner0
+	sameJob.Pod = "pod-a-replacement"
+	otherJob := owner("dc-b", "report-1", "pod-b")
+	type asker struct {
+		name    string
+		who     store.Owner
+		standby bool
+	}
+	askers := []asker{
+		{"the same pod", samePod, false},
+		{"another pod of the same Job", sameJob, false},
+		{"another Job with standby", otherJob, true},
+		{"another Job", otherJob, false},
+	}
+	states := []string{"alive", "lapsed", "failed", "succeeded", "skipped"}
+	want := map[string][]answer{
+		"the same pod":                {sameToken, sameToken, refused, refused, refused},
+		"another pod of the same Job": {refused, newToken, newToken, refused, refused},
+		"another Job with standby":    {refused, newToken, newToken, refused, refused},
+		"another Job":                 {refused, refused, refused, refused, refused},
+	}
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 2)
+		ctx := context.Background()
+		for _, a := range askers {
+			for i, state := range states {
+				t.Run(a.name+" asks for a window whose owner is "+state, func(t *testing.T) {
+					key := uniqueKey(t)
+					first := mustClaim(t, s, key, window0, owner0, false, ttl, store.Claimed)
+					tok := first.Window.Token
+					switch state {
+					case "lapsed":
+						short := mustClaim(t, s, key, window0, owner0, false, time.Millisecond, store.Reentered)
+						awaitDBPast(t, s, short.Window.AliveUntil)
+					case "failed", "succeeded", "skipped":
+						if _, err := s.Finish(ctx, key, window0, store.NotIndexed, tok, store.State(state), nil); err != nil {
+							t.Fatal(err)
+						}
+					}
+					got, err := claim(t, s, key, window0, a.who, a.standby, ttl)
+					switch want[a.name][i] {
+					case sameToken:
+						if err != nil || got.Outcome != store.Reentered || got.Window.Token != tok {
+							t.Fatalf("got %+v, %v; want re-entry with token %d", got, err, tok)
+						}
+					case newToken:
+						if err != nil || got.Outcome != store.TookOver || got.Window.Token <= tok || got.Window.Owner != a.who.String() {
+							t.Fatalf("got %+v, %v; want a takeover with a token above %d", got, err, tok)
+						}
+						// The old owner's heartbeat now fails: it must stop.
+						if _, _, err := s.Heartbeat(ctx, key, window0, store.NotIndexed, tok, ttl); !errors.Is(err, store.ErrWindowLost) {
+							t.Fatalf("old owner's heartbeat after the takeover: %v, want ErrWindowLost", err)
+						}
+					case refused:
+						if !errors.Is(err, store.ErrWindowTaken) || got.Window.Owner != owner0.String() {
+							t.Fatalf("got %+v, %v; want ErrWindowTaken naming %s", got, err, owner0)
+						}
+					}
+				})
+			}
+		}
+	})
+}
+
+// Each completion index of an Indexed Job is a window of its own: index 1 is
+// claimed by whichever cluster gets there first, independently of index 0.
+func TestIndexesOfAWindowAreClaimedSeparately(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 2)
+		ctx := context.Background()
+		key := uniqueKey(t)
+		a, b := owner("dc-a", "shards-1", "pod-a-0"), owner("dc-b", "shards-1", "pod-b-1")
+		claimIndex := func(o store.Owner, index int) (store.Claim, error) {
+			return s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: window0, Index: index, Owner: o, TTL: ttl})
+		}
+		a0, err := claimIndex(a, 0)
+		if err != nil || a0.Outcome != store.Claimed {
+			t.Fatalf("dc-a index 0: %+v, %v", a0, err)
+		}
+		b1, err := claimIndex(b, 1)
+		if err != nil || b1.Outcome != store.Claimed || b1.Window.Index != 1 {
+			t.Fatalf("dc-b index 1: %+v, %v", b1, err)
+		}
+		if _, err := claimIndex(b, 0); !errors.Is(err, store.ErrWindowTaken) {
+			t.Fatalf("dc-b index 0 after dc-a took it: %v, want ErrWindowTaken", err)
+		}
+		if _, err := s.Finish(ctx, key, window0, 0, a0.Window.Token, store.StateSucceeded, ptr(0)); err != nil {
+			t.Fatal(err)
+		}
+		if w, err := s.GetWindow(ctx, key, window0, 1); err != nil || w.State != store.StateRunning || w.Owner != b.String() {
+			t.Fatalf("index 1 after index 0 finished: %+v, %v", w, err)
+		}
+	})
+}
+
+// Two clusters whose CronJobs differ in time zone are told so when they claim.
+func TestRecordViewReportsOtherClustersThatDisagree(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 2)
+		ctx := context.Background()
+		key := uniqueKey(t)
+		utc := store.View{Schedule: "0 2 * * *", TimeZone: "Etc/UTC", Mode: "schedule", LeaseTTL: "30s"}
+		if others, err := s.RecordView(ctx, key, "dc-a", utc, time.Hour); err != nil || len(others) != 0 {
+			t.Fatalf("first view: %+v, %v", others, err)
+		}
+		if others, err := s.RecordView(ctx, key, "dc-b", utc, time.Hour); err != nil || len(others) != 0 {
+			t.Fatalf("an agreeing view: %+v, %v", others, err)
+		}
+		unset := utc
+		unset.TimeZone = ""
+		others, err := s.RecordView(ctx, key, "dc-c", unset, time.Hour)
+		if err != nil || len(others) != 2 || others[0].Cluster != "dc-a" || others[1].Cluster != "dc-b" {
+			t.Fatalf("a disagreeing view: %+v, %v; want dc-a and dc-b named", others, err)
+		}
+		if diff := unset.Diff(others[0].View); len(diff) != 1 {
+			t.Fatalf("diff = %q, want only the time zone", diff)
+		}
+		all, err := s.ListDisagreements(ctx, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, cv := range all {
+			if cv.Key == key {
+				n++
+			}
+		}
+		if n != 3 {
+			t.Fatalf("ListDisagreements has %d views of %s, want 3: %+v", n, key, all)
+		}
+	})
+}

@@ -1,0 +1,451 @@
+package store
+
+// SQL lives here as data. Each statement runs alone in autocommit; durations
+// travel as microseconds and become intervals inside SQL so that every
+// timestamp is computed from the database clock.
+
+const qNow = `SELECT now()`
+
+// commitGuard ends the RETURNING list of every lock write (see writeRow).
+// Its first column says why this session's commit may be less durable than
+// an acknowledgement must mean, or is empty: a role or database default can
+// turn the wait for the synchronous standby off, or hide the warning that
+// says it was cut short. Settings cannot change within one statement, so
+// the answer holds for the commit that follows. The second column tells
+// whether the server's messages are surely in English, which writeRow needs
+// to tell that warning from harmless ones: only lc_messages C or POSIX is
+// (under any other value, including C.UTF-8 and the empty default, gettext
+// may follow the server's LANGUAGE environment).
+const commitGuard = `,
+    CASE WHEN current_setting('synchronous_commit') = 'off'
+              THEN 'synchronous_commit = off: a commit is acknowledged before it is on disk'
+         WHEN current_setting('synchronous_commit') = 'local' AND current_setting('synchronous_standby_names') <> ''
+              THEN 'synchronous_commit = local: a commit is acknowledged before the synchronous standby has it'
+         WHEN current_setting('client_min_messages') NOT IN ('debug5', 'debug4', 'debug3', 'debug2', 'debug1', 'log', 'notice', 'info', 'warning')
+              THEN 'client_min_messages = ' || current_setting('client_min_messages') ||
+                   ': the server would not say that a commit''s wait for the synchronous standby was cut short'
+         ELSE '' END,
+    current_setting('lc_messages') IN ('C', 'POSIX')` // as englishMessages
+
+// qClaimWindow inserts the window or, on conflict, takes it when the rules of
+// "Ownership and re-entry" allow:
+//   - the same pod (a restarted sidecar) re-enters its running claim and keeps
+//     its token and claim time;
+//   - another pod of the same Job ($8 is the Job's owner prefix), or any pod
+//     when standby ($9) is on, takes a window whose owner failed or whose
+//     liveness lapsed at database time, with a new token.
+//
+// A succeeded or skipped window never changes hands, and a live owner is
+// never displaced. A take draws its token only once it holds the row lock,
+// so it is larger than any token handed out for the row before (the
+// inserted row's token is drawn before the conflict is known and may be
+// older). xmax = 0 only for a freshly inserted row.
+//
+// The row is read first (cur), and the insert is not even tried when the
+// row the statement sees could not be taken (claimTakes is false): the
+// common refusal, another cluster's pod at the top of the minute, then
+// locks nothing, draws no token and commits no WAL, so it does not wait
+// for a WAL flush. That is the same answer the locked path would give at
+// the statement's snapshot, and the caller acts on it as on any refusal
+// (skip, or wait and ask again). A row the snapshot does not see yet (an
+// insert committing concurrently) or that looks takeable goes through the
+// insert, whose conflict path decides under the row lock. The statement
+// returns the claimed row with claimed = true, or the refusing owner's row
+// with claimed = false, or, when the locked path refused, no row.
+const qClaimWindow = `
+WITH cur AS (
+    SELECT ` + windowColumns + ` FROM dislock.windows
+    WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int),
+taken AS (
+    INSERT INTO dislock.windows AS w
+        (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
+    SELECT $1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
+           dislock.next_token(), 'running', now(), now() + $7::bigint * interval '1 microsecond'
+    WHERE NOT EXISTS (SELECT 1 FROM cur w WHERE NOT (` + claimTakes + `))
+    ON CONFLICT (lock_key, window_start, job_index) DO UPDATE SET
+        token       = CASE WHEN w.owner = EXCLUDED.owner THEN w.token ELSE dislock.next_token() END,
+        claimed_at  = CASE WHEN w.owner = EXCLUDED.owner THEN w.claimed_at ELSE EXCLUDED.claimed_at END,
+        owner       = EXCLUDED.owner,
+        cluster     = EXCLUDED.cluster,
+        pod         = EXCLUDED.pod,
+        state       = 'running',
+        alive_until = EXCLUDED.alive_until,
+        finished_at = NULL,
+        exit_code   = NULL
+    WHERE ` + claimTakes + `
+    RETURNING ` + windowColumns + `, (xmax = 0) AS inserted)
+SELECT ` + windowColumns + `, inserted, true, now()` + commitGuard + `
+FROM taken
+UNION ALL
+SELECT ` + windowColumns + `, false, false, now()` + commitGuard + `
+FROM cur w WHERE NOT (` + claimTakes + `)`
+
+// claimTakes says whether the claim of owner $4 (Job prefix $8, standby
+// $9) may take the existing window row w: see qClaimWindow.
+const claimTakes = `(w.owner = $4::text AND w.state = 'running')
+       OR (w.owner <> $4::text
+           AND (w.state = 'failed' OR (w.state = 'running' AND w.alive_until <= now()))
+           AND (starts_with(w.owner, $8::text) OR $9::boolean))`
+
+const windowColumns = `lock_key, window_start, job_index, owner, cluster, pod, token, state,
+    claimed_at, alive_until, finished_at, exit_code`
+
+const qGetWindow = `SELECT ` + windowColumns + `, now() FROM dislock.windows
+WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int`
+
+// qHeartbeatWindow extends the owner's liveness. The token identifies the
+// claim: after a takeover the old owner's token no longer matches.
+const qHeartbeatWindow = `
+UPDATE dislock.windows SET alive_until = now() + $5::bigint * interval '1 microsecond'
+WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int
+  AND token = $4::bigint AND state = 'running'
+RETURNING alive_until, now()` + commitGuard
+
+// qFinishWindow records the outcome. Repeating the same outcome succeeds, so
+// a retry after a lost reply does not report a lost window. Liveness ends at
+// once so that a waiting pod does not wait out the TTL of a finished run.
+const qFinishWindow = `
+UPDATE dislock.windows
+SET state = $5::text, exit_code = $6::int, finished_at = COALESCE(finished_at, now()),
+    alive_until = LEAST(alive_until, now())
+WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int AND token = $4::bigint
+  AND (state = 'running' OR (state = $5::text AND exit_code IS NOT DISTINCT FROM $6::int))
+RETURNING finished_at` + commitGuard
+
+const qListWindows = `SELECT ` + windowColumns + `, now() FROM dislock.windows
+WHERE ($1::text = '' OR lock_key = $1::text)
+ORDER BY window_start DESC, lock_key, job_index
+LIMIT $2::int`
+
+// qDeleteWindow deletes every completion index of the window, and its
+// shape, so that a re-run may have another completion mode.
+const qDeleteWindow = `
+WITH unit AS (
+    DELETE FROM dislock.window_units WHERE lock_key = $1::text AND window_start = $2::timestamptz)
+DELETE FROM dislock.windows WHERE lock_key = $1::text AND window_start = $2::timestamptz`
+
+// Retention (DeleteOldWindows) deletes rows older than $1 microseconds, at
+// most $2 per statement, and only rows it can lock at once (FOR UPDATE SKIP
+// LOCKED): a tenant may hold its own old rows locked for as long as it
+// likes, and waiting for one held every other namespace's retention, and
+// the locks it had taken on their rows, behind it. A row skipped is deleted
+// at a later run. ctid = ANY(ARRAY(...)) deletes each locked row by its
+// position (a TID scan), not through a join with the whole table; a row
+// updated since the statement began is not visible at its new position and
+// is left for a later run too.
+
+// qStatementBounds bounds the statements after it in the same pipeline
+// (one implicit transaction) or transaction: set_config(…, true) ends with
+// the transaction, also behind PgBouncer. $1 lock_timeout, $2
+// statement_timeout, in milliseconds.
+const qStatementBounds = `SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true)`
+
+// qDeleteOldWindows keeps a window that still claims to be running and is
+// alive, however old: deleting it would let another cluster claim it.
+const qDeleteOldWindows = `
+DELETE FROM dislock.windows WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM dislock.windows
+    WHERE window_start < now() - $1::bigint * interval '1 microsecond'
+      AND (state <> 'running' OR alive_until < now())
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
+
+// qDeleteOldWindowUnits forgets the shapes (migration 7) of windows whose
+// rows retention deleted. A unit of a window with a row left (alive, or
+// locked when its row was skipped) stays until a later run; no pod claims
+// a window this old (MaxClaimAge).
+const qDeleteOldWindowUnits = `
+DELETE FROM dislock.window_units WHERE ctid = ANY(ARRAY(
+    SELECT u.ctid FROM dislock.window_units u
+    WHERE u.window_start < now() - $1::bigint * interval '1 microsecond'
+      AND NOT EXISTS (SELECT 1 FROM dislock.windows w WHERE w.lock_key = u.lock_key AND w.window_start = u.window_start)
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
+
+const qDeleteOldViews = `
+DELETE FROM dislock.views WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM dislock.views WHERE seen_at < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
+
+// qAcquireLease takes a free or expired lease, or re-enters the caller's own
+// live lease (same pod: a restarted sidecar) keeping its token. Taking an
+// expired or released lease, even one's own, is a new grant with a new token.
+//
+// Fencing tokens must grow in the order leases are granted. The VALUES token
+// is drawn before the statement knows whether it will insert, so a slow
+// caller could insert with an old token after faster ones came and went.
+// Hence a lease row, once created, is never deleted (release and operator
+// release only expire it), and every later grant draws its token in DO UPDATE,
+// while it holds the row lock.
+const qAcquireLease = `
+INSERT INTO dislock.leases AS l (lock_key, owner, token, acquired_at, expire_at)
+VALUES ($1::text, $2::text, dislock.next_token(), now(), now() + $3::bigint * interval '1 microsecond')
+ON CONFLICT (lock_key) DO UPDATE SET
+    token       = CASE WHEN l.owner = EXCLUDED.owner AND l.expire_at > now()
+                       THEN l.token ELSE dislock.next_token() END,
+    acquired_at = CASE WHEN l.owner = EXCLUDED.owner AND l.expire_at > now()
+                       THEN l.acquired_at ELSE EXCLUDED.acquired_at END,
+    owner       = EXCLUDED.owner,
+    expire_at   = EXCLUDED.expire_at
+WHERE l.expire_at <= now() OR l.owner = EXCLUDED.owner
+RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
+
+const leaseColumns = `lock_key, owner, token, acquired_at, expire_at`
+
+const qGetLease = `SELECT ` + leaseColumns + `, now() FROM dislock.leases WHERE lock_key = $1::text`
+
+// qRenewLease extends the caller's live lease. Live is judged at the
+// database's clock when the row is read (clock_timestamp), not when the
+// statement began (now()): a renewal that waited on the row lock past the
+// expiry must fail, since the lease of the key's other shape ("key#i" for
+// "key", and the other way round: migration 7) may have been granted
+// meanwhile, and it checked this row's expiry at its own time.
+const qRenewLease = `
+UPDATE dislock.leases SET expire_at = now() + $3::bigint * interval '1 microsecond'
+WHERE lock_key = $1::text AND token = $2::bigint AND expire_at > clock_timestamp()
+RETURNING expire_at, now()` + commitGuard
+
+// qReleaseLease expires the caller's lease now (see qAcquireLease for why the
+// row stays).
+const qReleaseLease = `UPDATE dislock.leases SET expire_at = now()
+WHERE lock_key = $1::text AND token = $2::bigint AND expire_at > now()`
+
+const qForceReleaseLease = `UPDATE dislock.leases SET expire_at = now()
+WHERE lock_key = $1::text AND expire_at > now()`
+
+const qListLeases = `SELECT ` + leaseColumns + `, now() FROM dislock.leases ORDER BY lock_key`
+
+// qRecordView stores this cluster's view of the job and returns the views of
+// other clusters seen within $4 that differ from it: one statement, so it is
+// as pooler-safe as the claims. The SELECT does not see the upsert's row, and
+// does not need to: it reads other clusters only. Its commit does not wait
+// for the WAL flush (synchronous_commit off for this transaction alone): a
+// view is advice for the operator, written by every pod before its claim,
+// and a crash that loses the last few hundred milliseconds of views loses
+// nothing a later pod does not write again.
+const qRecordView = `
+WITH mine AS (
+    INSERT INTO dislock.views AS v (lock_key, cluster, view, seen_at)
+    SELECT $1::text, $2::text, $3::jsonb, now() FROM set_config('synchronous_commit', 'off', true)
+    ON CONFLICT (lock_key, cluster) DO UPDATE SET view = EXCLUDED.view, seen_at = EXCLUDED.seen_at,
+        changed_at = CASE WHEN v.view = EXCLUDED.view THEN v.changed_at ELSE now() END)
+SELECT lock_key, cluster, view::text, seen_at FROM dislock.views
+WHERE lock_key = $1::text AND cluster <> $2::text AND view <> $3::jsonb
+  AND seen_at > now() - $4::bigint * interval '1 microsecond'
+ORDER BY cluster`
+
+// qListDisagreements lists the keys whose clusters' recent views differ.
+const qListDisagreements = `
+SELECT lock_key, cluster, view::text, seen_at FROM dislock.views v
+WHERE seen_at > now() - $1::bigint * interval '1 microsecond'
+  AND EXISTS (SELECT 1 FROM dislock.views o
+              WHERE o.lock_key = v.lock_key AND o.cluster <> v.cluster AND o.view <> v.view
+                AND o.seen_at > now() - $1::bigint * interval '1 microsecond')
+ORDER BY lock_key, cluster`
+
+// qRecordDecision adds a ledger row and counts it, in one statement: the
+// decision, its (key, cluster, action) count, and the key's statistics (its
+// last decision and success, and the run's duration in the cumulative
+// histogram whose bounds are $11; $10 is the duration in seconds or NULL).
+const qRecordDecision = `
+WITH d AS (
+    INSERT INTO dislock.decisions (lock_key, window_start, job_index, cluster, job, pod, action, reason, token, decided_at)
+    VALUES ($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text, $7::text, $8::text, $9::bigint, now())),
+c AS (
+    INSERT INTO dislock.decision_counts AS c (lock_key, cluster, action, n) VALUES ($1::text, $4::text, $7::text, 1)
+    ON CONFLICT (lock_key, cluster, action) DO UPDATE SET n = c.n + 1)
+INSERT INTO dislock.key_stats AS k (lock_key, first_seen, last_decided, last_success, duration_count, duration_sum, duration_buckets)
+VALUES ($1::text, now(), now(), CASE WHEN $7::text = 'succeeded' THEN now() END,
+        CASE WHEN $10::float8 IS NULL THEN 0 ELSE 1 END, coalesce($10::float8, 0),
+        ARRAY(SELECT CASE WHEN $10::float8 <= le THEN 1 ELSE 0 END::bigint FROM unnest($11::float8[]) WITH ORDINALITY AS b(le, i) ORDER BY i))
+ON CONFLICT (lock_key) DO UPDATE SET
+    last_decided     = EXCLUDED.last_decided,
+    last_success     = coalesce(EXCLUDED.last_success, k.last_success),
+    duration_count   = k.duration_count + EXCLUDED.duration_count,
+    duration_sum     = k.duration_sum + EXCLUDED.duration_sum,
+    duration_buckets = ARRAY(SELECT coalesce(o, 0) + coalesce(n, 0)
+                             FROM unnest(k.duration_buckets, EXCLUDED.duration_buckets) WITH ORDINALITY AS b(o, n, i) ORDER BY i)`
+
+// qListDecisions lists ledger rows by key ($1, ” for all), window ($2) and
+// window range ($3, $4; decision time for rows without a window), newest
+// first, at most $5.
+const qListDecisions = `
+SELECT lock_key, window_start, job_index, cluster, job, pod, action, reason, token, decided_at, now()
+FROM dislock.decisions
+WHERE ($1::text = '' OR lock_key = $1::text)
+  AND ($2::timestamptz IS NULL OR window_start = $2::timestamptz)
+  AND ($3::timestamptz IS NULL OR window_start >= $3::timestamptz OR (window_start IS NULL AND decided_at >= $3::timestamptz))
+  AND ($4::timestamptz IS NULL OR window_start < $4::timestamptz OR (window_start IS NULL AND decided_at < $4::timestamptz))
+ORDER BY coalesce(window_start, decided_at) DESC, lock_key, job_index, decided_at
+LIMIT $5::int`
+
+// Retention of the ledger, as of the windows (see qDeleteOldWindows): its
+// rows and the missed windows go with the windows; a key's counts and
+// statistics go once nothing was decided for it within the retention (its
+// CronJob is gone everywhere). The counts go first, and the statistics row
+// only once no count of its key is left: a count skipped (its row locked)
+// keeps its key's statistics, and both go at a later run.
+const (
+	qDeleteOldDecisions = `
+DELETE FROM dislock.decisions WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM dislock.decisions WHERE decided_at < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
+
+	qDeleteOldMissed = `
+DELETE FROM dislock.missed WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM dislock.missed WHERE window_start < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
+
+	qDeleteOldCounts = `
+DELETE FROM dislock.decision_counts WHERE ctid = ANY(ARRAY(
+    SELECT c.ctid FROM dislock.decision_counts c JOIN dislock.key_stats k USING (lock_key)
+    WHERE k.last_decided < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2::int FOR UPDATE OF c SKIP LOCKED))`
+
+	qDeleteOldKeyStats = `
+DELETE FROM dislock.key_stats WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM dislock.key_stats k
+    WHERE last_decided < now() - $1::bigint * interval '1 microsecond'
+      AND NOT EXISTS (SELECT 1 FROM dislock.decision_counts c WHERE c.lock_key = k.lock_key)
+    LIMIT $2::int FOR UPDATE SKIP LOCKED))`
+)
+
+// keysInBounds are the keys of dislock.key_stats the owner's statistics
+// and detection read: in each namespace at most $1, those decided last.
+// Tenants write key_stats rows for keys of their own namespace at will; the
+// bound keeps one namespace from making the metrics and the detection of
+// every namespace as large as it likes.
+const keysInBounds = `(SELECT * FROM (
+    SELECT *, row_number() OVER (PARTITION BY split_part(lock_key, '/', 1) ORDER BY last_decided DESC, lock_key) AS nth
+    FROM dislock.key_stats) ranked WHERE nth <= $1::int)`
+
+// qKeysLeftOut counts the keys beyond the bound of keysInBounds.
+const qKeysLeftOut = `
+SELECT count(*) FROM (
+    SELECT row_number() OVER (PARTITION BY split_part(lock_key, '/', 1) ORDER BY last_decided DESC, lock_key) AS nth
+    FROM dislock.key_stats) ranked WHERE nth > $1::int`
+
+// qKeysToJudge reads, as of $3 (NULL: now; never later than now), the keys'
+// statistics ($2: one namespace's, empty for all) with the newest view of
+// each, when a cluster first recorded that view's schedule and time zone,
+// the key's newest window, and, for a key never judged, its oldest window
+// within $4 microseconds (the lookback). Each read of dislock.windows is
+// one descent of its primary key's index.
+const qKeysToJudge = `
+WITH at AS (SELECT least(coalesce($3::timestamptz, now()), now()) AS t)
+SELECT k.lock_key, k.first_seen, k.last_decided, k.checked_until, k.checked_with::text, v.view::text,
+    (SELECT min(o.changed_at) FROM dislock.views o
+     WHERE o.lock_key = k.lock_key AND o.view->'schedule' IS NOT DISTINCT FROM v.view->'schedule'
+       AND coalesce(o.view->>'timeZone', '') = coalesce(v.view->>'timeZone', '')),
+    (SELECT max(w.window_start) FROM dislock.windows w WHERE w.lock_key = k.lock_key AND w.window_start <= at.t),
+    CASE WHEN k.checked_until IS NULL THEN
+        (SELECT min(w.window_start) FROM dislock.windows w
+         WHERE w.lock_key = k.lock_key AND w.window_start >= at.t - $4::bigint * interval '1 microsecond') END,
+    at.t
+FROM ` + keysInBounds + ` k CROSS JOIN at
+JOIN LATERAL (SELECT view FROM dislock.views WHERE lock_key = k.lock_key ORDER BY seen_at DESC LIMIT 1) v ON true
+WHERE $2::text = '' OR starts_with(k.lock_key, $2::text || '/')
+ORDER BY k.lock_key`
+
+// qWindowsToJudge reads, for each window to judge (key $1[i], start
+// $2[i]: the schedule's ticks only, one descent of the primary key's index
+// each), one row per state of its rows (one per completion index) with the
+// latest liveness: what judgeWindow needs, at most four rows a window
+// however many rows a tenant wrote into its own windows.
+const qWindowsToJudge = `
+SELECT w.lock_key, w.window_start, w.state, max(w.alive_until)
+FROM unnest($1::text[], $2::timestamptz[]) AS r(lock_key, window_start)
+JOIN dislock.windows w ON w.lock_key = r.lock_key AND w.window_start = r.window_start
+GROUP BY 1, 2, 3`
+
+// qMissedDecisions reads what each cluster decided for each window ($1[i],
+// $2[i]), at most $3 decisions per window.
+const qMissedDecisions = `
+SELECT r.lock_key, r.window_start, d.cluster, d.action, d.reason
+FROM unnest($1::text[], $2::timestamptz[]) AS r(lock_key, window_start)
+JOIN LATERAL (SELECT cluster, action, reason, decided_at FROM dislock.decisions
+              WHERE lock_key = r.lock_key AND window_start = r.window_start
+              ORDER BY decided_at LIMIT $3::int) d ON true
+ORDER BY r.lock_key, r.window_start, d.decided_at`
+
+// qRecordMissed inserts the missed windows ($1..$4), counts the ones no
+// other cluster's detection inserted first into their keys' statistics,
+// moves each judged key's checkpoint ($5, $6; NULL: where it is) forward,
+// records what it was judged with ($7, JSON; NULL: as it is), and returns
+// the new missed windows. Every key's missed windows are checkpointed with
+// it (each missed window's key is among $5, once). A key whose statistics
+// row another session holds locked (a tenant may lock its own) is left
+// alone, windows and checkpoint, until the next run: waiting for it would
+// hold up every namespace's detection, and the rows it had locked meanwhile
+// would hold up their agents' ledger writes. So the statement waits for no
+// tenant: it locks only the statistics rows it can lock at once, inserts
+// only those rows' keys' missed windows (dislock.missed is the owner's
+// alone), and updates only the rows it locked. qStatementBounds bounds it
+// all the same.
+const qRecordMissed = `
+WITH ck AS (
+    SELECT * FROM unnest($5::text[], $6::timestamptz[], $7::text[]) AS c(lock_key, checked_until, checked_with)),
+locked AS (
+    SELECT lock_key FROM dislock.key_stats WHERE lock_key IN (SELECT lock_key FROM ck)
+    FOR NO KEY UPDATE SKIP LOCKED),
+m AS (
+    INSERT INTO dislock.missed (lock_key, window_start, kind, reason, detected_at)
+    SELECT x.*, now() FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[]) AS x(lock_key, window_start, kind, reason)
+    WHERE x.lock_key IN (SELECT lock_key FROM locked)
+    ON CONFLICT (lock_key, window_start) DO NOTHING
+    RETURNING lock_key, window_start, detected_at),
+agg AS (SELECT lock_key, count(*) AS n, max(window_start) AS last FROM m GROUP BY lock_key),
+u AS (
+    UPDATE dislock.key_stats k SET
+        missed_total       = k.missed_total + coalesce(agg.n, 0),
+        last_missed_window = CASE WHEN agg.last IS NULL THEN k.last_missed_window ELSE greatest(k.last_missed_window, agg.last) END,
+        checked_until      = greatest(k.checked_until, ck.checked_until),
+        checked_with       = coalesce(ck.checked_with::jsonb, k.checked_with)
+    FROM ck LEFT JOIN agg USING (lock_key)
+    WHERE k.lock_key = ck.lock_key AND k.lock_key IN (SELECT lock_key FROM locked))
+SELECT lock_key, window_start, detected_at FROM m`
+
+// qListMissed lists missed windows by key ($1, empty for all), window
+// range ($2, $3) and detection time ($5), at most $6 per key (0: all),
+// newest first, at most $4.
+const qListMissed = `
+SELECT lock_key, window_start, kind, reason, detected_at, now() FROM (
+    SELECT *, row_number() OVER (PARTITION BY lock_key ORDER BY window_start) AS nth FROM dislock.missed
+    WHERE ($1::text = '' OR lock_key = $1::text)
+      AND ($2::timestamptz IS NULL OR window_start >= $2::timestamptz)
+      AND ($3::timestamptz IS NULL OR window_start < $3::timestamptz)
+      AND ($5::timestamptz IS NULL OR detected_at > $5::timestamptz)) m
+WHERE $6::int <= 0 OR nth <= $6::int
+ORDER BY window_start DESC, lock_key
+LIMIT $4::int`
+
+const qKeyStats = `
+SELECT lock_key, last_success, missed_total, last_missed_window, duration_count, duration_sum, duration_buckets, now()
+FROM ` + keysInBounds + ` k ORDER BY lock_key`
+
+// qDecisionCounts reads the counts of the keys in bounds, at most 16 per key,
+// the largest (a cluster and an action each: 3 clusters' 5 usual actions; a
+// tenant can write any cluster name, and every count is a series).
+const qDecisionCounts = `
+SELECT c.lock_key, c.cluster, c.action, c.n
+FROM ` + keysInBounds + ` k
+JOIN LATERAL (SELECT * FROM dislock.decision_counts WHERE lock_key = k.lock_key ORDER BY n DESC, cluster, action LIMIT 16) c ON true
+ORDER BY c.lock_key, c.cluster, c.action`
+
+// qHeldLeases reads, for each key in bounds, how long its oldest held lease
+// has been held (an Indexed Job's lease keys are "<key>#<index>", one per
+// index): one row per key, however many lease rows a tenant writes under
+// its key.
+const qHeldLeases = `
+SELECT l.lock_key, (extract(epoch FROM now() - min(l.acquired_at)) * 1000000)::bigint
+FROM (SELECT split_part(lock_key, '#', 1) AS lock_key, acquired_at FROM dislock.leases WHERE expire_at > now()) l
+WHERE l.lock_key IN (SELECT lock_key FROM ` + keysInBounds + ` k)
+GROUP BY l.lock_key
+ORDER BY l.lock_key`
+
+const qSaveSnapshot = `
+INSERT INTO dislock.metrics_snapshot (cluster, computed_at, body) VALUES ($1::text, now(), $2::bytea)
+ON CONFLICT (cluster) DO UPDATE SET computed_at = EXCLUDED.computed_at, body = EXCLUDED.body`
+
+// qLoadSnapshot returns the cluster's snapshot when it is newer than $2.
+const qLoadSnapshot = `
+SELECT body, computed_at FROM dislock.metrics_snapshot
+WHERE cluster = $1::text AND ($2::timestamptz IS NULL OR computed_at > $2::timestamptz)`

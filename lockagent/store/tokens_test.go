@@ -1,0 +1,214 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+// A tenant that draws a token inside a transaction it leaves open holds
+// nothing anyone else needs: not after a failover (when the epoch moves),
+// not ever. Other namespaces' grants and the owner's confirmation of the
+// epoch go on.
+func TestATenantLeavingATokenDrawOpenStallsNoOneElse(t *testing.T) {
+	t.Parallel() // its own server: the epoch is moved
+	srv := pgtest.New(t, pgtest.Options{Name: "tokens-open"})
+	ctx := context.Background()
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			own := openStore(t, tg.DSN, 2)
+			su := superuser(t, srv)
+			// The state of the epochs right after a promotion: the
+			// timeline gives an epoch above the last one used.
+			if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET base_timeline = base_timeline - 1`); err != nil {
+				t.Fatal(err)
+			}
+			nsA, nsB := namespace(t, "idle"), namespace(t, "busy")
+			idle := rawConn(t, mustTenantDSN(t, tg.DSN, provision(t, own, nsA)))
+			busy := tenantStore(t, tg.DSN, provision(t, own, nsB))
+			if _, err := idle.Exec(ctx, `BEGIN`); err != nil {
+				t.Fatal(err)
+			}
+			var drawn int64
+			if err := idle.QueryRow(ctx, `SELECT dislock.next_token()`).Scan(&drawn); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { idle.Exec(context.Background(), `ROLLBACK`) }) //nolint:errcheck // the test is over
+			bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			o := store.Owner{Cluster: "dc-a", Namespace: nsB, Job: "job", JobUID: "uid", Pod: "pod"}
+			g, err := busy.AcquireLease(bounded, nsB+"/job", o, time.Minute)
+			if err != nil {
+				t.Fatalf("another namespace's grant while a tenant holds a token draw open: %v", err)
+			}
+			if g.Lease.Token <= drawn {
+				t.Fatalf("token %d, not above %d drawn before it", g.Lease.Token, drawn)
+			}
+			if _, err := own.KeepTokens(bounded, 0, false); err != nil {
+				t.Fatalf("the owner's confirmation while a tenant holds a token draw open: %v", err)
+			}
+		})
+	}
+}
+
+// Neither the epoch nor the counter's offset in it wraps: at their bounds
+// next_token() refuses, naming what to do, and the owner's new epoch starts
+// the offset again with every token above the ones before. Half an epoch
+// spent starts a new one on the owner's next confirmation, so that a caller
+// drawing in a loop never gets there.
+func TestTokensAtTheirBoundsFailClosedAndANewEpochRenewsThem(t *testing.T) {
+	t.Parallel() // its own server: the counter jumps
+	srv := pgtest.New(t, pgtest.Options{Name: "tokens-bound"})
+	ctx := context.Background()
+	s := openStore(t, srv.DirectDSN(), 2)
+	su := superuser(t, srv)
+	key := uniqueKey(t)
+	o := owner("dc-a", "job", "pod")
+	grant := func() (int64, error) {
+		g, err := s.AcquireLease(ctx, key, o, time.Minute)
+		return g.Lease.Token, err
+	}
+	setOffset := func(offset int64) {
+		t.Helper()
+		if _, err := su.Exec(ctx, `SELECT setval('dislock.token_counter', counter_base + $1::bigint) FROM dislock.token_epoch`, offset); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A new owner for each grant: the same owner would keep its token.
+	next := func() (int64, error) {
+		o.Pod += "x"
+		if _, err := s.ReleaseLease(ctx, key, 0); err != nil && !errors.Is(err, store.ErrLeaseLost) && !errors.Is(err, store.ErrNotFound) {
+			t.Fatal(err)
+		}
+		if _, err := su.Exec(ctx, `DELETE FROM dislock.leases WHERE lock_key = $1`, key); err != nil {
+			t.Fatal(err)
+		}
+		return grant()
+	}
+
+	setOffset(store.MaxTokenOffset - 1)
+	last, err := next()
+	if err != nil {
+		t.Fatalf("the last offset of the epoch: %v", err)
+	}
+	if _, off := store.TokenEpoch(last); off != store.MaxTokenOffset {
+		t.Fatalf("token %d has offset %d, want %d", last, off, int64(store.MaxTokenOffset))
+	}
+	if _, err := next(); !errors.Is(err, store.ErrTokensExhausted) || !strings.Contains(err.Error(), "dislock tokens --new-epoch") {
+		t.Fatalf("a grant past the counter's bound: %v, want %v naming dislock tokens --new-epoch", err, store.ErrTokensExhausted)
+	}
+	fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true})
+	if err != nil || byCheck(fs)["token counter"].Status != store.StatusFail || !strings.Contains(byCheck(fs)["token counter"].Fix, "dislock tokens --new-epoch") {
+		t.Fatalf("check with the counter at its bound: %+v %v", fs, err)
+	}
+	st, err := s.KeepTokens(ctx, 0, true)
+	if err != nil || st.Moved == "" {
+		t.Fatalf("a new epoch: %+v %v", st, err)
+	}
+	renewed, err := next()
+	if err != nil || renewed <= last {
+		t.Fatalf("the first token of the new epoch %d (%v), not above %d", renewed, err, last)
+	}
+	if e, off := store.TokenEpoch(renewed); e != st.Epoch || off > 10 {
+		t.Fatalf("token %d: epoch %d offset %d, want epoch %d and the offset started again", renewed, e, off, st.Epoch)
+	}
+
+	// Half spent: the owner's next confirmation moves on by itself.
+	setOffset(store.MaxTokenOffset/2 + 10)
+	before, err := next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st2, err := s.KeepTokens(ctx, 0, false)
+	if err != nil || !strings.Contains(st2.Moved, "half") || st2.Epoch != st.Epoch+1 {
+		t.Fatalf("the confirmation after half the epoch was spent: %+v %v", st2, err)
+	}
+	if after, err := next(); err != nil || after <= before {
+		t.Fatalf("token %d (%v) after the renewal, not above %d", after, err, before)
+	}
+
+	// The last epoch: no token beyond it, and no new epoch either.
+	if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET base_epoch = $1::bigint - (dislock.wal_timeline() - base_timeline), last_epoch = $1::bigint`, int64(store.MaxTokenEpoch)+1); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := next(); !errors.Is(err, store.ErrTokensExhausted) {
+		t.Fatalf("a grant past the last epoch: token %d, %v; want %v", tok, err, store.ErrTokensExhausted)
+	}
+	if st, err := s.KeepTokens(ctx, 0, true); !errors.Is(err, store.ErrTokensExhausted) {
+		t.Fatalf("a new epoch past the last: %+v %v; want %v", st, err, store.ErrTokensExhausted)
+	}
+}
+
+// Draws keep coming while tokens are held (agents retry, a tenant may loop):
+// one racing the owner's move either is refused or gets a token of the
+// moved epoch, never one computed from the held row. Each round holds the
+// tokens as a dump of a cluster whose epochs reached follow+1 would, with
+// its row giving follow on this timeline.
+func TestADrawRacingTheOwnersMoveNeverUsesTheHeldRow(t *testing.T) {
+	t.Parallel() // its own server: the epoch is moved every round
+	srv := pgtest.New(t, pgtest.Options{Name: "tokens-race"})
+	own := openStore(t, srv.DirectDSN(), 2)
+	su := superuser(t, srv)
+	ctx := context.Background()
+	ns := namespace(t, "racer")
+	tenantDSN := mustTenantDSN(t, srv.DirectDSN(), provision(t, own, ns))
+	conns := make([]*pgx.Conn, 3)
+	for i := range conns {
+		conns[i] = rawConn(t, tenantDSN)
+	}
+	for round := range 100 {
+		var follow int64
+		if err := su.QueryRow(ctx, `SELECT dislock.token_epoch_now()`).Scan(&follow); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET system_id = 42, last_epoch = $1::bigint + 1`, follow); err != nil {
+			t.Fatal(err)
+		}
+		var (
+			mu    sync.Mutex
+			bad   []int64
+			wg    sync.WaitGroup
+			stop  atomic.Bool
+			draws atomic.Int64
+		)
+		for _, c := range conns {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !stop.Load() {
+					var tok int64
+					err := c.QueryRow(ctx, `SELECT dislock.next_token()`).Scan(&tok)
+					draws.Add(1)
+					if e, _ := store.TokenEpoch(tok); err == nil && e <= follow+1 {
+						mu.Lock()
+						bad = append(bad, tok)
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		awaitCond(t, "draws before the move", func() bool { return draws.Load() >= 6 })
+		st, err := own.KeepTokens(ctx, 0, false)
+		after := draws.Load()
+		awaitCond(t, "draws after the move", func() bool { return draws.Load() >= after+6 })
+		stop.Store(true)
+		wg.Wait()
+		if err != nil || st.Moved == "" || st.Epoch <= follow+1 {
+			t.Fatalf("round %d: the move: %+v %v", round, st, err)
+		}
+		if len(bad) > 0 {
+			e, _ := store.TokenEpoch(bad[0])
+			t.Fatalf("round %d: the owner moved to epoch %d (epochs up to %d used before), yet a draw racing the move got token %d of epoch %d (%d such tokens)",
+				round, st.Epoch, follow+1, bad[0], e, len(bad))
+		}
+	}
+}

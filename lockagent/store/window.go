@@ -1,0 +1,350 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// State is a window's lifecycle state.
+type State string
+
+const (
+	StateRunning   State = "running"
+	StateSucceeded State = "succeeded"
+	StateFailed    State = "failed"
+	StateSkipped   State = "skipped"
+)
+
+// Window is one row of dislock.windows; times are database times in UTC.
+type Window struct {
+	Key   string    `json:"key"`
+	Start time.Time `json:"window"`
+	// Index is the completion index of an Indexed Job, NotIndexed otherwise.
+	Index      int        `json:"index"`
+	Owner      string     `json:"owner"`
+	Cluster    string     `json:"cluster"`
+	Pod        string     `json:"pod"`
+	Token      int64      `json:"token"`
+	State      State      `json:"state"`
+	ClaimedAt  time.Time  `json:"claimedAt"`
+	AliveUntil time.Time  `json:"aliveUntil"`
+	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	ExitCode   *int       `json:"exitCode,omitempty"`
+}
+
+// NotIndexed is the index of a window of a Job that is not Indexed.
+const NotIndexed = -1
+
+// ClaimOutcome says how a successful claim came about.
+type ClaimOutcome string
+
+const (
+	Claimed   ClaimOutcome = "claimed"   // first claimer of the window
+	Reentered ClaimOutcome = "reentered" // the same pod again (a restarted sidecar): same token
+	TookOver  ClaimOutcome = "took-over" // took a failed or lapsed owner's window: new token
+)
+
+// ClaimRequest asks for one window of one key.
+type ClaimRequest struct {
+	Key    string
+	Window time.Time
+	// Index is the completion index of an Indexed Job's pod (each index is
+	// its own window), NotIndexed otherwise.
+	Index int
+	Owner Owner
+	// TTL is how long the claim stays alive without a heartbeat.
+	TTL time.Duration
+	// Standby allows taking over another Job's window whose owner failed or
+	// whose liveness lapsed at database time. Another pod of the caller's own
+	// Job may always do so.
+	Standby bool
+}
+
+// Validate lists every problem with the request.
+func (r ClaimRequest) Validate() error {
+	var errs []error
+	if r.Key == "" {
+		errs = append(errs, errors.New("key is empty"))
+	}
+	if r.Window.IsZero() {
+		errs = append(errs, errors.New("window is zero (manual runs take no window)"))
+	}
+	if r.Index < NotIndexed {
+		errs = append(errs, fmt.Errorf("index %d is not a completion index", r.Index))
+	}
+	if r.TTL <= 0 {
+		errs = append(errs, fmt.Errorf("ttl %s is not positive", r.TTL))
+	}
+	return errors.Join(r.Owner.Validate(), errors.Join(errs...))
+}
+
+// Claim is the result of ClaimWindow. On ErrWindowTaken, Window is the
+// current owner's row and Outcome is empty.
+type Claim struct {
+	Window  Window
+	Outcome ClaimOutcome
+	// DBTime is now() of the statement that decided.
+	DBTime time.Time
+}
+
+// ClaimWindow takes the window for the caller, re-enters the caller pod's own
+// running claim, or takes over a failed or lapsed owner's claim when the
+// caller is another pod of the same Job or a standby. Anything else is
+// ErrWindowTaken with the owner's row in the result: the caller decides from
+// it whether to wait or skip (see Waits).
+func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) {
+	if err := r.Validate(); err != nil {
+		return Claim{}, fmt.Errorf("claim request: %w", err)
+	}
+	start := r.Window.UTC()
+	// When the locked path refused, the owner is read by a second
+	// statement, and the row may have changed in between: deleted by an
+	// operator, or its owner failed or lapsed. A row this claim could take
+	// is claimed again, never reported as a refusal: a standby or a retry
+	// of the owner's Job told "taken by an owner who failed" would skip a
+	// window it must run.
+	for attempt := 0; attempt < 10; attempt++ {
+		var c Claim
+		var inserted, claimed bool
+		err := s.writeRow(ctx, func(row pgx.Row) error { return scanWindow(row, &c.Window, &inserted, &claimed, &c.DBTime) },
+			qClaimWindow, r.Key, start, r.Index, r.Owner.String(), r.Owner.Cluster,
+			r.Owner.Pod, micros(r.TTL), r.Owner.JobPrefix(), r.Standby)
+		switch {
+		case err == nil && !claimed:
+			return c, windowTaken(start, r.Key, c.Window)
+		case err == nil:
+			switch {
+			case inserted:
+				c.Outcome = Claimed
+			case c.Window.ClaimedAt.Equal(c.DBTime):
+				c.Outcome = TookOver
+			default:
+				c.Outcome = Reentered
+			}
+			return c, nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return Claim{}, s.classify(fmt.Sprintf("claiming window %s of %s", formatWindow(start), r.Key), err)
+		}
+		err = scanWindow(s.pool.QueryRow(ctx, qGetWindow, r.Key, start, r.Index), &c.Window, &c.DBTime)
+		switch {
+		case err == nil && r.mayTake(c.Window, c.DBTime):
+			continue
+		case err == nil:
+			return c, windowTaken(start, r.Key, c.Window)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return Claim{}, s.classify(fmt.Sprintf("reading owner of window %s of %s", formatWindow(start), r.Key), err)
+		}
+	}
+	return Claim{}, fmt.Errorf("claiming window %s of %s: the row kept changing hands or disappearing", formatWindow(start), r.Key)
+}
+
+// mayTake is qClaimWindow's claimTakes in Go: whether this claim may take
+// the window row w at database time now.
+func (r ClaimRequest) mayTake(w Window, now time.Time) bool {
+	mine := r.Owner.String()
+	if w.Owner == mine {
+		return w.State == StateRunning
+	}
+	lapsed := w.State == StateFailed || w.State == StateRunning && !w.AliveUntil.After(now)
+	return lapsed && (strings.HasPrefix(w.Owner, r.Owner.JobPrefix()) || r.Standby)
+}
+
+// windowTaken is the refusal of a claim on window start of key, which owner
+// holds.
+func windowTaken(start time.Time, key string, owner Window) error {
+	return fmt.Errorf("window %s of %s: %w by %s (%s)", formatWindow(start), key, ErrWindowTaken, owner.Owner, owner.State)
+}
+
+// Heartbeat extends the liveness of the caller's running claim and returns
+// the new alive_until. ErrWindowLost when the claim is no longer the caller's.
+func (s *Store) Heartbeat(ctx context.Context, key string, window time.Time, index int, token int64, ttl time.Duration) (aliveUntil, dbTime time.Time, err error) {
+	err = s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&aliveUntil, &dbTime) },
+		qHeartbeatWindow, key, window.UTC(), index, token, micros(ttl))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, time.Time{}, fmt.Errorf("heartbeat of window %s of %s token %d: %w", formatWindow(window), key, token, ErrWindowLost)
+	}
+	if err != nil {
+		return time.Time{}, time.Time{}, s.classify(fmt.Sprintf("heartbeat of window %s of %s", formatWindow(window), key), err)
+	}
+	return aliveUntil.UTC(), dbTime.UTC(), nil
+}
+
+// Finish records the outcome of the caller's claim (succeeded, failed or
+// skipped) at database time. Recording the same outcome twice succeeds.
+func (s *Store) Finish(ctx context.Context, key string, window time.Time, index int, token int64, state State, exitCode *int) (finishedAt time.Time, err error) {
+	if state == StateRunning || state == "" {
+		return time.Time{}, fmt.Errorf("finishing window %s of %s: state %q is not an outcome", formatWindow(window), key, state)
+	}
+	err = s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&finishedAt) },
+		qFinishWindow, key, window.UTC(), index, token, string(state), exitCode)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, fmt.Errorf("finishing window %s of %s token %d: %w", formatWindow(window), key, token, ErrWindowLost)
+	}
+	if err != nil {
+		return time.Time{}, s.classify(fmt.Sprintf("finishing window %s of %s", formatWindow(window), key), err)
+	}
+	return finishedAt.UTC(), nil
+}
+
+// GetWindow reads one window (index: NotIndexed, or a completion index);
+// ErrNotFound when there is none.
+func (s *Store) GetWindow(ctx context.Context, key string, window time.Time, index int) (Window, error) {
+	w, _, err := s.WindowAt(ctx, key, window, index)
+	return w, err
+}
+
+// WindowAt is GetWindow with the database time of the read, so that a
+// waiting caller can tell whether the owner is still alive without trying
+// to claim (a claim attempt draws a token and locks the row).
+func (s *Store) WindowAt(ctx context.Context, key string, window time.Time, index int) (Window, time.Time, error) {
+	var w Window
+	var dbTime time.Time
+	err := scanWindow(s.pool.QueryRow(ctx, qGetWindow, key, window.UTC(), index), &w, &dbTime)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Window{}, time.Time{}, fmt.Errorf("window %s of %s: %w", formatWindow(window), key, ErrNotFound)
+	}
+	return w, dbTime, s.classify("reading window", err)
+}
+
+// ListWindows returns the newest windows first, of one key or (key "") all,
+// with the database time.
+func (s *Store) ListWindows(ctx context.Context, key string, limit int) ([]Window, time.Time, error) {
+	return list(ctx, s, "listing windows", scanWindow, qListWindows, key, limit)
+}
+
+// DeleteWindow removes one window (every completion index of it) so that it can be claimed again (an
+// operator's decision to re-run it). ErrNotFound when there was none.
+func (s *Store) DeleteWindow(ctx context.Context, key string, window time.Time) error {
+	tag, err := s.pool.Exec(ctx, qDeleteWindow, key, window.UTC())
+	if err != nil {
+		return s.classify("deleting window", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("window %s of %s: %w", formatWindow(window), key, ErrNotFound)
+	}
+	return nil
+}
+
+// Retention of old windows.
+const (
+	// DefaultRetention is how long finished windows are kept.
+	DefaultRetention = 30 * 24 * time.Hour
+	// MinRetention is the shortest retention the webhook accepts: deleting
+	// a window's record lets a late pod of that window claim and run it
+	// again, so records must outlive every pod that could still ask.
+	MinRetention = 48 * time.Hour
+	// MaxClaimAge is how old (by database time) a window may be and still
+	// be claimed: agents skip older windows as stale, so a window is never
+	// claimed after a retention of at least MinRetention could have deleted
+	// it. It is above the longest catchup (24h).
+	MaxClaimAge = MinRetention - time.Hour
+)
+
+// Bounds of each statement of retention, on the server. Retention skips
+// the rows another session holds locked, so it waits for no row; these
+// bound what is left: a table lock (an operator's DDL) and a statement
+// slowed by anything else. A client whose context ends closes its
+// connection and sends no cancel request (see neverCancel), and the
+// server's statement would go on without them, holding the locks it took.
+const (
+	RetentionLockTimeout      = 2 * time.Second
+	RetentionStatementTimeout = 30 * time.Second
+	// retentionBatch bounds the rows one statement deletes: each holds its
+	// rows locked until it commits, and must end within
+	// RetentionStatementTimeout however far behind retention is.
+	retentionBatch = 1000
+)
+
+// DeleteOldWindows removes windows that started more than retention ago (by
+// database time), except ones whose owner is still alive; and the ledger's
+// rows, missed windows and statistics of the same age. It returns how many
+// windows it deleted.
+//
+// A row another session holds locked (a tenant may lock its own rows for
+// as long as it likes) is skipped, and deleted at a later run; nothing one
+// namespace holds delays another's retention. Each table is deleted from in
+// batches, each statement bounded on the server (RetentionLockTimeout,
+// RetentionStatementTimeout); a table whose statement fails does not keep
+// the next from being cleaned, and the error names each that failed.
+func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (int64, error) {
+	if retention < MinRetention {
+		return 0, fmt.Errorf("retention %s is shorter than %s: a late pod could claim and run a deleted window again", retention, MinRetention)
+	}
+	deleteOld := func(query string) (int64, error) {
+		var deleted int64
+		for {
+			batch := &pgx.Batch{}
+			batch.Queue(qStatementBounds, fmt.Sprint(RetentionLockTimeout.Milliseconds()), fmt.Sprint(RetentionStatementTimeout.Milliseconds()))
+			batch.Queue(query, micros(retention), retentionBatch)
+			br := s.pool.SendBatch(ctx, batch)
+			_, err := br.Exec()
+			var n int64
+			if err == nil {
+				tag, execErr := br.Exec()
+				n, err = tag.RowsAffected(), execErr
+			}
+			if closeErr := br.Close(); err == nil {
+				err = closeErr
+			}
+			if err != nil {
+				return deleted, err
+			}
+			if deleted += n; n < retentionBatch {
+				return deleted, nil
+			}
+		}
+	}
+	var windows int64
+	var errs []error
+	for _, step := range []struct{ what, query string }{
+		{"old windows", qDeleteOldWindows},
+		{"the shapes of old windows", qDeleteOldWindowUnits},
+		{"old job views", qDeleteOldViews},
+		{"old ledger rows", qDeleteOldDecisions},
+		{"old missed windows", qDeleteOldMissed},
+		{"the decision counts of keys silent for the retention", qDeleteOldCounts},
+		{"the statistics of keys silent for the retention", qDeleteOldKeyStats},
+	} {
+		if ctx.Err() != nil {
+			errs = append(errs, fmt.Errorf("deleting %s: %w", step.what, ctx.Err()))
+			break
+		}
+		n, err := deleteOld(step.query)
+		if step.query == qDeleteOldWindows {
+			windows = n
+		}
+		if err != nil {
+			errs = append(errs, s.classify("deleting "+step.what, err))
+		}
+	}
+	return windows, errors.Join(errs...)
+}
+
+// scanWindow reads a row of windowColumns and then extra; a row holding a
+// time no time.Time can hold is an *unreadableRow.
+func scanWindow(row pgx.Row, w *Window, extra ...any) error {
+	var state string
+	var problems []string
+	dest := append([]any{&w.Key, &finiteTime{column: "window_start", t: &w.Start, problems: &problems},
+		&w.Index, &w.Owner, &w.Cluster, &w.Pod, &w.Token, &state,
+		&finiteTime{column: "claimed_at", t: &w.ClaimedAt, problems: &problems},
+		&finiteTime{column: "alive_until", t: &w.AliveUntil, problems: &problems},
+		&finiteTime{column: "finished_at", nullable: &w.FinishedAt, problems: &problems},
+		&w.ExitCode}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return err
+	}
+	w.State = State(state)
+	utc(extra)
+	if len(problems) > 0 {
+		return &unreadableRow{table: "windows", key: w.Key, problems: problems}
+	}
+	return nil
+}
+
+func formatWindow(t time.Time) string { return t.UTC().Format(time.RFC3339) }

@@ -1,0 +1,245 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+const ttl = 30 * time.Second
+
+func claim(t *testing.T, s *store.Store, key string, w time.Time, o store.Owner, standby bool, ttl time.Duration) (store.Claim, error) {
+	t.Helper()
+	return s.ClaimWindow(context.Background(), store.ClaimRequest{Key: key, Window: w, Index: store.NotIndexed, Owner: o, TTL: ttl, Standby: standby})
+}
+
+func mustClaim(t *testing.T, s *store.Store, key string, w time.Time, o store.Owner, standby bool, ttl time.Duration, want store.ClaimOutcome) store.Claim {
+	t.Helper()
+	c, err := claim(t, s, key, w, o, standby, ttl)
+	if err != nil {
+		t.Fatalf("claim by %s: %v", o.WindowOwner(), err)
+	}
+	if c.Outcome != want {
+		t.Fatalf("claim by %s: outcome %q, want %q", o.WindowOwner(), c.Outcome, want)
+	}
+	return c
+}
+
+func mustBeTaken(t *testing.T, s *store.Store, key string, w time.Time, o store.Owner, standby bool, wantOwner string) store.Claim {
+	t.Helper()
+	c, err := claim(t, s, key, w, o, standby, ttl)
+	if !errors.Is(err, store.ErrWindowTaken) {
+		t.Fatalf("claim by %s: err %v, want ErrWindowTaken", o.WindowOwner(), err)
+	}
+	if c.Window.Owner != wantOwner {
+		t.Fatalf("refusal names owner %q, want %q", c.Window.Owner, wantOwner)
+	}
+	return c
+}
+
+func TestFirstClaimerOwnsTheWindowAndOthersAreToldWho(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 4)
+		key := uniqueKey(t)
+		a, b := owner("dc-a", "report-1", "pod-a"), owner("dc-b", "report-1", "pod-b")
+
+		won := mustClaim(t, s, key, window0, a, false, ttl, store.Claimed)
+		if won.Window.State != store.StateRunning || won.Window.Cluster != "dc-a" || won.Window.Pod != "pod-a" {
+			t.Fatalf("claimed row = %+v", won.Window)
+		}
+		if got := won.Window.AliveUntil.Sub(won.Window.ClaimedAt); got != ttl {
+			t.Fatalf("alive_until - claimed_at = %s, want the ttl %s", got, ttl)
+		}
+		lost := mustBeTaken(t, s, key, window0, b, false, a.WindowOwner())
+		if lost.Window.Token != won.Window.Token || lost.Window.Cluster != "dc-a" {
+			t.Fatalf("refusal shows %+v, want the owner's row %+v", lost.Window, won.Window)
+		}
+
+		// The same pod again (a restarted sidecar): re-entry, same token.
+		again := mustClaim(t, s, key, window0, a, false, ttl, store.Reentered)
+		if again.Window.Token != won.Window.Token || !again.Window.ClaimedAt.Equal(won.Window.ClaimedAt) {
+			t.Fatalf("re-entry changed token or claim time: %+v then %+v", won.Window, again.Window)
+		}
+		// Another pod of the same Job while the owner is alive is refused
+		// (it waits); it never shares the token.
+		retry := a
+		retry.Pod = "pod-a-retry"
+		mustBeTaken(t, s, key, window0, retry, false, a.WindowOwner())
+
+		// Once the owner succeeded, everyone skips, even after the run ended.
+		if _, err := s.Finish(context.Background(), key, window0, store.NotIndexed, won.Window.Token, store.StateSucceeded, ptr(0)); err != nil {
+			t.Fatal(err)
+		}
+		done := mustBeTaken(t, s, key, window0, b, true, a.WindowOwner())
+		if done.Window.State != store.StateSucceeded || done.Window.FinishedAt == nil || *done.Window.ExitCode != 0 {
+			t.Fatalf("finished row = %+v", done.Window)
+		}
+		// Not even the owner's own Job runs a succeeded window again.
+		mustBeTaken(t, s, key, window0, a, false, a.WindowOwner())
+
+		// The next window is a new claim with a larger token.
+		next := mustClaim(t, s, key, windowAt(1), b, false, ttl, store.Claimed)
+		if next.Window.Token <= won.Window.Token {
+			t.Fatalf("token %d after %d: tokens must increase", next.Window.Token, won.Window.Token)
+		}
+	})
+}
+
+func TestTokensStrictlyIncreaseWithEveryClaim(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn, 1)
+		key := uniqueKey(t)
+		var last int64
+		for i := range 50 {
+			c := mustClaim(t, s, key, windowAt(i), owner("dc-a", fmt.Sprint("job-", i), "p"), false, ttl, store.Claimed)
+			if c.Window.Token <= last {
+				t.Fatalf("window %d: token %d after %d", i, c.Window.Token, last)
+			}
+			last = c.Window.Token
+		}
+	})
+}
+
+// Three clusters, eight claimers each, race for 200 windows of one key.
+func TestContendedWindowsHaveExactlyOneOwnerEach(t *testing.T) {
+	const clusters, claimers, windows = 3, 8, 200
+	eachTarget(t, func(t *testing.T, dsn string) {
+		key := uniqueKey(t)
+		stores := make([]*store.Store, clusters)
+		for i := range stores {
+			stores[i] = openStore(t, dsn, claimers)
+		}
+		type result struct {
+			window int
+			owner  store.Owner
+			token  int64
+			won    bool
+			seen   string // the owner a refusal named
+		}
+		results := make(chan result, clusters*claimers*windows)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for c := range clusters {
+			for j := range claimers {
+				wg.Go(func() {
+					// One Job per (cluster, claimer); each visits the windows in its own order.
+					o := owner(fmt.Sprintf("dc-%d", c), fmt.Sprintf("job-%d", j), "pod")
+					order := rand.Perm(windows)
+					<-start
+					for _, w := range order {
+						got, err := stores[c].ClaimWindow(context.Background(), store.ClaimRequest{Key: key, Window: windowAt(w), Index: store.NotIndexed, Owner: o, TTL: ttl})
+						switch {
+						case err == nil:
+							results <- result{window: w, owner: o, token: got.Window.Token, won: true}
+						case errors.Is(err, store.ErrWindowTaken):
+							results <- result{window: w, owner: o, seen: got.Window.Owner}
+						default:
+							t.Errorf("claim: %v", err)
+							return
+						}
+					}
+				})
+			}
+		}
+		close(start)
+		wg.Wait()
+		close(results)
+
+		owners := map[int]store.Owner{}
+		tokens := map[int64]int{}
+		var refusals []result
+		for r := range results {
+			if !r.won {
+				refusals = append(refusals, r)
+				continue
+			}
+			if prev, dup := owners[r.window]; dup {
+				t.Fatalf("window %d owned twice: %s and %s", r.window, prev.WindowOwner(), r.owner.WindowOwner())
+			}
+			owners[r.window] = r.owner
+			if w, dup := tokens[r.token]; dup {
+				t.Fatalf("token %d handed out for windows %d and %d", r.token, w, r.window)
+			}
+			tokens[r.token] = r.window
+		}
+		if len(owners) != windows {
+			t.Fatalf("%d windows have an owner, want %d", len(owners), windows)
+		}
+		if want := clusters*claimers*windows - windows; len(refusals) != want {
+			t.Fatalf("%d refusals, want %d", len(refusals), want)
+		}
+		for _, r := range refusals {
+			if r.seen != owners[r.window].WindowOwner() {
+				t.Fatalf("refusal for window %d named %q, the owner is %q", r.window, r.seen, owners[r.window].WindowOwner())
+			}
+		}
+		// The database agrees, and each owner's restarted sidecar re-enters.
+		rows, _, err := stores[0].ListWindows(context.Background(), key, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != windows {
+			t.Fatalf("database has %d windows, want %d", len(rows), windows)
+		}
+		for _, row := range rows {
+			w := int(row.Start.Sub(window0) / time.Minute)
+			if row.Owner != owners[w].WindowOwner() {
+				t.Fatalf("database owner of window %d is %s, the claimer that won was %s", w, row.Owner, owners[w].WindowOwner())
+			}
+		}
+		for w, o := range owners {
+			mustClaim(t, stores[1], key, windowAt(w), o, false, ttl, store.Reentered)
+		}
+	})
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// A refused claim, the common case at the top of the minute (another
+// cluster's pod), locks nothing, draws no token and writes no WAL: it
+// leaves the owner's row as it was (xmax unchanged: no row lock) and the
+// token sequence where it was. A claim the owner's row allows (the same
+// Job's retry once the owner failed) still goes through the locked path.
+func TestARefusedClaimWritesNothing(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		s := openStore(t, dsn, 4)
+		su := rawConn(t, pgtest.Need(t).SuperuserDSN())
+		key := uniqueKey(t)
+		a, b := owner("dc-a", "report-1", "pod-a"), owner("dc-b", "report-1", "pod-b")
+		won := mustClaim(t, s, key, window0, a, false, ttl, store.Claimed)
+		rowAndToken := func() (xmax string, token int64) {
+			t.Helper()
+			err := su.QueryRow(ctx, `SELECT xmax::text, (SELECT last_value FROM dislock.token_counter)
+				FROM dislock.windows WHERE lock_key = $1 AND window_start = $2`, key, window0).Scan(&xmax, &token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return xmax, token
+		}
+		xmax0, token0 := rowAndToken()
+		for range 3 {
+			mustBeTaken(t, s, key, window0, b, false, a.WindowOwner())
+			mustBeTaken(t, s, key, window0, b, true, a.WindowOwner()) // a standby, the owner alive
+		}
+		if xmax, token := rowAndToken(); xmax != xmax0 || token != token0 {
+			t.Fatalf("refusals changed the owner's row or drew tokens: xmax %s → %s, last token %d → %d", xmax0, xmax, token0, token)
+		}
+		if _, err := s.Finish(ctx, key, window0, store.NotIndexed, won.Window.Token, store.StateFailed, ptr(1)); err != nil {
+			t.Fatal(err)
+		}
+		retry := a
+		retry.Pod = "pod-a-retry"
+		took := mustClaim(t, s, key, window0, retry, false, ttl, store.TookOver)
+		if took.Window.Token <= won.Window.Token {
+			t.Fatalf("takeover token %d after %d: tokens must increase", took.Window.Token, won.Window.Token)
+		}
+	})
+}
