@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dislock/dislock/lockagent/store/internal/dsn"
 )
 
 // The kinds of role a RoleReport can be about.
@@ -71,7 +73,7 @@ func CheckURL(ctx context.Context, databaseURL string, opts CheckOptions) RoleRe
 	defer func() {
 		for i := range rep.Findings {
 			f := &rep.Findings[i]
-			f.Detail, f.Fix = scrubPassword(databaseURL, f.Detail), scrubPassword(databaseURL, f.Fix)
+			f.Detail, f.Fix = dsn.Scrub(databaseURL, f.Detail), dsn.Scrub(databaseURL, f.Fix)
 		}
 	}()
 	cfg, err := ParseDatabaseURL(databaseURL)

@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dislock/dislock/lockagent/store/internal/dsn"
 )
 
 // DefaultMaxConns bounds the pool: the agent needs one connection at a time,
@@ -65,7 +67,7 @@ func ParseDatabaseURL(databaseURL string) (*pgxpool.Config, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("invalid database URL: %s", scrubPassword(databaseURL, err.Error()))
+		return nil, fmt.Errorf("invalid database URL: %s", dsn.Scrub(databaseURL, err.Error()))
 	}
 	if !setsExecMode(databaseURL) {
 		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
@@ -87,92 +89,6 @@ func setsExecMode(databaseURL string) bool {
 	}
 	_, ok := pc.RuntimeParams[key]
 	return ok
-}
-
-// keywordPasswords finds the values of password keywords in a key=value
-// connection string the way libpq reads them (blanks allowed around '=',
-// a value quoted with ' or bare, backslash escapes), even when the rest of
-// the string is broken. It returns each value as written and unescaped,
-// and the words of a value with blanks: a driver's own redaction may have
-// masked its first word only.
-func keywordPasswords(conn string) []string {
-	var out []string
-	for i := 0; ; {
-		j := strings.Index(conn[i:], "password")
-		if j < 0 {
-			return out
-		}
-		start := i + j
-		i = start + len("password")
-		if start > 0 && !isConnBlank(conn[start-1]) {
-			continue // sslpassword's value is the key's, not the login's
-		}
-		k := i
-		for k < len(conn) && isConnBlank(conn[k]) {
-			k++
-		}
-		if k == len(conn) || conn[k] != '=' {
-			continue
-		}
-		k++
-		for k < len(conn) && isConnBlank(conn[k]) {
-			k++
-		}
-		quoted := k < len(conn) && conn[k] == '\''
-		if quoted {
-			k++
-		}
-		var raw, value strings.Builder
-		for ; k < len(conn); k++ {
-			c := conn[k]
-			if c == '\\' && k+1 < len(conn) {
-				raw.WriteByte(c)
-				k++
-				raw.WriteByte(conn[k])
-				value.WriteByte(conn[k])
-				continue
-			}
-			if quoted && c == '\'' || !quoted && isConnBlank(c) {
-				break
-			}
-			raw.WriteByte(c)
-			value.WriteByte(c)
-		}
-		i = k
-		out = append(out, raw.String(), value.String())
-		if words := strings.Fields(value.String()); len(words) > 1 {
-			out = append(out, words...)
-		}
-	}
-}
-
-func isConnBlank(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
-
-// scrubPassword removes any password the connection string carries from msg.
-// pgx already redacts what it recognises; this also covers strings too broken
-// for its redaction to find the password.
-func scrubPassword(databaseURL, msg string) string {
-	var secrets []string
-	if u, err := url.Parse(databaseURL); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok {
-			secrets = append(secrets, p, url.QueryEscape(p), url.PathEscape(p))
-		}
-	}
-	if i := strings.Index(databaseURL, "://"); i >= 0 {
-		rest := databaseURL[i+3:]
-		if at := strings.LastIndex(rest, "@"); at >= 0 {
-			if colon := strings.Index(rest[:at], ":"); colon >= 0 {
-				secrets = append(secrets, rest[colon+1:at])
-			}
-		}
-	}
-	secrets = append(secrets, keywordPasswords(databaseURL)...)
-	for _, s := range secrets {
-		if s != "" {
-			msg = strings.ReplaceAll(msg, s, "xxxxx")
-		}
-	}
-	return msg
 }
 
 // Open prepares a Store. It does not connect; the first statement (or Ping)
@@ -209,7 +125,7 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	cfg.ConnConfig.DialFunc = neverCancel(keepAliveDialer.DialContext)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("opening database pool: %s", scrubPassword(databaseURL, err.Error()))
+		return nil, fmt.Errorf("opening database pool: %s", dsn.Scrub(databaseURL, err.Error()))
 	}
 	s.pool = pool
 	return s, nil
@@ -437,7 +353,7 @@ func verifiesServer(c *tls.Config) bool {
 
 // urlSSLMode names the sslmode a connection string sets, for messages.
 func urlSSLMode(databaseURL string) string {
-	if _, rest, ok := cutURLScheme(databaseURL); ok {
+	if _, rest, ok := dsn.CutURLScheme(databaseURL); ok {
 		if _, query, ok := strings.Cut(rest, "?"); ok {
 			if v, err := url.ParseQuery(query); err == nil && v.Has("sslmode") {
 				return "sslmode=" + v.Get("sslmode")
@@ -445,12 +361,16 @@ func urlSSLMode(databaseURL string) string {
 		}
 		return "sslmode unset"
 	}
-	for _, f := range strings.Fields(databaseURL) {
-		if v, ok := strings.CutPrefix(f, "sslmode="); ok {
-			return "sslmode=" + strings.Trim(v, "'")
+	// The last value of a keyword is the one pgx uses; a broken string is
+	// read as far as it goes.
+	mode := "sslmode unset"
+	pairs, _ := dsn.Parse(databaseURL)
+	for _, p := range pairs {
+		if p.Key == "sslmode" {
+			mode = "sslmode=" + p.Value
 		}
 	}
-	return "sslmode unset"
+	return mode
 }
 
 // ReplaceRootCA is WithRootCA for a connection string handed to someone who
@@ -470,7 +390,7 @@ func ReplaceRootCA(databaseURL, caFile string) (string, error) {
 // setRootCA adds sslmode and sslrootcert to a connection string; replace
 // drops an sslrootcert it names first.
 func setRootCA(databaseURL, caFile string, replace bool) (string, error) {
-	if scheme, rest, ok := cutURLScheme(databaseURL); ok {
+	if scheme, rest, ok := dsn.CutURLScheme(databaseURL); ok {
 		base, query, _ := strings.Cut(rest, "?")
 		var kept []string
 		has := map[string]bool{}
@@ -479,7 +399,7 @@ func setRootCA(databaseURL, caFile string, replace bool) (string, error) {
 				rawKey, _, _ := strings.Cut(pair, "=")
 				key, err := url.QueryUnescape(rawKey)
 				if err != nil {
-					return "", fmt.Errorf("database URL: query parameter %q: %s", rawKey, scrubPassword(databaseURL, err.Error()))
+					return "", fmt.Errorf("database URL: query parameter %q: %s", rawKey, dsn.Scrub(databaseURL, err.Error()))
 				}
 				if replace && key == "sslrootcert" {
 					continue
@@ -501,7 +421,7 @@ func setRootCA(databaseURL, caFile string, replace bool) (string, error) {
 	// pgx read it: a default goes in front, where the string's own value
 	// overrides it, and a replacement goes at the end.
 	s := strings.TrimSpace(databaseURL)
-	root := "sslrootcert=" + quoteConnValue(caFile)
+	root := "sslrootcert=" + dsn.Quote(caFile)
 	if replace {
 		s += " " + root
 	} else {

@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dislock/dislock/lockagent/store/internal/dsn"
 )
 
 // Tenant roles (migration 4). Each opted-in namespace gets, per cluster, a
@@ -538,36 +540,27 @@ func TenantDSN(ownerDSN string, c TenantCredential) (string, error) {
 	if _, err := ParseDatabaseURL(ownerDSN); err != nil {
 		return "", fmt.Errorf("tenant URL: owner URL: %w", err)
 	}
-	var dsn string
+	var out string
 	var err error
-	if scheme, rest, ok := cutURLScheme(ownerDSN); ok {
-		dsn, err = tenantURL(scheme, rest, c)
+	if scheme, rest, ok := dsn.CutURLScheme(ownerDSN); ok {
+		out, err = tenantURL(scheme, rest, c)
 	} else {
-		dsn, err = tenantKeywordValue(ownerDSN, c)
+		out, err = tenantKeywordValue(ownerDSN, c)
 	}
 	if err != nil {
-		return "", fmt.Errorf("tenant URL: %s", scrubPassword(ownerDSN, err.Error()))
+		return "", fmt.Errorf("tenant URL: %s", dsn.Scrub(ownerDSN, err.Error()))
 	}
-	cfg, err := ParseDatabaseURL(dsn)
+	cfg, err := ParseDatabaseURL(out)
 	if err != nil {
 		// Never expected: both pieces were parsed above. Neither
 		// password may appear in the message.
 		return "", fmt.Errorf("tenant URL: the result does not parse: %s",
-			strings.ReplaceAll(scrubPassword(ownerDSN, err.Error()), c.Password, "xxxxx"))
+			strings.ReplaceAll(dsn.Scrub(ownerDSN, err.Error()), c.Password, "xxxxx"))
 	}
 	if cfg.ConnConfig.User != c.Role || cfg.ConnConfig.Password != c.Password {
 		return "", errors.New("tenant URL: the result does not name the tenant's role and password")
 	}
-	return dsn, nil
-}
-
-func cutURLScheme(dsn string) (scheme, rest string, ok bool) {
-	for _, p := range []string{"postgresql://", "postgres://"} {
-		if rest, ok := strings.CutPrefix(dsn, p); ok {
-			return p, rest, true
-		}
-	}
-	return "", "", false
+	return out, nil
 }
 
 // tenantURL rewrites a postgres:// URL. As libpq (and pgx) read it, the
@@ -601,75 +594,19 @@ func tenantURL(scheme, rest string, c TenantCredential) (string, error) {
 	return scheme + userinfo + rest[:q] + query, nil
 }
 
-// tenantKeywordValue rewrites a key=value connection string, reading it as
-// libpq does (values bare or in single quotes, backslash escapes), keeping
-// every other pair in order and appending the tenant's user and password.
-func tenantKeywordValue(dsn string, c TenantCredential) (string, error) {
-	const space = " \t\n\r\v\f"
+// tenantKeywordValue rewrites a key=value connection string, keeping every
+// other pair in order and appending the tenant's user and password.
+func tenantKeywordValue(conn string, c TenantCredential) (string, error) {
+	pairs, err := dsn.Parse(conn)
+	if err != nil {
+		return "", err
+	}
 	var kept []string
-	s := strings.TrimLeft(dsn, space)
-	for s != "" {
-		eq := strings.IndexByte(s, '=')
-		if eq < 0 {
-			return "", errors.New("a keyword without '=' in the key=value connection string")
+	for _, p := range pairs {
+		if !ownerOnlyParams[p.Key] {
+			kept = append(kept, p.Key+"="+dsn.Quote(p.Value))
 		}
-		key := strings.Trim(s[:eq], space)
-		rest := strings.TrimLeft(s[eq+1:], space)
-		end := 0
-		if strings.HasPrefix(rest, "'") {
-			end = 1
-			for ; end < len(rest) && rest[end] != '\''; end++ {
-				if rest[end] == '\\' {
-					end++
-				}
-			}
-			if end >= len(rest) {
-				return "", errors.New("an unterminated quoted value in the key=value connection string")
-			}
-			end++ // the closing quote
-		} else {
-			for ; end < len(rest) && !strings.ContainsRune(space, rune(rest[end])); end++ {
-				if rest[end] == '\\' {
-					end++
-				}
-			}
-			end = min(end, len(rest))
-		}
-		if !ownerOnlyParams[key] {
-			value := rest[:end]
-			if strings.HasPrefix(value, "'") {
-				value = value[1 : len(value)-1]
-			}
-			kept = append(kept, key+"="+quoteConnValue(unescapeConnValue(value)))
-		}
-		s = strings.TrimLeft(rest[end:], space)
 	}
-	kept = append(kept, "user="+quoteConnValue(c.Role), "password="+quoteConnValue(c.Password))
+	kept = append(kept, "user="+dsn.Quote(c.Role), "password="+dsn.Quote(c.Password))
 	return strings.Join(kept, " "), nil
-}
-
-// unescapeConnValue reads a key=value connection string value as libpq
-// does: a backslash takes the next character literally, and a trailing one
-// is dropped.
-func unescapeConnValue(v string) string {
-	var b strings.Builder
-	for i := 0; i < len(v); i++ {
-		if v[i] == '\\' {
-			i++
-			if i == len(v) {
-				break
-			}
-		}
-		b.WriteByte(v[i])
-	}
-	return b.String()
-}
-
-// quoteConnValue renders v as a key=value connection string value: bare
-// when that reads back the same, else quoted.
-func quoteConnValue(v string) string {
-	if v != "" && !strings.ContainsAny(v, " \t\n\r\v\f'\\") {
-		return v
-	}
-	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }

@@ -702,6 +702,8 @@ func TestTenantDSNReplacesOnlyTheCredentials(t *testing.T) {
 			"host=db port=6432 dbname=dislock sslmode=disable user=dislock_t_0123_g2 password=pw-_AZaz09"},
 		{"key=value with quotes, escapes and spaces", `host = db  password='s3 cr\'3t' user=owner options='-c search_path=x' application_name=a\ b`,
 			`host=db options='-c search_path=x' application_name='a b' user=dislock_t_0123_g2 password=pw-_AZaz09`},
+		{"key=value separated by every blank libpq skips", "host=db\tport=6432\nuser=owner\vpassword=s3cr3t\fdbname=dislock\rsslmode=disable",
+			"host=db port=6432 dbname=dislock sslmode=disable user=dislock_t_0123_g2 password=pw-_AZaz09"},
 		{"multi-host key=value", "host=pg-a,pg-b port=5432,5433 user=owner passfile=/p target_session_attrs=read-write",
 			"host=pg-a,pg-b port=5432,5433 target_session_attrs=read-write user=dislock_t_0123_g2 password=pw-_AZaz09"},
 	} {
