@@ -122,7 +122,7 @@ func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding
 		lcMessages, checkInterval                    string
 		senders, hidden, streaming                   int64
 	)
-	err := s.pool.QueryRow(ctx, qTopology).Scan(&inRecovery, &readOnly, &syncCommit, &syncNames, &version,
+	err := s.h.Pool.QueryRow(ctx, qTopology).Scan(&inRecovery, &readOnly, &syncCommit, &syncNames, &version,
 		&senders, &hidden, &syncStandbys, &streaming, &lcMessages, &checkInterval)
 	if err != nil {
 		return nil, s.classify("checking the database", err)
@@ -150,7 +150,7 @@ func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding
 			"connected to a primary (PostgreSQL %s), but transactions are read-only (default_transaction_read_only): claims cannot be written", version)
 		return out, nil
 	}
-	add("primary", StatusOK, "", "connected to a primary (PostgreSQL %s) at %s", version, s.addr)
+	add("primary", StatusOK, "", "connected to a primary (PostgreSQL %s) at %s", version, s.h.Addr)
 
 	names := strings.TrimSpace(syncNames)
 	need := int64(1)
@@ -186,19 +186,19 @@ func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding
 		// hands tokens out again. Nobody can accept that.
 		add("synchronous_commit", StatusFail, fixCommit, "synchronous_commit = %s: a commit is acknowledged before it is on disk; a crash loses claims and tokens go back", syncCommit)
 	}
-	rows, err := s.pool.Query(ctx, qRoleSettings)
+	rows, err := s.h.Pool.Query(ctx, qRoleSettings)
 	if err != nil {
 		return nil, s.classify("checking role and database settings", err)
 	}
 	for rows.Next() {
-		var role, db, setting string
-		if err := rows.Scan(&role, &db, &setting); err != nil {
+		var role, database, setting string
+		if err := rows.Scan(&role, &database, &setting); err != nil {
 			rows.Close()
 			return nil, s.classify("checking role and database settings", err)
 		}
 		name, _, _ := strings.Cut(setting, "=")
-		add("role settings", StatusFail, fmt.Sprintf("ALTER ROLE … IN DATABASE … RESET %s for %s in %s", name, role, db),
-			"%s for %s in %s: the agents' claims under it are not durable as acknowledged (or a cut-short wait goes unreported); they retry and fail closed", setting, role, db)
+		add("role settings", StatusFail, fmt.Sprintf("ALTER ROLE … IN DATABASE … RESET %s for %s in %s", name, role, database),
+			"%s for %s in %s: the agents' claims under it are not durable as acknowledged (or a cut-short wait goes unreported); they retry and fail closed", setting, role, database)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -254,13 +254,13 @@ func (s *Store) checkSchema(ctx context.Context, opts CheckOptions, out []Findin
 	// failing.
 	var readable bool
 	var role, namespace string
-	if err := s.pool.QueryRow(ctx, qTokenReadable).Scan(&readable, &role); err != nil {
+	if err := s.h.Pool.QueryRow(ctx, qTokenReadable).Scan(&readable, &role); err != nil {
 		return append(out, Finding{Check: "tokens", Status: StatusFail, Detail: "cannot tell whether this role may read the fencing tokens: " + err.Error()})
 	}
 	if !readable {
 		who := "role " + role
 		// Only a tenant role may ask; for any other the answer is an error.
-		if s.pool.QueryRow(ctx, qTenantNamespace).Scan(&namespace) == nil && namespace != "" {
+		if s.h.Pool.QueryRow(ctx, qTenantNamespace).Scan(&namespace) == nil && namespace != "" {
 			who += " (the tenant role of namespace " + namespace + ")"
 		}
 		return append(out, Finding{Check: "tokens", Status: StatusWarn,
@@ -300,7 +300,7 @@ const maxTokenRowsNamed = 5
 // `window ns/report at 2026-12-02 12:00:00+00 (token 5497558138957)`, or
 // says why it cannot.
 func (s *Store) tokensAbove(ctx context.Context, next int64) string {
-	rows, err := s.pool.Query(ctx, qTokensAbove, next, maxTokenRowsNamed+1)
+	rows, err := s.h.Pool.Query(ctx, qTokensAbove, next, maxTokenRowsNamed+1)
 	if err != nil {
 		return "(cannot list them: " + err.Error() + ")"
 	}

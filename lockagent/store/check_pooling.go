@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 )
 
 // qBackendPid names the PostgreSQL backend serving the statement.
@@ -167,7 +169,7 @@ func clockFinding(ctx context.Context, conn *pgx.Conn) Finding {
 	for i := range clockSamples {
 		var dbNow time.Time
 		sent := time.Now()
-		if err := conn.QueryRow(ctx, qNow).Scan(&dbNow); err != nil {
+		if err := conn.QueryRow(ctx, db.QNow).Scan(&dbNow); err != nil {
 			return Finding{Check: "clock", Status: StatusWarn, Detail: "cannot read the database clock: " + err.Error(),
 				Fix: "run dislock check again once the database answers"}
 		}

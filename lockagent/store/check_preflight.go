@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 	"github.com/dislock/dislock/lockagent/store/internal/dsn"
 )
 
@@ -83,7 +84,7 @@ func CheckURL(ctx context.Context, databaseURL string, opts CheckOptions) RoleRe
 		return rep
 	}
 	cc := cfg.ConnConfig
-	rep.Role, rep.Addr, rep.Database = cc.User, addrs(cc), cc.Database
+	rep.Role, rep.Addr, rep.Database = cc.User, db.Addrs(cc), cc.Database
 	if strings.HasPrefix(rep.Role, tenantRolePrefix) {
 		// Known by its name even when it cannot log in.
 		rep.Kind = RoleTenant
@@ -132,18 +133,18 @@ func (s *Store) preflight(ctx context.Context, rep *RoleReport, opts CheckOption
 	// pooling this one would hold a server connection the probe may need.
 	conn.Close(context.Background())
 	out = append(out, s.poolingFinding(ctx), privileges)
-	db, err := s.CheckDatabase(ctx, opts)
+	found, err := s.CheckDatabase(ctx, opts)
 	if err != nil {
 		return append(out, Finding{Check: "database", Status: StatusFail, Detail: err.Error(),
 			Fix: "see the error; run dislock check again once the database answers"})
 	}
-	return append(out, db...)
+	return append(out, found...)
 }
 
 // connect opens one connection of its own, outside the Store's pool, with
 // the Store's settings.
 func (s *Store) connect(ctx context.Context) (*pgx.Conn, error) {
-	cc := s.pool.Config().ConnConfig
+	cc := s.h.Pool.Config().ConnConfig
 	if cc.ConnectTimeout == 0 {
 		cc.ConnectTimeout = checkConnectTimeout
 	}
@@ -238,7 +239,7 @@ func tlsVerifyFailed(err error) bool {
 // TLS, whether it supports TLS, when the URL insists on it. The driver's
 // own refusal has no type to tell it by.
 func (s *Store) refusesTLS(ctx context.Context) bool {
-	cc := s.pool.Config().ConnConfig
+	cc := s.h.Pool.Config().ConnConfig
 	if cc.TLSConfig == nil || strings.HasPrefix(cc.Host, "/") {
 		return false
 	}
@@ -248,7 +249,7 @@ func (s *Store) refusesTLS(ctx context.Context) bool {
 		}
 	}
 	d := net.Dialer{Timeout: checkConnectTimeout}
-	c, err := d.DialContext(ctx, "tcp", hostPort(cc.Host, cc.Port))
+	c, err := d.DialContext(ctx, "tcp", db.HostPort(cc.Host, cc.Port))
 	if err != nil {
 		return false
 	}
@@ -297,10 +298,8 @@ func loopback(conn *pgx.Conn) bool {
 	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
 		return true
 	}
-	if a, ok := conn.PgConn().Conn().RemoteAddr().(noCancelAddr); ok {
-		if tcp, ok := a.Addr.(*net.TCPAddr); ok {
-			return tcp.IP.IsLoopback()
-		}
+	if tcp, ok := db.TCPAddr(conn.PgConn().Conn().RemoteAddr()); ok {
+		return tcp.IP.IsLoopback()
 	}
 	return false
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 )
 
 // qOwnerPrivileges reads what the owner role needs: CREATE on the database
@@ -23,17 +25,17 @@ SELECT current_user::text, current_database()::text,
 
 // ownerPrivileges says whether the owner role can migrate and provision.
 func ownerPrivileges(ctx context.Context, conn *pgx.Conn) Finding {
-	var role, db string
+	var role, database string
 	var create, ownsSchema, createRole bool
-	if err := conn.QueryRow(ctx, qOwnerPrivileges).Scan(&role, &db, &create, &ownsSchema, &createRole); err != nil {
+	if err := conn.QueryRow(ctx, qOwnerPrivileges).Scan(&role, &database, &create, &ownsSchema, &createRole); err != nil {
 		return Finding{Check: "privileges", Status: StatusFail, Detail: "cannot read the role's privileges: " + err.Error(),
 			Fix: "run dislock check again once the database answers"}
 	}
 	ident := sqlIdent(role)
 	var missing, fixes []string
 	if !create && !ownsSchema {
-		missing = append(missing, "CREATE on database "+db+" (to create schema dislock and migrate it)")
-		fixes = append(fixes, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", sqlIdent(db), ident))
+		missing = append(missing, "CREATE on database "+database+" (to create schema dislock and migrate it)")
+		fixes = append(fixes, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", sqlIdent(database), ident))
 	}
 	if !createRole {
 		missing = append(missing, "CREATEROLE (to create and rotate each namespace's tenant role)")
@@ -84,10 +86,10 @@ func (s *Store) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace 
 	const ttl = time.Minute
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, qClaimWindow, key, time.Now().UTC().Truncate(time.Minute), NotIndexed,
-			o.WindowOwner(), o.Cluster, o.Pod, micros(ttl), o.JobPrefix(), false); err != nil {
+			o.WindowOwner(), o.Cluster, o.Pod, db.Micros(ttl), o.JobPrefix(), false); err != nil {
 			return fmt.Errorf("claiming a window: %w", err)
 		}
-		if _, err := tx.Exec(ctx, qAcquireLease, key, o.LeaseOwner(), micros(ttl)); err != nil {
+		if _, err := tx.Exec(ctx, qAcquireLease, key, o.LeaseOwner(), db.Micros(ttl)); err != nil {
 			return fmt.Errorf("taking a lease: %w", err)
 		}
 		return errRollBack

@@ -53,7 +53,7 @@ func (s *Store) classify(op string, err error) error {
 		return nil
 	}
 	if unavailable(err) {
-		return fmt.Errorf("%s: %w at %s: %w", op, ErrUnavailable, s.addr, err)
+		return fmt.Errorf("%s: %w at %s: %w", op, ErrUnavailable, s.h.Addr, err)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" && !errors.Is(err, ErrForbidden) { // insufficient_privilege

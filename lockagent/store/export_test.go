@@ -1,15 +1,12 @@
 package store
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // ClaimWindowSQL and AcquireLeaseSQL let the benchmark hand pgbench the very
@@ -67,10 +64,4 @@ func VerifySCRAMExchange(verifier, authMessage, clientProof, serverSignature str
 		return fmt.Errorf("server signature %s, want %s", got, serverSignature)
 	}
 	return nil
-}
-
-// QueryRowForTest runs query on one of the Store's pooled connections, to
-// read what a lock statement on that connection would see.
-func (s *Store) QueryRowForTest(ctx context.Context, query string, args ...any) pgx.Row {
-	return s.pool.QueryRow(ctx, query, args...)
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 )
 
 // Lease is one row of dislock.leases; times are database times in UTC.
@@ -42,7 +44,7 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 		var g LeaseGrant
 		var inserted bool
 		err := s.writeRow(ctx, func(row pgx.Row) error { return scanLease(row, &g.Lease, &inserted, &g.DBTime) },
-			qAcquireLease, key, owner.LeaseOwner(), micros(ttl))
+			qAcquireLease, key, owner.LeaseOwner(), db.Micros(ttl))
 		switch {
 		case err == nil:
 			g.Reentered = !inserted && !g.Lease.AcquiredAt.Equal(g.DBTime)
@@ -50,7 +52,7 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 		case !errors.Is(err, pgx.ErrNoRows):
 			return LeaseGrant{}, s.classify("acquiring lease "+key, err)
 		}
-		err = scanLease(s.pool.QueryRow(ctx, qGetLease, key), &g.Lease, &g.DBTime)
+		err = scanLease(s.h.Pool.QueryRow(ctx, qGetLease, key), &g.Lease, &g.DBTime)
 		switch {
 		case err == nil:
 			return g, fmt.Errorf("lease %s: %w: %s until %s", key, ErrLeaseHeld, g.Lease.Owner, g.Lease.ExpireAt.Format(time.RFC3339))
@@ -65,7 +67,7 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 // time. ErrLeaseLost once it expired or was taken over: the caller must stop.
 func (s *Store) RenewLease(ctx context.Context, key string, token int64, ttl time.Duration) (expireAt, dbTime time.Time, err error) {
 	err = s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&expireAt, &dbTime) },
-		qRenewLease, key, token, micros(ttl))
+		qRenewLease, key, token, db.Micros(ttl))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, time.Time{}, fmt.Errorf("renewing lease %s token %d: %w", key, token, ErrLeaseLost)
 	}
@@ -79,7 +81,7 @@ func (s *Store) RenewLease(ctx context.Context, key string, token int64, ttl tim
 // false when there was nothing of the caller's to release (it had expired,
 // and perhaps someone else took it).
 func (s *Store) ReleaseLease(ctx context.Context, key string, token int64) (bool, error) {
-	tag, err := s.pool.Exec(ctx, qReleaseLease, key, token)
+	tag, err := s.h.Pool.Exec(ctx, qReleaseLease, key, token)
 	if err != nil {
 		return false, s.classify("releasing lease "+key, err)
 	}
@@ -89,7 +91,7 @@ func (s *Store) ReleaseLease(ctx context.Context, key string, token int64) (bool
 // ForceReleaseLease expires the lease of key whoever holds it: an operator's
 // tool for a holder known to be gone. ErrNotFound when no live lease exists.
 func (s *Store) ForceReleaseLease(ctx context.Context, key string) error {
-	tag, err := s.pool.Exec(ctx, qForceReleaseLease, key)
+	tag, err := s.h.Pool.Exec(ctx, qForceReleaseLease, key)
 	if err != nil {
 		return s.classify("releasing lease "+key, err)
 	}
@@ -103,7 +105,7 @@ func (s *Store) ForceReleaseLease(ctx context.Context, key string) error {
 func (s *Store) GetLease(ctx context.Context, key string) (Lease, time.Time, error) {
 	var l Lease
 	var dbTime time.Time
-	err := scanLease(s.pool.QueryRow(ctx, qGetLease, key), &l, &dbTime)
+	err := scanLease(s.h.Pool.QueryRow(ctx, qGetLease, key), &l, &dbTime)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Lease{}, time.Time{}, fmt.Errorf("lease %s: %w", key, ErrNotFound)
 	}
@@ -115,22 +117,22 @@ func (s *Store) GetLease(ctx context.Context, key string) (Lease, time.Time, err
 
 // ListLeases returns every lease row (expired ones too) and the database time.
 func (s *Store) ListLeases(ctx context.Context) ([]Lease, time.Time, error) {
-	return list(ctx, s, "listing leases", scanLease, qListLeases)
+	return db.List(ctx, &s.h, "listing leases", scanLease, qListLeases)
 }
 
 // scanLease reads a row of leaseColumns and then extra; a row holding a
-// time no time.Time can hold is an *unreadableRow.
+// time no time.Time can hold is an *db.UnreadableRow.
 func scanLease(row pgx.Row, l *Lease, extra ...any) error {
 	var problems []string
 	dest := append([]any{&l.Key, &l.Owner, &l.Token,
-		&finiteTime{column: "acquired_at", t: &l.AcquiredAt, problems: &problems},
-		&finiteTime{column: "expire_at", t: &l.ExpireAt, problems: &problems}}, extra...)
+		&db.FiniteTime{Column: "acquired_at", T: &l.AcquiredAt, Problems: &problems},
+		&db.FiniteTime{Column: "expire_at", T: &l.ExpireAt, Problems: &problems}}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return err
 	}
-	utc(extra)
+	db.UTC(extra)
 	if len(problems) > 0 {
-		return &unreadableRow{table: "leases", key: l.Key, problems: problems}
+		return &db.UnreadableRow{Table: "leases", Key: l.Key, Problems: problems}
 	}
 	return nil
 }

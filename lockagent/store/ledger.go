@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 )
 
 // Action is what one pod decided, or how the run it owned ended: the ledger
@@ -111,7 +113,7 @@ func (s *Store) RecordDecision(ctx context.Context, d Decision) error {
 		fmt.Sprint(LedgerLockTimeout.Milliseconds()), fmt.Sprint(LedgerStatementTimeout.Milliseconds()))
 	batch.Queue(qRecordDecision, d.Key, window, d.Index, d.Cluster, d.Job, d.Pod, string(d.Action),
 		cutReason(d.Reason), d.Token, seconds, DurationBuckets)
-	err := s.pool.SendBatch(ctx, batch).Close()
+	err := s.h.Pool.SendBatch(ctx, batch).Close()
 	return s.classify("recording the decision of "+d.Key, err)
 }
 
@@ -159,25 +161,17 @@ func (s *Store) ListDecisions(ctx context.Context, f DecisionFilter) ([]Decision
 	if limit <= 0 {
 		limit = DefaultListLimit
 	}
-	return list(ctx, s, "listing decisions", scanDecision, qListDecisions,
-		f.Key, nullTime(f.Window), nullTime(f.From), nullTime(f.To), limit)
-}
-
-func nullTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	u := t.UTC()
-	return &u
+	return db.List(ctx, &s.h, "listing decisions", scanDecision, qListDecisions,
+		f.Key, db.NullTime(f.Window), db.NullTime(f.From), db.NullTime(f.To), limit)
 }
 
 func scanDecision(row pgx.Row, d *Decision, extra ...any) error {
 	var problems []string
 	var window *time.Time
 	var action string
-	err := row.Scan(append([]any{&d.Key, &finiteTime{column: "window_start", nullable: &window, problems: &problems},
+	err := row.Scan(append([]any{&d.Key, &db.FiniteTime{Column: "window_start", Nullable: &window, Problems: &problems},
 		&d.Index, &d.Cluster, &d.Job, &d.Pod, &action, &d.Reason, &d.Token,
-		&finiteTime{column: "decided_at", t: &d.At, problems: &problems}}, extra...)...)
+		&db.FiniteTime{Column: "decided_at", T: &d.At, Problems: &problems}}, extra...)...)
 	if err != nil {
 		return err
 	}
@@ -186,7 +180,7 @@ func scanDecision(row pgx.Row, d *Decision, extra ...any) error {
 		d.Window = *window
 	}
 	if len(problems) > 0 {
-		return &unreadableRow{table: "decisions", key: d.Key, problems: problems}
+		return &db.UnreadableRow{Table: "decisions", Key: d.Key, Problems: problems}
 	}
 	return nil
 }

@@ -458,7 +458,7 @@ func TestALedgerWriteKeepsItsBoundsAndItsCommitSetting(t *testing.T) {
 			t.Fatal(err)
 		}
 		var setting string
-		if err := s.QueryRowForTest(ctx, "SHOW synchronous_commit").Scan(&setting); err != nil {
+		if err := s.Handle().Pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&setting); err != nil {
 			t.Fatal(err)
 		}
 		if setting != "on" {

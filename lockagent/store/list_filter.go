@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 )
 
 // WindowFilter selects windows for the operator's listings. Zero fields do
@@ -38,8 +40,8 @@ func (s *Store) ListWindowsIn(ctx context.Context, f WindowFilter) ([]Window, ti
 	if err := f.Validate(); err != nil {
 		return nil, time.Time{}, err
 	}
-	return list(ctx, s, "listing windows", scanWindow, qListWindowsIn,
-		f.Key, nullTime(f.From), nullTime(f.To), f.limit())
+	return db.List(ctx, &s.h, "listing windows", scanWindow, qListWindowsIn,
+		f.Key, db.NullTime(f.From), db.NullTime(f.To), f.limit())
 }
 
 // MaxDecisionsPerWindow bounds the decisions ListWindowDecisions returns of
@@ -56,8 +58,8 @@ func (s *Store) ListWindowDecisions(ctx context.Context, f WindowFilter) ([]Deci
 	if err := f.Validate(); err != nil {
 		return nil, time.Time{}, err
 	}
-	return list(ctx, s, "listing the decisions of windows", scanDecision, qListWindowDecisions,
-		f.Key, nullTime(f.From), nullTime(f.To), f.limit(), MaxDecisionsPerWindow)
+	return db.List(ctx, &s.h, "listing the decisions of windows", scanDecision, qListWindowDecisions,
+		f.Key, db.NullTime(f.From), db.NullTime(f.To), f.limit(), MaxDecisionsPerWindow)
 }
 
 // qListWindowsIn is qListWindows bounded by window start ($2 <= start < $3,

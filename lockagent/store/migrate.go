@@ -15,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 )
 
 //go:embed migrations/*.sql
@@ -236,13 +238,6 @@ func (st SchemaState) Usable() bool {
 	return st.Current == st.Known || st.Newer() && st.Incompatible == nil
 }
 
-// querier is what schemaState reads through: the pool, or the migration's
-// transaction.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 const (
 	qSchemaVersion = `SELECT coalesce(max(version), 0) FROM dislock.schema_migrations`
 	// qNewerMigrations: compatible_from exists in every schema newer than
@@ -253,7 +248,7 @@ const (
 // schemaState reads the database's version and, when it is newer than
 // known, whether code knowing known may run against it: only if every
 // migration after known is compatible from known or earlier.
-func schemaState(ctx context.Context, q querier, known int) (SchemaState, error) {
+func schemaState(ctx context.Context, q db.Querier, known int) (SchemaState, error) {
 	st := SchemaState{Known: known}
 	if err := q.QueryRow(ctx, qSchemaVersion).Scan(&st.Current); err != nil {
 		return st, err
@@ -287,7 +282,7 @@ func schemaState(ctx context.Context, q querier, known int) (SchemaState, error)
 // Schema reads how the database's schema relates to this build, without
 // changing it. A database without schema dislock is at version 0.
 func (s *Store) Schema(ctx context.Context) (SchemaState, error) {
-	st, err := schemaState(ctx, s.pool, SchemaVersion())
+	st, err := schemaState(ctx, s.h.Pool, SchemaVersion())
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined table or schema
 		return SchemaState{Known: SchemaVersion()}, nil
@@ -296,12 +291,6 @@ func (s *Store) Schema(ctx context.Context) (SchemaState, error) {
 		return st, s.classify("reading the schema version", err)
 	}
 	return st, nil
-}
-
-// lockTimedOut tells a lock wait cut by lock_timeout.
-func lockTimedOut(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
 
 // errOldMigrationLockHeld: a session that may be an older release's
@@ -318,7 +307,7 @@ var errCreatedMeanwhile = errors.New("another migrator created schema dislock at
 // may wait for qMigrationLock while this one waits for a table it holds.
 func migrationBusy(err error) bool {
 	var pgErr *pgconn.PgError
-	return lockTimedOut(err) || errors.Is(err, errOldMigrationLockHeld) || errors.Is(err, errCreatedMeanwhile) ||
+	return db.LockTimedOut(err) || errors.Is(err, errOldMigrationLockHeld) || errors.Is(err, errCreatedMeanwhile) ||
 		errors.As(err, &pgErr) && pgErr.Code == "40P01" // deadlock_detected
 }
 
@@ -332,7 +321,7 @@ CREATE TABLE IF NOT EXISTS dislock.schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now())`
 
 func (s *Store) migrateOnce(ctx context.Context, ms []migration) ([]int, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.h.Pool.Begin(ctx)
 	if err != nil {
 		return nil, s.classify("migrating", err)
 	}
@@ -407,7 +396,7 @@ func (s *Store) migrateOnce(ctx context.Context, ms []migration) ([]int, error) 
 // (another cluster's newer dislock migrated first: clusters are upgraded one
 // at a time). Nothing here may change a newer schema; this build only tells
 // whether it can work against it, and an error if not.
-func (s *Store) nothingToApply(ctx context.Context, q querier, known int) (bool, error) {
+func (s *Store) nothingToApply(ctx context.Context, q db.Querier, known int) (bool, error) {
 	st, err := schemaState(ctx, q, known)
 	switch {
 	case err != nil:
@@ -417,7 +406,7 @@ func (s *Store) nothingToApply(ctx context.Context, q querier, known int) (bool,
 	case st.Incompatible != nil:
 		return true, fmt.Errorf("migrating: %w", st.Incompatible)
 	case st.Newer():
-		s.logger.Warn("schema dislock is newer than this dislock knows, and every migration since is compatible with it: nothing to apply; upgrade this cluster's dislock when convenient",
+		s.h.Logger.Warn("schema dislock is newer than this dislock knows, and every migration since is compatible with it: nothing to apply; upgrade this cluster's dislock when convenient",
 			"schemaVersion", st.Current, "knownVersion", st.Known)
 	}
 	return true, nil
@@ -471,7 +460,7 @@ func (s *Store) tryOldMigrationLock(ctx context.Context, tx pgx.Tx) error {
 		// Let go meanwhile, or a migrator may hold it: try again.
 		return fmt.Errorf("migrating: %w", errOldMigrationLockHeld)
 	}
-	s.logger.Warn("a session that cannot be migrating (not of schema dislock's owner role: a tenant's, say) holds the advisory lock older dislock releases migrate under; migrating under the table lock alone")
+	s.h.Logger.Warn("a session that cannot be migrating (not of schema dislock's owner role: a tenant's, say) holds the advisory lock older dislock releases migrate under; migrating under the table lock alone")
 	return nil
 }
 
@@ -511,7 +500,7 @@ func (s *Store) lockHolders(ctx context.Context) string {
 		xactSeconds                 int64
 		advisory                    bool
 	}
-	rows, err := s.pool.Query(ctx, qLockHolders)
+	rows, err := s.h.Pool.Query(ctx, qLockHolders)
 	if err != nil {
 		return "cannot list the sessions holding locks on schema dislock's tables (" + err.Error() + ")"
 	}
@@ -530,7 +519,7 @@ func (s *Store) lockHolders(ctx context.Context) string {
 		roles[i] = h.role
 	}
 	namespaces := map[string]string{}
-	if rows, err := s.pool.Query(ctx, qTenantNamespaces, roles); err == nil {
+	if rows, err := s.h.Pool.Query(ctx, qTenantNamespaces, roles); err == nil {
 		for rows.Next() {
 			var role, ns string
 			if rows.Scan(&role, &ns) == nil {

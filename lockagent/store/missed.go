@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 	"github.com/dislock/dislock/lockagent/window"
 )
 
@@ -260,7 +261,7 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 	const op = "detecting missed windows"
 	// The reads share one read-only transaction, bounded on the server as
 	// the write is (SET LOCAL semantics: behind PgBouncer too).
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := s.h.Pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return Detection{}, s.classify(op, err)
 	}
@@ -512,13 +513,13 @@ func judgeWindow(rows []windowState, now time.Time) (kind string, pending bool) 
 
 // keysToJudge reads every key's statistics with the newest view any cluster
 // recorded for it, and the time to judge at.
-func (s *Store) keysToJudge(ctx context.Context, q querier, opts MissedOptions) ([]*keyToJudge, time.Time, error) {
+func (s *Store) keysToJudge(ctx context.Context, q db.Querier, opts MissedOptions) ([]*keyToJudge, time.Time, error) {
 	const op = "reading the keys to judge"
 	var at *time.Time
 	if !opts.Now.IsZero() {
 		at = &opts.Now
 	}
-	rows, err := q.Query(ctx, qKeysToJudge, MaxKeysPerNamespace, opts.Namespace, at, micros(opts.Lookback))
+	rows, err := q.Query(ctx, qKeysToJudge, MaxKeysPerNamespace, opts.Namespace, at, db.Micros(opts.Lookback))
 	if err != nil {
 		return nil, time.Time{}, s.classify(op, err)
 	}
@@ -530,12 +531,12 @@ func (s *Store) keysToJudge(ctx context.Context, q querier, opts MissedOptions) 
 		var view string
 		var with *string
 		var problems []string
-		if err := rows.Scan(&k.key, &finiteTime{column: "first_seen", t: &k.firstSeen, problems: &problems},
-			&finiteTime{column: "last_decided", t: &k.lastDecided, problems: &problems},
-			&finiteTime{column: "checked_until", nullable: &k.checkedUntil, problems: &problems}, &with, &view,
-			&finiteTime{column: "changed_at", t: &k.scheduleSince, problems: &problems},
-			&finiteTime{column: "window_start", nullable: &k.lastWindow, problems: &problems},
-			&finiteTime{column: "window_start", nullable: &k.firstWindow, problems: &problems}, &now); err != nil {
+		if err := rows.Scan(&k.key, &db.FiniteTime{Column: "first_seen", T: &k.firstSeen, Problems: &problems},
+			&db.FiniteTime{Column: "last_decided", T: &k.lastDecided, Problems: &problems},
+			&db.FiniteTime{Column: "checked_until", Nullable: &k.checkedUntil, Problems: &problems}, &with, &view,
+			&db.FiniteTime{Column: "changed_at", T: &k.scheduleSince, Problems: &problems},
+			&db.FiniteTime{Column: "window_start", Nullable: &k.lastWindow, Problems: &problems},
+			&db.FiniteTime{Column: "window_start", Nullable: &k.firstWindow, Problems: &problems}, &now); err != nil {
 			return nil, time.Time{}, s.classify(op, err)
 		}
 		if err := json.Unmarshal([]byte(view), &k.view); err != nil {
@@ -550,7 +551,7 @@ func (s *Store) keysToJudge(ctx context.Context, q querier, opts MissedOptions) 
 			}
 		}
 		if len(problems) > 0 {
-			s.skipRow(op, &unreadableRow{table: "key_stats", key: k.key, problems: problems})
+			s.h.SkipRow(op, &db.UnreadableRow{Table: "key_stats", Key: k.key, Problems: problems})
 			continue
 		}
 		if !strings.Contains(k.view.Mode, "schedule") {
@@ -564,7 +565,7 @@ func (s *Store) keysToJudge(ctx context.Context, q querier, opts MissedOptions) 
 	if now.IsZero() {
 		// Through q: the caller's transaction may hold the pool's only
 		// connection.
-		if err := q.QueryRow(ctx, qNow).Scan(&now); err != nil {
+		if err := q.QueryRow(ctx, db.QNow).Scan(&now); err != nil {
 			return nil, time.Time{}, s.classify("reading database time", err)
 		}
 		if !opts.Now.IsZero() && opts.Now.Before(now) {
@@ -575,7 +576,7 @@ func (s *Store) keysToJudge(ctx context.Context, q querier, opts MissedOptions) 
 }
 
 // windowsToJudge reads the rows of every expected window, one query.
-func (s *Store) windowsToJudge(ctx context.Context, q querier, keys []*keyToJudge) (map[windowRef][]windowState, error) {
+func (s *Store) windowsToJudge(ctx context.Context, q db.Querier, keys []*keyToJudge) (map[windowRef][]windowState, error) {
 	var names []string
 	var starts []time.Time
 	for _, k := range keys {
@@ -599,12 +600,12 @@ func (s *Store) windowsToJudge(ctx context.Context, q querier, keys []*keyToJudg
 		var start time.Time
 		var st windowState
 		var problems []string
-		if err := rows.Scan(&key, &finiteTime{column: "window_start", t: &start, problems: &problems}, &state,
-			&finiteTime{column: "alive_until", t: &st.aliveUntil, problems: &problems}); err != nil {
+		if err := rows.Scan(&key, &db.FiniteTime{Column: "window_start", T: &start, Problems: &problems}, &state,
+			&db.FiniteTime{Column: "alive_until", T: &st.aliveUntil, Problems: &problems}); err != nil {
 			return nil, s.classify(op, err)
 		}
 		if len(problems) > 0 {
-			s.skipRow(op, &unreadableRow{table: "windows", key: key, problems: problems})
+			s.h.SkipRow(op, &db.UnreadableRow{Table: "windows", Key: key, Problems: problems})
 			continue
 		}
 		st.state = State(state)
@@ -615,7 +616,7 @@ func (s *Store) windowsToJudge(ctx context.Context, q querier, keys []*keyToJudg
 
 // explainMissed sets each missed window's reason from the ledger: what every
 // cluster decided for it.
-func (s *Store) explainMissed(ctx context.Context, q querier, found []MissedWindow) error {
+func (s *Store) explainMissed(ctx context.Context, q db.Querier, found []MissedWindow) error {
 	if len(found) == 0 {
 		return nil
 	}
@@ -702,7 +703,7 @@ func (s *Store) recordMissed(ctx context.Context, keys []*keyToJudge, found []Mi
 	batch := &pgx.Batch{}
 	batch.Queue(qStatementBounds, missedBounds()...)
 	batch.Queue(qRecordMissed, mKeys, mStarts, mKinds, mReasons, ckKeys, ckUntil, ckWith)
-	br := s.pool.SendBatch(ctx, batch)
+	br := s.h.Pool.SendBatch(ctx, batch)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return nil, err
@@ -758,13 +759,13 @@ func (s *Store) ListMissed(ctx context.Context, f MissedFilter) ([]MissedWindow,
 	if limit <= 0 {
 		limit = DefaultListLimit
 	}
-	return list(ctx, s, "listing missed windows", func(row pgx.Row, m *MissedWindow, extra ...any) error {
+	return db.List(ctx, &s.h, "listing missed windows", func(row pgx.Row, m *MissedWindow, extra ...any) error {
 		var problems []string
-		err := row.Scan(append([]any{&m.Key, &finiteTime{column: "window_start", t: &m.Window, problems: &problems},
-			&m.Kind, &m.Reason, &finiteTime{column: "detected_at", t: &m.DetectedAt, problems: &problems}}, extra...)...)
+		err := row.Scan(append([]any{&m.Key, &db.FiniteTime{Column: "window_start", T: &m.Window, Problems: &problems},
+			&m.Kind, &m.Reason, &db.FiniteTime{Column: "detected_at", T: &m.DetectedAt, Problems: &problems}}, extra...)...)
 		if err == nil && len(problems) > 0 {
-			return &unreadableRow{table: "missed", key: m.Key, problems: problems}
+			return &db.UnreadableRow{Table: "missed", Key: m.Key, Problems: problems}
 		}
 		return err
-	}, qListMissed, f.Key, nullTime(f.From), nullTime(f.To), limit, nullTime(f.DetectedAfter), f.PerKey)
+	}, qListMissed, f.Key, db.NullTime(f.From), db.NullTime(f.To), limit, db.NullTime(f.DetectedAfter), f.PerKey)
 }

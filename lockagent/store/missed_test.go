@@ -429,7 +429,7 @@ func TestTheDetectionsWriteDoesNotWaitLongForALock(t *testing.T) {
 // UPDATE on some of its columns: an open transaction, or one slow
 // statement) makes that statement wait: the detection of every namespace
 // times out (Compute then stores no snapshot at all). The statement is not
-// cancelled (neverCancel): its backend stays, holding the locks of the rows
+// cancelled (db.Dial): its backend stays, holding the locks of the rows
 // it already updated — other namespaces' rows — so their agents' ledger
 // writes (which upsert the same rows) wait too, and each leaves one more
 // orphan backend of that namespace's role when it times out.

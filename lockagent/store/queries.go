@@ -4,8 +4,6 @@ package store
 // travel as microseconds and become intervals inside SQL so that every
 // timestamp is computed from the database clock.
 
-const qNow = `SELECT now()`
-
 // commitGuard ends the RETURNING list of every lock write (see writeRow).
 // Its first column says why this session's commit may be less durable than
 // an acknowledgement must mean, or is empty: a role or database default can

@@ -141,7 +141,7 @@ func TestAWindowClaimedBeforeTheRuleKeepsItsShape(t *testing.T) {
 			t.Fatal(err)
 		}
 		var n int
-		if err := s.QueryRowForTest(ctx, `WITH d AS (DELETE FROM dislock.window_units WHERE lock_key = $1 RETURNING 1) SELECT count(*) FROM d`, key).Scan(&n); err != nil || n != 1 {
+		if err := s.Handle().Pool.QueryRow(ctx, `WITH d AS (DELETE FROM dislock.window_units WHERE lock_key = $1 RETURNING 1) SELECT count(*) FROM d`, key).Scan(&n); err != nil || n != 1 {
 			t.Fatalf("forgetting the shape: %d rows, %v", n, err)
 		}
 		if _, err := claimShape(ctx, s, key, window0, 0, owner("dc-b", "job-b", "pod-b")); !errors.Is(err, store.ErrCompletionModesDisagree) {
@@ -355,7 +355,7 @@ func TestRetentionForgetsTheShapesOfTheWindowsItDeletes(t *testing.T) {
 			t.Fatal(err)
 		}
 		var windows, units int
-		if err := s.QueryRowForTest(ctx, `SELECT (SELECT count(*) FROM dislock.windows WHERE lock_key = $1),
+		if err := s.Handle().Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM dislock.windows WHERE lock_key = $1),
 			(SELECT count(*) FROM dislock.window_units WHERE lock_key = $1)`, key).Scan(&windows, &units); err != nil {
 			t.Fatal(err)
 		}

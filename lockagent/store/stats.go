@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 )
 
 // The ledger's statistics, read by the owner (the webhook's metrics). Every
@@ -65,7 +67,7 @@ const MaxKeysPerNamespace = 1000
 // read waits for no row lock, and no tenant may take a table lock that
 // stops one; these bound what is left (an operator's DDL, a read slowed by
 // what a tenant wrote), since a client whose context ends does not stop a
-// statement dislock never cancels (see neverCancel). The leader's next
+// statement dislock never cancels (see db.Dial). The leader's next
 // computation tries again.
 const (
 	StatsLockTimeout      = 2 * time.Second
@@ -83,7 +85,7 @@ func statsBounds() []any {
 // on the server (StatsLockTimeout, StatsStatementTimeout).
 func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 	st := LedgerStats{QueryTime: map[string]time.Duration{}}
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.h.Pool.Begin(ctx)
 	if err != nil {
 		return st, s.classify("reading the ledger's statistics", err)
 	}
@@ -113,8 +115,8 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 				&k.DurationSum, &k.DurationBuckets, &st.At); err != nil {
 				return s.classify("reading key statistics", err)
 			}
-			utcPtr(k.LastSuccess)
-			utcPtr(k.LastMissedWindow)
+			db.UTCPtr(k.LastSuccess)
+			db.UTCPtr(k.LastMissedWindow)
 			st.Keys = append(st.Keys, k)
 		}
 		return s.classify("reading key statistics", rows.Err())
@@ -169,18 +171,12 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 		return st, err
 	}
 	if st.At.IsZero() {
-		if err := tx.QueryRow(ctx, qNow).Scan(&st.At); err != nil {
+		if err := tx.QueryRow(ctx, db.QNow).Scan(&st.At); err != nil {
 			return st, s.classify("reading database time", err)
 		}
 		st.At = st.At.UTC()
 	}
 	return st, nil
-}
-
-func utcPtr(t *time.Time) {
-	if t != nil {
-		*t = t.UTC()
-	}
 }
 
 // SaveMetricsSnapshot stores the metrics a cluster's leader computed,
@@ -190,7 +186,7 @@ func (s *Store) SaveMetricsSnapshot(ctx context.Context, cluster string, body []
 	batch := &pgx.Batch{}
 	batch.Queue(qStatementBounds, statsBounds()...)
 	batch.Queue(qSaveSnapshot, cluster, body)
-	return s.classify("saving the metrics snapshot", s.pool.SendBatch(ctx, batch).Close())
+	return s.classify("saving the metrics snapshot", s.h.Pool.SendBatch(ctx, batch).Close())
 }
 
 // LoadMetricsSnapshot returns the cluster's snapshot and when it was
@@ -199,8 +195,8 @@ func (s *Store) SaveMetricsSnapshot(ctx context.Context, cluster string, body []
 func (s *Store) LoadMetricsSnapshot(ctx context.Context, cluster string, newerThan time.Time) (body []byte, computedAt time.Time, ok bool, err error) {
 	batch := &pgx.Batch{}
 	batch.Queue(qStatementBounds, statsBounds()...)
-	batch.Queue(qLoadSnapshot, cluster, nullTime(newerThan))
-	br := s.pool.SendBatch(ctx, batch)
+	batch.Queue(qLoadSnapshot, cluster, db.NullTime(newerThan))
+	br := s.h.Pool.SendBatch(ctx, batch)
 	if _, err = br.Exec(); err == nil {
 		err = br.QueryRow().Scan(&body, &computedAt)
 	}

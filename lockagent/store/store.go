@@ -6,19 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 	"github.com/dislock/dislock/lockagent/store/internal/dsn"
 )
 
@@ -44,16 +42,14 @@ type Options struct {
 
 // Store runs the lock statements against one database.
 type Store struct {
-	pool *pgxpool.Pool
-	addr string // host:port for error messages; never the password
+	// h is the pool, its address and logger, and the error mapping
+	// (classify), which the owner-only packages use too (Handle).
+	h db.Handle
 	// migrationLockTimeout and migrationRetryFor: see Options.
 	migrationLockTimeout, migrationRetryFor time.Duration
 	// warned holds, per connection, the WARNINGs the server sent while a
 	// write ran on it, joined (see writeRow).
 	warned sync.Map // *pgconn.PgConn -> string
-	// logger and skippedRows: see Options.Logger and SkippedRows.
-	logger      *slog.Logger
-	skippedRows atomic.Int64
 }
 
 // ParseDatabaseURL turns a libpq connection string (URL or key=value) into a
@@ -102,15 +98,16 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	s := &Store{addr: addrs(cfg.ConnConfig), migrationLockTimeout: opts.MigrationLockTimeout, migrationRetryFor: opts.MigrationRetryFor}
+	s := &Store{migrationLockTimeout: opts.MigrationLockTimeout, migrationRetryFor: opts.MigrationRetryFor}
 	if s.migrationLockTimeout <= 0 {
 		s.migrationLockTimeout = DefaultMigrationLockTimeout
 	}
 	if s.migrationRetryFor <= 0 {
 		s.migrationRetryFor = DefaultMigrationRetryFor
 	}
-	if s.logger = opts.Logger; s.logger == nil {
-		s.logger = slog.Default()
+	s.h.Addr, s.h.Logger, s.h.Classify = db.Addrs(cfg.ConnConfig), opts.Logger, s.classify
+	if s.h.Logger == nil {
+		s.h.Logger = slog.Default()
 	}
 	cfg.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) {
 		if n.SeverityUnlocalized == "WARNING" || n.Severity == "WARNING" {
@@ -122,76 +119,14 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 		}
 	}
 	cfg.BeforeClose = func(c *pgx.Conn) { s.warned.Delete(c.PgConn()) }
-	cfg.ConnConfig.DialFunc = neverCancel(keepAliveDialer.DialContext)
+	cfg.ConnConfig.DialFunc = db.Dial()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("opening database pool: %s", dsn.Scrub(databaseURL, err.Error()))
 	}
-	s.pool = pool
+	s.h.Pool = pool
 	return s, nil
 }
-
-// addrs names every host:port a (possibly multi-host) connection string
-// tries, in order, for error messages.
-func addrs(cfg *pgx.ConnConfig) string {
-	hosts := []string{hostPort(cfg.Host, cfg.Port)}
-	for _, f := range cfg.Fallbacks {
-		if a := hostPort(f.Host, f.Port); a != hosts[len(hosts)-1] {
-			hosts = append(hosts, a)
-		}
-	}
-	return strings.Join(hosts, ",")
-}
-
-func hostPort(host string, port uint16) string {
-	if strings.HasPrefix(host, "/") {
-		host = "unix:" + host
-	}
-	return net.JoinHostPort(host, strconv.Itoa(int(port)))
-}
-
-// noCancelNetwork is the network a connection dialled by neverCancel
-// reports as its remote address's: the dial function refuses it.
-const noCancelNetwork = "dislock-no-cancel"
-
-// keepAliveDialer finds a connection whose peer went away without a word (a
-// partition, a node gone) within about 25 s of silence, where pgx's
-// default waits 5 minutes before its first probe: a decision's try is not
-// cut short by a timeout while it waits for an answer (a herd queued in
-// PgBouncer must not give up; see the agent's retry), so a dead connection
-// has to end it. A pooler or server that is alive but slow answers the
-// probes from its kernel and is waited for.
-var keepAliveDialer = &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{
-	Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}}
-
-// neverCancel wraps a dial function so that the connections it makes never
-// send a cancel request. A call that runs out of time closes its connection,
-// and pgx then sends PostgreSQL a cancel request for the running statement,
-// dialling the connection's remote address. Cancelled while its commit waits
-// for the synchronous standby, a claim is committed on the primary and
-// visible to every cluster, yet a failover can lose it. Without the cancel,
-// the commit keeps waiting, invisible, until the standby has it. A statement
-// dislock abandons finishes on its own: every one is short.
-func neverCancel(dial pgconn.DialFunc) pgconn.DialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if network == noCancelNetwork {
-			return nil, errors.New("dislock never cancels a statement")
-		}
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return noCancelConn{c}, nil
-	}
-}
-
-type noCancelConn struct{ net.Conn }
-
-func (c noCancelConn) RemoteAddr() net.Addr { return noCancelAddr{c.Conn.RemoteAddr()} }
-
-type noCancelAddr struct{ net.Addr }
-
-func (noCancelAddr) Network() string { return noCancelNetwork }
 
 // ErrUncertainCommit wraps ErrUnavailable: a write committed, but maybe not
 // durably enough to act on. PostgreSQL reports a commit whose wait for the
@@ -210,12 +145,12 @@ var ErrUncertainCommit = fmt.Errorf("%w: the commit was not confirmed durable", 
 // a server whose messages are not in English cannot be read, so there any
 // warning counts. No row (a refusal, a lost claim) is returned as is: it
 // only ever leads to a skip or a stop. dislock itself never cuts a
-// synchronous commit's wait short (neverCancel).
+// synchronous commit's wait short (db.Dial).
 func (s *Store) writeRow(ctx context.Context, scan func(pgx.Row) error, query string, args ...any) error {
 	if !strings.Contains(query, commitGuard) {
 		panic("lock: a write without the commit guard")
 	}
-	conn, err := s.pool.Acquire(ctx)
+	conn, err := s.h.Pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
@@ -246,10 +181,21 @@ type guardedRow struct {
 func (r guardedRow) Scan(dest ...any) error { return r.Row.Scan(append(dest, r.guard...)...) }
 
 // Close releases every connection.
-func (s *Store) Close() { s.pool.Close() }
+func (s *Store) Close() { s.h.Pool.Close() }
 
 // Addr is the database address (host:port) the Store talks to.
-func (s *Store) Addr() string { return s.addr }
+func (s *Store) Addr() string { return s.h.Addr }
+
+// Handle is the Store's pool, address, logger and error mapping, for the
+// owner-only packages under lockagent/store (migrate, tenant, check,
+// ledger), which run statements of their own against the Store's
+// database. Its type is internal to lockagent/store: code elsewhere uses
+// the Store's methods.
+func (s *Store) Handle() *db.Handle { return &s.h }
+
+// SkippedRows counts the rows this Store's listings left out because they
+// could not be read (each is logged).
+func (s *Store) SkippedRows() int64 { return s.h.SkippedRows() }
 
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error {
@@ -258,57 +204,7 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // Now is the database clock: the only clock dislock's decisions use.
-func (s *Store) Now(ctx context.Context) (time.Time, error) {
-	var now time.Time
-	if err := s.pool.QueryRow(ctx, qNow).Scan(&now); err != nil {
-		return time.Time{}, s.classify("reading database time", err)
-	}
-	return now.UTC(), nil
-}
-
-func micros(d time.Duration) int64 { return d.Microseconds() }
-
-// list runs a query whose rows end with now() and scans them with scan. A
-// row that cannot be read is left out (see unreadableRow).
-func list[T any](ctx context.Context, s *Store, op string, scan func(pgx.Row, *T, ...any) error, query string, args ...any) ([]T, time.Time, error) {
-	rows, err := s.pool.Query(ctx, query, args...)
-	if err != nil {
-		return nil, time.Time{}, s.classify(op, err)
-	}
-	defer rows.Close()
-	var out []T
-	var dbTime time.Time
-	for rows.Next() {
-		var v T
-		var unreadable *unreadableRow
-		if err := scan(rows, &v, &dbTime); errors.As(err, &unreadable) {
-			s.skipRow(op, unreadable)
-			continue
-		} else if err != nil {
-			return nil, time.Time{}, s.classify(op, err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, time.Time{}, s.classify(op, err)
-	}
-	if dbTime.IsZero() {
-		// No rows: the caller still gets the database time.
-		if dbTime, err = s.Now(ctx); err != nil {
-			return nil, time.Time{}, err
-		}
-	}
-	return out, dbTime, nil
-}
-
-// utc converts every *time.Time in dest to UTC in place.
-func utc(dest []any) {
-	for _, d := range dest {
-		if t, ok := d.(*time.Time); ok {
-			*t = t.UTC()
-		}
-	}
-}
+func (s *Store) Now(ctx context.Context) (time.Time, error) { return s.h.Now(ctx) }
 
 // WithRootCA makes a connection string verify the server's certificate
 // against the CA in the PEM file caFile: sslrootcert=caFile unless the string

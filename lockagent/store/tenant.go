@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 	"github.com/dislock/dislock/lockagent/store/internal/dsn"
 )
 
@@ -261,7 +262,7 @@ func (s *Store) TenantRoles(ctx context.Context, cluster, namespace string) ([]T
 		return nil, fmt.Errorf("listing tenant roles: %w", err)
 	}
 	op := fmt.Sprintf("listing the roles of namespace %s of cluster %s", namespace, cluster)
-	rows, err := s.pool.Query(ctx, qListTenantRoles, cluster, namespace)
+	rows, err := s.h.Pool.Query(ctx, qListTenantRoles, cluster, namespace)
 	if err != nil {
 		return nil, s.classify(op, err)
 	}
@@ -314,7 +315,7 @@ func (s *Store) RetireTenantRoles(ctx context.Context, cluster, namespace string
 		return nil, fmt.Errorf("retiring tenant roles: grace %s is negative", grace)
 	}
 	op := fmt.Sprintf("retiring the roles of namespace %s of cluster %s", namespace, cluster)
-	rows, err := s.pool.Query(ctx, qRetirableTenants, cluster, namespace, micros(grace))
+	rows, err := s.h.Pool.Query(ctx, qRetirableTenants, cluster, namespace, db.Micros(grace))
 	if err != nil {
 		return nil, s.classify(op, err)
 	}
@@ -323,7 +324,7 @@ func (s *Store) RetireTenantRoles(ctx context.Context, cluster, namespace string
 		return nil, s.classify(op, err)
 	}
 	return retireEach(ctx, s, op, cluster, namespace, due, func(role string) string { return role },
-		qRetireTenant, micros(grace))
+		qRetireTenant, db.Micros(grace))
 }
 
 // retireEach retires and drops each role of due, each in a transaction of
@@ -394,7 +395,7 @@ func (s *Store) RetireTenantRolesBeyond(ctx context.Context, cluster, namespace 
 		return nil, fmt.Errorf("retiring tenant roles beyond a count: keep %d is negative", keep)
 	}
 	op := fmt.Sprintf("retiring the roles of namespace %s of cluster %s beyond the newest %d", namespace, cluster, keep)
-	rows, err := s.pool.Query(ctx, qTenantsBeyond, cluster, namespace, keep)
+	rows, err := s.h.Pool.Query(ctx, qTenantsBeyond, cluster, namespace, keep)
 	if err != nil {
 		return nil, s.classify(op, err)
 	}
@@ -458,7 +459,7 @@ SET LOCAL lock_timeout = %d`, tenantStatementTimeout.Milliseconds(), tenantState
 // dropped) and is tried again at the next reconcile.
 func dropTenantRole(ctx context.Context, tx pgx.Tx, role string) error {
 	err := tx.Conn().PgConn().Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize()).Close()
-	if lockTimedOut(err) {
+	if db.LockTimedOut(err) {
 		return fmt.Errorf("gave up after %s (lock_timeout) waiting for a lock on role %s, "+
 			"most likely held by a session of the role itself (e.g. an open transaction that ran ALTER ROLE CURRENT_USER); "+
 			"the role stays live and is dropped at a later reconcile: %w", TenantLockTimeout, role, err)
@@ -471,7 +472,7 @@ func dropTenantRole(ctx context.Context, tx pgx.Tx, role string) error {
 // transaction pooling too, and nothing in it outlives the commit. Every
 // wait in it is bounded on the server (see TenantLockTimeout).
 func (s *Store) tenantTx(ctx context.Context, op, cluster, namespace string, fn func(pgx.Tx) error) error {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.h.Pool.Begin(ctx)
 	if err != nil {
 		return s.classify(op, err)
 	}

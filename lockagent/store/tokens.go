@@ -53,7 +53,7 @@ const (
 // the epoch the WAL timeline gives as used, and moves nothing.
 func (s *Store) KeepTokens(ctx context.Context, floor int64, newEpoch bool) (TokenState, error) {
 	var st TokenState
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.h.Pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, qStatementBounds, fmt.Sprint(keepTokensLockTimeout.Milliseconds()),
 			fmt.Sprint(keepTokensStatementTimeout.Milliseconds())); err != nil {
 			return err
@@ -94,7 +94,7 @@ const fixTokensHeld = "the webhook's elected replica confirms the epoch within s
 func (s *Store) tokenFindings(ctx context.Context, opts CheckOptions) []Finding {
 	var epoch, offset, highest int64
 	var held *string
-	if err := s.pool.QueryRow(ctx, qTokenEpoch).Scan(&epoch, &offset, &highest, &held); err != nil {
+	if err := s.h.Pool.QueryRow(ctx, qTokenEpoch).Scan(&epoch, &offset, &highest, &held); err != nil {
 		return []Finding{{Check: "tokens", Status: StatusFail, Detail: "cannot compute the next fencing token: " + err.Error(),
 			Fix: "dislock needs pg_walfile_name(pg_current_wal_lsn()) on the primary (not available on some managed services)"}}
 	}

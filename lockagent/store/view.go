@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 )
 
 // View is how one cluster's CronJob looks to dislock: the settings every
@@ -102,13 +104,13 @@ func (s *Store) RecordView(ctx context.Context, key, cluster string, v View, rec
 	if err != nil {
 		return nil, err
 	}
-	return s.views(ctx, "recording the job's view of "+key, qRecordView, key, cluster, string(b), micros(recency))
+	return s.views(ctx, "recording the job's view of "+key, qRecordView, key, cluster, string(b), db.Micros(recency))
 }
 
 // ListDisagreements returns, for every key whose clusters' views seen within
 // recency differ, each of those clusters' views.
 func (s *Store) ListDisagreements(ctx context.Context, recency time.Duration) ([]ClusterView, error) {
-	views, err := s.views(ctx, "listing disagreeing views", qListDisagreements, micros(recency))
+	views, err := s.views(ctx, "listing disagreeing views", qListDisagreements, db.Micros(recency))
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +135,7 @@ func (s *Store) ListDisagreements(ctx context.Context, recency time.Duration) ([
 // it is left out, logged and counted, so that it cannot hide every other
 // key's report.
 func (s *Store) views(ctx context.Context, op, query string, args ...any) ([]ClusterView, error) {
-	rows, err := s.pool.Query(ctx, query, args...)
+	rows, err := s.h.Pool.Query(ctx, query, args...)
 	if err != nil {
 		return nil, s.classify(op, err)
 	}
@@ -143,14 +145,14 @@ func (s *Store) views(ctx context.Context, op, query string, args ...any) ([]Clu
 		var cv ClusterView
 		var raw string
 		var problems []string
-		if err := rows.Scan(&cv.Key, &cv.Cluster, &raw, &finiteTime{column: "seen_at", t: &cv.SeenAt, problems: &problems}); err != nil {
+		if err := rows.Scan(&cv.Key, &cv.Cluster, &raw, &db.FiniteTime{Column: "seen_at", T: &cv.SeenAt, Problems: &problems}); err != nil {
 			return nil, s.classify(op, err)
 		}
 		if err := json.Unmarshal([]byte(raw), &cv.View); err != nil {
 			problems = append(problems, "view does not decode ("+err.Error()+")")
 		}
 		if len(problems) > 0 {
-			s.skipRow(op, &unreadableRow{table: "views", key: cv.Key, problems: problems})
+			s.h.SkipRow(op, &db.UnreadableRow{Table: "views", Key: cv.Key, Problems: problems})
 			continue
 		}
 		out = append(out, cv)

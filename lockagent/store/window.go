@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/store/internal/db"
 )
 
 // State is a window's lifecycle state.
@@ -113,7 +115,7 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		var inserted, claimed bool
 		err := s.writeRow(ctx, func(row pgx.Row) error { return scanWindow(row, &c.Window, &inserted, &claimed, &c.DBTime) },
 			qClaimWindow, r.Key, start, r.Index, r.Owner.String(), r.Owner.Cluster,
-			r.Owner.Pod, micros(r.TTL), r.Owner.JobPrefix(), r.Standby)
+			r.Owner.Pod, db.Micros(r.TTL), r.Owner.JobPrefix(), r.Standby)
 		switch {
 		case err == nil && !claimed:
 			return c, windowTaken(start, r.Key, c.Window)
@@ -130,7 +132,7 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		case !errors.Is(err, pgx.ErrNoRows):
 			return Claim{}, s.classify(fmt.Sprintf("claiming window %s of %s", formatWindow(start), r.Key), err)
 		}
-		err = scanWindow(s.pool.QueryRow(ctx, qGetWindow, r.Key, start, r.Index), &c.Window, &c.DBTime)
+		err = scanWindow(s.h.Pool.QueryRow(ctx, qGetWindow, r.Key, start, r.Index), &c.Window, &c.DBTime)
 		switch {
 		case err == nil && r.mayTake(c.Window, c.DBTime):
 			continue
@@ -164,7 +166,7 @@ func windowTaken(start time.Time, key string, owner Window) error {
 // the new alive_until. ErrWindowLost when the claim is no longer the caller's.
 func (s *Store) Heartbeat(ctx context.Context, key string, window time.Time, index int, token int64, ttl time.Duration) (aliveUntil, dbTime time.Time, err error) {
 	err = s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&aliveUntil, &dbTime) },
-		qHeartbeatWindow, key, window.UTC(), index, token, micros(ttl))
+		qHeartbeatWindow, key, window.UTC(), index, token, db.Micros(ttl))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, time.Time{}, fmt.Errorf("heartbeat of window %s of %s token %d: %w", formatWindow(window), key, token, ErrWindowLost)
 	}
@@ -204,7 +206,7 @@ func (s *Store) GetWindow(ctx context.Context, key string, window time.Time, ind
 func (s *Store) WindowAt(ctx context.Context, key string, window time.Time, index int) (Window, time.Time, error) {
 	var w Window
 	var dbTime time.Time
-	err := scanWindow(s.pool.QueryRow(ctx, qGetWindow, key, window.UTC(), index), &w, &dbTime)
+	err := scanWindow(s.h.Pool.QueryRow(ctx, qGetWindow, key, window.UTC(), index), &w, &dbTime)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Window{}, time.Time{}, fmt.Errorf("window %s of %s: %w", formatWindow(window), key, ErrNotFound)
 	}
@@ -214,13 +216,13 @@ func (s *Store) WindowAt(ctx context.Context, key string, window time.Time, inde
 // ListWindows returns the newest windows first, of one key or (key "") all,
 // with the database time.
 func (s *Store) ListWindows(ctx context.Context, key string, limit int) ([]Window, time.Time, error) {
-	return list(ctx, s, "listing windows", scanWindow, qListWindows, key, limit)
+	return db.List(ctx, &s.h, "listing windows", scanWindow, qListWindows, key, limit)
 }
 
 // DeleteWindow removes one window (every completion index of it) so that it can be claimed again (an
 // operator's decision to re-run it). ErrNotFound when there was none.
 func (s *Store) DeleteWindow(ctx context.Context, key string, window time.Time) error {
-	tag, err := s.pool.Exec(ctx, qDeleteWindow, key, window.UTC())
+	tag, err := s.h.Pool.Exec(ctx, qDeleteWindow, key, window.UTC())
 	if err != nil {
 		return s.classify("deleting window", err)
 	}
@@ -249,7 +251,7 @@ const (
 // the rows another session holds locked, so it waits for no row; these
 // bound what is left: a table lock (an operator's DDL) and a statement
 // slowed by anything else. A client whose context ends closes its
-// connection and sends no cancel request (see neverCancel), and the
+// connection and sends no cancel request (see db.Dial), and the
 // server's statement would go on without them, holding the locks it took.
 const (
 	RetentionLockTimeout      = 2 * time.Second
@@ -280,8 +282,8 @@ func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (
 		for {
 			batch := &pgx.Batch{}
 			batch.Queue(qStatementBounds, fmt.Sprint(RetentionLockTimeout.Milliseconds()), fmt.Sprint(RetentionStatementTimeout.Milliseconds()))
-			batch.Queue(query, micros(retention), retentionBatch)
-			br := s.pool.SendBatch(ctx, batch)
+			batch.Queue(query, db.Micros(retention), retentionBatch)
+			br := s.h.Pool.SendBatch(ctx, batch)
 			_, err := br.Exec()
 			var n int64
 			if err == nil {
@@ -326,23 +328,23 @@ func (s *Store) DeleteOldWindows(ctx context.Context, retention time.Duration) (
 }
 
 // scanWindow reads a row of windowColumns and then extra; a row holding a
-// time no time.Time can hold is an *unreadableRow.
+// time no time.Time can hold is an *db.UnreadableRow.
 func scanWindow(row pgx.Row, w *Window, extra ...any) error {
 	var state string
 	var problems []string
-	dest := append([]any{&w.Key, &finiteTime{column: "window_start", t: &w.Start, problems: &problems},
+	dest := append([]any{&w.Key, &db.FiniteTime{Column: "window_start", T: &w.Start, Problems: &problems},
 		&w.Index, &w.Owner, &w.Cluster, &w.Pod, &w.Token, &state,
-		&finiteTime{column: "claimed_at", t: &w.ClaimedAt, problems: &problems},
-		&finiteTime{column: "alive_until", t: &w.AliveUntil, problems: &problems},
-		&finiteTime{column: "finished_at", nullable: &w.FinishedAt, problems: &problems},
+		&db.FiniteTime{Column: "claimed_at", T: &w.ClaimedAt, Problems: &problems},
+		&db.FiniteTime{Column: "alive_until", T: &w.AliveUntil, Problems: &problems},
+		&db.FiniteTime{Column: "finished_at", Nullable: &w.FinishedAt, Problems: &problems},
 		&w.ExitCode}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return err
 	}
 	w.State = State(state)
-	utc(extra)
+	db.UTC(extra)
 	if len(problems) > 0 {
-		return &unreadableRow{table: "windows", key: w.Key, problems: problems}
+		return &db.UnreadableRow{Table: "windows", Key: w.Key, Problems: problems}
 	}
 	return nil
 }
