@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/benchmark"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -55,11 +56,11 @@ func BenchmarkClaimWindow(b *testing.B) {
 	srv := pgtest.Need(b)
 	for _, clients := range benchClients {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
-			s := openStore(b, srv.BouncerDSN(), int32(clients))
-			key := uniqueKey(b)
-			o := owner("dc-a", "job", "pod")
+			s := storetest.Open(b, srv.BouncerDSN(), int32(clients))
+			key := storetest.UniqueKey(b)
+			o := storetest.Owner("dc-a", "job", "pod")
 			measure(b, clients, func(ctx context.Context, i int64) error {
-				_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: window0.Add(time.Duration(i) * time.Minute), Index: store.NotIndexed, Owner: o, TTL: ttl})
+				_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(0).Add(time.Duration(i) * time.Minute), Index: store.NotIndexed, Owner: o, TTL: ttl})
 				return err
 			})
 		})
@@ -70,9 +71,9 @@ func BenchmarkAcquireLease(b *testing.B) {
 	srv := pgtest.Need(b)
 	for _, clients := range benchClients {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
-			s := openStore(b, srv.BouncerDSN(), int32(clients))
-			prefix := uniqueKey(b)
-			o := owner("dc-a", "job", "pod")
+			s := storetest.Open(b, srv.BouncerDSN(), int32(clients))
+			prefix := storetest.UniqueKey(b)
+			o := storetest.Owner("dc-a", "job", "pod")
 			measure(b, clients, func(ctx context.Context, i int64) error {
 				_, err := s.AcquireLease(ctx, prefix+strconv.FormatInt(i, 10), o, ttl)
 				return err

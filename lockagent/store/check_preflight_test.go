@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/test/tlstest"
@@ -94,9 +95,9 @@ func withQuery(t *testing.T, dsn, key, value string) string {
 // tenant's: every check passes; directly it says so, through PgBouncer it
 // sees transaction pooling; the tenant's probe claim leaves no row behind.
 func TestCheckURLPassesAGoodInstallDirectAndThroughPgBouncer(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		owner := openStore(t, dsn, 2)
+		owner := storetest.Open(t, dsn, 2)
 		rep := store.CheckURL(ctx, dsn, store.CheckOptions{AllowAsync: true})
 		if store.Failed(rep.Findings) || rep.Kind != store.RoleOwner || rep.Role != pgtest.AppUser {
 			t.Fatalf("owner: %s", dump(rep))
@@ -112,9 +113,9 @@ func TestCheckURLPassesAGoodInstallDirectAndThroughPgBouncer(t *testing.T) {
 		wantFinding(t, rep, "pooling", store.StatusOK, pooling, nil)
 		noPassword(t, rep, pgtest.AppPassword)
 
-		ns := namespace(t, "check")
-		c := provision(t, owner, ns)
-		trep := store.CheckURL(ctx, mustTenantDSN(t, dsn, c), store.CheckOptions{AllowAsync: true})
+		ns := storetest.Namespace(t, "check")
+		c := storetest.Provision(t, owner, ns)
+		trep := store.CheckURL(ctx, storetest.TenantDSN(t, dsn, c), store.CheckOptions{AllowAsync: true})
 		if store.Failed(trep.Findings) || trep.Kind != store.RoleTenant || trep.Namespace != ns || trep.Role != c.Role {
 			t.Fatalf("tenant: %s", dump(trep))
 		}
@@ -154,8 +155,8 @@ func assertNoProbeRows(t *testing.T, owner *store.Store, ns string) {
 // connection for its whole run: check says so and how to fix it.
 func TestCheckURLWarnsOfSessionPooling(t *testing.T) {
 	srv := pgtest.Need(t)
-	openStore(t, srv.DirectDSN(), 2)
-	b, err := srv.AddSessionBouncer(namespace(t, "check-session"))
+	storetest.Open(t, srv.DirectDSN(), 2)
+	b, err := srv.AddSessionBouncer(storetest.Namespace(t, "check-session"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,8 +173,8 @@ func TestCheckURLWarnsOfSessionPooling(t *testing.T) {
 // cannot tell, with the fix "run dislock check again".
 func TestHostile17bSessionPoolNearlyFullIsStillNamed(t *testing.T) {
 	srv := pgtest.Need(t)
-	openStore(t, srv.DirectDSN(), 2)
-	b, err := srv.AddSessionBouncer(namespace(t, "h17b-sess"))
+	storetest.Open(t, srv.DirectDSN(), 2)
+	b, err := srv.AddSessionBouncer(storetest.Namespace(t, "h17b-sess"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +222,7 @@ func TestCheckURLNamesAnUnreachableHost(t *testing.T) {
 // authentication failed"), and an unknown role: the fix names the Secret and
 // ALTER ROLE; the password is nowhere.
 func TestCheckURLNamesAWrongPasswordAndTheSecret(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		const password = "Wr0ng-Pa55-check-7f3a"
 		rep := store.CheckURL(context.Background(), withPassword(t, dsn, password), store.CheckOptions{})
 		wantFinding(t, rep, "login", store.StatusFail, []string{"refused role " + pgtest.AppUser},
@@ -255,7 +256,7 @@ func TestHostile17bKeyValuePasswordNeverPrinted(t *testing.T) {
 // A database name that does not exist, on PostgreSQL (3D000) or PgBouncer
 // (08P01 "no such database").
 func TestCheckURLNamesAWrongDatabase(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		u, _ := url.Parse(dsn)
 		u.Path = "/no_such_db_check"
 		rep := store.CheckURL(context.Background(), u.String(), store.CheckOptions{})
@@ -269,14 +270,14 @@ func TestCheckURLNamesAWrongDatabase(t *testing.T) {
 // server: the revoke would break every other tenant of a shared one.
 func TestCheckURLNamesATenantsMissingGrant(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "check-grant"})
-	super := rawConn(t, srv.SuperuserDSN())
+	super := storetest.RawConn(t, srv.SuperuserDSN())
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
 			ctx := context.Background()
-			owner := openStore(t, tg.DSN, 2)
-			ns := namespace(t, "grant")
-			c := provision(t, owner, ns)
-			dsn := mustTenantDSN(t, tg.DSN, c)
+			owner := storetest.Open(t, tg.DSN, 2)
+			ns := storetest.Namespace(t, "grant")
+			c := storetest.Provision(t, owner, ns)
+			dsn := storetest.TenantDSN(t, tg.DSN, c)
 			if _, err := super.Exec(ctx, "REVOKE INSERT ON dislock.windows FROM "+store.TenantGroupRole); err != nil {
 				t.Fatal(err)
 			}
@@ -305,9 +306,9 @@ func TestCheckURLNamesATenantsMissingGrant(t *testing.T) {
 // prints the ALTER ROLE to run.
 func TestCheckURLNamesTheOwnersMissingPrivilege(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "check-owner"})
-	super := rawConn(t, srv.SuperuserDSN())
+	super := storetest.RawConn(t, srv.SuperuserDSN())
 	ctx := context.Background()
-	openStore(t, srv.DirectDSN(), 2)
+	storetest.Open(t, srv.DirectDSN(), 2)
 	if _, err := super.Exec(ctx, "ALTER ROLE "+pgtest.AppUser+" NOCREATEROLE"); err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +320,7 @@ func TestCheckURLNamesTheOwnersMissingPrivilege(t *testing.T) {
 // The URL insists on TLS and the server has none: named, with the URL
 // settings and the chart's values to fix it.
 func TestCheckURLNamesAServerWithoutTLS(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		rep := store.CheckURL(context.Background(), withQuery(t, dsn, "sslmode", "require"), store.CheckOptions{})
 		wantFinding(t, rep, "tls", store.StatusFail, []string{"does not support TLS"},
 			[]string{"sslmode=verify-full", "sslrootcert", "database.tls.caSecret", "--database-ca-file"})
@@ -339,7 +340,7 @@ func TestCheckURLJudgesTLS(t *testing.T) {
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
 			ctx := context.Background()
-			openStore(t, tg.DSN, 2)
+			storetest.Open(t, tg.DSN, 2)
 			rep := store.CheckURL(ctx, tg.DSN, store.CheckOptions{AllowAsync: true})
 			wantFinding(t, rep, "tls", store.StatusOK, []string{"verify-full"}, nil)
 
@@ -386,7 +387,7 @@ func TestCheckURLWarnsOfASkewedDatabaseClock(t *testing.T) {
 // still sees each connection's own backend.
 func TestCheckURLWarnsOfPlainTextOffThisHost(t *testing.T) {
 	srv := pgtest.Need(t)
-	openStore(t, srv.DirectDSN(), 2)
+	storetest.Open(t, srv.DirectDSN(), 2)
 	ip := nonLoopbackIP(t)
 	direct, _ := url.Parse(srv.DirectDSN())
 	fwd := harness.Forward(t, net.JoinHostPort(ip.String(), "0"), direct.Host)

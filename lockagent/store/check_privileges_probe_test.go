@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 )
 
 // A tenant's real CronJob named dislock-check-probe holds this minute's
@@ -13,12 +14,12 @@ import (
 // passes, and the real window and lease are exactly as before (owner,
 // token, liveness, expiry), directly and through PgBouncer.
 func TestHostile17bProbeKeyCollidesWithARealJob(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		owner := openStore(t, dsn, 2)
-		ns := namespace(t, "h17b")
-		c := provision(t, owner, ns)
-		tdsn := mustTenantDSN(t, dsn, c)
+		owner := storetest.Open(t, dsn, 2)
+		ns := storetest.Namespace(t, "h17b")
+		c := storetest.Provision(t, owner, ns)
+		tdsn := storetest.TenantDSN(t, dsn, c)
 		tenant, err := store.Open(ctx, tdsn, store.Options{MaxConns: 2})
 		if err != nil {
 			t.Fatal(err)
@@ -77,12 +78,12 @@ func TestHostile17bProbeKeyCollidesWithARealJob(t *testing.T) {
 // is above the one before it (the probe's rolled-back draws only leave
 // gaps), and no probe row is ever committed.
 func TestHostile17bProbeDuringAHerdKeepsTokensGrowing(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		owner := openStore(t, dsn, 2)
-		ns := namespace(t, "h17b-herd")
-		c := provision(t, owner, ns)
-		tdsn := mustTenantDSN(t, dsn, c)
+		owner := storetest.Open(t, dsn, 2)
+		ns := storetest.Namespace(t, "h17b-herd")
+		c := storetest.Provision(t, owner, ns)
+		tdsn := storetest.TenantDSN(t, dsn, c)
 		tenant, err := store.Open(ctx, tdsn, store.Options{MaxConns: 4})
 		if err != nil {
 			t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -23,18 +24,18 @@ import (
 // the standby, so that the standby's locked path refuses and its read sees
 // the failure (1 to 3 rounds in 10 did, before the fix).
 func TestARefusalNeverNamesAnOwnerWhoFailed(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		s := openStore(t, dsn, 2)
+		s := storetest.Open(t, dsn, 2)
 		hits := 0
 		for round := range 10 {
-			key := uniqueKey(t)
-			a := owner("dc-a", "report", "pod-a")
-			first := mustClaim(t, s, key, window0, a, false, ttl, store.Claimed)
-			if _, err := s.Finish(ctx, key, window0, store.NotIndexed, first.Window.Token, store.StateFailed, ptr(1)); err != nil {
+			key := storetest.UniqueKey(t)
+			a := storetest.Owner("dc-a", "report", "pod-a")
+			first := storetest.MustClaim(t, s, key, storetest.WindowAt(0), a, false, ttl, store.Claimed)
+			if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, first.Window.Token, store.StateFailed, storetest.Ptr(1)); err != nil {
 				t.Fatal(err)
 			}
-			su1, su2, watch := rawConn(t, pgtest.Need(t).SuperuserDSN()), rawConn(t, pgtest.Need(t).SuperuserDSN()), rawConn(t, pgtest.Need(t).SuperuserDSN())
+			su1, su2, watch := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN()), storetest.RawConn(t, pgtest.Need(t).SuperuserDSN()), storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
 			tx, err := su1.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -48,7 +49,7 @@ func TestARefusalNeverNamesAnOwnerWhoFailed(t *testing.T) {
 			}
 			done := make(chan res, 1)
 			go func() {
-				c, err := claim(t, s, key, window0, owner("dc-c", "standby", "pod-c"), true, ttl)
+				c, err := storetest.Claim(t, s, key, storetest.WindowAt(0), storetest.Owner("dc-c", "standby", "pod-c"), true, ttl)
 				done <- res{c, err}
 			}()
 			waiters := func(n int) {
@@ -131,19 +132,19 @@ RETURNING token, claimed_at = now()`
 // skips, and a standby or a retry that skips a window nobody ran breaks
 // invariant 2.
 func TestHostile18RacingTakeoversOfAFailingOwnerHaveOneWinner(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
 		const claimers, rounds = 6, 15
-		s := openStore(t, dsn, claimers+1)
-		key := uniqueKey(t)
+		s := storetest.Open(t, dsn, claimers+1)
+		key := storetest.UniqueKey(t)
 		conns := make([]*pgx.Conn, claimers)
 		for i := range conns {
-			conns[i] = rawConn(t, dsn)
+			conns[i] = storetest.RawConn(t, dsn)
 		}
 		for round := range rounds {
-			w := windowAt(round)
-			o := owner("dc-a", fmt.Sprintf("report-%d", round), "pod-a")
-			first := mustClaim(t, s, key, w, o, false, ttl, store.Claimed)
+			w := storetest.WindowAt(round)
+			o := storetest.Owner("dc-a", fmt.Sprintf("report-%d", round), "pod-a")
+			first := storetest.MustClaim(t, s, key, w, o, false, ttl, store.Claimed)
 
 			type result struct {
 				who     store.Owner
@@ -163,7 +164,7 @@ func TestHostile18RacingTakeoversOfAFailingOwnerHaveOneWinner(t *testing.T) {
 					defer wg.Done()
 					r := &results[i]
 					standby := i%2 == 0
-					r.who = owner(fmt.Sprintf("dc-%d", i), fmt.Sprintf("standby-%d", i), "pod")
+					r.who = storetest.Owner(fmt.Sprintf("dc-%d", i), fmt.Sprintf("standby-%d", i), "pod")
 					if !standby {
 						r.who = o
 						r.who.Pod = fmt.Sprintf("retry-%d", i)
@@ -198,7 +199,7 @@ func TestHostile18RacingTakeoversOfAFailingOwnerHaveOneWinner(t *testing.T) {
 				}()
 			}
 			close(start)
-			if _, err := s.Finish(ctx, key, w, store.NotIndexed, first.Window.Token, store.StateFailed, ptr(1)); err != nil {
+			if _, err := s.Finish(ctx, key, w, store.NotIndexed, first.Window.Token, store.StateFailed, storetest.Ptr(1)); err != nil {
 				t.Fatalf("round %d: the owner's failure: %v", round, err)
 			}
 			wg.Wait()

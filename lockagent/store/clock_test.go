@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -27,7 +28,7 @@ func TestDecisionsDependOnlyOnTheDatabaseClock(t *testing.T) {
 		srv := pgtest.New(t, pgtest.Options{Name: fmt.Sprintf("clock%+d", int(skew.Hours())), PostgresEnv: env})
 		for _, tg := range srv.Targets() {
 			t.Run(fmt.Sprintf("database clock %+v/%s", skew, tg.Name), func(t *testing.T) {
-				s := openStore(t, tg.DSN, 2)
+				s := storetest.Open(t, tg.DSN, 2)
 				dbNow, err := s.Now(context.Background())
 				if err != nil {
 					t.Fatal(err)
@@ -53,8 +54,8 @@ func TestDecisionsDependOnlyOnTheDatabaseClock(t *testing.T) {
 // decided at each step.
 func skewStory(t *testing.T, s *store.Store) []string {
 	ctx := context.Background()
-	key := uniqueKey(t)
-	a, b := owner("dc-a", "job-a", "pod-a"), owner("dc-b", "job-b", "pod-b")
+	key := storetest.UniqueKey(t)
+	a, b := storetest.Owner("dc-a", "job-a", "pod-a"), storetest.Owner("dc-b", "job-b", "pod-b")
 	short := 500 * time.Millisecond
 	var story []string
 	note := func(step string, err error, extra string) {
@@ -74,12 +75,12 @@ func skewStory(t *testing.T, s *store.Store) []string {
 		t.Fatal(err)
 	}
 	w := now.Truncate(time.Minute)
-	first, err := claim(t, s, key, w, a, true, short)
+	first, err := storetest.Claim(t, s, key, w, a, true, short)
 	note("a claims", err, string(first.Outcome))
-	_, err = claim(t, s, key, w, b, true, short)
+	_, err = storetest.Claim(t, s, key, w, b, true, short)
 	note("b claims while a is alive", err, "")
-	awaitDBPast(t, s, first.Window.AliveUntil)
-	took, err := claim(t, s, key, w, b, true, ttl)
+	storetest.AwaitDBPast(t, s, first.Window.AliveUntil)
+	took, err := storetest.Claim(t, s, key, w, b, true, ttl)
 	note("b claims after a went silent", err, string(took.Outcome))
 	_, _, err = s.Heartbeat(ctx, key, w, store.NotIndexed, first.Window.Token, short)
 	note("a heartbeats", err, "")
@@ -94,7 +95,7 @@ func skewStory(t *testing.T, s *store.Store) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	awaitDBPast(t, s, l.ExpireAt)
+	storetest.AwaitDBPast(t, s, l.ExpireAt)
 	_, err = s.AcquireLease(ctx, key, b, ttl)
 	note("b leases after expiry", err, "")
 	_, _, err = s.RenewLease(ctx, key, g.Lease.Token, short)

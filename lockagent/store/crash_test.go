@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -17,14 +18,14 @@ func TestClaimedWindowsSurviveADatabaseCrash(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "crash", Logf: t.Logf})
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
-			s := openStore(t, tg.DSN, 4)
+			s := storetest.Open(t, tg.DSN, 4)
 			ctx := context.Background()
-			key := uniqueKey(t)
-			a, b := owner("dc-a", "job-a", "pod-a"), owner("dc-b", "job-b", "pod-b")
+			key := storetest.UniqueKey(t)
+			a, b := storetest.Owner("dc-a", "job-a", "pod-a"), storetest.Owner("dc-b", "job-b", "pod-b")
 			before := map[time.Time]int64{}
 			var maxToken int64
 			for i := range 50 {
-				c := mustClaim(t, s, key, windowAt(i), a, false, ttl, store.Claimed)
+				c := storetest.MustClaim(t, s, key, storetest.WindowAt(i), a, false, ttl, store.Claimed)
 				before[c.Window.Start] = c.Window.Token
 				maxToken = max(maxToken, c.Window.Token)
 			}
@@ -40,7 +41,7 @@ func TestClaimedWindowsSurviveADatabaseCrash(t *testing.T) {
 			// query_wait_timeout), so callers bound every call with a deadline.
 			down, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
-			if _, err := s.ClaimWindow(down, store.ClaimRequest{Key: key, Window: windowAt(100), Index: store.NotIndexed, Owner: b, TTL: ttl}); !errors.Is(err, store.ErrUnavailable) {
+			if _, err := s.ClaimWindow(down, store.ClaimRequest{Key: key, Window: storetest.WindowAt(100), Index: store.NotIndexed, Owner: b, TTL: ttl}); !errors.Is(err, store.ErrUnavailable) {
 				t.Fatalf("claim while the database is down: %v, want ErrUnavailable", err)
 			}
 			if err := srv.StartPostgres(); err != nil {
@@ -59,13 +60,13 @@ func TestClaimedWindowsSurviveADatabaseCrash(t *testing.T) {
 				if before[r.Start] != r.Token || r.Owner != a.WindowOwner() {
 					t.Fatalf("window %s after crash: %+v, token before %d", r.Start, r, before[r.Start])
 				}
-				mustBeTaken(t, s, key, r.Start, b, false, a.WindowOwner())
+				storetest.MustBeTaken(t, s, key, r.Start, b, false, a.WindowOwner())
 			}
 			if _, err := s.AcquireLease(ctx, key, b, ttl); !errors.Is(err, store.ErrLeaseHeld) {
 				t.Fatalf("lease after crash: %v, want ErrLeaseHeld", err)
 			}
 			// The fencing token never goes back, even across the crash.
-			next := mustClaim(t, s, key, windowAt(200), b, false, ttl, store.Claimed)
+			next := storetest.MustClaim(t, s, key, storetest.WindowAt(200), b, false, ttl, store.Claimed)
 			if next.Window.Token <= max(maxToken, lease.Lease.Token) {
 				t.Fatalf("token %d after the crash, had reached %d", next.Window.Token, maxToken)
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -19,12 +20,12 @@ import (
 // smaller token than one already used downstream (test/hapg shows the
 // failover itself).
 func TestTokensCarryTheTimeline(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 2)
-		key := uniqueKey(t)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
+		key := storetest.UniqueKey(t)
 		var last int64
 		for i := range 5 {
-			c := mustClaim(t, s, key, windowAt(i), owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
+			c := storetest.MustClaim(t, s, key, storetest.WindowAt(i), storetest.Owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
 			if epoch, _ := store.TokenEpoch(c.Window.Token); epoch != 1 {
 				t.Fatalf("token %d is in epoch %d, want 1 (the timeline of a fresh cluster)", c.Window.Token, epoch)
 			}
@@ -33,7 +34,7 @@ func TestTokensCarryTheTimeline(t *testing.T) {
 			}
 			last = c.Window.Token
 		}
-		g, err := s.AcquireLease(context.Background(), key, owner("dc-a", "job", "pod"), ttl)
+		g, err := s.AcquireLease(context.Background(), key, storetest.Owner("dc-a", "job", "pod"), ttl)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,8 +48,8 @@ func TestTokensCarryTheTimeline(t *testing.T) {
 // names the setting and the fix, and passes once the operator explicitly
 // accepts it.
 func TestCheckRefusesAnUnreplicatedDatabase(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 2)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
 		fs, err := s.CheckDatabase(context.Background(), store.CheckOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -90,10 +91,10 @@ func byCheck(fs []store.Finding) map[string]store.Finding {
 func TestCheckFindsTokensThatWouldGoBack(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "epoch"})
 	ctx := context.Background()
-	s := openStore(t, srv.DirectDSN(), 2)
-	key := uniqueKey(t)
-	c := mustClaim(t, s, key, windowAt(0), owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
-	su := superuser(t, srv)
+	s := storetest.Open(t, srv.DirectDSN(), 2)
+	key := storetest.UniqueKey(t)
+	c := storetest.MustClaim(t, s, key, storetest.WindowAt(0), storetest.Owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
+	su := storetest.Superuser(t, srv)
 	restored := int64(5)<<40 + 77 // a token handed out on timeline 5 of the old cluster
 	if _, err := su.Exec(ctx, `UPDATE dislock.windows SET token = $1 WHERE lock_key = $2`, restored, key); err != nil {
 		t.Fatal(err)
@@ -115,20 +116,10 @@ func TestCheckFindsTokensThatWouldGoBack(t *testing.T) {
 	if fs, _ := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true}); store.Failed(fs) {
 		t.Fatalf("after the fix: %+v", fs)
 	}
-	next := mustClaim(t, s, key, windowAt(1), owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
+	next := storetest.MustClaim(t, s, key, storetest.WindowAt(1), storetest.Owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
 	if next.Window.Token <= restored {
 		t.Fatalf("token %d after the fix, not above the restored %d", next.Window.Token, restored)
 	}
-}
-
-func superuser(t *testing.T, srv *pgtest.Server) *pgx.Conn {
-	t.Helper()
-	c, err := pgx.Connect(context.Background(), srv.SuperuserDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(context.Background()) })
-	return c
 }
 
 // With synchronous replication, a commit waits for the standby. Whoever cuts
@@ -141,10 +132,10 @@ func superuser(t *testing.T, srv *pgtest.Server) *pgx.Conn {
 func TestACommitTheStandbyNeverConfirmedIsNotAWin(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "syncwait"})
 	ctx := context.Background()
-	openStore(t, srv.DirectDSN(), 1) // migrate while commits still return
+	storetest.Open(t, srv.DirectDSN(), 1) // migrate while commits still return
 	// A standby that never connects. A restart, not a reload, so that every
 	// process (the checkpointer tells backends whether to wait) has it.
-	if _, err := superuser(t, srv).Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'standby_in_dc_b'`); err != nil {
+	if _, err := storetest.Superuser(t, srv).Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'standby_in_dc_b'`); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.StopPostgres("fast"); err != nil {
@@ -153,7 +144,7 @@ func TestACommitTheStandbyNeverConfirmedIsNotAWin(t *testing.T) {
 	if err := srv.StartPostgres(); err != nil {
 		t.Fatal(err)
 	}
-	su := superuser(t, srv)
+	su := storetest.Superuser(t, srv)
 	// The test's own writes must not wait for the missing standby.
 	if _, err := su.Exec(ctx, `SET synchronous_commit = local`); err != nil {
 		t.Fatal(err)
@@ -166,11 +157,11 @@ func TestACommitTheStandbyNeverConfirmedIsNotAWin(t *testing.T) {
 			}
 			defer s.Close()
 			awaitReachable(t, s) // PgBouncer drops its connections from before the restart
-			key := uniqueKey(t)
+			key := storetest.UniqueKey(t)
 
 			// The agent's own timeout: the commit keeps waiting, unseen.
 			short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-			_, err = s.ClaimWindow(short, store.ClaimRequest{Key: key, Window: windowAt(0), Index: store.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+			_, err = s.ClaimWindow(short, store.ClaimRequest{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, Owner: storetest.Owner("dc-a", "job", "pod"), TTL: ttl})
 			cancel()
 			if !errors.Is(err, store.ErrUnavailable) {
 				t.Fatalf("claim whose commit waits for the standby: %v, want ErrUnavailable", err)
@@ -185,7 +176,7 @@ func TestACommitTheStandbyNeverConfirmedIsNotAWin(t *testing.T) {
 
 			// Someone else cuts the wait short (an operator, a pooler's
 			// query_timeout): committed locally, uncertain.
-			req := store.ClaimRequest{Key: key, Window: windowAt(1), Index: store.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl}
+			req := store.ClaimRequest{Key: key, Window: storetest.WindowAt(1), Index: store.NotIndexed, Owner: storetest.Owner("dc-a", "job", "pod"), TTL: ttl}
 			claimErr := make(chan error, 1)
 			go func() {
 				_, err := s.ClaimWindow(ctx, req)
@@ -195,11 +186,11 @@ func TestACommitTheStandbyNeverConfirmedIsNotAWin(t *testing.T) {
 			if err := <-claimErr; !errors.Is(err, store.ErrUncertainCommit) || !errors.Is(err, store.ErrUnavailable) {
 				t.Fatalf("claim whose synchronous wait was cancelled: %v, want ErrUncertainCommit (retryable)", err)
 			}
-			if err := su.QueryRow(ctx, `SELECT count(*) FROM dislock.windows WHERE lock_key = $1 AND window_start = $2`, key, windowAt(1)).Scan(&visible); err != nil || visible != 1 {
+			if err := su.QueryRow(ctx, `SELECT count(*) FROM dislock.windows WHERE lock_key = $1 AND window_start = $2`, key, storetest.WindowAt(1)).Scan(&visible); err != nil || visible != 1 {
 				t.Fatalf("the cancelled commit is not visible locally (%d rows, %v): the hazard this guards against did not happen", visible, err)
 			}
 			go func() {
-				_, err := s.AcquireLease(ctx, key, owner("dc-a", "job", "pod"), ttl)
+				_, err := s.AcquireLease(ctx, key, storetest.Owner("dc-a", "job", "pod"), ttl)
 				claimErr <- err
 			}()
 			cancelWaiters(t, su)
@@ -209,7 +200,7 @@ func TestACommitTheStandbyNeverConfirmedIsNotAWin(t *testing.T) {
 
 			// A role default that skips the wait altogether is no better.
 			withRoleSetting(t, srv, su, tg.DSN, "synchronous_commit", "local", func(s *store.Store) {
-				_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: windowAt(2), Index: store.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+				_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(2), Index: store.NotIndexed, Owner: storetest.Owner("dc-a", "job", "pod"), TTL: ttl})
 				if !errors.Is(err, store.ErrUncertainCommit) || !strings.Contains(err.Error(), "synchronous_commit = local") {
 					t.Fatalf("claim under synchronous_commit = local with a synchronous standby configured: %v, want ErrUncertainCommit naming the setting", err)
 				}
@@ -291,13 +282,13 @@ func withRoleSetting(t *testing.T, srv *pgtest.Server, su *pgx.Conn, dsn, name, 
 func TestWeakenedCommitsAreNeverWins(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "guard"})
 	ctx := context.Background()
-	openStore(t, srv.DirectDSN(), 2) // migrated
-	su := superuser(t, srv)
+	storetest.Open(t, srv.DirectDSN(), 2) // migrated
+	su := storetest.Superuser(t, srv)
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
-			key := uniqueKey(t)
+			key := storetest.UniqueKey(t)
 			withRoleSetting(t, srv, su, tg.DSN, "client_min_messages", "error", func(s *store.Store) {
-				_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: windowAt(0), Index: store.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+				_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, Owner: storetest.Owner("dc-a", "job", "pod"), TTL: ttl})
 				if !errors.Is(err, store.ErrUncertainCommit) || !strings.Contains(err.Error(), "client_min_messages = error") {
 					t.Fatalf("claim under client_min_messages = error: %v, want ErrUncertainCommit naming the setting", err)
 				}
@@ -325,7 +316,7 @@ CREATE TRIGGER warn BEFORE INSERT ON dislock.windows FOR EACH ROW EXECUTE FUNCTI
 		uncertain  bool
 	}{{"C", false}, {"C.UTF-8", true}} {
 		withRoleSetting(t, srv, su, srv.DirectDSN(), "lc_messages", tc.lcMessages, func(s *store.Store) {
-			c, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: uniqueKey(t), Window: windowAt(0), Index: store.NotIndexed, Owner: owner("dc-a", "job", "pod"), TTL: ttl})
+			c, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: storetest.UniqueKey(t), Window: storetest.WindowAt(0), Index: store.NotIndexed, Owner: storetest.Owner("dc-a", "job", "pod"), TTL: ttl})
 			if got := errors.Is(err, store.ErrUncertainCommit); got != tc.uncertain || (!tc.uncertain && (err != nil || c.Outcome != store.Claimed)) {
 				t.Fatalf("lc_messages = %s, a claim that drew a harmless warning: %+v %v; want uncertain: %v", tc.lcMessages, c.Outcome, err, tc.uncertain)
 			}
@@ -352,7 +343,7 @@ CREATE TRIGGER warn BEFORE INSERT ON dislock.windows FOR EACH ROW EXECUTE FUNCTI
 		}
 		// A fresh session sees the new settings once the server reloaded.
 		var f store.Finding
-		awaitCond(t, tc.check+" to fail", func() bool {
+		storetest.AwaitCond(t, tc.check+" to fail", func() bool {
 			fresh, err := store.Open(ctx, srv.DirectDSN(), store.Options{MaxConns: 1})
 			if err != nil {
 				t.Fatal(err)
@@ -373,17 +364,6 @@ CREATE TRIGGER warn BEFORE INSERT ON dislock.windows FOR EACH ROW EXECUTE FUNCTI
 	}
 }
 
-func awaitCond(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // The timeline goes back when the database is upgraded with pg_upgrade or
 // restored into another cluster: tokens must not. No token is drawn until
 // the owner confirms the epoch; it then continues above the highest it
@@ -392,8 +372,8 @@ func awaitCond(t *testing.T, what string, cond func() bool) {
 func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "rebase"})
 	ctx := context.Background()
-	s := openStore(t, srv.DirectDSN(), 2)
-	su := superuser(t, srv)
+	s := storetest.Open(t, srv.DirectDSN(), 2)
+	su := storetest.Superuser(t, srv)
 	for _, tc := range []struct {
 		name  string
 		state string // how token_epoch looks when the cluster (timeline 1) starts
@@ -405,7 +385,7 @@ func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
 		{"a dump of a cluster at timeline 3 loaded into this one", "base_epoch = 1, base_timeline = 1, last_epoch = 3", 3, 3 + 16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			key := uniqueKey(t)
+			key := storetest.UniqueKey(t)
 			if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET `+tc.state); err != nil {
 				t.Fatal(err)
 			}
@@ -413,7 +393,7 @@ func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
 			if _, err := su.Exec(ctx, `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES ($1, 'old', $2, now(), now())`, key, before); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := claim(t, s, key, windowAt(0), owner("dc-a", "job", "pod"), false, ttl); !errors.Is(err, store.ErrTokensHeld) {
+			if _, err := storetest.Claim(t, s, key, storetest.WindowAt(0), storetest.Owner("dc-a", "job", "pod"), false, ttl); !errors.Is(err, store.ErrTokensHeld) {
 				t.Fatalf("a claim before the owner confirmed the epoch: %v, want %v", err, store.ErrTokensHeld)
 			}
 			if fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true}); err != nil || byCheck(fs)["tokens"].Status != store.StatusFail {
@@ -423,7 +403,7 @@ func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
 				t.Fatalf("confirming the epoch: %+v %v, want epoch %d", st, err, tc.want)
 			}
 			for i := range 3 {
-				c := mustClaim(t, s, key, windowAt(i), owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
+				c := storetest.MustClaim(t, s, key, storetest.WindowAt(i), storetest.Owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
 				if epoch, _ := store.TokenEpoch(c.Window.Token); c.Window.Token <= before || epoch != tc.want {
 					t.Fatalf("token %d (epoch %d): want epoch %d, above %d", c.Window.Token, epoch, tc.want, before)
 				}

@@ -10,14 +10,15 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 )
 
 func TestLeaseHasOneHolderAndTheSamePodReenters(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 4)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 4)
 		ctx := context.Background()
-		key := uniqueKey(t)
-		a := owner("dc-a", "job-a", "pod-a")
+		key := storetest.UniqueKey(t)
+		a := storetest.Owner("dc-a", "job-a", "pod-a")
 
 		g, err := s.AcquireLease(ctx, key, a, ttl)
 		if err != nil || g.Reentered {
@@ -32,7 +33,7 @@ func TestLeaseHasOneHolderAndTheSamePodReenters(t *testing.T) {
 			t.Fatalf("re-entry: %+v, %v (first token %d)", again, err, g.Lease.Token)
 		}
 		// Another Job is refused and told who holds it.
-		held, err := s.AcquireLease(ctx, key, owner("dc-b", "job-b", "pod-b"), ttl)
+		held, err := s.AcquireLease(ctx, key, storetest.Owner("dc-b", "job-b", "pod-b"), ttl)
 		if !errors.Is(err, store.ErrLeaseHeld) || held.Lease.Owner != a.LeaseOwner() {
 			t.Fatalf("other job: %+v, %v", held, err)
 		}
@@ -43,7 +44,7 @@ func TestLeaseHasOneHolderAndTheSamePodReenters(t *testing.T) {
 		if !errors.Is(err, store.ErrLeaseHeld) || !retry.SameJob(held.Lease.Owner) {
 			t.Fatalf("retry pod: %+v, %v", held, err)
 		}
-		if (owner("dc-b", "job-a", "pod-a")).SameJob(held.Lease.Owner) {
+		if (storetest.Owner("dc-b", "job-a", "pod-a")).SameJob(held.Lease.Owner) {
 			t.Fatal("a Job of the same name in another cluster counted as the same Job")
 		}
 		// Released: the next holder gets a larger token.
@@ -58,14 +59,14 @@ func TestLeaseHasOneHolderAndTheSamePodReenters(t *testing.T) {
 }
 
 func TestRenewFailsAfterExpiryOrTakeover(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 4)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 4)
 		ctx := context.Background()
-		a, b := owner("dc-a", "job-a", "pod-a"), owner("dc-b", "job-b", "pod-b")
+		a, b := storetest.Owner("dc-a", "job-a", "pod-a"), storetest.Owner("dc-b", "job-b", "pod-b")
 		short := 300 * time.Millisecond
 
 		t.Run("renewal extends a live lease", func(t *testing.T) {
-			key := uniqueKey(t)
+			key := storetest.UniqueKey(t)
 			g, err := s.AcquireLease(ctx, key, a, short)
 			if err != nil {
 				t.Fatal(err)
@@ -77,19 +78,19 @@ func TestRenewFailsAfterExpiryOrTakeover(t *testing.T) {
 		})
 
 		t.Run("expired, nobody else came: renew still fails", func(t *testing.T) {
-			key := uniqueKey(t)
+			key := storetest.UniqueKey(t)
 			g, err := s.AcquireLease(ctx, key, a, short)
 			if err != nil {
 				t.Fatal(err)
 			}
-			awaitDBPast(t, s, g.Lease.ExpireAt)
+			storetest.AwaitDBPast(t, s, g.Lease.ExpireAt)
 			if _, _, err := s.RenewLease(ctx, key, g.Lease.Token, ttl); !errors.Is(err, store.ErrLeaseLost) {
 				t.Fatalf("renew after expiry: %v, want ErrLeaseLost", err)
 			}
 		})
 
 		t.Run("expired and taken over: renew and release fail, token moves on", func(t *testing.T) {
-			key := uniqueKey(t)
+			key := storetest.UniqueKey(t)
 			g, err := s.AcquireLease(ctx, key, a, short)
 			if err != nil {
 				t.Fatal(err)
@@ -97,7 +98,7 @@ func TestRenewFailsAfterExpiryOrTakeover(t *testing.T) {
 			if _, err := s.AcquireLease(ctx, key, b, ttl); !errors.Is(err, store.ErrLeaseHeld) {
 				t.Fatalf("before expiry: %v, want ErrLeaseHeld", err)
 			}
-			awaitDBPast(t, s, g.Lease.ExpireAt)
+			storetest.AwaitDBPast(t, s, g.Lease.ExpireAt)
 			took, err := s.AcquireLease(ctx, key, b, ttl)
 			if err != nil || took.Reentered || took.Lease.Token <= g.Lease.Token {
 				t.Fatalf("takeover: %+v, %v", took, err)
@@ -119,15 +120,15 @@ func TestRenewFailsAfterExpiryOrTakeover(t *testing.T) {
 // them believe they hold it.
 func TestContendedLeaseNeverHasTwoLiveHolders(t *testing.T) {
 	const clusters, pods, acquisitions = 3, 8, 60
-	eachTarget(t, func(t *testing.T, dsn string) {
-		key := uniqueKey(t)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		key := storetest.UniqueKey(t)
 		var holders, granted atomic.Int64
 		var lastToken atomic.Int64
 		var wg sync.WaitGroup
 		for c := range clusters {
-			s := openStore(t, dsn, pods)
+			s := storetest.Open(t, dsn, pods)
 			for p := range pods {
-				o := owner(fmt.Sprintf("dc-%d", c), fmt.Sprintf("job-%d", p), "pod")
+				o := storetest.Owner(fmt.Sprintf("dc-%d", c), fmt.Sprintf("job-%d", p), "pod")
 				wg.Go(func() {
 					ctx := context.Background()
 					for granted.Load() < acquisitions {

@@ -16,19 +16,20 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
 // Every cluster's decision for a window is in the ledger, with its reason,
 // and each tenant writes and reads only its own namespace's rows.
 func TestEveryClustersDecisionForAWindowIsInTheLedger(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		ns, other := namespace(t, "ledger"), namespace(t, "ledger-other")
-		tenant := tenantStore(t, dsn, provision(t, own, ns))
+		own := storetest.Open(t, dsn, 2)
+		ns, other := storetest.Namespace(t, "ledger"), storetest.Namespace(t, "ledger-other")
+		tenant := storetest.TenantStore(t, dsn, storetest.Provision(t, own, ns))
 		key := ns + "/report"
-		w := windowAt(0)
+		w := storetest.WindowAt(0)
 		for _, d := range []store.Decision{
 			{Cluster: "dc-a", Action: store.ActionRun, Reason: "window claimed", Token: 7},
 			{Cluster: "dc-b", Action: store.ActionSkip, Reason: "window already claimed by cluster dc-a"},
@@ -111,11 +112,11 @@ func keyStats(t *testing.T, st store.LedgerStats, key string) store.KeyStats {
 // not, a window still running is judged later, and a key nobody decided
 // for over several periods is silent rather than missing every tick.
 func TestMissedWindowsAreFoundOnceAndOnlyWhereNothingSucceeded(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 4)
-		raw := rawConn(t, dsn)
-		ns := namespace(t, "missed")
+		own := storetest.Open(t, dsn, 4)
+		raw := storetest.RawConn(t, dsn)
+		ns := storetest.Namespace(t, "missed")
 		now, err := own.Now(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -140,8 +141,8 @@ func TestMissedWindowsAreFoundOnceAndOnlyWhereNothingSucceeded(t *testing.T) {
 		}
 		run := func(key string, i int, state store.State, ttl time.Duration) {
 			t.Helper()
-			o := owner("dc-a", "j-"+strings.ReplaceAll(key, "/", "-"), "p")
-			c := mustClaim(t, own, key, minute(i), o, false, ttl, store.Claimed)
+			o := storetest.Owner("dc-a", "j-"+strings.ReplaceAll(key, "/", "-"), "p")
+			c := storetest.MustClaim(t, own, key, minute(i), o, false, ttl, store.Claimed)
 			if state == store.StateRunning {
 				return
 			}
@@ -196,7 +197,7 @@ func TestMissedWindowsAreFoundOnceAndOnlyWhereNothingSucceeded(t *testing.T) {
 		var silentKeys []string
 		var wg sync.WaitGroup
 		for range 2 {
-			s := openStore(t, dsn, 2)
+			s := storetest.Open(t, dsn, 2)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -272,11 +273,11 @@ func TestMissedWindowsAreFoundOnceAndOnlyWhereNothingSucceeded(t *testing.T) {
 // MaxKeysPerNamespace of them, those decided last, so that one namespace
 // cannot grow every namespace's metrics, nor push another's keys out.
 func TestOneNamespacesKeysCannotCrowdOutAnothersStatistics(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		flood, quiet := namespace(t, "flood"), namespace(t, "quiet")
-		tenant := rawConn(t, mustTenantDSN(t, dsn, provision(t, own, flood)))
+		own := storetest.Open(t, dsn, 2)
+		flood, quiet := storetest.Namespace(t, "flood"), storetest.Namespace(t, "quiet")
+		tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, flood)))
 		extra := 5
 		if _, err := tenant.Exec(ctx, `INSERT INTO dislock.key_stats (lock_key, first_seen, last_decided)
 			SELECT $1::text || '/k' || i, now(), now() - i * interval '1 second' FROM generate_series(1, $2::int) i`,
@@ -321,16 +322,16 @@ type hostile16 struct {
 func newHostile16(t *testing.T) hostile16 {
 	t.Helper()
 	dsn := pgtest.Need(t).DirectDSN()
-	own := openStore(t, dsn, 4)
-	return hostile16{dsn: dsn, own: own, raw: rawConn(t, dsn)}
+	own := storetest.Open(t, dsn, 4)
+	return hostile16{dsn: dsn, own: own, raw: storetest.RawConn(t, dsn)}
 }
 
 // tenant provisions ns and returns its Store and a raw connection with its
 // role.
 func (r hostile16) tenant(t *testing.T, ns string) (*store.Store, *pgx.Conn) {
 	t.Helper()
-	c := provision(t, r.own, ns)
-	return tenantStore(t, r.dsn, c), rawConn(t, mustTenantDSN(t, r.dsn, c))
+	c := storetest.Provision(t, r.own, ns)
+	return storetest.TenantStore(t, r.dsn, c), storetest.RawConn(t, storetest.TenantDSN(t, r.dsn, c))
 }
 
 // forget deletes, as the owner, every ledger, window, lease and view row of
@@ -361,7 +362,7 @@ func envInt(name string, def int) int {
 func TestATenantCannotWriteStatisticsTheOwnersMetricsCannotServe(t *testing.T) {
 	r := newHostile16(t)
 	ctx := context.Background()
-	victim, hostile := namespace(t, "victim"), namespace(t, "hostile")
+	victim, hostile := storetest.Namespace(t, "victim"), storetest.Namespace(t, "hostile")
 	r.forget(t, victim)
 	r.forget(t, hostile)
 	vs, _ := r.tenant(t, victim)
@@ -405,7 +406,7 @@ func TestATenantCannotWriteStatisticsTheOwnersMetricsCannotServe(t *testing.T) {
 func TestTheHeldLeasesOfOneKeyAreReadAsOneRow(t *testing.T) {
 	r := newHostile16(t)
 	ctx := context.Background()
-	hostile := namespace(t, "hostile")
+	hostile := storetest.Namespace(t, "hostile")
 	r.forget(t, hostile)
 	hs, hraw := r.tenant(t, hostile)
 	key := hostile + "/x"
@@ -449,11 +450,11 @@ func TestTheHeldLeasesOfOneKeyAreReadAsOneRow(t *testing.T) {
 // relaxed commit (synchronous_commit off) stays with its own transaction,
 // never reaching the lock statements that follow on the connection.
 func TestALedgerWriteKeepsItsBoundsAndItsCommitSetting(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		s := openStore(t, dsn, 1)
-		key := uniqueKey(t)
-		d := store.Decision{Key: key, Window: window0, Index: store.NotIndexed, Cluster: "dc-a", Job: "j", Pod: "p", Action: store.ActionRun}
+		s := storetest.Open(t, dsn, 1)
+		key := storetest.UniqueKey(t)
+		d := store.Decision{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, Cluster: "dc-a", Job: "j", Pod: "p", Action: store.ActionRun}
 		if err := s.RecordDecision(ctx, d); err != nil {
 			t.Fatal(err)
 		}
@@ -464,7 +465,7 @@ func TestALedgerWriteKeepsItsBoundsAndItsCommitSetting(t *testing.T) {
 		if setting != "on" {
 			t.Fatalf("synchronous_commit after a ledger write = %q, want on: the ledger's setting leaked out of its transaction", setting)
 		}
-		holder := rawConn(t, pgtest.Need(t).SuperuserDSN())
+		holder := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
 		tx, err := holder.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -493,21 +494,21 @@ func TestALedgerWriteKeepsItsBoundsAndItsCommitSetting(t *testing.T) {
 // setting, so a claim made right after a decision and a view on the one
 // connection a pool of one has must be acknowledged as durable.
 func TestHostile18HistoryWritesLeaveTheNextClaimDurable(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		s := openStore(t, dsn, 1)
-		key := uniqueKey(t)
-		o := owner("dc-a", "report-1", "pod-a")
+		s := storetest.Open(t, dsn, 1)
+		key := storetest.UniqueKey(t)
+		o := storetest.Owner("dc-a", "report-1", "pod-a")
 		view := store.View{Schedule: "* * * * *", TimeZone: "UTC", Mode: "schedule", LeaseTTL: "30s"}
 		for i := range 10 {
-			w := windowAt(i)
+			w := storetest.WindowAt(i)
 			if _, err := s.RecordView(ctx, key, o.Cluster, view, store.DefaultViewRecency); err != nil {
 				t.Fatalf("recording the view: %v", err)
 			}
 			if err := s.RecordDecision(ctx, store.Decision{Key: key, Window: w, Cluster: o.Cluster, Job: o.Job, Pod: o.Pod, Action: store.ActionRun}); err != nil {
 				t.Fatalf("recording the decision: %v", err)
 			}
-			c, err := claim(t, s, key, w, o, false, ttl)
+			c, err := storetest.Claim(t, s, key, w, o, false, ttl)
 			if err != nil {
 				t.Fatalf("window %d: a claim right after the ledger's and the view's writes: %v (ErrUncertainCommit: %v)", i, err, errors.Is(err, store.ErrUncertainCommit))
 			}
@@ -516,7 +517,7 @@ func TestHostile18HistoryWritesLeaveTheNextClaimDurable(t *testing.T) {
 			}
 			// A refusal is answered by the same statement's read branch:
 			// it must also not run with the setting left over.
-			mustBeTaken(t, s, key, w, owner("dc-b", "other", "pod-b"), false, o.WindowOwner())
+			storetest.MustBeTaken(t, s, key, w, storetest.Owner("dc-b", "other", "pod-b"), false, o.WindowOwner())
 			if err := s.RecordDecision(ctx, store.Decision{Key: key, Window: w, Cluster: "dc-b", Job: "other", Pod: "pod-b", Action: store.ActionSkip}); err != nil {
 				t.Fatalf("recording the refusal: %v", err)
 			}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -28,7 +29,7 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 	futureName := fmt.Sprintf("%04d_future.sql", known+1)
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
-			admin := rawConn(t, srv.DirectDSN())
+			admin := storetest.RawConn(t, srv.DirectDSN())
 			if _, err := admin.Exec(ctx, `DROP SCHEMA IF EXISTS dislock CASCADE`); err != nil {
 				t.Fatal(err)
 			}
@@ -179,16 +180,16 @@ ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`,
 // whatever schema is there; a crafted incompatible one would keep every
 // replica unready.
 func TestHostile17_TenantCannotWriteSchemaMigrations(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		ns := namespace(t, "hostile17")
-		cred := provision(t, own, ns)
+		own := storetest.Open(t, dsn, 2)
+		ns := storetest.Namespace(t, "hostile17")
+		cred := storetest.Provision(t, own, ns)
 		tdsn, err := store.TenantDSN(dsn, cred)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := rawConn(t, tdsn)
+		c := storetest.RawConn(t, tdsn)
 		for _, stmt := range []string{
 			`INSERT INTO dislock.schema_migrations (version, name, compatible_from) VALUES (9999, '9999_evil.sql', 1)`,
 			`UPDATE dislock.schema_migrations SET compatible_from = 1`,

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -32,7 +33,7 @@ const qAdvisoryHolders = `SELECT pid FROM pg_locks WHERE locktype = 'advisory' A
 func awaitAdvisoryHolder(t *testing.T, c *pgx.Conn) int32 {
 	t.Helper()
 	var pid int32
-	awaitCond(t, "a session holding the migration's advisory lock", func() bool {
+	storetest.AwaitCond(t, "a session holding the migration's advisory lock", func() bool {
 		return c.QueryRow(context.Background(), qAdvisoryHolders, oldMigrationLockID).Scan(&pid) == nil
 	})
 	return pid
@@ -93,10 +94,10 @@ func migrateIn(t *testing.T, dsn string, opts store.Options, limit time.Duration
 // another session holds both the table lock migrators serialise on and the
 // advisory lock older releases took, Migrate still answers at once.
 func TestMigrateOnACurrentSchemaTakesNoLock(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		openStore(t, dsn, 2)
-		tx, err := rawConn(t, pgtest.Need(t).DirectDSN()).Begin(ctx)
+		storetest.Open(t, dsn, 2)
+		tx, err := storetest.RawConn(t, pgtest.Need(t).DirectDSN()).Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,12 +127,12 @@ func TestMigrateIsNotStalledByATenantsAdvisoryLock(t *testing.T) {
 	t.Parallel() // a server of its own: it re-applies a migration
 	srv := pgtest.New(t, pgtest.Options{Name: "migrate-tenant"})
 	ctx := context.Background()
-	own := openStore(t, srv.DirectDSN(), 2)
-	su := superuser(t, srv)
-	cred := provision(t, own, namespace(t, "advisory"))
+	own := storetest.Open(t, srv.DirectDSN(), 2)
+	su := storetest.Superuser(t, srv)
+	cred := storetest.Provision(t, own, storetest.Namespace(t, "advisory"))
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
-			tenant := rawConn(t, mustTenantDSN(t, tg.DSN, cred))
+			tenant := storetest.RawConn(t, storetest.TenantDSN(t, tg.DSN, cred))
 			if _, err := tenant.Exec(ctx, `SELECT pg_advisory_lock($1::bigint)`, oldMigrationLockID); err != nil {
 				t.Fatal(err)
 			}
@@ -173,7 +174,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 	t.Parallel() // a server of its own: it drops the schema
 	srv := pgtest.New(t, pgtest.Options{Name: "migrate-serial"})
 	ctx := context.Background()
-	su := superuser(t, srv)
+	su := storetest.Superuser(t, srv)
 	all := make([]int, store.SchemaVersion())
 	for i := range all {
 		all[i] = i + 1
@@ -206,7 +207,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 		// What every earlier release's migrateOnce does, stopped after
 		// reading the version: it holds the advisory lock, and is about
 		// to apply the newest migration.
-		old, err := rawConn(t, srv.DirectDSN()).Begin(ctx)
+		old, err := storetest.RawConn(t, srv.DirectDSN()).Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -219,11 +220,11 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 		if current != store.SchemaVersion()-1 {
 			t.Fatalf("the older migrator reads version %d, want %d", current, store.SchemaVersion()-1)
 		}
-		watcher := rawConn(t, srv.DirectDSN())
+		watcher := storetest.RawConn(t, srv.DirectDSN())
 		done := migrateIn(t, srv.BouncerDSN()+"&application_name=dislock-new-migrate", store.Options{MaxConns: 1, MigrationRetryFor: time.Minute}, 2*time.Minute)
 		// Its first attempt asked for the advisory lock, found a session
 		// of the owner's role holding it, and rolled back.
-		awaitCond(t, "the migrator's first attempt asking for the advisory lock", func() bool {
+		storetest.AwaitCond(t, "the migrator's first attempt asking for the advisory lock", func() bool {
 			var n int
 			return watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dislock-new-migrate'
 				AND (query LIKE '%pg_try_advisory_xact_lock%' OR query LIKE '%pg_has_role%' OR lower(query) = 'rollback')`).Scan(&n) == nil && n > 0
@@ -254,7 +255,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 		// A session of the owner's role (an older release's migrator stuck
 		// mid-way, an operator's forgotten psql) holds the advisory lock:
 		// it may be migrating, so it is waited for, within the bound.
-		holder := rawConn(t, srv.DirectDSN()+"&application_name=dislock-0.4-migrate")
+		holder := storetest.RawConn(t, srv.DirectDSN()+"&application_name=dislock-0.4-migrate")
 		if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock($1::bigint)`, oldMigrationLockID); err != nil {
 			t.Fatal(err)
 		}

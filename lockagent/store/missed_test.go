@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -46,7 +47,7 @@ func newReplay(t testing.TB, team string, back time.Duration) *replay {
 	t.Helper()
 	ctx := context.Background()
 	dsn := pgtest.Need(t).DirectDSN()
-	r := &replay{t: t, own: openStore(t, dsn, 4), raw: rawConn(t, dsn), ns: namespace(t, team), batch: &pgx.Batch{}}
+	r := &replay{t: t, own: storetest.Open(t, dsn, 4), raw: storetest.RawConn(t, dsn), ns: storetest.Namespace(t, team), batch: &pgx.Batch{}}
 	now, err := r.own.Now(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -436,7 +437,7 @@ func TestTheDetectionsWriteDoesNotWaitLongForALock(t *testing.T) {
 func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
 	r := newHostile16(t)
 	ctx := context.Background()
-	seq := keySeq.Add(1)
+	seq := storetest.Seq()
 	hostile := fmt.Sprintf("m-hostile-%d", seq)
 	r.forget(t, hostile)
 	hs, hraw := r.tenant(t, hostile)
@@ -488,7 +489,7 @@ func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
 	if _, err := r.own.DetectMissed(ctx, store.MissedOptions{}); err != nil {
 		t.Fatalf("baseline detection: %v", err)
 	}
-	awaitDBPast(t, r.own, w.Add(grace).Add(100*time.Millisecond))
+	storetest.AwaitDBPast(t, r.own, w.Add(grace).Add(100*time.Millisecond))
 
 	// The tenant rewrites its own row (as its agents' ledger writes do
 	// all the time) until its current version sits after the others in
@@ -564,7 +565,7 @@ func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
 	// on the orphaned detection. At the role's connection limit, the
 	// victim's claims and heartbeats cannot connect.
 	v := victims[0]
-	vcred := provision(t, r.own, v.ns)
+	vcred := storetest.Provision(t, r.own, v.ns)
 	roleBackends := func() (n int) {
 		r.raw.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE usename = $1`, vcred.Role).Scan(&n)
 		return n
@@ -576,7 +577,7 @@ func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ps := tenantStore(t, r.dsn, vcred)
+			ps := storetest.TenantStore(t, r.dsn, vcred)
 			for i := 0; i < 8; i++ {
 				wctx, cancel := context.WithTimeout(ctx, time.Second)
 				ps.RecordDecision(wctx, store.Decision{Key: v.key, Cluster: "dc-a", Job: "j", Pod: fmt.Sprintf("p-%d-%d", p, i), Action: store.ActionWait, Reason: "x"})
@@ -586,7 +587,7 @@ func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("sessions of %s's role %s after 80 ledger writes of 10 pods timed out: %d (its connection limit: %d)", v.ns, vcred.Role, roleBackends(), store.TenantConnectionLimit)
-	fresh := tenantStore(t, r.dsn, vcred) // a pod starting now
+	fresh := storetest.TenantStore(t, r.dsn, vcred) // a pod starting now
 	_, cerr := fresh.ClaimWindow(ctx, store.ClaimRequest{Key: v.key, Window: w.Add(time.Hour), Index: store.NotIndexed,
 		Owner: store.Owner{Cluster: "dc-a", Namespace: v.ns, Job: "j", JobUID: "u", Pod: "p"}, TTL: ttl})
 	_, cerr2 := v.s.ClaimWindow(ctx, store.ClaimRequest{Key: v.key, Window: w.Add(2 * time.Hour), Index: store.NotIndexed,
@@ -926,8 +927,8 @@ func TestOneTenantsOversizedViewDoesNotStopEveryNamespacesDetection(t *testing.T
 		}
 	}
 	r.flush()
-	evil := namespace(t, "evil")
-	tenant := rawConn(t, mustTenantDSN(t, dsn, provision(t, r.own, evil)))
+	evil := storetest.Namespace(t, "evil")
+	tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, r.own, evil)))
 	v, err := json.Marshal(store.View{Schedule: strings.Repeat("0,", 600) + "0 * * * *", Mode: "schedule", LeaseTTL: "30s"})
 	if err != nil {
 		t.Fatal(err)
@@ -961,7 +962,7 @@ func TestOneTenantsOversizedViewDoesNotStopEveryNamespacesDetection(t *testing.T
 func TestOneNamespaceCannotSetTheSizeOfEveryDetection(t *testing.T) {
 	r := newHostile16(t)
 	ctx := context.Background()
-	hostile := namespace(t, "hostile")
+	hostile := storetest.Namespace(t, "hostile")
 	r.forget(t, hostile)
 	_, hraw := r.tenant(t, hostile)
 	keys := envInt("R16_KEYS", 200)
@@ -1008,7 +1009,7 @@ func TestOneNamespaceCannotSetTheSizeOfEveryDetection(t *testing.T) {
 func TestTheWindowOfAKeysFirstDecisionIsJudged(t *testing.T) {
 	r := newHostile16(t)
 	ctx := context.Background()
-	ns := namespace(t, "first")
+	ns := storetest.Namespace(t, "first")
 	r.forget(t, ns)
 	s, _ := r.tenant(t, ns)
 	key := ns + "/report"
@@ -1022,11 +1023,11 @@ func TestTheWindowOfAKeysFirstDecisionIsJudged(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "report-1", JobUID: "uid", Pod: "p"}
-	c := mustClaim(t, s, key, w, o, false, ttl, store.Claimed)
+	c := storetest.MustClaim(t, s, key, w, o, false, ttl, store.Claimed)
 	if err := s.RecordDecision(ctx, store.Decision{Key: key, Window: w, Cluster: "dc-a", Job: "report-1", Pod: "p", Action: store.ActionRun, Token: c.Window.Token}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Finish(ctx, key, w, store.NotIndexed, c.Window.Token, store.StateFailed, ptr(1)); err != nil {
+	if _, err := s.Finish(ctx, key, w, store.NotIndexed, c.Window.Token, store.StateFailed, storetest.Ptr(1)); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.RecordDecision(ctx, store.Decision{Key: key, Window: w, Cluster: "dc-a", Job: "report-1", Pod: "p", Action: store.ActionFailed, Token: c.Window.Token}); err != nil {
@@ -1042,8 +1043,8 @@ func TestTheWindowOfAKeysFirstDecisionIsJudged(t *testing.T) {
 	// Later windows ran fine; the key is alive.
 	for i := 1; i <= 2; i++ {
 		wi := w.Add(time.Duration(i) * time.Minute)
-		ci := mustClaim(t, s, key, wi, o, false, ttl, store.Claimed)
-		if _, err := s.Finish(ctx, key, wi, store.NotIndexed, ci.Window.Token, store.StateSucceeded, ptr(0)); err != nil {
+		ci := storetest.MustClaim(t, s, key, wi, o, false, ttl, store.Claimed)
+		if _, err := s.Finish(ctx, key, wi, store.NotIndexed, ci.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1073,7 +1074,7 @@ func TestTheWindowOfAKeysFirstDecisionIsJudged(t *testing.T) {
 func TestAScheduleChangeMakesNoPastNonTickMissed(t *testing.T) {
 	r := newHostile16(t)
 	ctx := context.Background()
-	ns := namespace(t, "change")
+	ns := storetest.Namespace(t, "change")
 	r.forget(t, ns)
 	s, _ := r.tenant(t, ns)
 	key := ns + "/report"
@@ -1095,8 +1096,8 @@ func TestAScheduleChangeMakesNoPastNonTickMissed(t *testing.T) {
 	// Every hourly tick since its first decision, 5 hours ago, ran and
 	// succeeded.
 	for h := now.Truncate(time.Hour).Add(-5 * time.Hour); !h.After(now); h = h.Add(time.Hour) {
-		c := mustClaim(t, s, key, h, o, false, ttl, store.Claimed)
-		if _, err := s.Finish(ctx, key, h, store.NotIndexed, c.Window.Token, store.StateSucceeded, ptr(0)); err != nil {
+		c := storetest.MustClaim(t, s, key, h, o, false, ttl, store.Claimed)
+		if _, err := s.Finish(ctx, key, h, store.NotIndexed, c.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 )
 
 // The "Ownership and re-entry" table of the design, row by row: who asks for
@@ -18,11 +19,11 @@ func TestOwnershipTable(t *testing.T) {
 		newToken                // took it over with a larger token
 		refused                 // ErrWindowTaken: the caller waits or skips
 	)
-	owner0 := owner("dc-a", "report-1", "pod-a")
+	owner0 := storetest.Owner("dc-a", "report-1", "pod-a")
 	samePod := owner0
 	sameJob := owner0
 	sameJob.Pod = "pod-a-replacement"
-	otherJob := owner("dc-b", "report-1", "pod-b")
+	otherJob := storetest.Owner("dc-b", "report-1", "pod-b")
 	type asker struct {
 		name    string
 		who     store.Owner
@@ -41,25 +42,25 @@ func TestOwnershipTable(t *testing.T) {
 		"another Job with standby":    {refused, newToken, newToken, refused, refused},
 		"another Job":                 {refused, refused, refused, refused, refused},
 	}
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 2)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
 		ctx := context.Background()
 		for _, a := range askers {
 			for i, state := range states {
 				t.Run(a.name+" asks for a window whose owner is "+state, func(t *testing.T) {
-					key := uniqueKey(t)
-					first := mustClaim(t, s, key, window0, owner0, false, ttl, store.Claimed)
+					key := storetest.UniqueKey(t)
+					first := storetest.MustClaim(t, s, key, storetest.WindowAt(0), owner0, false, ttl, store.Claimed)
 					tok := first.Window.Token
 					switch state {
 					case "lapsed":
-						short := mustClaim(t, s, key, window0, owner0, false, time.Millisecond, store.Reentered)
-						awaitDBPast(t, s, short.Window.AliveUntil)
+						short := storetest.MustClaim(t, s, key, storetest.WindowAt(0), owner0, false, time.Millisecond, store.Reentered)
+						storetest.AwaitDBPast(t, s, short.Window.AliveUntil)
 					case "failed", "succeeded", "skipped":
-						if _, err := s.Finish(ctx, key, window0, store.NotIndexed, tok, store.State(state), nil); err != nil {
+						if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, tok, store.State(state), nil); err != nil {
 							t.Fatal(err)
 						}
 					}
-					got, err := claim(t, s, key, window0, a.who, a.standby, ttl)
+					got, err := storetest.Claim(t, s, key, storetest.WindowAt(0), a.who, a.standby, ttl)
 					switch want[a.name][i] {
 					case sameToken:
 						if err != nil || got.Outcome != store.Reentered || got.Window.Token != tok {
@@ -70,7 +71,7 @@ func TestOwnershipTable(t *testing.T) {
 							t.Fatalf("got %+v, %v; want a takeover with a token above %d", got, err, tok)
 						}
 						// The old owner's heartbeat now fails: it must stop.
-						if _, _, err := s.Heartbeat(ctx, key, window0, store.NotIndexed, tok, ttl); !errors.Is(err, store.ErrWindowLost) {
+						if _, _, err := s.Heartbeat(ctx, key, storetest.WindowAt(0), store.NotIndexed, tok, ttl); !errors.Is(err, store.ErrWindowLost) {
 							t.Fatalf("old owner's heartbeat after the takeover: %v, want ErrWindowLost", err)
 						}
 					case refused:
@@ -87,13 +88,13 @@ func TestOwnershipTable(t *testing.T) {
 // Each completion index of an Indexed Job is a window of its own: index 1 is
 // claimed by whichever cluster gets there first, independently of index 0.
 func TestIndexesOfAWindowAreClaimedSeparately(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 2)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
 		ctx := context.Background()
-		key := uniqueKey(t)
-		a, b := owner("dc-a", "shards-1", "pod-a-0"), owner("dc-b", "shards-1", "pod-b-1")
+		key := storetest.UniqueKey(t)
+		a, b := storetest.Owner("dc-a", "shards-1", "pod-a-0"), storetest.Owner("dc-b", "shards-1", "pod-b-1")
 		claimIndex := func(o store.Owner, index int) (store.Claim, error) {
-			return s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: window0, Index: index, Owner: o, TTL: ttl})
+			return s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(0), Index: index, Owner: o, TTL: ttl})
 		}
 		a0, err := claimIndex(a, 0)
 		if err != nil || a0.Outcome != store.Claimed {
@@ -106,10 +107,10 @@ func TestIndexesOfAWindowAreClaimedSeparately(t *testing.T) {
 		if _, err := claimIndex(b, 0); !errors.Is(err, store.ErrWindowTaken) {
 			t.Fatalf("dc-b index 0 after dc-a took it: %v, want ErrWindowTaken", err)
 		}
-		if _, err := s.Finish(ctx, key, window0, 0, a0.Window.Token, store.StateSucceeded, ptr(0)); err != nil {
+		if _, err := s.Finish(ctx, key, storetest.WindowAt(0), 0, a0.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
 			t.Fatal(err)
 		}
-		if w, err := s.GetWindow(ctx, key, window0, 1); err != nil || w.State != store.StateRunning || w.Owner != b.String() {
+		if w, err := s.GetWindow(ctx, key, storetest.WindowAt(0), 1); err != nil || w.State != store.StateRunning || w.Owner != b.String() {
 			t.Fatalf("index 1 after index 0 finished: %+v, %v", w, err)
 		}
 	})
@@ -117,10 +118,10 @@ func TestIndexesOfAWindowAreClaimedSeparately(t *testing.T) {
 
 // Two clusters whose CronJobs differ in time zone are told so when they claim.
 func TestRecordViewReportsOtherClustersThatDisagree(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 2)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
 		ctx := context.Background()
-		key := uniqueKey(t)
+		key := storetest.UniqueKey(t)
 		utc := store.View{Schedule: "0 2 * * *", TimeZone: "Etc/UTC", Mode: "schedule", LeaseTTL: "30s"}
 		if others, err := s.RecordView(ctx, key, "dc-a", utc, time.Hour); err != nil || len(others) != 0 {
 			t.Fatalf("first view: %+v, %v", others, err)

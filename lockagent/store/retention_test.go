@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 )
 
 // retainedTables are the tables retention deletes old rows of that a
@@ -67,7 +68,7 @@ func rowsLeft(t *testing.T, owner *pgx.Conn, key string) map[string]int {
 func awaitRowLocked(t *testing.T, owner *pgx.Conn, table, key string) {
 	t.Helper()
 	ctx := context.Background()
-	awaitCond(t, fmt.Sprintf("the tenant holding its row of dislock.%s locked", table), func() bool {
+	storetest.AwaitCond(t, fmt.Sprintf("the tenant holding its row of dislock.%s locked", table), func() bool {
 		tx, err := owner.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -90,13 +91,13 @@ func awaitRowLocked(t *testing.T, owner *pgx.Conn, table, key string) {
 // its bound, and deletes the skipped ones at a later run once they are let
 // go.
 func TestRetentionIsNotBlockedByATenantsLockedRow(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		ownerConn := rawConn(t, dsn)
-		nsA, nsB := namespace(t, "keeper"), namespace(t, "bystander")
-		cred := provision(t, own, nsA)
-		tenant := rawConn(t, mustTenantDSN(t, dsn, cred))
+		own := storetest.Open(t, dsn, 2)
+		ownerConn := storetest.RawConn(t, dsn)
+		nsA, nsB := storetest.Namespace(t, "keeper"), storetest.Namespace(t, "bystander")
+		cred := storetest.Provision(t, own, nsA)
+		tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, cred))
 		var mine, theirs string // each case's keys
 		locked := []string{"windows", "views", "key_stats", "decision_counts"}
 
@@ -182,7 +183,7 @@ func TestRetentionIsNotBlockedByATenantsLockedRow(t *testing.T) {
 			check(t, "while the tenant's statement holds its rows", 1)
 			// The tenant ends its own statement (any role may cancel its
 			// own sessions').
-			canceller := rawConn(t, mustTenantDSN(t, dsn, cred))
+			canceller := storetest.RawConn(t, storetest.TenantDSN(t, dsn, cred))
 			if _, err := canceller.Exec(ctx, `SELECT pg_cancel_backend(pid) FROM pg_stat_activity
 				WHERE usename = current_user AND pid <> pg_backend_pid() AND query LIKE '%pg_sleep(120)%'`); err != nil {
 				t.Fatal(err)

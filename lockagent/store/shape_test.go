@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -24,10 +25,10 @@ func claimShape(ctx context.Context, s *store.Store, key string, w time.Time, in
 }
 
 func TestAWindowClaimedInOneCompletionModeIsRefusedInTheOther(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 4)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 4)
 		ctx := context.Background()
-		plain, indexed := owner("dc-a", "job-a", "pod-a"), owner("dc-b", "job-b", "pod-b-0")
+		plain, indexed := storetest.Owner("dc-a", "job-a", "pod-a"), storetest.Owner("dc-b", "job-b", "pod-b-0")
 		for _, tc := range []struct {
 			name                 string
 			firstIndex, secondAt int
@@ -37,11 +38,11 @@ func TestAWindowClaimedInOneCompletionModeIsRefusedInTheOther(t *testing.T) {
 			{"an index first, then plain", 2, store.NotIndexed, indexed, plain},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				key := uniqueKey(t)
-				if _, err := claimShape(ctx, s, key, window0, tc.firstIndex, tc.first); err != nil {
+				key := storetest.UniqueKey(t)
+				if _, err := claimShape(ctx, s, key, storetest.WindowAt(0), tc.firstIndex, tc.first); err != nil {
 					t.Fatal(err)
 				}
-				_, err := claimShape(ctx, s, key, window0, tc.secondAt, tc.second)
+				_, err := claimShape(ctx, s, key, storetest.WindowAt(0), tc.secondAt, tc.second)
 				if !errors.Is(err, store.ErrCompletionModesDisagree) {
 					t.Fatalf("second shape's claim: %v, want ErrCompletionModesDisagree", err)
 				}
@@ -52,25 +53,25 @@ func TestAWindowClaimedInOneCompletionModeIsRefusedInTheOther(t *testing.T) {
 				}
 				// The refused shape left nothing behind; the first shape's other
 				// indexes (or its own retry) are untouched by the rule.
-				if _, err := s.GetWindow(ctx, key, window0, tc.secondAt); !errors.Is(err, store.ErrNotFound) {
+				if _, err := s.GetWindow(ctx, key, storetest.WindowAt(0), tc.secondAt); !errors.Is(err, store.ErrNotFound) {
 					t.Fatalf("refused shape's row: %v, want none", err)
 				}
 				if tc.firstIndex >= 0 {
-					if _, err := claimShape(ctx, s, key, window0, tc.firstIndex+1, tc.first); err != nil {
+					if _, err := claimShape(ctx, s, key, storetest.WindowAt(0), tc.firstIndex+1, tc.first); err != nil {
 						t.Fatalf("another index of the first shape: %v", err)
 					}
 				}
 				// Another window of the key may have the other shape (the
 				// rollout finished).
-				if _, err := claimShape(ctx, s, key, windowAt(1), tc.secondAt, tc.second); err != nil {
+				if _, err := claimShape(ctx, s, key, storetest.WindowAt(1), tc.secondAt, tc.second); err != nil {
 					t.Fatalf("the next window in the second shape: %v", err)
 				}
 				// An operator's release of the window lets it run again in
 				// either shape.
-				if err := s.DeleteWindow(ctx, key, window0); err != nil {
+				if err := s.DeleteWindow(ctx, key, storetest.WindowAt(0)); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := claimShape(ctx, s, key, window0, tc.secondAt, tc.second); err != nil {
+				if _, err := claimShape(ctx, s, key, storetest.WindowAt(0), tc.secondAt, tc.second); err != nil {
 					t.Fatalf("after release: %v", err)
 				}
 			})
@@ -115,16 +116,16 @@ func oneShapeWins(t *testing.T, rounds int, try func(round int, indexed bool, p 
 // Two first claims of one window in two shapes at the same instant: one
 // shape wins every time, however the statements interleave.
 func TestConcurrentFirstClaimsOfOneWindowInTwoShapesHaveOneWinner(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 8)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 8)
 		ctx := context.Background()
-		key := uniqueKey(t)
+		key := storetest.UniqueKey(t)
 		oneShapeWins(t, 25, func(round int, indexed bool, p int) error {
-			index, o := store.NotIndexed, owner("dc-a", fmt.Sprintf("job-a-%d", p), "pod")
+			index, o := store.NotIndexed, storetest.Owner("dc-a", fmt.Sprintf("job-a-%d", p), "pod")
 			if indexed {
-				index, o = p, owner("dc-b", "job-b", fmt.Sprintf("pod-%d", p))
+				index, o = p, storetest.Owner("dc-b", "job-b", fmt.Sprintf("pod-%d", p))
 			}
-			_, err := claimShape(ctx, s, key, windowAt(round), index, o)
+			_, err := claimShape(ctx, s, key, storetest.WindowAt(round), index, o)
 			return err
 		}, store.ErrWindowTaken, store.ErrCompletionModesDisagree)
 	})
@@ -133,18 +134,18 @@ func TestConcurrentFirstClaimsOfOneWindowInTwoShapesHaveOneWinner(t *testing.T) 
 // A window claimed before the rule existed has no recorded shape: the rule
 // reads its rows instead.
 func TestAWindowClaimedBeforeTheRuleKeepsItsShape(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 4)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 4)
 		ctx := context.Background()
-		key := uniqueKey(t)
-		if _, err := claimShape(ctx, s, key, window0, store.NotIndexed, owner("dc-a", "job-a", "pod-a")); err != nil {
+		key := storetest.UniqueKey(t)
+		if _, err := claimShape(ctx, s, key, storetest.WindowAt(0), store.NotIndexed, storetest.Owner("dc-a", "job-a", "pod-a")); err != nil {
 			t.Fatal(err)
 		}
 		var n int
 		if err := s.Handle().Pool.QueryRow(ctx, `WITH d AS (DELETE FROM dislock.window_units WHERE lock_key = $1 RETURNING 1) SELECT count(*) FROM d`, key).Scan(&n); err != nil || n != 1 {
 			t.Fatalf("forgetting the shape: %d rows, %v", n, err)
 		}
-		if _, err := claimShape(ctx, s, key, window0, 0, owner("dc-b", "job-b", "pod-b")); !errors.Is(err, store.ErrCompletionModesDisagree) {
+		if _, err := claimShape(ctx, s, key, storetest.WindowAt(0), 0, storetest.Owner("dc-b", "job-b", "pod-b")); !errors.Is(err, store.ErrCompletionModesDisagree) {
 			t.Fatalf("an index of a window claimed plain before the rule: %v, want ErrCompletionModesDisagree", err)
 		}
 	})
@@ -153,13 +154,13 @@ func TestAWindowClaimedBeforeTheRuleKeepsItsShape(t *testing.T) {
 // Leases: a plain Job's "key" and an Indexed Job's "key#i" are never live
 // at once (lease mode takes no window, so only the lease can refuse).
 func TestALeaseOfOneCompletionModeRefusesTheOther(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 4)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 4)
 		ctx := context.Background()
-		plain, indexed := owner("dc-a", "job-a", "pod-a"), owner("dc-b", "job-b", "pod-b-0")
+		plain, indexed := storetest.Owner("dc-a", "job-a", "pod-a"), storetest.Owner("dc-b", "job-b", "pod-b-0")
 
 		t.Run("plain held: an index is refused until it expires", func(t *testing.T) {
-			key := uniqueKey(t)
+			key := storetest.UniqueKey(t)
 			g, err := s.AcquireLease(ctx, key, plain, 300*time.Millisecond)
 			if err != nil {
 				t.Fatal(err)
@@ -167,18 +168,18 @@ func TestALeaseOfOneCompletionModeRefusesTheOther(t *testing.T) {
 			if _, err := s.AcquireLease(ctx, key+"#0", indexed, ttl); !errors.Is(err, store.ErrCompletionModesDisagree) || !strings.Contains(err.Error(), plain.LeaseOwner()) {
 				t.Fatalf("index lease while the plain lease is live: %v, want ErrCompletionModesDisagree naming %s", err, plain.LeaseOwner())
 			}
-			awaitDBPast(t, s, g.Lease.ExpireAt)
+			storetest.AwaitDBPast(t, s, g.Lease.ExpireAt)
 			if _, err := s.AcquireLease(ctx, key+"#0", indexed, ttl); err != nil {
 				t.Fatalf("index lease once the plain one expired: %v", err)
 			}
 		})
 
 		t.Run("an index held: plain is refused, other indexes are not", func(t *testing.T) {
-			key := uniqueKey(t)
+			key := storetest.UniqueKey(t)
 			if _, err := s.AcquireLease(ctx, key+"#3", indexed, ttl); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.AcquireLease(ctx, key+"#4", owner("dc-b", "job-b", "pod-b-4"), ttl); err != nil {
+			if _, err := s.AcquireLease(ctx, key+"#4", storetest.Owner("dc-b", "job-b", "pod-b-4"), ttl); err != nil {
 				t.Fatalf("another index: %v", err)
 			}
 			if _, err := s.AcquireLease(ctx, key, plain, ttl); !errors.Is(err, store.ErrCompletionModesDisagree) {
@@ -187,7 +188,7 @@ func TestALeaseOfOneCompletionModeRefusesTheOther(t *testing.T) {
 		})
 
 		t.Run("released: the other shape may take it", func(t *testing.T) {
-			key := uniqueKey(t)
+			key := storetest.UniqueKey(t)
 			g, err := s.AcquireLease(ctx, key, plain, ttl)
 			if err != nil {
 				t.Fatal(err)
@@ -203,14 +204,14 @@ func TestALeaseOfOneCompletionModeRefusesTheOther(t *testing.T) {
 }
 
 func TestConcurrentLeasesOfTwoShapesHaveOneShapeLive(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 8)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 8)
 		ctx := context.Background()
-		key := uniqueKey(t)
+		key := storetest.UniqueKey(t)
 		oneShapeWins(t, 25, func(round int, indexed bool, p int) error {
-			lk, o := fmt.Sprintf("%s-%d", key, round), owner("dc-a", fmt.Sprintf("job-a-%d", p), "pod")
+			lk, o := fmt.Sprintf("%s-%d", key, round), storetest.Owner("dc-a", fmt.Sprintf("job-a-%d", p), "pod")
 			if indexed {
-				lk, o = fmt.Sprintf("%s#%d", lk, p), owner("dc-b", "job-b", fmt.Sprintf("pod-%d", p))
+				lk, o = fmt.Sprintf("%s#%d", lk, p), storetest.Owner("dc-b", "job-b", fmt.Sprintf("pod-%d", p))
 			}
 			_, err := s.AcquireLease(ctx, lk, o, ttl)
 			return err
@@ -222,22 +223,22 @@ func TestConcurrentLeasesOfTwoShapesHaveOneShapeLive(t *testing.T) {
 // and says nothing about another namespace's windows (row-level security
 // refuses the row, as it would without the rule).
 func TestATenantsClaimInTheOtherCompletionModeIsRefusedAndLearnsNothingOfOtherNamespaces(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 4)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 4)
 		ctx := context.Background()
-		mine, theirs := namespace(t, "mine"), namespace(t, "theirs")
-		tenant := tenantStore(t, dsn, provision(t, s, mine))
+		mine, theirs := storetest.Namespace(t, "mine"), storetest.Namespace(t, "theirs")
+		tenant := storetest.TenantStore(t, dsn, storetest.Provision(t, s, mine))
 		a := store.Owner{Cluster: "dc-a", Namespace: mine, Job: "job", JobUID: "uid", Pod: "pod"}
-		if _, err := claimShape(ctx, tenant, mine+"/report", window0, store.NotIndexed, a); err != nil {
+		if _, err := claimShape(ctx, tenant, mine+"/report", storetest.WindowAt(0), store.NotIndexed, a); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := claimShape(ctx, tenant, mine+"/report", window0, 0, a); !errors.Is(err, store.ErrCompletionModesDisagree) {
+		if _, err := claimShape(ctx, tenant, mine+"/report", storetest.WindowAt(0), 0, a); !errors.Is(err, store.ErrCompletionModesDisagree) {
 			t.Fatalf("tenant's second shape: %v, want ErrCompletionModesDisagree", err)
 		}
-		if _, err := claimShape(ctx, s, theirs+"/report", window0, store.NotIndexed, owner("dc-a", "job", "pod")); err != nil {
+		if _, err := claimShape(ctx, s, theirs+"/report", storetest.WindowAt(0), store.NotIndexed, storetest.Owner("dc-a", "job", "pod")); err != nil {
 			t.Fatal(err)
 		}
-		_, err := claimShape(ctx, tenant, theirs+"/report", window0, 0, a)
+		_, err := claimShape(ctx, tenant, theirs+"/report", storetest.WindowAt(0), 0, a)
 		if !errors.Is(err, store.ErrForbidden) || strings.Contains(err.Error(), "completionMode") {
 			t.Fatalf("tenant's claim in another namespace: %v, want ErrForbidden that says nothing of its shape", err)
 		}
@@ -248,8 +249,8 @@ func TestATenantsClaimInTheOtherCompletionModeIsRefusedAndLearnsNothingOfOtherNa
 // a rolling upgrade the same Indexed Job is no disagreement, in the agent's
 // warning or in the webhook's report; a real one is both.
 func TestAViewWithoutACompletionModeDisagreesWithNone(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 2)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
 		ctx := context.Background()
 		old := store.View{Schedule: "0 * * * *", TimeZone: "UTC", Mode: "schedule", LeaseTTL: "30s"}
 		indexed, plain := old, old
@@ -261,7 +262,7 @@ func TestAViewWithoutACompletionModeDisagreesWithNone(t *testing.T) {
 		if d := indexed.Diff(plain); len(d) != 1 || !strings.Contains(d[0], "completionMode") {
 			t.Errorf("Indexed next to NonIndexed: %v, want completionMode", d)
 		}
-		upgrading, disagreeing := uniqueKey(t), uniqueKey(t)
+		upgrading, disagreeing := storetest.UniqueKey(t), storetest.UniqueKey(t)
 		for _, r := range []struct {
 			key, cluster string
 			v            store.View
@@ -290,15 +291,15 @@ func TestAViewWithoutACompletionModeDisagreesWithNone(t *testing.T) {
 // having read "key" as expired. Judged at statement start, it succeeded and
 // left both shapes live.
 func TestARenewalThatWaitedPastTheExpiryDoesNotReviveTheOtherShapesRival(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 4)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 4)
 		ctx := context.Background()
-		key := uniqueKey(t)
-		g, err := s.AcquireLease(ctx, key, owner("dc-a", "job-a", "pod-a"), 2*time.Second)
+		key := storetest.UniqueKey(t)
+		g, err := s.AcquireLease(ctx, key, storetest.Owner("dc-a", "job-a", "pod-a"), 2*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		blocker := rawConn(t, dsn)
+		blocker := storetest.RawConn(t, dsn)
 		tx, err := blocker.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -312,15 +313,15 @@ func TestARenewalThatWaitedPastTheExpiryDoesNotReviveTheOtherShapesRival(t *test
 			_, _, err := s.RenewLease(ctx, key, g.Lease.Token, 30*time.Second)
 			renewed <- err
 		}()
-		watcher := rawConn(t, pgtest.Need(t).DirectDSN())
-		awaitCond(t, "the renewal to wait on the row lock", func() bool {
+		watcher := storetest.RawConn(t, pgtest.Need(t).DirectDSN())
+		storetest.AwaitCond(t, "the renewal to wait on the row lock", func() bool {
 			var n int
 			err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 				WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE dislock.leases SET expire_at%'`).Scan(&n)
 			return err == nil && n > 0
 		})
-		awaitDBPast(t, s, g.Lease.ExpireAt)
-		if _, err := s.AcquireLease(ctx, key+"#0", owner("dc-b", "job-b", "pod-b-0"), 30*time.Second); err != nil {
+		storetest.AwaitDBPast(t, s, g.Lease.ExpireAt)
+		if _, err := s.AcquireLease(ctx, key+"#0", storetest.Owner("dc-b", "job-b", "pod-b-0"), 30*time.Second); err != nil {
 			t.Fatalf("index lease once the plain one expired: %v", err)
 		}
 		if err := tx.Commit(ctx); err != nil {
@@ -335,16 +336,16 @@ func TestARenewalThatWaitedPastTheExpiryDoesNotReviveTheOtherShapesRival(t *test
 // Retention forgets a window's shape with its rows: dislock.window_units
 // does not grow by a row per tick for ever.
 func TestRetentionForgetsTheShapesOfTheWindowsItDeletes(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 2)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
 		ctx := context.Background()
 		now, err := s.Now(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		key := uniqueKey(t)
+		key := storetest.UniqueKey(t)
 		old := now.Add(-100 * time.Hour).Truncate(time.Minute)
-		c, err := claimShape(ctx, s, key, old, store.NotIndexed, owner("dc-a", "job-a", "pod-a"))
+		c, err := claimShape(ctx, s, key, old, store.NotIndexed, storetest.Owner("dc-a", "job-a", "pod-a"))
 		if err != nil {
 			t.Fatal(err)
 		}

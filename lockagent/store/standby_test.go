@@ -10,67 +10,68 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 )
 
 func TestStandbyTakesOverOnlyAFailedOrDeadOwnersWindow(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 4)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 4)
 		ctx := context.Background()
-		a, b := owner("dc-a", "job-a", "pod-a"), owner("dc-b", "job-b", "pod-b")
+		a, b := storetest.Owner("dc-a", "job-a", "pod-a"), storetest.Owner("dc-b", "job-b", "pod-b")
 
 		t.Run("owner alive and running: standby waits", func(t *testing.T) {
-			key := uniqueKey(t)
-			mustClaim(t, s, key, window0, a, true, ttl, store.Claimed)
-			mustBeTaken(t, s, key, window0, b, true, a.WindowOwner())
+			key := storetest.UniqueKey(t)
+			storetest.MustClaim(t, s, key, storetest.WindowAt(0), a, true, ttl, store.Claimed)
+			storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), b, true, a.WindowOwner())
 		})
 
 		t.Run("owner failed: standby takes over with a new token and the old owner is locked out", func(t *testing.T) {
-			key := uniqueKey(t)
-			first := mustClaim(t, s, key, window0, a, true, ttl, store.Claimed)
-			if _, err := s.Finish(ctx, key, window0, store.NotIndexed, first.Window.Token, store.StateFailed, ptr(1)); err != nil {
+			key := storetest.UniqueKey(t)
+			first := storetest.MustClaim(t, s, key, storetest.WindowAt(0), a, true, ttl, store.Claimed)
+			if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, first.Window.Token, store.StateFailed, storetest.Ptr(1)); err != nil {
 				t.Fatal(err)
 			}
 			// Without standby a failed window still belongs to its owner.
-			mustBeTaken(t, s, key, window0, b, false, a.WindowOwner())
-			took := mustClaim(t, s, key, window0, b, true, ttl, store.TookOver)
+			storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), b, false, a.WindowOwner())
+			took := storetest.MustClaim(t, s, key, storetest.WindowAt(0), b, true, ttl, store.TookOver)
 			if took.Window.Token <= first.Window.Token || took.Window.Cluster != "dc-b" || took.Window.FinishedAt != nil || took.Window.ExitCode != nil {
 				t.Fatalf("took over row = %+v (first %+v)", took.Window, first.Window)
 			}
-			if _, _, err := s.Heartbeat(ctx, key, window0, store.NotIndexed, first.Window.Token, ttl); !errors.Is(err, store.ErrWindowLost) {
+			if _, _, err := s.Heartbeat(ctx, key, storetest.WindowAt(0), store.NotIndexed, first.Window.Token, ttl); !errors.Is(err, store.ErrWindowLost) {
 				t.Fatalf("old owner's heartbeat: %v, want ErrWindowLost", err)
 			}
-			if _, err := s.Finish(ctx, key, window0, store.NotIndexed, first.Window.Token, store.StateSucceeded, ptr(0)); !errors.Is(err, store.ErrWindowLost) {
+			if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, first.Window.Token, store.StateSucceeded, storetest.Ptr(0)); !errors.Is(err, store.ErrWindowLost) {
 				t.Fatalf("old owner's finish: %v, want ErrWindowLost", err)
 			}
-			if _, err := s.Finish(ctx, key, window0, store.NotIndexed, took.Window.Token, store.StateSucceeded, ptr(0)); err != nil {
+			if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, took.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
 				t.Fatal(err)
 			}
 			// Recording the same outcome again (a retry after a lost reply) is fine.
-			if _, err := s.Finish(ctx, key, window0, store.NotIndexed, took.Window.Token, store.StateSucceeded, ptr(0)); err != nil {
+			if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, took.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
 				t.Fatalf("repeated finish: %v", err)
 			}
 		})
 
 		t.Run("owner's liveness lapsed at database time: standby takes over", func(t *testing.T) {
-			key := uniqueKey(t)
-			first := mustClaim(t, s, key, window0, a, true, 300*time.Millisecond, store.Claimed)
-			mustBeTaken(t, s, key, window0, b, true, a.WindowOwner())
-			awaitDBPast(t, s, first.Window.AliveUntil)
-			mustBeTaken(t, s, key, window0, b, false, a.WindowOwner())
-			mustClaim(t, s, key, window0, b, true, ttl, store.TookOver)
+			key := storetest.UniqueKey(t)
+			first := storetest.MustClaim(t, s, key, storetest.WindowAt(0), a, true, 300*time.Millisecond, store.Claimed)
+			storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), b, true, a.WindowOwner())
+			storetest.AwaitDBPast(t, s, first.Window.AliveUntil)
+			storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), b, false, a.WindowOwner())
+			storetest.MustClaim(t, s, key, storetest.WindowAt(0), b, true, ttl, store.TookOver)
 		})
 
 		t.Run("heartbeats keep the owner alive", func(t *testing.T) {
-			key := uniqueKey(t)
+			key := storetest.UniqueKey(t)
 			// Long enough that the standby's claim, sent right after a
 			// heartbeat, lands before the renewed liveness lapses even on
 			// a loaded machine; three rounds still outlive the first TTL.
 			short := 2 * time.Second
-			first := mustClaim(t, s, key, window0, a, true, short, store.Claimed)
+			first := storetest.MustClaim(t, s, key, storetest.WindowAt(0), a, true, short, store.Claimed)
 			until := first.Window.AliveUntil
 			for range 3 {
-				awaitDBPast(t, s, until.Add(-short/2))
-				next, _, err := s.Heartbeat(ctx, key, window0, store.NotIndexed, first.Window.Token, short)
+				storetest.AwaitDBPast(t, s, until.Add(-short/2))
+				next, _, err := s.Heartbeat(ctx, key, storetest.WindowAt(0), store.NotIndexed, first.Window.Token, short)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -78,19 +79,19 @@ func TestStandbyTakesOverOnlyAFailedOrDeadOwnersWindow(t *testing.T) {
 					t.Fatalf("heartbeat moved alive_until from %s to %s", until, next)
 				}
 				until = next
-				mustBeTaken(t, s, key, window0, b, true, a.WindowOwner())
+				storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), b, true, a.WindowOwner())
 			}
 		})
 
 		t.Run("succeeded or skipped windows never change hands", func(t *testing.T) {
 			for _, state := range []store.State{store.StateSucceeded, store.StateSkipped} {
-				key := uniqueKey(t)
-				first := mustClaim(t, s, key, window0, a, true, 200*time.Millisecond, store.Claimed)
-				if _, err := s.Finish(ctx, key, window0, store.NotIndexed, first.Window.Token, state, nil); err != nil {
+				key := storetest.UniqueKey(t)
+				first := storetest.MustClaim(t, s, key, storetest.WindowAt(0), a, true, 200*time.Millisecond, store.Claimed)
+				if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, first.Window.Token, state, nil); err != nil {
 					t.Fatal(err)
 				}
-				awaitDBPast(t, s, first.Window.AliveUntil)
-				mustBeTaken(t, s, key, window0, b, true, a.WindowOwner())
+				storetest.AwaitDBPast(t, s, first.Window.AliveUntil)
+				storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), b, true, a.WindowOwner())
 			}
 		})
 	})
@@ -98,22 +99,22 @@ func TestStandbyTakesOverOnlyAFailedOrDeadOwnersWindow(t *testing.T) {
 
 func TestTwoStandbysRacingForADeadOwnersWindowYieldOneNewOwner(t *testing.T) {
 	const racers = 8
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, racers*2)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, racers*2)
 		for round := range 10 {
-			key := uniqueKey(t)
-			dead := mustClaim(t, s, key, window0, owner("dc-a", "job-a", "pod-a"), true, 100*time.Millisecond, store.Claimed)
-			awaitDBPast(t, s, dead.Window.AliveUntil)
+			key := storetest.UniqueKey(t)
+			dead := storetest.MustClaim(t, s, key, storetest.WindowAt(0), storetest.Owner("dc-a", "job-a", "pod-a"), true, 100*time.Millisecond, store.Claimed)
+			storetest.AwaitDBPast(t, s, dead.Window.AliveUntil)
 
 			var wg sync.WaitGroup
 			var mu sync.Mutex
 			var winners []string
 			start := make(chan struct{})
 			for i := range racers * 2 {
-				o := owner([]string{"dc-b", "dc-c"}[i%2], fmt.Sprint("job-", i), "pod")
+				o := storetest.Owner([]string{"dc-b", "dc-c"}[i%2], fmt.Sprint("job-", i), "pod")
 				wg.Go(func() {
 					<-start
-					c, err := claim(t, s, key, window0, o, true, ttl)
+					c, err := storetest.Claim(t, s, key, storetest.WindowAt(0), o, true, ttl)
 					switch {
 					case err == nil:
 						mu.Lock()
@@ -134,24 +135,24 @@ func TestTwoStandbysRacingForADeadOwnersWindowYieldOneNewOwner(t *testing.T) {
 }
 
 func TestRetentionDeletesOnlyOldFinishedWindows(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 2)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
 		ctx := context.Background()
-		key := uniqueKey(t)
+		key := storetest.UniqueKey(t)
 		now, err := s.Now(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		old := now.Add(-40 * 24 * time.Hour).Truncate(time.Minute)
 		recent := now.Add(-time.Hour).Truncate(time.Minute)
-		a := owner("dc-a", "job", "pod")
-		done := mustClaim(t, s, key, old, a, false, ttl, store.Claimed)
-		if _, err := s.Finish(ctx, key, old, store.NotIndexed, done.Window.Token, store.StateSucceeded, ptr(0)); err != nil {
+		a := storetest.Owner("dc-a", "job", "pod")
+		done := storetest.MustClaim(t, s, key, old, a, false, ttl, store.Claimed)
+		if _, err := s.Finish(ctx, key, old, store.NotIndexed, done.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
 			t.Fatal(err)
 		}
 		alive := old.Add(time.Minute)
-		mustClaim(t, s, key, alive, a, false, time.Hour, store.Claimed) // an old window whose owner is still running
-		mustClaim(t, s, key, recent, a, false, ttl, store.Claimed)
+		storetest.MustClaim(t, s, key, alive, a, false, time.Hour, store.Claimed) // an old window whose owner is still running
+		storetest.MustClaim(t, s, key, recent, a, false, ttl, store.Claimed)
 
 		if _, err := s.DeleteOldWindows(ctx, store.MinRetention-time.Minute); err == nil || !strings.Contains(err.Error(), "shorter than 48h0m0s") {
 			t.Fatalf("a retention below the minimum: %v, want a refusal naming the bound", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -27,12 +28,12 @@ import (
 // (one huge view blew the memory of every webhook leader reading views); and
 // a view that does not decode hides no other key's disagreement.
 func TestATenantCannotReachBeyondItsNamespace(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		ns := namespace(t, "hard-a")
-		cred := provision(t, own, ns)
-		tenant := rawConn(t, mustTenantDSN(t, dsn, cred))
+		own := storetest.Open(t, dsn, 2)
+		ns := storetest.Namespace(t, "hard-a")
+		cred := storetest.Provision(t, own, ns)
+		tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, cred))
 
 		var path string
 		var createInPublic bool
@@ -66,7 +67,7 @@ func TestATenantCannotReachBeyondItsNamespace(t *testing.T) {
 			($1, 'dc-z', '{"standby":true}', now())`, ns+"/odd"); err != nil {
 			t.Fatal(err)
 		}
-		other := namespace(t, "hard-b")
+		other := storetest.Namespace(t, "hard-b")
 		for _, c := range []struct{ cluster, zone string }{{"dc-a", "UTC"}, {"dc-b", "Europe/Berlin"}} {
 			if _, err := own.RecordView(ctx, other+"/report", c.cluster, store.View{Schedule: "0 2 * * *", TimeZone: c.zone, Mode: "schedule"}, time.Hour); err != nil {
 				t.Fatal(err)
@@ -94,12 +95,12 @@ func TestATenantCannotReachBeyondItsNamespace(t *testing.T) {
 // in the same statement, on every path (insert, takeover, re-acquired
 // lease), and tokens drawn earlier in the same transaction still pass.
 func TestATenantCannotWriteATokenAboveTheHighWater(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		ns := namespace(t, "forge")
-		cred := provision(t, own, ns)
-		s := tenantStore(t, dsn, cred)
+		own := storetest.Open(t, dsn, 2)
+		ns := storetest.Namespace(t, "forge")
+		cred := storetest.Provision(t, own, ns)
+		s := storetest.TenantStore(t, dsn, cred)
 		key := ns + "/report"
 		job := func(pod string) store.Owner {
 			return store.Owner{Cluster: "dc-a", Namespace: ns, Job: "report-1", JobUID: "uid-1", Pod: pod}
@@ -108,11 +109,11 @@ func TestATenantCannotWriteATokenAboveTheHighWater(t *testing.T) {
 		// The agent's paths: a claim, the Job's retry taking the failed
 		// window over (ON CONFLICT DO UPDATE draws the token), a lease
 		// taken, released and taken again.
-		first := mustClaim(t, s, key, window0, job("pod-1"), false, ttl, store.Claimed)
-		if _, err := s.Finish(ctx, key, window0, store.NotIndexed, first.Window.Token, store.StateFailed, ptr(1)); err != nil {
+		first := storetest.MustClaim(t, s, key, storetest.WindowAt(0), job("pod-1"), false, ttl, store.Claimed)
+		if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, first.Window.Token, store.StateFailed, storetest.Ptr(1)); err != nil {
 			t.Fatal(err)
 		}
-		retry := mustClaim(t, s, key, window0, job("pod-2"), false, ttl, store.TookOver)
+		retry := storetest.MustClaim(t, s, key, storetest.WindowAt(0), job("pod-2"), false, ttl, store.TookOver)
 		if retry.Window.Token <= first.Window.Token {
 			t.Fatalf("the takeover's token %d is not above %d", retry.Window.Token, first.Window.Token)
 		}
@@ -127,8 +128,8 @@ func TestATenantCannotWriteATokenAboveTheHighWater(t *testing.T) {
 			t.Fatalf("re-acquiring the released lease (a token drawn in DO UPDATE): %v", err)
 		}
 
-		conn := rawConn(t, mustTenantDSN(t, dsn, cred))
-		ownerConn := rawConn(t, dsn)
+		conn := storetest.RawConn(t, storetest.TenantDSN(t, dsn, cred))
+		ownerConn := storetest.RawConn(t, dsn)
 		before := rowsOf(t, ownerConn, ns)
 		ins := `INSERT INTO dislock.windows (lock_key, window_start, owner, cluster, pod, token, state, claimed_at, alive_until)
 			VALUES ('` + key + `', '2027-01-01T00:00:00Z', 'x', 'dc-a', 'x', %s, 'running', now(), now())`
@@ -138,7 +139,7 @@ func TestATenantCannotWriteATokenAboveTheHighWater(t *testing.T) {
 			{"a token of the next epoch into its window", `UPDATE dislock.windows SET token = token + (1::bigint << 40) WHERE lock_key = '` + key + `'`},
 			{"one above the token drawn in the same statement", `UPDATE dislock.windows SET token = dislock.next_token() + 1 WHERE lock_key = '` + key + `'`},
 			{"a new window with a huge token", fmt.Sprintf(ins, "(1::bigint << 62)")},
-			{"a huge token into its window through ON CONFLICT DO UPDATE", strings.Replace(fmt.Sprintf(ins, "1"), "2027-01-01T00:00:00Z", window0.Format(time.RFC3339), 1) +
+			{"a huge token into its window through ON CONFLICT DO UPDATE", strings.Replace(fmt.Sprintf(ins, "1"), "2027-01-01T00:00:00Z", storetest.WindowAt(0).Format(time.RFC3339), 1) +
 				` ON CONFLICT (lock_key, window_start, job_index) DO UPDATE SET token = 1::bigint << 62`},
 			{"the largest bigint into its lease", `UPDATE dislock.leases SET token = 9223372036854775807 WHERE lock_key = '` + key + `'`},
 			{"a new lease with a huge token", fmt.Sprintf(insLease, "(1::bigint << 62)")},
@@ -197,8 +198,8 @@ func TestCheckReportsTheSharedTokenCounterFilling(t *testing.T) {
 	t.Parallel() // its own server: the counter of the shared one must not jump
 	srv := pgtest.New(t, pgtest.Options{Name: "counter"})
 	ctx := context.Background()
-	own := openStore(t, srv.DirectDSN(), 2)
-	ownerConn := rawConn(t, srv.DirectDSN())
+	own := storetest.Open(t, srv.DirectDSN(), 2)
+	ownerConn := storetest.RawConn(t, srv.DirectDSN())
 	const counterMax = 1<<40 - 1
 	for _, tc := range []struct {
 		name   string
@@ -219,7 +220,7 @@ func TestCheckReportsTheSharedTokenCounterFilling(t *testing.T) {
 			for _, tg := range srv.Targets() {
 				s := own
 				if tg.Name != "direct" {
-					s = openStore(t, tg.DSN, 1)
+					s = storetest.Open(t, tg.DSN, 1)
 				}
 				fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true})
 				if err != nil {
@@ -242,8 +243,8 @@ func TestCheckReportsTheSharedTokenCounterFilling(t *testing.T) {
 		})
 	}
 	// Nearly full, the counter still hands out growing tokens.
-	key := uniqueKey(t)
-	c := mustClaim(t, own, key, window0, owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
+	key := storetest.UniqueKey(t)
+	c := storetest.MustClaim(t, own, key, storetest.WindowAt(0), storetest.Owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
 	if _, n := store.TokenEpoch(c.Window.Token); n <= counterMax/100*95 {
 		t.Errorf("token %d: counter %d, want above the setval", c.Window.Token, n)
 	}
@@ -259,10 +260,10 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 	t.Parallel() // its own server: the shared one's DDL must not wait
 	srv := pgtest.New(t, pgtest.Options{Name: "ddl-wait"})
 	ctx := context.Background()
-	own := openStore(t, srv.DirectDSN(), 2)
-	ownerConn := rawConn(t, srv.DirectDSN())
-	nsA, nsB := namespace(t, "reader"), namespace(t, "claimer")
-	credA, credB := provision(t, own, nsA), provision(t, own, nsB)
+	own := storetest.Open(t, srv.DirectDSN(), 2)
+	ownerConn := storetest.RawConn(t, srv.DirectDSN())
+	nsA, nsB := storetest.Namespace(t, "reader"), storetest.Namespace(t, "claimer")
+	credA, credB := storetest.Provision(t, own, nsA), storetest.Provision(t, own, nsB)
 	// Migration 4 alters dislock.windows, the table the tenant reads; the
 	// ones after it are applied again with it.
 	const version = 4
@@ -281,7 +282,7 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 	// stays open; the returned function commits it.
 	openReader := func(t *testing.T, dsn string) func() {
 		t.Helper()
-		tx, err := rawConn(t, mustTenantDSN(t, dsn, credA)).Begin(ctx)
+		tx, err := storetest.RawConn(t, storetest.TenantDSN(t, dsn, credA)).Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -324,7 +325,7 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
-			claimer := tenantStore(t, tg.DSN, credB)
+			claimer := storetest.TenantStore(t, tg.DSN, credB)
 			key := nsB + "/report-" + tg.Name
 
 			t.Run("claims pass while Migrate waits, and it applies once the reader commits", func(t *testing.T) {
@@ -335,10 +336,10 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 				for i := range 3 {
 					// Each claim queues behind a waiting attempt: the one
 					// after the first is a retry.
-					awaitCond(t, "the migration waiting for its lock on dislock.windows", ddlWaiting)
+					storetest.AwaitCond(t, "the migration waiting for its lock on dislock.windows", ddlWaiting)
 					cctx, cancel := context.WithTimeout(ctx, time.Minute)
 					began := time.Now()
-					_, err := claimer.ClaimWindow(cctx, store.ClaimRequest{Key: key, Window: windowAt(i), Index: store.NotIndexed,
+					_, err := claimer.ClaimWindow(cctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(i), Index: store.NotIndexed,
 						Owner: store.Owner{Cluster: "dc-a", Namespace: nsB, Job: "report", JobUID: "uid", Pod: "pod"}, TTL: ttl})
 					took := time.Since(began)
 					cancel()
@@ -397,18 +398,18 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 // table a tenant writes, on INSERT and UPDATE alike, and the owner's
 // listings go on reporting every other namespace.
 func TestATenantCannotWriteATimestampTheOwnersListingsCannotRead(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		ns := namespace(t, "inf-a")
-		cred := provision(t, own, ns)
-		tenant := rawConn(t, mustTenantDSN(t, dsn, cred))
+		own := storetest.Open(t, dsn, 2)
+		ns := storetest.Namespace(t, "inf-a")
+		cred := storetest.Provision(t, own, ns)
+		tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, cred))
 		key := ns + "/report"
 
 		// The tenant's own rows as its agent writes them.
-		ts := tenantStore(t, dsn, cred)
+		ts := storetest.TenantStore(t, dsn, cred)
 		job := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "report-1", JobUID: "uid-1", Pod: "pod-1"}
-		mustClaim(t, ts, key, window0, job, false, ttl, store.Claimed)
+		storetest.MustClaim(t, ts, key, storetest.WindowAt(0), job, false, ttl, store.Claimed)
 		if _, err := ts.AcquireLease(ctx, key, job, ttl); err != nil {
 			t.Fatal(err)
 		}
@@ -416,7 +417,7 @@ func TestATenantCannotWriteATimestampTheOwnersListingsCannotRead(t *testing.T) {
 			t.Fatal(err)
 		}
 		// A real disagreement of another namespace, which must be reported.
-		other := namespace(t, "inf-b")
+		other := storetest.Namespace(t, "inf-b")
 		for _, c := range []struct{ cluster, zone string }{{"dc-a", "UTC"}, {"dc-b", "Europe/Berlin"}} {
 			if _, err := own.RecordView(ctx, other+"/report", c.cluster, store.View{Schedule: "0 2 * * *", TimeZone: c.zone, Mode: "schedule"}, time.Hour); err != nil {
 				t.Fatal(err)
@@ -508,8 +509,8 @@ func TestOwnersListingsLeaveOutARowTheyCannotRead(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.New(t, pgtest.Options{Name: "unreadable"})
 	ctx := context.Background()
-	openStore(t, srv.DirectDSN(), 1) // migrates
-	ownerConn := rawConn(t, srv.DirectDSN())
+	storetest.Open(t, srv.DirectDSN(), 1) // migrates
+	ownerConn := storetest.RawConn(t, srv.DirectDSN())
 	for _, c := range []string{"windows_finite_times ON dislock.windows", "leases_finite_times ON dislock.leases", "views_finite_times ON dislock.views"} {
 		table, constraint := strings.Split(c, " ON ")[1], strings.Split(c, " ON ")[0]
 		if _, err := ownerConn.Exec(ctx, `ALTER TABLE `+table+` DROP CONSTRAINT `+constraint); err != nil {
@@ -582,16 +583,16 @@ func TestOwnersListingsLeaveOutARowTheyCannotRead(t *testing.T) {
 // namespace's provisioning goes through well within the tenant's hold, and
 // the retirement succeeds once the tenant lets go.
 func TestATenantHoldingALockOnItsOwnRoleDoesNotStallOtherNamespacesProvisioning(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 4)
-		ownerConn := rawConn(t, dsn)
-		ns := namespace(t, "stall-a")
-		g1 := provision(t, own, ns)
+		own := storetest.Open(t, dsn, 4)
+		ownerConn := storetest.RawConn(t, dsn)
+		ns := storetest.Namespace(t, "stall-a")
+		g1 := storetest.Provision(t, own, ns)
 
 		// The tenant locks its own role and keeps the transaction busy
 		// (idle timeouts do not end it) until the test lets go.
-		tx, err := rawConn(t, mustTenantDSN(t, dsn, g1)).Begin(ctx)
+		tx, err := storetest.RawConn(t, storetest.TenantDSN(t, dsn, g1)).Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -624,7 +625,7 @@ func TestATenantHoldingALockOnItsOwnRoleDoesNotStallOtherNamespacesProvisioning(
 		holdUntil := time.Now().Add(hold)
 
 		for range 3 {
-			provision(t, own, ns)
+			storetest.Provision(t, own, ns)
 		}
 		// The webhook makes room for a new generation (keep 3): g1 is due.
 		retired := make(chan error, 1)
@@ -634,7 +635,7 @@ func TestATenantHoldingALockOnItsOwnRoleDoesNotStallOtherNamespacesProvisioning(
 			_, err := own.RetireTenantRolesBeyond(rctx, "dc-a", ns, 3)
 			retired <- err
 		}()
-		awaitCond(t, "DROP ROLE waiting for the tenant's lock on its role", func() bool {
+		storetest.AwaitCond(t, "DROP ROLE waiting for the tenant's lock on its role", func() bool {
 			var n int
 			err := ownerConn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 				WHERE query LIKE 'DROP ROLE%' AND wait_event_type = 'Lock'`).Scan(&n)
@@ -642,7 +643,7 @@ func TestATenantHoldingALockOnItsOwnRoleDoesNotStallOtherNamespacesProvisioning(
 		})
 
 		// Another namespace, another cluster, queued behind the drop.
-		other := namespace(t, "stall-b")
+		other := storetest.Namespace(t, "stall-b")
 		began := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, hold)
 		defer cancel()
@@ -671,7 +672,7 @@ func TestATenantHoldingALockOnItsOwnRoleDoesNotStallOtherNamespacesProvisioning(
 		if time.Now().After(holdUntil) {
 			t.Fatalf("the retirement returned only after the tenant's hold")
 		}
-		awaitCond(t, "no DROP ROLE left waiting on the server", func() bool {
+		storetest.AwaitCond(t, "no DROP ROLE left waiting on the server", func() bool {
 			var n int
 			err := ownerConn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'DROP ROLE%' AND state = 'active'`).Scan(&n)
 			return err == nil && n == 0
@@ -706,7 +707,7 @@ func TestATenantHoldingALockOnItsOwnRoleDoesNotStallOtherNamespacesProvisioning(
 // shares. Without the grant, provisioning goes on without it.
 func TestATenantRoleStartsWithBoundedSessions(t *testing.T) {
 	srv := pgtest.Need(t)
-	su := superuser(t, srv)
+	su := storetest.Superuser(t, srv)
 	ctx := context.Background()
 	settings := func(t *testing.T, c interface {
 		QueryRow(context.Context, string, ...any) pgx.Row
@@ -718,11 +719,11 @@ func TestATenantRoleStartsWithBoundedSessions(t *testing.T) {
 		}
 		return stmt, idle, temp
 	}
-	eachTarget(t, func(t *testing.T, dsn string) {
-		own := openStore(t, dsn, 2)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		own := storetest.Open(t, dsn, 2)
 
 		t.Run("without the grant, the timeouts only", func(t *testing.T) {
-			tenant := rawConn(t, mustTenantDSN(t, dsn, provision(t, own, namespace(t, "bounded"))))
+			tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, storetest.Namespace(t, "bounded"))))
 			if stmt, idle, temp := settings(t, tenant); stmt != "1min" || idle != "30s" || temp != "-1" {
 				t.Fatalf("statement_timeout %s, idle_in_transaction_session_timeout %s, temp_file_limit %s; want 1min, 30s, -1", stmt, idle, temp)
 			}
@@ -737,7 +738,7 @@ func TestATenantRoleStartsWithBoundedSessions(t *testing.T) {
 					t.Error(err)
 				}
 			})
-			tenant := rawConn(t, mustTenantDSN(t, dsn, provision(t, own, namespace(t, "bounded"))))
+			tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, storetest.Namespace(t, "bounded"))))
 			if stmt, idle, temp := settings(t, tenant); stmt != "1min" || idle != "30s" || temp != store.TenantRoleTempFileLimit {
 				t.Fatalf("statement_timeout %s, idle_in_transaction_session_timeout %s, temp_file_limit %s; want 1min, 30s, %s",
 					stmt, idle, temp, store.TenantRoleTempFileLimit)
@@ -770,13 +771,13 @@ func TestATenantRoleStartsWithBoundedSessions(t *testing.T) {
 // to the reader, so a tenant reads the statistics of no table it shares
 // with others (only schema_migrations, which it may read whole).
 func TestATenantReadsNoStatisticsOfOtherNamespacesRows(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		ownerConn := rawConn(t, dsn)
-		other := namespace(t, "secretive")
+		own := storetest.Open(t, dsn, 2)
+		ownerConn := storetest.RawConn(t, dsn)
+		other := storetest.Namespace(t, "secretive")
 		for i := range 200 {
-			mustClaim(t, own, fmt.Sprintf("%s/payroll-%d", other, i%5), windowAt(i), store.Owner{Cluster: "dc-z", Namespace: other, Job: "payroll",
+			storetest.MustClaim(t, own, fmt.Sprintf("%s/payroll-%d", other, i%5), storetest.WindowAt(i), store.Owner{Cluster: "dc-z", Namespace: other, Job: "payroll",
 				JobUID: "uid", Pod: "pod"}, false, ttl, store.Claimed)
 		}
 		for _, table := range []string{"windows", "leases", "views", "decisions", "decision_counts", "key_stats", "schema_migrations"} {
@@ -790,7 +791,7 @@ func TestATenantReadsNoStatisticsOfOtherNamespacesRows(t *testing.T) {
 			t.Fatalf("the owner sees %d statistics of dislock.windows naming %s, %v; want some (else this test proves nothing)", seen, other, err)
 		}
 
-		tenant := rawConn(t, mustTenantDSN(t, dsn, provision(t, own, namespace(t, "curious"))))
+		tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, storetest.Namespace(t, "curious"))))
 		rows, err := tenant.Query(ctx, `SELECT tablename, attname, coalesce(most_common_vals::text, '') || coalesce(histogram_bounds::text, '')
 			FROM pg_stats WHERE schemaname = 'dislock'`)
 		if err != nil {

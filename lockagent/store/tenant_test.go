@@ -13,58 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
-
-// namespace gives a test a namespace of its own (a DNS label), so that
-// tests share one database.
-func namespace(t testing.TB, team string) string {
-	t.Helper()
-	return fmt.Sprintf("%s-%d", team, keySeq.Add(1))
-}
-
-// provision creates a tenant role of namespace ns in cluster dc-a with the
-// owner's Store.
-func provision(t testing.TB, owner *store.Store, ns string) store.TenantCredential {
-	t.Helper()
-	c, err := owner.ProvisionTenant(context.Background(), "dc-a", ns)
-	if err != nil {
-		t.Fatalf("provisioning namespace %s: %v", ns, err)
-	}
-	return c
-}
-
-// tenantStore opens a Store as the tenant, reaching the database the way
-// ownerDSN does (directly or through PgBouncer).
-func tenantStore(t testing.TB, ownerDSN string, c store.TenantCredential) *store.Store {
-	t.Helper()
-	dsn, err := store.TenantDSN(ownerDSN, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := store.Open(context.Background(), dsn, store.Options{MaxConns: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	return s
-}
-
-// rawConn is a plain connection for statements the Store never sends,
-// usable through PgBouncer's transaction pooling.
-func rawConn(t testing.TB, dsn string) *pgx.Conn {
-	t.Helper()
-	cfg, err := store.ParseDatabaseURL(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.ConnectConfig(context.Background(), cfg.ConnConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
 
 // rowsOf reads, as the owner, every row of every table tenants touch whose
 // key is in namespace ns, as JSON text: what must stay byte for byte.
@@ -90,11 +41,11 @@ func rowsOf(t testing.TB, owner *pgx.Conn, ns string) []string {
 // namespace as the owner does, and its tokens still grow and carry the
 // epoch.
 func TestTenantLocksItsOwnNamespace(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		ns := namespace(t, "team-a")
-		s := tenantStore(t, dsn, provision(t, own, ns))
+		own := storetest.Open(t, dsn, 2)
+		ns := storetest.Namespace(t, "team-a")
+		s := storetest.TenantStore(t, dsn, storetest.Provision(t, own, ns))
 		o := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "report-1", JobUID: "uid-1", Pod: "pod-1"}
 		key := ns + "/report"
 
@@ -109,24 +60,24 @@ func TestTenantLocksItsOwnNamespace(t *testing.T) {
 			}
 			last = token
 		}
-		c := mustClaim(t, s, key, window0, o, false, ttl, store.Claimed)
+		c := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, ttl, store.Claimed)
 		grew("claim", c.Window.Token)
-		again := mustClaim(t, s, key, window0, o, false, ttl, store.Reentered)
+		again := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, ttl, store.Reentered)
 		if again.Window.Token != c.Window.Token {
 			t.Errorf("re-entry changed the token: %d then %d", c.Window.Token, again.Window.Token)
 		}
-		mustBeTaken(t, s, key, window0, owner("dc-b", "other", "pod"), true, o.WindowOwner())
-		if _, _, err := s.Heartbeat(ctx, key, window0, store.NotIndexed, c.Window.Token, ttl); err != nil {
+		storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), storetest.Owner("dc-b", "other", "pod"), true, o.WindowOwner())
+		if _, _, err := s.Heartbeat(ctx, key, storetest.WindowAt(0), store.NotIndexed, c.Window.Token, ttl); err != nil {
 			t.Fatalf("heartbeat: %v", err)
 		}
-		if _, err := s.Finish(ctx, key, window0, store.NotIndexed, c.Window.Token, store.StateSucceeded, ptr(0)); err != nil {
+		if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, c.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
 			t.Fatalf("finish: %v", err)
 		}
-		if w, err := s.GetWindow(ctx, key, window0, store.NotIndexed); err != nil || w.State != store.StateSucceeded {
+		if w, err := s.GetWindow(ctx, key, storetest.WindowAt(0), store.NotIndexed); err != nil || w.State != store.StateSucceeded {
 			t.Fatalf("reading the finished window: %+v, %v", w, err)
 		}
 		for i := range 3 {
-			grew("claim of the next windows", mustClaim(t, s, key, windowAt(i+1), o, false, ttl, store.Claimed).Window.Token)
+			grew("claim of the next windows", storetest.MustClaim(t, s, key, storetest.WindowAt(i+1), o, false, ttl, store.Claimed).Window.Token)
 		}
 
 		// A lease, and one of an Indexed Job's completion index.
@@ -175,12 +126,12 @@ func TestTenantLocksItsOwnNamespace(t *testing.T) {
 // refused (an error, or no row at all), and team-b's rows are unchanged
 // byte for byte.
 func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		nsA, nsB := namespace(t, "team-a"), namespace(t, "team-b")
-		credA, credB := provision(t, own, nsA), provision(t, own, nsB)
-		a, b := tenantStore(t, dsn, credA), tenantStore(t, dsn, credB)
+		own := storetest.Open(t, dsn, 2)
+		nsA, nsB := storetest.Namespace(t, "team-a"), storetest.Namespace(t, "team-b")
+		credA, credB := storetest.Provision(t, own, nsA), storetest.Provision(t, own, nsB)
+		a, b := storetest.TenantStore(t, dsn, credA), storetest.TenantStore(t, dsn, credB)
 		oa := store.Owner{Cluster: "dc-a", Namespace: nsA, Job: "evil", JobUID: "uid-a", Pod: "pod-a"}
 		ob := store.Owner{Cluster: "dc-b", Namespace: nsB, Job: "report", JobUID: "uid-b", Pod: "pod-b"}
 		keyB := nsB + "/report"
@@ -188,12 +139,12 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 
 		// team-b: a live window, a failed one (a standby may take it), a
 		// lapsed one; a live lease, an expired one; a view.
-		live := mustClaim(t, b, keyB, windowAt(0), ob, false, time.Hour, store.Claimed)
-		failed := mustClaim(t, b, keyB, windowAt(1), ob, false, time.Hour, store.Claimed)
-		if _, err := b.Finish(ctx, keyB, windowAt(1), store.NotIndexed, failed.Window.Token, store.StateFailed, ptr(1)); err != nil {
+		live := storetest.MustClaim(t, b, keyB, storetest.WindowAt(0), ob, false, time.Hour, store.Claimed)
+		failed := storetest.MustClaim(t, b, keyB, storetest.WindowAt(1), ob, false, time.Hour, store.Claimed)
+		if _, err := b.Finish(ctx, keyB, storetest.WindowAt(1), store.NotIndexed, failed.Window.Token, store.StateFailed, storetest.Ptr(1)); err != nil {
 			t.Fatal(err)
 		}
-		lapsed := mustClaim(t, b, keyB, windowAt(2), ob, false, short, store.Claimed)
+		lapsed := storetest.MustClaim(t, b, keyB, storetest.WindowAt(2), ob, false, short, store.Claimed)
 		held, err := b.AcquireLease(ctx, keyB, ob, time.Hour)
 		if err != nil {
 			t.Fatal(err)
@@ -204,8 +155,8 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 		if _, err := b.RecordView(ctx, keyB, "dc-b", store.View{Schedule: "0 * * * *", Mode: "schedule,lease"}, store.DefaultViewRecency); err != nil {
 			t.Fatal(err)
 		}
-		awaitDBPast(t, own, lapsed.Window.AliveUntil.Add(short))
-		ownerConn := rawConn(t, dsn)
+		storetest.AwaitDBPast(t, own, lapsed.Window.AliveUntil.Add(short))
+		ownerConn := storetest.RawConn(t, dsn)
 		before := rowsOf(t, ownerConn, nsB)
 		if len(before) != 6 {
 			t.Fatalf("team-b has %d rows, want 6:\n%s", len(before), strings.Join(before, "\n"))
@@ -235,20 +186,20 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 				attempt   func() error
 				sentinels []error
 			}{
-				{"claim the live window", func() error { return standbyClaim(windowAt(0)) }, []error{store.ErrForbidden}},
-				{"take over the failed window as a standby", func() error { return standbyClaim(windowAt(1)) }, []error{store.ErrForbidden}},
-				{"take over the lapsed window as a standby", func() error { return standbyClaim(windowAt(2)) }, []error{store.ErrForbidden}},
-				{"claim a window nobody claimed yet", func() error { return standbyClaim(windowAt(3)) }, []error{store.ErrForbidden}},
+				{"claim the live window", func() error { return standbyClaim(storetest.WindowAt(0)) }, []error{store.ErrForbidden}},
+				{"take over the failed window as a standby", func() error { return standbyClaim(storetest.WindowAt(1)) }, []error{store.ErrForbidden}},
+				{"take over the lapsed window as a standby", func() error { return standbyClaim(storetest.WindowAt(2)) }, []error{store.ErrForbidden}},
+				{"claim a window nobody claimed yet", func() error { return standbyClaim(storetest.WindowAt(3)) }, []error{store.ErrForbidden}},
 				{"heartbeat the live window", func() error {
-					_, _, err := a.Heartbeat(ctx, keyB, windowAt(0), store.NotIndexed, live.Window.Token, time.Hour)
+					_, _, err := a.Heartbeat(ctx, keyB, storetest.WindowAt(0), store.NotIndexed, live.Window.Token, time.Hour)
 					return err
 				}, []error{store.ErrWindowLost}},
 				{"finish the live window", func() error {
-					_, err := a.Finish(ctx, keyB, windowAt(0), store.NotIndexed, live.Window.Token, store.StateSucceeded, ptr(0))
+					_, err := a.Finish(ctx, keyB, storetest.WindowAt(0), store.NotIndexed, live.Window.Token, store.StateSucceeded, storetest.Ptr(0))
 					return err
 				}, []error{store.ErrWindowLost}},
-				{"read the live window", func() error { _, err := a.GetWindow(ctx, keyB, windowAt(0), store.NotIndexed); return err }, []error{store.ErrNotFound}},
-				{"delete a window", func() error { return a.DeleteWindow(ctx, keyB, windowAt(0)) }, []error{store.ErrForbidden}},
+				{"read the live window", func() error { _, err := a.GetWindow(ctx, keyB, storetest.WindowAt(0), store.NotIndexed); return err }, []error{store.ErrNotFound}},
+				{"delete a window", func() error { return a.DeleteWindow(ctx, keyB, storetest.WindowAt(0)) }, []error{store.ErrForbidden}},
 				{"acquire the held lease", func() error { _, err := a.AcquireLease(ctx, keyB, oa, ttl); return err }, []error{store.ErrForbidden}},
 				{"acquire the expired lease", func() error { _, err := a.AcquireLease(ctx, keyB+"-shards#1", oa, ttl); return err }, []error{store.ErrForbidden}},
 				{"acquire a lease nobody holds yet", func() error { _, err := a.AcquireLease(ctx, keyB+"#2", oa, ttl); return err }, []error{store.ErrForbidden}},
@@ -299,7 +250,7 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 		})
 
 		t.Run("SQL", func(t *testing.T) {
-			conn := rawConn(t, mustTenantDSN(t, dsn, credA))
+			conn := storetest.RawConn(t, storetest.TenantDSN(t, dsn, credA))
 			// Statements that must fail outright.
 			for _, q := range []string{
 				`DELETE FROM dislock.windows WHERE lock_key = '` + keyB + `'`,
@@ -395,7 +346,7 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 			t.Errorf("team-b's rows changed:\nbefore:\n%s\nafter:\n%s", strings.Join(before, "\n"), strings.Join(after, "\n"))
 		}
 		// team-b still runs, and its lease is still its own.
-		if _, _, err := b.Heartbeat(ctx, keyB, windowAt(0), store.NotIndexed, live.Window.Token, time.Hour); err != nil {
+		if _, _, err := b.Heartbeat(ctx, keyB, storetest.WindowAt(0), store.NotIndexed, live.Window.Token, time.Hour); err != nil {
 			t.Errorf("team-b's heartbeat after the attempts: %v", err)
 		}
 		if _, _, err := b.RenewLease(ctx, keyB, held.Lease.Token, time.Hour); err != nil {
@@ -404,28 +355,19 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 	})
 }
 
-func mustTenantDSN(t testing.TB, ownerDSN string, c store.TenantCredential) string {
-	t.Helper()
-	dsn, err := store.TenantDSN(ownerDSN, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dsn
-}
-
 // Rotation: a new generation works at once while the old one keeps working
 // until it is retired; a retired generation can no longer log in, nor do
 // anything on a session it already had; generations are never reused.
 func TestRetiredTenantRoleCannotLogIn(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		ns := namespace(t, "team-a")
+		own := storetest.Open(t, dsn, 2)
+		ns := storetest.Namespace(t, "team-a")
 		o := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "job", JobUID: "uid", Pod: "pod"}
-		g1 := provision(t, own, ns)
-		old := tenantStore(t, dsn, g1)
-		mustClaim(t, old, ns+"/job", windowAt(0), o, false, ttl, store.Claimed)
-		g2 := provision(t, own, ns)
+		g1 := storetest.Provision(t, own, ns)
+		old := storetest.TenantStore(t, dsn, g1)
+		storetest.MustClaim(t, old, ns+"/job", storetest.WindowAt(0), o, false, ttl, store.Claimed)
+		g2 := storetest.Provision(t, own, ns)
 		if g1.Generation != 1 || g2.Generation != 2 || g1.Role == g2.Role || g1.Password == g2.Password {
 			t.Fatalf("generations %+v then %+v", g1, g2)
 		}
@@ -438,16 +380,16 @@ func TestRetiredTenantRoleCannotLogIn(t *testing.T) {
 		if dropped, err := own.RetireTenantRoles(ctx, "dc-a", ns, time.Hour); err != nil || len(dropped) != 0 {
 			t.Fatalf("retiring within the grace dropped %v, %v", dropped, err)
 		}
-		mustClaim(t, old, ns+"/job", windowAt(1), o, false, ttl, store.Claimed)
+		storetest.MustClaim(t, old, ns+"/job", storetest.WindowAt(1), o, false, ttl, store.Claimed)
 
 		dropped, err := own.RetireTenantRoles(ctx, "dc-a", ns, 0)
 		if err != nil || len(dropped) != 1 || dropped[0] != g1.Role {
 			t.Fatalf("retire: dropped %v, %v; want [%s]", dropped, err, g1.Role)
 		}
-		if _, err := claim(t, old, ns+"/job", windowAt(2), o, false, ttl); err == nil {
+		if _, err := storetest.Claim(t, old, ns+"/job", storetest.WindowAt(2), o, false, ttl); err == nil {
 			t.Error("a session of the retired role still claims")
 		}
-		fresh, err := store.Open(ctx, mustTenantDSN(t, dsn, g1), store.Options{})
+		fresh, err := store.Open(ctx, storetest.TenantDSN(t, dsn, g1), store.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -455,7 +397,7 @@ func TestRetiredTenantRoleCannotLogIn(t *testing.T) {
 		if err := fresh.Ping(ctx); err == nil {
 			t.Error("the retired role still logs in")
 		}
-		mustClaim(t, tenantStore(t, dsn, g2), ns+"/job", windowAt(2), o, false, ttl, store.Claimed)
+		storetest.MustClaim(t, storetest.TenantStore(t, dsn, g2), ns+"/job", storetest.WindowAt(2), o, false, ttl, store.Claimed)
 
 		// Opting out supersedes every generation; a later one never reuses
 		// a name.
@@ -468,7 +410,7 @@ func TestRetiredTenantRoleCannotLogIn(t *testing.T) {
 		if roles, err := own.TenantRoles(ctx, "dc-a", ns); err != nil || len(roles) != 0 {
 			t.Fatalf("roles after opting out: %+v, %v", roles, err)
 		}
-		if g3 := provision(t, own, ns); g3.Generation != 3 {
+		if g3 := storetest.Provision(t, own, ns); g3.Generation != 3 {
 			t.Fatalf("the next generation is %d, want 3", g3.Generation)
 		}
 	})
@@ -480,16 +422,16 @@ func TestRetiredTenantRoleCannotLogIn(t *testing.T) {
 // generation in use keep working. The generation in use is never dropped,
 // whatever the count; after opting out the newest are kept the same way.
 func TestTenantRolesBeyondTheNewestFewAreRetiredInsideTheGrace(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		own := openStore(t, dsn, 2)
-		ns, other := namespace(t, "team-a"), namespace(t, "team-b")
+		own := storetest.Open(t, dsn, 2)
+		ns, other := storetest.Namespace(t, "team-a"), storetest.Namespace(t, "team-b")
 		o := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "job", JobUID: "uid", Pod: "pod"}
 		var gens []store.TenantCredential
 		for range 6 {
-			gens = append(gens, provision(t, own, ns))
+			gens = append(gens, storetest.Provision(t, own, ns))
 		}
-		bystander := provision(t, own, other)
+		bystander := storetest.Provision(t, own, other)
 		generations := func(roles []store.TenantRole) []int {
 			var out []int
 			for _, r := range roles {
@@ -522,7 +464,7 @@ func TestTenantRolesBeyondTheNewestFewAreRetiredInsideTheGrace(t *testing.T) {
 		if got := fmt.Sprint(live()); got != "[6 5 4 3]" {
 			t.Fatalf("live generations %s, want [6 5 4 3]", got)
 		}
-		fresh, err := store.Open(ctx, mustTenantDSN(t, dsn, gens[0]), store.Options{})
+		fresh, err := store.Open(ctx, storetest.TenantDSN(t, dsn, gens[0]), store.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -530,7 +472,7 @@ func TestTenantRolesBeyondTheNewestFewAreRetiredInsideTheGrace(t *testing.T) {
 		if err := fresh.Ping(ctx); err == nil {
 			t.Error("a generation retired early still logs in")
 		}
-		mustClaim(t, tenantStore(t, dsn, gens[2]), ns+"/job", windowAt(0), o, false, ttl, store.Claimed)
+		storetest.MustClaim(t, storetest.TenantStore(t, dsn, gens[2]), ns+"/job", storetest.WindowAt(0), o, false, ttl, store.Claimed)
 		if dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 4); err != nil || len(dropped) != 0 {
 			t.Fatalf("a second call dropped %v, %v", generations(dropped), err)
 		}
@@ -539,14 +481,14 @@ func TestTenantRolesBeyondTheNewestFewAreRetiredInsideTheGrace(t *testing.T) {
 		if dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 0); err != nil || fmt.Sprint(generations(dropped)) != "[3 4 5]" {
 			t.Fatalf("keeping none dropped generations %v, %v; want [3 4 5]", generations(dropped), err)
 		}
-		mustClaim(t, tenantStore(t, dsn, gens[5]), ns+"/job", windowAt(1), o, false, ttl, store.Claimed)
+		storetest.MustClaim(t, storetest.TenantStore(t, dsn, gens[5]), ns+"/job", storetest.WindowAt(1), o, false, ttl, store.Claimed)
 		if _, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, -1); err == nil || !strings.Contains(err.Error(), "-1") {
 			t.Errorf("keep -1: %v, want an error naming it", err)
 		}
 
 		// After opting out every generation is superseded: the newest are
 		// kept all the same, and a generation number is never reused.
-		provision(t, own, ns)
+		storetest.Provision(t, own, ns)
 		if err := own.SupersedeTenantRoles(ctx, "dc-a", ns); err != nil {
 			t.Fatal(err)
 		}
@@ -556,12 +498,12 @@ func TestTenantRolesBeyondTheNewestFewAreRetiredInsideTheGrace(t *testing.T) {
 		if got := fmt.Sprint(live()); got != "[7]" {
 			t.Fatalf("live generations %s, want [7]", got)
 		}
-		if g := provision(t, own, ns); g.Generation != 8 {
+		if g := storetest.Provision(t, own, ns); g.Generation != 8 {
 			t.Fatalf("the next generation is %d, want 8", g.Generation)
 		}
 
 		// Another namespace's roles are untouched throughout.
-		if err := tenantStore(t, dsn, bystander).Ping(ctx); err != nil {
+		if err := storetest.TenantStore(t, dsn, bystander).Ping(ctx); err != nil {
 			t.Errorf("the other namespace's role: %v", err)
 		}
 	})
@@ -572,8 +514,8 @@ func TestTenantRolesBeyondTheNewestFewAreRetiredInsideTheGrace(t *testing.T) {
 func TestConcurrentProvisioningGivesDistinctGenerations(t *testing.T) {
 	srv := pgtest.Need(t)
 	dsn := srv.BouncerDSN()
-	own := openStore(t, dsn, 4)
-	ns := namespace(t, "team-a")
+	own := storetest.Open(t, dsn, 4)
+	ns := storetest.Namespace(t, "team-a")
 	creds := make([]store.TenantCredential, 4)
 	var wg sync.WaitGroup
 	for i := range creds {
@@ -592,7 +534,7 @@ func TestConcurrentProvisioningGivesDistinctGenerations(t *testing.T) {
 			t.Fatalf("generation %d handed out twice: %+v", c.Generation, creds)
 		}
 		seen[c.Generation] = true
-		if err := tenantStore(t, dsn, c).Ping(context.Background()); err != nil {
+		if err := storetest.TenantStore(t, dsn, c).Ping(context.Background()); err != nil {
 			t.Errorf("generation %d: %v", c.Generation, err)
 		}
 	}
@@ -601,10 +543,10 @@ func TestConcurrentProvisioningGivesDistinctGenerations(t *testing.T) {
 // dislock check with a tenant's URL reports what it can see and fails only
 // for what fails for everyone (here: a database without a standby).
 func TestCheckAsATenantReportsLessButDoesNotFail(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		own := openStore(t, dsn, 2)
-		ns := namespace(t, "team-a")
-		s := tenantStore(t, dsn, provision(t, own, ns))
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		own := storetest.Open(t, dsn, 2)
+		ns := storetest.Namespace(t, "team-a")
+		s := storetest.TenantStore(t, dsn, storetest.Provision(t, own, ns))
 		fs, err := s.CheckDatabase(context.Background(), store.CheckOptions{AllowAsync: true})
 		if err != nil {
 			t.Fatal(err)
@@ -626,8 +568,8 @@ func TestCheckAsATenantReportsLessButDoesNotFail(t *testing.T) {
 // that adds one must revoke it too.
 func TestNoFunctionOfTheSchemaIsPublic(t *testing.T) {
 	srv := pgtest.Need(t)
-	openStore(t, srv.DirectDSN(), 1)
-	rows, err := rawConn(t, srv.DirectDSN()).Query(context.Background(), `
+	storetest.Open(t, srv.DirectDSN(), 1)
+	rows, err := storetest.RawConn(t, srv.DirectDSN()).Query(context.Background(), `
 SELECT p.oid::regprocedure::text FROM pg_proc p
 WHERE p.pronamespace = 'dislock'::regnamespace
   AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0))`)
@@ -844,7 +786,7 @@ func TestTenantRoleNamesFitAndDiffer(t *testing.T) {
 func TestMigratingWithoutCreateroleNamesTheFix(t *testing.T) {
 	t.Parallel() // its own server starts while the shared one's tests run
 	srv := pgtest.New(t, pgtest.Options{Name: "nocreaterole"})
-	su := superuser(t, srv)
+	su := storetest.Superuser(t, srv)
 	ctx := context.Background()
 	if _, err := su.Exec(ctx, `ALTER ROLE `+pgtest.AppUser+` NOCREATEROLE`); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/test/tlstest"
 )
@@ -145,11 +146,11 @@ func TestTLSDatabaseWithPrivateCA(t *testing.T) {
 				if !strings.Contains(dsn, "sslmode=verify-full") {
 					t.Fatalf("URL %s does not verify the full name", dsn)
 				}
-				s := openStore(t, dsn, 2)
-				key := uniqueKey(t)
-				a := owner("dc-a", "job-a", "pod-a")
-				mustClaim(t, s, key, window0, a, false, ttl, store.Claimed)
-				if _, err := claim(t, s, key, window0, owner("dc-b", "job-b", "pod-b"), false, ttl); !errors.Is(err, store.ErrWindowTaken) {
+				s := storetest.Open(t, dsn, 2)
+				key := storetest.UniqueKey(t)
+				a := storetest.Owner("dc-a", "job-a", "pod-a")
+				storetest.MustClaim(t, s, key, storetest.WindowAt(0), a, false, ttl, store.Claimed)
+				if _, err := storetest.Claim(t, s, key, storetest.WindowAt(0), storetest.Owner("dc-b", "job-b", "pod-b"), false, ttl); !errors.Is(err, store.ErrWindowTaken) {
 					t.Fatalf("second cluster's claim: %v, want ErrWindowTaken", err)
 				}
 				ctx := context.Background()

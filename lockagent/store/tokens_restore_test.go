@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -29,7 +30,7 @@ type grants struct {
 }
 
 func newGrants(t *testing.T, srv *pgtest.Server) *grants {
-	g := &grants{t: t, srv: srv, key: uniqueKey(t)}
+	g := &grants{t: t, srv: srv, key: storetest.UniqueKey(t)}
 	g.reopen()
 	return g
 }
@@ -49,8 +50,8 @@ func (g *grants) reopen() {
 func (g *grants) try() (int64, error) {
 	g.window++
 	for tries := 0; ; tries++ {
-		c, err := g.s.ClaimWindow(context.Background(), store.ClaimRequest{Key: g.key, Window: windowAt(g.window), Index: store.NotIndexed,
-			Owner: owner("dc-a", "job", fmt.Sprint("pod-", g.window)), TTL: time.Minute})
+		c, err := g.s.ClaimWindow(context.Background(), store.ClaimRequest{Key: g.key, Window: storetest.WindowAt(g.window), Index: store.NotIndexed,
+			Owner: storetest.Owner("dc-a", "job", fmt.Sprint("pod-", g.window)), TTL: time.Minute})
 		if err == nil || !errors.Is(err, store.ErrUnavailable) || errors.Is(err, store.ErrTokensHeld) || tries == 50 {
 			return c.Window.Token, err
 		}
@@ -101,7 +102,7 @@ func (g *grants) dump(file string) {
 // rollback does.
 func restoreDump(t *testing.T, srv *pgtest.Server, file string) {
 	t.Helper()
-	c := rawConn(t, srv.DirectDSN())
+	c := storetest.RawConn(t, srv.DirectDSN())
 	if _, err := c.Exec(context.Background(), `DROP SCHEMA IF EXISTS dislock CASCADE`); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func TestARestoredDumpDrawsNoTokenUntilTheEpochMovesPastTheRecord(t *testing.T) 
 	t.Parallel() // its own servers: the schema is dropped and restored
 	srv := pgtest.New(t, pgtest.Options{Name: "tokens-dump"})
 	g := newGrants(t, srv)
-	openStore(t, srv.DirectDSN(), 1) // migrated
+	storetest.Open(t, srv.DirectDSN(), 1) // migrated
 	g.next()
 	file := filepath.Join(t.TempDir(), "dislock.dump")
 	g.dump(file)
@@ -141,7 +142,7 @@ func TestARestoredDumpDrawsNoTokenUntilTheEpochMovesPastTheRecord(t *testing.T) 
 				target = pgtest.New(t, pgtest.Options{Name: "tokens-dump-new"})
 				// The roles come first (pg_dumpall --roles-only in
 				// docs/install.md): the dump grants to them.
-				if _, err := superuser(t, target).Exec(context.Background(), `CREATE ROLE dislock_tenant NOLOGIN`); err != nil {
+				if _, err := storetest.Superuser(t, target).Exec(context.Background(), `CREATE ROLE dislock_tenant NOLOGIN`); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -175,7 +176,7 @@ func TestARestoredDumpDrawsNoTokenUntilTheEpochMovesPastTheRecord(t *testing.T) 
 func TestARestoredSnapshotIsBehindTheRecordUntilTheEpochMoves(t *testing.T) {
 	t.Parallel() // its own server: its data directory is replaced
 	srv := pgtest.New(t, pgtest.Options{Name: "tokens-snap"})
-	openStore(t, srv.DirectDSN(), 1) // migrated
+	storetest.Open(t, srv.DirectDSN(), 1) // migrated
 	g := newGrants(t, srv)
 	g.next()
 	snap := srv.BackupPath("snap")
@@ -232,7 +233,7 @@ func TestTheRestoreProcedureCoversAPromotionNoRecordSaw(t *testing.T) {
 	for _, kind := range []string{"a volume snapshot", "a dump into a new cluster"} {
 		t.Run(kind, func(t *testing.T) {
 			srv := pgtest.New(t, pgtest.Options{Name: "tokens-unrecorded"})
-			openStore(t, srv.DirectDSN(), 1) // migrated
+			storetest.Open(t, srv.DirectDSN(), 1) // migrated
 			g := newGrants(t, srv)
 			g.next()
 			snap, file := srv.BackupPath("snap"), filepath.Join(t.TempDir(), "dislock.dump")
@@ -256,7 +257,7 @@ func TestTheRestoreProcedureCoversAPromotionNoRecordSaw(t *testing.T) {
 			}
 			if kind == "a dump into a new cluster" {
 				target := pgtest.New(t, pgtest.Options{Name: "tokens-unrecorded-new"})
-				if _, err := superuser(t, target).Exec(context.Background(), `CREATE ROLE dislock_tenant NOLOGIN`); err != nil {
+				if _, err := storetest.Superuser(t, target).Exec(context.Background(), `CREATE ROLE dislock_tenant NOLOGIN`); err != nil {
 					t.Fatal(err)
 				}
 				restoreDump(t, target, file)
@@ -295,7 +296,7 @@ var (
 func TestTokensNeverGoBackOverSeededRestores(t *testing.T) {
 	t.Parallel() // its own server
 	srv := pgtest.New(t, pgtest.Options{Name: "tokens-seeded"})
-	openStore(t, srv.DirectDSN(), 1) // migrated
+	storetest.Open(t, srv.DirectDSN(), 1) // migrated
 	base := *flagTokenSeed
 	if base == 0 {
 		base = uint64(time.Now().UnixNano())

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -25,16 +26,16 @@ func TestATenantLeavingATokenDrawOpenStallsNoOneElse(t *testing.T) {
 	ctx := context.Background()
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
-			own := openStore(t, tg.DSN, 2)
-			su := superuser(t, srv)
+			own := storetest.Open(t, tg.DSN, 2)
+			su := storetest.Superuser(t, srv)
 			// The state of the epochs right after a promotion: the
 			// timeline gives an epoch above the last one used.
 			if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET base_timeline = base_timeline - 1`); err != nil {
 				t.Fatal(err)
 			}
-			nsA, nsB := namespace(t, "idle"), namespace(t, "busy")
-			idle := rawConn(t, mustTenantDSN(t, tg.DSN, provision(t, own, nsA)))
-			busy := tenantStore(t, tg.DSN, provision(t, own, nsB))
+			nsA, nsB := storetest.Namespace(t, "idle"), storetest.Namespace(t, "busy")
+			idle := storetest.RawConn(t, storetest.TenantDSN(t, tg.DSN, storetest.Provision(t, own, nsA)))
+			busy := storetest.TenantStore(t, tg.DSN, storetest.Provision(t, own, nsB))
 			if _, err := idle.Exec(ctx, `BEGIN`); err != nil {
 				t.Fatal(err)
 			}
@@ -69,10 +70,10 @@ func TestTokensAtTheirBoundsFailClosedAndANewEpochRenewsThem(t *testing.T) {
 	t.Parallel() // its own server: the counter jumps
 	srv := pgtest.New(t, pgtest.Options{Name: "tokens-bound"})
 	ctx := context.Background()
-	s := openStore(t, srv.DirectDSN(), 2)
-	su := superuser(t, srv)
-	key := uniqueKey(t)
-	o := owner("dc-a", "job", "pod")
+	s := storetest.Open(t, srv.DirectDSN(), 2)
+	su := storetest.Superuser(t, srv)
+	key := storetest.UniqueKey(t)
+	o := storetest.Owner("dc-a", "job", "pod")
 	grant := func() (int64, error) {
 		g, err := s.AcquireLease(ctx, key, o, time.Minute)
 		return g.Lease.Token, err
@@ -156,14 +157,14 @@ func TestTokensAtTheirBoundsFailClosedAndANewEpochRenewsThem(t *testing.T) {
 func TestADrawRacingTheOwnersMoveNeverUsesTheHeldRow(t *testing.T) {
 	t.Parallel() // its own server: the epoch is moved every round
 	srv := pgtest.New(t, pgtest.Options{Name: "tokens-race"})
-	own := openStore(t, srv.DirectDSN(), 2)
-	su := superuser(t, srv)
+	own := storetest.Open(t, srv.DirectDSN(), 2)
+	su := storetest.Superuser(t, srv)
 	ctx := context.Background()
-	ns := namespace(t, "racer")
-	tenantDSN := mustTenantDSN(t, srv.DirectDSN(), provision(t, own, ns))
+	ns := storetest.Namespace(t, "racer")
+	tenantDSN := storetest.TenantDSN(t, srv.DirectDSN(), storetest.Provision(t, own, ns))
 	conns := make([]*pgx.Conn, 3)
 	for i := range conns {
-		conns[i] = rawConn(t, tenantDSN)
+		conns[i] = storetest.RawConn(t, tenantDSN)
 	}
 	for round := range 100 {
 		var follow int64
@@ -196,10 +197,10 @@ func TestADrawRacingTheOwnersMoveNeverUsesTheHeldRow(t *testing.T) {
 				}
 			}()
 		}
-		awaitCond(t, "draws before the move", func() bool { return draws.Load() >= 6 })
+		storetest.AwaitCond(t, "draws before the move", func() bool { return draws.Load() >= 6 })
 		st, err := own.KeepTokens(ctx, 0, false)
 		after := draws.Load()
-		awaitCond(t, "draws after the move", func() bool { return draws.Load() >= after+6 })
+		storetest.AwaitCond(t, "draws after the move", func() bool { return draws.Load() >= after+6 })
 		stop.Store(true)
 		wg.Wait()
 		if err != nil || st.Moved == "" || st.Epoch <= follow+1 {

@@ -10,60 +10,32 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
 const ttl = 30 * time.Second
 
-func claim(t *testing.T, s *store.Store, key string, w time.Time, o store.Owner, standby bool, ttl time.Duration) (store.Claim, error) {
-	t.Helper()
-	return s.ClaimWindow(context.Background(), store.ClaimRequest{Key: key, Window: w, Index: store.NotIndexed, Owner: o, TTL: ttl, Standby: standby})
-}
-
-func mustClaim(t *testing.T, s *store.Store, key string, w time.Time, o store.Owner, standby bool, ttl time.Duration, want store.ClaimOutcome) store.Claim {
-	t.Helper()
-	c, err := claim(t, s, key, w, o, standby, ttl)
-	if err != nil {
-		t.Fatalf("claim by %s: %v", o.WindowOwner(), err)
-	}
-	if c.Outcome != want {
-		t.Fatalf("claim by %s: outcome %q, want %q", o.WindowOwner(), c.Outcome, want)
-	}
-	return c
-}
-
-func mustBeTaken(t *testing.T, s *store.Store, key string, w time.Time, o store.Owner, standby bool, wantOwner string) store.Claim {
-	t.Helper()
-	c, err := claim(t, s, key, w, o, standby, ttl)
-	if !errors.Is(err, store.ErrWindowTaken) {
-		t.Fatalf("claim by %s: err %v, want ErrWindowTaken", o.WindowOwner(), err)
-	}
-	if c.Window.Owner != wantOwner {
-		t.Fatalf("refusal names owner %q, want %q", c.Window.Owner, wantOwner)
-	}
-	return c
-}
-
 func TestFirstClaimerOwnsTheWindowAndOthersAreToldWho(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 4)
-		key := uniqueKey(t)
-		a, b := owner("dc-a", "report-1", "pod-a"), owner("dc-b", "report-1", "pod-b")
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 4)
+		key := storetest.UniqueKey(t)
+		a, b := storetest.Owner("dc-a", "report-1", "pod-a"), storetest.Owner("dc-b", "report-1", "pod-b")
 
-		won := mustClaim(t, s, key, window0, a, false, ttl, store.Claimed)
+		won := storetest.MustClaim(t, s, key, storetest.WindowAt(0), a, false, ttl, store.Claimed)
 		if won.Window.State != store.StateRunning || won.Window.Cluster != "dc-a" || won.Window.Pod != "pod-a" {
 			t.Fatalf("claimed row = %+v", won.Window)
 		}
 		if got := won.Window.AliveUntil.Sub(won.Window.ClaimedAt); got != ttl {
 			t.Fatalf("alive_until - claimed_at = %s, want the ttl %s", got, ttl)
 		}
-		lost := mustBeTaken(t, s, key, window0, b, false, a.WindowOwner())
+		lost := storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), b, false, a.WindowOwner())
 		if lost.Window.Token != won.Window.Token || lost.Window.Cluster != "dc-a" {
 			t.Fatalf("refusal shows %+v, want the owner's row %+v", lost.Window, won.Window)
 		}
 
 		// The same pod again (a restarted sidecar): re-entry, same token.
-		again := mustClaim(t, s, key, window0, a, false, ttl, store.Reentered)
+		again := storetest.MustClaim(t, s, key, storetest.WindowAt(0), a, false, ttl, store.Reentered)
 		if again.Window.Token != won.Window.Token || !again.Window.ClaimedAt.Equal(won.Window.ClaimedAt) {
 			t.Fatalf("re-entry changed token or claim time: %+v then %+v", won.Window, again.Window)
 		}
@@ -71,21 +43,21 @@ func TestFirstClaimerOwnsTheWindowAndOthersAreToldWho(t *testing.T) {
 		// (it waits); it never shares the token.
 		retry := a
 		retry.Pod = "pod-a-retry"
-		mustBeTaken(t, s, key, window0, retry, false, a.WindowOwner())
+		storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), retry, false, a.WindowOwner())
 
 		// Once the owner succeeded, everyone skips, even after the run ended.
-		if _, err := s.Finish(context.Background(), key, window0, store.NotIndexed, won.Window.Token, store.StateSucceeded, ptr(0)); err != nil {
+		if _, err := s.Finish(context.Background(), key, storetest.WindowAt(0), store.NotIndexed, won.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
 			t.Fatal(err)
 		}
-		done := mustBeTaken(t, s, key, window0, b, true, a.WindowOwner())
+		done := storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), b, true, a.WindowOwner())
 		if done.Window.State != store.StateSucceeded || done.Window.FinishedAt == nil || *done.Window.ExitCode != 0 {
 			t.Fatalf("finished row = %+v", done.Window)
 		}
 		// Not even the owner's own Job runs a succeeded window again.
-		mustBeTaken(t, s, key, window0, a, false, a.WindowOwner())
+		storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), a, false, a.WindowOwner())
 
 		// The next window is a new claim with a larger token.
-		next := mustClaim(t, s, key, windowAt(1), b, false, ttl, store.Claimed)
+		next := storetest.MustClaim(t, s, key, storetest.WindowAt(1), b, false, ttl, store.Claimed)
 		if next.Window.Token <= won.Window.Token {
 			t.Fatalf("token %d after %d: tokens must increase", next.Window.Token, won.Window.Token)
 		}
@@ -93,12 +65,12 @@ func TestFirstClaimerOwnsTheWindowAndOthersAreToldWho(t *testing.T) {
 }
 
 func TestTokensStrictlyIncreaseWithEveryClaim(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
-		s := openStore(t, dsn, 1)
-		key := uniqueKey(t)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 1)
+		key := storetest.UniqueKey(t)
 		var last int64
 		for i := range 50 {
-			c := mustClaim(t, s, key, windowAt(i), owner("dc-a", fmt.Sprint("job-", i), "p"), false, ttl, store.Claimed)
+			c := storetest.MustClaim(t, s, key, storetest.WindowAt(i), storetest.Owner("dc-a", fmt.Sprint("job-", i), "p"), false, ttl, store.Claimed)
 			if c.Window.Token <= last {
 				t.Fatalf("window %d: token %d after %d", i, c.Window.Token, last)
 			}
@@ -110,11 +82,11 @@ func TestTokensStrictlyIncreaseWithEveryClaim(t *testing.T) {
 // Three clusters, eight claimers each, race for 200 windows of one key.
 func TestContendedWindowsHaveExactlyOneOwnerEach(t *testing.T) {
 	const clusters, claimers, windows = 3, 8, 200
-	eachTarget(t, func(t *testing.T, dsn string) {
-		key := uniqueKey(t)
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		key := storetest.UniqueKey(t)
 		stores := make([]*store.Store, clusters)
 		for i := range stores {
-			stores[i] = openStore(t, dsn, claimers)
+			stores[i] = storetest.Open(t, dsn, claimers)
 		}
 		type result struct {
 			window int
@@ -130,11 +102,11 @@ func TestContendedWindowsHaveExactlyOneOwnerEach(t *testing.T) {
 			for j := range claimers {
 				wg.Go(func() {
 					// One Job per (cluster, claimer); each visits the windows in its own order.
-					o := owner(fmt.Sprintf("dc-%d", c), fmt.Sprintf("job-%d", j), "pod")
+					o := storetest.Owner(fmt.Sprintf("dc-%d", c), fmt.Sprintf("job-%d", j), "pod")
 					order := rand.Perm(windows)
 					<-start
 					for _, w := range order {
-						got, err := stores[c].ClaimWindow(context.Background(), store.ClaimRequest{Key: key, Window: windowAt(w), Index: store.NotIndexed, Owner: o, TTL: ttl})
+						got, err := stores[c].ClaimWindow(context.Background(), store.ClaimRequest{Key: key, Window: storetest.WindowAt(w), Index: store.NotIndexed, Owner: o, TTL: ttl})
 						switch {
 						case err == nil:
 							results <- result{window: w, owner: o, token: got.Window.Token, won: true}
@@ -189,18 +161,16 @@ func TestContendedWindowsHaveExactlyOneOwnerEach(t *testing.T) {
 			t.Fatalf("database has %d windows, want %d", len(rows), windows)
 		}
 		for _, row := range rows {
-			w := int(row.Start.Sub(window0) / time.Minute)
+			w := int(row.Start.Sub(storetest.WindowAt(0)) / time.Minute)
 			if row.Owner != owners[w].WindowOwner() {
 				t.Fatalf("database owner of window %d is %s, the claimer that won was %s", w, row.Owner, owners[w].WindowOwner())
 			}
 		}
 		for w, o := range owners {
-			mustClaim(t, stores[1], key, windowAt(w), o, false, ttl, store.Reentered)
+			storetest.MustClaim(t, stores[1], key, storetest.WindowAt(w), o, false, ttl, store.Reentered)
 		}
 	})
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // A refused claim, the common case at the top of the minute (another
 // cluster's pod), locks nothing, draws no token and writes no WAL: it
@@ -208,17 +178,17 @@ func ptr[T any](v T) *T { return &v }
 // token sequence where it was. A claim the owner's row allows (the same
 // Job's retry once the owner failed) still goes through the locked path.
 func TestARefusedClaimWritesNothing(t *testing.T) {
-	eachTarget(t, func(t *testing.T, dsn string) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		s := openStore(t, dsn, 4)
-		su := rawConn(t, pgtest.Need(t).SuperuserDSN())
-		key := uniqueKey(t)
-		a, b := owner("dc-a", "report-1", "pod-a"), owner("dc-b", "report-1", "pod-b")
-		won := mustClaim(t, s, key, window0, a, false, ttl, store.Claimed)
+		s := storetest.Open(t, dsn, 4)
+		su := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
+		key := storetest.UniqueKey(t)
+		a, b := storetest.Owner("dc-a", "report-1", "pod-a"), storetest.Owner("dc-b", "report-1", "pod-b")
+		won := storetest.MustClaim(t, s, key, storetest.WindowAt(0), a, false, ttl, store.Claimed)
 		rowAndToken := func() (xmax string, token int64) {
 			t.Helper()
 			err := su.QueryRow(ctx, `SELECT xmax::text, (SELECT last_value FROM dislock.token_counter)
-				FROM dislock.windows WHERE lock_key = $1 AND window_start = $2`, key, window0).Scan(&xmax, &token)
+				FROM dislock.windows WHERE lock_key = $1 AND window_start = $2`, key, storetest.WindowAt(0)).Scan(&xmax, &token)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -226,18 +196,18 @@ func TestARefusedClaimWritesNothing(t *testing.T) {
 		}
 		xmax0, token0 := rowAndToken()
 		for range 3 {
-			mustBeTaken(t, s, key, window0, b, false, a.WindowOwner())
-			mustBeTaken(t, s, key, window0, b, true, a.WindowOwner()) // a standby, the owner alive
+			storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), b, false, a.WindowOwner())
+			storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), b, true, a.WindowOwner()) // a standby, the owner alive
 		}
 		if xmax, token := rowAndToken(); xmax != xmax0 || token != token0 {
 			t.Fatalf("refusals changed the owner's row or drew tokens: xmax %s → %s, last token %d → %d", xmax0, xmax, token0, token)
 		}
-		if _, err := s.Finish(ctx, key, window0, store.NotIndexed, won.Window.Token, store.StateFailed, ptr(1)); err != nil {
+		if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, won.Window.Token, store.StateFailed, storetest.Ptr(1)); err != nil {
 			t.Fatal(err)
 		}
 		retry := a
 		retry.Pod = "pod-a-retry"
-		took := mustClaim(t, s, key, window0, retry, false, ttl, store.TookOver)
+		took := storetest.MustClaim(t, s, key, storetest.WindowAt(0), retry, false, ttl, store.TookOver)
 		if took.Window.Token <= won.Window.Token {
 			t.Fatalf("takeover token %d after %d: tokens must increase", took.Window.Token, won.Window.Token)
 		}
