@@ -30,7 +30,7 @@
 // another image or an app command outside the wrapper. A Job no CronJob
 // controls is never injected, and is refused if it looks injected.
 //
-// The pod template gets the label dislock.io/injected=true ([InjectedLabel]),
+// The pod template gets the label dislock.io/injected=true ([contract.LabelInjected]),
 // the emptyDir volume "dislock" (mounted at /dislock),
 // the native sidecar "dislock-agent" as initContainers[0] (existing init
 // containers follow it, unwrapped: they run in every cluster, after the
@@ -60,7 +60,7 @@
 //
 // Once an injected pod has finished, the outcome controller (elected leader
 // only) reads its sidecar's termination message, labels the pod and its Job
-// with [OutcomeLabel] (and [TookOverLabel]) and puts one Event on the
+// with [contract.LabelOutcome] (and [contract.LabelTookOver]) and puts one Event on the
 // CronJob (DislockRan, DislockTookOver, DislockSkipped, DislockRunFailed,
 // DislockError). The manager caches only the injected pods without an
 // outcome yet, trimmed to their status.

@@ -57,13 +57,6 @@ const (
 	// sidecar reads DISLOCK_JOB_UID from this label of its own pod.
 	UIDLabel = contract.LabelJobUID
 
-	// InjectedLabel, valued InjectedLabelValue, is put on every pod
-	// template Inject mutated, so that the pods of injected Jobs can be
-	// selected (kubectl get pods -l dislock.io/injected) and the outcome
-	// controller watches those pods only, not every pod of the cluster.
-	InjectedLabel      = "dislock.io/injected"
-	InjectedLabelValue = "true"
-
 	// DatabaseCAVolumeName is the secret volume that carries the database's
 	// CA (Options.DatabaseCA) from the namespace's database Secret, key
 	// DatabaseCAKey, to the sidecar alone, at DatabaseCADir. The tenant URL
@@ -71,10 +64,6 @@ const (
 	DatabaseCAVolumeName = "dislock-database-ca"
 	DatabaseCAKey        = "ca.crt"
 	DatabaseCADir        = "/var/run/dislock/database-ca"
-
-	// reservedPrefix starts the labels and annotations dislock itself
-	// reads: Options.PodLabels and PodAnnotations may not set them.
-	reservedPrefix = "dislock.io/"
 )
 
 // DatabaseCAPath is where the sidecar reads the database's CA.
@@ -240,8 +229,9 @@ func podMetadataProblems(flag string, m map[string]string, labels bool) []error 
 		var msgs []string
 		var bad field.ErrorList
 		switch one := map[string]string{k: v}; {
-		case strings.HasPrefix(k, reservedPrefix):
-			msgs = []string{"keys in the " + reservedPrefix + " prefix are dislock's own"}
+		case strings.HasPrefix(k, contract.Prefix):
+			// dislock itself reads the keys under its prefix.
+			msgs = []string{"keys in the " + contract.Prefix + " prefix are dislock's own"}
 		case labels:
 			bad = metav1validation.ValidateLabels(one, field.NewPath(flag))
 		default:
@@ -451,7 +441,7 @@ func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]
 	if out.Spec.Template.Labels == nil {
 		out.Spec.Template.Labels = map[string]string{}
 	}
-	out.Spec.Template.Labels[InjectedLabel] = InjectedLabelValue
+	out.Spec.Template.Labels[contract.LabelInjected] = contract.LabelInjectedValue
 	if len(p.mesh.podAnnotations) > 0 {
 		if out.Spec.Template.Annotations == nil {
 			out.Spec.Template.Annotations = map[string]string{}

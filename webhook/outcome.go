@@ -38,31 +38,17 @@ import (
 // The outcome controller reads the dislock-agent sidecar's termination
 // message once the pod has finished, labels the pod and its Job, and puts
 // one Event on the CronJob.
-const (
-	// OutcomeLabel is one of OutcomeSucceeded, OutcomeFailed,
-	// OutcomeSkipped or OutcomeError. On a pod it is also the mark that the
-	// pod was handled: its Event is never emitted twice.
-	OutcomeLabel = "dislock.io/outcome"
-	// TookOverLabel is "true" on a pod (and its Job) whose run took the
-	// window over from a failed or lapsed owner; absent otherwise.
-	TookOverLabel = "dislock.io/took-over"
-	// JobOutcomesAnnotation holds, on a Job, the outcome of the newest
-	// finished pod of each completion index ("-" for a Job that is not
-	// Indexed), as JSON; the Job's labels are computed from it, so that
-	// the order in which pods are handled does not matter.
-	JobOutcomesAnnotation = "dislock.io/outcomes"
-)
 
 // jobPatchRetry paces the retries of a Job's label patch that lost a race
 // with another update of the Job: 10 tries within about 2 s.
 var jobPatchRetry = wait.Backoff{Steps: 10, Duration: 20 * time.Millisecond, Factor: 1.5, Jitter: 0.2}
 
-// maxJobOutcomes bounds the indexes JobOutcomesAnnotation keeps (an
+// maxJobOutcomes bounds the indexes contract.AnnotationJobOutcomes keeps (an
 // annotation is limited in size); past it, only failures and errors are
 // added.
 const maxJobOutcomes = 512
 
-// indexOutcome is one entry of JobOutcomesAnnotation.
+// indexOutcome is one entry of contract.AnnotationJobOutcomes.
 type indexOutcome struct {
 	Outcome  string    `json:"o"`
 	TookOver bool      `json:"t,omitempty"`
@@ -106,7 +92,7 @@ func jobOutcome(raw string, pod *corev1.Pod, o podOutcome) (annotation string, j
 	return string(b), job
 }
 
-// Values of OutcomeLabel.
+// Values of contract.LabelOutcome.
 const (
 	OutcomeSucceeded = "succeeded" // the app ran here and every container exited 0
 	OutcomeFailed    = "failed"    // the app ran here and failed, or the claim was given up or left to lapse
@@ -265,11 +251,11 @@ func cutNote(s string) string {
 // pending, running or about to be handled, never the cluster's other pods
 // nor finished ones.
 func injectedPodsSelector() labels.Selector {
-	injected, err := labels.NewRequirement(InjectedLabel, selection.Equals, []string{InjectedLabelValue})
+	injected, err := labels.NewRequirement(contract.LabelInjected, selection.Equals, []string{contract.LabelInjectedValue})
 	if err != nil {
 		panic(err) // constant arguments
 	}
-	unhandled, err := labels.NewRequirement(OutcomeLabel, selection.DoesNotExist, nil)
+	unhandled, err := labels.NewRequirement(contract.LabelOutcome, selection.DoesNotExist, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -328,7 +314,7 @@ func setupOutcomeRecorder(mgr ctrl.Manager) error {
 	r := &outcomeRecorder{client: mgr.GetClient(), reader: mgr.GetAPIReader(), events: mgr.GetEventRecorder("dislock-webhook")}
 	finished := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		pod, ok := o.(*corev1.Pod)
-		if !ok || pod.Labels[OutcomeLabel] != "" {
+		if !ok || pod.Labels[contract.LabelOutcome] != "" {
 			return false
 		}
 		_, done := agentEnd(pod)
@@ -346,7 +332,7 @@ func (r *outcomeRecorder) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err := r.client.Get(ctx, req.NamespacedName, &pod); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if pod.Labels[InjectedLabel] != InjectedLabelValue || pod.Labels[OutcomeLabel] != "" {
+	if pod.Labels[contract.LabelInjected] != contract.LabelInjectedValue || pod.Labels[contract.LabelOutcome] != "" {
 		return reconcile.Result{}, nil
 	}
 	message, done := agentEnd(&pod)
@@ -357,7 +343,7 @@ func (r *outcomeRecorder) Reconcile(ctx context.Context, req reconcile.Request) 
 
 	// The Job first: a failure leaves the pod unmarked, to be tried again.
 	// Its labels fold this pod's outcome into those of the Job's other
-	// indexes (JobOutcomesAnnotation); the patch carries the Job's
+	// indexes (contract.AnnotationJobOutcomes); the patch carries the Job's
 	// resourceVersion, so two pods of one Job handled at once cannot lose
 	// each other's outcome. Its controller is the CronJob.
 	var cronJobRef *metav1.OwnerReference
@@ -374,8 +360,8 @@ func (r *outcomeRecorder) Reconcile(ctx context.Context, req reconcile.Request) 
 			if job.UID != ref.UID {
 				return apierrors.NewNotFound(batchv1.Resource("jobs"), ref.Name)
 			}
-			annotation, jo := jobOutcome(job.Annotations[JobOutcomesAnnotation], &pod, o)
-			patch := labelPatch(job.UID, job.ResourceVersion, jo, map[string]any{JobOutcomesAnnotation: annotation})
+			annotation, jo := jobOutcome(job.Annotations[contract.AnnotationJobOutcomes], &pod, o)
+			patch := labelPatch(job.UID, job.ResourceVersion, jo, map[string]any{contract.AnnotationJobOutcomes: annotation})
 			return r.client.Patch(ctx, &job, client.RawPatch(types.MergePatchType, patch))
 		})
 		switch {
@@ -429,7 +415,7 @@ func labelPatch(uid types.UID, resourceVersion string, o podOutcome, annotations
 	if o.TookOver {
 		tookOver = "true"
 	}
-	meta := map[string]any{"uid": uid, "labels": map[string]any{OutcomeLabel: o.Outcome, TookOverLabel: tookOver}}
+	meta := map[string]any{"uid": uid, "labels": map[string]any{contract.LabelOutcome: o.Outcome, contract.LabelTookOver: tookOver}}
 	if annotations != nil {
 		meta["annotations"] = annotations
 	}

@@ -113,7 +113,7 @@ func TestTheAgentsTerminationMessageGivesTheOutcome(t *testing.T) {
 func finishedPod(message string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "report-1-abcde", UID: "pod-uid", ResourceVersion: "7",
-			Labels:          map[string]string{InjectedLabel: InjectedLabelValue, "batch.kubernetes.io/job-name": "report-1"},
+			Labels:          map[string]string{contract.LabelInjected: contract.LabelInjectedValue, "batch.kubernetes.io/job-name": "report-1"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "report-1", UID: "job-uid", Controller: ptr.To(true)}},
 		},
 		Status: corev1.PodStatus{
@@ -210,7 +210,7 @@ func TestTheCachedPodIsTrimmedToWhatTheOutcomeNeeds(t *testing.T) {
 	// The creation time and completion index tell which pod of a Job's
 	// index is newest.
 	if msg != "skip: stale" || !done || trimmed.ResourceVersion != "7" || trimmed.UID != "pod-uid" ||
-		metav1.GetControllerOf(trimmed) == nil || trimmed.Labels[InjectedLabel] != InjectedLabelValue ||
+		metav1.GetControllerOf(trimmed) == nil || trimmed.Labels[contract.LabelInjected] != contract.LabelInjectedValue ||
 		!trimmed.CreationTimestamp.Equal(&pod.CreationTimestamp) || trimmed.Annotations[contract.AnnotationJobCompletionIndex] != "3" {
 		t.Fatalf("the trimmed pod lost what the controller reads: %+v", trimmed)
 	}
@@ -233,7 +233,7 @@ func TestTheLabelPatchSetsTheOutcomeAndRemovesAStaleTookOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	labels := got["metadata"]["labels"].(map[string]any)
-	if v, ok := labels[TookOverLabel]; !ok || v != nil || labels[OutcomeLabel] != OutcomeSkipped || got["metadata"]["uid"] != "u" {
+	if v, ok := labels[contract.LabelTookOver]; !ok || v != nil || labels[contract.LabelOutcome] != OutcomeSkipped || got["metadata"]["uid"] != "u" {
 		t.Errorf("patch %v", got)
 	}
 	if _, ok := got["metadata"]["resourceVersion"]; ok {
@@ -242,7 +242,7 @@ func TestTheLabelPatchSetsTheOutcomeAndRemovesAStaleTookOver(t *testing.T) {
 	if err := json.Unmarshal(labelPatch("u", "7", podOutcome{Outcome: OutcomeSucceeded, TookOver: true}, nil), &got); err != nil {
 		t.Fatal(err)
 	}
-	if labels := got["metadata"]["labels"].(map[string]any); labels[TookOverLabel] != "true" || got["metadata"]["resourceVersion"] != "7" {
+	if labels := got["metadata"]["labels"].(map[string]any); labels[contract.LabelTookOver] != "true" || got["metadata"]["resourceVersion"] != "7" {
 		t.Errorf("patch %v", got)
 	}
 }
@@ -257,7 +257,7 @@ func TestAFinishedPodIsLabelledAndToldOnItsCronJobOnce(t *testing.T) {
 	}
 	cj := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "report", UID: "cj-uid"}}
 	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "report-1", UID: "job-uid",
-		Labels:          map[string]string{TookOverLabel: "true"}, // an earlier pod of the Job took over
+		Labels:          map[string]string{contract.LabelTookOver: "true"}, // an earlier pod of the Job took over
 		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cj, batchv1.SchemeGroupVersion.WithKind("CronJob"))}}}
 	pod := finishedPod("ran window 2026-12-02T02:00:00Z of team/report with token 7: succeeded (1 container(s), exit code 0)")
 	pod.ResourceVersion = ""
@@ -274,7 +274,7 @@ func TestAFinishedPodIsLabelledAndToldOnItsCronJobOnce(t *testing.T) {
 		if err := c.Get(context.Background(), client.ObjectKey{Namespace: "team", Name: name}, o); err != nil {
 			t.Fatal(err)
 		}
-		if l := o.GetLabels(); l[OutcomeLabel] != OutcomeSucceeded || l[TookOverLabel] != "" {
+		if l := o.GetLabels(); l[contract.LabelOutcome] != OutcomeSucceeded || l[contract.LabelTookOver] != "" {
 			t.Errorf("%T %s labels %v, want outcome succeeded and no took-over", o, name, l)
 		}
 	}
@@ -321,8 +321,8 @@ func TestAJobsOutcomeIsItsWorstIndexWhateverOrderPodsAreHandledIn(t *testing.T) 
 	if err := c.Get(context.Background(), client.ObjectKeyFromObject(job), &got); err != nil {
 		t.Fatal(err)
 	}
-	if l := got.Labels[OutcomeLabel]; l != OutcomeFailed {
+	if l := got.Labels[contract.LabelOutcome]; l != OutcomeFailed {
 		t.Errorf("Job %s failed (its shard 1 failed; condition Failed) and is labelled %s=%q: the label is the outcome of the last pod handled",
-			job.Name, OutcomeLabel, l)
+			job.Name, contract.LabelOutcome, l)
 	}
 }

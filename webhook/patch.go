@@ -124,7 +124,7 @@ func jobPatch(job, injected *batchv1.Job) (patch []byte, ok bool, err error) {
 	case cur != nil && (old == nil || *old != *cur):
 		p.add("/spec/podReplacementPolicy", cur)
 	}
-	// The pod template's labels (InjectedLabel) and annotations (a mesh's
+	// The pod template's labels (contract.LabelInjected) and annotations (a mesh's
 	// configuration): its metadata may be absent from the request, with no
 	// member to add a key under, and is then set whole.
 	oldMeta, curMeta := &job.Spec.Template.ObjectMeta, &injected.Spec.Template.ObjectMeta

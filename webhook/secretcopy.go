@@ -17,9 +17,6 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 )
 
-// CopiedFromAnnotation names the source of a database secret copy.
-const CopiedFromAnnotation = "dislock.io/copied-from"
-
 // secretCopier keeps a copy of the database secret in every namespace
 // labelled dislock.io/injection=enabled, because the sidecar's secretKeyRef
 // can only name a Secret of the pod's own namespace. It only ever updates or
@@ -113,7 +110,7 @@ func (r *secretCopier) Reconcile(ctx context.Context, req reconcile.Request) (re
 	case want && !exists:
 		cp := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: req.Name, Name: r.source.Name,
 			Labels:      map[string]string{ManagedByLabel: ManagedByValue},
-			Annotations: map[string]string{CopiedFromAnnotation: r.source.String()}},
+			Annotations: map[string]string{contract.AnnotationCopiedFrom: r.source.String()}},
 			Type: src.Type, Data: data}
 		if err := r.Create(ctx, cp); err != nil {
 			return reconcile.Result{}, err

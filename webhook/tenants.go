@@ -27,18 +27,6 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 )
 
-// Annotations on a provisioned tenant Secret.
-const (
-	// TenantRoleAnnotation names the database role whose credential the
-	// Secret holds.
-	TenantRoleAnnotation = "dislock.io/tenant-role"
-	// TenantCreatedAnnotation is when that role was created (RFC 3339): the
-	// rotation counts from it.
-	TenantCreatedAnnotation = "dislock.io/tenant-role-created"
-	// TenantGenerationAnnotation is that role's generation.
-	TenantGenerationAnnotation = "dislock.io/tenant-role-generation"
-)
-
 // Defaults of the tenant credentials' life cycle.
 const (
 	DefaultTenantRotation = 30 * 24 * time.Hour
@@ -255,7 +243,7 @@ func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []store
 	switch {
 	case !exists:
 		return "the namespace has no database Secret yet"
-	case cur.Annotations[CopiedFromAnnotation] != "":
+	case cur.Annotations[contract.AnnotationCopiedFrom] != "":
 		return "the Secret holds a copy of the webhook's own credential (from before tenant roles)"
 	case len(cur.Data[r.key]) == 0:
 		return "the Secret has no " + r.key
@@ -265,11 +253,11 @@ func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []store
 		// changes too, and a URL comes only with a new generation.
 		return "the Secret's " + DatabaseCAKey + " is not the webhook's database CA (--database-ca-file)"
 	}
-	role := cur.Annotations[TenantRoleAnnotation]
+	role := cur.Annotations[contract.AnnotationTenantRole]
 	if role == "" || len(roles) == 0 || roles[0].Role != role {
 		return fmt.Sprintf("the Secret's role %q is not the namespace's newest", role)
 	}
-	created, err := time.Parse(time.RFC3339, cur.Annotations[TenantCreatedAnnotation])
+	created, err := time.Parse(time.RFC3339, cur.Annotations[contract.AnnotationTenantRoleCreated])
 	if err != nil {
 		return "the Secret's role creation time is unreadable"
 	}
@@ -341,10 +329,10 @@ func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *co
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	delete(s.Annotations, CopiedFromAnnotation)
-	s.Annotations[TenantRoleAnnotation] = cred.Role
-	s.Annotations[TenantCreatedAnnotation] = r.now().UTC().Format(time.RFC3339)
-	s.Annotations[TenantGenerationAnnotation] = strconv.Itoa(cred.Generation)
+	delete(s.Annotations, contract.AnnotationCopiedFrom)
+	s.Annotations[contract.AnnotationTenantRole] = cred.Role
+	s.Annotations[contract.AnnotationTenantRoleCreated] = r.now().UTC().Format(time.RFC3339)
+	s.Annotations[contract.AnnotationTenantRoleGeneration] = strconv.Itoa(cred.Generation)
 	s.Data = map[string][]byte{r.key: []byte(dsn)}
 	if len(r.ca) > 0 {
 		s.Data[DatabaseCAKey] = r.ca

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/tlstest"
 )
@@ -144,7 +145,7 @@ func TestASecretWithAnotherCAIsStale(t *testing.T) {
 	roles := []store.TenantRole{{Role: "dislock_t_team_1", Generation: 1}}
 	secret := func(ca []byte) *corev1.Secret {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
-			TenantRoleAnnotation: "dislock_t_team_1", TenantCreatedAnnotation: now.Format(time.RFC3339)}},
+			contract.AnnotationTenantRole: "dislock_t_team_1", contract.AnnotationTenantRoleCreated: now.Format(time.RFC3339)}},
 			Data: map[string][]byte{DefaultDBSecretKey: []byte("postgres://x")}}
 		if ca != nil {
 			s.Data[DatabaseCAKey] = ca

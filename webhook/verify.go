@@ -175,7 +175,7 @@ func (r *review) verify(opts Options) (injection, error) {
 	if err != nil {
 		return injection{}, &forgedError{marker: r.marker, problem: "dislock would refuse the Job it was made from: " + err.Error(), cause: err}
 	}
-	// InjectedLabel only tells the outcome controller which pods to watch:
+	// contract.LabelInjected only tells the outcome controller which pods to watch:
 	// a webhook called after dislock that sets the template's labels as a
 	// whole drops it, and the reinvocation puts it back rather than refuse
 	// every Job of the CronJob.
@@ -184,11 +184,11 @@ func (r *review) verify(opts Options) (injection, error) {
 	// and are put back the same way; a value that differs is taken for the
 	// Job author's own, as on the first pass.
 	job := r.job.DeepCopy()
-	if job.Spec.Template.Labels[InjectedLabel] != InjectedLabelValue {
+	if job.Spec.Template.Labels[contract.LabelInjected] != contract.LabelInjectedValue {
 		if job.Spec.Template.Labels == nil {
 			job.Spec.Template.Labels = map[string]string{}
 		}
-		job.Spec.Template.Labels[InjectedLabel] = InjectedLabelValue
+		job.Spec.Template.Labels[contract.LabelInjected] = contract.LabelInjectedValue
 	}
 	addPodMetadata(&job.Spec.Template.ObjectMeta, opts)
 	if d := firstDifference(job, want.job); d != "" {
@@ -239,7 +239,7 @@ const unknownEntrypoint = "<the image's entrypoint>"
 func strip(job *batchv1.Job) (*batchv1.Job, map[string][]string) {
 	out := job.DeepCopy()
 	delete(out.Annotations, StatusAnnotation)
-	delete(out.Spec.Template.Labels, InjectedLabel)
+	delete(out.Spec.Template.Labels, contract.LabelInjected)
 	pod := &out.Spec.Template.Spec
 	if len(pod.InitContainers) > 0 && pod.InitContainers[0].Name == SidecarName {
 		pod.InitContainers = slices.Delete(pod.InitContainers, 0, 1)

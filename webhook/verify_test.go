@@ -276,8 +276,8 @@ func TestALaterWebhookThatSetsTheTemplateLabelsGetsTheInjectedLabelBack(t *testi
 		t.Errorf("a later webhook replacing the pod template's labels gets the Job refused on reinvocation (every Job of the CronJob, in this cluster): %v", err)
 		return
 	}
-	if again.Spec.Template.Labels[InjectedLabel] != InjectedLabelValue {
-		t.Errorf("after the reinvocation the pod template has no %s: its pods are never handled by the outcome controller", InjectedLabel)
+	if again.Spec.Template.Labels[contract.LabelInjected] != contract.LabelInjectedValue {
+		t.Errorf("after the reinvocation the pod template has no %s: its pods are never handled by the outcome controller", contract.LabelInjected)
 	}
 }
 
@@ -502,7 +502,7 @@ func TestVerifyHoldsTheDatabaseCAAndPodMetadata(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantLabels := map[string]string{InjectedLabel: InjectedLabelValue, "egress.corp/pgbouncer": "allow", "team": "payments"}
+		wantLabels := map[string]string{contract.LabelInjected: contract.LabelInjectedValue, "egress.corp/pgbouncer": "allow", "team": "payments"}
 		if !maps.Equal(got.Spec.Template.Labels, wantLabels) {
 			t.Errorf("labels %v, want %v", got.Spec.Template.Labels, wantLabels)
 		}

@@ -90,6 +90,43 @@ const (
 	LabelInjectionEnabled = "enabled"
 )
 
+// The keys the webhook writes for users and tools to read, never to set:
+// on the pods it injected, on finished pods and their Jobs, and on the
+// database Secrets it keeps in opted-in namespaces.
+const (
+	// LabelInjected, valued LabelInjectedValue, is put on every pod
+	// template the webhook injected, so that the pods of injected Jobs can be
+	// selected (kubectl get pods -l dislock.io/injected) and the outcome
+	// controller watches those pods only, not every pod of the cluster.
+	LabelInjected      = Prefix + "injected"
+	LabelInjectedValue = "true"
+
+	// LabelOutcome is what a finished pod's run came to (succeeded, failed,
+	// skipped or error), on the pod and its Job. On a pod it is also the
+	// mark that the pod was handled: its Event is never emitted twice.
+	LabelOutcome = Prefix + "outcome"
+	// LabelTookOver is "true" on a pod (and its Job) whose run took the
+	// window over from a failed or lapsed owner; absent otherwise.
+	LabelTookOver = Prefix + "took-over"
+	// AnnotationJobOutcomes holds, on a Job, the outcome of the newest
+	// finished pod of each completion index ("-" for a Job that is not
+	// Indexed), as JSON; the Job's labels are computed from it, so that
+	// the order in which pods are handled does not matter.
+	AnnotationJobOutcomes = Prefix + "outcomes"
+
+	// AnnotationTenantRole names the database role whose credential a
+	// namespace's provisioned database Secret holds.
+	AnnotationTenantRole = Prefix + "tenant-role"
+	// AnnotationTenantRoleCreated is when that role was created (RFC 3339):
+	// the rotation counts from it.
+	AnnotationTenantRoleCreated = Prefix + "tenant-role-created"
+	// AnnotationTenantRoleGeneration is that role's generation.
+	AnnotationTenantRoleGeneration = Prefix + "tenant-role-generation"
+	// AnnotationCopiedFrom names the source of a copy of the database
+	// secret.
+	AnnotationCopiedFrom = Prefix + "copied-from"
+)
+
 // Defaults and bounds of the annotation values.
 const (
 	DefaultLeaseTTL = 30 * time.Second

@@ -370,7 +370,7 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 				return false, nil
 			}
 			url = string(s.Data["url"])
-			return err == nil && s.Annotations[webhook.TenantRoleAnnotation] != "", err
+			return err == nil && s.Annotations[contract.AnnotationTenantRole] != "", err
 		})
 		if url == "" || url == pg.BouncerDSN() {
 			t.Fatalf("the namespace's Secret holds %q, not a role of its own", url)

@@ -72,8 +72,8 @@ func TestFinishedPodsSayHowTheirRunEndedOnPodJobAndCronJob(t *testing.T) {
 		job := createJob(t, cs, jobFor(cj, s.tick))
 		jobs[s.name] = job
 		pod := awaitNewPod(t, cs, job, nil)
-		if pod.Labels[webhook.InjectedLabel] != webhook.InjectedLabelValue {
-			t.Fatalf("pod %s of an injected Job has labels %v, want %s", pod.Name, pod.Labels, webhook.InjectedLabel)
+		if pod.Labels[contract.LabelInjected] != contract.LabelInjectedValue {
+			t.Fatalf("pod %s of an injected Job has labels %v, want %s", pod.Name, pod.Labels, contract.LabelInjected)
 		}
 		pods[s.name] = finishPod(t, cs, pod, s.phase, fmt.Sprintf(s.message, s.tick.Format(time.RFC3339)))
 	}
@@ -176,7 +176,7 @@ func finishPod(t *testing.T, cs kubernetes.Interface, pod *corev1.Pod, phase cor
 func awaitOutcome(t *testing.T, cs kubernetes.Interface, job *batchv1.Job, pod *corev1.Pod, outcome, tookOver string) {
 	t.Helper()
 	ctx := context.Background()
-	await(t, fmt.Sprintf("pod %s and Job %s labelled %s=%s, %s=%q", pod.Name, job.Name, webhook.OutcomeLabel, outcome, webhook.TookOverLabel, tookOver), func() (bool, error) {
+	await(t, fmt.Sprintf("pod %s and Job %s labelled %s=%s, %s=%q", pod.Name, job.Name, contract.LabelOutcome, outcome, contract.LabelTookOver, tookOver), func() (bool, error) {
 		p, err := cs.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -185,8 +185,8 @@ func awaitOutcome(t *testing.T, cs kubernetes.Interface, job *batchv1.Job, pod *
 		if err != nil {
 			return false, err
 		}
-		return p.Labels[webhook.OutcomeLabel] == outcome && p.Labels[webhook.TookOverLabel] == tookOver &&
-			j.Labels[webhook.OutcomeLabel] == outcome && j.Labels[webhook.TookOverLabel] == tookOver, nil
+		return p.Labels[contract.LabelOutcome] == outcome && p.Labels[contract.LabelTookOver] == tookOver &&
+			j.Labels[contract.LabelOutcome] == outcome && j.Labels[contract.LabelTookOver] == tookOver, nil
 	})
 }
 

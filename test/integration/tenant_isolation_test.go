@@ -69,7 +69,7 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 		if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) { // the binding or the Secret not there yet
 			return false, nil
 		}
-		if err == nil && s.Annotations[webhook.TenantRoleAnnotation] != "" {
+		if err == nil && s.Annotations[contract.AnnotationTenantRole] != "" {
 			urlA = string(s.Data["url"])
 		}
 		return urlA != "", err

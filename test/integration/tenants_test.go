@@ -36,7 +36,7 @@ func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
 	namespace(t, cs, "tenant-c", false)
 	legacy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-c", Name: webhook.DefaultDBSecretName,
 		Labels:      map[string]string{webhook.ManagedByLabel: webhook.ManagedByValue},
-		Annotations: map[string]string{webhook.CopiedFromAnnotation: webhookNamespace + "/" + webhook.DefaultDBSecretName}},
+		Annotations: map[string]string{contract.AnnotationCopiedFrom: webhookNamespace + "/" + webhook.DefaultDBSecretName}},
 		StringData: map[string]string{"url": owner}}
 	if _, err := cs.CoreV1().Secrets("tenant-c").Create(ctx, legacy, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -86,7 +86,7 @@ func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}
-		return err == nil && got.Annotations[webhook.TenantRoleAnnotation] != "" && got.Annotations[webhook.TenantRoleAnnotation] != roleA, err
+		return err == nil && got.Annotations[contract.AnnotationTenantRole] != "" && got.Annotations[contract.AnnotationTenantRole] != roleA, err
 	})
 	// The superseded role keeps working for pods that still use it.
 	if err := claim("tenant-a/other"); err != nil {
@@ -174,9 +174,9 @@ func tenantSecret(t *testing.T, cs kubernetes.Interface, ns string) (url, role s
 			return false, nil
 		}
 		s = got
-		return err == nil && got.Annotations[webhook.TenantRoleAnnotation] != "" && got.Annotations[webhook.CopiedFromAnnotation] == "", err
+		return err == nil && got.Annotations[contract.AnnotationTenantRole] != "" && got.Annotations[contract.AnnotationCopiedFrom] == "", err
 	})
-	return string(s.Data["url"]), s.Annotations[webhook.TenantRoleAnnotation]
+	return string(s.Data["url"]), s.Annotations[contract.AnnotationTenantRole]
 }
 
 // A tenant who takes the managed-by label off its namespace's Secret (edit
@@ -292,14 +292,14 @@ func TestATenantDeletingItsSecretInALoopHoldsAtMostAFewRoles(t *testing.T) {
 				return false, nil
 			}
 			back = got
-			r := got.Annotations[webhook.TenantRoleAnnotation]
+			r := got.Annotations[contract.AnnotationTenantRole]
 			return err == nil && r != "" && r != role, err
 		})
-		gen, err := strconv.Atoi(back.Annotations[webhook.TenantGenerationAnnotation])
+		gen, err := strconv.Atoi(back.Annotations[contract.AnnotationTenantRoleGeneration])
 		if err != nil || gen != i+2 {
-			t.Fatalf("deletion %d brought generation %q, want %d", i+1, back.Annotations[webhook.TenantGenerationAnnotation], i+2)
+			t.Fatalf("deletion %d brought generation %q, want %d", i+1, back.Annotations[contract.AnnotationTenantRoleGeneration], i+2)
 		}
-		role, urls[gen] = back.Annotations[webhook.TenantRoleAnnotation], string(back.Data["url"])
+		role, urls[gen] = back.Annotations[contract.AnnotationTenantRole], string(back.Data["url"])
 		if gens, err := liveGenerations(); err != nil || len(gens) > maxLive {
 			t.Fatalf("after deletion %d the namespace holds generations %v (%v), more than %d", i+1, gens, err, maxLive)
 		}
