@@ -23,6 +23,7 @@ import (
 	"github.com/dislock/dislock/internal/tokenrecord"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/inject"
 
 	_ "time/tzdata" // CronJob time zones in a minimal image
 )
@@ -53,20 +54,20 @@ func runWebhook(args []string) int {
 	)
 	fs.StringVar(&cfg.Inject.ClusterName, "cluster-name", "", "name of this cluster (data centre) in every lock owner (required)")
 	fs.StringVar(&cfg.Inject.AgentImage, "agent-image", "", "image of the injected dislock-agent sidecar (required)")
-	fs.StringVar(&cfg.Inject.DBSecretName, "db-secret-name", webhook.DefaultDBSecretName, "Secret holding the database URL, in each opted-in namespace")
-	fs.StringVar(&cfg.Inject.DBSecretKey, "db-secret-key", webhook.DefaultDBSecretKey, "key of the database URL in that Secret")
-	fs.StringVar(&agentCPU, "agent-cpu-request", "", "sidecar CPU request (default "+webhook.DefaultAgentCPURequest+")")
-	fs.StringVar(&agentCPULimit, "agent-cpu-limit", "", "sidecar CPU limit (default "+webhook.DefaultAgentCPULimit+")")
-	fs.StringVar(&agentMemRequest, "agent-memory-request", "", "sidecar memory request (default "+webhook.DefaultAgentMemoryRequest+", or the limit if lower)")
-	fs.StringVar(&agentMem, "agent-memory-limit", "", "sidecar memory limit (default "+webhook.DefaultAgentMemoryLimit+")")
-	fs.StringVar(&agentMaxCPU, "agent-max-cpu", "", "most CPU (request or limit) a CronJob may give its sidecar by annotation (default "+webhook.DefaultAgentMaxCPU+")")
-	fs.StringVar(&agentMaxMem, "agent-max-memory", "", "most memory (request or limit) a CronJob may give its sidecar by annotation (default "+webhook.DefaultAgentMaxMemory+")")
+	fs.StringVar(&cfg.Inject.DBSecretName, "db-secret-name", inject.DefaultDBSecretName, "Secret holding the database URL, in each opted-in namespace")
+	fs.StringVar(&cfg.Inject.DBSecretKey, "db-secret-key", inject.DefaultDBSecretKey, "key of the database URL in that Secret")
+	fs.StringVar(&agentCPU, "agent-cpu-request", "", "sidecar CPU request (default "+inject.DefaultAgentCPURequest+")")
+	fs.StringVar(&agentCPULimit, "agent-cpu-limit", "", "sidecar CPU limit (default "+inject.DefaultAgentCPULimit+")")
+	fs.StringVar(&agentMemRequest, "agent-memory-request", "", "sidecar memory request (default "+inject.DefaultAgentMemoryRequest+", or the limit if lower)")
+	fs.StringVar(&agentMem, "agent-memory-limit", "", "sidecar memory limit (default "+inject.DefaultAgentMemoryLimit+")")
+	fs.StringVar(&agentMaxCPU, "agent-max-cpu", "", "most CPU (request or limit) a CronJob may give its sidecar by annotation (default "+inject.DefaultAgentMaxCPU+")")
+	fs.StringVar(&agentMaxMem, "agent-max-memory", "", "most memory (request or limit) a CronJob may give its sidecar by annotation (default "+inject.DefaultAgentMaxMemory+")")
 	fs.StringVar(&cfg.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace the webhook runs in (default $POD_NAMESPACE)")
 	fs.BoolVar(&cfg.CopyDBSecret, "copy-db-secret", false, "copy the database Secret into every opted-in namespace")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv(cli.EnvDatabaseURL), "PostgreSQL URL for migrations and retention (optional; default $"+cli.EnvDatabaseURL+")")
 	fs.StringVar(&databaseCAFile, "database-ca-file", "", "PEM file of the CA that signed the database's (or PgBouncer's) certificate: --database-url verifies with it (sslmode=verify-full unless the URL sets a mode), and the sidecars get it from their namespace's Secret")
-	fs.Func("pod-labels", "labels added to injected Jobs' pods, key=value,... (repeatable; a key the pod template sets keeps its value)", webhook.PodMetadataFlag("--pod-labels", &cfg.Inject.PodLabels))
-	fs.Func("pod-annotations", "annotations added to injected Jobs' pods, key=value,... (repeatable; a key the pod template sets keeps its value)", webhook.PodMetadataFlag("--pod-annotations", &cfg.Inject.PodAnnotations))
+	fs.Func("pod-labels", "labels added to injected Jobs' pods, key=value,... (repeatable; a key the pod template sets keeps its value)", inject.PodMetadataFlag("--pod-labels", &cfg.Inject.PodLabels))
+	fs.Func("pod-annotations", "annotations added to injected Jobs' pods, key=value,... (repeatable; a key the pod template sets keeps its value)", inject.PodMetadataFlag("--pod-annotations", &cfg.Inject.PodAnnotations))
 	fs.DurationVar(&cfg.Retention, "retention", store.DefaultRetention, "delete windows older than this")
 	fs.BoolVar(&cfg.TenantRoles, "tenant-roles", true, "give every opted-in namespace its own database role and put only its URL in the namespace's Secret (with --database-url)")
 	fs.DurationVar(&cfg.TenantRotation, "tenant-rotation", webhook.DefaultTenantRotation, "give each namespace a new database role this often")
@@ -124,16 +125,16 @@ func runWebhook(args []string) int {
 	log := ctrl.Log.WithName("setup")
 
 	var err error
-	if cfg.Inject.AgentResources, err = webhook.AgentResources(agentCPU, agentCPULimit, agentMemRequest, agentMem); err != nil {
+	if cfg.Inject.AgentResources, err = inject.AgentResources(agentCPU, agentCPULimit, agentMemRequest, agentMem); err != nil {
 		log.Error(err, "bad sidecar resources")
 		return 2
 	}
-	if cfg.Inject.AgentMaxResources, err = webhook.AgentMaxResources(agentMaxCPU, agentMaxMem); err != nil {
+	if cfg.Inject.AgentMaxResources, err = inject.AgentMaxResources(agentMaxCPU, agentMaxMem); err != nil {
 		log.Error(err, "bad sidecar resource ceiling")
 		return 2
 	}
 	if databaseCAFile != "" {
-		if cfg.Inject.DatabaseCA, err = webhook.ReadDatabaseCA(databaseCAFile); err != nil {
+		if cfg.Inject.DatabaseCA, err = inject.ReadDatabaseCA(databaseCAFile); err != nil {
 			log.Error(err, "bad database CA")
 			return 2
 		}

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // Paths the webhooks are served at (the chart's configurations name them).
@@ -43,7 +44,7 @@ type jobMutator struct {
 	namespaces client.Reader
 	// opts are defaulted and valid, once, when the handler is made (the
 	// webhook refuses to start with invalid ones), not on every review.
-	opts     Options
+	opts     inject.Options
 	resolver *Resolver
 	events   events.EventRecorder
 }
@@ -86,9 +87,9 @@ func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admissi
 		// marker (the configurations' matchConditions). The webhook never
 		// injects it, so anything of an injection on it was written by
 		// hand: a sidecar with another team's key, say.
-		if mk := injectionMarker(job); mk != nil {
+		if mk := inject.InjectionMarker(job); mk != nil {
 			return admission.Denied("dislock: dislock only injects Jobs created by a CronJob, and this Job looks injected (" + mk.String() + "): " +
-				"remove the " + SidecarName + " init container and the " + StatusAnnotation + " annotation (and any other part of an injection), " +
+				"remove the " + inject.SidecarName + " init container and the " + inject.StatusAnnotation + " annotation (and any other part of an injection), " +
 				"or create the Job from an opted-in CronJob (kubectl create job --from=cronjob/<name>)"), resultDenied
 		}
 		return admission.Allowed("not controlled by a CronJob"), resultNotApplicable
@@ -100,22 +101,22 @@ func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admissi
 	}
 	// Read once: whether it is opted in, and whether it carries an
 	// injection already (which is checked, never trusted).
-	r := newReview(job, cronJob)
-	if !r.enabled && r.marker == nil {
+	r := inject.NewReview(job, cronJob)
+	if !r.OptedIn() && !r.CarriesInjection() {
 		return admission.Allowed("the CronJob has no dislock.io/mode annotation"), resultNotApplicable
 	}
-	if r.enabled {
-		r.namespace = m.namespace(ctx, job.Namespace)
+	if r.OptedIn() {
+		r.Namespace = m.namespace(ctx, job.Namespace)
 	}
-	entrypoints, err := m.entrypoints(ctx, r)
+	entrypoints, err := m.entrypoints(ctx, job, r)
 	if err == nil {
-		var in injection
-		in, err = r.inject(m.opts, entrypoints)
+		var in inject.Injection
+		in, err = r.Inject(m.opts, entrypoints)
 		if err == nil {
 			return m.patch(ctx, req, job, cronJob, in)
 		}
 	}
-	if errors.Is(err, ErrNotOptedIn) {
+	if errors.Is(err, inject.ErrNotOptedIn) {
 		return admission.Allowed("the CronJob is not opted in"), resultNotApplicable
 	}
 	if !dryRun(req) {
@@ -125,8 +126,8 @@ func (m *jobMutator) handle(ctx context.Context, req admission.Request) (admissi
 	return admission.Denied("dislock: " + err.Error()), resultDenied
 }
 
-func (m *jobMutator) patch(ctx context.Context, req admission.Request, job *batchv1.Job, cronJob *batchv1.CronJob, in injection) (admission.Response, string) {
-	injected, status := in.job, in.status
+func (m *jobMutator) patch(ctx context.Context, req admission.Request, job *batchv1.Job, cronJob *batchv1.CronJob, in inject.Injection) (admission.Response, string) {
+	injected, status := in.Job, in.Status
 	resp, err := patchResponse(req.Object.Raw, job, injected)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err), resultError
@@ -135,14 +136,14 @@ func (m *jobMutator) patch(ctx context.Context, req admission.Request, job *batc
 		return admission.Allowed("already injected"), resultNotApplicable
 	}
 	mesh := ""
-	if f := in.mesh.findings; len(f) > 0 {
+	if f := in.Mesh.Findings; len(f) > 0 {
 		var meshes, why []string
 		for _, x := range f {
-			meshes, why = append(meshes, x.mesh), append(why, x.why)
-			mesh += fmt.Sprintf("; %s sidecar detected (%s): the agent will POST %s once the app containers ended", x.mesh, x.why, x.url)
+			meshes, why = append(meshes, x.Mesh), append(why, x.Why)
+			mesh += fmt.Sprintf("; %s sidecar detected (%s): the agent will POST %s once the app containers ended", x.Mesh, x.Why, x.URL)
 		}
 		log.FromContext(ctx).Info("classic mesh sidecar detected", "namespace", job.Namespace, "name", job.Name, "cronJob", cronJob.Name,
-			"mesh", meshes, "why", why, "quit", in.mesh.quit, "podAnnotations", in.mesh.podAnnotations, "warnings", in.mesh.warnings, "dryRun", dryRun(req))
+			"mesh", meshes, "why", why, "quit", in.Mesh.Quit, "podAnnotations", in.Mesh.PodAnnotations, "warnings", in.Mesh.Warnings, "dryRun", dryRun(req))
 	}
 	window := status.Window
 	switch status.WindowSource {
@@ -154,14 +155,14 @@ func (m *jobMutator) patch(ctx context.Context, req admission.Request, job *batc
 	if !dryRun(req) {
 		m.events.Eventf(cronJob, injected, corev1.EventTypeNormal, "DislockInjected", "Inject",
 			"Job %s will run under %s lock %s (window %s)%s", injected.Name, status.Mode, status.Key, window, mesh)
-		for _, w := range in.mesh.warnings {
+		for _, w := range in.Mesh.Warnings {
 			// Most Jobs are created by the CronJob controller, which shows
 			// no admission warning to anyone: the Event is what users see.
 			m.events.Eventf(cronJob, injected, corev1.EventTypeWarning, "DislockMeshSidecar", "Inject", "Job %s: %s", injected.Name, strings.TrimPrefix(w, "dislock: "))
 		}
 	}
 	// kubectl prints these (kubectl create job --from=cronjob/...).
-	return resp.WithWarnings(in.warnings()...), resultInjected
+	return resp.WithWarnings(in.Warnings()...), resultInjected
 }
 
 // namespaceReadTimeout bounds the read of the Job's namespace: from a cache
@@ -213,12 +214,12 @@ func (m *jobMutator) cronJob(ctx context.Context, key types.NamespacedName, uid 
 
 // entrypoints resolves, from the image registry, the entrypoint of each app
 // container that has no command and no dislock.io/entrypoint annotation.
-func (m *jobMutator) entrypoints(ctx context.Context, r *review) (map[string][]string, error) {
-	need, err := r.needsEntrypoint()
+func (m *jobMutator) entrypoints(ctx context.Context, job *batchv1.Job, r *inject.Review) (map[string][]string, error) {
+	need, err := r.NeedsEntrypoint()
 	if err != nil || len(need) == 0 {
 		return nil, err
 	}
-	secrets, err := m.pullSecrets(ctx, r.job)
+	secrets, err := m.pullSecrets(ctx, job)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +229,7 @@ func (m *jobMutator) entrypoints(ctx context.Context, r *review) (map[string][]s
 	}
 	// In parallel, inside the review budget and the namespace's share of the
 	// lookup slots (see Resolver.Entrypoints).
-	return m.resolver.Entrypoints(ctx, r.job.Namespace, need, kc)
+	return m.resolver.Entrypoints(ctx, job.Namespace, need, kc)
 }
 
 // Bounds on the pull secrets one review reads: each is a read of the API
@@ -308,7 +309,7 @@ func (m *jobMutator) pullSecrets(ctx context.Context, job *batchv1.Job) ([]corev
 // schedule are wrong, listing every problem at once.
 type cronJobValidator struct {
 	decoder admission.Decoder
-	opts    Options
+	opts    inject.Options
 }
 
 func (v *cronJobValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -327,8 +328,8 @@ func (v *cronJobValidator) handle(req admission.Request) (admission.Response, st
 	if cj.Namespace == "" {
 		cj.Namespace = req.Namespace
 	}
-	warnings := CronJobWarnings(cj)
-	if errs := ValidateCronJob(cj, v.opts); len(errs) > 0 {
+	warnings := inject.CronJobWarnings(cj)
+	if errs := inject.ValidateCronJob(cj, v.opts); len(errs) > 0 {
 		return admission.Denied("dislock: " + errs.ToAggregate().Error()).WithWarnings(warnings...), resultDenied
 	}
 	return admission.Allowed("").WithWarnings(warnings...), resultAllowed

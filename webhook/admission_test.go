@@ -2,12 +2,14 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +24,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/webhook/internal/injecttest"
 )
 
 func TestAdmissionOverHTTPS(t *testing.T) {
@@ -50,7 +54,7 @@ func TestAdmissionOverHTTPS(t *testing.T) {
 			}
 		})
 	}
-	injected, _, err := Inject(job, optedIn, testOptions(), nil)
+	injected, _, err := inject.Inject(job, optedIn, testOptions(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,6 +298,176 @@ func TestPullSecretsComeFromTheServiceAccountWhenThePodNamesNone(t *testing.T) {
 			}
 			if !slices.Equal(names, tc.secrets) {
 				t.Errorf("read %q, want %q", names, tc.secrets)
+			}
+		})
+	}
+}
+
+// meshMutator is the Job admission handler over an in-memory API holding
+// objects; namespaces says whether it reads the Job's namespace (the
+// installation watches Namespaces).
+func meshMutator(t testing.TB, namespaces bool, resolver *Resolver, objects ...runtime.Object) (*jobMutator, *events.FakeRecorder) {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	reader := fake.NewClientBuilder().WithScheme(scheme).WithRuntimeObjects(objects...).Build()
+	rec := &events.FakeRecorder{Events: make(chan string, 16)}
+	m := &jobMutator{cache: reader, api: reader, opts: testOptions(), resolver: resolver, events: rec}
+	if namespaces {
+		m.namespaces = reader
+	}
+	if m.resolver == nil {
+		m.resolver = NewResolver(ResolverOptions{})
+	}
+	return m, rec
+}
+
+// admit runs one Job admission and returns the response and the Job it
+// makes of job.
+func admit(t testing.TB, m *jobMutator, job *batchv1.Job) (admission.Response, *batchv1.Job) {
+	t.Helper()
+	raw, err := json.Marshal(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := m.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "review-1", Operation: admissionv1.Create, Namespace: job.Namespace, Object: runtime.RawExtension{Raw: raw}}})
+	if !resp.Allowed {
+		return resp, nil
+	}
+	out, err := decodeJob(applyResponse(t, raw, resp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, out
+}
+
+// The admission reads the Job's namespace from the cache (when the webhook
+// watches Namespaces), tells kubectl what it found as a warning, logs it and
+// puts it in the Event; a user's admin-shutdown choice that keeps the pod
+// running is a Warning Event too, since the CronJob controller shows
+// admission warnings to no one.
+func TestAdmissionDetectsMeshesFromTheNamespace(t *testing.T) {
+	t.Parallel()
+	cj, job := cronJobAndJob(map[string]string{contract.AnnotationMode: "schedule"})
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team", Labels: map[string]string{"istio-injection": "enabled"}}}
+	const istioQuit = "http://127.0.0.1:15020/quitquitquit"
+	const note = "dislock: Istio sidecar detected (namespace label istio-injection=enabled): the agent will POST http://127.0.0.1:15020/quitquitquit once the app containers ended"
+
+	t.Run("the namespace is read from the cache", func(t *testing.T) {
+		t.Parallel()
+		m, rec := meshMutator(t, true, nil, cj, ns)
+		resp, out := admit(t, m, job)
+		if out == nil || !slices.Equal(resp.Warnings, []string{note}) {
+			t.Fatalf("response allowed %v, warnings %q; want the note %q", resp.Allowed, resp.Warnings, note)
+		}
+		if quit, _ := injecttest.SidecarEnv(t, out, contract.EnvProxyQuit); quit != istioQuit {
+			t.Errorf("%s = %q", contract.EnvProxyQuit, quit)
+		}
+		if ev := <-rec.Events; !strings.Contains(ev, "DislockInjected") || !strings.Contains(ev, "Istio sidecar detected (namespace label istio-injection=enabled)") {
+			t.Errorf("event %q does not tell the mesh", ev)
+		}
+	})
+	t.Run("without a namespace cache the pod template alone decides", func(t *testing.T) {
+		t.Parallel()
+		m, _ := meshMutator(t, false, nil, cj, ns)
+		resp, out := admit(t, m, job)
+		if out == nil || len(resp.Warnings) != 0 {
+			t.Fatalf("response allowed %v, warnings %q", resp.Allowed, resp.Warnings)
+		}
+		if quit, set := injecttest.SidecarEnv(t, out, contract.EnvProxyQuit); set {
+			t.Errorf("%s = %q, want unset", contract.EnvProxyQuit, quit)
+		}
+	})
+	t.Run("a namespace the cache does not hold: the pod template alone decides", func(t *testing.T) {
+		t.Parallel()
+		m, _ := meshMutator(t, true, nil, cj)
+		labelled := job.DeepCopy()
+		labelled.Spec.Template.Labels = map[string]string{"sidecar.istio.io/inject": "true"}
+		resp, out := admit(t, m, labelled)
+		if out == nil || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "pod template label sidecar.istio.io/inject=true") {
+			t.Fatalf("response allowed %v, warnings %q", resp.Allowed, resp.Warnings)
+		}
+	})
+	t.Run("a user's admin shutdown that keeps the pod running is a Warning Event", func(t *testing.T) {
+		t.Parallel()
+		linkerdNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team", Annotations: map[string]string{"linkerd.io/inject": "enabled"}}}
+		m, rec := meshMutator(t, true, nil, cj, linkerdNS)
+		off := job.DeepCopy()
+		off.Spec.Template.Annotations = map[string]string{inject.LinkerdAdminShutdownAnnotation: "disabled"}
+		resp, out := admit(t, m, off)
+		if out == nil || len(resp.Warnings) != 2 || !strings.Contains(resp.Warnings[1], "the pod will not end by itself") {
+			t.Fatalf("response allowed %v, warnings %q", resp.Allowed, resp.Warnings)
+		}
+		if got := out.Spec.Template.Annotations[inject.LinkerdAdminShutdownAnnotation]; got != "disabled" {
+			t.Errorf("the user's %s became %q", inject.LinkerdAdminShutdownAnnotation, got)
+		}
+		if ev := <-rec.Events; !strings.Contains(ev, "DislockInjected") {
+			t.Errorf("first event %q", ev)
+		}
+		if ev := <-rec.Events; !strings.HasPrefix(ev, "Warning DislockMeshSidecar") || !strings.Contains(ev, "the pod will not end by itself") {
+			t.Errorf("second event %q, want the warning", ev)
+		}
+	})
+	t.Run("the Linkerd admin shutdown is patched into the pod template", func(t *testing.T) {
+		t.Parallel()
+		m, _ := meshMutator(t, true, nil, cj)
+		meshed := job.DeepCopy()
+		meshed.Spec.Template.Annotations = map[string]string{"linkerd.io/inject": "enabled"}
+		_, out := admit(t, m, meshed)
+		if out == nil || out.Spec.Template.Annotations[inject.LinkerdAdminShutdownAnnotation] != "enabled" {
+			t.Fatalf("patched Job %+v", out)
+		}
+	})
+	t.Run("a bad dislock.io/proxy-quit is denied naming it", func(t *testing.T) {
+		t.Parallel()
+		badCJ, badJob := cronJobAndJob(map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationProxyQuit: "http://10.0.0.7:15020/quitquitquit"})
+		m, _ := meshMutator(t, true, nil, badCJ, ns)
+		resp, _ := admit(t, m, badJob)
+		if resp.Allowed || !strings.Contains(resp.Result.Message, `annotation dislock.io/proxy-quit: "http://10.0.0.7:15020/quitquitquit" is not on the pod's loopback`) {
+			t.Fatalf("response %+v", resp.Result)
+		}
+	})
+}
+
+// A mesh proxy in the pod template is not the app: its image's entrypoint
+// is never looked up in a registry, even without a command. The same image
+// in an app container is looked up, so the test would see a lookup.
+func TestMeshProxyImageIsNeverLookedUp(t *testing.T) {
+	t.Parallel()
+	reg := startEPRegistry(t, nil)
+	image := pushEPImage(t, reg.host+"/istio/proxyv2:1.24", v1.Config{Entrypoint: []string{"/usr/local/bin/pilot-agent"}})
+	reg.take()
+	cj, job := cronJobAndJob(map[string]string{contract.AnnotationMode: "schedule"})
+	resolver := NewResolver(ResolverOptions{Insecure: true})
+
+	for _, tc := range []struct {
+		container  string
+		wantLookup bool
+	}{
+		{inject.IstioProxyContainer, false},
+		{inject.LinkerdProxyContainer, false},
+		{"not-a-proxy", true},
+	} {
+		t.Run(tc.container, func(t *testing.T) {
+			withProxy := job.DeepCopy()
+			withProxy.Spec.Template.Spec.Containers = append(withProxy.Spec.Template.Spec.Containers,
+				corev1.Container{Name: tc.container, Image: image, Args: []string{"proxy", "sidecar"}})
+			m, _ := meshMutator(t, false, resolver, cj)
+			resp, out := admit(t, m, withProxy)
+			requests := reg.take()
+			if out == nil {
+				t.Fatalf("denied: %+v", resp.Result)
+			}
+			if looked := len(requests) > 0; looked != tc.wantLookup {
+				t.Fatalf("registry requests %q; want a lookup: %v", requests, tc.wantLookup)
+			}
+			c := out.Spec.Template.Spec.Containers[1]
+			wrapped := len(c.Command) >= len(inject.WrapperPrefix) && slices.Equal(c.Command[:len(inject.WrapperPrefix)], inject.WrapperPrefix)
+			if wrapped != tc.wantLookup {
+				t.Errorf("container %s: command %q", c.Name, c.Command)
 			}
 		})
 	}

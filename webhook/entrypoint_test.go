@@ -782,3 +782,32 @@ func BenchmarkPullSecretKeychain(b *testing.B) {
 		}
 	})
 }
+
+// FuzzPullSecretKeychain feeds a tenant's docker configs (both Secret types)
+// to the keychain the registry lookups use: no panic, no error but the
+// credential bound's, and a keychain that answers for the looked-up
+// registry.
+func FuzzPullSecretKeychain(f *testing.F) {
+	f.Add([]byte(`{"auths":{"reg.example.com":{"auth":"dTpw"}}}`), []byte(`{"reg.example.com":{"username":"u","password":"p"}}`), "reg.example.com/app:1")
+	f.Add([]byte(`{"auths":{"https://index.docker.io/v1/":{"auth":"%%%"}}}`), []byte(`not json`), "nginx")
+	f.Add([]byte(`{"auths":{"*.example.com:5000/team":{"identitytoken":"t"}}}`), []byte(`{"":{}}`), "a.example.com:5000/team/x@sha256:0000000000000000000000000000000000000000000000000000000000000000")
+	f.Add([]byte(`{"auths":null}`), []byte(`[]`), "REG.EXAMPLE.COM/App")
+	f.Fuzz(func(t *testing.T, dockerConfigJSON, dockercfg []byte, image string) {
+		secrets := []corev1.Secret{
+			{Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{corev1.DockerConfigJsonKey: dockerConfigJSON}},
+			{Type: corev1.SecretTypeDockercfg, Data: map[string][]byte{corev1.DockerConfigKey: dockercfg}},
+		}
+		kc, err := pullSecretKeychain(context.Background(), secrets, registryHosts([]corev1.Container{{Image: image}}))
+		if err != nil {
+			if !strings.Contains(err.Error(), "credentials for the registries") {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			return
+		}
+		if ref, err := name.ParseReference(image); err == nil {
+			if _, err := kc.Resolve(ref.Context()); err != nil {
+				t.Fatalf("Resolve(%s): %v", image, err)
+			}
+		}
+	})
+}

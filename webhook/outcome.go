@@ -27,6 +27,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // What a pod's run came to, answered by kubectl without the database:
@@ -191,7 +192,7 @@ func (o podOutcome) event() (eventType, reason string) {
 func agentEnd(pod *corev1.Pod) (message string, done bool) {
 	var st *corev1.ContainerStatus
 	for i := range pod.Status.InitContainerStatuses {
-		if pod.Status.InitContainerStatuses[i].Name == SidecarName {
+		if pod.Status.InitContainerStatuses[i].Name == inject.SidecarName {
 			st = &pod.Status.InitContainerStatuses[i]
 		}
 	}
@@ -285,7 +286,7 @@ func trimPod(obj any) (any, error) {
 		out.Annotations = map[string]string{contract.AnnotationJobCompletionIndex: i}
 	}
 	for _, s := range pod.Status.InitContainerStatuses {
-		if s.Name == SidecarName {
+		if s.Name == inject.SidecarName {
 			out.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: s.Name, State: s.State, LastTerminationState: s.LastTerminationState}}
 		}
 	}

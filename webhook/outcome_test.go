@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // Every message the agent leaves as its last word (lockagent/agent: publish,
@@ -118,7 +119,7 @@ func finishedPod(message string) *corev1.Pod {
 		},
 		Status: corev1.PodStatus{
 			Phase: corev1.PodSucceeded,
-			InitContainerStatuses: []corev1.ContainerStatus{{Name: SidecarName,
+			InitContainerStatuses: []corev1.ContainerStatus{{Name: inject.SidecarName,
 				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Message: message + "\n"}}}},
 			ContainerStatuses: []corev1.ContainerStatus{{Name: "app",
 				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Message: "the app's own last words"}}}},

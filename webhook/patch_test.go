@@ -13,7 +13,18 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/webhook/internal/injecttest"
 )
+
+// goldenDir holds the golden cases of the injection (injecttest.Cases).
+const goldenDir = "inject/testdata/inject"
+
+// goldenOptions are the options every golden file was made with.
+func goldenOptions() inject.Options {
+	return inject.Options{ClusterName: injecttest.ClusterName, AgentImage: injecttest.AgentImage}
+}
 
 // applyResponse applies resp's JSON patch to raw with a JSON-patch
 // implementation (as the API server does) and returns the resulting JSON.
@@ -53,7 +64,7 @@ func checkPatched(t testing.TB, raw []byte, resp admission.Response, injected *b
 	}
 	_, want := asRequest(t, injected)
 	if !apiequality.Semantic.DeepEqual(got, want) {
-		t.Fatalf("the patched Job is not the injected one (patch %s):\n%s", resp.Patch, lineDiff(string(toYAML(t, want)), string(toYAML(t, got))))
+		t.Fatalf("the patched Job is not the injected one (patch %s):\n%s", resp.Patch, injecttest.LineDiff(string(injecttest.ToYAML(t, want)), string(injecttest.ToYAML(t, got))))
 	}
 }
 
@@ -94,7 +105,7 @@ func injectedRequest(t testing.TB, edit string) (raw []byte, job, injected *batc
 	if job, err = decodeJob(raw); err != nil {
 		t.Fatal(err)
 	}
-	injected, _, err = Inject(job, cj, testOptions(), nil)
+	injected, _, err = inject.Inject(job, cj, testOptions(), nil)
 	if err != nil {
 		t.Fatalf("Inject: %v", err)
 	}
@@ -106,12 +117,12 @@ func injectedRequest(t testing.TB, edit string) (raw []byte, job, injected *batc
 // back to diffing documents; an injected Job gives no patch at all.
 func TestPatchGolden(t *testing.T) {
 	t.Parallel()
-	for _, tc := range goldenCases {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, tc := range injecttest.Cases {
+		t.Run(tc.Name, func(t *testing.T) {
 			t.Parallel()
-			cj, fromFile := readCase(t, filepath.Join(goldenDir, tc.name+".yaml"))
+			cj, fromFile := injecttest.ReadCase(t, filepath.Join(goldenDir, tc.Name+".yaml"))
 			raw, job := asRequest(t, fromFile)
-			injected, _, err := Inject(job, cj, goldenOptions(), tc.entrypoints)
+			injected, _, err := inject.Inject(job, cj, goldenOptions(), tc.Entrypoints)
 			if err != nil {
 				t.Fatalf("Inject: %v", err)
 			}
@@ -124,12 +135,12 @@ func TestPatchGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkPatched(t, raw, resp, injected)
-			if tc.name == "already-injected" && (patch != nil || resp.PatchType != nil) {
+			if tc.Name == "already-injected" && (patch != nil || resp.PatchType != nil) {
 				t.Errorf("an injected Job got the patch %s", patch)
 			}
 
 			_, again := asRequest(t, injected)
-			reinjected, _, err := Inject(again, cj, goldenOptions(), nil)
+			reinjected, _, err := inject.Inject(again, cj, goldenOptions(), nil)
 			if err != nil {
 				t.Fatalf("re-injecting: %v", err)
 			}
@@ -219,12 +230,12 @@ func TestPatchCases(t *testing.T) {
 			request: `[{"op":"add","path":"/spec/podReplacementPolicy","value":null}]`},
 		{name: "a pod template annotation added where the template's metadata is empty sets the metadata whole",
 			change: func(j *batchv1.Job) {
-				j.Spec.Template.Annotations = map[string]string{LinkerdAdminShutdownAnnotation: "enabled"}
+				j.Spec.Template.Annotations = map[string]string{inject.LinkerdAdminShutdownAnnotation: "enabled"}
 			}},
 		{name: "a pod template annotation added where the request has no template metadata",
 			request: `[{"op":"remove","path":"/spec/template/metadata"}]`,
 			change: func(j *batchv1.Job) {
-				j.Spec.Template.Annotations = map[string]string{LinkerdAdminShutdownAnnotation: "enabled"}
+				j.Spec.Template.Annotations = map[string]string{inject.LinkerdAdminShutdownAnnotation: "enabled"}
 			}},
 		{name: "a pod template annotation added next to others, with keys escaped",
 			request: `[{"op":"add","path":"/spec/template/metadata/labels","value":{"app":"report"}},
@@ -233,7 +244,7 @@ func TestPatchCases(t *testing.T) {
 			request: `[{"op":"add","path":"/spec/template/metadata/annotations","value":null},
 				{"op":"add","path":"/spec/template/metadata/labels","value":{"app":"report"}}]`,
 			change: func(j *batchv1.Job) {
-				j.Spec.Template.Annotations = map[string]string{LinkerdAdminShutdownAnnotation: "enabled"}
+				j.Spec.Template.Annotations = map[string]string{inject.LinkerdAdminShutdownAnnotation: "enabled"}
 			}},
 		{name: "a change outside the covered paths is diffed",
 			change: func(j *batchv1.Job) { j.Spec.BackoffLimit = ptr.To(int32(9)) },
@@ -327,7 +338,7 @@ func TestAdmissionPatch(t *testing.T) {
 	t.Parallel()
 	cj, job := cronJobAndJob(map[string]string{"dislock.io/mode": "schedule,lease"})
 	ts := startTestServer(t, cj)
-	injected, _, err := Inject(job, cj, testOptions(), nil)
+	injected, _, err := inject.Inject(job, cj, testOptions(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,20 +359,20 @@ func TestAdmissionPatch(t *testing.T) {
 // diffed when it cannot be built) turns the request's JSON into exactly the
 // injected Job. Seeded with the golden cases; the fuzzer edits the JSON.
 func FuzzPatch(f *testing.F) {
-	cronJobs := make([]*batchv1.CronJob, len(goldenCases))
-	for i, tc := range goldenCases {
-		cj, job := readCase(f, filepath.Join(goldenDir, tc.name+".yaml"))
+	cronJobs := make([]*batchv1.CronJob, len(injecttest.Cases))
+	for i, tc := range injecttest.Cases {
+		cj, job := injecttest.ReadCase(f, filepath.Join(goldenDir, tc.Name+".yaml"))
 		cronJobs[i] = cj
 		raw, _ := asRequest(f, job)
 		f.Add(uint8(i), string(raw))
 	}
 	f.Fuzz(func(t *testing.T, n uint8, raw string) {
-		i := int(n) % len(goldenCases)
+		i := int(n) % len(injecttest.Cases)
 		job, err := decodeJob([]byte(raw))
 		if err != nil {
 			return
 		}
-		injected, _, err := Inject(job, cronJobs[i], goldenOptions(), goldenCases[i].entrypoints)
+		injected, _, err := inject.Inject(job, cronJobs[i], goldenOptions(), injecttest.Cases[i].Entrypoints)
 		if err != nil {
 			return
 		}

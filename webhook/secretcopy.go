@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // secretCopier keeps a copy of the database secret in every namespace
@@ -138,13 +139,13 @@ func (r *secretCopier) Reconcile(ctx context.Context, req reconcile.Request) (re
 // keys (its own ca.crt among them), and the webhook's database CA as ca.crt
 // when the source has none.
 func copiedData(src map[string][]byte, ca []byte) map[string][]byte {
-	if len(ca) == 0 || src[DatabaseCAKey] != nil {
+	if len(ca) == 0 || src[inject.DatabaseCAKey] != nil {
 		return src
 	}
 	out := maps.Clone(src)
 	if out == nil {
 		out = map[string][]byte{}
 	}
-	out[DatabaseCAKey] = ca
+	out[inject.DatabaseCAKey] = ca
 	return out
 }

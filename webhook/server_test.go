@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/dislock/dislock/test/tlstest"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // testServer is the webhook's real server stack (controller-runtime's
@@ -109,8 +110,8 @@ func reviewBody(t testing.TB, kind string, op admissionv1.Operation, obj runtime
 	return b
 }
 
-func testOptions() Options {
-	return Options{ClusterName: "dc-a", AgentImage: "registry.example/dislock:test", DBSecretName: DefaultDBSecretName, DBSecretKey: DefaultDBSecretKey}.WithDefaults()
+func testOptions() inject.Options {
+	return inject.Options{ClusterName: "dc-a", AgentImage: "registry.example/dislock:test", DBSecretName: inject.DefaultDBSecretName, DBSecretKey: inject.DefaultDBSecretKey}.WithDefaults()
 }
 
 // cronJobAndJob returns an opted-in CronJob and the Job its controller

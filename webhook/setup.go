@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/dislock/dislock/lockagent/store"
 	"net/http"
 	"time"
 
@@ -20,6 +19,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // Defaults of the server configuration.
@@ -35,7 +37,7 @@ const (
 
 // Config is everything the `dislock webhook` server wires up.
 type Config struct {
-	Inject   Options
+	Inject   inject.Options
 	Resolver ResolverOptions
 	// Namespace the webhook runs in: where the database secret is copied
 	// from, and never intercepted.
@@ -163,7 +165,7 @@ func dbSecretName(cfg Config) string {
 	if cfg.Inject.DBSecretName != "" {
 		return cfg.Inject.DBSecretName
 	}
-	return DefaultDBSecretName
+	return inject.DefaultDBSecretName
 }
 
 // SetupWithManager registers the webhooks, health checks and controllers.

@@ -25,6 +25,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // Defaults of the tenant credentials' life cycle.
@@ -235,7 +236,7 @@ func (r *tenantProvisioner) tenantDSN(cred store.TenantCredential) (string, erro
 	if err != nil || len(r.ca) == 0 {
 		return dsn, err
 	}
-	return store.ReplaceRootCA(dsn, DatabaseCAPath)
+	return store.ReplaceRootCA(dsn, inject.DatabaseCAPath)
 }
 
 // stale says why the Secret needs a new role generation, or "".
@@ -247,11 +248,11 @@ func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []store
 		return "the Secret holds a copy of the webhook's own credential (from before tenant roles)"
 	case len(cur.Data[r.key]) == 0:
 		return "the Secret has no " + r.key
-	case !bytes.Equal(cur.Data[DatabaseCAKey], r.ca):
+	case !bytes.Equal(cur.Data[inject.DatabaseCAKey], r.ca):
 		// A CA added, changed or removed (--database-ca-file): the URL
 		// names the sidecar's copy only when there is one, so the URL
 		// changes too, and a URL comes only with a new generation.
-		return "the Secret's " + DatabaseCAKey + " is not the webhook's database CA (--database-ca-file)"
+		return "the Secret's " + inject.DatabaseCAKey + " is not the webhook's database CA (--database-ca-file)"
 	}
 	role := cur.Annotations[contract.AnnotationTenantRole]
 	if role == "" || len(roles) == 0 || roles[0].Role != role {
@@ -335,7 +336,7 @@ func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *co
 	s.Annotations[contract.AnnotationTenantRoleGeneration] = strconv.Itoa(cred.Generation)
 	s.Data = map[string][]byte{r.key: []byte(dsn)}
 	if len(r.ca) > 0 {
-		s.Data[DatabaseCAKey] = r.ca
+		s.Data[inject.DatabaseCAKey] = r.ca
 	}
 	if exists {
 		return s, r.Update(ctx, s)

@@ -15,6 +15,7 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/tlstest"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // A namespace gets a new role generation at once the first time, then waits
@@ -118,7 +119,7 @@ func TestATenantURLVerifiesWithTheSidecarsCopyOfTheCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &tenantProvisioner{ownerDSN: owner, key: DefaultDBSecretKey, ca: pem, now: time.Now}
+	r := &tenantProvisioner{ownerDSN: owner, key: inject.DefaultDBSecretKey, ca: pem, now: time.Now}
 	cred := store.TenantCredential{Role: "dislock_t_team_1", Password: "tenant-pw", Namespace: "team", Cluster: "dc-a", Generation: 1}
 	dsn, err := r.tenantDSN(cred)
 	if err != nil {
@@ -131,7 +132,7 @@ func TestATenantURLVerifiesWithTheSidecarsCopyOfTheCA(t *testing.T) {
 	if strings.Contains(dsn, "owner-s3cret") || strings.Contains(dsn, ownerCA) {
 		t.Fatalf("tenant URL %s carries the owner's password or CA path", dsn)
 	}
-	without := &tenantProvisioner{ownerDSN: "postgres://dislock:owner-s3cret@db/dislock", key: DefaultDBSecretKey}
+	without := &tenantProvisioner{ownerDSN: "postgres://dislock:owner-s3cret@db/dislock", key: inject.DefaultDBSecretKey}
 	if dsn, err := without.tenantDSN(cred); err != nil || strings.Contains(dsn, "ssl") {
 		t.Fatalf("without a CA: %s, %v; want the URL without TLS settings", dsn, err)
 	}
@@ -146,9 +147,9 @@ func TestASecretWithAnotherCAIsStale(t *testing.T) {
 	secret := func(ca []byte) *corev1.Secret {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
 			contract.AnnotationTenantRole: "dislock_t_team_1", contract.AnnotationTenantRoleCreated: now.Format(time.RFC3339)}},
-			Data: map[string][]byte{DefaultDBSecretKey: []byte("postgres://x")}}
+			Data: map[string][]byte{inject.DefaultDBSecretKey: []byte("postgres://x")}}
 		if ca != nil {
-			s.Data[DatabaseCAKey] = ca
+			s.Data[inject.DatabaseCAKey] = ca
 		}
 		return s
 	}
@@ -163,7 +164,7 @@ func TestASecretWithAnotherCAIsStale(t *testing.T) {
 		{"a CA changed", []byte("ca-2"), []byte("ca-1"), true},
 		{"a CA removed", nil, []byte("ca-1"), true},
 	} {
-		r := &tenantProvisioner{key: DefaultDBSecretKey, ca: tc.webhook, rotation: time.Hour, now: func() time.Time { return now }}
+		r := &tenantProvisioner{key: inject.DefaultDBSecretKey, ca: tc.webhook, rotation: time.Hour, now: func() time.Time { return now }}
 		why := r.stale(secret(tc.in), true, roles)
 		if (why != "") != tc.stale || (tc.stale && !strings.Contains(why, "--database-ca-file")) {
 			t.Errorf("%s: stale %q", tc.name, why)
@@ -181,11 +182,11 @@ func TestACopiedSecretCarriesTheCA(t *testing.T) {
 		t.Errorf("without a CA: %v", got)
 	}
 	got := copiedData(src, []byte("ca"))
-	if string(got[DatabaseCAKey]) != "ca" || string(got["url"]) != "postgres://x" || src[DatabaseCAKey] != nil {
+	if string(got[inject.DatabaseCAKey]) != "ca" || string(got["url"]) != "postgres://x" || src[inject.DatabaseCAKey] != nil {
 		t.Errorf("a source without ca.crt: %v (source %v)", got, src)
 	}
-	own := map[string][]byte{"url": []byte("postgres://x"), DatabaseCAKey: []byte("the source's")}
-	if got := copiedData(own, []byte("ca")); string(got[DatabaseCAKey]) != "the source's" {
+	own := map[string][]byte{"url": []byte("postgres://x"), inject.DatabaseCAKey: []byte("the source's")}
+	if got := copiedData(own, []byte("ca")); string(got[inject.DatabaseCAKey]) != "the source's" {
 		t.Errorf("a source with its own ca.crt: %v", got)
 	}
 }

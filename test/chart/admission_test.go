@@ -28,7 +28,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
-	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // createNamespace creates ns with its "default" ServiceAccount, which the
@@ -112,7 +112,7 @@ func (r *release) injects(t *testing.T, team string) {
 		t.Fatal(err)
 	}
 	pod := job.Spec.Template.Spec
-	if job.Annotations[contract.AnnotationStatus] == "" || len(pod.InitContainers) == 0 || pod.InitContainers[0].Name != webhook.SidecarName {
+	if job.Annotations[contract.AnnotationStatus] == "" || len(pod.InitContainers) == 0 || pod.InitContainers[0].Name != inject.SidecarName {
 		t.Fatalf("the Job was not injected: annotations %v, init containers %+v", job.Annotations, pod.InitContainers)
 	}
 	sidecar := pod.InitContainers[0]
@@ -129,7 +129,7 @@ func (r *release) injects(t *testing.T, team string) {
 		t.Errorf("the sidecar's %s is %+v, want the chart's Secret %s key %s", contract.EnvDatabaseURL, ref,
 			r.flags.value("db-secret-name"), r.flags.value("db-secret-key"))
 	}
-	if cmd := pod.Containers[0].Command; !slices.Equal(cmd[:min(len(cmd), len(webhook.WrapperPrefix))], webhook.WrapperPrefix) {
+	if cmd := pod.Containers[0].Command; !slices.Equal(cmd[:min(len(cmd), len(inject.WrapperPrefix))], inject.WrapperPrefix) {
 		t.Errorf("the app's command %v is not wrapped", cmd)
 	}
 	await(t, 30*time.Second, "the DislockInjected event on the CronJob", func(ctx context.Context) (bool, error) {

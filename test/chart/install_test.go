@@ -39,7 +39,7 @@ import (
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/test/tlstest"
-	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 var (
@@ -417,7 +417,7 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := append(slices.Clone(webhook.WrapperPrefix), "/app/run", "--once")
+		want := append(slices.Clone(inject.WrapperPrefix), "/app/run", "--once")
 		if got := job.Spec.Template.Spec.Containers[0].Command; !slices.Equal(got, want) {
 			t.Errorf("command %v, want %v", got, want)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // await polls cond until it holds or the deadline passes.
@@ -43,7 +44,7 @@ func TestTheDatabaseSecretFollowsOptedInNamespaces(t *testing.T) {
 	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
 	ctx := context.Background()
 	namespace(t, cs, webhookNamespace, false)
-	src := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: webhookNamespace, Name: webhook.DefaultDBSecretName},
+	src := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: webhookNamespace, Name: inject.DefaultDBSecretName},
 		StringData: map[string]string{"url": "postgres://dislock:one@db/dislock"}}
 	if _, err := cs.CoreV1().Secrets(webhookNamespace).Create(ctx, src, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -51,7 +52,7 @@ func TestTheDatabaseSecretFollowsOptedInNamespaces(t *testing.T) {
 	startWebhook(t, c, cs, func(cfg *webhook.Config) { cfg.CopyDBSecret = true })
 	namespace(t, cs, "copy-a", true)
 	namespace(t, cs, "copy-b", true)
-	mine := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "copy-b", Name: webhook.DefaultDBSecretName},
+	mine := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "copy-b", Name: inject.DefaultDBSecretName},
 		StringData: map[string]string{"url": "postgres://team-b@own-db/x"}}
 	if _, err := cs.CoreV1().Secrets("copy-b").Create(ctx, mine, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -59,7 +60,7 @@ func TestTheDatabaseSecretFollowsOptedInNamespaces(t *testing.T) {
 
 	copyHas := func(ns, url string) func() (bool, error) {
 		return func() (bool, error) {
-			s, err := cs.CoreV1().Secrets(ns).Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+			s, err := cs.CoreV1().Secrets(ns).Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				return false, nil
 			}
@@ -68,7 +69,7 @@ func TestTheDatabaseSecretFollowsOptedInNamespaces(t *testing.T) {
 	}
 	await(t, "the copy in copy-a", copyHas("copy-a", "postgres://dislock:one@db/dislock"))
 
-	src, err := cs.CoreV1().Secrets(webhookNamespace).Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+	src, err := cs.CoreV1().Secrets(webhookNamespace).Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,14 +80,14 @@ func TestTheDatabaseSecretFollowsOptedInNamespaces(t *testing.T) {
 	await(t, "the copy to follow the source", copyHas("copy-a", "postgres://dislock:two@db/dislock"))
 
 	// copy-b's own Secret was reconciled too (the source changed) and is untouched.
-	got, err := cs.CoreV1().Secrets("copy-b").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+	got, err := cs.CoreV1().Secrets("copy-b").Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{})
 	if err != nil || string(got.Data["url"]) != "postgres://team-b@own-db/x" || got.Labels[webhook.ManagedByLabel] != "" {
 		t.Fatalf("the user's own Secret was changed: %+v %v", got, err)
 	}
 
 	setOptIn(t, cs, "copy-a", false)
 	await(t, "the copy to go when the namespace opts out", func() (bool, error) {
-		_, err := cs.CoreV1().Secrets("copy-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+		_, err := cs.CoreV1().Secrets("copy-a").Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), client404(err)
 	})
 }

@@ -16,7 +16,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
-	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // A tenant who writes the injection itself gets nothing the webhook did not
@@ -50,7 +50,7 @@ func TestForgedInjectionsAreRefusedByTheAPIServer(t *testing.T) {
 			Annotations: job.Annotations, OwnerReferences: job.OwnerReferences}
 		out.Status = batchv1.JobStatus{}
 		out.Spec.Selector = nil
-		for _, l := range []string{"controller-uid", "job-name", webhook.UIDLabel, contract.LabelJobName} {
+		for _, l := range []string{"controller-uid", "job-name", inject.UIDLabel, contract.LabelJobName} {
 			delete(out.Labels, l)
 			delete(out.Spec.Template.Labels, l)
 		}
@@ -91,7 +91,7 @@ func TestForgedInjectionsAreRefusedByTheAPIServer(t *testing.T) {
 	t.Run("a Job no CronJob owns with only a sidecar of that name is refused", func(t *testing.T) {
 		bare := jobFor(cj, time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC))
 		bare.Name, bare.OwnerReferences, bare.Annotations = "bare-sidecar", nil, nil
-		bare.Spec.Template.Spec.InitContainers = []corev1.Container{{Name: webhook.SidecarName, Image: "dislock:test",
+		bare.Spec.Template.Spec.InitContainers = []corev1.Container{{Name: inject.SidecarName, Image: "dislock:test",
 			RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways), Env: []corev1.EnvVar{{Name: contract.EnvKey, Value: "team-b/nightly"}}}}
 		refused(t, bare, "dislock only injects Jobs created by a CronJob", `spec.template.spec.initContainers[0] is named "dislock-agent"`)
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // A person asks kubectl how a CronJob's runs ended: `kubectl get jobs -l
@@ -157,7 +158,7 @@ func finishPod(t *testing.T, cs kubernetes.Interface, pod *corev1.Pod, phase cor
 	}
 	pod = pod.DeepCopy()
 	pod.Status.Phase = phase
-	pod.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: webhook.SidecarName, Image: pod.Spec.InitContainers[0].Image,
+	pod.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: inject.SidecarName, Image: pod.Spec.InitContainers[0].Image,
 		ImageID: "docker.io/library/dislock@sha256:" + strings.Repeat("0", 64), State: terminated(0, message+"\n")}}
 	var apps []corev1.ContainerStatus
 	for _, c := range pod.Spec.Containers {

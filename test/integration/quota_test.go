@@ -14,7 +14,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
-	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // Opted-in Jobs run where a ResourceQuota counts CPU and memory limits (so
@@ -71,7 +71,7 @@ func TestOptedInJobsRunUnderAResourceQuotaAndAStrictLimitRange(t *testing.T) {
 	}{
 		{"the default sizes under a limits quota", "quota", nil, ""},
 		// The LimitRange names no container; 10m is the sidecar's request.
-		{"the default sizes under a strict LimitRange", "quota-strict", nil, "minimum cpu usage per Container is 50m, but request is " + webhook.DefaultAgentCPURequest},
+		{"the default sizes under a strict LimitRange", "quota-strict", nil, "minimum cpu usage per Container is 50m, but request is " + inject.DefaultAgentCPURequest},
 		{"sizes set by annotation under a strict LimitRange", "quota-strict", sized, ""},
 	}
 	for i, tc := range tests {
@@ -117,7 +117,7 @@ func TestOptedInJobsRunUnderAResourceQuotaAndAStrictLimitRange(t *testing.T) {
 				return
 			}
 			agent := pod.Spec.InitContainers[0]
-			if agent.Name != webhook.SidecarName {
+			if agent.Name != inject.SidecarName {
 				t.Fatalf("the pod's first init container is %s, want the sidecar", agent.Name)
 			}
 			if _, ok := agent.Resources.Limits[corev1.ResourceCPU]; !ok {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
-	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // A tenant with the rights a team normally has in its own namespace (the
@@ -65,7 +65,7 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 	alice := kubernetes.NewForConfigOrDie(asAlice)
 	var urlA string
 	await(t, "alice to read team-a's database Secret", func() (bool, error) {
-		s, err := alice.CoreV1().Secrets("hostile-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+		s, err := alice.CoreV1().Secrets("hostile-a").Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) { // the binding or the Secret not there yet
 			return false, nil
 		}
@@ -77,7 +77,7 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 
 	t.Run("the API server keeps the other team's and the webhook's Secrets from the tenant", func(t *testing.T) {
 		for _, ns := range []string{"hostile-b", webhookNamespace} {
-			if _, err := alice.CoreV1().Secrets(ns).Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+			if _, err := alice.CoreV1().Secrets(ns).Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
 				t.Errorf("alice reading the database Secret of %s: %v, want forbidden", ns, err)
 			}
 		}
@@ -102,7 +102,7 @@ func TestAHostileTenantTouchesNothingOfAnotherTeam(t *testing.T) {
 		forged := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: "hostile-a", Name: "nightly-forged-2", Annotations: stored.Annotations,
 			OwnerReferences: stored.OwnerReferences}, Spec: *stored.Spec.DeepCopy()}
 		forged.Spec.Selector = nil
-		for _, l := range []string{"controller-uid", "job-name", webhook.UIDLabel, contract.LabelJobName} {
+		for _, l := range []string{"controller-uid", "job-name", inject.UIDLabel, contract.LabelJobName} {
 			delete(forged.Spec.Template.Labels, l)
 		}
 		sc := &forged.Spec.Template.Spec.InitContainers[0]

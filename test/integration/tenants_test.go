@@ -21,6 +21,7 @@ import (
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // With the owner's database URL the webhook gives every opted-in namespace a
@@ -34,9 +35,9 @@ func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
 	ctx := context.Background()
 	// tenant-c opts in after an upgrade: the copier left the owner's URL.
 	namespace(t, cs, "tenant-c", false)
-	legacy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-c", Name: webhook.DefaultDBSecretName,
+	legacy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-c", Name: inject.DefaultDBSecretName,
 		Labels:      map[string]string{webhook.ManagedByLabel: webhook.ManagedByValue},
-		Annotations: map[string]string{contract.AnnotationCopiedFrom: webhookNamespace + "/" + webhook.DefaultDBSecretName}},
+		Annotations: map[string]string{contract.AnnotationCopiedFrom: webhookNamespace + "/" + inject.DefaultDBSecretName}},
 		StringData: map[string]string{"url": owner}}
 	if _, err := cs.CoreV1().Secrets("tenant-c").Create(ctx, legacy, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -78,11 +79,11 @@ func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
 	}
 
 	// A deleted Secret comes back with a new generation of the role.
-	if err := cs.CoreV1().Secrets("tenant-a").Delete(ctx, webhook.DefaultDBSecretName, metav1.DeleteOptions{}); err != nil {
+	if err := cs.CoreV1().Secrets("tenant-a").Delete(ctx, inject.DefaultDBSecretName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	await(t, "tenant-a's Secret to come back with a new role", func() (bool, error) {
-		got, err := cs.CoreV1().Secrets("tenant-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+		got, err := cs.CoreV1().Secrets("tenant-a").Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}
@@ -96,7 +97,7 @@ func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
 	// tenant-b opts out: its Secret goes.
 	setOptIn(t, cs, "tenant-b", false)
 	await(t, "tenant-b's Secret to go when it opts out", func() (bool, error) {
-		_, err := cs.CoreV1().Secrets("tenant-b").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+		_, err := cs.CoreV1().Secrets("tenant-b").Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), client404(err)
 	})
 }
@@ -169,7 +170,7 @@ func tenantSecret(t *testing.T, cs kubernetes.Interface, ns string) (url, role s
 	t.Helper()
 	var s *corev1.Secret
 	await(t, "the database Secret of "+ns, func() (bool, error) {
-		got, err := cs.CoreV1().Secrets(ns).Get(context.Background(), webhook.DefaultDBSecretName, metav1.GetOptions{})
+		got, err := cs.CoreV1().Secrets(ns).Get(context.Background(), inject.DefaultDBSecretName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}
@@ -189,7 +190,7 @@ func TestOptingOutRetiresTheRolesEvenOfAnUnlabelledSecret(t *testing.T) {
 	startWebhook(t, c, cs, withTenantRoles(owner))
 	namespace(t, cs, "unlabel-a", true)
 	tenantSecret(t, cs, "unlabel-a")
-	s, err := cs.CoreV1().Secrets("unlabel-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+	s, err := cs.CoreV1().Secrets("unlabel-a").Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +217,7 @@ func TestOptingOutRetiresTheRolesEvenOfAnUnlabelledSecret(t *testing.T) {
 		return true, nil
 	})
 	// The Secret it unlabelled is the tenant's now, and stays.
-	if _, err := cs.CoreV1().Secrets("unlabel-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{}); err != nil {
+	if _, err := cs.CoreV1().Secrets("unlabel-a").Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{}); err != nil {
 		t.Errorf("the unlabelled Secret: %v, want left alone", err)
 	}
 }
@@ -282,12 +283,12 @@ func TestATenantDeletingItsSecretInALoopHoldsAtMostAFewRoles(t *testing.T) {
 	}()
 
 	for i := range deletions {
-		if err := cs.CoreV1().Secrets("loop-a").Delete(ctx, webhook.DefaultDBSecretName, metav1.DeleteOptions{}); err != nil {
+		if err := cs.CoreV1().Secrets("loop-a").Delete(ctx, inject.DefaultDBSecretName, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		var back *corev1.Secret
 		await(t, fmt.Sprintf("loop-a's Secret to come back after deletion %d", i+1), func() (bool, error) {
-			got, err := cs.CoreV1().Secrets("loop-a").Get(ctx, webhook.DefaultDBSecretName, metav1.GetOptions{})
+			got, err := cs.CoreV1().Secrets("loop-a").Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				return false, nil
 			}
@@ -362,7 +363,7 @@ func TestATenantDeletingItsSecretInALoopHoldsAtMostAFewRoles(t *testing.T) {
 		}
 		told := map[int]bool{}
 		for _, e := range evs.Items {
-			if e.Reason != webhook.ReasonTenantRoleRetiredEarly || e.Regarding.Kind != "Secret" || e.Regarding.Name != webhook.DefaultDBSecretName ||
+			if e.Reason != webhook.ReasonTenantRoleRetiredEarly || e.Regarding.Kind != "Secret" || e.Regarding.Name != inject.DefaultDBSecretName ||
 				e.Type != corev1.EventTypeWarning || !strings.Contains(e.Note, "replaced 4 or more times within the grace") {
 				continue
 			}

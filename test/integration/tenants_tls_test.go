@@ -16,6 +16,7 @@ import (
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 // A database that requires TLS from a private CA (--database-ca-file): the
@@ -29,7 +30,7 @@ func TestATenantSecretCarriesTheDatabaseCA(t *testing.T) {
 		pgtest.Missing(t, err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	ca, err := webhook.ReadDatabaseCA(srv.CAFile())
+	ca, err := inject.ReadDatabaseCA(srv.CAFile())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,22 +56,22 @@ func TestATenantSecretCarriesTheDatabaseCA(t *testing.T) {
 	namespace(t, cs, "tls-a", true)
 
 	url, _ := tenantSecret(t, cs, "tls-a")
-	s, err := cs.CoreV1().Secrets("tls-a").Get(context.Background(), webhook.DefaultDBSecretName, metav1.GetOptions{})
+	s, err := cs.CoreV1().Secrets("tls-a").Get(context.Background(), inject.DefaultDBSecretName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(s.Data[webhook.DatabaseCAKey], ca) {
-		t.Fatalf("the Secret's %s is %q, want the webhook's CA", webhook.DatabaseCAKey, s.Data[webhook.DatabaseCAKey])
+	if !bytes.Equal(s.Data[inject.DatabaseCAKey], ca) {
+		t.Fatalf("the Secret's %s is %q, want the webhook's CA", inject.DatabaseCAKey, s.Data[inject.DatabaseCAKey])
 	}
 	cfgURL := strings.NewReplacer("%2F", "/").Replace(url)
-	if !strings.Contains(cfgURL, "sslrootcert="+webhook.DatabaseCAPath) || !strings.Contains(url, "sslmode=verify-full") ||
+	if !strings.Contains(cfgURL, "sslrootcert="+inject.DatabaseCAPath) || !strings.Contains(url, "sslmode=verify-full") ||
 		strings.Contains(cfgURL, srv.CAFile()) || strings.Contains(url, pgtest.AppPassword) {
-		t.Fatalf("tenant URL %s: want sslmode=verify-full and sslrootcert=%s, without the owner's password or CA path", url, webhook.DatabaseCAPath)
+		t.Fatalf("tenant URL %s: want sslmode=verify-full and sslrootcert=%s, without the owner's password or CA path", url, inject.DatabaseCAPath)
 	}
 
 	// The sidecar's view: ca.crt mounted, the URL naming it.
-	mounted := filepath.Join(t.TempDir(), webhook.DatabaseCAKey)
-	if err := os.WriteFile(mounted, s.Data[webhook.DatabaseCAKey], 0o444); err != nil {
+	mounted := filepath.Join(t.TempDir(), inject.DatabaseCAKey)
+	if err := os.WriteFile(mounted, s.Data[inject.DatabaseCAKey], 0o444); err != nil {
 		t.Fatal(err)
 	}
 	sidecarURL, err := store.ReplaceRootCA(url, mounted)

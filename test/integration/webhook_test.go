@@ -34,6 +34,7 @@ import (
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/tlstest"
 	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/inject"
 )
 
 func TestMain(m *testing.M) {
@@ -56,7 +57,7 @@ func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface, tune .
 	dir := t.TempDir()
 	port := tlstest.FreePort(t)
 	cfg := webhook.Config{
-		Inject:    webhook.Options{ClusterName: "dc-a", AgentImage: "dislock:test", DBSecretName: webhook.DefaultDBSecretName, DBSecretKey: webhook.DefaultDBSecretKey},
+		Inject:    inject.Options{ClusterName: "dc-a", AgentImage: "dislock:test", DBSecretName: inject.DefaultDBSecretName, DBSecretKey: inject.DefaultDBSecretKey},
 		Namespace: webhookNamespace,
 		Certs:     webhook.CertConfig{CertDir: dir},
 	}
@@ -307,7 +308,7 @@ func assertInjected(t *testing.T, job *batchv1.Job, window, mode string) {
 	if w, _ := time.Parse(time.RFC3339, window); env[contract.EnvWindow].Value != w.UTC().Format(time.RFC3339) {
 		t.Errorf("DISLOCK_WINDOW %q, want %s", env[contract.EnvWindow].Value, window)
 	}
-	if ref := env[contract.EnvDatabaseURL].ValueFrom; ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != webhook.DefaultDBSecretName {
+	if ref := env[contract.EnvDatabaseURL].ValueFrom; ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != inject.DefaultDBSecretName {
 		t.Errorf("database URL is not a secretKeyRef: %+v", env[contract.EnvDatabaseURL])
 	}
 	for _, c := range pod.Containers {

@@ -1,4 +1,4 @@
-package webhook
+package inject
 
 import (
 	"bytes"
@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,10 +19,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/tlstest"
+	"github.com/dislock/dislock/webhook/internal/injecttest"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite the golden files in testdata/inject")
@@ -32,24 +31,14 @@ const goldenDir = "testdata/inject"
 
 // goldenOptions are the options every golden file was made with.
 func goldenOptions() Options {
-	return Options{ClusterName: "dc-a", AgentImage: "ghcr.io/dislock/dislock:v0.1.0"}
+	return Options{ClusterName: injecttest.ClusterName, AgentImage: injecttest.AgentImage}
 }
 
-// goldenCases are the inputs in testdata/inject; each <name>.yaml holds a
-// CronJob and the Job its controller (or kubectl) created, and
-// <name>.injected.yaml the Job Inject returns.
-type goldenCase struct {
-	name        string
-	entrypoints map[string][]string // what the caller resolved from the registry
-	// opts changes goldenOptions for the case (nil: as they are).
-	opts func(*Options)
-}
-
-// options are the options the case is injected with.
-func (c goldenCase) options() Options {
+// caseOptions are the options the golden case c is injected with.
+func caseOptions(c injecttest.Case) Options {
 	o := goldenOptions()
-	if c.opts != nil {
-		c.opts(&o)
+	if c.DatabaseCAAndPodMetadata {
+		withDatabaseCAAndPodMetadata(&o)
 	}
 	return o
 }
@@ -67,71 +56,6 @@ func withDatabaseCAAndPodMetadata(o *Options) {
 	o.PodAnnotations = map[string]string{"sidecar.istio.io/inject": "false"}
 }
 
-var goldenCases = []goldenCase{
-	{name: "schedule"},
-	{name: "lease"},
-	{name: "schedule-lease"},
-	{name: "manual"},
-	{name: "entrypoint-from-registry", entrypoints: map[string][]string{"app": {"/usr/local/bin/report", "serve"}}},
-	{name: "entrypoint-annotation", entrypoints: map[string][]string{"app": {"/ignored"}}},
-	{name: "several-containers"},
-	{name: "existing-init-containers-and-volumes"},
-	{name: "already-injected"},
-	{name: "run-as-non-root"},
-	{name: "template-annotation-overrides-cronjob"},
-	{name: "window-from-job-name"},
-	{name: "window-from-schedule"},
-	{name: "indexed"},
-	{name: "explicit-pod-replacement-policy"},
-	{name: "defaulted-pod-replacement-policy"},
-	{name: "mesh-istio-proxy-in-template"},
-	{name: "mesh-linkerd-annotation"},
-	{name: "database-ca-and-pod-metadata", opts: withDatabaseCAAndPodMetadata},
-}
-
-// readCase decodes a case file: a CronJob, then a Job, as YAML documents.
-func readCase(t testing.TB, path string) (*batchv1.CronJob, *batchv1.Job) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cj *batchv1.CronJob
-	var job *batchv1.Job
-	for doc := range bytes.SplitSeq(b, []byte("\n---\n")) {
-		var tm metav1.TypeMeta
-		if err := yaml.Unmarshal(doc, &tm); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		switch tm.Kind {
-		case "CronJob":
-			cj = &batchv1.CronJob{}
-			err = yaml.UnmarshalStrict(doc, cj)
-		case "Job":
-			job = &batchv1.Job{}
-			err = yaml.UnmarshalStrict(doc, job)
-		default:
-			t.Fatalf("%s: unexpected kind %q", path, tm.Kind)
-		}
-		if err != nil {
-			t.Fatalf("%s: %s: %v", path, tm.Kind, err)
-		}
-	}
-	if cj == nil || job == nil {
-		t.Fatalf("%s: want a CronJob and a Job", path)
-	}
-	return cj, job
-}
-
-func toYAML(t testing.TB, obj any) []byte {
-	t.Helper()
-	b, err := yaml.Marshal(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // TestInjectGolden compares Inject's output with the golden files (rewrite
 // them with -update) and re-injects every output, which must come back
 // unchanged: the webhook may be called again (reinvocationPolicy IfNeeded).
@@ -145,26 +69,26 @@ func TestInjectGolden(t *testing.T) {
 		if strings.HasSuffix(name, ".injected") {
 			continue
 		}
-		if !slices.ContainsFunc(goldenCases, func(c goldenCase) bool { return c.name == name }) {
-			t.Errorf("%s is not in goldenCases", in)
+		if !slices.ContainsFunc(injecttest.Cases, func(c injecttest.Case) bool { return c.Name == name }) {
+			t.Errorf("%s is not in injecttest.Cases", in)
 		}
 	}
 
-	for _, tc := range goldenCases {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, tc := range injecttest.Cases {
+		t.Run(tc.Name, func(t *testing.T) {
 			t.Parallel()
-			cj, job := readCase(t, filepath.Join(goldenDir, tc.name+".yaml"))
-			before := toYAML(t, job)
+			cj, job := injecttest.ReadCase(t, filepath.Join(goldenDir, tc.Name+".yaml"))
+			before := injecttest.ToYAML(t, job)
 
-			out, st, err := Inject(job, cj, tc.options(), tc.entrypoints)
+			out, st, err := Inject(job, cj, caseOptions(tc), tc.Entrypoints)
 			if err != nil {
 				t.Fatalf("Inject: %v", err)
 			}
-			if !bytes.Equal(toYAML(t, job), before) {
+			if !bytes.Equal(injecttest.ToYAML(t, job), before) {
 				t.Error("Inject modified its input")
 			}
-			got := toYAML(t, out)
-			golden := filepath.Join(goldenDir, tc.name+".injected.yaml")
+			got := injecttest.ToYAML(t, out)
+			golden := filepath.Join(goldenDir, tc.Name+".injected.yaml")
 			if *updateGolden {
 				if err := os.WriteFile(golden, got, 0o644); err != nil {
 					t.Fatal(err)
@@ -175,18 +99,18 @@ func TestInjectGolden(t *testing.T) {
 				t.Fatalf("%v (run go test ./webhook -run TestInjectGolden -update)", err)
 			}
 			if !bytes.Equal(got, want) {
-				t.Errorf("output differs from %s (rerun with -update and review the diff):\n%s", golden, lineDiff(string(want), string(got)))
+				t.Errorf("output differs from %s (rerun with -update and review the diff):\n%s", golden, injecttest.LineDiff(string(want), string(got)))
 			}
 
 			checkInjected(t, out, st)
 			checkAgentReadsItsEnv(t, out, st)
 
-			again, st2, err := Inject(out, cj, tc.options(), nil)
+			again, st2, err := Inject(out, cj, caseOptions(tc), nil)
 			if err != nil {
 				t.Fatalf("re-injecting: %v", err)
 			}
-			if !bytes.Equal(toYAML(t, again), got) {
-				t.Errorf("re-injecting changed the Job:\n%s", lineDiff(string(got), string(toYAML(t, again))))
+			if !bytes.Equal(injecttest.ToYAML(t, again), got) {
+				t.Errorf("re-injecting changed the Job:\n%s", injecttest.LineDiff(string(got), string(injecttest.ToYAML(t, again))))
 			}
 			if !reflect.DeepEqual(st2, st) {
 				t.Errorf("re-injecting: status %+v, want %+v", st2, st)
@@ -346,27 +270,6 @@ func downward(t testing.TB, pod *corev1.Pod, path string) string {
 	}
 	t.Fatalf("field path %q is not one the sidecar should use", path)
 	return ""
-}
-
-// lineDiff shows the first differing lines of two texts.
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var b strings.Builder
-	shown := 0
-	for i := 0; i < max(len(w), len(g)) && shown < 20; i++ {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			b.WriteString("line " + strconv.Itoa(i+1) + ":\n  - " + wl + "\n  + " + gl + "\n")
-			shown++
-		}
-	}
-	return b.String()
 }
 
 // errCase builds a CronJob and its controller's Job for the error table.
@@ -563,7 +466,7 @@ func TestInjectRefuses(t *testing.T) {
 			}
 			out, st, err := Inject(job, cj, opts, tc.entrypoints)
 			if err == nil {
-				t.Fatalf("Inject succeeded; want an error\n%s", toYAML(t, out))
+				t.Fatalf("Inject succeeded; want an error\n%s", injecttest.ToYAML(t, out))
 			}
 			if out != nil || st != nil {
 				t.Error("Inject returned a Job or status with its error")

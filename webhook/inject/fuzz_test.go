@@ -1,14 +1,11 @@
-package webhook
+package inject
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"slices"
-	"strings"
 	"testing"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -126,7 +123,7 @@ func FuzzInject(f *testing.F) {
 		checkKey(t, out, st, job.Namespace)
 		got := toJSON(t, out)
 		stripped, recovered := strip(out)
-		if mk := injectionMarker(stripped); mk != nil {
+		if mk := InjectionMarker(stripped); mk != nil {
 			t.Fatalf("strip left %s", mk)
 		}
 		fresh, _, err := Inject(stripped, cj, opts, recovered)
@@ -244,35 +241,6 @@ func FuzzValidateCronJob(f *testing.F) {
 		for _, e := range ValidateCronJob(cj, Options{}) {
 			if e.Field == "" || e.Error() == "" {
 				t.Fatalf("problem without a field or text: %#v", e)
-			}
-		}
-	})
-}
-
-// FuzzPullSecretKeychain feeds a tenant's docker configs (both Secret types)
-// to the keychain the registry lookups use: no panic, no error but the
-// credential bound's, and a keychain that answers for the looked-up
-// registry.
-func FuzzPullSecretKeychain(f *testing.F) {
-	f.Add([]byte(`{"auths":{"reg.example.com":{"auth":"dTpw"}}}`), []byte(`{"reg.example.com":{"username":"u","password":"p"}}`), "reg.example.com/app:1")
-	f.Add([]byte(`{"auths":{"https://index.docker.io/v1/":{"auth":"%%%"}}}`), []byte(`not json`), "nginx")
-	f.Add([]byte(`{"auths":{"*.example.com:5000/team":{"identitytoken":"t"}}}`), []byte(`{"":{}}`), "a.example.com:5000/team/x@sha256:0000000000000000000000000000000000000000000000000000000000000000")
-	f.Add([]byte(`{"auths":null}`), []byte(`[]`), "REG.EXAMPLE.COM/App")
-	f.Fuzz(func(t *testing.T, dockerConfigJSON, dockercfg []byte, image string) {
-		secrets := []corev1.Secret{
-			{Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{corev1.DockerConfigJsonKey: dockerConfigJSON}},
-			{Type: corev1.SecretTypeDockercfg, Data: map[string][]byte{corev1.DockerConfigKey: dockercfg}},
-		}
-		kc, err := pullSecretKeychain(context.Background(), secrets, registryHosts([]corev1.Container{{Image: image}}))
-		if err != nil {
-			if !strings.Contains(err.Error(), "credentials for the registries") {
-				t.Fatalf("unexpected error: %v", err)
-			}
-			return
-		}
-		if ref, err := name.ParseReference(image); err == nil {
-			if _, err := kc.Resolve(ref.Context()); err != nil {
-				t.Fatalf("Resolve(%s): %v", image, err)
 			}
 		}
 	})

@@ -1,4 +1,4 @@
-package webhook
+package inject
 
 import (
 	"encoding/json"
@@ -35,7 +35,7 @@ import (
 const envPrefix = "DISLOCK_"
 
 // ErrForgedInjection is in the error Inject returns for a Job that carries a
-// part of an injection (see injectionMarker) but is not exactly what dislock
+// part of an injection (see InjectionMarker) but is not exactly what dislock
 // injects for it.
 var ErrForgedInjection = errors.New("the Job carries an injection dislock did not make for it")
 
@@ -46,7 +46,7 @@ const forgedFix = "remove the " + SidecarName + " init container and the " + Sta
 
 // forgedError is the refusal of a Job that carries a part of an injection.
 type forgedError struct {
-	marker  *marker
+	marker  *Marker
 	problem string
 	cause   error
 }
@@ -61,32 +61,32 @@ func (e *forgedError) Unwrap() error { return e.cause }
 
 // marker is the first part of an injection found on a Job: where it is and
 // what it is.
-type marker struct {
+type Marker struct {
 	path *field.Path
 	what string
 }
 
-func (m *marker) String() string { return m.path.String() + " " + m.what }
+func (m *Marker) String() string { return m.path.String() + " " + m.what }
 
-// injectionMarker finds the first part of a dislock injection a Job carries:
+// InjectionMarker finds the first part of a dislock injection a Job carries:
 // the status annotation, a container or init container named like the
 // sidecar, the shared volume, a DISLOCK_ variable on any container, or a
 // command that runs dislock-agent. nil means none: the Job is injected
 // afresh.
-func injectionMarker(job *batchv1.Job) *marker { return findMarker(job, false) }
+func InjectionMarker(job *batchv1.Job) *Marker { return findMarker(job, false) }
 
 // strayMarker finds, in a Job that carries an injection, the first part of
 // one that is not where fresh puts it (a second sidecar, a variable on
 // another container, a wrapper run twice), named at its path in the Job as
 // it arrived. strip leaves these in place; fresh would refuse them at their
 // path in the stripped Job, which is not the path a user sees.
-func strayMarker(job *batchv1.Job) *marker { return findMarker(job, true) }
+func strayMarker(job *batchv1.Job) *Marker { return findMarker(job, true) }
 
-// findMarker is injectionMarker, or strayMarker when injected is set: then
+// findMarker is InjectionMarker, or strayMarker when injected is set: then
 // the parts fresh adds, at the places it adds them, do not count.
-func findMarker(job *batchv1.Job, injected bool) *marker {
+func findMarker(job *batchv1.Job, injected bool) *Marker {
 	if _, ok := job.Annotations[StatusAnnotation]; ok && !injected {
-		return &marker{field.NewPath("metadata", "annotations").Key(StatusAnnotation), "is set"}
+		return &Marker{field.NewPath("metadata", "annotations").Key(StatusAnnotation), "is set"}
 	}
 	podPath := field.NewPath("spec", "template", "spec")
 	pod := &job.Spec.Template.Spec
@@ -101,13 +101,13 @@ func findMarker(job *batchv1.Job, injected bool) *marker {
 	for _, l := range lists {
 		for i, c := range l.containers {
 			if c.Name == SidecarName && !isSidecar(l.name, i) {
-				return &marker{podPath.Child(l.name).Index(i), "is named " + strconv.Quote(SidecarName)}
+				return &Marker{podPath.Child(l.name).Index(i), "is named " + strconv.Quote(SidecarName)}
 			}
 		}
 	}
 	for i, v := range pod.Volumes {
 		if v.Name == VolumeName && !(injected && i == len(pod.Volumes)-1) {
-			return &marker{podPath.Child("volumes").Index(i), "is named " + strconv.Quote(VolumeName)}
+			return &Marker{podPath.Child("volumes").Index(i), "is named " + strconv.Quote(VolumeName)}
 		}
 	}
 	for _, l := range lists {
@@ -118,7 +118,7 @@ func findMarker(job *batchv1.Job, injected bool) *marker {
 			cp := podPath.Child(l.name).Index(i)
 			for _, e := range c.Env {
 				if dislockVariable(l.name, e.Name) {
-					return &marker{cp.Child("env").Key(e.Name), "is set"}
+					return &Marker{cp.Child("env").Key(e.Name), "is set"}
 				}
 			}
 			command, at := c.Command, 0
@@ -127,7 +127,7 @@ func findMarker(job *batchv1.Job, injected bool) *marker {
 				command, at = command[len(WrapperPrefix):], len(WrapperPrefix)
 			}
 			if runsAgent(command) {
-				return &marker{cp.Child("command").Index(at), "runs " + agentCommand}
+				return &Marker{cp.Child("command").Index(at), "runs " + agentCommand}
 			}
 		}
 	}
@@ -157,9 +157,9 @@ func runsAgent(command []string) bool {
 // verify checks a Job that carries a part of an injection against what
 // fresh makes of the Job it came from, and returns it unchanged if it is
 // exactly that.
-func (r *review) verify(opts Options) (injection, error) {
+func (r *Review) verify(opts Options) (Injection, error) {
 	if !r.enabled {
-		return injection{}, &forgedError{marker: r.marker,
+		return Injection{}, &forgedError{marker: r.marker,
 			problem: "neither it nor its CronJob opts in to dislock (no dislock.io/ annotation other than " + StatusAnnotation + ")"}
 	}
 	if stray := strayMarker(r.job); stray != nil {
@@ -167,13 +167,13 @@ func (r *review) verify(opts Options) (injection, error) {
 		if stray.String() != r.marker.String() {
 			problem = stray.String() + " too, which dislock never injects"
 		}
-		return injection{}, &forgedError{marker: r.marker, problem: problem}
+		return Injection{}, &forgedError{marker: r.marker, problem: problem}
 	}
 	recovered, entrypoints := strip(r.job)
 	r.carriedQuit = carriedProxyQuit(r.job)
 	want, err := r.fresh(recovered, opts, entrypoints)
 	if err != nil {
-		return injection{}, &forgedError{marker: r.marker, problem: "dislock would refuse the Job it was made from: " + err.Error(), cause: err}
+		return Injection{}, &forgedError{marker: r.marker, problem: "dislock would refuse the Job it was made from: " + err.Error(), cause: err}
 	}
 	// contract.LabelInjected only tells the outcome controller which pods to watch:
 	// a webhook called after dislock that sets the template's labels as a
@@ -191,10 +191,10 @@ func (r *review) verify(opts Options) (injection, error) {
 		job.Spec.Template.Labels[contract.LabelInjected] = contract.LabelInjectedValue
 	}
 	addPodMetadata(&job.Spec.Template.ObjectMeta, opts)
-	if d := firstDifference(job, want.job); d != "" {
-		return injection{}, &forgedError{marker: r.marker, problem: "it is not what dislock injects for it: " + d}
+	if d := firstDifference(job, want.Job); d != "" {
+		return Injection{}, &forgedError{marker: r.marker, problem: "it is not what dislock injects for it: " + d}
 	}
-	want.job = job
+	want.Job = job
 	return want, nil
 }
 

@@ -1,4 +1,4 @@
-package webhook
+package inject
 
 import (
 	"crypto/x509"
@@ -323,22 +323,22 @@ type plan struct {
 	resources corev1.ResourceRequirements
 	// mesh is what was decided about the pod's classic mesh sidecars; its
 	// quit URLs are env.ProxyQuit.
-	mesh meshPlan
+	mesh MeshPlan
 }
 
-// injection is what one admission made of a Job: the Job to admit, its
+// Injection is what one admission made of a Job: the Job to admit, its
 // status, and what the user should hear about it.
-type injection struct {
-	job    *batchv1.Job
-	status *Status
-	mesh   meshPlan
+type Injection struct {
+	Job    *batchv1.Job
+	Status *Status
+	Mesh   MeshPlan
 }
 
-// warnings are the admission warnings of the injection (kubectl prints
+// Warnings are the admission warnings of the injection (kubectl prints
 // them): what was found about the pod's mesh sidecars, and what will go
 // wrong with them.
-func (in injection) warnings() []string {
-	return append(append([]string(nil), in.mesh.notes...), in.mesh.warnings...)
+func (in Injection) Warnings() []string {
+	return append(append([]string(nil), in.Mesh.notes...), in.Mesh.Warnings...)
 }
 
 // Inject returns a mutated deep copy of job: the dislock-agent sidecar, the
@@ -349,7 +349,7 @@ func (in injection) warnings() []string {
 //
 // It reads nothing but its arguments. A Job with no dislock annotation gives
 // ErrNotOptedIn. A Job that already carries a part of an injection (see
-// injectionMarker) is not injected again: it must be exactly what Inject
+// InjectionMarker) is not injected again: it must be exactly what Inject
 // makes of the Job it was made from, and then comes back unchanged
 // (reinvocation, or a copy of an injected Job); otherwise the error wraps
 // ErrForgedInjection and names the first field that differs. Otherwise every
@@ -377,28 +377,30 @@ func InjectInNamespace(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *co
 	if err := opts.Validate(); err != nil {
 		return nil, nil, nil, fmt.Errorf("invalid webhook options: %w", err)
 	}
-	r := newReview(job, cronJob)
-	r.namespace = namespace
-	in, err := r.inject(opts, entrypoints)
+	r := NewReview(job, cronJob)
+	r.Namespace = namespace
+	in, err := r.Inject(opts, entrypoints)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	return in.job, in.status, in.warnings(), nil
+	return in.Job, in.Status, in.Warnings(), nil
 }
 
-// review is what one admission reads from a Job before anything is injected,
+// Review is what one admission reads from a Job before anything is injected,
 // read once: the dislock annotations that apply to it, whether they opt it
-// in, and the first part of an earlier injection it carries.
-type review struct {
+// in, and the first part of an earlier injection it carries. The admission
+// handler reviews each Job once and asks it what the Job needs (OptedIn,
+// CarriesInjection, NeedsEntrypoint) before injecting it (Review.Inject).
+type Review struct {
 	job         *batchv1.Job
 	cronJob     *batchv1.CronJob
 	annotations map[string]string // the CronJob's dislock annotations, overridden by the Job's
 	enabled     bool
-	marker      *marker // nil: the Job carries no part of an injection
-	// namespace is the Job's namespace, for its mesh labels and
+	marker      *Marker // nil: the Job carries no part of an injection
+	// Namespace is the Job's namespace, for its mesh labels and
 	// annotations; nil when it is not known (the pod template alone
 	// decides then).
-	namespace *corev1.Namespace
+	Namespace *corev1.Namespace
 	// carriedQuit is the proxy-quit choice an injection under verify
 	// carries (nil: decide afresh). The mesh plan is the one part of an
 	// injection that depends on what may change between the first pass
@@ -409,32 +411,40 @@ type review struct {
 	carriedQuit *contract.ProxyQuit
 }
 
-func newReview(job *batchv1.Job, cronJob *batchv1.CronJob) *review {
+// NewReview reads job, whose owning CronJob is cronJob.
+func NewReview(job *batchv1.Job, cronJob *batchv1.CronJob) *Review {
 	annotations := contract.Merge(cronJob.Annotations, job.Annotations)
-	return &review{job: job, cronJob: cronJob, annotations: annotations,
-		enabled: contract.Enabled(annotations), marker: injectionMarker(job)}
+	return &Review{job: job, cronJob: cronJob, annotations: annotations,
+		enabled: contract.Enabled(annotations), marker: InjectionMarker(job)}
 }
 
-// inject injects the Job under review, or checks the injection it carries.
+// OptedIn tells whether the Job or its CronJob opts in to dislock.
+func (r *Review) OptedIn() bool { return r.enabled }
+
+// CarriesInjection tells whether the Job carries a part of an injection
+// already, which Inject checks rather than trusts.
+func (r *Review) CarriesInjection() bool { return r.marker != nil }
+
+// Inject injects the Job under review, or checks the injection it carries.
 // opts are defaulted and valid: Inject checks them, the admission handler
 // had them checked once at start.
-func (r *review) inject(opts Options, entrypoints map[string][]string) (injection, error) {
+func (r *Review) Inject(opts Options, entrypoints map[string][]string) (Injection, error) {
 	switch {
 	case r.marker != nil:
 		return r.verify(opts)
 	case !r.enabled:
-		return injection{}, ErrNotOptedIn
+		return Injection{}, ErrNotOptedIn
 	}
 	return r.fresh(r.job, opts, entrypoints)
 }
 
 // fresh injects job, which carries no part of an injection: r.job itself, or
 // the Job verify recovered from it.
-func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]string) (injection, error) {
+func (r *Review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]string) (Injection, error) {
 	cronJob := r.cronJob
-	p, err := makePlan(job, cronJob, r.namespace, r.annotations, entrypoints, r.carriedQuit, opts)
+	p, err := makePlan(job, cronJob, r.Namespace, r.annotations, entrypoints, r.carriedQuit, opts)
 	if err != nil {
-		return injection{}, err
+		return Injection{}, err
 	}
 
 	out := job.DeepCopy()
@@ -442,11 +452,11 @@ func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]
 		out.Spec.Template.Labels = map[string]string{}
 	}
 	out.Spec.Template.Labels[contract.LabelInjected] = contract.LabelInjectedValue
-	if len(p.mesh.podAnnotations) > 0 {
+	if len(p.mesh.PodAnnotations) > 0 {
 		if out.Spec.Template.Annotations == nil {
 			out.Spec.Template.Annotations = map[string]string{}
 		}
-		maps.Copy(out.Spec.Template.Annotations, p.mesh.podAnnotations)
+		maps.Copy(out.Spec.Template.Annotations, p.mesh.PodAnnotations)
 	}
 	addPodMetadata(&out.Spec.Template.ObjectMeta, opts)
 	pod := &out.Spec.Template.Spec
@@ -505,13 +515,13 @@ func (r *review) fresh(job *batchv1.Job, opts Options, entrypoints map[string][]
 	}
 	b, err := json.Marshal(st)
 	if err != nil {
-		return injection{}, fmt.Errorf("encoding %s: %w", StatusAnnotation, err)
+		return Injection{}, fmt.Errorf("encoding %s: %w", StatusAnnotation, err)
 	}
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
 	out.Annotations[StatusAnnotation] = string(b)
-	return injection{job: out, status: st, mesh: p.mesh}, nil
+	return Injection{Job: out, Status: st, Mesh: p.mesh}, nil
 }
 
 // makePlan parses and checks everything Inject needs, and reports every
@@ -592,7 +602,7 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 		choice = *carriedQuit
 	}
 	p.mesh = planMeshes(&job.Spec.Template, namespace, choice)
-	p.env.ProxyQuit = p.mesh.quit
+	p.env.ProxyQuit = p.mesh.Quit
 
 	// Every regular container but a mesh proxy is an app container.
 	// With dislock.io/entrypoint present but bad, its own error says
@@ -875,10 +885,10 @@ func NeedsEntrypoint(job *batchv1.Job, cronJob *batchv1.CronJob) ([]corev1.Conta
 	if job == nil || cronJob == nil {
 		return nil, errors.New("needs entrypoint: job and cronJob must not be nil")
 	}
-	return newReview(job, cronJob).needsEntrypoint()
+	return NewReview(job, cronJob).NeedsEntrypoint()
 }
 
-func (r *review) needsEntrypoint() ([]corev1.Container, error) {
+func (r *Review) NeedsEntrypoint() ([]corev1.Container, error) {
 	switch {
 	case r.marker != nil:
 		return nil, nil

@@ -1,45 +1,25 @@
-package webhook
+package inject
 
 import (
-	"context"
-	"encoding/json"
 	"maps"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/webhook/internal/injecttest"
 )
 
 const (
 	istioQuit   = "http://127.0.0.1:15020/quitquitquit"
 	linkerdQuit = "http://127.0.0.1:4191/shutdown"
 )
-
-// sidecarEnv returns the value of the injected sidecar's variable name, and
-// whether it is set.
-func sidecarEnv(t testing.TB, job *batchv1.Job, name string) (string, bool) {
-	t.Helper()
-	for _, e := range job.Spec.Template.Spec.InitContainers[0].Env {
-		if e.Name == name {
-			return e.Value, true
-		}
-	}
-	return "", false
-}
 
 // proxyContainer is a mesh's classic sidecar as the mesh injects it: no
 // command (the image's entrypoint runs), so that wrapping it would need a
@@ -216,11 +196,11 @@ func TestMeshSidecars(t *testing.T) {
 			checkInjected(t, out, st)
 			checkAgentReadsItsEnv(t, out, st)
 
-			quit, set := sidecarEnv(t, out, contract.EnvProxyQuit)
+			quit, set := injecttest.SidecarEnv(t, out, contract.EnvProxyQuit)
 			if quit != tc.wantQuit || set != (tc.wantQuit != "") {
 				t.Errorf("%s = %q (set %v), want %q", contract.EnvProxyQuit, quit, set, tc.wantQuit)
 			}
-			if apps, _ := sidecarEnv(t, out, contract.EnvAppContainers); apps != "app" {
+			if apps, _ := injecttest.SidecarEnv(t, out, contract.EnvAppContainers); apps != "app" {
 				t.Errorf("%s = %q, want only the app", contract.EnvAppContainers, apps)
 			}
 			if !slices.Equal(st.Containers, []string{"app"}) {
@@ -268,7 +248,7 @@ func TestMeshSidecars(t *testing.T) {
 				t.Fatalf("re-injecting: %v", err)
 			}
 			if !reflect.DeepEqual(toJSON(t, again), toJSON(t, out)) {
-				t.Errorf("re-injecting changed the Job:\n%s", lineDiff(string(toYAML(t, out)), string(toYAML(t, again))))
+				t.Errorf("re-injecting changed the Job:\n%s", injecttest.LineDiff(string(injecttest.ToYAML(t, out)), string(injecttest.ToYAML(t, again))))
 			}
 			if errs := ValidateCronJob(cj, Options{}); len(errs) != 0 {
 				t.Errorf("the CronJob does not validate: %v", errs)
@@ -286,7 +266,7 @@ func TestMeshIgnoresAnotherNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, set := sidecarEnv(t, out, contract.EnvProxyQuit); set || len(warnings) > 0 {
+	if v, set := injecttest.SidecarEnv(t, out, contract.EnvProxyQuit); set || len(warnings) > 0 {
 		t.Errorf("%s = %q, warnings %q; want neither", contract.EnvProxyQuit, v, warnings)
 	}
 }
@@ -329,7 +309,7 @@ func TestRestartPolicyReachesTheAgent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, set := sidecarEnv(t, out, contract.EnvRestartPolicy)
+			got, set := injecttest.SidecarEnv(t, out, contract.EnvRestartPolicy)
 			if got != tc.want || set != (tc.want != "") {
 				t.Errorf("%s = %q (set %v), want %q", contract.EnvRestartPolicy, got, set, tc.want)
 			}
@@ -388,174 +368,6 @@ func TestOnlyMeshProxiesIsRefused(t *testing.T) {
 	}
 }
 
-// meshMutator is the Job admission handler over an in-memory API holding
-// objects; namespaces says whether it reads the Job's namespace (the
-// installation watches Namespaces).
-func meshMutator(t testing.TB, namespaces bool, resolver *Resolver, objects ...runtime.Object) (*jobMutator, *events.FakeRecorder) {
-	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	reader := fake.NewClientBuilder().WithScheme(scheme).WithRuntimeObjects(objects...).Build()
-	rec := &events.FakeRecorder{Events: make(chan string, 16)}
-	m := &jobMutator{cache: reader, api: reader, opts: testOptions(), resolver: resolver, events: rec}
-	if namespaces {
-		m.namespaces = reader
-	}
-	if m.resolver == nil {
-		m.resolver = NewResolver(ResolverOptions{})
-	}
-	return m, rec
-}
-
-// admit runs one Job admission and returns the response and the Job it
-// makes of job.
-func admit(t testing.TB, m *jobMutator, job *batchv1.Job) (admission.Response, *batchv1.Job) {
-	t.Helper()
-	raw, err := json.Marshal(job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp := m.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
-		UID: "review-1", Operation: admissionv1.Create, Namespace: job.Namespace, Object: runtime.RawExtension{Raw: raw}}})
-	if !resp.Allowed {
-		return resp, nil
-	}
-	out, err := decodeJob(applyResponse(t, raw, resp))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, out
-}
-
-// The admission reads the Job's namespace from the cache (when the webhook
-// watches Namespaces), tells kubectl what it found as a warning, logs it and
-// puts it in the Event; a user's admin-shutdown choice that keeps the pod
-// running is a Warning Event too, since the CronJob controller shows
-// admission warnings to no one.
-func TestAdmissionDetectsMeshesFromTheNamespace(t *testing.T) {
-	t.Parallel()
-	cj, job := cronJobAndJob(map[string]string{contract.AnnotationMode: "schedule"})
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team", Labels: map[string]string{"istio-injection": "enabled"}}}
-	const note = "dislock: Istio sidecar detected (namespace label istio-injection=enabled): the agent will POST http://127.0.0.1:15020/quitquitquit once the app containers ended"
-
-	t.Run("the namespace is read from the cache", func(t *testing.T) {
-		t.Parallel()
-		m, rec := meshMutator(t, true, nil, cj, ns)
-		resp, out := admit(t, m, job)
-		if out == nil || !slices.Equal(resp.Warnings, []string{note}) {
-			t.Fatalf("response allowed %v, warnings %q; want the note %q", resp.Allowed, resp.Warnings, note)
-		}
-		if quit, _ := sidecarEnv(t, out, contract.EnvProxyQuit); quit != istioQuit {
-			t.Errorf("%s = %q", contract.EnvProxyQuit, quit)
-		}
-		if ev := <-rec.Events; !strings.Contains(ev, "DislockInjected") || !strings.Contains(ev, "Istio sidecar detected (namespace label istio-injection=enabled)") {
-			t.Errorf("event %q does not tell the mesh", ev)
-		}
-	})
-	t.Run("without a namespace cache the pod template alone decides", func(t *testing.T) {
-		t.Parallel()
-		m, _ := meshMutator(t, false, nil, cj, ns)
-		resp, out := admit(t, m, job)
-		if out == nil || len(resp.Warnings) != 0 {
-			t.Fatalf("response allowed %v, warnings %q", resp.Allowed, resp.Warnings)
-		}
-		if quit, set := sidecarEnv(t, out, contract.EnvProxyQuit); set {
-			t.Errorf("%s = %q, want unset", contract.EnvProxyQuit, quit)
-		}
-	})
-	t.Run("a namespace the cache does not hold: the pod template alone decides", func(t *testing.T) {
-		t.Parallel()
-		m, _ := meshMutator(t, true, nil, cj)
-		labelled := job.DeepCopy()
-		labelled.Spec.Template.Labels = map[string]string{"sidecar.istio.io/inject": "true"}
-		resp, out := admit(t, m, labelled)
-		if out == nil || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "pod template label sidecar.istio.io/inject=true") {
-			t.Fatalf("response allowed %v, warnings %q", resp.Allowed, resp.Warnings)
-		}
-	})
-	t.Run("a user's admin shutdown that keeps the pod running is a Warning Event", func(t *testing.T) {
-		t.Parallel()
-		linkerdNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team", Annotations: map[string]string{"linkerd.io/inject": "enabled"}}}
-		m, rec := meshMutator(t, true, nil, cj, linkerdNS)
-		off := job.DeepCopy()
-		off.Spec.Template.Annotations = map[string]string{LinkerdAdminShutdownAnnotation: "disabled"}
-		resp, out := admit(t, m, off)
-		if out == nil || len(resp.Warnings) != 2 || !strings.Contains(resp.Warnings[1], "the pod will not end by itself") {
-			t.Fatalf("response allowed %v, warnings %q", resp.Allowed, resp.Warnings)
-		}
-		if got := out.Spec.Template.Annotations[LinkerdAdminShutdownAnnotation]; got != "disabled" {
-			t.Errorf("the user's %s became %q", LinkerdAdminShutdownAnnotation, got)
-		}
-		if ev := <-rec.Events; !strings.Contains(ev, "DislockInjected") {
-			t.Errorf("first event %q", ev)
-		}
-		if ev := <-rec.Events; !strings.HasPrefix(ev, "Warning DislockMeshSidecar") || !strings.Contains(ev, "the pod will not end by itself") {
-			t.Errorf("second event %q, want the warning", ev)
-		}
-	})
-	t.Run("the Linkerd admin shutdown is patched into the pod template", func(t *testing.T) {
-		t.Parallel()
-		m, _ := meshMutator(t, true, nil, cj)
-		meshed := job.DeepCopy()
-		meshed.Spec.Template.Annotations = map[string]string{"linkerd.io/inject": "enabled"}
-		_, out := admit(t, m, meshed)
-		if out == nil || out.Spec.Template.Annotations[LinkerdAdminShutdownAnnotation] != "enabled" {
-			t.Fatalf("patched Job %+v", out)
-		}
-	})
-	t.Run("a bad dislock.io/proxy-quit is denied naming it", func(t *testing.T) {
-		t.Parallel()
-		badCJ, badJob := cronJobAndJob(map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationProxyQuit: "http://10.0.0.7:15020/quitquitquit"})
-		m, _ := meshMutator(t, true, nil, badCJ, ns)
-		resp, _ := admit(t, m, badJob)
-		if resp.Allowed || !strings.Contains(resp.Result.Message, `annotation dislock.io/proxy-quit: "http://10.0.0.7:15020/quitquitquit" is not on the pod's loopback`) {
-			t.Fatalf("response %+v", resp.Result)
-		}
-	})
-}
-
-// A mesh proxy in the pod template is not the app: its image's entrypoint
-// is never looked up in a registry, even without a command. The same image
-// in an app container is looked up, so the test would see a lookup.
-func TestMeshProxyImageIsNeverLookedUp(t *testing.T) {
-	t.Parallel()
-	reg := startEPRegistry(t, nil)
-	image := pushEPImage(t, reg.host+"/istio/proxyv2:1.24", v1.Config{Entrypoint: []string{"/usr/local/bin/pilot-agent"}})
-	reg.take()
-	cj, job := cronJobAndJob(map[string]string{contract.AnnotationMode: "schedule"})
-	resolver := NewResolver(ResolverOptions{Insecure: true})
-
-	for _, tc := range []struct {
-		container  string
-		wantLookup bool
-	}{
-		{IstioProxyContainer, false},
-		{LinkerdProxyContainer, false},
-		{"not-a-proxy", true},
-	} {
-		t.Run(tc.container, func(t *testing.T) {
-			withProxy := job.DeepCopy()
-			withProxy.Spec.Template.Spec.Containers = append(withProxy.Spec.Template.Spec.Containers,
-				corev1.Container{Name: tc.container, Image: image, Args: []string{"proxy", "sidecar"}})
-			m, _ := meshMutator(t, false, resolver, cj)
-			resp, out := admit(t, m, withProxy)
-			requests := reg.take()
-			if out == nil {
-				t.Fatalf("denied: %+v", resp.Result)
-			}
-			if looked := len(requests) > 0; looked != tc.wantLookup {
-				t.Fatalf("registry requests %q; want a lookup: %v", requests, tc.wantLookup)
-			}
-			c := out.Spec.Template.Spec.Containers[1]
-			if wrapped(c.Command) != tc.wantLookup {
-				t.Errorf("container %s: command %q", c.Name, c.Command)
-			}
-		})
-	}
-}
-
 // The mesh plan is carried across a reinvocation, not decided again: what it
 // is decided from may change in between (the namespace as another replica's
 // cache sees it, or not at all within the read's timeout; a pod-template
@@ -595,7 +407,7 @@ func TestAReinvocationKeepsTheMeshPlanOfTheFirstPass(t *testing.T) {
 			if err != nil {
 				t.Fatalf("dislock denies its own injection on reinvocation: %v", err)
 			}
-			if got, _ := sidecarEnv(t, again, contract.EnvProxyQuit); got != tc.quit {
+			if got, _ := injecttest.SidecarEnv(t, again, contract.EnvProxyQuit); got != tc.quit {
 				t.Errorf("%s = %q after the reinvocation, want %q (the first pass's)", contract.EnvProxyQuit, got, tc.quit)
 			}
 		})
@@ -642,7 +454,7 @@ func TestAPodOnTheNodesNetworkGetsNoPredictedQuitURL(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, _ := sidecarEnv(t, out, contract.EnvProxyQuit); got != tc.quit {
+			if got, _ := injecttest.SidecarEnv(t, out, contract.EnvProxyQuit); got != tc.quit {
 				t.Errorf("%s = %q, want %q", contract.EnvProxyQuit, got, tc.quit)
 			}
 			if _, set := out.Spec.Template.Annotations[LinkerdAdminShutdownAnnotation]; set {

@@ -1,4 +1,4 @@
-package webhook
+package inject
 
 import (
 	"fmt"
@@ -83,27 +83,27 @@ func meshProxy(c corev1.Container) bool {
 	return c.Name == IstioProxyContainer || c.Name == LinkerdProxyContainer
 }
 
-// meshFinding is one mesh whose sidecar the pod will have.
-type meshFinding struct {
-	mesh string // meshIstio or meshLinkerd
-	why  string // what says so, e.g. "namespace label istio-injection=enabled"
-	url  string // its quit endpoint
+// MeshFinding is one mesh whose sidecar the pod will have.
+type MeshFinding struct {
+	Mesh string // meshIstio or meshLinkerd
+	Why  string // what says so, e.g. "namespace label istio-injection=enabled"
+	URL  string // its quit endpoint
 }
 
-// meshPlan is what an admission decided about the pod's classic mesh
+// MeshPlan is what an admission decided about the pod's classic mesh
 // sidecars, part of the Job's plan.
-type meshPlan struct {
-	// quit is the sidecar's DISLOCK_PROXY_QUIT.
-	quit []string
-	// explicit: dislock.io/proxy-quit chose quit (or none), nothing was
+type MeshPlan struct {
+	// Quit is the sidecar's DISLOCK_PROXY_QUIT.
+	Quit []string
+	// explicit: dislock.io/proxy-quit chose Quit (or none), nothing was
 	// detected.
 	explicit bool
-	findings []meshFinding
-	// podAnnotations are added to the pod template.
-	podAnnotations map[string]string
-	// notes tell the user what was detected and done; warnings what will
+	Findings []MeshFinding
+	// PodAnnotations are added to the pod template.
+	PodAnnotations map[string]string
+	// notes tell the user what was detected and done; Warnings what will
 	// go wrong. Both are admission warnings; each is one line.
-	notes, warnings []string
+	notes, Warnings []string
 }
 
 // planMeshes decides the quit endpoints of a Job's pod. choice is the
@@ -115,54 +115,54 @@ type meshPlan struct {
 // there reaches whatever listens on the node (an ingress gateway's
 // pilot-agent on 15020), so nothing is detected for it, and an explicit
 // choice is kept with a warning.
-func planMeshes(tmpl *corev1.PodTemplateSpec, namespace *corev1.Namespace, choice contract.ProxyQuit) meshPlan {
+func planMeshes(tmpl *corev1.PodTemplateSpec, namespace *corev1.Namespace, choice contract.ProxyQuit) MeshPlan {
 	if choice.Set {
-		mp := meshPlan{quit: choice.URLs, explicit: true}
+		mp := MeshPlan{Quit: choice.URLs, explicit: true}
 		if tmpl.Spec.HostNetwork && len(choice.URLs) > 0 {
-			mp.warnings = append(mp.warnings, fmt.Sprintf("dislock: the pod uses the node's network (hostNetwork), so %s %s reaches the node's loopback: "+
+			mp.Warnings = append(mp.Warnings, fmt.Sprintf("dislock: the pod uses the node's network (hostNetwork), so %s %s reaches the node's loopback: "+
 				"the agent will POST there once the app containers ended, whatever listens on the node", contract.AnnotationProxyQuit, strings.Join(choice.URLs, ",")))
 		}
 		return mp
 	}
 	if tmpl.Spec.HostNetwork {
-		return meshPlan{}
+		return MeshPlan{}
 	}
 	var nsLabels, nsAnnotations map[string]string
 	if namespace != nil {
 		nsLabels, nsAnnotations = namespace.Labels, namespace.Annotations
 	}
-	var mp meshPlan
+	var mp MeshPlan
 	if why, ok := istioInjected(tmpl, nsLabels); ok {
 		port, warning := podPort(tmpl.Annotations, nil, istioStatusPortAnnotation, istioStatusPort)
-		mp.add(meshFinding{mesh: meshIstio, why: why, url: loopbackURL(port, istioQuitPath)}, warning)
+		mp.add(MeshFinding{Mesh: meshIstio, Why: why, URL: loopbackURL(port, istioQuitPath)}, warning)
 	}
 	if why, ok := linkerdInjected(tmpl, nsAnnotations); ok {
 		port, warning := podPort(tmpl.Annotations, nsAnnotations, linkerdAdminPortAnnotation, linkerdAdminPort)
-		f := meshFinding{mesh: meshLinkerd, why: why, url: loopbackURL(port, linkerdQuitPath)}
+		f := MeshFinding{Mesh: meshLinkerd, Why: why, URL: loopbackURL(port, linkerdQuitPath)}
 		mp.add(f, warning)
 		switch v, set := tmpl.Annotations[LinkerdAdminShutdownAnnotation]; {
 		case !set:
-			mp.podAnnotations = map[string]string{LinkerdAdminShutdownAnnotation: linkerdAdminShutdownEnabled}
+			mp.PodAnnotations = map[string]string{LinkerdAdminShutdownAnnotation: linkerdAdminShutdownEnabled}
 			mp.notes[len(mp.notes)-1] += fmt.Sprintf(" (the pod template gets %s=%s, so that the proxy serves it)",
 				LinkerdAdminShutdownAnnotation, linkerdAdminShutdownEnabled)
 		case v != linkerdAdminShutdownEnabled:
 			// The user's choice stands (Linkerd's own install may enable
 			// the endpoint for every pod), but it is likely to keep the pod
 			// running forever, so it is said.
-			mp.warnings = append(mp.warnings, fmt.Sprintf("dislock: the pod template sets %s=%q, so the Linkerd proxy may refuse the agent's POST to %s "+
+			mp.Warnings = append(mp.Warnings, fmt.Sprintf("dislock: the pod template sets %s=%q, so the Linkerd proxy may refuse the agent's POST to %s "+
 				"and the pod will not end by itself after its app (remove the annotation, or set it to %q)",
-				LinkerdAdminShutdownAnnotation, v, f.url, linkerdAdminShutdownEnabled))
+				LinkerdAdminShutdownAnnotation, v, f.URL, linkerdAdminShutdownEnabled))
 		}
 	}
 	return mp
 }
 
-func (mp *meshPlan) add(f meshFinding, warning string) {
-	mp.findings = append(mp.findings, f)
-	mp.quit = append(mp.quit, f.url)
-	mp.notes = append(mp.notes, fmt.Sprintf("dislock: %s sidecar detected (%s): the agent will POST %s once the app containers ended", f.mesh, f.why, f.url))
+func (mp *MeshPlan) add(f MeshFinding, warning string) {
+	mp.Findings = append(mp.Findings, f)
+	mp.Quit = append(mp.Quit, f.URL)
+	mp.notes = append(mp.notes, fmt.Sprintf("dislock: %s sidecar detected (%s): the agent will POST %s once the app containers ended", f.Mesh, f.Why, f.URL))
 	if warning != "" {
-		mp.warnings = append(mp.warnings, warning)
+		mp.Warnings = append(mp.Warnings, warning)
 	}
 }
 

@@ -1,4 +1,4 @@
-package webhook
+package inject
 
 // Sizing the sidecar: the installation's defaults and ceilings (the
 // webhook's flags), and a CronJob's own sizes within the ceilings (its

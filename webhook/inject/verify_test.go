@@ -1,7 +1,8 @@
-package webhook
+package inject
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"maps"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/webhook/internal/injecttest"
 )
 
 // injectedCase is errCase's Job injected with goldenOptions, and its CronJob.
@@ -25,6 +27,17 @@ func injectedCase(t testing.TB, annotations map[string]string) (*batchv1.CronJob
 		t.Fatal(err)
 	}
 	return cj, out
+}
+
+// throughJSON is job as the API server sends it to the webhook: encoded,
+// and decoded again.
+func throughJSON(t testing.TB, job *batchv1.Job) *batchv1.Job {
+	t.Helper()
+	out := &batchv1.Job{}
+	if err := json.Unmarshal(toJSON(t, job), out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func envIndex(t testing.TB, c *corev1.Container, name string) int {
@@ -42,33 +55,33 @@ func envIndex(t testing.TB, c *corev1.Container, name string) int {
 // unchanged, through its JSON as the API server sends it.
 func TestAnInjectedJobIsItsOwnInjection(t *testing.T) {
 	t.Parallel()
-	for _, tc := range goldenCases {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, tc := range injecttest.Cases {
+		t.Run(tc.Name, func(t *testing.T) {
 			t.Parallel()
-			cj, job := readCase(t, filepath.Join(goldenDir, tc.name+".yaml"))
-			out, st, err := Inject(job, cj, tc.options(), tc.entrypoints)
+			cj, job := injecttest.ReadCase(t, filepath.Join(goldenDir, tc.Name+".yaml"))
+			out, st, err := Inject(job, cj, caseOptions(tc), tc.Entrypoints)
 			if err != nil {
 				t.Fatal(err)
 			}
 			want := toJSON(t, out)
 
 			stripped, entrypoints := strip(out)
-			if mk := injectionMarker(stripped); mk != nil {
+			if mk := InjectionMarker(stripped); mk != nil {
 				t.Errorf("strip left %s", mk)
 			}
-			again, st2, err := Inject(stripped, cj, tc.options(), entrypoints)
+			again, st2, err := Inject(stripped, cj, caseOptions(tc), entrypoints)
 			if err != nil {
 				t.Fatalf("injecting the stripped Job: %v", err)
 			}
 			if got := toJSON(t, again); !bytes.Equal(got, want) {
-				t.Errorf("Inject(strip(Inject(x))) differs from Inject(x):\n%s", lineDiff(string(toYAML(t, out)), string(toYAML(t, again))))
+				t.Errorf("Inject(strip(Inject(x))) differs from Inject(x):\n%s", injecttest.LineDiff(string(injecttest.ToYAML(t, out)), string(injecttest.ToYAML(t, again))))
 			}
 			if st2.Key != st.Key {
 				t.Errorf("key %s, want %s", st2.Key, st.Key)
 			}
 
-			_, copied := asRequest(t, out)
-			kept, _, err := Inject(copied, cj, tc.options(), nil)
+			copied := throughJSON(t, out)
+			kept, _, err := Inject(copied, cj, caseOptions(tc), nil)
 			if err != nil {
 				t.Fatalf("a copy of the injected Job: %v", err)
 			}
@@ -228,7 +241,7 @@ func TestForgedInjectionsAreRefused(t *testing.T) {
 			tc.edit(t, cj, job)
 			out, st, err := Inject(job, cj, goldenOptions(), nil)
 			if err == nil {
-				t.Fatalf("Inject accepted the forged Job:\n%s", toYAML(t, out))
+				t.Fatalf("Inject accepted the forged Job:\n%s", injecttest.ToYAML(t, out))
 			}
 			if out != nil || st != nil {
 				t.Error("a Job or status returned with an error")
@@ -250,7 +263,7 @@ func TestForgedInjectionsAreRefused(t *testing.T) {
 // it is refused like any other injection the webhook did not make for it.
 func TestAnOlderInjectionIsRefused(t *testing.T) {
 	t.Parallel()
-	cj, job := readCase(t, "testdata/verify/injected-by-an-older-webhook.yaml")
+	cj, job := injecttest.ReadCase(t, "testdata/verify/injected-by-an-older-webhook.yaml")
 	_, _, err := Inject(job, cj, goldenOptions(), nil)
 	if !errors.Is(err, ErrForgedInjection) || !strings.Contains(err.Error(), `spec.template.spec.initContainers[0].env[8].name is "DISLOCK_CLUSTER"; dislock injects "DISLOCK_APP_START_TIMEOUT"`) {
 		t.Fatalf("error %v", err)
@@ -303,7 +316,7 @@ func TestStrip(t *testing.T) {
 	}
 	got, entrypoints := strip(out)
 	if !bytes.Equal(toJSON(t, got), toJSON(t, job)) {
-		t.Errorf("strip(Inject(job)) is not job:\n%s", lineDiff(string(toYAML(t, job)), string(toYAML(t, got))))
+		t.Errorf("strip(Inject(job)) is not job:\n%s", injecttest.LineDiff(string(injecttest.ToYAML(t, job)), string(injecttest.ToYAML(t, got))))
 	}
 	if !slices.Equal(entrypoints["app"], []string{"/app/report"}) || entrypoints["bare"] == nil || len(entrypoints["bare"]) != 0 {
 		t.Errorf("entrypoints %q", entrypoints)
