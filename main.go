@@ -24,6 +24,7 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook"
 	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/webhook/registry"
 
 	_ "time/tzdata" // CronJob time zones in a minimal image
 )
@@ -88,11 +89,11 @@ func runWebhook(args []string) int {
 	fs.StringVar(&cfg.Certs.ServiceName, "service-name", webhook.DefaultServiceName, "Service in front of the webhook (the certificate's DNS name)")
 	fs.StringVar(&cfg.Certs.MutatingConfigName, "mutating-webhook-configuration", webhook.DefaultMutatingConfigName, "MutatingWebhookConfiguration whose caBundle to keep current")
 	fs.StringVar(&cfg.Certs.ValidatingConfigName, "validating-webhook-configuration", webhook.DefaultValidatingConfigName, "ValidatingWebhookConfiguration whose caBundle to keep current")
-	fs.DurationVar(&cfg.Resolver.Timeout, "registry-timeout", webhook.DefaultResolveTimeout, "deadline for one image registry lookup (must fit in the webhook timeout)")
-	fs.DurationVar(&cfg.Resolver.ReviewBudget, "registry-review-budget", webhook.DefaultReviewBudget, "deadline for all registry lookups of one admission, run in parallel (below the 5s webhook timeout)")
-	fs.Int64Var(&cfg.Resolver.MaxManifestBytes, "registry-max-manifest-bytes", webhook.DefaultMaxManifestBytes, "largest image manifest or index read from a registry")
-	fs.Int64Var(&cfg.Resolver.MaxConfigBytes, "registry-max-config-bytes", webhook.DefaultMaxConfigBytes, "largest image config read from a registry")
-	fs.IntVar(&cfg.Resolver.MaxConcurrentLookups, "registry-max-concurrent-lookups", webhook.DefaultMaxConcurrentLookups, "registry lookups in flight at once, across all admissions")
+	fs.DurationVar(&cfg.Resolver.Timeout, "registry-timeout", registry.DefaultResolveTimeout, "deadline for one image registry lookup (must fit in the webhook timeout)")
+	fs.DurationVar(&cfg.Resolver.ReviewBudget, "registry-review-budget", registry.DefaultReviewBudget, "deadline for all registry lookups of one admission, run in parallel (below the 5s webhook timeout)")
+	fs.Int64Var(&cfg.Resolver.MaxManifestBytes, "registry-max-manifest-bytes", registry.DefaultMaxManifestBytes, "largest image manifest or index read from a registry")
+	fs.Int64Var(&cfg.Resolver.MaxConfigBytes, "registry-max-config-bytes", registry.DefaultMaxConfigBytes, "largest image config read from a registry")
+	fs.IntVar(&cfg.Resolver.MaxConcurrentLookups, "registry-max-concurrent-lookups", registry.DefaultMaxConcurrentLookups, "registry lookups in flight at once, across all admissions")
 	// Registry host patterns, comma-separated or repeated; Validate checks them.
 	hostList := func(dst *[]string) func(string) error {
 		return func(v string) error {

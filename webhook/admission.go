@@ -23,6 +23,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/webhook/registry"
 )
 
 // Paths the webhooks are served at (the chart's configurations name them).
@@ -45,7 +46,7 @@ type jobMutator struct {
 	// opts are defaulted and valid, once, when the handler is made (the
 	// webhook refuses to start with invalid ones), not on every review.
 	opts     inject.Options
-	resolver *Resolver
+	resolver *registry.Resolver
 	events   events.EventRecorder
 }
 
@@ -223,12 +224,12 @@ func (m *jobMutator) entrypoints(ctx context.Context, job *batchv1.Job, r *injec
 	if err != nil {
 		return nil, err
 	}
-	kc, err := pullSecretKeychain(ctx, secrets, registryHosts(need))
+	kc, err := registry.PullSecretKeychain(ctx, secrets, registry.Hosts(need))
 	if err != nil {
 		return nil, err
 	}
 	// In parallel, inside the review budget and the namespace's share of the
-	// lookup slots (see Resolver.Entrypoints).
+	// lookup slots (see registry.Resolver.Entrypoints).
 	return m.resolver.Entrypoints(ctx, job.Namespace, need, kc)
 }
 

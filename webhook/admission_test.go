@@ -26,6 +26,8 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/webhook/inject"
 	"github.com/dislock/dislock/webhook/internal/injecttest"
+	"github.com/dislock/dislock/webhook/internal/registrytest"
+	"github.com/dislock/dislock/webhook/registry"
 )
 
 func TestAdmissionOverHTTPS(t *testing.T) {
@@ -164,7 +166,7 @@ func fuzzHandlers(f *testing.F) (*jobMutator, *cronJobValidator) {
 	return &jobMutator{cache: reader, api: reader, opts: testOptions(),
 		// Registry lookups fail fast: there is no registry, and a fuzzer waiting
 		// out the default timeout on every input explores nothing.
-		resolver: NewResolver(ResolverOptions{Timeout: 50 * time.Millisecond}), events: &events.FakeRecorder{}}, &cronJobValidator{decoder: dec}
+		resolver: registry.NewResolver(registry.Options{Timeout: 50 * time.Millisecond}), events: &events.FakeRecorder{}}, &cronJobValidator{decoder: dec}
 }
 
 // FuzzAdmission feeds arbitrary objects to both handlers: no panic, and
@@ -306,7 +308,7 @@ func TestPullSecretsComeFromTheServiceAccountWhenThePodNamesNone(t *testing.T) {
 // meshMutator is the Job admission handler over an in-memory API holding
 // objects; namespaces says whether it reads the Job's namespace (the
 // installation watches Namespaces).
-func meshMutator(t testing.TB, namespaces bool, resolver *Resolver, objects ...runtime.Object) (*jobMutator, *events.FakeRecorder) {
+func meshMutator(t testing.TB, namespaces bool, resolver *registry.Resolver, objects ...runtime.Object) (*jobMutator, *events.FakeRecorder) {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
@@ -319,7 +321,7 @@ func meshMutator(t testing.TB, namespaces bool, resolver *Resolver, objects ...r
 		m.namespaces = reader
 	}
 	if m.resolver == nil {
-		m.resolver = NewResolver(ResolverOptions{})
+		m.resolver = registry.NewResolver(registry.Options{})
 	}
 	return m, rec
 }
@@ -437,11 +439,11 @@ func TestAdmissionDetectsMeshesFromTheNamespace(t *testing.T) {
 // in an app container is looked up, so the test would see a lookup.
 func TestMeshProxyImageIsNeverLookedUp(t *testing.T) {
 	t.Parallel()
-	reg := startEPRegistry(t, nil)
-	image := pushEPImage(t, reg.host+"/istio/proxyv2:1.24", v1.Config{Entrypoint: []string{"/usr/local/bin/pilot-agent"}})
-	reg.take()
+	reg := registrytest.Start(t, nil)
+	image := registrytest.PushImage(t, reg.Host+"/istio/proxyv2:1.24", v1.Config{Entrypoint: []string{"/usr/local/bin/pilot-agent"}})
+	reg.Take()
 	cj, job := cronJobAndJob(map[string]string{contract.AnnotationMode: "schedule"})
-	resolver := NewResolver(ResolverOptions{Insecure: true})
+	resolver := registry.NewResolver(registry.Options{Insecure: true})
 
 	for _, tc := range []struct {
 		container  string
@@ -457,7 +459,7 @@ func TestMeshProxyImageIsNeverLookedUp(t *testing.T) {
 				corev1.Container{Name: tc.container, Image: image, Args: []string{"proxy", "sidecar"}})
 			m, _ := meshMutator(t, false, resolver, cj)
 			resp, out := admit(t, m, withProxy)
-			requests := reg.take()
+			requests := reg.Take()
 			if out == nil {
 				t.Fatalf("denied: %+v", resp.Result)
 			}

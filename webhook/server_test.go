@@ -27,6 +27,7 @@ import (
 
 	"github.com/dislock/dislock/test/tlstest"
 	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/webhook/registry"
 )
 
 // testServer is the webhook's real server stack (controller-runtime's
@@ -54,7 +55,7 @@ func startTestServer(t testing.TB, objects ...runtime.Object) *testServer {
 	reader := fake.NewClientBuilder().WithScheme(scheme).WithRuntimeObjects(objects...).Build()
 	dec := admission.NewDecoder(scheme)
 	srv.Register(MutateJobPath, &crwebhook.Admission{Handler: &jobMutator{cache: reader, api: reader,
-		opts: testOptions(), resolver: NewResolver(ResolverOptions{}), events: &events.FakeRecorder{}}})
+		opts: testOptions(), resolver: registry.NewResolver(registry.Options{}), events: &events.FakeRecorder{}}})
 	srv.Register(ValidateCronJobPath, &crwebhook.Admission{Handler: &cronJobValidator{decoder: dec}})
 	srv.Register("/noop", &crwebhook.Admission{Handler: admission.HandlerFunc(func(context.Context, admission.Request) admission.Response {
 		return admission.Allowed("")

@@ -22,6 +22,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/webhook/registry"
 )
 
 // Defaults of the server configuration.
@@ -38,7 +39,7 @@ const (
 // Config is everything the `dislock webhook` server wires up.
 type Config struct {
 	Inject   inject.Options
-	Resolver ResolverOptions
+	Resolver registry.Options
 	// Namespace the webhook runs in: where the database secret is copied
 	// from, and never intercepted.
 	Namespace string
@@ -200,7 +201,7 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 		dec := admission.NewDecoder(mgr.GetScheme())
 		srv.Register(MutateJobPath, &webhook.Admission{Handler: &jobMutator{
 			cache: mgr.GetClient(), api: mgr.GetAPIReader(), namespaces: namespaces, opts: cfg.Inject.WithDefaults(),
-			resolver: NewResolver(cfg.Resolver), events: mgr.GetEventRecorder("dislock-webhook"),
+			resolver: registry.NewResolver(cfg.Resolver), events: mgr.GetEventRecorder("dislock-webhook"),
 		}})
 		srv.Register(ValidateCronJobPath, &webhook.Admission{Handler: &cronJobValidator{decoder: dec, opts: cfg.Inject}})
 	}

@@ -1,4 +1,4 @@
-package webhook
+package registry
 
 import (
 	"context"
@@ -25,12 +25,14 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dislock/dislock/webhook/internal/registrytest"
 )
 
 // loopbackOptions let a Resolver reach the test's in-process registry, which
 // listens on 127.0.0.1 over plain HTTP: both must be allowed explicitly.
-func loopbackOptions() ResolverOptions {
-	return ResolverOptions{InsecureRegistries: []string{"127.0.0.1"}, PrivateRegistries: []string{"127.0.0.1"}}
+func loopbackOptions() Options {
+	return Options{InsecureRegistries: []string{"127.0.0.1"}, PrivateRegistries: []string{"127.0.0.1"}}
 }
 
 // intercept serves the paths route answers and passes the rest to the
@@ -147,7 +149,7 @@ func TestRegistryHostileSizesAreRefusedBeforeTheyAreRead(t *testing.T) {
 	var blobWritten atomic.Int64
 	hugeConfig := imageManifestJSON(t, 1<<30, "sha256:"+strings.Repeat("ab", 32))
 	lyingConfig := imageManifestJSON(t, 100, "sha256:"+strings.Repeat("cd", 32))
-	reg := startEPRegistry(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
+	reg := registrytest.Start(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
 		switch {
 		case strings.HasPrefix(r.URL.Path, "/v2/huge-config/manifests/"):
 			serveManifest(w, r, "application/vnd.oci.image.manifest.v1+json", hugeConfig)
@@ -204,8 +206,8 @@ func TestRegistryHostileSizesAreRefusedBeforeTheyAreRead(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := NewResolver(loopbackOptions())
-			image := reg.host + "/" + tt.repo + ":1"
-			reg.take()
+			image := reg.Host + "/" + tt.repo + ":1"
+			reg.Take()
 			w := watchHeap()
 			start := time.Now()
 			_, err := r.Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(image)}, nil)
@@ -216,7 +218,7 @@ func TestRegistryHostileSizesAreRefusedBeforeTheyAreRead(t *testing.T) {
 			if read > tt.maxRead {
 				t.Errorf("read %d bytes from the registry, want at most %d", read, tt.maxRead)
 			}
-			if got := slices.Contains(reg.take(), "GET blob"); got != tt.wantBlob {
+			if got := slices.Contains(reg.Take(), "GET blob"); got != tt.wantBlob {
 				t.Errorf("config blob requested: %v, want %v", got, tt.wantBlob)
 			}
 		})
@@ -226,14 +228,14 @@ func TestRegistryHostileSizesAreRefusedBeforeTheyAreRead(t *testing.T) {
 func TestRegistryIndexWithAThousandEntriesIsAnsweredWithinItsBound(t *testing.T) {
 	var index []byte
 	var indexDigest string
-	reg := startEPRegistry(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
+	reg := registrytest.Start(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path == "/v2/multi/manifests/1" || (indexDigest != "" && r.URL.Path == "/v2/multi/manifests/"+indexDigest) {
 			serveManifest(w, r, "application/vnd.oci.image.index.v1+json", index)
 			return true
 		}
 		return false
 	}))
-	amd64 := pushEPImage(t, reg.host+"/multi:amd64", v1.Config{Entrypoint: []string{"/amd64"}})
+	amd64 := registrytest.PushImage(t, reg.Host+"/multi:amd64", v1.Config{Entrypoint: []string{"/amd64"}})
 	_, amd64Digest, _ := strings.Cut(amd64, "@")
 	amd64Size := func() int64 {
 		d, err := remote.Head(mustParse(t, amd64))
@@ -265,10 +267,10 @@ func TestRegistryIndexWithAThousandEntriesIsAnsweredWithinItsBound(t *testing.T)
 	indexDigest = "sha256:" + hex.EncodeToString(sum[:])
 
 	r := NewResolver(loopbackOptions())
-	reg.take()
+	reg.Take()
 	w := watchHeap()
 	start := time.Now()
-	got, err := r.Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(reg.host + "/multi:1")}, nil)
+	got, err := r.Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(reg.Host + "/multi:1")}, nil)
 	took := time.Since(start)
 	read := r.transport.bytesRead.Load()
 	w.report(t, fmt.Sprintf("index of %d entries (%d bytes)", len(entries), len(index)), read, took)
@@ -282,7 +284,7 @@ func TestRegistryIndexWithAThousandEntriesIsAnsweredWithinItsBound(t *testing.T)
 		t.Errorf("read %d bytes, want at most the index and a few KiB (%d)", read, limit)
 	}
 	var manifests int
-	for _, req := range reg.take() {
+	for _, req := range reg.Take() {
 		if req == "GET manifest" {
 			manifests++
 		}
@@ -295,7 +297,7 @@ func TestRegistryIndexWithAThousandEntriesIsAnsweredWithinItsBound(t *testing.T)
 func TestRegistrySlowLorisIsDeniedAsATimeoutInsideTheBudget(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
-	reg := startEPRegistry(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
+	reg := registrytest.Start(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
 		if strings.HasPrefix(r.URL.Path, "/v2/headers-only/") {
 			// Headers at once, then a body that never comes.
 			w.Header().Set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
@@ -318,9 +320,9 @@ func TestRegistrySlowLorisIsDeniedAsATimeoutInsideTheBudget(t *testing.T) {
 	opts.Timeout, opts.ReviewBudget = 300*time.Millisecond, 400*time.Millisecond
 	r := NewResolver(opts)
 	containers := []corev1.Container{
-		{Name: "a", Image: reg.host + "/silent/a:1"},
-		{Name: "b", Image: reg.host + "/silent/b:1"},
-		{Name: "c", Image: reg.host + "/headers-only/c@sha256:" + strings.Repeat("ab", 32)},
+		{Name: "a", Image: reg.Host + "/silent/a:1"},
+		{Name: "b", Image: reg.Host + "/silent/b:1"},
+		{Name: "c", Image: reg.Host + "/headers-only/c@sha256:" + strings.Repeat("ab", 32)},
 	}
 	start := time.Now()
 	_, err := r.Entrypoints(context.Background(), epNamespace, containers, nil)
@@ -350,7 +352,7 @@ func TestRegistryLookupsOfOneReviewRunInParallel(t *testing.T) {
 	var armed atomic.Bool // after the pushes, which HEAD manifests too
 	waiting := 0
 	all := make(chan struct{})
-	reg := startEPRegistry(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
+	reg := registrytest.Start(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
 		if armed.Load() && r.Method == http.MethodHead && strings.Contains(r.URL.Path, "/manifests/") {
 			mu.Lock()
 			if waiting++; waiting == 3 {
@@ -366,8 +368,8 @@ func TestRegistryLookupsOfOneReviewRunInParallel(t *testing.T) {
 	}))
 	var containers []corev1.Container
 	for _, n := range []string{"a", "b", "c"} {
-		pushEPImage(t, reg.host+"/par/"+n+":1", v1.Config{Entrypoint: []string{"/" + n}})
-		containers = append(containers, corev1.Container{Name: n, Image: reg.host + "/par/" + n + ":1"})
+		registrytest.PushImage(t, reg.Host+"/par/"+n+":1", v1.Config{Entrypoint: []string{"/" + n}})
+		containers = append(containers, corev1.Container{Name: n, Image: reg.Host + "/par/" + n + ":1"})
 	}
 	opts := loopbackOptions()
 	opts.Timeout, opts.ReviewBudget = 4*time.Second, 4500*time.Millisecond
@@ -401,7 +403,7 @@ func TestRegistryDestinationsAreBounded(t *testing.T) {
 		"to-private-ip": "http://10.1.2.3:" + internalPort + "/admin",
 		"to-plain-http": "http://registry.example.com/blob",
 	}
-	reg := startEPRegistry(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
+	reg := registrytest.Start(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
 		for repo, to := range redirects {
 			if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v2/"+repo+"/blobs/") {
 				http.Redirect(w, r, to, http.StatusTemporaryRedirect)
@@ -411,11 +413,11 @@ func TestRegistryDestinationsAreBounded(t *testing.T) {
 		return false
 	}))
 	for repo := range redirects {
-		pushEPImage(t, reg.host+"/"+repo+":1", v1.Config{Entrypoint: []string{"/bin/app"}})
+		registrytest.PushImage(t, reg.Host+"/"+repo+":1", v1.Config{Entrypoint: []string{"/bin/app"}})
 	}
-	pushEPImage(t, reg.host+"/plain:1", v1.Config{Entrypoint: []string{"/bin/app"}})
+	registrytest.PushImage(t, reg.Host+"/plain:1", v1.Config{Entrypoint: []string{"/bin/app"}})
 
-	with := func(change func(*ResolverOptions)) ResolverOptions {
+	with := func(change func(*Options)) Options {
 		o := loopbackOptions()
 		// localhost may be plain HTTP, so that only its address is what
 		// refuses the redirect to it.
@@ -427,7 +429,7 @@ func TestRegistryDestinationsAreBounded(t *testing.T) {
 	}
 	tests := []struct {
 		name      string
-		opts      ResolverOptions
+		opts      Options
 		repo      string
 		wantCause string
 		noRequest bool // refused before the registry is asked anything
@@ -438,7 +440,7 @@ func TestRegistryDestinationsAreBounded(t *testing.T) {
 		},
 		{
 			name: "a redirect to the metadata address is refused even when listed as private",
-			opts: with(func(o *ResolverOptions) { o.PrivateRegistries = append(o.PrivateRegistries, "169.254.169.254") }),
+			opts: with(func(o *Options) { o.PrivateRegistries = append(o.PrivateRegistries, "169.254.169.254") }),
 			repo: "to-metadata", wantCause: "never contacts (link-local",
 		},
 		{
@@ -451,34 +453,34 @@ func TestRegistryDestinationsAreBounded(t *testing.T) {
 		},
 		{
 			name: "a registry on loopback is refused unless listed as private",
-			opts: with(func(o *ResolverOptions) { o.PrivateRegistries = nil }), repo: "plain",
+			opts: with(func(o *Options) { o.PrivateRegistries = nil }), repo: "plain",
 			wantCause: "loopback or private address", noRequest: true,
 		},
 		{
 			name: "a plain-HTTP registry is refused unless listed as insecure",
-			opts: ResolverOptions{PrivateRegistries: []string{"127.0.0.1"}}, repo: "plain",
+			opts: Options{PrivateRegistries: []string{"127.0.0.1"}}, repo: "plain",
 			wantCause: "plain HTTP", noRequest: true,
 		},
 		{
-			name: "a denied registry is never asked", opts: with(func(o *ResolverOptions) { o.DeniedRegistries = []string{"127.0.0.*"} }),
+			name: "a denied registry is never asked", opts: with(func(o *Options) { o.DeniedRegistries = []string{"127.0.0.*"} }),
 			repo: "plain", wantCause: "deny list", noRequest: true,
 		},
 		{
-			name: "a registry off the allow list is never asked", opts: with(func(o *ResolverOptions) { o.AllowedRegistries = []string{"*.example.com"} }),
+			name: "a registry off the allow list is never asked", opts: with(func(o *Options) { o.AllowedRegistries = []string{"*.example.com"} }),
 			repo: "plain", wantCause: "not on the webhook's allow list", noRequest: true,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// Not parallel: noRequest reads the registry's shared log.
-			image := reg.host + "/" + tt.repo + ":1"
-			reg.take()
+			image := reg.Host + "/" + tt.repo + ":1"
+			reg.Take()
 			_, err := NewResolver(tt.opts).Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(image)}, nil)
 			wantRegistryClass(t, err, RegistryNotAllowed, image)
 			if !strings.Contains(err.Error(), tt.wantCause) {
 				t.Errorf("error %q does not contain %q", err, tt.wantCause)
 			}
-			if reqs := reg.take(); tt.noRequest && len(reqs) > 0 {
+			if reqs := reg.Take(); tt.noRequest && len(reqs) > 0 {
 				t.Errorf("the registry was asked %q, want nothing", reqs)
 			}
 			if strings.Contains(err.Error(), internalPort) || strings.Contains(err.Error(), "meta-data") {
@@ -491,8 +493,8 @@ func TestRegistryDestinationsAreBounded(t *testing.T) {
 	}
 
 	t.Run("allowed, private and insecure hosts resolve", func(t *testing.T) {
-		o := with(func(o *ResolverOptions) { o.AllowedRegistries = []string{"127.0.0.1:*"} })
-		if _, err := NewResolver(o).Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(reg.host + "/plain:1")}, nil); err != nil {
+		o := with(func(o *Options) { o.AllowedRegistries = []string{"127.0.0.1:*"} })
+		if _, err := NewResolver(o).Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(reg.Host + "/plain:1")}, nil); err != nil {
 			t.Errorf("Entrypoints: %v", err)
 		}
 	})
@@ -501,19 +503,19 @@ func TestRegistryDestinationsAreBounded(t *testing.T) {
 func TestRegistryCacheNeverAnswersAnotherTenantsCredential(t *testing.T) {
 	t.Parallel()
 	const user, pass = "team-a", "s3cret"
-	reg := startEPRegistry(t, basicAuth(user, pass))
-	private := pushEPImage(t, reg.host+"/team-a/private:1", v1.Config{Entrypoint: []string{"/bin/secret-job", "--token-file=/x"}},
+	reg := registrytest.Start(t, basicAuth(user, pass))
+	private := registrytest.PushImage(t, reg.Host+"/team-a/private:1", v1.Config{Entrypoint: []string{"/bin/secret-job", "--token-file=/x"}},
 		remote.WithAuth(&authn.Basic{Username: user, Password: pass}))
 	secret := func(u, p string) authn.Keychain {
 		auth := base64.StdEncoding.EncodeToString([]byte(u + ":" + p))
-		return keychainFor(t, private, `{"auths":{"`+reg.host+`":{"auth":"`+auth+`"}}}`)
+		return keychainFor(t, private, `{"auths":{"`+reg.Host+`":{"auth":"`+auth+`"}}}`)
 	}
 	r := NewResolver(loopbackOptions())
 	ctx := context.Background()
 	lookup := func(secrets authn.Keychain) ([]string, error, []string) {
-		reg.take()
+		reg.Take()
 		got, err := r.Entrypoints(ctx, epNamespace, []corev1.Container{epContainer(private)}, secrets)
-		return got["app"], err, reg.take()
+		return got["app"], err, reg.Take()
 	}
 
 	// Team A's lookup fills the cache.
@@ -542,7 +544,7 @@ func TestRegistryCacheNeverAnswersAnotherTenantsCredential(t *testing.T) {
 
 func TestRegistryOptionsAreValidatedNamingTheFlag(t *testing.T) {
 	t.Parallel()
-	err := ResolverOptions{
+	err := Options{
 		Timeout: 4 * time.Second, ReviewBudget: 3 * time.Second,
 		MaxManifestBytes: 1 << 40, MaxConfigBytes: -1, MaxConcurrentLookups: -2,
 		AllowedRegistries:  []string{"https://registry.example.com/team"},
@@ -630,7 +632,7 @@ func TestRegistryIndexEntriesAreReadOneAtATimeAndBounded(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			index := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[` + tc.entries + `]}`)
-			reg := startEPRegistry(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
+			reg := registrytest.Start(t, intercept(func(w http.ResponseWriter, r *http.Request) bool {
 				if strings.HasPrefix(r.URL.Path, "/v2/hostile/manifests/") {
 					serveManifest(w, r, "application/vnd.oci.image.index.v1+json", index)
 					return true
@@ -640,9 +642,9 @@ func TestRegistryIndexEntriesAreReadOneAtATimeAndBounded(t *testing.T) {
 			r := NewResolver(loopbackOptions())
 			w := watchHeap()
 			start := time.Now()
-			_, err := r.Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(reg.host + "/hostile:1")}, nil)
+			_, err := r.Entrypoints(context.Background(), epNamespace, []corev1.Container{epContainer(reg.Host + "/hostile:1")}, nil)
 			w.report(t, fmt.Sprintf("index of %d bytes", len(index)), r.transport.bytesRead.Load(), time.Since(start))
-			wantRegistryClass(t, err, tc.class, reg.host+"/hostile:1")
+			wantRegistryClass(t, err, tc.class, reg.Host+"/hostile:1")
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package webhook
+package registry
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dislock/dislock/webhook/internal/registrytest"
 )
 
 // silentRegistry is a registry that never answers: each request is
@@ -47,12 +49,12 @@ func TestOneNamespaceCannotTakeEveryRegistryLookupSlot(t *testing.T) {
 	silentHost, arrived, release := silentRegistry(t, 1024)
 	t.Cleanup(release) // runs first: frees any handler still waiting
 
-	reg := startEPRegistry(t, nil)
-	pushEPImage(t, reg.host+"/quiet/app:1", v1.Config{Entrypoint: []string{"/app"}})
+	reg := registrytest.Start(t, nil)
+	registrytest.PushImage(t, reg.Host+"/quiet/app:1", v1.Config{Entrypoint: []string{"/app"}})
 
 	// The defaults: 8 slots, of which a namespace may hold 4; a 3 s lookup
 	// timeout inside a 4 s review budget.
-	r := NewResolver(ResolverOptions{Insecure: true})
+	r := NewResolver(Options{Insecure: true})
 	const noisyReviews, share = 4, DefaultMaxConcurrentLookups / 2
 	start := time.Now()
 	type review struct {
@@ -83,7 +85,7 @@ func TestOneNamespaceCannotTakeEveryRegistryLookupSlot(t *testing.T) {
 		}
 	}
 
-	got, err := r.Entrypoints(context.Background(), "quiet", []corev1.Container{epContainer(reg.host + "/quiet/app:1")}, nil)
+	got, err := r.Entrypoints(context.Background(), "quiet", []corev1.Container{epContainer(reg.Host + "/quiet/app:1")}, nil)
 	took := time.Since(start)
 	if err != nil {
 		t.Fatalf("the quiet namespace's lookup failed while another namespace's registry hung: %v", err)
@@ -146,7 +148,7 @@ func TestALookupThatGetsNoSlotIsDeniedAsBusyNotAsTheRegistrysTimeout(t *testing.
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			// 2 slots, a share of 1.
-			r := NewResolver(ResolverOptions{Insecure: true, MaxConcurrentLookups: 2})
+			r := NewResolver(Options{Insecure: true, MaxConcurrentLookups: 2})
 			held := make(chan error, len(tt.holders))
 			for i, ns := range tt.holders {
 				image := fmt.Sprintf("%s/held/%d:1", silentHost, i)

@@ -1,12 +1,10 @@
-package webhook
+package registry
 
 import (
 	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -18,7 +16,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	kauth "github.com/google/go-containerregistry/pkg/authn/kubernetes"
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -26,80 +23,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/webhook/internal/registrytest"
 )
-
-// epRegistry is go-containerregistry's in-process registry behind a real
-// HTTP server, recording every request it is sent.
-type epRegistry struct {
-	host string // 127.0.0.1:port
-
-	mu       sync.Mutex
-	requests []string // "GET ping", "HEAD manifest", "GET blob", ...
-}
-
-// startEPRegistry serves a fresh registry; guard, when set, wraps it (for
-// authentication).
-func startEPRegistry(t *testing.T, guard func(http.Handler) http.Handler) *epRegistry {
-	t.Helper()
-	reg := &epRegistry{}
-	var h http.Handler = registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	if guard != nil {
-		h = guard(h)
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reg.record(r)
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	reg.host = strings.TrimPrefix(srv.URL, "http://")
-	return reg
-}
-
-func (reg *epRegistry) record(r *http.Request) {
-	kind := "other"
-	switch {
-	case r.URL.Path == "/v2/" || r.URL.Path == "/v2":
-		kind = "ping"
-	case strings.Contains(r.URL.Path, "/manifests/"):
-		kind = "manifest"
-	case strings.Contains(r.URL.Path, "/blobs/"):
-		kind = "blob"
-	}
-	reg.mu.Lock()
-	defer reg.mu.Unlock()
-	reg.requests = append(reg.requests, r.Method+" "+kind)
-}
-
-// take returns the requests recorded since the last call and forgets them.
-func (reg *epRegistry) take() []string {
-	reg.mu.Lock()
-	defer reg.mu.Unlock()
-	out := reg.requests
-	reg.requests = nil
-	return out
-}
-
-// pushEPImage writes an image with the given config to ref and returns its
-// digest reference.
-func pushEPImage(t *testing.T, ref string, cfg v1.Config, opts ...remote.Option) string {
-	t.Helper()
-	img, err := mutate.Config(empty.Image, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := name.ParseReference(ref, name.Insecure)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(r, img, opts...); err != nil {
-		t.Fatalf("pushing %s: %v", ref, err)
-	}
-	d, err := img.Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r.Context().Name() + "@" + d.String()
-}
 
 // pushEPIndex writes a multi-arch index to ref: one image per platform whose
 // entrypoint is "/<arch>".
@@ -131,12 +56,12 @@ func epContainer(image string, args ...string) corev1.Container {
 
 func TestEntrypointFromImageConfig(t *testing.T) {
 	t.Parallel()
-	reg := startEPRegistry(t, nil)
-	both := pushEPImage(t, reg.host+"/both:1", v1.Config{Entrypoint: []string{"/bin/app", "-v"}, Cmd: []string{"serve", "--port=80"}})
-	pushEPImage(t, reg.host+"/cmd-only:1", v1.Config{Cmd: []string{"/bin/sh", "-c", "run"}})
-	pushEPImage(t, reg.host+"/ep-only:1", v1.Config{Entrypoint: []string{"/bin/app"}})
+	reg := registrytest.Start(t, nil)
+	both := registrytest.PushImage(t, reg.Host+"/both:1", v1.Config{Entrypoint: []string{"/bin/app", "-v"}, Cmd: []string{"serve", "--port=80"}})
+	registrytest.PushImage(t, reg.Host+"/cmd-only:1", v1.Config{Cmd: []string{"/bin/sh", "-c", "run"}})
+	registrytest.PushImage(t, reg.Host+"/ep-only:1", v1.Config{Entrypoint: []string{"/bin/app"}})
 	amd64, arm64 := v1.Platform{OS: "linux", Architecture: "amd64"}, v1.Platform{OS: "linux", Architecture: "arm64"}
-	pushEPIndex(t, reg.host+"/multi:1", arm64, amd64)
+	pushEPIndex(t, reg.Host+"/multi:1", arm64, amd64)
 
 	tests := []struct {
 		name      string
@@ -146,27 +71,27 @@ func TestEntrypointFromImageConfig(t *testing.T) {
 	}{
 		{
 			name:      "entrypoint and cmd with no args wrap both, as Kubernetes runs both",
-			container: epContainer(reg.host + "/both:1"),
+			container: epContainer(reg.Host + "/both:1"),
 			want:      []string{"/bin/app", "-v", "serve", "--port=80"},
 		},
 		{
 			name:      "args replace the image cmd, so only the entrypoint is wrapped",
-			container: epContainer(reg.host+"/both:1", "once"),
+			container: epContainer(reg.Host+"/both:1", "once"),
 			want:      []string{"/bin/app", "-v"},
 		},
 		{
 			name:      "an image with only a cmd and no args wraps the cmd",
-			container: epContainer(reg.host + "/cmd-only:1"),
+			container: epContainer(reg.Host + "/cmd-only:1"),
 			want:      []string{"/bin/sh", "-c", "run"},
 		},
 		{
 			name:      "an image with only a cmd and args wraps nothing: Kubernetes runs the args as the program",
-			container: epContainer(reg.host+"/cmd-only:1", "/bin/job"),
+			container: epContainer(reg.Host+"/cmd-only:1", "/bin/job"),
 			want:      []string{},
 		},
 		{
 			name:      "an image with only an entrypoint wraps it with or without args",
-			container: epContainer(reg.host+"/ep-only:1", "--flag"),
+			container: epContainer(reg.Host+"/ep-only:1", "--flag"),
 			want:      []string{"/bin/app"},
 		},
 		{
@@ -176,12 +101,12 @@ func TestEntrypointFromImageConfig(t *testing.T) {
 		},
 		{
 			name:      "a multi-arch index resolves to linux/amd64 by default",
-			container: epContainer(reg.host + "/multi:1"),
+			container: epContainer(reg.Host + "/multi:1"),
 			want:      []string{"/amd64"},
 		},
 		{
 			name:      "a multi-arch index resolves to the configured platform",
-			container: epContainer(reg.host + "/multi:1"),
+			container: epContainer(reg.Host + "/multi:1"),
 			platform:  &arm64,
 			want:      []string{"/arm64"},
 		},
@@ -189,7 +114,7 @@ func TestEntrypointFromImageConfig(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			r := NewResolver(ResolverOptions{Insecure: true, Platform: tt.platform})
+			r := NewResolver(Options{Insecure: true, Platform: tt.platform})
 			got, err := r.Entrypoint(context.Background(), epNamespace, tt.container, nil)
 			if err != nil {
 				t.Fatalf("Entrypoint: %v", err)
@@ -203,10 +128,10 @@ func TestEntrypointFromImageConfig(t *testing.T) {
 
 func TestEntrypointErrorsNameContainerImageAndFix(t *testing.T) {
 	t.Parallel()
-	reg := startEPRegistry(t, nil)
-	pushEPImage(t, reg.host+"/bare:1", v1.Config{Env: []string{"A=b"}})
-	pushEPImage(t, reg.host+"/exists:1", v1.Config{Entrypoint: []string{"/bin/app"}})
-	pushEPIndex(t, reg.host+"/arm-only:1", v1.Platform{OS: "linux", Architecture: "arm64"})
+	reg := registrytest.Start(t, nil)
+	registrytest.PushImage(t, reg.Host+"/bare:1", v1.Config{Env: []string{"A=b"}})
+	registrytest.PushImage(t, reg.Host+"/exists:1", v1.Config{Entrypoint: []string{"/bin/app"}})
+	pushEPIndex(t, reg.Host+"/arm-only:1", v1.Platform{OS: "linux", Architecture: "arm64"})
 
 	tests := []struct {
 		name      string
@@ -216,39 +141,39 @@ func TestEntrypointErrorsNameContainerImageAndFix(t *testing.T) {
 	}{
 		{
 			name:      "an unknown repository is reported as missing from the registry",
-			container: epContainer(reg.host + "/nope/missing:1"),
+			container: epContainer(reg.Host + "/nope/missing:1"),
 			wantCause: "the image is not in the registry",
 		},
 		{
 			name:      "an unknown tag of a known repository is reported as missing from the registry",
-			container: epContainer(reg.host + "/exists:2"),
+			container: epContainer(reg.Host + "/exists:2"),
 			wantCause: "the image is not in the registry",
 		},
 		{
 			name:      "an unknown digest is reported as missing from the registry",
-			container: epContainer(reg.host + "/exists@sha256:" + strings.Repeat("ab", 32)),
+			container: epContainer(reg.Host + "/exists@sha256:" + strings.Repeat("ab", 32)),
 			wantCause: "the image is not in the registry",
 		},
 		{
 			name:      "an image with neither entrypoint nor cmd has nothing to wrap",
-			container: epContainer(reg.host + "/bare:1"),
+			container: epContainer(reg.Host + "/bare:1"),
 			wantIs:    ErrNoImageEntrypoint,
 			wantCause: "neither Entrypoint nor Cmd",
 		},
 		{
 			name:      "an image with neither entrypoint nor cmd has nothing to wrap even when args are set",
-			container: epContainer(reg.host+"/bare:1", "/bin/job"),
+			container: epContainer(reg.Host+"/bare:1", "/bin/job"),
 			wantIs:    ErrNoImageEntrypoint,
 			wantCause: "neither Entrypoint nor Cmd",
 		},
 		{
 			name:      "an index without the platform is an error",
-			container: epContainer(reg.host + "/arm-only:1"),
+			container: epContainer(reg.Host + "/arm-only:1"),
 			wantCause: "linux/amd64",
 		},
 		{
 			name:      "a malformed reference is an error before any request",
-			container: epContainer(reg.host + "/Not A Valid:ref"),
+			container: epContainer(reg.Host + "/Not A Valid:ref"),
 			wantCause: "parsing the image reference",
 		},
 		{
@@ -260,7 +185,7 @@ func TestEntrypointErrorsNameContainerImageAndFix(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			r := NewResolver(ResolverOptions{Insecure: true})
+			r := NewResolver(Options{Insecure: true})
 			got, err := r.Entrypoint(context.Background(), epNamespace, tt.container, nil)
 			if err == nil {
 				t.Fatalf("Entrypoint = %q, want an error", got)
@@ -284,14 +209,14 @@ func TestEntrypointErrorsNameContainerImageAndFix(t *testing.T) {
 
 func TestEntrypointCachesConfigsByDigestAndNeverTags(t *testing.T) {
 	t.Parallel()
-	reg := startEPRegistry(t, nil)
-	tag := reg.host + "/cached/app:1"
-	byDigest := pushEPImage(t, tag, v1.Config{Entrypoint: []string{"/v1"}})
+	reg := registrytest.Start(t, nil)
+	tag := reg.Host + "/cached/app:1"
+	byDigest := registrytest.PushImage(t, tag, v1.Config{Entrypoint: []string{"/v1"}})
 	ctx := context.Background()
 
 	lookup := func(t *testing.T, r *Resolver, image string, want ...string) []string {
 		t.Helper()
-		reg.take()
+		reg.Take()
 		got, err := r.Entrypoint(ctx, epNamespace, epContainer(image), nil)
 		if err != nil {
 			t.Fatalf("Entrypoint(%s): %v", image, err)
@@ -299,11 +224,11 @@ func TestEntrypointCachesConfigsByDigestAndNeverTags(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("Entrypoint(%s) = %q, want %q", image, got, want)
 		}
-		return reg.take()
+		return reg.Take()
 	}
 
 	t.Run("a second lookup by digest makes no request", func(t *testing.T) {
-		r := NewResolver(ResolverOptions{Insecure: true})
+		r := NewResolver(Options{Insecure: true})
 		if reqs := lookup(t, r, byDigest, "/v1"); !slices.Contains(reqs, "GET blob") {
 			t.Fatalf("first lookup by digest made requests %q, want a config blob fetch among them", reqs)
 		}
@@ -313,7 +238,7 @@ func TestEntrypointCachesConfigsByDigestAndNeverTags(t *testing.T) {
 	})
 
 	t.Run("a second lookup by tag only asks the registry for the tag's digest", func(t *testing.T) {
-		r := NewResolver(ResolverOptions{Insecure: true})
+		r := NewResolver(Options{Insecure: true})
 		if reqs := lookup(t, r, tag, "/v1"); !slices.Contains(reqs, "GET blob") {
 			t.Fatalf("first lookup by tag made requests %q, want a config blob fetch among them", reqs)
 		}
@@ -329,7 +254,7 @@ func TestEntrypointCachesConfigsByDigestAndNeverTags(t *testing.T) {
 	})
 
 	t.Run("a lookup by digest after one by tag is served from the cache", func(t *testing.T) {
-		r := NewResolver(ResolverOptions{Insecure: true})
+		r := NewResolver(Options{Insecure: true})
 		lookup(t, r, tag, "/v1")
 		if reqs := lookup(t, r, byDigest, "/v1"); len(reqs) != 0 {
 			t.Errorf("lookup by digest after the tag made requests %q, want none", reqs)
@@ -337,16 +262,16 @@ func TestEntrypointCachesConfigsByDigestAndNeverTags(t *testing.T) {
 	})
 
 	t.Run("a moved tag resolves to its new image", func(t *testing.T) {
-		moving := reg.host + "/cached/moving:latest"
-		pushEPImage(t, moving, v1.Config{Entrypoint: []string{"/old"}})
-		r := NewResolver(ResolverOptions{Insecure: true})
+		moving := reg.Host + "/cached/moving:latest"
+		registrytest.PushImage(t, moving, v1.Config{Entrypoint: []string{"/old"}})
+		r := NewResolver(Options{Insecure: true})
 		lookup(t, r, moving, "/old")
-		pushEPImage(t, moving, v1.Config{Entrypoint: []string{"/new"}})
+		registrytest.PushImage(t, moving, v1.Config{Entrypoint: []string{"/new"}})
 		lookup(t, r, moving, "/new")
 	})
 
 	t.Run("changing a returned command does not change the cache", func(t *testing.T) {
-		r := NewResolver(ResolverOptions{Insecure: true})
+		r := NewResolver(Options{Insecure: true})
 		got, err := r.Entrypoint(ctx, epNamespace, epContainer(byDigest), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -357,8 +282,8 @@ func TestEntrypointCachesConfigsByDigestAndNeverTags(t *testing.T) {
 	})
 
 	t.Run("the cache is bounded", func(t *testing.T) {
-		r := NewResolver(ResolverOptions{Insecure: true, CacheSize: 1})
-		other := pushEPImage(t, reg.host+"/cached/other:1", v1.Config{Entrypoint: []string{"/other"}})
+		r := NewResolver(Options{Insecure: true, CacheSize: 1})
+		other := registrytest.PushImage(t, reg.Host+"/cached/other:1", v1.Config{Entrypoint: []string{"/other"}})
 		lookup(t, r, byDigest, "/v1")
 		lookup(t, r, other, "/other")
 		if n := r.cache.len(); n != 1 {
@@ -372,13 +297,13 @@ func TestEntrypointCachesConfigsByDigestAndNeverTags(t *testing.T) {
 
 func TestEntrypointConcurrentLookupsAgree(t *testing.T) {
 	t.Parallel()
-	reg := startEPRegistry(t, nil)
-	byDigest := pushEPImage(t, reg.host+"/busy:1", v1.Config{Entrypoint: []string{"/bin/app"}, Cmd: []string{"run"}})
-	r := NewResolver(ResolverOptions{Insecure: true, CacheSize: 2})
+	reg := registrytest.Start(t, nil)
+	byDigest := registrytest.PushImage(t, reg.Host+"/busy:1", v1.Config{Entrypoint: []string{"/bin/app"}, Cmd: []string{"run"}})
+	r := NewResolver(Options{Insecure: true, CacheSize: 2})
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	for i := range 16 {
-		image := reg.host + "/busy:1"
+		image := reg.Host + "/busy:1"
 		if i%2 == 0 {
 			image = byDigest
 		}
@@ -402,9 +327,9 @@ func TestEntrypointConcurrentLookupsAgree(t *testing.T) {
 func TestEntrypointUsesPullSecrets(t *testing.T) {
 	t.Parallel()
 	const user, pass = "ci", "s3cret"
-	reg := startEPRegistry(t, basicAuth(user, pass))
-	image := reg.host + "/private/app:1"
-	pushEPImage(t, image, v1.Config{Entrypoint: []string{"/bin/private"}}, remote.WithAuth(&authn.Basic{Username: user, Password: pass}))
+	reg := registrytest.Start(t, basicAuth(user, pass))
+	image := reg.Host + "/private/app:1"
+	registrytest.PushImage(t, image, v1.Config{Entrypoint: []string{"/bin/private"}}, remote.WithAuth(&authn.Basic{Username: user, Password: pass}))
 
 	basic := base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))
 	wrong := base64.StdEncoding.EncodeToString([]byte(user + ":wrong"))
@@ -419,23 +344,23 @@ func TestEntrypointUsesPullSecrets(t *testing.T) {
 		},
 		{
 			name:    "a .dockerconfigjson with an auth field is used",
-			secrets: []string{`{"auths":{"` + reg.host + `":{"auth":"` + basic + `"}}}`},
+			secrets: []string{`{"auths":{"` + reg.Host + `":{"auth":"` + basic + `"}}}`},
 		},
 		{
 			name:    "a .dockerconfigjson with username, password and an https:// key is used",
-			secrets: []string{`{"auths":{"https://` + reg.host + `/":{"username":"` + user + `","password":"` + pass + `"}}}`},
+			secrets: []string{`{"auths":{"https://` + reg.Host + `/":{"username":"` + user + `","password":"` + pass + `"}}}`},
 		},
 		{
 			name:    "a legacy .dockercfg is used",
-			secrets: []string{`{"` + reg.host + `":{"auth":"` + basic + `","email":"ci@example.com"}}`},
+			secrets: []string{`{"` + reg.Host + `":{"auth":"` + basic + `","email":"ci@example.com"}}`},
 		},
 		{
 			name: "the matching secret is found among unrelated and malformed ones",
 			secrets: []string{
 				`{"auths":{"other.example.com":{"auth":"` + wrong + `"}}}`,
 				`not json`,
-				`{"auths":{"` + reg.host + `":{"auth":"%%%not base64"}}}`,
-				`{"auths":{"` + reg.host + `":{"auth":"` + basic + `"}}}`,
+				`{"auths":{"` + reg.Host + `":{"auth":"%%%not base64"}}}`,
+				`{"auths":{"` + reg.Host + `":{"auth":"` + basic + `"}}}`,
 			},
 		},
 		{
@@ -445,14 +370,14 @@ func TestEntrypointUsesPullSecrets(t *testing.T) {
 		},
 		{
 			name:    "a wrong password is refused",
-			secrets: []string{`{"auths":{"` + reg.host + `":{"auth":"` + wrong + `"}}}`},
+			secrets: []string{`{"auths":{"` + reg.Host + `":{"auth":"` + wrong + `"}}}`},
 			wantErr: "the registry refused access",
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			r := NewResolver(ResolverOptions{Insecure: true})
+			r := NewResolver(Options{Insecure: true})
 			got, err := r.Entrypoint(context.Background(), epNamespace, epContainer(image), keychainFor(t, image, tt.secrets...))
 			if tt.wantErr == "" {
 				if err != nil {
@@ -582,7 +507,7 @@ func TestEntrypointGivesUpWhenTheRegistryHangs(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := tt.ctx()
 			defer cancel()
-			r := NewResolver(ResolverOptions{Insecure: true, Timeout: tt.timeout})
+			r := NewResolver(Options{Insecure: true, Timeout: tt.timeout})
 			done := make(chan error, 1)
 			go func() {
 				_, err := r.Entrypoint(ctx, epNamespace, epContainer(image), nil)
@@ -612,10 +537,10 @@ func TestEntrypointResolverOptions(t *testing.T) {
 	t.Parallel()
 	t.Run("zero options take the defaults", func(t *testing.T) {
 		t.Parallel()
-		if err := (ResolverOptions{}).Validate(); err != nil {
+		if err := (Options{}).Validate(); err != nil {
 			t.Errorf("Validate: %v", err)
 		}
-		r := NewResolver(ResolverOptions{})
+		r := NewResolver(Options{})
 		if r.timeout != DefaultResolveTimeout || r.budget != DefaultReviewBudget || r.cache.size != DefaultResolverCacheSize ||
 			r.maxManifest != DefaultMaxManifestBytes || r.maxConfig != DefaultMaxConfigBytes || r.slots.total != DefaultMaxConcurrentLookups || r.slots.share != DefaultMaxConcurrentLookups/2 ||
 			r.platform.OS != "linux" || r.platform.Architecture != "amd64" || r.policy.anyInsecure {
@@ -625,7 +550,7 @@ func TestEntrypointResolverOptions(t *testing.T) {
 	})
 	t.Run("every bad option is listed", func(t *testing.T) {
 		t.Parallel()
-		err := ResolverOptions{Timeout: 6 * time.Second, CacheSize: -1, Platform: &v1.Platform{OS: "linux"}}.Validate()
+		err := Options{Timeout: 6 * time.Second, CacheSize: -1, Platform: &v1.Platform{OS: "linux"}}.Validate()
 		if err == nil {
 			t.Fatal("Validate accepted bad options")
 		}
@@ -637,7 +562,7 @@ func TestEntrypointResolverOptions(t *testing.T) {
 	})
 	t.Run("a negative timeout is refused", func(t *testing.T) {
 		t.Parallel()
-		if err := (ResolverOptions{Timeout: -time.Second}).Validate(); err == nil {
+		if err := (Options{Timeout: -time.Second}).Validate(); err == nil {
 			t.Error("Validate accepted a negative timeout")
 		}
 	})
@@ -681,7 +606,7 @@ func basicAuth(user, pass string) func(http.Handler) http.Handler {
 	}
 }
 
-// keychainFor is pullSecretKeychain, for image's registry, over Secrets
+// keychainFor is PullSecretKeychain, for image's registry, over Secrets
 // holding the docker configs given: a .dockerconfigjson when it has
 // "auths", else a legacy .dockercfg.
 func keychainFor(t testing.TB, image string, configs ...string) authn.Keychain {
@@ -694,7 +619,7 @@ func keychainFor(t testing.TB, image string, configs ...string) authn.Keychain {
 		}
 		secrets = append(secrets, corev1.Secret{Type: typ, Data: map[string][]byte{key: []byte(c)}})
 	}
-	kc, err := pullSecretKeychain(context.Background(), secrets, registryHosts([]corev1.Container{{Image: image}}))
+	kc, err := PullSecretKeychain(context.Background(), secrets, Hosts([]corev1.Container{{Image: image}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -729,7 +654,7 @@ func TestPullSecretKeychainKeepsOnlyTheLookedUpRegistriesEntries(t *testing.T) {
 	for range 16 {
 		secrets = append(secrets, hostile)
 	}
-	kc, err := pullSecretKeychain(context.Background(), secrets, []string{"reg.example.com"})
+	kc, err := PullSecretKeychain(context.Background(), secrets, []string{"reg.example.com"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -744,7 +669,7 @@ func TestPullSecretKeychainKeepsOnlyTheLookedUpRegistriesEntries(t *testing.T) {
 	}
 	crowded := corev1.Secret{Type: corev1.SecretTypeDockerConfigJson,
 		Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{` + strings.Join(many, ",") + `}}`)}}
-	_, err = pullSecretKeychain(context.Background(), []corev1.Secret{crowded}, []string{"reg.example.com"})
+	_, err = PullSecretKeychain(context.Background(), []corev1.Secret{crowded}, []string{"reg.example.com"})
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("more than %d credentials for the registries reg.example.com", maxRegistryCredentials)) ||
 		!strings.Contains(err.Error(), contract.AnnotationEntrypoint) {
 		t.Errorf("%d credentials for one registry: %v; want a refusal naming the bound, the registry and the fix", maxRegistryCredentials+1, err)
@@ -753,7 +678,7 @@ func TestPullSecretKeychainKeepsOnlyTheLookedUpRegistriesEntries(t *testing.T) {
 
 // BenchmarkPullSecretKeychain builds the keychain of one review from 16
 // pull secrets, one of them a megabyte of entries for other registries:
-// through pullSecretKeychain, and handed to go-containerregistry's
+// through PullSecretKeychain, and handed to go-containerregistry's
 // authn/kubernetes as they are (the baseline).
 func BenchmarkPullSecretKeychain(b *testing.B) {
 	secrets := []corev1.Secret{{Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{corev1.DockerConfigJsonKey: hostileDockerConfig(1 << 20)}}}
@@ -761,10 +686,10 @@ func BenchmarkPullSecretKeychain(b *testing.B) {
 		secrets = append(secrets, corev1.Secret{Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{}`)}})
 	}
 	ref, _ := name.ParseReference("reg.example.com/app:1")
-	b.Run("pullSecretKeychain", func(b *testing.B) {
+	b.Run("PullSecretKeychain", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			kc, err := pullSecretKeychain(context.Background(), secrets, []string{"reg.example.com"})
+			kc, err := PullSecretKeychain(context.Background(), secrets, []string{"reg.example.com"})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -797,7 +722,7 @@ func FuzzPullSecretKeychain(f *testing.F) {
 			{Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{corev1.DockerConfigJsonKey: dockerConfigJSON}},
 			{Type: corev1.SecretTypeDockercfg, Data: map[string][]byte{corev1.DockerConfigKey: dockercfg}},
 		}
-		kc, err := pullSecretKeychain(context.Background(), secrets, registryHosts([]corev1.Container{{Image: image}}))
+		kc, err := PullSecretKeychain(context.Background(), secrets, Hosts([]corev1.Container{{Image: image}}))
 		if err != nil {
 			if !strings.Contains(err.Error(), "credentials for the registries") {
 				t.Fatalf("unexpected error: %v", err)

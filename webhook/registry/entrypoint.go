@@ -1,4 +1,4 @@
-package webhook
+package registry
 
 import (
 	"bytes"
@@ -31,7 +31,7 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 )
 
-// Defaults and bounds of ResolverOptions.
+// Defaults and bounds of Options.
 const (
 	// DefaultResolveTimeout bounds one registry lookup. The API server gives
 	// the whole admission call 5 s (timeoutSeconds: 5); the lookup must leave
@@ -69,11 +69,11 @@ const (
 // there is no program to wrap.
 var ErrNoImageEntrypoint = errors.New("the image config has neither Entrypoint nor Cmd")
 
-// ResolverOptions configure registry lookups. The registry is named by the
+// Options configure registry lookups. The registry is named by the
 // tenant's image, so every bound here is a bound on what a tenant can make
 // the webhook do: read (MaxManifestBytes, MaxConfigBytes), wait (Timeout,
 // ReviewBudget), hold (MaxConcurrentLookups) and contact (the host lists).
-type ResolverOptions struct {
+type Options struct {
 	// Timeout bounds each lookup (the context's own deadline applies too when
 	// it is earlier); 0 means DefaultResolveTimeout.
 	Timeout time.Duration
@@ -109,7 +109,7 @@ type ResolverOptions struct {
 }
 
 // Validate lists every problem, naming the dislock webhook flag that sets it.
-func (o ResolverOptions) Validate() error {
+func (o Options) Validate() error {
 	var errs []error
 	if o.Timeout < 0 || o.Timeout >= resolverMaxTimeout {
 		errs = append(errs, fmt.Errorf("registry lookup timeout %s must be positive and shorter than the %s admission timeout (--registry-timeout, default %s)",
@@ -170,8 +170,8 @@ type Resolver struct {
 }
 
 // NewResolver returns a Resolver; zero or negative options take their defaults
-// (ResolverOptions.Validate reports them).
-func NewResolver(opts ResolverOptions) *Resolver {
+// (Options.Validate reports them).
+func NewResolver(opts Options) *Resolver {
 	positive := func(v, def int64) int64 {
 		if v <= 0 {
 			return def
@@ -216,7 +216,7 @@ func NewResolver(opts ResolverOptions) *Resolver {
 //
 // namespace is the Job's: the lookup slots are shared fairly among
 // namespaces (see Resolver). kc holds the pod's registry credentials (see
-// pullSecretKeychain); nil, or no match for the registry, queries it
+// PullSecretKeychain); nil, or no match for the registry, queries it
 // anonymously.
 func (r *Resolver) Entrypoint(ctx context.Context, namespace string, c corev1.Container, kc authn.Keychain) ([]string, error) {
 	cfg, err := r.imageConfig(ctx, namespace, c.Image, orAnonymous(kc))
@@ -686,7 +686,7 @@ func (c *imageConfigCache) len() int {
 // pod's pull secrets for the registries it looks up.
 const maxRegistryCredentials = 64
 
-// pullSecretKeychain matches the pod's pull secrets to registries as the
+// PullSecretKeychain matches the pod's pull secrets to registries as the
 // kubelet's keyring does (go-containerregistry's authn/kubernetes follows
 // it): by host and port, "*" globs per DNS label, a repository path prefix,
 // the most specific key first, and among equal keys the first Secret's.
@@ -701,7 +701,7 @@ const maxRegistryCredentials = 64
 // cannot be parsed or hold no credentials are skipped, as the kubelet skips
 // them: the pull would not use them either, and if credentials were needed
 // the registry's refusal says so.
-func pullSecretKeychain(ctx context.Context, secrets []corev1.Secret, hosts []string) (authn.Keychain, error) {
+func PullSecretKeychain(ctx context.Context, secrets []corev1.Secret, hosts []string) (authn.Keychain, error) {
 	auths := map[string]authn.AuthConfig{}
 	for _, s := range secrets {
 		var entries map[string]json.RawMessage
@@ -748,10 +748,10 @@ func pullSecretKeychain(ctx context.Context, secrets []corev1.Secret, hosts []st
 		Data: map[string][]byte{corev1.DockerConfigJsonKey: config}}})
 }
 
-// registryHosts are the registries (host[:port], as go-containerregistry
+// Hosts are the registries (host[:port], as go-containerregistry
 // names them) of the containers' images; an image that does not parse is
 // left to the lookup to report.
-func registryHosts(containers []corev1.Container) []string {
+func Hosts(containers []corev1.Container) []string {
 	var hosts []string
 	for _, c := range containers {
 		if ref, err := name.ParseReference(c.Image); err == nil && !slices.Contains(hosts, ref.Context().RegistryStr()) {
