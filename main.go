@@ -24,6 +24,7 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook"
 	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/webhook/maintenance"
 	"github.com/dislock/dislock/webhook/registry"
 
 	_ "time/tzdata" // CronJob time zones in a minimal image
@@ -73,8 +74,8 @@ func runWebhook(args []string) int {
 	fs.BoolVar(&cfg.TenantRoles, "tenant-roles", true, "give every opted-in namespace its own database role and put only its URL in the namespace's Secret (with --database-url)")
 	fs.DurationVar(&cfg.TenantRotation, "tenant-rotation", webhook.DefaultTenantRotation, "give each namespace a new database role this often")
 	fs.DurationVar(&cfg.TenantGrace, "tenant-grace", webhook.DefaultTenantGrace, "keep a superseded namespace role valid this long for pods still using it (at least 24h)")
-	fs.DurationVar(&cfg.TokenRecordInterval, "token-record-interval", webhook.DefaultTokenRecordInterval, "confirm the fencing token epoch and record its high water in ConfigMap "+tokenrecord.Name+" this often on the elected leader (with --database-url)")
-	fs.DurationVar(&cfg.LedgerInterval, "ledger-interval", webhook.DefaultLedgerInterval, "compute the ledger's metrics (missed windows, decisions, run durations) this often on the elected leader (with --database-url)")
+	fs.DurationVar(&cfg.TokenRecordInterval, "token-record-interval", maintenance.DefaultTokenRecordInterval, "confirm the fencing token epoch and record its high water in ConfigMap "+tokenrecord.Name+" this often on the elected leader (with --database-url)")
+	fs.DurationVar(&cfg.LedgerInterval, "ledger-interval", maintenance.DefaultLedgerInterval, "compute the ledger's metrics (missed windows, decisions, run durations) this often on the elected leader (with --database-url)")
 	fs.IntVar(&port, "port", 9443, "webhook HTTPS port")
 	fs.StringVar(&cfg.Certs.CertDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory with tls.crt and tls.key (reloaded on change)")
 	fs.BoolVar(&cfg.Certs.SelfSigned, "self-signed-certs", false, "generate and rotate the serving certificate in process and keep the webhook configurations' caBundle current")

@@ -11,10 +11,4 @@
 // CronJob (DislockRan, DislockTookOver, DislockSkipped, DislockRunFailed,
 // DislockError). The manager caches only the injected pods without an
 // outcome yet, trimmed to their status.
-//
-// With the owner's database URL, the elected leader also computes the
-// ledger's metrics (decisions, missed windows, silent keys, leases, run
-// durations) every --ledger-interval and stores them in the database, and
-// every replica serves the newest ([LedgerMetrics]); a newly missed window
-// is a DislockMissedWindow Event on its CronJob.
 package webhook

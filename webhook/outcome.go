@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -28,6 +27,7 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/webhook/internal/eventnote"
 )
 
 // What a pod's run came to, answered by kubectl without the database:
@@ -109,9 +109,6 @@ const (
 	ReasonRunFailed = "DislockRunFailed" // Warning
 	ReasonError     = "DislockError"     // Warning
 )
-
-// maxEventNote is the longest note events.k8s.io/v1 accepts (bytes).
-const maxEventNote = 1024
 
 // Beginnings of the agent's termination messages
 // (lockagent/agent: publish, record, finishRun, giveUp).
@@ -230,20 +227,7 @@ func outcomeNote(pod *corev1.Pod, message string) string {
 			message += " (pod " + string(pod.Status.Phase) + ": " + pod.Status.Reason + ")"
 		}
 	}
-	return cutNote("pod " + pod.Name + ": " + message)
-}
-
-// cutNote shortens s to an Event's note size on a rune boundary.
-func cutNote(s string) string {
-	if len(s) <= maxEventNote {
-		return s
-	}
-	const mark = "…"
-	cut := maxEventNote - len(mark)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + mark
+	return eventnote.Cut("pod " + pod.Name + ": " + message)
 }
 
 // injectedPodsSelector selects the pods of injected Jobs that have no

@@ -22,6 +22,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/webhook/internal/eventnote"
 )
 
 // Every message the agent leaves as its last word (lockagent/agent: publish,
@@ -182,7 +183,7 @@ func TestTheEventNoteNamesThePodAndFitsAnEvent(t *testing.T) {
 	t.Parallel()
 	long := "ran window 2026-12-02T02:00:00Z of reports/nightly with token 7: failed: " + strings.Repeat("ü", 3000)
 	note := outcomeNote(finishedPod(long), long)
-	if len(note) > maxEventNote || !utf8.ValidString(note) || !strings.HasPrefix(note, "pod report-1-abcde: ran window") || !strings.HasSuffix(note, "…") {
+	if len(note) > eventnote.Max || !utf8.ValidString(note) || !strings.HasPrefix(note, "pod report-1-abcde: ran window") || !strings.HasSuffix(note, "…") {
 		t.Errorf("note of %d bytes (valid UTF-8: %v): %.80q…", len(note), utf8.ValidString(note), note)
 	}
 	pod := finishedPod("")

@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/webhook/maintenance"
 	"github.com/dislock/dislock/webhook/registry"
 )
 
@@ -47,9 +47,9 @@ type Config struct {
 	// every opted-in namespace (without tenant roles only: the copy is the
 	// credential the administrator put there, for every namespace alike).
 	CopyDBSecret bool
-	// DatabaseURL, when set, makes the webhook run migrations at start and
-	// delete windows older than Retention. It is the owner's credential and
-	// never leaves the webhook's namespace.
+	// DatabaseURL, when set, runs the database loops with Retention,
+	// LedgerInterval and TokenRecordInterval (see maintenance.Options). It
+	// is the owner's credential and never leaves the webhook's namespace.
 	DatabaseURL string
 	Retention   time.Duration
 	// TenantRoles gives every opted-in namespace its own database role and
@@ -64,16 +64,9 @@ type Config struct {
 	// generations of one namespace (0: DefaultTenantProvisionInterval), so
 	// that a tenant deleting its Secret in a loop cannot spin the database.
 	TenantProvisionInterval time.Duration
-	// LedgerInterval is how often the elected leader computes the metrics
-	// the ledger gives (missed windows, decisions, run durations) and
-	// stores them for every replica to serve (needs DatabaseURL; 0:
-	// DefaultLedgerInterval).
-	LedgerInterval time.Duration
-	// TokenRecordInterval is how often the elected leader confirms the
-	// fencing token epoch and records its high water in the ConfigMap
-	// tokenrecord.Name (0: DefaultTokenRecordInterval).
-	TokenRecordInterval time.Duration
-	Certs               CertConfig
+	LedgerInterval          time.Duration
+	TokenRecordInterval     time.Duration
+	Certs                   CertConfig
 }
 
 // CertConfig chooses where the serving certificate comes from.
@@ -101,18 +94,7 @@ func (c Config) Validate() error {
 	if c.Namespace == "" {
 		errs = append(errs, errors.New("namespace is empty (set --namespace or POD_NAMESPACE)"))
 	}
-	if c.DatabaseURL != "" && c.Retention < store.MinRetention {
-		errs = append(errs, fmt.Errorf("retention %s is shorter than %s (set --retention to at least %s): a pod that starts late could claim a deleted window and run it again",
-			c.Retention, store.MinRetention, store.MinRetention))
-	}
-	if c.LedgerInterval < 0 || c.LedgerInterval > 0 && c.LedgerInterval < MinLedgerInterval {
-		errs = append(errs, fmt.Errorf("ledger interval %s is shorter than %s (set --ledger-interval to at least %s, or leave it 0 for %s)",
-			c.LedgerInterval, MinLedgerInterval, MinLedgerInterval, DefaultLedgerInterval))
-	}
-	if c.TokenRecordInterval < 0 || c.TokenRecordInterval > MaxTokenRecordInterval {
-		errs = append(errs, fmt.Errorf("token record interval %s is outside (0, %s] (set --token-record-interval, or leave it 0 for %s): it is how long a restored database may hand out tokens before the epoch moves past the record",
-			c.TokenRecordInterval, MaxTokenRecordInterval, DefaultTokenRecordInterval))
-	}
+	errs = append(errs, c.maintenance().Validate())
 	if c.TenantRoles {
 		switch {
 		case c.DatabaseURL == "":
@@ -230,25 +212,17 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 		return fmt.Errorf("adding the outcome controller: %w", err)
 	}
 	if cfg.DatabaseURL != "" {
-		gate := newDatabaseGate(migrateDatabase(cfg.DatabaseURL))
-		if err := mgr.Add(gate); err != nil {
+		if err := maintenance.SetupWithManager(mgr, cfg.maintenance()); err != nil {
 			return err
-		}
-		if err := mgr.AddReadyzCheck("database", gate.Check); err != nil {
-			return err
-		}
-		if err := mgr.Add(&maintenance{databaseURL: cfg.DatabaseURL, retention: cfg.Retention, ready: gate.passed,
-			cronJobs: mgr.GetClient(), events: mgr.GetEventRecorder("dislock-webhook")}); err != nil {
-			return err
-		}
-		if err := setupLedgerMetrics(mgr, cfg); err != nil {
-			return err
-		}
-		if err := setupTokenKeeper(mgr, cfg, gate.passed); err != nil {
-			return fmt.Errorf("adding the token keeper: %w", err)
 		}
 	}
 	return nil
+}
+
+// maintenance is the database loops' part of the configuration.
+func (c Config) maintenance() maintenance.Options {
+	return maintenance.Options{DatabaseURL: c.DatabaseURL, Retention: c.Retention, Cluster: c.Inject.ClusterName, Namespace: c.Namespace,
+		LedgerInterval: c.LedgerInterval, TokenRecordInterval: c.TokenRecordInterval}
 }
 
 // setupSelfSigned adds the certificate rotator. The webhook server can only

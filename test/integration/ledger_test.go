@@ -22,7 +22,7 @@ import (
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
-	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/maintenance"
 )
 
 // Two webhook replicas of cluster dc-a share one database through PgBouncer:
@@ -121,14 +121,14 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 	broadcaster.StartRecordingToSink(stop)
 	t.Cleanup(func() { close(stop); broadcaster.Shutdown() })
 
-	leader := webhook.NewLedgerMetrics(leaderStore, "dc-a", kc)
+	leader := maintenance.NewLedgerMetrics(leaderStore, "dc-a", kc)
 	leader.Events = broadcaster.NewRecorder(scheme.Scheme, "dislock-webhook")
-	follower := webhook.NewLedgerMetrics(otherStore, "dc-a", kc)
-	elsewhere := webhook.NewLedgerMetrics(otherStore, "dc-b", kc)
+	follower := maintenance.NewLedgerMetrics(otherStore, "dc-a", kc)
+	elsewhere := maintenance.NewLedgerMetrics(otherStore, "dc-b", kc)
 	if err := leader.Compute(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []*webhook.LedgerMetrics{leader, follower, elsewhere} {
+	for _, m := range []*maintenance.LedgerMetrics{leader, follower, elsewhere} {
 		if err := m.Refresh(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +140,7 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 	if got := ledgerSeries(t, elsewhere.Collector()); got != "" {
 		t.Errorf("a replica of dc-b serves dc-a's metrics:\n%s", got)
 	}
-	for _, m := range []*webhook.LedgerMetrics{leader, follower, elsewhere} {
+	for _, m := range []*maintenance.LedgerMetrics{leader, follower, elsewhere} {
 		if up := seriesValue(t, everything(t, m.Collector()), "dislock_database_up"); up != 1 {
 			t.Errorf("dislock_database_up %v, want 1", up)
 		}
@@ -205,7 +205,7 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 			return false, err
 		}
 		for _, e := range evs.Items {
-			if e.Regarding.Kind == "CronJob" && e.Regarding.Name == "nightly" && e.Reason == webhook.ReasonMissedWindow &&
+			if e.Regarding.Kind == "CronJob" && e.Regarding.Name == "nightly" && e.Reason == maintenance.ReasonMissedWindow &&
 				e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "of ledger/nightly was missed (no-run)") {
 				return true, nil
 			}
@@ -233,7 +233,7 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 			return false, err
 		}
 		for _, e := range evs.Items {
-			if e.Regarding.Name == "late" && e.Reason == webhook.ReasonMissedWindow && strings.Contains(e.Note, "of ledger/late was missed") {
+			if e.Regarding.Name == "late" && e.Reason == maintenance.ReasonMissedWindow && strings.Contains(e.Note, "of ledger/late was missed") {
 				return true, nil
 			}
 		}

@@ -1,4 +1,4 @@
-package webhook
+package maintenance
 
 import (
 	"context"
@@ -13,12 +13,82 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/dislock/dislock/lockagent/store"
 )
 
 // DefaultRetentionInterval is how often old windows are deleted.
 const DefaultRetentionInterval = time.Hour
+
+// Options configure the database loops (set from the webhook's flags).
+type Options struct {
+	// DatabaseURL is the owner's credential (--database-url): every replica
+	// migrates the schema with it at start, and the elected leader deletes
+	// windows older than Retention (--retention). It never leaves the
+	// webhook's namespace.
+	DatabaseURL string
+	Retention   time.Duration
+	// Cluster names this cluster (--cluster-name) in the ledger metrics it
+	// stores and in the token record it writes.
+	Cluster string
+	// Namespace is the webhook's: the token record is a ConfigMap there.
+	Namespace string
+	// LedgerInterval is how often the elected leader computes the metrics
+	// the ledger gives (missed windows, decisions, run durations) and
+	// stores them for every replica to serve (--ledger-interval; 0:
+	// DefaultLedgerInterval).
+	LedgerInterval time.Duration
+	// TokenRecordInterval is how often the elected leader confirms the
+	// fencing token epoch and records its high water in the ConfigMap
+	// tokenrecord.Name (--token-record-interval; 0:
+	// DefaultTokenRecordInterval).
+	TokenRecordInterval time.Duration
+}
+
+// Validate lists every problem; the retention matters only with a
+// database URL.
+func (o Options) Validate() error {
+	var errs []error
+	if o.DatabaseURL != "" && o.Retention < store.MinRetention {
+		errs = append(errs, fmt.Errorf("retention %s is shorter than %s (set --retention to at least %s): a pod that starts late could claim a deleted window and run it again",
+			o.Retention, store.MinRetention, store.MinRetention))
+	}
+	if o.LedgerInterval < 0 || o.LedgerInterval > 0 && o.LedgerInterval < MinLedgerInterval {
+		errs = append(errs, fmt.Errorf("ledger interval %s is shorter than %s (set --ledger-interval to at least %s, or leave it 0 for %s)",
+			o.LedgerInterval, MinLedgerInterval, MinLedgerInterval, DefaultLedgerInterval))
+	}
+	if o.TokenRecordInterval < 0 || o.TokenRecordInterval > MaxTokenRecordInterval {
+		errs = append(errs, fmt.Errorf("token record interval %s is outside (0, %s] (set --token-record-interval, or leave it 0 for %s): it is how long a restored database may hand out tokens before the epoch moves past the record",
+			o.TokenRecordInterval, MaxTokenRecordInterval, DefaultTokenRecordInterval))
+	}
+	return errors.Join(errs...)
+}
+
+// SetupWithManager adds the database gate and its readiness check (every
+// replica), the retention and comparison loop (the elected leader), the
+// ledger metrics (computed by the leader, served by every replica) and the
+// token keeper (the leader).
+func SetupWithManager(mgr manager.Manager, o Options) error {
+	gate := newDatabaseGate(migrateDatabase(o.DatabaseURL))
+	if err := mgr.Add(gate); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("database", gate.Check); err != nil {
+		return err
+	}
+	if err := mgr.Add(&maintenance{databaseURL: o.DatabaseURL, retention: o.Retention, ready: gate.passed,
+		cronJobs: mgr.GetClient(), events: mgr.GetEventRecorder("dislock-webhook")}); err != nil {
+		return err
+	}
+	if err := setupLedgerMetrics(mgr, o); err != nil {
+		return err
+	}
+	if err := setupTokenKeeper(mgr, o, gate.passed); err != nil {
+		return fmt.Errorf("adding the token keeper: %w", err)
+	}
+	return nil
+}
 
 // maintenance deletes old windows every hour and compares the clusters'
 // views of the jobs, on the elected leader only, once the databaseGate

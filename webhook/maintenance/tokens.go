@@ -1,4 +1,4 @@
-package webhook
+package maintenance
 
 import (
 	"context"
@@ -87,12 +87,12 @@ func (k *tokenKeeper) keep(ctx context.Context, db *store.Store, info func(msg s
 	return err
 }
 
-func setupTokenKeeper(mgr manager.Manager, cfg Config, ready <-chan struct{}) error {
-	interval := cfg.TokenRecordInterval
+func setupTokenKeeper(mgr manager.Manager, o Options, ready <-chan struct{}) error {
+	interval := o.TokenRecordInterval
 	if interval == 0 {
 		interval = DefaultTokenRecordInterval
 	}
-	return mgr.Add(&tokenKeeper{databaseURL: cfg.DatabaseURL, cluster: cfg.Inject.ClusterName, ready: ready,
-		record: types.NamespacedName{Namespace: cfg.Namespace, Name: tokenrecord.Name}, interval: interval,
+	return mgr.Add(&tokenKeeper{databaseURL: o.DatabaseURL, cluster: o.Cluster, ready: ready,
+		record: types.NamespacedName{Namespace: o.Namespace, Name: tokenrecord.Name}, interval: interval,
 		reader: mgr.GetAPIReader(), writer: mgr.GetClient()})
 }

@@ -1,4 +1,4 @@
-package webhook
+package maintenance
 
 import (
 	"context"
@@ -23,6 +23,7 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
+	"github.com/dislock/dislock/webhook/internal/eventnote"
 )
 
 func at(s string) time.Time {
@@ -277,7 +278,7 @@ func TestMissedWindowsAreToldInABoundedNumberOfNotes(t *testing.T) {
 		t.Fatalf("%d notes, want %d", len(notes), maxMissedEvents)
 	}
 	for _, n := range notes {
-		if len(n) > maxEventNote {
+		if len(n) > eventnote.Max {
 			t.Errorf("a note of %d bytes", len(n))
 		}
 	}
@@ -296,13 +297,13 @@ func TestMissedWindowsAreToldInABoundedNumberOfNotes(t *testing.T) {
 // minimum or negative.
 func TestALedgerIntervalBelowTheMinimumIsRefused(t *testing.T) {
 	t.Parallel()
-	cfg := Config{Inject: testOptions(), Namespace: "dislock-system", DatabaseURL: "postgres://owner@db/dislock", Retention: store.DefaultRetention}
-	if err := cfg.Validate(); err != nil {
+	o := Options{DatabaseURL: "postgres://owner@db/dislock", Retention: store.DefaultRetention, Cluster: "dc-a", Namespace: "dislock-system"}
+	if err := o.Validate(); err != nil {
 		t.Fatalf("the interval left 0: %v", err)
 	}
 	for _, bad := range []time.Duration{time.Second, -time.Second} {
-		cfg.LedgerInterval = bad
-		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), bad.String()) || !strings.Contains(err.Error(), "--ledger-interval") {
+		o.LedgerInterval = bad
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), bad.String()) || !strings.Contains(err.Error(), "--ledger-interval") {
 			t.Errorf("interval %s: %v, want an error naming it and the flag", bad, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package webhook
+package maintenance
 
 import (
 	"context"
@@ -23,6 +23,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/webhook/internal/eventnote"
 )
 
 // The ledger's metrics (dislock_decisions_total, dislock_missed_windows_total
@@ -576,11 +577,11 @@ func missedNotes(ws []store.MissedWindow) []string {
 	for i, w := range ws {
 		if i == maxMissedEvents-1 && len(ws) > maxMissedEvents {
 			rest := ws[i:]
-			out = append(out, cutNote(fmt.Sprintf("%d more windows of %s were missed, from %s to %s (dislock missed --key %s lists them)",
+			out = append(out, eventnote.Cut(fmt.Sprintf("%d more windows of %s were missed, from %s to %s (dislock missed --key %s lists them)",
 				len(rest), w.Key, rfc3339(rest[0].Window), rfc3339(rest[len(rest)-1].Window), w.Key)))
 			break
 		}
-		out = append(out, cutNote(fmt.Sprintf("window %s of %s was missed (%s): %s", rfc3339(w.Window), w.Key, w.Kind, w.Reason)))
+		out = append(out, eventnote.Cut(fmt.Sprintf("window %s of %s was missed (%s): %s", rfc3339(w.Window), w.Key, w.Kind, w.Reason)))
 	}
 	return out
 }
@@ -648,23 +649,23 @@ func looksOf(cjs []batchv1.CronJob) string {
 
 // setupLedgerMetrics adds the leader's computation and every replica's
 // load, serving what they read on the manager's metrics endpoint.
-func setupLedgerMetrics(mgr manager.Manager, cfg Config) error {
-	interval := cfg.LedgerInterval
+func setupLedgerMetrics(mgr manager.Manager, o Options) error {
+	interval := o.LedgerInterval
 	if interval == 0 {
 		interval = DefaultLedgerInterval
 	}
 	state := &ledgerState{}
 	activeLedger.Store(state)
 	newMetrics := func(db *store.Store) *LedgerMetrics {
-		m := NewLedgerMetrics(db, cfg.Inject.ClusterName, mgr.GetClient())
+		m := NewLedgerMetrics(db, o.Cluster, mgr.GetClient())
 		m.state, m.Events = state, mgr.GetEventRecorder("dislock-webhook")
 		return m
 	}
-	if err := mgr.Add(&ledgerLoop{name: "ledger-metrics", databaseURL: cfg.DatabaseURL, interval: interval, leader: true,
+	if err := mgr.Add(&ledgerLoop{name: "ledger-metrics", databaseURL: o.DatabaseURL, interval: interval, leader: true,
 		run: (*LedgerMetrics).Compute, metrics: newMetrics}); err != nil {
 		return fmt.Errorf("adding the ledger metrics: %w", err)
 	}
-	if err := mgr.Add(&ledgerLoop{name: "ledger-load", databaseURL: cfg.DatabaseURL, interval: LedgerLoadInterval,
+	if err := mgr.Add(&ledgerLoop{name: "ledger-load", databaseURL: o.DatabaseURL, interval: LedgerLoadInterval,
 		run: (*LedgerMetrics).Refresh, metrics: newMetrics}); err != nil {
 		return fmt.Errorf("adding the ledger metrics' loader: %w", err)
 	}
