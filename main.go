@@ -23,6 +23,7 @@ import (
 	"github.com/dislock/dislock/internal/tokenrecord"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/controller/tenants"
 	"github.com/dislock/dislock/webhook/inject"
 	"github.com/dislock/dislock/webhook/maintenance"
 	"github.com/dislock/dislock/webhook/registry"
@@ -72,8 +73,8 @@ func runWebhook(args []string) int {
 	fs.Func("pod-annotations", "annotations added to injected Jobs' pods, key=value,... (repeatable; a key the pod template sets keeps its value)", inject.PodMetadataFlag("--pod-annotations", &cfg.Inject.PodAnnotations))
 	fs.DurationVar(&cfg.Retention, "retention", store.DefaultRetention, "delete windows older than this")
 	fs.BoolVar(&cfg.TenantRoles, "tenant-roles", true, "give every opted-in namespace its own database role and put only its URL in the namespace's Secret (with --database-url)")
-	fs.DurationVar(&cfg.TenantRotation, "tenant-rotation", webhook.DefaultTenantRotation, "give each namespace a new database role this often")
-	fs.DurationVar(&cfg.TenantGrace, "tenant-grace", webhook.DefaultTenantGrace, "keep a superseded namespace role valid this long for pods still using it (at least 24h)")
+	fs.DurationVar(&cfg.TenantRotation, "tenant-rotation", tenants.DefaultTenantRotation, "give each namespace a new database role this often")
+	fs.DurationVar(&cfg.TenantGrace, "tenant-grace", tenants.DefaultTenantGrace, "keep a superseded namespace role valid this long for pods still using it (at least 24h)")
 	fs.DurationVar(&cfg.TokenRecordInterval, "token-record-interval", maintenance.DefaultTokenRecordInterval, "confirm the fencing token epoch and record its high water in ConfigMap "+tokenrecord.Name+" this often on the elected leader (with --database-url)")
 	fs.DurationVar(&cfg.LedgerInterval, "ledger-interval", maintenance.DefaultLedgerInterval, "compute the ledger's metrics (missed windows, decisions, run durations) this often on the elected leader (with --database-url)")
 	fs.IntVar(&port, "port", 9443, "webhook HTTPS port")

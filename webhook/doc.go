@@ -1,14 +1,28 @@
 // Package webhook owns dislock's admission side: the mutating webhook that
 // puts every Job of an opted-in CronJob under the lock agent, the validating
 // webhook that refuses bad CronJobs when they are applied, and the server
-// that hosts them.
+// that hosts them. It holds the admission handlers (admission.go), the JSON
+// patch they answer with (patch.go) and the wiring of the components below
+// (setup.go: [SetupWithManager] gives each its own options, made from the
+// flags' [Config]).
 //
-// # After the run
+// Per admission, on every replica:
 //
-// Once an injected pod has finished, the outcome controller (elected leader
-// only) reads its sidecar's termination message, labels the pod and its Job
-// with [contract.LabelOutcome] (and [contract.LabelTookOver]) and puts one Event on the
-// CronJob (DislockRan, DislockTookOver, DislockSkipped, DislockRunFailed,
-// DislockError). The manager caches only the injected pods without an
-// outcome yet, trimmed to their status.
+//   - inject: the mutation itself, a pure function of the Job, its CronJob
+//     and the options, tested with golden files;
+//   - registry: the image entrypoints the mutation wraps, read from the
+//     tenants' registries within bounds a tenant cannot lift.
+//
+// On the elected leader only:
+//
+//   - controller/outcome: what each finished pod's run came to, as labels on
+//     the pod and its Job and an Event on the CronJob;
+//   - controller/secretcopy or controller/tenants: the database Secret of
+//     every opted-in namespace, a copy of the administrator's or the
+//     credential of a database role of the namespace's own;
+//   - maintenance, with the owner's database URL: retention, the clusters'
+//     comparison, the fencing token record and the ledger's metrics. Its
+//     database gate runs on every replica too (none is ready before the
+//     schema is usable), and every replica serves the ledger's metrics the
+//     leader computed.
 package webhook

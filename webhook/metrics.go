@@ -14,10 +14,6 @@ const (
 	resultError         = "error"
 )
 
-// tenantActionRetireEarly is the dislock_tenant_roles_total action of a
-// generation dropped inside its grace (MaxLiveTenantGenerations).
-const tenantActionRetireEarly = "retire_early"
-
 var (
 	admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "dislock_webhook_admissions_total",
@@ -28,16 +24,8 @@ var (
 		Help:    "Time to answer one admission review, including registry lookups.",
 		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5},
 	}, []string{"webhook"})
-	secretCopiesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "dislock_secret_copies_total",
-		Help: "Database secret copies written or deleted in opted-in namespaces, by action.",
-	}, []string{"action"})
-	tenantRolesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "dislock_tenant_roles_total",
-		Help: "Database roles of opted-in namespaces provisioned or retired, by action (provision, retire, retire_early: inside the grace, beyond the live generations a namespace may hold).",
-	}, []string{"action"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(admissionsTotal, admissionDuration, secretCopiesTotal, tenantRolesTotal)
+	metrics.Registry.MustRegister(admissionsTotal, admissionDuration)
 }

@@ -20,6 +20,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/dislock/dislock/webhook/controller"
+	"github.com/dislock/dislock/webhook/controller/outcome"
+	"github.com/dislock/dislock/webhook/controller/secretcopy"
+	"github.com/dislock/dislock/webhook/controller/tenants"
 	"github.com/dislock/dislock/webhook/inject"
 	"github.com/dislock/dislock/webhook/maintenance"
 	"github.com/dislock/dislock/webhook/registry"
@@ -31,12 +35,11 @@ const (
 	DefaultServiceName          = "dislock-webhook"
 	DefaultMutatingConfigName   = "dislock"
 	DefaultValidatingConfigName = "dislock"
-	// ManagedByLabel marks the database secret copies this webhook owns.
-	ManagedByLabel = "app.kubernetes.io/managed-by"
-	ManagedByValue = "dislock"
 )
 
-// Config is everything the `dislock webhook` server wires up.
+// Config is everything the `dislock webhook` server wires up, as its flags
+// set it. The admission handlers take Inject and Resolver; SetupWithManager
+// gives every other component its own options, made from the rest.
 type Config struct {
 	Inject   inject.Options
 	Resolver registry.Options
@@ -47,25 +50,21 @@ type Config struct {
 	// every opted-in namespace (without tenant roles only: the copy is the
 	// credential the administrator put there, for every namespace alike).
 	CopyDBSecret bool
-	// DatabaseURL, when set, runs the database loops with Retention,
-	// LedgerInterval and TokenRecordInterval (see maintenance.Options). It
-	// is the owner's credential and never leaves the webhook's namespace.
-	DatabaseURL string
-	Retention   time.Duration
+	// DatabaseURL, when set, runs the database loops (maintenance.Options,
+	// with Retention, LedgerInterval and TokenRecordInterval). It is the
+	// owner's credential and never leaves the webhook's namespace.
+	DatabaseURL         string
+	Retention           time.Duration
+	LedgerInterval      time.Duration
+	TokenRecordInterval time.Duration
 	// TenantRoles gives every opted-in namespace its own database role and
 	// puts only that role's URL in the namespace's Secret (needs
-	// DatabaseURL). TenantRotation is how often a namespace gets a new role
-	// generation; TenantGrace how long a superseded one stays valid for
-	// pods that still use it.
-	TenantRoles    bool
-	TenantRotation time.Duration
-	TenantGrace    time.Duration
-	// TenantProvisionInterval is the least time between two new role
-	// generations of one namespace (0: DefaultTenantProvisionInterval), so
-	// that a tenant deleting its Secret in a loop cannot spin the database.
+	// DatabaseURL; tenants.Options, with TenantRotation, TenantGrace and
+	// TenantProvisionInterval).
+	TenantRoles             bool
+	TenantRotation          time.Duration
+	TenantGrace             time.Duration
 	TenantProvisionInterval time.Duration
-	LedgerInterval          time.Duration
-	TokenRecordInterval     time.Duration
 	Certs                   CertConfig
 }
 
@@ -94,7 +93,7 @@ func (c Config) Validate() error {
 	if c.Namespace == "" {
 		errs = append(errs, errors.New("namespace is empty (set --namespace or POD_NAMESPACE)"))
 	}
-	errs = append(errs, c.maintenance().Validate())
+	errs = append(errs, c.maintenanceOptions().Validate())
 	if c.TenantRoles {
 		switch {
 		case c.DatabaseURL == "":
@@ -102,15 +101,7 @@ func (c Config) Validate() error {
 		case c.CopyDBSecret:
 			errs = append(errs, errors.New("--copy-db-secret would put the owner's credential into every opted-in namespace, where tenant roles put each namespace's own: drop --copy-db-secret (or pass --tenant-roles=false to keep copying, which lets every tenant touch every other's locks)"))
 		}
-		if c.TenantGrace < MinTenantGrace {
-			errs = append(errs, fmt.Errorf("tenant grace %s is shorter than %s (set --tenant-grace to at least %s): a running pod would lose its database role", c.TenantGrace, MinTenantGrace, MinTenantGrace))
-		}
-		if c.TenantProvisionInterval < 0 {
-			errs = append(errs, fmt.Errorf("tenant provision interval %s is negative (leave it 0 for %s)", c.TenantProvisionInterval, DefaultTenantProvisionInterval))
-		}
-		if c.TenantRotation < time.Hour {
-			errs = append(errs, fmt.Errorf("tenant rotation %s is shorter than an hour (set --tenant-rotation to e.g. %s)", c.TenantRotation, DefaultTenantRotation))
-		}
+		errs = append(errs, c.tenantOptions().Validate())
 	}
 	if c.Certs.SelfSigned {
 		for _, f := range [][2]string{{"cert dir", c.Certs.CertDir}, {"cert secret name", c.Certs.SecretName},
@@ -124,15 +115,33 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// secretCopyOptions are the database secret copier's options.
+func (c Config) secretCopyOptions() secretcopy.Options {
+	return secretcopy.Options{Namespace: c.Namespace, SecretName: c.Inject.DBSecretName, CA: c.Inject.DatabaseCA}
+}
+
+// tenantOptions are the tenant roles' options.
+func (c Config) tenantOptions() tenants.Options {
+	return tenants.Options{DatabaseURL: c.DatabaseURL, Cluster: c.Inject.ClusterName, Namespace: c.Namespace,
+		SecretName: c.Inject.DBSecretName, SecretKey: c.Inject.DBSecretKey, CA: c.Inject.DatabaseCA,
+		Rotation: c.TenantRotation, Grace: c.TenantGrace, ProvisionInterval: c.TenantProvisionInterval}
+}
+
+// maintenanceOptions are the database loops' options.
+func (c Config) maintenanceOptions() maintenance.Options {
+	return maintenance.Options{DatabaseURL: c.DatabaseURL, Retention: c.Retention, Cluster: c.Inject.ClusterName, Namespace: c.Namespace,
+		LedgerInterval: c.LedgerInterval, TokenRecordInterval: c.TokenRecordInterval}
+}
+
 // CacheOptions limits what the manager caches to what the webhook reads:
 // CronJobs, opted-in namespaces, Secrets only in its own namespace or
 // carrying its managed-by label (never every Secret of the cluster), and
 // Pods only of injected Jobs until their outcome is labelled, trimmed to
 // their status (never every pod of the cluster, nor their specs).
 func CacheOptions(cfg Config) cache.Options {
-	managed := labels.SelectorFromSet(labels.Set{ManagedByLabel: ManagedByValue})
+	managed := labels.SelectorFromSet(labels.Set{controller.ManagedByLabel: controller.ManagedByValue})
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Pod{}: {Label: injectedPodsSelector(), Transform: trimPod},
+		&corev1.Pod{}: outcome.PodCache(),
 		&corev1.Secret{}: {Namespaces: map[string]cache.Config{
 			cfg.Namespace: {},
 			// By name too: a tenant may label any number of Secrets of its
@@ -199,30 +208,24 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 		return err
 	}
 	if cfg.CopyDBSecret {
-		if err := setupSecretCopier(mgr, cfg); err != nil {
+		if err := secretcopy.SetupWithManager(mgr, cfg.secretCopyOptions()); err != nil {
 			return err
 		}
 	}
 	if cfg.TenantRoles {
-		if err := setupTenantProvisioner(mgr, cfg); err != nil {
+		if err := tenants.SetupWithManager(mgr, cfg.tenantOptions()); err != nil {
 			return err
 		}
 	}
-	if err := setupOutcomeRecorder(mgr); err != nil {
+	if err := outcome.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("adding the outcome controller: %w", err)
 	}
 	if cfg.DatabaseURL != "" {
-		if err := maintenance.SetupWithManager(mgr, cfg.maintenance()); err != nil {
+		if err := maintenance.SetupWithManager(mgr, cfg.maintenanceOptions()); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// maintenance is the database loops' part of the configuration.
-func (c Config) maintenance() maintenance.Options {
-	return maintenance.Options{DatabaseURL: c.DatabaseURL, Retention: c.Retention, Cluster: c.Inject.ClusterName, Namespace: c.Namespace,
-		LedgerInterval: c.LedgerInterval, TokenRecordInterval: c.TokenRecordInterval}
 }
 
 // setupSelfSigned adds the certificate rotator. The webhook server can only

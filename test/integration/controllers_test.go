@@ -14,6 +14,7 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/controller"
 	"github.com/dislock/dislock/webhook/inject"
 )
 
@@ -64,7 +65,7 @@ func TestTheDatabaseSecretFollowsOptedInNamespaces(t *testing.T) {
 			if apierrors.IsNotFound(err) {
 				return false, nil
 			}
-			return err == nil && string(s.Data["url"]) == url && s.Labels[webhook.ManagedByLabel] == webhook.ManagedByValue, err
+			return err == nil && string(s.Data["url"]) == url && s.Labels[controller.ManagedByLabel] == controller.ManagedByValue, err
 		}
 	}
 	await(t, "the copy in copy-a", copyHas("copy-a", "postgres://dislock:one@db/dislock"))
@@ -81,7 +82,7 @@ func TestTheDatabaseSecretFollowsOptedInNamespaces(t *testing.T) {
 
 	// copy-b's own Secret was reconciled too (the source changed) and is untouched.
 	got, err := cs.CoreV1().Secrets("copy-b").Get(ctx, inject.DefaultDBSecretName, metav1.GetOptions{})
-	if err != nil || string(got.Data["url"]) != "postgres://team-b@own-db/x" || got.Labels[webhook.ManagedByLabel] != "" {
+	if err != nil || string(got.Data["url"]) != "postgres://team-b@own-db/x" || got.Labels[controller.ManagedByLabel] != "" {
 		t.Fatalf("the user's own Secret was changed: %+v %v", got, err)
 	}
 

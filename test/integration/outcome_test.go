@@ -15,7 +15,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
-	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/controller/outcome"
 	"github.com/dislock/dislock/webhook/inject"
 )
 
@@ -59,13 +59,13 @@ func TestFinishedPodsSayHowTheirRunEndedOnPodJobAndCronJob(t *testing.T) {
 	}{
 		{"a run that succeeded", time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC), corev1.PodSucceeded,
 			"ran window %s of outcome/report with token 7: succeeded (1 container(s), exit code 0)",
-			want{webhook.OutcomeSucceeded, "", corev1.EventTypeNormal, webhook.ReasonRan}},
+			want{outcome.OutcomeSucceeded, "", corev1.EventTypeNormal, outcome.ReasonRan}},
 		{"a skip", time.Date(2026, 12, 2, 11, 0, 0, 0, time.UTC), corev1.PodSucceeded,
 			"skip: window %s already claimed by dc-b/report-29123/report-29123-x (running)",
-			want{webhook.OutcomeSkipped, "", corev1.EventTypeNormal, webhook.ReasonSkipped}},
+			want{outcome.OutcomeSkipped, "", corev1.EventTypeNormal, outcome.ReasonSkipped}},
 		{"a taken-over run that failed", time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC), corev1.PodFailed,
 			"ran window %s (taken over from a failed or lapsed owner) of outcome/report with token 9: failed: container app exit code 1",
-			want{webhook.OutcomeFailed, "true", corev1.EventTypeWarning, webhook.ReasonRunFailed}},
+			want{outcome.OutcomeFailed, "true", corev1.EventTypeWarning, outcome.ReasonRunFailed}},
 	}
 	jobs := map[string]*batchv1.Job{}
 	pods := map[string]*corev1.Pod{}
@@ -95,8 +95,8 @@ func TestFinishedPodsSayHowTheirRunEndedOnPodJobAndCronJob(t *testing.T) {
 	retry := awaitNewPod(t, cs, jobs[failed.name], pods[failed.name])
 	retry = finishPod(t, cs, retry, corev1.PodSucceeded,
 		fmt.Sprintf("ran window %s of outcome/report with token 10: succeeded (1 container(s), exit code 0)", failed.tick.Format(time.RFC3339)))
-	awaitOutcome(t, cs, jobs[failed.name], retry, webhook.OutcomeSucceeded, "")
-	awaitEvent(t, cs, &seen, retry.Name, webhook.ReasonRan)
+	awaitOutcome(t, cs, jobs[failed.name], retry, outcome.OutcomeSucceeded, "")
+	awaitEvent(t, cs, &seen, retry.Name, outcome.ReasonRan)
 
 	// One Event per pod: the label the pod carries marks it handled.
 	evs, err := cs.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})

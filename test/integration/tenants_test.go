@@ -21,6 +21,8 @@ import (
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/webhook"
+	"github.com/dislock/dislock/webhook/controller"
+	"github.com/dislock/dislock/webhook/controller/tenants"
 	"github.com/dislock/dislock/webhook/inject"
 )
 
@@ -36,7 +38,7 @@ func TestEveryOptedInNamespaceGetsItsOwnDatabaseRole(t *testing.T) {
 	// tenant-c opts in after an upgrade: the copier left the owner's URL.
 	namespace(t, cs, "tenant-c", false)
 	legacy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-c", Name: inject.DefaultDBSecretName,
-		Labels:      map[string]string{webhook.ManagedByLabel: webhook.ManagedByValue},
+		Labels:      map[string]string{controller.ManagedByLabel: controller.ManagedByValue},
 		Annotations: map[string]string{contract.AnnotationCopiedFrom: webhookNamespace + "/" + inject.DefaultDBSecretName}},
 		StringData: map[string]string{"url": owner}}
 	if _, err := cs.CoreV1().Secrets("tenant-c").Create(ctx, legacy, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -157,7 +159,7 @@ func tenantDatabase(t *testing.T) string {
 func withTenantRoles(owner string) func(*webhook.Config) {
 	return func(cfg *webhook.Config) {
 		cfg.DatabaseURL, cfg.Retention = owner, store.DefaultRetention
-		cfg.TenantRoles, cfg.TenantRotation, cfg.TenantGrace = true, webhook.DefaultTenantRotation, webhook.DefaultTenantGrace
+		cfg.TenantRoles, cfg.TenantRotation, cfg.TenantGrace = true, tenants.DefaultTenantRotation, tenants.DefaultTenantGrace
 		// A Secret the test deletes comes back at once, not after the
 		// minute a real tenant waits.
 		cfg.TenantProvisionInterval = 100 * time.Millisecond
@@ -194,7 +196,7 @@ func TestOptingOutRetiresTheRolesEvenOfAnUnlabelledSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	delete(s.Labels, webhook.ManagedByLabel)
+	delete(s.Labels, controller.ManagedByLabel)
 	if _, err := cs.CoreV1().Secrets("unlabel-a").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +226,7 @@ func TestOptingOutRetiresTheRolesEvenOfAnUnlabelledSecret(t *testing.T) {
 
 // A tenant that deletes its namespace's Secret again and again gets a new
 // role generation each time, but no faster than one per interval, and its
-// namespace never holds more than webhook.MaxLiveTenantGenerations live
+// namespace never holds more than tenants.MaxLiveTenantGenerations live
 // roles: minting one more drops the oldest superseded generation inside its
 // grace (it can no longer log in) and tells the namespace with a Warning
 // Event on its Secret. The generations kept still work for the pods that use
@@ -232,7 +234,7 @@ func TestOptingOutRetiresTheRolesEvenOfAnUnlabelledSecret(t *testing.T) {
 // role is untouched.
 func TestATenantDeletingItsSecretInALoopHoldsAtMostAFewRoles(t *testing.T) {
 	const (
-		maxLive   = webhook.MaxLiveTenantGenerations
+		maxLive   = tenants.MaxLiveTenantGenerations
 		deletions = maxLive + 2
 		interval  = time.Second
 	)
@@ -363,7 +365,7 @@ func TestATenantDeletingItsSecretInALoopHoldsAtMostAFewRoles(t *testing.T) {
 		}
 		told := map[int]bool{}
 		for _, e := range evs.Items {
-			if e.Reason != webhook.ReasonTenantRoleRetiredEarly || e.Regarding.Kind != "Secret" || e.Regarding.Name != inject.DefaultDBSecretName ||
+			if e.Reason != tenants.ReasonTenantRoleRetiredEarly || e.Regarding.Kind != "Secret" || e.Regarding.Name != inject.DefaultDBSecretName ||
 				e.Type != corev1.EventTypeWarning || !strings.Contains(e.Note, "replaced 4 or more times within the grace") {
 				continue
 			}

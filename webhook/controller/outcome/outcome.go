@@ -1,4 +1,4 @@
-package webhook
+package outcome
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -29,16 +30,6 @@ import (
 	"github.com/dislock/dislock/webhook/inject"
 	"github.com/dislock/dislock/webhook/internal/eventnote"
 )
-
-// What a pod's run came to, answered by kubectl without the database:
-//
-//	kubectl get jobs -l dislock.io/outcome=failed
-//	kubectl get pods -l dislock.io/took-over=true
-//	kubectl describe cronjob report   # DislockRan, DislockRunFailed, ... Events
-//
-// The outcome controller reads the dislock-agent sidecar's termination
-// message once the pod has finished, labels the pod and its Job, and puts
-// one Event on the CronJob.
 
 // jobPatchRetry paces the retries of a Job's label patch that lost a race
 // with another update of the Job: 10 tries within about 2 s.
@@ -230,6 +221,12 @@ func outcomeNote(pod *corev1.Pod, message string) string {
 	return eventnote.Cut("pod " + pod.Name + ": " + message)
 }
 
+// PodCache is what the manager's cache holds of Pods: only those
+// injectedPodsSelector selects, trimmed by trimPod.
+func PodCache() cache.ByObject {
+	return cache.ByObject{Label: injectedPodsSelector(), Transform: trimPod}
+}
+
 // injectedPodsSelector selects the pods of injected Jobs that have no
 // outcome yet: the only pods the manager's cache holds. A pod leaves the
 // cache once it is labelled, so the cache holds the injected pods that are
@@ -295,7 +292,9 @@ type outcomeRecorder struct {
 	events events.EventRecorder
 }
 
-func setupOutcomeRecorder(mgr ctrl.Manager) error {
+// SetupWithManager adds the controller, which the manager runs on the
+// elected leader only.
+func SetupWithManager(mgr ctrl.Manager) error {
 	r := &outcomeRecorder{client: mgr.GetClient(), reader: mgr.GetAPIReader(), events: mgr.GetEventRecorder("dislock-webhook")}
 	finished := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		pod, ok := o.(*corev1.Pod)

@@ -1,9 +1,15 @@
-package webhook
+// Package tenants gives every opted-in namespace a database role of its own
+// and keeps only that role's credential in the namespace's database Secret
+// (--tenant-roles, with the owner's --database-url), renewing it every
+// --tenant-rotation and dropping superseded roles after --tenant-grace. It
+// runs on the elected leader only.
+package tenants
 
 import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,10 +28,12 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/webhook/controller"
 	"github.com/dislock/dislock/webhook/inject"
 )
 
@@ -63,6 +72,60 @@ const ReasonTenantRoleRetiredEarly = "DislockTenantRoleRetiredEarly"
 // tenantReconcileTimeout bounds one namespace's reconcile.
 const tenantReconcileTimeout = 30 * time.Second
 
+var tenantRolesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "dislock_tenant_roles_total",
+	Help: "Database roles of opted-in namespaces provisioned or retired, by action (provision, retire, retire_early: inside the grace, beyond the live generations a namespace may hold).",
+}, []string{"action"})
+
+// tenantActionRetireEarly is the dislock_tenant_roles_total action of a
+// generation dropped inside its grace (MaxLiveTenantGenerations).
+const tenantActionRetireEarly = "retire_early"
+
+func init() { metrics.Registry.MustRegister(tenantRolesTotal) }
+
+// Options configure the tenant roles (set from the webhook's flags).
+type Options struct {
+	// DatabaseURL is the owner's credential (--database-url), with which
+	// the roles are created and dropped; a namespace's URL is this one with
+	// its role's credential.
+	DatabaseURL string
+	// Cluster names this cluster (--cluster-name): each cluster provisions
+	// roles of its own for a namespace.
+	Cluster string
+	// Namespace is the webhook's, never provisioned.
+	Namespace string
+	// SecretName and SecretKey locate the URL in each namespace
+	// (--db-secret-name, --db-secret-key).
+	SecretName, SecretKey string
+	// CA is the database's CA (--database-ca-file), nil without one: each
+	// Secret carries it as ca.crt, which the sidecar mounts, and its URL
+	// names the sidecar's copy as sslrootcert.
+	CA []byte
+	// Rotation is how often a namespace gets a new role generation
+	// (--tenant-rotation); Grace how long a superseded one stays valid for
+	// pods that still use it (--tenant-grace).
+	Rotation, Grace time.Duration
+	// ProvisionInterval is the least time between two new role
+	// generations of one namespace (0: DefaultTenantProvisionInterval), so
+	// that a tenant deleting its Secret in a loop cannot spin the database.
+	ProvisionInterval time.Duration
+}
+
+// Validate lists every problem.
+func (o Options) Validate() error {
+	var errs []error
+	if o.Grace < MinTenantGrace {
+		errs = append(errs, fmt.Errorf("tenant grace %s is shorter than %s (set --tenant-grace to at least %s): a running pod would lose its database role", o.Grace, MinTenantGrace, MinTenantGrace))
+	}
+	if o.ProvisionInterval < 0 {
+		errs = append(errs, fmt.Errorf("tenant provision interval %s is negative (leave it 0 for %s)", o.ProvisionInterval, DefaultTenantProvisionInterval))
+	}
+	if o.Rotation < time.Hour {
+		errs = append(errs, fmt.Errorf("tenant rotation %s is shorter than an hour (set --tenant-rotation to e.g. %s)", o.Rotation, DefaultTenantRotation))
+	}
+	return errors.Join(errs...)
+}
+
 // tenantProvisioner gives every opted-in namespace its own database role
 // and keeps that role's credential, and nothing else, in the namespace's
 // database Secret: a tenant who reads it can lock only its own namespace's
@@ -85,10 +148,7 @@ type tenantProvisioner struct {
 	secret   string // the Secret's name in each namespace
 	key      string // the URL's key in it
 	ownNS    string // the webhook's namespace: never provisioned
-	// ca is the database's CA (--database-ca-file), nil without one: each
-	// Secret carries it as ca.crt, which the sidecar mounts, and its URL
-	// names the sidecar's copy as sslrootcert.
-	ca       []byte
+	ca       []byte // Options.CA
 	rotation time.Duration
 	grace    time.Duration
 	now      func() time.Time
@@ -103,16 +163,18 @@ type tenantProvisioner struct {
 	store *store.Store
 }
 
-func setupTenantProvisioner(mgr ctrl.Manager, cfg Config) error {
-	r := &tenantProvisioner{Client: mgr.GetClient(), api: mgr.GetAPIReader(), ownerDSN: cfg.DatabaseURL,
-		cluster: cfg.Inject.ClusterName, secret: cfg.Inject.DBSecretName, key: cfg.Inject.DBSecretKey, ownNS: cfg.Namespace, ca: cfg.Inject.DatabaseCA,
-		rotation: cfg.TenantRotation, grace: cfg.TenantGrace, now: time.Now,
-		pace:   &provisionPacer{interval: cmp.Or(cfg.TenantProvisionInterval, DefaultTenantProvisionInterval)},
+// SetupWithManager adds the controller that provisions and retires the
+// roles.
+func SetupWithManager(mgr ctrl.Manager, o Options) error {
+	r := &tenantProvisioner{Client: mgr.GetClient(), api: mgr.GetAPIReader(), ownerDSN: o.DatabaseURL,
+		cluster: o.Cluster, secret: o.SecretName, key: o.SecretKey, ownNS: o.Namespace, ca: o.CA,
+		rotation: o.Rotation, grace: o.Grace, now: time.Now,
+		pace:   &provisionPacer{interval: cmp.Or(o.ProvisionInterval, DefaultTenantProvisionInterval)},
 		events: mgr.GetEventRecorder("dislock-webhook")}
 	// A deleted or edited Secret is provisioned again at once, or once the
 	// provision interval since the namespace's last generation has passed.
-	return namespaceController(mgr, "tenant-roles", func(_ context.Context, o client.Object) []reconcile.Request {
-		return managedSecretNamespace(r.secret, o)
+	return controller.ForNamespaces(mgr, "tenant-roles", func(_ context.Context, obj client.Object) []reconcile.Request {
+		return controller.ManagedSecretNamespace(r.secret, obj)
 	}, r)
 }
 
@@ -154,7 +216,7 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 	if err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
-	mine := exists && cur.Labels[ManagedByLabel] == ManagedByValue
+	mine := exists && cur.Labels[controller.ManagedByLabel] == controller.ManagedByValue
 	if !want {
 		// The roles go whoever holds the Secret now: taking the label
 		// off it must not keep a role alive.
@@ -326,7 +388,7 @@ func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *co
 	if s.Labels == nil {
 		s.Labels = map[string]string{}
 	}
-	s.Labels[ManagedByLabel] = ManagedByValue
+	s.Labels[controller.ManagedByLabel] = controller.ManagedByValue
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}

@@ -1,22 +1,55 @@
-package webhook
+// Package secretcopy keeps a copy of the administrator's database Secret in
+// every opted-in namespace (--copy-db-secret, without tenant roles): one
+// credential, shared by every namespace. It runs on the elected leader only.
+package secretcopy
 
 import (
 	"context"
 	"maps"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/webhook/controller"
 	"github.com/dislock/dislock/webhook/inject"
 )
+
+var secretCopiesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "dislock_secret_copies_total",
+	Help: "Database secret copies written or deleted in opted-in namespaces, by action.",
+}, []string{"action"})
+
+func init() { metrics.Registry.MustRegister(secretCopiesTotal) }
+
+// Options configure the copies (set from the webhook's flags).
+type Options struct {
+	// Namespace is the webhook's, where the source Secret is (and where
+	// no copy is made).
+	Namespace string
+	// SecretName is the database Secret's name, of the source and of every
+	// copy (--db-secret-name).
+	SecretName string
+	// CA is --database-ca-file's content: a copy carries it as ca.crt when
+	// the source has none, because the injected sidecar mounts that key
+	// (inject.Options.DatabaseCA).
+	CA []byte
+}
+
+// SetupWithManager adds the controller that keeps the copies.
+func SetupWithManager(mgr ctrl.Manager, o Options) error {
+	r := &secretCopier{Client: mgr.GetClient(), api: mgr.GetAPIReader(), source: types.NamespacedName{Namespace: o.Namespace, Name: o.SecretName},
+		ca: o.CA}
+	return controller.ForNamespaces(mgr, "dbsecret-copier", r.namespacesFor, r)
+}
 
 // secretCopier keeps a copy of the database secret in every namespace
 // labelled dislock.io/injection=enabled, because the sidecar's secretKeyRef
@@ -29,35 +62,7 @@ type secretCopier struct {
 	// managed-by label, so a user's own Secret of that name is not in it.
 	api    client.Reader
 	source types.NamespacedName
-	// ca is --database-ca-file's content: a copy carries it as ca.crt
-	// when the source has none, because the injected sidecar mounts that
-	// key (Options.DatabaseCA).
-	ca []byte
-}
-
-func setupSecretCopier(mgr ctrl.Manager, cfg Config) error {
-	r := &secretCopier{Client: mgr.GetClient(), api: mgr.GetAPIReader(), source: types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Inject.DBSecretName},
-		ca: cfg.Inject.DatabaseCA}
-	return namespaceController(mgr, "dbsecret-copier", r.namespacesFor, r)
-}
-
-// namespaceController reconciles namespaces, and the namespaces the Secret
-// events secrets maps to.
-func namespaceController(mgr ctrl.Manager, name string, secrets handler.MapFunc, r reconcile.Reconciler) error {
-	return ctrl.NewControllerManagedBy(mgr).
-		Named(name).
-		For(&corev1.Namespace{}).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(secrets)).
-		Complete(r)
-}
-
-// managedSecretNamespace maps an event on a Secret called name that carries
-// the managed-by label to its namespace.
-func managedSecretNamespace(name string, o client.Object) []reconcile.Request {
-	if o.GetName() == name && o.GetLabels()[ManagedByLabel] == ManagedByValue {
-		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
-	}
-	return nil
+	ca     []byte // Options.CA
 }
 
 // namespacesFor maps a Secret event to the namespaces to reconcile: every
@@ -75,7 +80,7 @@ func (r *secretCopier) namespacesFor(ctx context.Context, o client.Object) []rec
 		}
 		return out
 	}
-	return managedSecretNamespace(r.source.Name, o)
+	return controller.ManagedSecretNamespace(r.source.Name, o)
 }
 
 func (r *secretCopier) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -100,7 +105,7 @@ func (r *secretCopier) Reconcile(ctx context.Context, req reconcile.Request) (re
 	if err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
-	if exists && cur.Labels[ManagedByLabel] != ManagedByValue {
+	if exists && cur.Labels[controller.ManagedByLabel] != controller.ManagedByValue {
 		if want {
 			logger.Info("leaving a Secret dislock did not create alone", "secret", r.source.Name)
 		}
@@ -110,7 +115,7 @@ func (r *secretCopier) Reconcile(ctx context.Context, req reconcile.Request) (re
 	switch {
 	case want && !exists:
 		cp := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: req.Name, Name: r.source.Name,
-			Labels:      map[string]string{ManagedByLabel: ManagedByValue},
+			Labels:      map[string]string{controller.ManagedByLabel: controller.ManagedByValue},
 			Annotations: map[string]string{contract.AnnotationCopiedFrom: r.source.String()}},
 			Type: src.Type, Data: data}
 		if err := r.Create(ctx, cp); err != nil {

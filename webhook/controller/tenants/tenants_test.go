@@ -1,8 +1,6 @@
-package webhook
+package tenants
 
 import (
-	"bytes"
-	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -93,13 +91,13 @@ func TestTheEarlyRetirementNoteSaysWhyWhichAndWhatFollows(t *testing.T) {
 // The interval may be left 0 (the default) but not be negative.
 func TestANegativeTenantProvisionIntervalIsRefusedNamingTheDefault(t *testing.T) {
 	t.Parallel()
-	cfg := Config{Inject: testOptions(), Namespace: "dislock-system", DatabaseURL: "postgres://owner@db/dislock",
-		Retention: store.DefaultRetention, TenantRoles: true, TenantRotation: DefaultTenantRotation, TenantGrace: DefaultTenantGrace}
-	if err := cfg.Validate(); err != nil {
+	o := Options{DatabaseURL: "postgres://owner@db/dislock", Cluster: "dc-a", Namespace: "dislock-system",
+		SecretName: inject.DefaultDBSecretName, SecretKey: inject.DefaultDBSecretKey, Rotation: DefaultTenantRotation, Grace: DefaultTenantGrace}
+	if err := o.Validate(); err != nil {
 		t.Fatalf("the interval left 0: %v", err)
 	}
-	cfg.TenantProvisionInterval = -time.Second
-	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "-1s") || !strings.Contains(err.Error(), "1m0s") {
+	o.ProvisionInterval = -time.Second
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "-1s") || !strings.Contains(err.Error(), "1m0s") {
 		t.Errorf("interval -1s: %v, want an error naming it and the default", err)
 	}
 }
@@ -169,24 +167,5 @@ func TestASecretWithAnotherCAIsStale(t *testing.T) {
 		if (why != "") != tc.stale || (tc.stale && !strings.Contains(why, "--database-ca-file")) {
 			t.Errorf("%s: stale %q", tc.name, why)
 		}
-	}
-}
-
-// In copy mode a copy carries the source's keys, its ca.crt among them, and
-// the webhook's CA as ca.crt when the source has none: the sidecar mounts
-// that key.
-func TestACopiedSecretCarriesTheCA(t *testing.T) {
-	t.Parallel()
-	src := map[string][]byte{"url": []byte("postgres://x")}
-	if got := copiedData(src, nil); !maps.EqualFunc(got, src, bytes.Equal) {
-		t.Errorf("without a CA: %v", got)
-	}
-	got := copiedData(src, []byte("ca"))
-	if string(got[inject.DatabaseCAKey]) != "ca" || string(got["url"]) != "postgres://x" || src[inject.DatabaseCAKey] != nil {
-		t.Errorf("a source without ca.crt: %v (source %v)", got, src)
-	}
-	own := map[string][]byte{"url": []byte("postgres://x"), inject.DatabaseCAKey: []byte("the source's")}
-	if got := copiedData(own, []byte("ca")); string(got[inject.DatabaseCAKey]) != "the source's" {
-		t.Errorf("a source with its own ca.crt: %v", got)
 	}
 }
