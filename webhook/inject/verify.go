@@ -59,7 +59,7 @@ func (e *forgedError) Is(target error) bool { return target == ErrForgedInjectio
 
 func (e *forgedError) Unwrap() error { return e.cause }
 
-// marker is the first part of an injection found on a Job: where it is and
+// Marker is the first part of an injection found on a Job: where it is and
 // what it is.
 type Marker struct {
 	path *field.Path
@@ -175,10 +175,10 @@ func (r *Review) verify(opts Options) (Injection, error) {
 	if err != nil {
 		return Injection{}, &forgedError{marker: r.marker, problem: "dislock would refuse the Job it was made from: " + err.Error(), cause: err}
 	}
-	// contract.LabelInjected only tells the outcome controller which pods to watch:
-	// a webhook called after dislock that sets the template's labels as a
-	// whole drops it, and the reinvocation puts it back rather than refuse
-	// every Job of the CronJob.
+	// contract.LabelInjected only tells the outcome controller which pods
+	// to watch: a webhook called after dislock that sets the template's
+	// labels as a whole drops it, and the reinvocation puts it back rather
+	// than refuse every Job of the CronJob.
 	// The pod labels and annotations of the webhook's options serve the
 	// same kind of purpose (a NetworkPolicy's selector, a mesh's setting)
 	// and are put back the same way; a value that differs is taken for the
