@@ -166,7 +166,7 @@ func TestMonitoringPrometheusRuleCarriesEveryAlert(t *testing.T) {
 		t.Run(r.Alert, func(t *testing.T) {
 			want, ok := alerts[r.Alert]
 			if !ok {
-				t.Fatalf("rule %+v is not one of the issue's alerts", r)
+				t.Fatalf("rule %+v is not one of the documented alerts", r)
 			}
 			seen[r.Alert] = true
 			if got := r.Labels["severity"]; got != want.severity {

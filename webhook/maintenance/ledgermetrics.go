@@ -230,7 +230,7 @@ func decodeLedgerSnapshot(body []byte) (*ledgerSnapshot, error) {
 	return &snap, nil
 }
 
-// The metrics, as the contract names them.
+// The metrics, as docs/operations.md names them.
 var (
 	keyLabels       = []string{"namespace", "cronjob"}
 	descDecisions   = prometheus.NewDesc("dislock_decisions_total", "Decisions the agents recorded, by lock key, the cluster whose pod decided, and action (run, takeover, skip, wait, error; succeeded and failed end a run).", append(slices.Clone(keyLabels), "cluster", "action"), nil)
