@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 )
 
 // DefaultRetentionInterval is how often old windows are deleted.
@@ -125,13 +126,13 @@ func runStep(ctx context.Context, logger logr.Logger, step string, timeout time.
 // logFindings logs what `dislock check` would say about the database, so
 // that an asynchronous failover setup is never accepted silently.
 func logFindings(ctx context.Context, logger logr.Logger, db *store.Store) {
-	findings, err := db.CheckDatabase(ctx, store.CheckOptions{})
+	findings, err := check.Database(ctx, db, check.Options{})
 	if err != nil {
 		logger.Error(err, "checking the database")
 		return
 	}
 	for _, f := range findings {
-		if f.Status == store.StatusOK {
+		if f.Status == check.StatusOK {
 			logger.Info("database check", "check", f.Check, "status", f.Status, "detail", f.Detail)
 			continue
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/dislock/dislock/internal/version"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 )
 
 // Exit codes.
@@ -172,7 +173,7 @@ func setupMigrate(*flag.FlagSet) func(context.Context, *common) error {
 			Applied       []int           `json:"applied"`
 			SchemaVersion int             `json:"schemaVersion"`
 			KnownVersion  int             `json:"knownVersion"`
-			Warnings      []store.Finding `json:"warnings,omitempty"`
+			Warnings      []check.Finding `json:"warnings,omitempty"`
 		}{Applied: applied, SchemaVersion: state.Current, KnownVersion: state.Known, Warnings: warnings}
 		if res.Applied == nil {
 			res.Applied = []int{}

@@ -9,7 +9,9 @@ import (
 	"testing"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -56,9 +58,9 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 				}
 				return got
 			}
-			schemaFinding := func(t *testing.T) store.Finding {
+			schemaFinding := func(t *testing.T) check.Finding {
 				t.Helper()
-				fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true})
+				fs, err := check.Database(ctx, s, check.Options{AllowAsync: true})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -68,7 +70,7 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 					}
 				}
 				t.Fatalf("no schema finding in %+v", fs)
-				return store.Finding{}
+				return check.Finding{}
 			}
 
 			t.Run("a fresh database gets every migration, each recorded with its compatibility", func(t *testing.T) {
@@ -93,7 +95,7 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 				if st, err := s.Schema(ctx); err != nil || !st.Usable() || st.Newer() {
 					t.Fatalf("after migrating: %+v, %v", st, err)
 				}
-				if f := schemaFinding(t); f.Status != store.StatusOK {
+				if f := schemaFinding(t); f.Status != check.StatusOK {
 					t.Fatalf("check: %+v", f)
 				}
 			})
@@ -135,7 +137,7 @@ ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`,
 					t.Fatalf("%+v, %v; want newer, usable", st, err)
 				}
 				f := schemaFinding(t)
-				if f.Status != store.StatusWarn || !strings.Contains(f.Detail, "every migration since is compatible") || !strings.Contains(f.Fix, "upgrade this cluster's dislock") {
+				if f.Status != check.StatusWarn || !strings.Contains(f.Detail, "every migration since is compatible") || !strings.Contains(f.Fix, "upgrade this cluster's dislock") {
 					t.Fatalf("check: %+v; want a warning that the schema is newer and compatible", f)
 				}
 			})
@@ -164,7 +166,7 @@ ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`,
 					if st, err := s.Schema(ctx); err != nil || st.Usable() || st.Incompatible == nil || st.Incompatible.Version != known+1 {
 						t.Fatalf("%+v, %v; want not usable, naming migration 7", st, err)
 					}
-					if f := schemaFinding(t); f.Status != store.StatusFail || !strings.Contains(f.Detail, fmt.Sprintf("migration %d (%s)", known+1, futureName)) ||
+					if f := schemaFinding(t); f.Status != check.StatusFail || !strings.Contains(f.Detail, fmt.Sprintf("migration %d (%s)", known+1, futureName)) ||
 						!strings.Contains(f.Fix, fmt.Sprintf("schema version %d", known+1)) {
 						t.Fatalf("check: %+v; want a failure naming the migration and the fix", f)
 					}
@@ -185,7 +187,7 @@ func TestHostile17_TenantCannotWriteSchemaMigrations(t *testing.T) {
 		own := storetest.Open(t, dsn, 2)
 		ns := storetest.Namespace(t, "hostile17")
 		cred := storetest.Provision(t, own, ns)
-		tdsn, err := store.TenantDSN(dsn, cred)
+		tdsn, err := tenant.DSN(dsn, cred)
 		if err != nil {
 			t.Fatal(err)
 		}

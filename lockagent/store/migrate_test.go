@@ -16,6 +16,7 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // oldMigrationLockID is the advisory lock every release before the table
@@ -132,8 +133,8 @@ func TestMigrateIsNotStalledByATenantsAdvisoryLock(t *testing.T) {
 	cred := storetest.Provision(t, own, storetest.Namespace(t, "advisory"))
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
-			tenant := storetest.RawConn(t, storetest.TenantDSN(t, tg.DSN, cred))
-			if _, err := tenant.Exec(ctx, `SELECT pg_advisory_lock($1::bigint)`, oldMigrationLockID); err != nil {
+			asTenant := storetest.RawConn(t, storetest.TenantDSN(t, tg.DSN, cred))
+			if _, err := asTenant.Exec(ctx, `SELECT pg_advisory_lock($1::bigint)`, oldMigrationLockID); err != nil {
 				t.Fatal(err)
 			}
 			pid := awaitAdvisoryHolder(t, su)
@@ -278,4 +279,169 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 			t.Fatalf("Migrate once the holder let go: %v, %v", r.applied, r.err)
 		}
 	})
+}
+
+// A tenant holding a transaction open on its own rows of dislock.windows
+// makes a migration's ALTER TABLE wait, and PostgreSQL queues every later
+// claim behind the waiting DDL. Migrate cuts each wait at lock_timeout, so
+// claims of every namespace pass within it while Migrate retries, and the
+// migration goes through once the reader commits. Migration 4 is re-applied
+// (its record deleted) on a server of the test's own.
+func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
+	t.Parallel() // its own server: the shared one's DDL must not wait
+	srv := pgtest.New(t, pgtest.Options{Name: "ddl-wait"})
+	ctx := context.Background()
+	own := storetest.Open(t, srv.DirectDSN(), 2)
+	ownerConn := storetest.RawConn(t, srv.DirectDSN())
+	nsA, nsB := storetest.Namespace(t, "reader"), storetest.Namespace(t, "claimer")
+	credA, credB := storetest.Provision(t, own, nsA), storetest.Provision(t, own, nsB)
+	// Migration 4 alters dislock.windows, the table the tenant reads; the
+	// ones after it are applied again with it.
+	const version = 4
+	var again []int
+	for v := version; v <= store.SchemaVersion(); v++ {
+		again = append(again, v)
+	}
+
+	unapply := func(t *testing.T) {
+		t.Helper()
+		if _, err := ownerConn.Exec(ctx, `DELETE FROM dislock.schema_migrations WHERE version >= $1`, version); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// openReader begins team-a's transaction that read its own windows and
+	// stays open; the returned function commits it.
+	openReader := func(t *testing.T, dsn string) func() {
+		t.Helper()
+		tx, err := storetest.RawConn(t, storetest.TenantDSN(t, dsn, credA)).Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM dislock.windows`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return func() {
+			t.Helper()
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// ddlWaiting: a session waits for an ACCESS EXCLUSIVE lock on
+	// dislock.windows (the migration's ALTER TABLE).
+	ddlWaiting := func() bool {
+		var n int
+		err := ownerConn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation'
+			AND relation = 'dislock.windows'::regclass AND mode = 'AccessExclusiveLock'`).Scan(&n)
+		return err == nil && n > 0
+	}
+	type result struct {
+		applied []int
+		err     error
+	}
+	migrate := func(opts store.Options, dsn string) <-chan result {
+		s, err := store.Open(ctx, dsn, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		done := make(chan result, 1)
+		go func() {
+			applied, err := s.Migrate(ctx)
+			done <- result{applied, err}
+		}()
+		return done
+	}
+
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			claimer := storetest.TenantStore(t, tg.DSN, credB)
+			key := nsB + "/report-" + tg.Name
+
+			t.Run("claims pass while Migrate waits, and it applies once the reader commits", func(t *testing.T) {
+				unapply(t)
+				commit := openReader(t, tg.DSN)
+				done := migrate(store.Options{MaxConns: 2, MigrationRetryFor: 5 * time.Minute}, tg.DSN)
+				var slowest time.Duration
+				for i := range 3 {
+					// Each claim queues behind a waiting attempt: the one
+					// after the first is a retry.
+					storetest.AwaitCond(t, "the migration waiting for its lock on dislock.windows", ddlWaiting)
+					cctx, cancel := context.WithTimeout(ctx, time.Minute)
+					began := time.Now()
+					_, err := claimer.ClaimWindow(cctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(i), Index: store.NotIndexed,
+						Owner: store.Owner{Cluster: "dc-a", Namespace: nsB, Job: "report", JobUID: "uid", Pod: "pod"}, TTL: ttl})
+					took := time.Since(began)
+					cancel()
+					if err != nil {
+						t.Fatalf("claim %d while the migration waits (after %s): %v", i, took, err)
+					}
+					slowest = max(slowest, took)
+				}
+				t.Logf("slowest of 3 claims queued behind the waiting migration: %s (lock_timeout %s)", slowest, store.DefaultMigrationLockTimeout)
+				select {
+				case r := <-done:
+					t.Fatalf("Migrate returned while the reader still holds its transaction: %v, %v", r.applied, r.err)
+				default:
+				}
+				commit()
+				select {
+				case r := <-done:
+					if r.err != nil || !slices.Equal(r.applied, again) {
+						t.Fatalf("Migrate after the reader committed: applied %v, %v; want %v", r.applied, r.err, again)
+					}
+				case <-time.After(2 * time.Minute):
+					t.Fatal("Migrate did not finish within 2 minutes of the reader's commit")
+				}
+			})
+
+			t.Run("giving up, Migrate names the lock timeout and the tenant in the way", func(t *testing.T) {
+				unapply(t)
+				commit := openReader(t, tg.DSN)
+				r := <-migrate(store.Options{MaxConns: 2, MigrationLockTimeout: 100 * time.Millisecond, MigrationRetryFor: time.Second}, tg.DSN)
+				commit()
+				var pgErr *pgconn.PgError
+				if r.err == nil || !errors.As(r.err, &pgErr) || pgErr.Code != "55P03" || errors.Is(r.err, store.ErrUnavailable) {
+					t.Fatalf("Migrate: %v, want the lock timeout (55P03), not unavailable", r.err)
+				}
+				for _, w := range []string{"SQLSTATE 55P03", "lock_timeout", credA.Role, "namespace " + nsA, "dislock.windows", "pg_terminate_backend", "idle_transaction_timeout"} {
+					if !strings.Contains(r.err.Error(), w) {
+						t.Errorf("the error does not say %q: %v", w, r.err)
+					}
+				}
+				t.Logf("Migrate gave up: %v", r.err)
+				if applied, err := own.Migrate(ctx); err != nil || !slices.Equal(applied, again) {
+					t.Fatalf("Migrate once the reader committed: %v, %v", applied, err)
+				}
+			})
+		})
+	}
+}
+
+// An owner that may not create roles cannot take the schema to version 4;
+// the error says so and names the fix, and once it is applied the
+// migration goes through.
+func TestMigratingWithoutCreateroleNamesTheFix(t *testing.T) {
+	t.Parallel() // its own server starts while the shared one's tests run
+	srv := pgtest.New(t, pgtest.Options{Name: "nocreaterole"})
+	su := storetest.Superuser(t, srv)
+	ctx := context.Background()
+	if _, err := su.Exec(ctx, `ALTER ROLE `+pgtest.AppUser+` NOCREATEROLE`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(ctx, srv.DirectDSN(), store.Options{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Migrate(ctx); err == nil || !strings.Contains(err.Error(), "ALTER ROLE dislock CREATEROLE") {
+		t.Fatalf("migrate: %v, want an error naming the fix", err)
+	}
+	if _, err := su.Exec(ctx, `ALTER ROLE `+pgtest.AppUser+` CREATEROLE`); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := s.Migrate(ctx); err != nil || len(applied) != store.SchemaVersion() {
+		t.Fatalf("migrate after the fix: applied %v, %v", applied, err)
+	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/webhook"
@@ -204,7 +205,7 @@ func TestOptingOutRetiresTheRolesEvenOfAnUnlabelledSecret(t *testing.T) {
 	}
 	defer admin.Close()
 	await(t, "the namespace's roles to be superseded", func() (bool, error) {
-		roles, err := admin.TenantRoles(ctx, "dc-a", "unlabel-a")
+		roles, err := tenant.Roles(ctx, admin, "dc-a", "unlabel-a")
 		if err != nil || len(roles) == 0 {
 			return false, err
 		}
@@ -247,7 +248,7 @@ func TestATenantDeletingItsSecretInALoopHoldsAtMostAFewRoles(t *testing.T) {
 
 	admin := openAs(t, owner)
 	liveGenerations := func() ([]int, error) {
-		roles, err := admin.TenantRoles(ctx, "dc-a", "loop-a")
+		roles, err := tenant.Roles(ctx, admin, "dc-a", "loop-a")
 		var gens []int
 		for _, r := range roles {
 			gens = append(gens, r.Generation)
@@ -379,7 +380,7 @@ func TestATenantDeletingItsSecretInALoopHoldsAtMostAFewRoles(t *testing.T) {
 	}
 
 	// loop-b kept its one role.
-	if roles, err := admin.TenantRoles(ctx, "dc-a", "loop-b"); err != nil || len(roles) != 1 || roles[0].Role != roleB {
+	if roles, err := tenant.Roles(ctx, admin, "dc-a", "loop-b"); err != nil || len(roles) != 1 || roles[0].Role != roleB {
 		t.Errorf("loop-b's roles: %+v, %v; want only %s", roles, err, roleB)
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -107,9 +109,9 @@ func AwaitCond(t *testing.T, what string, cond func() bool) {
 
 // Provision creates a tenant role of namespace ns in cluster dc-a with the
 // owner's Store.
-func Provision(t testing.TB, owner *store.Store, ns string) store.TenantCredential {
+func Provision(t testing.TB, owner *store.Store, ns string) tenant.Credential {
 	t.Helper()
-	c, err := owner.ProvisionTenant(context.Background(), "dc-a", ns)
+	c, err := tenant.Provision(context.Background(), owner, "dc-a", ns)
 	if err != nil {
 		t.Fatalf("provisioning namespace %s: %v", ns, err)
 	}
@@ -118,9 +120,9 @@ func Provision(t testing.TB, owner *store.Store, ns string) store.TenantCredenti
 
 // TenantDSN is the tenant's URL, reaching the database the way ownerDSN
 // does.
-func TenantDSN(t testing.TB, ownerDSN string, c store.TenantCredential) string {
+func TenantDSN(t testing.TB, ownerDSN string, c tenant.Credential) string {
 	t.Helper()
-	dsn, err := store.TenantDSN(ownerDSN, c)
+	dsn, err := tenant.DSN(ownerDSN, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +131,7 @@ func TenantDSN(t testing.TB, ownerDSN string, c store.TenantCredential) string {
 
 // TenantStore opens a Store as the tenant, reaching the database the way
 // ownerDSN does (directly or through PgBouncer).
-func TenantStore(t testing.TB, ownerDSN string, c store.TenantCredential) *store.Store {
+func TenantStore(t testing.TB, ownerDSN string, c tenant.Credential) *store.Store {
 	t.Helper()
 	s, err := store.Open(context.Background(), TenantDSN(t, ownerDSN, c), store.Options{MaxConns: 2})
 	if err != nil {
@@ -205,3 +207,12 @@ func MustBeTaken(t *testing.T, s *store.Store, key string, w time.Time, o store.
 
 // Ptr points at a copy of v.
 func Ptr[T any](v T) *T { return &v }
+
+// ByCheck indexes findings by their check.
+func ByCheck(fs []check.Finding) map[string]check.Finding {
+	m := map[string]check.Finding{}
+	for _, f := range fs {
+		m[f.Check] = f
+	}
+	return m
+}
