@@ -21,6 +21,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
@@ -332,7 +333,7 @@ func newHostileDB(t *testing.T) hostileDB {
 		t.Fatal(err)
 	}
 	t.Cleanup(own.Close)
-	if _, err := own.Migrate(ctx); err != nil {
+	if _, err := migrate.Up(ctx, own); err != nil {
 		t.Fatal(err)
 	}
 	raw, err := pgx.Connect(ctx, dsn)

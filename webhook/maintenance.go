@@ -16,6 +16,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/check"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 )
 
 // DefaultRetentionInterval is how often old windows are deleted.
@@ -150,7 +151,7 @@ const (
 // migration is what one attempt of the databaseGate found.
 type migration struct {
 	applied []int
-	schema  store.SchemaState
+	schema  migrate.SchemaState
 }
 
 // databaseGate keeps a replica unready until it has once reached the
@@ -199,11 +200,11 @@ func migrateDatabase(databaseURL string) func(context.Context) (migration, error
 			return migration{}, err
 		}
 		defer db.Close()
-		applied, err := db.Migrate(ctx)
+		applied, err := migrate.Up(ctx, db)
 		if err != nil {
 			return migration{}, err
 		}
-		st, err := db.Schema(ctx)
+		st, err := migrate.Schema(ctx, db)
 		return migration{applied: applied, schema: st}, err
 	}
 }
@@ -234,7 +235,7 @@ func (g *databaseGate) Start(ctx context.Context) error {
 		g.reason = err
 		g.mu.Unlock()
 		switch {
-		case errors.Is(err, store.ErrSchemaIncompatible):
+		case errors.Is(err, migrate.ErrSchemaIncompatible):
 			logger.Error(err, "not ready: this dislock cannot work against the database's schema", "retryIn", g.backoff.String())
 			backoff = g.backoff
 		case errors.Is(err, store.ErrUnavailable):
@@ -261,7 +262,7 @@ func (g *databaseGate) watchSchema(ctx context.Context, logger logr.Logger) erro
 		case <-time.After(g.recheck):
 		}
 		m, err := g.migrate(ctx)
-		incompatible := errors.Is(err, store.ErrSchemaIncompatible)
+		incompatible := errors.Is(err, migrate.ErrSchemaIncompatible)
 		if err == nil && !m.schema.Usable() {
 			incompatible = true
 			err = fmt.Errorf("schema dislock is at version %d, which this dislock (%d) cannot use", m.schema.Current, m.schema.Known)

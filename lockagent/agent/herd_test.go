@@ -30,6 +30,7 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/benchscale"
 	"github.com/dislock/dislock/test/harness"
@@ -257,7 +258,7 @@ func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
 		b.Fatal(err)
 	}
 	defer owner.Close()
-	if _, err := owner.Migrate(ctx); err != nil {
+	if _, err := migrate.Up(ctx, owner); err != nil {
 		b.Fatal(err)
 	}
 	for c := range clusters {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
@@ -148,7 +149,7 @@ func tenantDatabase(t *testing.T) string {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	if _, err := admin.Migrate(context.Background()); err != nil {
+	if _, err := migrate.Up(context.Background(), admin); err != nil {
 		t.Fatal(err)
 	}
 	return srv.BouncerDSN()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/db"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 )
 
 // Status grades one Finding.
@@ -241,7 +242,7 @@ var englishMessages = regexp.MustCompile(`^(C|POSIX)$`)
 // checkSchema appends the schema and token findings. What it cannot read
 // becomes a failing finding, so the findings before it still print.
 func (s checker) checkSchema(ctx context.Context, opts Options, out []Finding) []Finding {
-	st, err := s.st.Schema(ctx)
+	st, err := migrate.Schema(ctx, s.st)
 	if err != nil {
 		// Only a refused privilege is mended by a grant; anything else (the
 		// database gone meanwhile) the error itself explains.

@@ -110,7 +110,7 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 	missing, grants, lerr := tenantGrantsMissing(ctx, conn)
 	switch {
 	case lerr != nil:
-		f.Fix = "restore the grants migration 4 gives role " + tenant.GroupRole + " (lockagent/store/migrations/0004_tenants.sql); cannot list which are missing: " + lerr.Error()
+		f.Fix = "restore the grants migration 4 gives role " + tenant.GroupRole + " (lockagent/store/migrate/migrations/0004_tenants.sql); cannot list which are missing: " + lerr.Error()
 	case len(missing) == 0:
 		f.Fix = "the role holds every grant an agent needs, so a row-level security policy refused it: check that dislock.tenants names this role for namespace " + namespace
 	default:

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/check"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -39,7 +40,7 @@ func Open(t testing.TB, dsn string, maxConns int32) *store.Store {
 		t.Fatalf("open: %v", err)
 	}
 	t.Cleanup(s.Close)
-	if _, err := s.Migrate(context.Background()); err != nil {
+	if _, err := migrate.Up(context.Background(), s); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return s

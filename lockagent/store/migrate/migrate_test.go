@@ -1,4 +1,4 @@
-package store_test
+package migrate_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -44,7 +45,7 @@ func awaitAdvisoryHolder(t *testing.T, c *pgx.Conn) int32 {
 // applies it again (migrations are idempotent).
 func unapplyLast(t *testing.T, c *pgx.Conn) {
 	t.Helper()
-	if _, err := c.Exec(context.Background(), `DELETE FROM dislock.schema_migrations WHERE version = $1`, store.SchemaVersion()); err != nil {
+	if _, err := c.Exec(context.Background(), `DELETE FROM dislock.schema_migrations WHERE version = $1`, migrate.SchemaVersion()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -52,7 +53,7 @@ func unapplyLast(t *testing.T, c *pgx.Conn) {
 // newestMigration reads the newest migration's file name and SQL.
 func newestMigration(t *testing.T) (name, body string) {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join("migrations", fmt.Sprintf("%04d_*.sql", store.SchemaVersion())))
+	files, err := filepath.Glob(filepath.Join("migrations", fmt.Sprintf("%04d_*.sql", migrate.SchemaVersion())))
 	if err != nil || len(files) != 1 {
 		t.Fatalf("the newest migration's file: %v, %v", files, err)
 	}
@@ -69,12 +70,12 @@ type migrated struct {
 	took    time.Duration
 }
 
-// migrateIn runs Migrate with a fresh Store in the background, cut by the
-// client after limit (a migrator that never returns fails the test
-// instead of hanging it).
-func migrateIn(t *testing.T, dsn string, opts store.Options, limit time.Duration) <-chan migrated {
+// migrateIn runs m.Up with a fresh Store of one connection in the
+// background, cut by the client after limit (a migrator that never returns
+// fails the test instead of hanging it).
+func migrateIn(t *testing.T, dsn string, m migrate.Migrator, limit time.Duration) <-chan migrated {
 	t.Helper()
-	s, err := store.Open(context.Background(), dsn, opts)
+	s, err := store.Open(context.Background(), dsn, store.Options{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +85,7 @@ func migrateIn(t *testing.T, dsn string, opts store.Options, limit time.Duration
 		ctx, cancel := context.WithTimeout(context.Background(), limit)
 		defer cancel()
 		start := time.Now()
-		applied, err := s.Migrate(ctx)
+		applied, err := m.Up(ctx, s)
 		done <- migrated{applied, err, time.Since(start)}
 	}()
 	return done
@@ -109,8 +110,8 @@ func TestMigrateOnACurrentSchemaTakesNoLock(t *testing.T) {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, oldMigrationLockID); err != nil {
 			t.Fatal(err)
 		}
-		r := <-migrateIn(t, dsn, store.Options{MaxConns: 1}, 20*time.Second)
-		if r.err != nil || r.applied != nil || r.took >= store.DefaultMigrationLockTimeout {
+		r := <-migrateIn(t, dsn, migrate.Migrator{}, 20*time.Second)
+		if r.err != nil || r.applied != nil || r.took >= migrate.DefaultLockTimeout {
 			t.Fatalf("Migrate on a current schema while another session holds the migration locks: applied %v, %v after %s; want nothing, at once",
 				r.applied, r.err, r.took)
 		}
@@ -145,16 +146,16 @@ func TestMigrateIsNotStalledByATenantsAdvisoryLock(t *testing.T) {
 			})
 
 			t.Run("a replica starting against a current schema is ready at once", func(t *testing.T) {
-				r := <-migrateIn(t, tg.DSN, store.Options{MaxConns: 1}, 20*time.Second)
-				if r.err != nil || r.applied != nil || r.took >= store.DefaultMigrationLockTimeout {
+				r := <-migrateIn(t, tg.DSN, migrate.Migrator{}, 20*time.Second)
+				if r.err != nil || r.applied != nil || r.took >= migrate.DefaultLockTimeout {
 					t.Fatalf("applied %v, %v after %s; want nothing, at once", r.applied, r.err, r.took)
 				}
 			})
 			t.Run("a pending migration is applied", func(t *testing.T) {
 				unapplyLast(t, su)
-				r := <-migrateIn(t, tg.DSN, store.Options{MaxConns: 1}, 30*time.Second)
-				if r.err != nil || !slices.Equal(r.applied, []int{store.SchemaVersion()}) {
-					t.Fatalf("applied %v, %v after %s; want [%d]", r.applied, r.err, r.took, store.SchemaVersion())
+				r := <-migrateIn(t, tg.DSN, migrate.Migrator{}, 30*time.Second)
+				if r.err != nil || !slices.Equal(r.applied, []int{migrate.SchemaVersion()}) {
+					t.Fatalf("applied %v, %v after %s; want [%d]", r.applied, r.err, r.took, migrate.SchemaVersion())
 				}
 			})
 			if held := awaitAdvisoryHolder(t, su); held != pid {
@@ -176,7 +177,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "migrate-serial"})
 	ctx := context.Background()
 	su := storetest.Superuser(t, srv)
-	all := make([]int, store.SchemaVersion())
+	all := make([]int, migrate.SchemaVersion())
 	for i := range all {
 		all[i] = i + 1
 	}
@@ -187,7 +188,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 		}
 		var runs []<-chan migrated
 		for i := range 4 {
-			runs = append(runs, migrateIn(t, srv.Targets()[i%2].DSN, store.Options{MaxConns: 1}, time.Minute))
+			runs = append(runs, migrateIn(t, srv.Targets()[i%2].DSN, migrate.Migrator{}, time.Minute))
 		}
 		var got []int
 		for _, run := range runs {
@@ -218,11 +219,11 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 			oldMigrationLockID).Scan(nil, &current); err != nil {
 			t.Fatal(err)
 		}
-		if current != store.SchemaVersion()-1 {
-			t.Fatalf("the older migrator reads version %d, want %d", current, store.SchemaVersion()-1)
+		if current != migrate.SchemaVersion()-1 {
+			t.Fatalf("the older migrator reads version %d, want %d", current, migrate.SchemaVersion()-1)
 		}
 		watcher := storetest.RawConn(t, srv.DirectDSN())
-		done := migrateIn(t, srv.BouncerDSN()+"&application_name=dislock-new-migrate", store.Options{MaxConns: 1, MigrationRetryFor: time.Minute}, 2*time.Minute)
+		done := migrateIn(t, srv.BouncerDSN()+"&application_name=dislock-new-migrate", migrate.Migrator{RetryFor: time.Minute}, 2*time.Minute)
 		// Its first attempt asked for the advisory lock, found a session
 		// of the owner's role holding it, and rolled back.
 		storetest.AwaitCond(t, "the migrator's first attempt asking for the advisory lock", func() bool {
@@ -240,7 +241,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 			t.Fatalf("the older migrator applying %s: %v", name, err)
 		}
 		if _, err := old.Exec(ctx, `INSERT INTO dislock.schema_migrations (version, name) VALUES ($1::int, $2::text)`,
-			store.SchemaVersion(), name); err != nil {
+			migrate.SchemaVersion(), name); err != nil {
 			t.Fatalf("the older migrator recording %s: %v", name, err)
 		}
 		if err := old.Commit(ctx); err != nil {
@@ -261,7 +262,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 			t.Fatal(err)
 		}
 		pid := awaitAdvisoryHolder(t, su)
-		r := <-migrateIn(t, srv.BouncerDSN(), store.Options{MaxConns: 1, MigrationLockTimeout: 100 * time.Millisecond, MigrationRetryFor: time.Second}, 30*time.Second)
+		r := <-migrateIn(t, srv.BouncerDSN(), migrate.Migrator{LockTimeout: 100 * time.Millisecond, RetryFor: time.Second}, 30*time.Second)
 		if r.err == nil || errors.Is(r.err, store.ErrUnavailable) || errors.Is(r.err, context.DeadlineExceeded) {
 			t.Fatalf("Migrate: applied %v, %v after %s; want it to give up, naming the holder", r.applied, r.err, r.took)
 		}
@@ -275,7 +276,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 		if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
 			t.Fatal(err)
 		}
-		if r := <-migrateIn(t, srv.BouncerDSN(), store.Options{MaxConns: 1}, 30*time.Second); r.err != nil || !slices.Equal(r.applied, []int{store.SchemaVersion()}) {
+		if r := <-migrateIn(t, srv.BouncerDSN(), migrate.Migrator{}, 30*time.Second); r.err != nil || !slices.Equal(r.applied, []int{migrate.SchemaVersion()}) {
 			t.Fatalf("Migrate once the holder let go: %v, %v", r.applied, r.err)
 		}
 	})
@@ -299,7 +300,7 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 	// ones after it are applied again with it.
 	const version = 4
 	var again []int
-	for v := version; v <= store.SchemaVersion(); v++ {
+	for v := version; v <= migrate.SchemaVersion(); v++ {
 		again = append(again, v)
 	}
 
@@ -340,15 +341,15 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 		applied []int
 		err     error
 	}
-	migrate := func(opts store.Options, dsn string) <-chan result {
-		s, err := store.Open(ctx, dsn, opts)
+	migrateWith := func(m migrate.Migrator, dsn string) <-chan result {
+		s, err := store.Open(ctx, dsn, store.Options{MaxConns: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(s.Close)
 		done := make(chan result, 1)
 		go func() {
-			applied, err := s.Migrate(ctx)
+			applied, err := m.Up(ctx, s)
 			done <- result{applied, err}
 		}()
 		return done
@@ -362,7 +363,7 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 			t.Run("claims pass while Migrate waits, and it applies once the reader commits", func(t *testing.T) {
 				unapply(t)
 				commit := openReader(t, tg.DSN)
-				done := migrate(store.Options{MaxConns: 2, MigrationRetryFor: 5 * time.Minute}, tg.DSN)
+				done := migrateWith(migrate.Migrator{RetryFor: 5 * time.Minute}, tg.DSN)
 				var slowest time.Duration
 				for i := range 3 {
 					// Each claim queues behind a waiting attempt: the one
@@ -371,7 +372,7 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 					cctx, cancel := context.WithTimeout(ctx, time.Minute)
 					began := time.Now()
 					_, err := claimer.ClaimWindow(cctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(i), Index: store.NotIndexed,
-						Owner: store.Owner{Cluster: "dc-a", Namespace: nsB, Job: "report", JobUID: "uid", Pod: "pod"}, TTL: ttl})
+						Owner: store.Owner{Cluster: "dc-a", Namespace: nsB, Job: "report", JobUID: "uid", Pod: "pod"}, TTL: storetest.TTL})
 					took := time.Since(began)
 					cancel()
 					if err != nil {
@@ -379,7 +380,7 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 					}
 					slowest = max(slowest, took)
 				}
-				t.Logf("slowest of 3 claims queued behind the waiting migration: %s (lock_timeout %s)", slowest, store.DefaultMigrationLockTimeout)
+				t.Logf("slowest of 3 claims queued behind the waiting migration: %s (lock_timeout %s)", slowest, migrate.DefaultLockTimeout)
 				select {
 				case r := <-done:
 					t.Fatalf("Migrate returned while the reader still holds its transaction: %v, %v", r.applied, r.err)
@@ -399,7 +400,7 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 			t.Run("giving up, Migrate names the lock timeout and the tenant in the way", func(t *testing.T) {
 				unapply(t)
 				commit := openReader(t, tg.DSN)
-				r := <-migrate(store.Options{MaxConns: 2, MigrationLockTimeout: 100 * time.Millisecond, MigrationRetryFor: time.Second}, tg.DSN)
+				r := <-migrateWith(migrate.Migrator{LockTimeout: 100 * time.Millisecond, RetryFor: time.Second}, tg.DSN)
 				commit()
 				var pgErr *pgconn.PgError
 				if r.err == nil || !errors.As(r.err, &pgErr) || pgErr.Code != "55P03" || errors.Is(r.err, store.ErrUnavailable) {
@@ -411,7 +412,7 @@ func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
 					}
 				}
 				t.Logf("Migrate gave up: %v", r.err)
-				if applied, err := own.Migrate(ctx); err != nil || !slices.Equal(applied, again) {
+				if applied, err := migrate.Up(ctx, own); err != nil || !slices.Equal(applied, again) {
 					t.Fatalf("Migrate once the reader committed: %v, %v", applied, err)
 				}
 			})
@@ -435,13 +436,13 @@ func TestMigratingWithoutCreateroleNamesTheFix(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if _, err := s.Migrate(ctx); err == nil || !strings.Contains(err.Error(), "ALTER ROLE dislock CREATEROLE") {
+	if _, err := migrate.Up(ctx, s); err == nil || !strings.Contains(err.Error(), "ALTER ROLE dislock CREATEROLE") {
 		t.Fatalf("migrate: %v, want an error naming the fix", err)
 	}
 	if _, err := su.Exec(ctx, `ALTER ROLE `+pgtest.AppUser+` CREATEROLE`); err != nil {
 		t.Fatal(err)
 	}
-	if applied, err := s.Migrate(ctx); err != nil || len(applied) != store.SchemaVersion() {
+	if applied, err := migrate.Up(ctx, s); err != nil || len(applied) != migrate.SchemaVersion() {
 		t.Fatalf("migrate after the fix: applied %v, %v", applied, err)
 	}
 }

@@ -1,4 +1,4 @@
-package store_test
+package migrate_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -27,7 +28,7 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 	// every other test of the package relies on.
 	srv := pgtest.New(t, pgtest.Options{Name: "compat"})
 	ctx := context.Background()
-	known := store.SchemaVersion()
+	known := migrate.SchemaVersion()
 	futureName := fmt.Sprintf("%04d_future.sql", known+1)
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
@@ -74,10 +75,10 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 			}
 
 			t.Run("a fresh database gets every migration, each recorded with its compatibility", func(t *testing.T) {
-				if st, err := s.Schema(ctx); err != nil || st.Current != 0 || st.Usable() {
+				if st, err := migrate.Schema(ctx, s); err != nil || st.Current != 0 || st.Usable() {
 					t.Fatalf("before migrating: %+v, %v; want version 0, not usable", st, err)
 				}
-				applied, err := s.Migrate(ctx)
+				applied, err := migrate.Up(ctx, s)
 				if err != nil || len(applied) != known {
 					t.Fatalf("applied %v, %v; want 1..%d", applied, err, known)
 				}
@@ -92,7 +93,7 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 						t.Errorf("migration %d recorded compatible_from %d, want NULL", v, *got[v])
 					}
 				}
-				if st, err := s.Schema(ctx); err != nil || !st.Usable() || st.Newer() {
+				if st, err := migrate.Schema(ctx, s); err != nil || !st.Usable() || st.Newer() {
 					t.Fatalf("after migrating: %+v, %v", st, err)
 				}
 				if f := schemaFinding(t); f.Status != check.StatusOK {
@@ -105,7 +106,7 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 ALTER TABLE dislock.schema_migrations DROP COLUMN compatible_from`); err != nil {
 					t.Fatal(err)
 				}
-				applied, err := s.Migrate(ctx)
+				applied, err := migrate.Up(ctx, s)
 				var want []int
 				for v := 6; v <= known; v++ {
 					want = append(want, v)
@@ -128,11 +129,11 @@ ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`,
 
 			t.Run("a newer schema compatible with this dislock is used as it is", func(t *testing.T) {
 				future(t, known)
-				applied, err := s.Migrate(ctx)
+				applied, err := migrate.Up(ctx, s)
 				if err != nil || len(applied) != 0 {
 					t.Fatalf("applied %v, %v; want nothing and no error", applied, err)
 				}
-				st, err := s.Schema(ctx)
+				st, err := migrate.Schema(ctx, s)
 				if err != nil || !st.Usable() || !st.Newer() || st.Current != known+1 || st.Known != known {
 					t.Fatalf("%+v, %v; want newer, usable", st, err)
 				}
@@ -152,8 +153,8 @@ ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`,
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					future(t, tc.compatibleFrom)
-					applied, err := s.Migrate(ctx)
-					if !errors.Is(err, store.ErrSchemaIncompatible) || applied != nil {
+					applied, err := migrate.Up(ctx, s)
+					if !errors.Is(err, migrate.ErrSchemaIncompatible) || applied != nil {
 						t.Fatalf("applied %v, %v; want ErrSchemaIncompatible", applied, err)
 					}
 					for _, want := range []string{fmt.Sprintf("at version %d, newer than this dislock knows (%d)", known+1, known),
@@ -163,7 +164,7 @@ ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`,
 							t.Errorf("error %q does not say %q", err, want)
 						}
 					}
-					if st, err := s.Schema(ctx); err != nil || st.Usable() || st.Incompatible == nil || st.Incompatible.Version != known+1 {
+					if st, err := migrate.Schema(ctx, s); err != nil || st.Usable() || st.Incompatible == nil || st.Incompatible.Version != known+1 {
 						t.Fatalf("%+v, %v; want not usable, naming migration 7", st, err)
 					}
 					if f := schemaFinding(t); f.Status != check.StatusFail || !strings.Contains(f.Detail, fmt.Sprintf("migration %d (%s)", known+1, futureName)) ||
@@ -205,7 +206,7 @@ func TestHostile17_TenantCannotWriteSchemaMigrations(t *testing.T) {
 				t.Errorf("tenant role ran %q", stmt)
 			}
 		}
-		st, err := own.Schema(ctx)
+		st, err := migrate.Schema(ctx, own)
 		if err != nil || st.Current != st.Known {
 			t.Fatalf("schema after the tenant's attempts: %+v, %v", st, err)
 		}
