@@ -8,13 +8,14 @@ import (
 	"strings"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 )
 
 // errProblems makes `dislock check` exit non-zero after printing its findings.
 var errProblems = errors.New("found problems that can lose claims or stop every job (see fix: lines)")
 
 func setupCheck(fs *flag.FlagSet) func(context.Context, *common) error {
-	allowAsync := fs.Bool(store.AllowAsyncFlag[2:], false,
+	allowAsync := fs.Bool(check.AllowAsyncFlag[2:], false,
 		"accept a database whose failover may lose commits (asynchronous replication, or a managed service whose replication dislock cannot see): "+
 			"a window can then run twice after a failover; fencing tokens still never go back")
 	var tenants urlList
@@ -23,17 +24,17 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, *common) error {
 	var floor tokenFloor
 	floor.flags(fs)
 	return func(ctx context.Context, c *common) error {
-		opts, err := floor.checkOptions(ctx, store.CheckOptions{AllowAsync: *allowAsync})
+		opts, err := floor.checkOptions(ctx, check.Options{AllowAsync: *allowAsync})
 		if err != nil {
 			return err
 		}
 		// The owner's URL first, then each tenant's: one role's failure
 		// does not stop the others' checks.
-		reports := []store.RoleReport{store.CheckURL(ctx, c.databaseURL, opts)}
+		reports := []check.RoleReport{check.URL(ctx, c.databaseURL, opts)}
 		for _, u := range tenants {
-			reports = append(reports, store.CheckURL(ctx, u, opts))
+			reports = append(reports, check.URL(ctx, u, opts))
 		}
-		var all []store.Finding
+		var all []check.Finding
 		for _, r := range reports {
 			for _, f := range r.Findings {
 				f.Role = r.Heading()
@@ -48,7 +49,7 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, *common) error {
 		}); err != nil {
 			return err
 		}
-		if store.Failed(all) {
+		if check.Failed(all) {
 			return errProblems
 		}
 		return nil
@@ -71,7 +72,7 @@ func (l *urlList) Set(v string) error {
 
 // printFindings writes one line per finding, and the fix under any that is
 // not ok.
-func printFindings(t *table, findings []store.Finding) {
+func printFindings(t *table, findings []check.Finding) {
 	for _, f := range findings {
 		t.row(string(f.Status), f.Check, f.Detail)
 		if f.Fix != "" {
@@ -82,14 +83,14 @@ func printFindings(t *table, findings []store.Finding) {
 
 // migrateFindings checks the database after a migration and renders what
 // is not ok as lines for the migrate output: migrate still succeeds.
-func migrateFindings(ctx context.Context, s *store.Store) ([]store.Finding, error) {
-	findings, err := s.CheckDatabase(ctx, store.CheckOptions{})
+func migrateFindings(ctx context.Context, s *store.Store) ([]check.Finding, error) {
+	findings, err := check.Database(ctx, s, check.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("checking the database after migrating: %w", err)
 	}
-	var notOK []store.Finding
+	var notOK []check.Finding
 	for _, f := range findings {
-		if f.Status != store.StatusOK {
+		if f.Status != check.StatusOK {
 			notOK = append(notOK, f)
 		}
 	}

@@ -8,7 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -21,21 +22,21 @@ func TestCheckChecksEachRoleUnderItsHeading(t *testing.T) {
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
 			owner := migratedStore(t, tg.DSN)
-			good, err := owner.ProvisionTenant(context.Background(), "dc-a", namespace("check-good"))
+			good, err := tenant.Provision(context.Background(), owner, "dc-a", namespace("check-good"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			bad, err := owner.ProvisionTenant(context.Background(), "dc-a", namespace("check-bad"))
+			bad, err := tenant.Provision(context.Background(), owner, "dc-a", namespace("check-bad"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			goodURL, err := store.TenantDSN(tg.DSN, good)
+			goodURL, err := tenant.DSN(tg.DSN, good)
 			if err != nil {
 				t.Fatal(err)
 			}
 			const wrongPassword = "Wr0ng-Tenant-Pa55-cli-41d2"
 			bad.Password = wrongPassword
-			badURL, err := store.TenantDSN(tg.DSN, bad)
+			badURL, err := tenant.DSN(tg.DSN, bad)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -72,14 +73,14 @@ func TestCheckChecksEachRoleUnderItsHeading(t *testing.T) {
 				t.Errorf("the bad tenant's heading and login finding are not there:\n%s", out)
 			}
 			code, jsonOut, jsonErr := run(t, append(args, "-o", "json")...)
-			var findings []store.Finding
+			var findings []check.Finding
 			if err := json.Unmarshal([]byte(jsonOut), &findings); code != 3 || err != nil {
 				t.Fatalf("-o json: exit %d, %v\n%s%s", code, err, jsonOut, jsonErr)
 			}
 			roles := map[string]bool{}
 			for _, f := range findings {
 				roles[f.Role] = true
-				if f.Check == "login" && (f.Status != store.StatusFail || !strings.Contains(f.Role, bad.Role)) {
+				if f.Check == "login" && (f.Status != check.StatusFail || !strings.Contains(f.Role, bad.Role)) {
 					t.Errorf("login finding %+v", f)
 				}
 			}

@@ -18,6 +18,8 @@ import (
 
 	"github.com/dislock/dislock/internal/version"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 )
 
 // Exit codes.
@@ -154,13 +156,13 @@ func usage(w io.Writer) {
 
 func setupMigrate(*flag.FlagSet) func(context.Context, *common) error {
 	return func(ctx context.Context, c *common) error {
-		applied, err := c.store.Migrate(ctx)
+		applied, err := migrate.Up(ctx, c.store)
 		if err != nil {
 			return err
 		}
 		// A newer schema compatible with this build is left as it is: say
 		// so, rather than "up to date" at a version the database is not at.
-		state, err := c.store.Schema(ctx)
+		state, err := migrate.Schema(ctx, c.store)
 		if err != nil {
 			return err
 		}
@@ -172,7 +174,7 @@ func setupMigrate(*flag.FlagSet) func(context.Context, *common) error {
 			Applied       []int           `json:"applied"`
 			SchemaVersion int             `json:"schemaVersion"`
 			KnownVersion  int             `json:"knownVersion"`
-			Warnings      []store.Finding `json:"warnings,omitempty"`
+			Warnings      []check.Finding `json:"warnings,omitempty"`
 		}{Applied: applied, SchemaVersion: state.Current, KnownVersion: state.Known, Warnings: warnings}
 		if res.Applied == nil {
 			res.Applied = []int{}
@@ -200,7 +202,7 @@ func setupVersion(*flag.FlagSet) func(context.Context, *common) error {
 			Version       string `json:"version"`
 			Commit        string `json:"commit"`
 			SchemaVersion int    `json:"schemaVersion"`
-		}{version.Version, version.Commit, store.SchemaVersion()}
+		}{version.Version, version.Commit, migrate.SchemaVersion()}
 		return c.print(res, func(t *table) {
 			t.line("dislock %s (commit %s, schema version %d)", res.Version, res.Commit, res.SchemaVersion)
 		})

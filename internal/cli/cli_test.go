@@ -14,6 +14,8 @@ import (
 
 	"github.com/dislock/dislock/internal/cli"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -198,12 +200,12 @@ func TestCheckNamesTheSettingAndTheFix(t *testing.T) {
 				}
 			}
 			code, out, errOut = run(t, "check", "--database-url", tg.DSN, "--allow-async-replication", "-o", "json")
-			var findings []store.Finding
+			var findings []check.Finding
 			if err := json.Unmarshal([]byte(out), &findings); code != 0 || err != nil {
 				t.Fatalf("check --allow-async-replication: exit %d, %v, stdout %q, stderr %q", code, err, out, errOut)
 			}
 			for _, f := range findings {
-				if f.Check == "replication" && f.Status != store.StatusAccepted {
+				if f.Check == "replication" && f.Status != check.StatusAccepted {
 					t.Errorf("replication with the acknowledgement: %+v", f)
 				}
 			}
@@ -234,11 +236,11 @@ func TestATenantsRowsCannotForgeLinesOfTheOperatorsListing(t *testing.T) {
 				Owner: store.Owner{Cluster: "dc-a", Namespace: victim, Job: "report-1", JobUID: "u1", Pod: "p1"}}); err != nil {
 				t.Fatal(err)
 			}
-			cred, err := owner.ProvisionTenant(ctx, "dc-a", hostile)
+			cred, err := tenant.Provision(ctx, owner, "dc-a", hostile)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tenantURL, err := store.TenantDSN(tg.DSN, cred)
+			tenantURL, err := tenant.DSN(tg.DSN, cred)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/dislock/dislock/internal/kubeconfig"
 	"github.com/dislock/dislock/internal/tokenrecord"
-	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 )
 
 // tokenFloor is the highest fencing token recorded outside the database,
@@ -124,7 +124,7 @@ func setupTokens(fs *flag.FlagSet) func(context.Context, *common) error {
 }
 
 // checkOptions puts the floor into check's options.
-func (f *tokenFloor) checkOptions(ctx context.Context, opts store.CheckOptions) (store.CheckOptions, error) {
+func (f *tokenFloor) checkOptions(ctx context.Context, opts check.Options) (check.Options, error) {
 	floor, from, _, err := f.resolve(ctx, false)
 	if err != nil {
 		return opts, err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dislock/dislock/internal/cli"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 
 	_ "time/tzdata" // --tz Europe/Berlin wherever the tests run
@@ -247,11 +248,11 @@ func TestATenantsDecisionsCannotForgeRowsOfTheWideListing(t *testing.T) {
 			ctx := context.Background()
 			owner := migratedStore(t, tg.DSN)
 			hostile := namespace("hostile")
-			cred, err := owner.ProvisionTenant(ctx, "dc-a", hostile)
+			cred, err := tenant.Provision(ctx, owner, "dc-a", hostile)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tenantURL, err := store.TenantDSN(tg.DSN, cred)
+			tenantURL, err := tenant.DSN(tg.DSN, cred)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -296,11 +297,11 @@ func TestATenantsFutureWindowsDoNotFillTheWideListingOfTheLastHours(t *testing.T
 	ctx := context.Background()
 	owner := migratedStore(t, dsn)
 	hostile := namespace("hostile")
-	cred, err := owner.ProvisionTenant(ctx, "dc-a", hostile)
+	cred, err := tenant.Provision(ctx, owner, "dc-a", hostile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenantURL, err := store.TenantDSN(dsn, cred)
+	tenantURL, err := tenant.DSN(dsn, cred)
 	if err != nil {
 		t.Fatal(err)
 	}

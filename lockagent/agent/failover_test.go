@@ -13,6 +13,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/hapg"
 )
 
@@ -25,7 +26,7 @@ func TestPrimaryLostWhileJobsRun(t *testing.T) {
 	for deadline := time.Now().Add(time.Minute); ; {
 		s, err := store.Open(ctx, c.HAProxyDSN(), store.Options{MaxConns: 1})
 		if err == nil {
-			_, err = s.Migrate(ctx)
+			_, err = migrate.Up(ctx, s)
 			s.Close()
 		}
 		if err == nil {

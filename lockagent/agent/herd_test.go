@@ -30,6 +30,8 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/benchscale"
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
@@ -256,7 +258,7 @@ func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
 		b.Fatal(err)
 	}
 	defer owner.Close()
-	if _, err := owner.Migrate(ctx); err != nil {
+	if _, err := migrate.Up(ctx, owner); err != nil {
 		b.Fatal(err)
 	}
 	for c := range clusters {
@@ -278,16 +280,16 @@ func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
 		h.watch.Admin = append(h.watch.Admin, admin)
 		var dsns []string
 		for n := range *herdNamespaces {
-			cred, err := owner.ProvisionTenant(ctx, fmt.Sprintf("dc-%d", c), fmt.Sprintf("ns-%d", n))
+			cred, err := tenant.Provision(ctx, owner, fmt.Sprintf("dc-%d", c), fmt.Sprintf("ns-%d", n))
 			if err != nil {
 				b.Fatal(err)
 			}
-			dsn, err := store.TenantDSN(bn.DSN(), cred)
+			dsn, err := tenant.DSN(bn.DSN(), cred)
 			if err != nil {
 				b.Fatal(err)
 			}
 			if c == 0 && n == 0 {
-				if h.pgbenchDSN, err = store.TenantDSN(srv.DirectDSN(), cred); err != nil {
+				if h.pgbenchDSN, err = tenant.DSN(srv.DirectDSN(), cred); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -429,7 +430,7 @@ func openStore(t testing.TB, dsn string) *store.Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	if _, err := s.Migrate(context.Background()); err != nil {
+	if _, err := migrate.Up(context.Background(), s); err != nil {
 		t.Fatal(err)
 	}
 	return s

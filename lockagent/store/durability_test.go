@@ -3,7 +3,6 @@ package store_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -42,84 +42,6 @@ func TestTokensCarryTheTimeline(t *testing.T) {
 			t.Fatalf("lease token %d after window token %d", g.Lease.Token, last)
 		}
 	})
-}
-
-// A single PostgreSQL has nobody to fail over to: dislock check says so and
-// names the setting and the fix, and passes once the operator explicitly
-// accepts it.
-func TestCheckRefusesAnUnreplicatedDatabase(t *testing.T) {
-	storetest.EachTarget(t, func(t *testing.T, dsn string) {
-		s := storetest.Open(t, dsn, 2)
-		fs, err := s.CheckDatabase(context.Background(), store.CheckOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := byCheck(fs)
-		if f := got["replication"]; f.Status != store.StatusFail || !strings.Contains(f.Detail, "synchronous_standby_names") || !strings.Contains(f.Fix, "synchronous_mode: true") {
-			t.Errorf("replication finding: %+v", f)
-		}
-		for _, c := range []string{"primary", "synchronous_commit", "schema", "tokens"} {
-			if got[c].Status != store.StatusOK {
-				t.Errorf("%s: %+v, want ok", c, got[c])
-			}
-		}
-		if !store.Failed(fs) {
-			t.Error("Failed(findings) = false for an unreplicated database")
-		}
-		fs, err = s.CheckDatabase(context.Background(), store.CheckOptions{AllowAsync: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if f := byCheck(fs)["replication"]; f.Status != store.StatusAccepted || store.Failed(fs) {
-			t.Errorf("with AllowAsync: %+v", fs)
-		}
-	})
-}
-
-func byCheck(fs []store.Finding) map[string]store.Finding {
-	m := map[string]store.Finding{}
-	for _, f := range fs {
-		m[f.Check] = f
-	}
-	return m
-}
-
-// A row holds a token above every token the epoch can give (an
-// asynchronous failover lost the record of the epoch): check finds it,
-// names the row and prints the command that fixes it; after it, tokens
-// grow again.
-func TestCheckFindsTokensThatWouldGoBack(t *testing.T) {
-	srv := pgtest.New(t, pgtest.Options{Name: "epoch"})
-	ctx := context.Background()
-	s := storetest.Open(t, srv.DirectDSN(), 2)
-	key := storetest.UniqueKey(t)
-	c := storetest.MustClaim(t, s, key, storetest.WindowAt(0), storetest.Owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
-	su := storetest.Superuser(t, srv)
-	restored := int64(5)<<40 + 77 // a token handed out on timeline 5 of the old cluster
-	if _, err := su.Exec(ctx, `UPDATE dislock.windows SET token = $1 WHERE lock_key = $2`, restored, key); err != nil {
-		t.Fatal(err)
-	}
-	fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := byCheck(fs)["tokens"]
-	// The detail names the row, so that the operator checks it first.
-	if f.Status != store.StatusFail || !strings.Contains(f.Detail, "epoch 5") || !strings.Contains(f.Detail, "window "+key+" at ") ||
-		f.Fix != fmt.Sprintf("dislock tokens --token-floor %d", restored) {
-		t.Fatalf("tokens finding: %+v (first token %d)", f, c.Window.Token)
-	}
-	// What the printed command runs.
-	if st, err := s.KeepTokens(ctx, restored, false); err != nil || st.Moved == "" || st.Epoch <= 5 {
-		t.Fatalf("the printed fix: %+v %v", st, err)
-	}
-	if fs, _ := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true}); store.Failed(fs) {
-		t.Fatalf("after the fix: %+v", fs)
-	}
-	next := storetest.MustClaim(t, s, key, storetest.WindowAt(1), storetest.Owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
-	if next.Window.Token <= restored {
-		t.Fatalf("token %d after the fix, not above the restored %d", next.Window.Token, restored)
-	}
 }
 
 // With synchronous replication, a commit waits for the standby. Whoever cuts
@@ -292,11 +214,11 @@ func TestWeakenedCommitsAreNeverWins(t *testing.T) {
 				if !errors.Is(err, store.ErrUncertainCommit) || !strings.Contains(err.Error(), "client_min_messages = error") {
 					t.Fatalf("claim under client_min_messages = error: %v, want ErrUncertainCommit naming the setting", err)
 				}
-				fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true})
+				fs, err := check.Database(ctx, s, check.Options{AllowAsync: true})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if f := byCheck(fs)["role settings"]; f.Status != store.StatusFail || !strings.Contains(f.Detail, "client_min_messages=error for dislock") {
+				if f := storetest.ByCheck(fs)["role settings"]; f.Status != check.StatusFail || !strings.Contains(f.Detail, "client_min_messages=error for dislock") {
 					t.Fatalf("check under a role's client_min_messages = error: %+v", fs)
 				}
 			})
@@ -342,16 +264,16 @@ CREATE TRIGGER warn BEFORE INSERT ON dislock.windows FOR EACH ROW EXECUTE FUNCTI
 			}
 		}
 		// A fresh session sees the new settings once the server reloaded.
-		var f store.Finding
+		var f check.Finding
 		storetest.AwaitCond(t, tc.check+" to fail", func() bool {
 			fresh, err := store.Open(ctx, srv.DirectDSN(), store.Options{MaxConns: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer fresh.Close()
-			fs, err := fresh.CheckDatabase(ctx, store.CheckOptions{AllowAsync: tc.async})
-			f = byCheck(fs)[tc.check]
-			return err == nil && f.Status == store.StatusFail
+			fs, err := check.Database(ctx, fresh, check.Options{AllowAsync: tc.async})
+			f = storetest.ByCheck(fs)[tc.check]
+			return err == nil && f.Status == check.StatusFail
 		})
 		if !strings.Contains(f.Detail, tc.want) || f.Fix == "" {
 			t.Errorf("%s: %+v", tc.set, f)
@@ -396,7 +318,7 @@ func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
 			if _, err := storetest.Claim(t, s, key, storetest.WindowAt(0), storetest.Owner("dc-a", "job", "pod"), false, ttl); !errors.Is(err, store.ErrTokensHeld) {
 				t.Fatalf("a claim before the owner confirmed the epoch: %v, want %v", err, store.ErrTokensHeld)
 			}
-			if fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true}); err != nil || byCheck(fs)["tokens"].Status != store.StatusFail {
+			if fs, err := check.Database(ctx, s, check.Options{AllowAsync: true}); err != nil || storetest.ByCheck(fs)["tokens"].Status != check.StatusFail {
 				t.Fatalf("check while tokens are held: %+v %v", fs, err)
 			}
 			if st, err := s.KeepTokens(ctx, 0, false); err != nil || st.Moved == "" || st.Epoch != tc.want {
@@ -408,7 +330,7 @@ func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
 					t.Fatalf("token %d (epoch %d): want epoch %d, above %d", c.Window.Token, epoch, tc.want, before)
 				}
 			}
-			if fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true}); err != nil || byCheck(fs)["tokens"].Status != store.StatusOK {
+			if fs, err := check.Database(ctx, s, check.Options{AllowAsync: true}); err != nil || storetest.ByCheck(fs)["tokens"].Status != check.StatusOK {
 				t.Fatalf("check after the rebase: %+v %v", fs, err)
 			}
 			// Reset for the next case: this cluster, epoch = timeline.

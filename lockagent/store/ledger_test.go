@@ -27,7 +27,7 @@ func TestEveryClustersDecisionForAWindowIsInTheLedger(t *testing.T) {
 		ctx := context.Background()
 		own := storetest.Open(t, dsn, 2)
 		ns, other := storetest.Namespace(t, "ledger"), storetest.Namespace(t, "ledger-other")
-		tenant := storetest.TenantStore(t, dsn, storetest.Provision(t, own, ns))
+		asTenant := storetest.TenantStore(t, dsn, storetest.Provision(t, own, ns))
 		key := ns + "/report"
 		w := storetest.WindowAt(0)
 		for _, d := range []store.Decision{
@@ -37,15 +37,15 @@ func TestEveryClustersDecisionForAWindowIsInTheLedger(t *testing.T) {
 			{Cluster: "dc-a", Action: store.ActionSucceeded, Reason: "succeeded (1 container(s), exit code 0)", Token: 7, Duration: 3 * time.Second},
 		} {
 			d.Key, d.Window, d.Index, d.Job, d.Pod = key, w, store.NotIndexed, "report-1", "report-1-"+d.Cluster
-			if err := tenant.RecordDecision(ctx, d); err != nil {
+			if err := asTenant.RecordDecision(ctx, d); err != nil {
 				t.Fatalf("the tenant recording its own decision: %v", err)
 			}
 		}
-		err := tenant.RecordDecision(ctx, store.Decision{Key: other + "/report", Window: w, Cluster: "dc-a", Job: "j", Pod: "p", Action: store.ActionRun})
+		err := asTenant.RecordDecision(ctx, store.Decision{Key: other + "/report", Window: w, Cluster: "dc-a", Job: "j", Pod: "p", Action: store.ActionRun})
 		if !errors.Is(err, store.ErrForbidden) {
 			t.Fatalf("a tenant recording another namespace's decision: err %v, want ErrForbidden", err)
 		}
-		for name, s := range map[string]*store.Store{"owner": own, "tenant": tenant} {
+		for name, s := range map[string]*store.Store{"owner": own, "tenant": asTenant} {
 			got, _, err := s.ListDecisions(ctx, store.DecisionFilter{Key: key, Window: w})
 			if err != nil {
 				t.Fatalf("%s listing: %v", name, err)
@@ -277,9 +277,9 @@ func TestOneNamespacesKeysCannotCrowdOutAnothersStatistics(t *testing.T) {
 		ctx := context.Background()
 		own := storetest.Open(t, dsn, 2)
 		flood, quiet := storetest.Namespace(t, "flood"), storetest.Namespace(t, "quiet")
-		tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, flood)))
+		asTenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, flood)))
 		extra := 5
-		if _, err := tenant.Exec(ctx, `INSERT INTO dislock.key_stats (lock_key, first_seen, last_decided)
+		if _, err := asTenant.Exec(ctx, `INSERT INTO dislock.key_stats (lock_key, first_seen, last_decided)
 			SELECT $1::text || '/k' || i, now(), now() - i * interval '1 second' FROM generate_series(1, $2::int) i`,
 			flood, store.MaxKeysPerNamespace+extra); err != nil {
 			t.Fatalf("the tenant writing its own namespace's statistics: %v", err)

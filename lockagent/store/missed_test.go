@@ -17,6 +17,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -586,7 +587,7 @@ func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	t.Logf("sessions of %s's role %s after 80 ledger writes of 10 pods timed out: %d (its connection limit: %d)", v.ns, vcred.Role, roleBackends(), store.TenantConnectionLimit)
+	t.Logf("sessions of %s's role %s after 80 ledger writes of 10 pods timed out: %d (its connection limit: %d)", v.ns, vcred.Role, roleBackends(), tenant.ConnectionLimit)
 	fresh := storetest.TenantStore(t, r.dsn, vcred) // a pod starting now
 	_, cerr := fresh.ClaimWindow(ctx, store.ClaimRequest{Key: v.key, Window: w.Add(time.Hour), Index: store.NotIndexed,
 		Owner: store.Owner{Cluster: "dc-a", Namespace: v.ns, Job: "j", JobUID: "u", Pod: "p"}, TTL: ttl})
@@ -594,7 +595,7 @@ func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
 		Owner: store.Owner{Cluster: "dc-a", Namespace: v.ns, Job: "j2", JobUID: "u2", Pod: "p"}, TTL: ttl})
 	if cerr != nil || cerr2 != nil {
 		t.Errorf("after %d of namespace %s's ledger writes timed out behind the orphaned detection, its claims fail: %v / %v",
-			store.TenantConnectionLimit, v.ns, cerr, cerr2)
+			tenant.ConnectionLimit, v.ns, cerr, cerr2)
 	}
 	if rows, err := r.raw.Query(ctx, `SELECT l.locktype || ' ' || coalesce(l.relation::regclass::text, '') || ' ' || l.mode || ' tuple ' || coalesce(l.page::text,'') || ',' || coalesce(l.tuple::text,'') || ' xid ' || coalesce(l.transactionid::text, '')
 		FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE NOT l.granted AND a.datname = current_database()`); err == nil {
@@ -928,15 +929,15 @@ func TestOneTenantsOversizedViewDoesNotStopEveryNamespacesDetection(t *testing.T
 	}
 	r.flush()
 	evil := storetest.Namespace(t, "evil")
-	tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, r.own, evil)))
+	asTenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, r.own, evil)))
 	v, err := json.Marshal(store.View{Schedule: strings.Repeat("0,", 600) + "0 * * * *", Mode: "schedule", LeaseTTL: "30s"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tenant.Exec(ctx, `INSERT INTO dislock.views (lock_key, cluster, view, seen_at, changed_at) VALUES ($1, 'dc-a', $2::jsonb, now(), now())`, evil+"/job", string(v)); err != nil {
+	if _, err := asTenant.Exec(ctx, `INSERT INTO dislock.views (lock_key, cluster, view, seen_at, changed_at) VALUES ($1, 'dc-a', $2::jsonb, now(), now())`, evil+"/job", string(v)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tenant.Exec(ctx, `INSERT INTO dislock.key_stats (lock_key, first_seen, last_decided) VALUES ($1, now(), now())`, evil+"/job"); err != nil {
+	if _, err := asTenant.Exec(ctx, `INSERT INTO dislock.key_stats (lock_key, first_seen, last_decided) VALUES ($1, now(), now())`, evil+"/job"); err != nil {
 		t.Fatal(err)
 	}
 	det, err := r.own.DetectMissed(ctx, store.MissedOptions{Now: r.minute(4.5)}) // every namespace, as the leader does

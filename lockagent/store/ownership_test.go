@@ -3,11 +3,15 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 // The "Ownership and re-entry" table of the design, row by row: who asks for
@@ -152,4 +156,76 @@ func TestRecordViewReportsOtherClustersThatDisagree(t *testing.T) {
 			t.Fatalf("ListDisagreements has %d views of %s, want 3: %+v", n, key, all)
 		}
 	})
+}
+
+// Should a row no time.Time can hold get in anyway (by hand, or written
+// before the constraints on a database where they were dropped), each owner
+// listing leaves that row out, logs it naming the key and the column, and
+// counts it, instead of failing for every namespace; a read of the row
+// itself fails naming the column. Its own server: the constraints are
+// dropped there.
+func TestOwnersListingsLeaveOutARowTheyCannotRead(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.New(t, pgtest.Options{Name: "unreadable"})
+	ctx := context.Background()
+	storetest.Open(t, srv.DirectDSN(), 1) // migrates
+	ownerConn := storetest.RawConn(t, srv.DirectDSN())
+	for _, c := range []string{"windows_finite_times ON dislock.windows", "leases_finite_times ON dislock.leases", "views_finite_times ON dislock.views"} {
+		table, constraint := strings.Split(c, " ON ")[1], strings.Split(c, " ON ")[0]
+		if _, err := ownerConn.Exec(ctx, `ALTER TABLE `+table+` DROP CONSTRAINT `+constraint); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ownerConn.Exec(ctx, `
+		INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until) VALUES
+			('good/report', '2026-12-02T12:00:00Z', -1, 'o', 'c', 'p', 1, 'failed', now(), now()),
+			('bad/report', 'infinity', -1, 'o', 'c', 'p', 1, 'failed', now(), now());
+		INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES
+			('good/report', 'o', 1, now(), now()), ('bad/report', 'o', 1, now(), '-infinity');
+		INSERT INTO dislock.views (lock_key, cluster, view, seen_at) VALUES
+			('good/report', 'dc-a', '{"timeZone":"UTC"}', now()), ('good/report', 'dc-b', '{"timeZone":"Europe/Berlin"}', now()),
+			('bad/report', 'dc-a', '{"timeZone":"UTC"}', 'infinity'), ('bad/report', 'dc-b', '{"timeZone":"Asia/Tokyo"}', 'infinity')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			var logged strings.Builder
+			s, err := store.Open(ctx, tg.DSN, store.Options{MaxConns: 1, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			keys := func(n int, key func(int) string) []string {
+				var out []string
+				for i := range n {
+					out = append(out, key(i))
+				}
+				return out
+			}
+			ws, _, err := s.ListWindows(ctx, "", 10)
+			if got := keys(len(ws), func(i int) string { return ws[i].Key }); err != nil || fmt.Sprint(got) != "[good/report]" {
+				t.Errorf("ListWindows: %v, %v; want [good/report]", got, err)
+			}
+			ls, _, err := s.ListLeases(ctx)
+			if got := keys(len(ls), func(i int) string { return ls[i].Key }); err != nil || fmt.Sprint(got) != "[good/report]" {
+				t.Errorf("ListLeases: %v, %v; want [good/report]", got, err)
+			}
+			vs, err := s.ListDisagreements(ctx, time.Hour)
+			if got := keys(len(vs), func(i int) string { return vs[i].Key + "@" + vs[i].Cluster }); err != nil ||
+				fmt.Sprint(got) != "[good/report@dc-a good/report@dc-b]" {
+				t.Errorf("ListDisagreements: %v, %v; want good/report's two views", got, err)
+			}
+			if n := s.SkippedRows(); n != 4 {
+				t.Errorf("SkippedRows: %d, want 4 (a window, a lease, two views)", n)
+			}
+			for _, want := range []string{`key=bad/report`, "window_start is infinity", "expire_at is -infinity", "seen_at is infinity", "table=dislock.views"} {
+				if !strings.Contains(logged.String(), want) {
+					t.Errorf("the log does not say %q:\n%s", want, logged.String())
+				}
+			}
+			if _, _, err := s.GetLease(ctx, "bad/report"); err == nil || !strings.Contains(err.Error(), "expire_at is -infinity") {
+				t.Errorf("reading the unreadable lease: %v, want an error naming expire_at", err)
+			}
+		})
+	}
 }

@@ -97,7 +97,7 @@ func TestRetentionIsNotBlockedByATenantsLockedRow(t *testing.T) {
 		ownerConn := storetest.RawConn(t, dsn)
 		nsA, nsB := storetest.Namespace(t, "keeper"), storetest.Namespace(t, "bystander")
 		cred := storetest.Provision(t, own, nsA)
-		tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, cred))
+		asTenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, cred))
 		var mine, theirs string // each case's keys
 		locked := []string{"windows", "views", "key_stats", "decision_counts"}
 
@@ -132,9 +132,9 @@ func TestRetentionIsNotBlockedByATenantsLockedRow(t *testing.T) {
 
 		t.Run("an open transaction that updated them", func(t *testing.T) {
 			mine, theirs = nsA+"/updated", nsB+"/updated"
-			writeOldRows(t, tenant, mine)
+			writeOldRows(t, asTenant, mine)
 			writeOldRows(t, ownerConn, theirs)
-			tx, err := tenant.Begin(ctx)
+			tx, err := asTenant.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -165,11 +165,11 @@ func TestRetentionIsNotBlockedByATenantsLockedRow(t *testing.T) {
 
 		t.Run("one statement that locks them and sleeps", func(t *testing.T) {
 			mine, theirs = nsA+"/selected", nsB+"/selected"
-			writeOldRows(t, tenant, mine)
+			writeOldRows(t, asTenant, mine)
 			writeOldRows(t, ownerConn, theirs)
 			sleeping := make(chan error, 1)
 			go func() {
-				_, err := tenant.Exec(ctx, `WITH w AS (SELECT 1 FROM dislock.windows WHERE lock_key = $1::text FOR UPDATE),
+				_, err := asTenant.Exec(ctx, `WITH w AS (SELECT 1 FROM dislock.windows WHERE lock_key = $1::text FOR UPDATE),
 					v AS (SELECT 1 FROM dislock.views WHERE lock_key = $1::text FOR UPDATE),
 					k AS (SELECT 1 FROM dislock.key_stats WHERE lock_key = $1::text FOR UPDATE),
 					c AS (SELECT 1 FROM dislock.decision_counts WHERE lock_key = $1::text FOR UPDATE)

@@ -227,18 +227,18 @@ func TestATenantsClaimInTheOtherCompletionModeIsRefusedAndLearnsNothingOfOtherNa
 		s := storetest.Open(t, dsn, 4)
 		ctx := context.Background()
 		mine, theirs := storetest.Namespace(t, "mine"), storetest.Namespace(t, "theirs")
-		tenant := storetest.TenantStore(t, dsn, storetest.Provision(t, s, mine))
+		asTenant := storetest.TenantStore(t, dsn, storetest.Provision(t, s, mine))
 		a := store.Owner{Cluster: "dc-a", Namespace: mine, Job: "job", JobUID: "uid", Pod: "pod"}
-		if _, err := claimShape(ctx, tenant, mine+"/report", storetest.WindowAt(0), store.NotIndexed, a); err != nil {
+		if _, err := claimShape(ctx, asTenant, mine+"/report", storetest.WindowAt(0), store.NotIndexed, a); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := claimShape(ctx, tenant, mine+"/report", storetest.WindowAt(0), 0, a); !errors.Is(err, store.ErrCompletionModesDisagree) {
+		if _, err := claimShape(ctx, asTenant, mine+"/report", storetest.WindowAt(0), 0, a); !errors.Is(err, store.ErrCompletionModesDisagree) {
 			t.Fatalf("tenant's second shape: %v, want ErrCompletionModesDisagree", err)
 		}
 		if _, err := claimShape(ctx, s, theirs+"/report", storetest.WindowAt(0), store.NotIndexed, storetest.Owner("dc-a", "job", "pod")); err != nil {
 			t.Fatal(err)
 		}
-		_, err := claimShape(ctx, tenant, theirs+"/report", storetest.WindowAt(0), 0, a)
+		_, err := claimShape(ctx, asTenant, theirs+"/report", storetest.WindowAt(0), 0, a)
 		if !errors.Is(err, store.ErrForbidden) || strings.Contains(err.Error(), "completionMode") {
 			t.Fatalf("tenant's claim in another namespace: %v, want ErrForbidden that says nothing of its shape", err)
 		}

@@ -1,7 +1,21 @@
 package store
 
-// HeartbeatWindowSQL is the statement Store.Heartbeat runs, with its
-// parameters $1..$5 (key, window, job index, token, TTL in µs). The herd
-// benchmark hands it to pgbench, so that the heartbeats' share of what the
-// database can do is measured against this very statement.
-const HeartbeatWindowSQL = qHeartbeatWindow
+// The statements of the Store's lock operations, for those who must run
+// the very statement the agent sends: dislock check's tenant probe runs
+// ClaimWindowSQL and AcquireLeaseSQL in a transaction it rolls back, and
+// the benchmarks hand them to pgbench, so that what they measure is what
+// the agents cost the database.
+const (
+	// ClaimWindowSQL is the statement ClaimWindow runs, with its
+	// parameters $1..$9 (key, window start, job index, owner, cluster,
+	// pod, TTL in µs, the owner's Job prefix, standby).
+	ClaimWindowSQL = qClaimWindow
+	// AcquireLeaseSQL is the statement AcquireLease runs, with its
+	// parameters $1..$3 (key, owner, TTL in µs).
+	AcquireLeaseSQL = qAcquireLease
+	// HeartbeatWindowSQL is the statement Heartbeat runs, with its
+	// parameters $1..$5 (key, window, job index, token, TTL in µs). The
+	// herd benchmark hands it to pgbench, so that the heartbeats' share of
+	// what the database can do is measured against this very statement.
+	HeartbeatWindowSQL = qHeartbeatWindow
+)

@@ -28,13 +28,6 @@ const DefaultMaxConns = 4
 type Options struct {
 	// MaxConns caps the connection pool (DefaultMaxConns when 0).
 	MaxConns int32
-	// MigrationLockTimeout bounds each wait of a migration for a table
-	// lock (DefaultMigrationLockTimeout when 0): every claim of every
-	// namespace queues behind a waiting DDL statement.
-	MigrationLockTimeout time.Duration
-	// MigrationRetryFor bounds how long Migrate retries a migration whose
-	// lock wait timed out (DefaultMigrationRetryFor when 0).
-	MigrationRetryFor time.Duration
 	// Logger receives what the Store notes on the side, such as a row a
 	// listing leaves out (slog.Default() when nil).
 	Logger *slog.Logger
@@ -45,8 +38,6 @@ type Store struct {
 	// h is the pool, its address and logger, and the error mapping
 	// (classify), which the owner-only packages use too (Handle).
 	h db.Handle
-	// migrationLockTimeout and migrationRetryFor: see Options.
-	migrationLockTimeout, migrationRetryFor time.Duration
 	// warned holds, per connection, the WARNINGs the server sent while a
 	// write ran on it, joined (see writeRow).
 	warned sync.Map // *pgconn.PgConn -> string
@@ -98,13 +89,7 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	s := &Store{migrationLockTimeout: opts.MigrationLockTimeout, migrationRetryFor: opts.MigrationRetryFor}
-	if s.migrationLockTimeout <= 0 {
-		s.migrationLockTimeout = DefaultMigrationLockTimeout
-	}
-	if s.migrationRetryFor <= 0 {
-		s.migrationRetryFor = DefaultMigrationRetryFor
-	}
+	s := &Store{}
 	s.h.Addr, s.h.Logger, s.h.Classify = db.Addrs(cfg.ConnConfig), opts.Logger, s.classify
 	if s.h.Logger == nil {
 		s.h.Logger = slog.Default()

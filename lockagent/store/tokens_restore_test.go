@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -80,13 +81,13 @@ func (g *grants) keep(floor int64, newEpoch bool) (store.TokenState, int64) {
 }
 
 // checkTokens is dislock check's "tokens" finding against the record.
-func (g *grants) checkTokens(floor int64) store.Finding {
+func (g *grants) checkTokens(floor int64) check.Finding {
 	g.t.Helper()
-	fs, err := g.s.CheckDatabase(context.Background(), store.CheckOptions{AllowAsync: true, TokenFloor: floor, TokenRecord: "the test's record"})
+	fs, err := check.Database(context.Background(), g.s, check.Options{AllowAsync: true, TokenFloor: floor, TokenRecord: "the test's record"})
 	if err != nil {
 		g.t.Fatal(err)
 	}
-	return byCheck(fs)["tokens"]
+	return storetest.ByCheck(fs)["tokens"]
 }
 
 // dump is pg_dump -n dislock as the owner, as docs/install.md's rollback
@@ -152,7 +153,7 @@ func TestARestoredDumpDrawsNoTokenUntilTheEpochMovesPastTheRecord(t *testing.T) 
 			if tok, err := r.try(); !errors.Is(err, store.ErrTokensHeld) {
 				t.Fatalf("a grant on the restored schema before the owner confirmed: token %d, %v; want %v (the highest before was %d)", tok, err, store.ErrTokensHeld, highest)
 			}
-			if f := r.checkTokens(record); f.Status != store.StatusFail || !strings.Contains(f.Detail, "restored from a dump") && !strings.Contains(f.Detail, "another PostgreSQL cluster") {
+			if f := r.checkTokens(record); f.Status != check.StatusFail || !strings.Contains(f.Detail, "restored from a dump") && !strings.Contains(f.Detail, "another PostgreSQL cluster") {
 				t.Fatalf("check on the restored schema: %+v", f)
 			}
 			st, _ := r.keep(record, false)
@@ -162,7 +163,7 @@ func TestARestoredDumpDrawsNoTokenUntilTheEpochMovesPastTheRecord(t *testing.T) 
 			if tok := r.next(); tok <= highest {
 				t.Fatalf("token %d after the restore, not above %d handed out before it", tok, highest)
 			}
-			if f := r.checkTokens(record); f.Status != store.StatusOK {
+			if f := r.checkTokens(record); f.Status != check.StatusOK {
 				t.Fatalf("check after the confirmation: %+v", f)
 			}
 		})
@@ -200,10 +201,10 @@ func TestARestoredSnapshotIsBehindTheRecordUntilTheEpochMoves(t *testing.T) {
 			g.reopen()
 			f := g.checkTokens(record)
 			if promote {
-				if f.Status != store.StatusOK {
+				if f.Status != check.StatusOK {
 					t.Fatalf("check after a promotion to a new timeline: %+v", f)
 				}
-			} else if f.Status != store.StatusFail || !strings.Contains(f.Detail, "behind the high water") || !strings.Contains(f.Fix, fmt.Sprint("--token-floor ", record)) {
+			} else if f.Status != check.StatusFail || !strings.Contains(f.Detail, "behind the high water") || !strings.Contains(f.Fix, fmt.Sprint("--token-floor ", record)) {
 				t.Fatalf("check on the restored snapshot: %+v, want it behind %d", f, record)
 			}
 			var st store.TokenState
@@ -216,7 +217,7 @@ func TestARestoredSnapshotIsBehindTheRecordUntilTheEpochMoves(t *testing.T) {
 				t.Fatalf("token %d after the restore, not above %d handed out before it", tok, highest)
 			}
 			highest = tok
-			if f := g.checkTokens(record); f.Status != store.StatusOK {
+			if f := g.checkTokens(record); f.Status != check.StatusOK {
 				t.Fatalf("check after the confirmation: %+v", f)
 			}
 			_, record = g.keep(record, false)
@@ -391,10 +392,10 @@ func runTokenSequence(t *testing.T, srv *pgtest.Server, seed uint64) {
 			// the epoch above the record by itself.
 			f := g.checkTokens(record)
 			lostRecorded := record > b.highest+32 // the sequence logs up to 32 values ahead
-			if !b.physical && f.Status != store.StatusFail {
+			if !b.physical && f.Status != check.StatusFail {
 				fail("check on a restored dump: %+v", f)
 			}
-			if b.physical && !promote && lostRecorded && f.Status != store.StatusFail {
+			if b.physical && !promote && lostRecorded && f.Status != check.StatusFail {
 				fail("check on a snapshot behind the record %d (it holds up to %d): %+v", record, b.highest, f)
 			}
 			st, newRecord := g.keep(record, procedure)
@@ -413,7 +414,7 @@ func runTokenSequence(t *testing.T, srv *pgtest.Server, seed uint64) {
 			if tok <= mustExceed {
 				fail("token %d after the restore is not above %d (confirmation %+v)", tok, mustExceed, st)
 			}
-			if f := g.checkTokens(newRecord); f.Status != store.StatusOK {
+			if f := g.checkTokens(newRecord); f.Status != check.StatusOK {
 				fail("check after the confirmation: %+v", f)
 			}
 			record = newRecord

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -107,8 +108,8 @@ func TestTokensAtTheirBoundsFailClosedAndANewEpochRenewsThem(t *testing.T) {
 	if _, err := next(); !errors.Is(err, store.ErrTokensExhausted) || !strings.Contains(err.Error(), "dislock tokens --new-epoch") {
 		t.Fatalf("a grant past the counter's bound: %v, want %v naming dislock tokens --new-epoch", err, store.ErrTokensExhausted)
 	}
-	fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true})
-	if err != nil || byCheck(fs)["token counter"].Status != store.StatusFail || !strings.Contains(byCheck(fs)["token counter"].Fix, "dislock tokens --new-epoch") {
+	fs, err := check.Database(ctx, s, check.Options{AllowAsync: true})
+	if err != nil || storetest.ByCheck(fs)["token counter"].Status != check.StatusFail || !strings.Contains(storetest.ByCheck(fs)["token counter"].Fix, "dislock tokens --new-epoch") {
 		t.Fatalf("check with the counter at its bound: %+v %v", fs, err)
 	}
 	st, err := s.KeepTokens(ctx, 0, true)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -77,7 +78,7 @@ func TestChaos(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Migrate(ctx); err != nil {
+	if _, err := migrate.Up(ctx, db); err != nil {
 		t.Fatalf("migrating: %v", err)
 	}
 	db.Close()

@@ -36,6 +36,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/test/tlstest"
@@ -344,7 +345,7 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 	})
 
 	t.Run("the leader migrates the schema through PgBouncer", func(t *testing.T) {
-		await(t, 60*time.Second, "schema version "+strconv.Itoa(store.SchemaVersion()), func(ctx context.Context) (bool, error) {
+		await(t, 60*time.Second, "schema version "+strconv.Itoa(migrate.SchemaVersion()), func(ctx context.Context) (bool, error) {
 			conn, err := pgx.Connect(ctx, pg.DirectDSN())
 			if err != nil {
 				return false, err
@@ -355,7 +356,7 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 			if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM dislock.schema_migrations").Scan(&v); err != nil {
 				return false, nil
 			}
-			return v == store.SchemaVersion(), nil
+			return v == migrate.SchemaVersion(), nil
 		})
 	})
 

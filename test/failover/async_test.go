@@ -24,7 +24,7 @@ import (
 func TestAsyncFailoverLosesClaimsButTokensNeverGoBack(t *testing.T) {
 	p := hapg.NewAsyncPair(t, hapg.PairOptions{Name: "async", Logf: t.Logf})
 	ctx := context.Background()
-	migrate(t, p.PrimaryDSN())
+	migrateSchema(t, p.PrimaryDSN())
 
 	var out, errOut bytes.Buffer
 	code := cli.Main(ctx, []string{"check", "--database-url", p.PrimaryDSN()}, &out, &errOut)

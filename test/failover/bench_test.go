@@ -25,7 +25,7 @@ func BenchmarkClaimWindow(b *testing.B) {
 		{"single-primary", single.BouncerDSN()},
 		{"patroni-sync", ha.BouncerDSN("a")},
 	} {
-		migrate(b, db.dsn)
+		migrateSchema(b, db.dsn)
 		for _, clients := range []int{1, 8} {
 			b.Run(fmt.Sprintf("%s/clients=%d", db.name, clients), func(b *testing.B) {
 				s, err := store.Open(context.Background(), db.dsn, store.Options{MaxConns: int32(clients)})

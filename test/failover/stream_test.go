@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/hapg"
 )
 
@@ -146,7 +147,7 @@ func lastAck(clients []*client) time.Time {
 func TestFailoverLosesNoClaim(t *testing.T) {
 	c := hapg.New(t, hapg.Options{Name: "stream", Logf: t.Logf})
 	ctx := context.Background()
-	migrate(t, c.HAProxyDSN())
+	migrateSchema(t, c.HAProxyDSN())
 
 	paths := []struct{ name, dsn string }{
 		{"dc-a", c.BouncerDSN("a")},
@@ -315,9 +316,9 @@ func checkGrants(t *testing.T, c *hapg.Cluster, all []grant) {
 	}
 }
 
-// migrate creates the schema through dsn, waiting for the cluster to accept
+// migrateSchema creates the schema through dsn, waiting for the cluster to accept
 // writes.
-func migrate(t testing.TB, dsn string) {
+func migrateSchema(t testing.TB, dsn string) {
 	t.Helper()
 	s, err := store.Open(context.Background(), dsn, store.Options{MaxConns: 1})
 	if err != nil {
@@ -325,7 +326,7 @@ func migrate(t testing.TB, dsn string) {
 	}
 	defer s.Close()
 	awaitCond(t, "the schema", time.Minute, func() bool {
-		_, err := s.Migrate(context.Background())
+		_, err := migrate.Up(context.Background(), s)
 		return err == nil
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/hapg"
 )
 
@@ -105,7 +106,7 @@ func TestSyncClusterFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Migrate(ctx); err != nil {
+	if _, err := migrate.Up(ctx, db); err != nil {
 		t.Fatalf("migrating through bouncer a: %v", err)
 	}
 	db.Close()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
@@ -54,7 +55,7 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 		return s
 	}
 	leaderStore, otherStore := open(), open()
-	if _, err := leaderStore.Migrate(ctx); err != nil {
+	if _, err := migrate.Up(ctx, leaderStore); err != nil {
 		t.Fatal(err)
 	}
 	raw, err := pgx.Connect(ctx, srv.DirectDSN())

@@ -18,6 +18,8 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/webhook"
@@ -150,7 +152,7 @@ func tenantDatabase(t *testing.T) string {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	if _, err := admin.Migrate(context.Background()); err != nil {
+	if _, err := migrate.Up(context.Background(), admin); err != nil {
 		t.Fatal(err)
 	}
 	return srv.BouncerDSN()
@@ -207,7 +209,7 @@ func TestOptingOutRetiresTheRolesEvenOfAnUnlabelledSecret(t *testing.T) {
 	}
 	defer admin.Close()
 	await(t, "the namespace's roles to be superseded", func() (bool, error) {
-		roles, err := admin.TenantRoles(ctx, "dc-a", "unlabel-a")
+		roles, err := tenant.Roles(ctx, admin, "dc-a", "unlabel-a")
 		if err != nil || len(roles) == 0 {
 			return false, err
 		}
@@ -250,7 +252,7 @@ func TestATenantDeletingItsSecretInALoopHoldsAtMostAFewRoles(t *testing.T) {
 
 	admin := openAs(t, owner)
 	liveGenerations := func() ([]int, error) {
-		roles, err := admin.TenantRoles(ctx, "dc-a", "loop-a")
+		roles, err := tenant.Roles(ctx, admin, "dc-a", "loop-a")
 		var gens []int
 		for _, r := range roles {
 			gens = append(gens, r.Generation)
@@ -382,7 +384,7 @@ func TestATenantDeletingItsSecretInALoopHoldsAtMostAFewRoles(t *testing.T) {
 	}
 
 	// loop-b kept its one role.
-	if roles, err := admin.TenantRoles(ctx, "dc-a", "loop-b"); err != nil || len(roles) != 1 || roles[0].Role != roleB {
+	if roles, err := tenant.Roles(ctx, admin, "dc-a", "loop-b"); err != nil || len(roles) != 1 || roles[0].Role != roleB {
 		t.Errorf("loop-b's roles: %+v, %v; want only %s", roles, err, roleB)
 	}
 }

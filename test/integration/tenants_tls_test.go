@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/webhook"
@@ -45,7 +46,7 @@ func TestATenantSecretCarriesTheDatabaseCA(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	if _, err := admin.Migrate(context.Background()); err != nil {
+	if _, err := migrate.Up(context.Background(), admin); err != nil {
 		t.Fatal(err)
 	}
 

@@ -18,6 +18,7 @@ import (
 	"github.com/dislock/dislock/internal/cli"
 	"github.com/dislock/dislock/internal/tokenrecord"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/test/tlstest"
@@ -42,7 +43,7 @@ func TestAfterARestoreTheWebhookMovesTokensPastItsRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	if _, err := db.Migrate(ctx); err != nil {
+	if _, err := migrate.Up(ctx, db); err != nil {
 		t.Fatal(err)
 	}
 	window := 0

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -73,8 +73,8 @@ func TestUpgradingOneClusterAtATime(t *testing.T) {
 		return v
 	}
 	const previousSchema = 5 // what the previous release knows
-	if store.SchemaVersion() <= previousSchema {
-		t.Fatalf("this build knows schema %d, no newer than the previous release's %d: move previousRelease forward", store.SchemaVersion(), previousSchema)
+	if migrate.SchemaVersion() <= previousSchema {
+		t.Fatalf("this build knows schema %d, no newer than the previous release's %d: move previousRelease forward", migrate.SchemaVersion(), previousSchema)
 	}
 	decisions := map[int]map[string]string{} // window → cluster → action
 
@@ -100,14 +100,14 @@ func TestUpgradingOneClusterAtATime(t *testing.T) {
 
 	t.Run("dc-a is upgraded: its webhook migrates to the current schema; windows 4-6 race a new agent against an old one", func(t *testing.T) {
 		mustCLI(t, cur.dislock, dsn, "migrate")
-		if v := schemaVersion(t); v != store.SchemaVersion() {
-			t.Fatalf("schema at %d after the current migrate, want %d", v, store.SchemaVersion())
+		if v := schemaVersion(t); v != migrate.SchemaVersion() {
+			t.Fatalf("schema at %d after the current migrate, want %d", v, migrate.SchemaVersion())
 		}
 		// The previous release cannot be changed: it refuses any newer
 		// schema. Its webhook logs this and keeps serving (docs/install.md).
 		_, errOut, err := cli(t, prev.dislock, dsn, "migrate")
 		if want := "newer than this dislock knows (5); upgrade dislock"; err == nil || !strings.Contains(errOut, want) {
-			t.Fatalf("the previous release's migrate against schema %d: %v, %q; want it to fail saying %q", store.SchemaVersion(), err, errOut, want)
+			t.Fatalf("the previous release's migrate against schema %d: %v, %q; want it to fail saying %q", migrate.SchemaVersion(), err, errOut, want)
 		}
 		windows(4, 5, cur, prev, "")
 		// The old agent claims and runs against the current schema, the new one skips.
@@ -167,7 +167,7 @@ func TestUpgradingOneClusterAtATime(t *testing.T) {
 	})
 
 	t.Run("a future schema is used when it says it is compatible, and refused when not", func(t *testing.T) {
-		next := store.SchemaVersion() + 1
+		next := migrate.SchemaVersion() + 1
 		t.Cleanup(func() {
 			if _, err := conn.Exec(ctx, `DELETE FROM dislock.schema_migrations WHERE version = $1`, next); err != nil {
 				t.Error(err)

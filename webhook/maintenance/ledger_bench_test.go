@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -48,7 +49,7 @@ func BenchmarkLedgerMetrics(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(db.Close)
-	if _, err := db.Migrate(ctx); err != nil {
+	if _, err := migrate.Up(ctx, db); err != nil {
 		b.Fatal(err)
 	}
 	raw, err := pgx.Connect(ctx, srv.DirectDSN())

@@ -21,6 +21,8 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/webhook/internal/eventnote"
@@ -332,7 +334,7 @@ func newHostileDB(t *testing.T) hostileDB {
 		t.Fatal(err)
 	}
 	t.Cleanup(own.Close)
-	if _, err := own.Migrate(ctx); err != nil {
+	if _, err := migrate.Up(ctx, own); err != nil {
 		t.Fatal(err)
 	}
 	raw, err := pgx.Connect(ctx, dsn)
@@ -347,11 +349,11 @@ func newHostileDB(t *testing.T) hostileDB {
 func (d hostileDB) tenant(t *testing.T, ns string) *pgx.Conn {
 	t.Helper()
 	ctx := context.Background()
-	c, err := d.own.ProvisionTenant(ctx, "dc-a", ns)
+	c, err := tenant.Provision(ctx, d.own, "dc-a", ns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dsn, err := store.TenantDSN(d.dsn, c)
+	dsn, err := tenant.DSN(d.dsn, c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 )
 
 // DefaultRetentionInterval is how often old windows are deleted.
@@ -195,13 +197,13 @@ func runStep(ctx context.Context, logger logr.Logger, step string, timeout time.
 // logFindings logs what `dislock check` would say about the database, so
 // that an asynchronous failover setup is never accepted silently.
 func logFindings(ctx context.Context, logger logr.Logger, db *store.Store) {
-	findings, err := db.CheckDatabase(ctx, store.CheckOptions{})
+	findings, err := check.Database(ctx, db, check.Options{})
 	if err != nil {
 		logger.Error(err, "checking the database")
 		return
 	}
 	for _, f := range findings {
-		if f.Status == store.StatusOK {
+		if f.Status == check.StatusOK {
 			logger.Info("database check", "check", f.Check, "status", f.Status, "detail", f.Detail)
 			continue
 		}
@@ -219,7 +221,7 @@ const (
 // migration is what one attempt of the databaseGate found.
 type migration struct {
 	applied []int
-	schema  store.SchemaState
+	schema  migrate.SchemaState
 }
 
 // databaseGate keeps a replica unready until it has once reached the
@@ -268,11 +270,11 @@ func migrateDatabase(databaseURL string) func(context.Context) (migration, error
 			return migration{}, err
 		}
 		defer db.Close()
-		applied, err := db.Migrate(ctx)
+		applied, err := migrate.Up(ctx, db)
 		if err != nil {
 			return migration{}, err
 		}
-		st, err := db.Schema(ctx)
+		st, err := migrate.Schema(ctx, db)
 		return migration{applied: applied, schema: st}, err
 	}
 }
@@ -303,7 +305,7 @@ func (g *databaseGate) Start(ctx context.Context) error {
 		g.reason = err
 		g.mu.Unlock()
 		switch {
-		case errors.Is(err, store.ErrSchemaIncompatible):
+		case errors.Is(err, migrate.ErrSchemaIncompatible):
 			logger.Error(err, "not ready: this dislock cannot work against the database's schema", "retryIn", g.backoff.String())
 			backoff = g.backoff
 		case errors.Is(err, store.ErrUnavailable):
@@ -330,7 +332,7 @@ func (g *databaseGate) watchSchema(ctx context.Context, logger logr.Logger) erro
 		case <-time.After(g.recheck):
 		}
 		m, err := g.migrate(ctx)
-		incompatible := errors.Is(err, store.ErrSchemaIncompatible)
+		incompatible := errors.Is(err, migrate.ErrSchemaIncompatible)
 		if err == nil && !m.schema.Usable() {
 			incompatible = true
 			err = fmt.Errorf("schema dislock is at version %d, which this dislock (%d) cannot use", m.schema.Current, m.schema.Known)

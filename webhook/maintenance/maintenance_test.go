@@ -21,6 +21,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -105,7 +106,7 @@ func TestDatabaseGateTellsWhyAReplicaIsNotReady(t *testing.T) {
 	if err := g.Check(nil); err == nil || !strings.Contains(err.Error(), "not connected to the database yet") {
 		t.Fatalf("during the first attempt: %v", err)
 	}
-	incompatible := &store.IncompatibleSchemaError{Current: 7, Known: 6, Version: 7, Name: "0007_x.sql", CompatibleFrom: 7}
+	incompatible := &migrate.IncompatibleSchemaError{Current: 7, Known: 6, Version: 7, Name: "0007_x.sql", CompatibleFrom: 7}
 	for _, step := range []struct {
 		name string
 		r    result
@@ -114,7 +115,7 @@ func TestDatabaseGateTellsWhyAReplicaIsNotReady(t *testing.T) {
 		{"an unreachable database", result{err: fmt.Errorf("migrating: %w at db:6432: connection refused", store.ErrUnavailable)}, "connection refused"},
 		{"a missing grant", result{err: errors.New("migrating: permission denied for database dislock")}, "permission denied"},
 		{"a schema a newer dislock made incompatible", result{err: fmt.Errorf("migrating: %w", incompatible)}, "upgrade this cluster's dislock to a release that knows schema version 7"},
-		{"a schema another cluster moved on after migrating", result{m: migration{schema: store.SchemaState{Current: 7, Known: 6, Incompatible: incompatible}}}, "version 7 after migrating"},
+		{"a schema another cluster moved on after migrating", result{m: migration{schema: migrate.SchemaState{Current: 7, Known: 6, Incompatible: incompatible}}}, "version 7 after migrating"},
 	} {
 		results <- step.r
 		<-attempts // the next attempt begins after the reason is recorded
@@ -122,7 +123,7 @@ func TestDatabaseGateTellsWhyAReplicaIsNotReady(t *testing.T) {
 			t.Fatalf("after %s: readiness says %v; want %q", step.name, err, step.want)
 		}
 	}
-	results <- result{m: migration{schema: store.SchemaState{Current: 7, Known: 6}}}
+	results <- result{m: migration{schema: migrate.SchemaState{Current: 7, Known: 6}}}
 	awaitReady(t, g)
 	<-attempts // the first check after passing began
 	// Passed, it asks again: an outage or a failed migration leaves it
@@ -137,8 +138,8 @@ func TestDatabaseGateTellsWhyAReplicaIsNotReady(t *testing.T) {
 		{"an outage", result{err: fmt.Errorf("migrating: %w at db:6432: connection refused", store.ErrUnavailable)}, true, ""},
 		{"a failed migration", result{err: errors.New("migrating: permission denied for database dislock")}, true, ""},
 		{"an incompatible schema", result{err: fmt.Errorf("migrating: %w", incompatible)}, false, "schema dislock is incompatible with this dislock"},
-		{"a schema moved on after migrating", result{m: migration{schema: store.SchemaState{Current: 7, Known: 6, Incompatible: incompatible}}}, false, "version 7, which this dislock (6) cannot use"},
-		{"a usable schema again", result{m: migration{schema: store.SchemaState{Current: 7, Known: 6}}}, true, ""},
+		{"a schema moved on after migrating", result{m: migration{schema: migrate.SchemaState{Current: 7, Known: 6, Incompatible: incompatible}}}, false, "version 7, which this dislock (6) cannot use"},
+		{"a usable schema again", result{m: migration{schema: migrate.SchemaState{Current: 7, Known: 6}}}, true, ""},
 	} {
 		results <- step.r
 		<-attempts // the next check begins after this one's outcome is kept
@@ -203,11 +204,11 @@ func TestDatabaseGateAgainstARealDatabase(t *testing.T) {
 			g, _ := startGate(t, migrateDatabase(tg.DSN))
 			awaitReady(t, g)
 			var v int
-			if err := super.QueryRow(ctx, `SELECT max(version) FROM dislock.schema_migrations`).Scan(&v); err != nil || v != store.SchemaVersion() {
-				t.Fatalf("schema at %d, %v; want %d", v, err, store.SchemaVersion())
+			if err := super.QueryRow(ctx, `SELECT max(version) FROM dislock.schema_migrations`).Scan(&v); err != nil || v != migrate.SchemaVersion() {
+				t.Fatalf("schema at %d, %v; want %d", v, err, migrate.SchemaVersion())
 			}
 
-			next := store.SchemaVersion() + 1
+			next := migrate.SchemaVersion() + 1
 			if _, err := super.Exec(ctx, `INSERT INTO dislock.schema_migrations (version, name, compatible_from) VALUES ($1, 'future.sql', $1)`, next); err != nil {
 				t.Fatal(err)
 			}

@@ -35,6 +35,7 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook/controller"
 	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 )
 
 // Defaults of the tenant credentials' life cycle.
@@ -226,14 +227,14 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 		logger.Info("leaving a Secret dislock did not create alone; its credential is used as it is", "secret", r.secret)
 		return reconcile.Result{}, nil
 	}
-	roles, err := db.TenantRoles(ctx, r.cluster, req.Name)
+	roles, err := tenant.Roles(ctx, db, r.cluster, req.Name)
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing the tenant roles of namespace %s: %w", req.Name, err)
 	}
 	why := r.stale(cur, exists, roles)
 	// Generations dropped inside their grace are told to the namespace on
 	// the way out, errors included: they are gone either way.
-	var early []store.TenantRole
+	var early []tenant.Role
 	var regarding runtime.Object = ns
 	if exists {
 		regarding = cur
@@ -252,7 +253,7 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		cred, err := db.ProvisionTenant(ctx, r.cluster, req.Name)
+		cred, err := tenant.Provision(ctx, db, r.cluster, req.Name)
 		if err != nil {
 			return reconcile.Result{}, fmt.Errorf("provisioning a database role for namespace %s: %w", req.Name, err)
 		}
@@ -271,7 +272,7 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 		tenantRolesTotal.WithLabelValues("provision").Inc()
 		logger.Info("gave the namespace a new database role", "role", cred.Role, "generation", cred.Generation, "why", why, "secret", r.secret)
 	}
-	retired, err := db.RetireTenantRoles(ctx, r.cluster, req.Name, r.grace)
+	retired, err := tenant.Retire(ctx, db, r.cluster, req.Name, r.grace)
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("retiring superseded roles of namespace %s: %w", req.Name, err)
 	}
@@ -293,8 +294,8 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 // tenantDSN is the URL a namespace's sidecars connect with: the owner's
 // with the tenant's credential and, with a CA, the sidecar's copy of it as
 // sslrootcert (the owner's names a file in the webhook's pod).
-func (r *tenantProvisioner) tenantDSN(cred store.TenantCredential) (string, error) {
-	dsn, err := store.TenantDSN(r.ownerDSN, cred)
+func (r *tenantProvisioner) tenantDSN(cred tenant.Credential) (string, error) {
+	dsn, err := tenant.DSN(r.ownerDSN, cred)
 	if err != nil || len(r.ca) == 0 {
 		return dsn, err
 	}
@@ -302,7 +303,7 @@ func (r *tenantProvisioner) tenantDSN(cred store.TenantCredential) (string, erro
 }
 
 // stale says why the Secret needs a new role generation, or "".
-func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []store.TenantRole) string {
+func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []tenant.Role) string {
 	switch {
 	case !exists:
 		return "the namespace has no database Secret yet"
@@ -332,8 +333,8 @@ func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []store
 
 // retireBeyond drops the namespace's superseded generations beyond its
 // keep newest live ones, inside their grace, and logs and counts them.
-func (r *tenantProvisioner) retireBeyond(ctx context.Context, db *store.Store, logger logr.Logger, namespace string, keep int) ([]store.TenantRole, error) {
-	dropped, err := db.RetireTenantRolesBeyond(ctx, r.cluster, namespace, keep)
+func (r *tenantProvisioner) retireBeyond(ctx context.Context, db *store.Store, logger logr.Logger, namespace string, keep int) ([]tenant.Role, error) {
+	dropped, err := tenant.RetireBeyond(ctx, db, r.cluster, namespace, keep)
 	if len(dropped) > 0 {
 		tenantRolesTotal.WithLabelValues(tenantActionRetireEarly).Add(float64(len(dropped)))
 		roles := make([]string, 0, len(dropped))
@@ -353,7 +354,7 @@ func (r *tenantProvisioner) retireBeyond(ctx context.Context, db *store.Store, l
 // on the namespace when there is none) for generations retired early: the
 // tenant's pods that used them lose the database, and the namespace's
 // events are where its people look.
-func (r *tenantProvisioner) reportEarly(regarding runtime.Object, early []store.TenantRole) {
+func (r *tenantProvisioner) reportEarly(regarding runtime.Object, early []tenant.Role) {
 	if len(early) == 0 || r.events == nil {
 		return
 	}
@@ -363,7 +364,7 @@ func (r *tenantProvisioner) reportEarly(regarding runtime.Object, early []store.
 // earlyRetirementNote says why generations were retired inside their grace
 // and what it means for the namespace's pods. It stays short: an Event's
 // note is at most 1 kB.
-func earlyRetirementNote(early []store.TenantRole, grace time.Duration) string {
+func earlyRetirementNote(early []tenant.Role, grace time.Duration) string {
 	gens := make([]string, 0, len(early))
 	for _, e := range early {
 		gens = append(gens, strconv.Itoa(e.Generation))
@@ -380,7 +381,7 @@ func earlyRetirementNote(early []store.TenantRole, grace time.Duration) string {
 		"pods started from now on use the Secret's new role", MaxLiveTenantGenerations, grace, MaxLiveTenantGenerations, which, them)
 }
 
-func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *corev1.Secret, exists bool, cred store.TenantCredential, dsn string) (*corev1.Secret, error) {
+func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *corev1.Secret, exists bool, cred tenant.Credential, dsn string) (*corev1.Secret, error) {
 	s := cur
 	if !exists {
 		s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: r.secret}, Type: corev1.SecretTypeOpaque}
@@ -455,10 +456,10 @@ func (r *tenantProvisioner) optedOut(ctx context.Context, db *store.Store, logge
 		}
 		logger.Info("deleted the database Secret: the namespace is no longer opted in", "secret", r.secret)
 	}
-	if err := db.SupersedeTenantRoles(ctx, r.cluster, namespace); err != nil {
+	if err := tenant.Supersede(ctx, db, r.cluster, namespace); err != nil {
 		return reconcile.Result{}, err
 	}
-	retired, err := db.RetireTenantRoles(ctx, r.cluster, namespace, r.grace)
+	retired, err := tenant.Retire(ctx, db, r.cluster, namespace, r.grace)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -466,7 +467,7 @@ func (r *tenantProvisioner) optedOut(ctx context.Context, db *store.Store, logge
 		tenantRolesTotal.WithLabelValues("retire").Add(float64(len(retired)))
 		logger.Info("dropped the roles of a namespace no longer opted in", "roles", retired)
 	}
-	left, err := db.TenantRoles(ctx, r.cluster, namespace)
+	left, err := tenant.Roles(ctx, db, r.cluster, namespace)
 	if err != nil || len(left) == 0 {
 		return reconcile.Result{}, err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/tlstest"
 	"github.com/dislock/dislock/webhook/inject"
 )
@@ -56,16 +57,16 @@ func TestEachNamespaceWaitsOutTheIntervalBetweenTwoNewGenerations(t *testing.T) 
 // an Event note's 1 kB however many went.
 func TestTheEarlyRetirementNoteSaysWhyWhichAndWhatFollows(t *testing.T) {
 	t.Parallel()
-	gens := func(g ...int) []store.TenantRole {
-		var out []store.TenantRole
+	gens := func(g ...int) []tenant.Role {
+		var out []tenant.Role
 		for _, n := range g {
-			out = append(out, store.TenantRole{Role: "r", Generation: n})
+			out = append(out, tenant.Role{Role: "r", Generation: n})
 		}
 		return out
 	}
 	for _, tc := range []struct {
 		name  string
-		early []store.TenantRole
+		early []tenant.Role
 		want  []string
 	}{
 		{"one generation", gens(2), []string{"generation 2 retired early", "pods started with it can"}},
@@ -118,7 +119,7 @@ func TestATenantURLVerifiesWithTheSidecarsCopyOfTheCA(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &tenantProvisioner{ownerDSN: owner, key: inject.DefaultDBSecretKey, ca: pem, now: time.Now}
-	cred := store.TenantCredential{Role: "dislock_t_team_1", Password: "tenant-pw", Namespace: "team", Cluster: "dc-a", Generation: 1}
+	cred := tenant.Credential{Role: "dislock_t_team_1", Password: "tenant-pw", Namespace: "team", Cluster: "dc-a", Generation: 1}
 	dsn, err := r.tenantDSN(cred)
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +142,7 @@ func TestATenantURLVerifiesWithTheSidecarsCopyOfTheCA(t *testing.T) {
 func TestASecretWithAnotherCAIsStale(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-	roles := []store.TenantRole{{Role: "dislock_t_team_1", Generation: 1}}
+	roles := []tenant.Role{{Role: "dislock_t_team_1", Generation: 1}}
 	secret := func(ca []byte) *corev1.Secret {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
 			contract.AnnotationTenantRole: "dislock_t_team_1", contract.AnnotationTenantRoleCreated: now.Format(time.RFC3339)}},

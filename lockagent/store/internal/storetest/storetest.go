@@ -16,6 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
+	"github.com/dislock/dislock/lockagent/store/migrate"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -37,7 +40,7 @@ func Open(t testing.TB, dsn string, maxConns int32) *store.Store {
 		t.Fatalf("open: %v", err)
 	}
 	t.Cleanup(s.Close)
-	if _, err := s.Migrate(context.Background()); err != nil {
+	if _, err := migrate.Up(context.Background(), s); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return s
@@ -107,9 +110,9 @@ func AwaitCond(t *testing.T, what string, cond func() bool) {
 
 // Provision creates a tenant role of namespace ns in cluster dc-a with the
 // owner's Store.
-func Provision(t testing.TB, owner *store.Store, ns string) store.TenantCredential {
+func Provision(t testing.TB, owner *store.Store, ns string) tenant.Credential {
 	t.Helper()
-	c, err := owner.ProvisionTenant(context.Background(), "dc-a", ns)
+	c, err := tenant.Provision(context.Background(), owner, "dc-a", ns)
 	if err != nil {
 		t.Fatalf("provisioning namespace %s: %v", ns, err)
 	}
@@ -118,9 +121,9 @@ func Provision(t testing.TB, owner *store.Store, ns string) store.TenantCredenti
 
 // TenantDSN is the tenant's URL, reaching the database the way ownerDSN
 // does.
-func TenantDSN(t testing.TB, ownerDSN string, c store.TenantCredential) string {
+func TenantDSN(t testing.TB, ownerDSN string, c tenant.Credential) string {
 	t.Helper()
-	dsn, err := store.TenantDSN(ownerDSN, c)
+	dsn, err := tenant.DSN(ownerDSN, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +132,7 @@ func TenantDSN(t testing.TB, ownerDSN string, c store.TenantCredential) string {
 
 // TenantStore opens a Store as the tenant, reaching the database the way
 // ownerDSN does (directly or through PgBouncer).
-func TenantStore(t testing.TB, ownerDSN string, c store.TenantCredential) *store.Store {
+func TenantStore(t testing.TB, ownerDSN string, c tenant.Credential) *store.Store {
 	t.Helper()
 	s, err := store.Open(context.Background(), TenantDSN(t, ownerDSN, c), store.Options{MaxConns: 2})
 	if err != nil {
@@ -205,3 +208,12 @@ func MustBeTaken(t *testing.T, s *store.Store, key string, w time.Time, o store.
 
 // Ptr points at a copy of v.
 func Ptr[T any](v T) *T { return &v }
+
+// ByCheck indexes findings by their check.
+func ByCheck(fs []check.Finding) map[string]check.Finding {
+	m := map[string]check.Finding{}
+	for _, f := range fs {
+		m[f.Check] = f
+	}
+	return m
+}

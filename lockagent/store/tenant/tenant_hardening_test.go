@@ -1,11 +1,9 @@
-package store_test
+package tenant_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,7 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -33,20 +33,20 @@ func TestATenantCannotReachBeyondItsNamespace(t *testing.T) {
 		own := storetest.Open(t, dsn, 2)
 		ns := storetest.Namespace(t, "hard-a")
 		cred := storetest.Provision(t, own, ns)
-		tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, cred))
+		asTenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, cred))
 
 		var path string
 		var createInPublic bool
 		var limit int
-		if err := tenant.QueryRow(ctx, `SELECT current_setting('search_path'), has_schema_privilege('public', 'CREATE'),
+		if err := asTenant.QueryRow(ctx, `SELECT current_setting('search_path'), has_schema_privilege('public', 'CREATE'),
 			(SELECT rolconnlimit FROM pg_catalog.pg_roles WHERE rolname = current_user)`).Scan(&path, &createInPublic, &limit); err != nil {
 			t.Fatal(err)
 		}
-		if path != "pg_catalog, pg_temp" || createInPublic || limit != store.TenantConnectionLimit {
+		if path != "pg_catalog, pg_temp" || createInPublic || limit != tenant.ConnectionLimit {
 			t.Errorf("tenant role: search_path %q, may create in public %v, connection limit %d; want \"pg_catalog, pg_temp\", false, %d",
-				path, createInPublic, limit, store.TenantConnectionLimit)
+				path, createInPublic, limit, tenant.ConnectionLimit)
 		}
-		tx, err := tenant.Begin(ctx)
+		tx, err := asTenant.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -56,14 +56,14 @@ func TestATenantCannotReachBeyondItsNamespace(t *testing.T) {
 		tx.Rollback(ctx) //nolint:errcheck // the transaction failed already
 
 		big := `{"schedule":"` + strings.Repeat("x", 8192) + `"}`
-		if _, err := tenant.Exec(ctx, `INSERT INTO dislock.views (lock_key, cluster, view, seen_at) VALUES ($1, 'dc-z', $2::jsonb, now())`,
+		if _, err := asTenant.Exec(ctx, `INSERT INTO dislock.views (lock_key, cluster, view, seen_at) VALUES ($1, 'dc-z', $2::jsonb, now())`,
 			ns+"/big", big); err == nil || !strings.Contains(err.Error(), "views_size") {
 			t.Errorf("the tenant writing an 8 KiB view: %v, want refused by views_size", err)
 		}
 
 		// A view that does not decode, next to a real disagreement of
 		// another key: the disagreement is still reported.
-		if _, err := tenant.Exec(ctx, `INSERT INTO dislock.views (lock_key, cluster, view, seen_at) VALUES ($1, 'dc-y', '{"standby":"yes"}', now()),
+		if _, err := asTenant.Exec(ctx, `INSERT INTO dislock.views (lock_key, cluster, view, seen_at) VALUES ($1, 'dc-y', '{"standby":"yes"}', now()),
 			($1, 'dc-z', '{"standby":true}', now())`, ns+"/odd"); err != nil {
 			t.Fatal(err)
 		}
@@ -109,22 +109,22 @@ func TestATenantCannotWriteATokenAboveTheHighWater(t *testing.T) {
 		// The agent's paths: a claim, the Job's retry taking the failed
 		// window over (ON CONFLICT DO UPDATE draws the token), a lease
 		// taken, released and taken again.
-		first := storetest.MustClaim(t, s, key, storetest.WindowAt(0), job("pod-1"), false, ttl, store.Claimed)
+		first := storetest.MustClaim(t, s, key, storetest.WindowAt(0), job("pod-1"), false, storetest.TTL, store.Claimed)
 		if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, first.Window.Token, store.StateFailed, storetest.Ptr(1)); err != nil {
 			t.Fatal(err)
 		}
-		retry := storetest.MustClaim(t, s, key, storetest.WindowAt(0), job("pod-2"), false, ttl, store.TookOver)
+		retry := storetest.MustClaim(t, s, key, storetest.WindowAt(0), job("pod-2"), false, storetest.TTL, store.TookOver)
 		if retry.Window.Token <= first.Window.Token {
 			t.Fatalf("the takeover's token %d is not above %d", retry.Window.Token, first.Window.Token)
 		}
-		g, err := s.AcquireLease(ctx, key, job("pod-2"), ttl)
+		g, err := s.AcquireLease(ctx, key, job("pod-2"), storetest.TTL)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if ok, err := s.ReleaseLease(ctx, key, g.Lease.Token); err != nil || !ok {
 			t.Fatalf("release: %v %v", ok, err)
 		}
-		if _, err := s.AcquireLease(ctx, key, job("pod-2"), ttl); err != nil {
+		if _, err := s.AcquireLease(ctx, key, job("pod-2"), storetest.TTL); err != nil {
 			t.Fatalf("re-acquiring the released lease (a token drawn in DO UPDATE): %v", err)
 		}
 
@@ -180,212 +180,14 @@ func TestATenantCannotWriteATokenAboveTheHighWater(t *testing.T) {
 		}
 
 		// The owner's check finds no token above the epoch.
-		fs, err := own.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true})
+		fs, err := check.Database(ctx, own, check.Options{AllowAsync: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f := byCheck(fs)["tokens"]; f.Status != store.StatusOK {
+		if f := storetest.ByCheck(fs)["tokens"]; f.Status != check.StatusOK {
 			t.Errorf("tokens after the attempts: %+v", f)
 		}
 	})
-}
-
-// Every namespace draws its tokens from one counter (2^40 values per
-// epoch), and a tenant may draw as fast as its connections allow. dislock
-// check reports how much of it is spent: a warning above half, a failure
-// above 90 %, each with what the operator does.
-func TestCheckReportsTheSharedTokenCounterFilling(t *testing.T) {
-	t.Parallel() // its own server: the counter of the shared one must not jump
-	srv := pgtest.New(t, pgtest.Options{Name: "counter"})
-	ctx := context.Background()
-	own := storetest.Open(t, srv.DirectDSN(), 2)
-	ownerConn := storetest.RawConn(t, srv.DirectDSN())
-	const counterMax = 1<<40 - 1
-	for _, tc := range []struct {
-		name   string
-		setval int64 // 0: as migrated
-		want   store.Status
-	}{
-		{"a fresh counter", 0, store.StatusOK},
-		{"half spent", counterMax / 2, store.StatusOK},
-		{"60 % spent", counterMax / 10 * 6, store.StatusWarn},
-		{"95 % spent", counterMax / 100 * 95, store.StatusFail},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.setval > 0 {
-				if _, err := ownerConn.Exec(ctx, `SELECT setval('dislock.token_counter', $1::bigint)`, tc.setval); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for _, tg := range srv.Targets() {
-				s := own
-				if tg.Name != "direct" {
-					s = storetest.Open(t, tg.DSN, 1)
-				}
-				fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				f := byCheck(fs)["token counter"]
-				if f.Status != tc.want || !strings.Contains(f.Detail, fmt.Sprint(counterMax)) || store.Failed(fs) != (tc.want == store.StatusFail) {
-					t.Errorf("%s: token counter %+v, want %s", tg.Name, f, tc.want)
-				}
-				if tc.want == store.StatusOK {
-					continue
-				}
-				t.Logf("%s: %s: %s; fix: %s", tg.Name, f.Status, f.Detail, f.Fix)
-				for _, w := range []string{"pg_stat_statements", "dislock.tenants", "NOLOGIN", "new epoch", "docs/operations.md"} {
-					if !strings.Contains(f.Fix, w) {
-						t.Errorf("%s: the fix does not say %q: %s", tg.Name, w, f.Fix)
-					}
-				}
-			}
-		})
-	}
-	// Nearly full, the counter still hands out growing tokens.
-	key := storetest.UniqueKey(t)
-	c := storetest.MustClaim(t, own, key, storetest.WindowAt(0), storetest.Owner("dc-a", "job", "pod"), false, ttl, store.Claimed)
-	if _, n := store.TokenEpoch(c.Window.Token); n <= counterMax/100*95 {
-		t.Errorf("token %d: counter %d, want above the setval", c.Window.Token, n)
-	}
-}
-
-// A tenant holding a transaction open on its own rows of dislock.windows
-// makes a migration's ALTER TABLE wait, and PostgreSQL queues every later
-// claim behind the waiting DDL. Migrate cuts each wait at lock_timeout, so
-// claims of every namespace pass within it while Migrate retries, and the
-// migration goes through once the reader commits. Migration 4 is re-applied
-// (its record deleted) on a server of the test's own.
-func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
-	t.Parallel() // its own server: the shared one's DDL must not wait
-	srv := pgtest.New(t, pgtest.Options{Name: "ddl-wait"})
-	ctx := context.Background()
-	own := storetest.Open(t, srv.DirectDSN(), 2)
-	ownerConn := storetest.RawConn(t, srv.DirectDSN())
-	nsA, nsB := storetest.Namespace(t, "reader"), storetest.Namespace(t, "claimer")
-	credA, credB := storetest.Provision(t, own, nsA), storetest.Provision(t, own, nsB)
-	// Migration 4 alters dislock.windows, the table the tenant reads; the
-	// ones after it are applied again with it.
-	const version = 4
-	var again []int
-	for v := version; v <= store.SchemaVersion(); v++ {
-		again = append(again, v)
-	}
-
-	unapply := func(t *testing.T) {
-		t.Helper()
-		if _, err := ownerConn.Exec(ctx, `DELETE FROM dislock.schema_migrations WHERE version >= $1`, version); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// openReader begins team-a's transaction that read its own windows and
-	// stays open; the returned function commits it.
-	openReader := func(t *testing.T, dsn string) func() {
-		t.Helper()
-		tx, err := storetest.RawConn(t, storetest.TenantDSN(t, dsn, credA)).Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n int
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM dislock.windows`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return func() {
-			t.Helper()
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	// ddlWaiting: a session waits for an ACCESS EXCLUSIVE lock on
-	// dislock.windows (the migration's ALTER TABLE).
-	ddlWaiting := func() bool {
-		var n int
-		err := ownerConn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation'
-			AND relation = 'dislock.windows'::regclass AND mode = 'AccessExclusiveLock'`).Scan(&n)
-		return err == nil && n > 0
-	}
-	type result struct {
-		applied []int
-		err     error
-	}
-	migrate := func(opts store.Options, dsn string) <-chan result {
-		s, err := store.Open(ctx, dsn, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(s.Close)
-		done := make(chan result, 1)
-		go func() {
-			applied, err := s.Migrate(ctx)
-			done <- result{applied, err}
-		}()
-		return done
-	}
-
-	for _, tg := range srv.Targets() {
-		t.Run(tg.Name, func(t *testing.T) {
-			claimer := storetest.TenantStore(t, tg.DSN, credB)
-			key := nsB + "/report-" + tg.Name
-
-			t.Run("claims pass while Migrate waits, and it applies once the reader commits", func(t *testing.T) {
-				unapply(t)
-				commit := openReader(t, tg.DSN)
-				done := migrate(store.Options{MaxConns: 2, MigrationRetryFor: 5 * time.Minute}, tg.DSN)
-				var slowest time.Duration
-				for i := range 3 {
-					// Each claim queues behind a waiting attempt: the one
-					// after the first is a retry.
-					storetest.AwaitCond(t, "the migration waiting for its lock on dislock.windows", ddlWaiting)
-					cctx, cancel := context.WithTimeout(ctx, time.Minute)
-					began := time.Now()
-					_, err := claimer.ClaimWindow(cctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(i), Index: store.NotIndexed,
-						Owner: store.Owner{Cluster: "dc-a", Namespace: nsB, Job: "report", JobUID: "uid", Pod: "pod"}, TTL: ttl})
-					took := time.Since(began)
-					cancel()
-					if err != nil {
-						t.Fatalf("claim %d while the migration waits (after %s): %v", i, took, err)
-					}
-					slowest = max(slowest, took)
-				}
-				t.Logf("slowest of 3 claims queued behind the waiting migration: %s (lock_timeout %s)", slowest, store.DefaultMigrationLockTimeout)
-				select {
-				case r := <-done:
-					t.Fatalf("Migrate returned while the reader still holds its transaction: %v, %v", r.applied, r.err)
-				default:
-				}
-				commit()
-				select {
-				case r := <-done:
-					if r.err != nil || !slices.Equal(r.applied, again) {
-						t.Fatalf("Migrate after the reader committed: applied %v, %v; want %v", r.applied, r.err, again)
-					}
-				case <-time.After(2 * time.Minute):
-					t.Fatal("Migrate did not finish within 2 minutes of the reader's commit")
-				}
-			})
-
-			t.Run("giving up, Migrate names the lock timeout and the tenant in the way", func(t *testing.T) {
-				unapply(t)
-				commit := openReader(t, tg.DSN)
-				r := <-migrate(store.Options{MaxConns: 2, MigrationLockTimeout: 100 * time.Millisecond, MigrationRetryFor: time.Second}, tg.DSN)
-				commit()
-				var pgErr *pgconn.PgError
-				if r.err == nil || !errors.As(r.err, &pgErr) || pgErr.Code != "55P03" || errors.Is(r.err, store.ErrUnavailable) {
-					t.Fatalf("Migrate: %v, want the lock timeout (55P03), not unavailable", r.err)
-				}
-				for _, w := range []string{"SQLSTATE 55P03", "lock_timeout", credA.Role, "namespace " + nsA, "dislock.windows", "pg_terminate_backend", "idle_transaction_timeout"} {
-					if !strings.Contains(r.err.Error(), w) {
-						t.Errorf("the error does not say %q: %v", w, r.err)
-					}
-				}
-				t.Logf("Migrate gave up: %v", r.err)
-				if applied, err := own.Migrate(ctx); err != nil || !slices.Equal(applied, again) {
-					t.Fatalf("Migrate once the reader committed: %v, %v", applied, err)
-				}
-			})
-		})
-	}
 }
 
 // A tenant may write every column of its own rows on INSERT and the time
@@ -403,14 +205,14 @@ func TestATenantCannotWriteATimestampTheOwnersListingsCannotRead(t *testing.T) {
 		own := storetest.Open(t, dsn, 2)
 		ns := storetest.Namespace(t, "inf-a")
 		cred := storetest.Provision(t, own, ns)
-		tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, cred))
+		asTenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, cred))
 		key := ns + "/report"
 
 		// The tenant's own rows as its agent writes them.
 		ts := storetest.TenantStore(t, dsn, cred)
 		job := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "report-1", JobUID: "uid-1", Pod: "pod-1"}
-		storetest.MustClaim(t, ts, key, storetest.WindowAt(0), job, false, ttl, store.Claimed)
-		if _, err := ts.AcquireLease(ctx, key, job, ttl); err != nil {
+		storetest.MustClaim(t, ts, key, storetest.WindowAt(0), job, false, storetest.TTL, store.Claimed)
+		if _, err := ts.AcquireLease(ctx, key, job, storetest.TTL); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := ts.RecordView(ctx, key, "dc-a", store.View{Schedule: "0 2 * * *", TimeZone: "UTC", Mode: "schedule"}, time.Hour); err != nil {
@@ -426,7 +228,7 @@ func TestATenantCannotWriteATimestampTheOwnersListingsCannotRead(t *testing.T) {
 
 		refused := func(what, constraint, sql string, args ...any) {
 			t.Helper()
-			_, err := tenant.Exec(ctx, sql, args...)
+			_, err := asTenant.Exec(ctx, sql, args...)
 			var pgErr *pgconn.PgError
 			if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != constraint {
 				t.Errorf("the tenant %s: %v, want refused by %s (check_violation)", what, err, constraint)
@@ -499,78 +301,6 @@ func TestATenantCannotWriteATimestampTheOwnersListingsCannotRead(t *testing.T) {
 	})
 }
 
-// Should a row no time.Time can hold get in anyway (by hand, or written
-// before the constraints on a database where they were dropped), each owner
-// listing leaves that row out, logs it naming the key and the column, and
-// counts it, instead of failing for every namespace; a read of the row
-// itself fails naming the column. Its own server: the constraints are
-// dropped there.
-func TestOwnersListingsLeaveOutARowTheyCannotRead(t *testing.T) {
-	t.Parallel()
-	srv := pgtest.New(t, pgtest.Options{Name: "unreadable"})
-	ctx := context.Background()
-	storetest.Open(t, srv.DirectDSN(), 1) // migrates
-	ownerConn := storetest.RawConn(t, srv.DirectDSN())
-	for _, c := range []string{"windows_finite_times ON dislock.windows", "leases_finite_times ON dislock.leases", "views_finite_times ON dislock.views"} {
-		table, constraint := strings.Split(c, " ON ")[1], strings.Split(c, " ON ")[0]
-		if _, err := ownerConn.Exec(ctx, `ALTER TABLE `+table+` DROP CONSTRAINT `+constraint); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := ownerConn.Exec(ctx, `
-		INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until) VALUES
-			('good/report', '2026-12-02T12:00:00Z', -1, 'o', 'c', 'p', 1, 'failed', now(), now()),
-			('bad/report', 'infinity', -1, 'o', 'c', 'p', 1, 'failed', now(), now());
-		INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES
-			('good/report', 'o', 1, now(), now()), ('bad/report', 'o', 1, now(), '-infinity');
-		INSERT INTO dislock.views (lock_key, cluster, view, seen_at) VALUES
-			('good/report', 'dc-a', '{"timeZone":"UTC"}', now()), ('good/report', 'dc-b', '{"timeZone":"Europe/Berlin"}', now()),
-			('bad/report', 'dc-a', '{"timeZone":"UTC"}', 'infinity'), ('bad/report', 'dc-b', '{"timeZone":"Asia/Tokyo"}', 'infinity')`); err != nil {
-		t.Fatal(err)
-	}
-	for _, tg := range srv.Targets() {
-		t.Run(tg.Name, func(t *testing.T) {
-			var logged strings.Builder
-			s, err := store.Open(ctx, tg.DSN, store.Options{MaxConns: 1, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			keys := func(n int, key func(int) string) []string {
-				var out []string
-				for i := range n {
-					out = append(out, key(i))
-				}
-				return out
-			}
-			ws, _, err := s.ListWindows(ctx, "", 10)
-			if got := keys(len(ws), func(i int) string { return ws[i].Key }); err != nil || fmt.Sprint(got) != "[good/report]" {
-				t.Errorf("ListWindows: %v, %v; want [good/report]", got, err)
-			}
-			ls, _, err := s.ListLeases(ctx)
-			if got := keys(len(ls), func(i int) string { return ls[i].Key }); err != nil || fmt.Sprint(got) != "[good/report]" {
-				t.Errorf("ListLeases: %v, %v; want [good/report]", got, err)
-			}
-			vs, err := s.ListDisagreements(ctx, time.Hour)
-			if got := keys(len(vs), func(i int) string { return vs[i].Key + "@" + vs[i].Cluster }); err != nil ||
-				fmt.Sprint(got) != "[good/report@dc-a good/report@dc-b]" {
-				t.Errorf("ListDisagreements: %v, %v; want good/report's two views", got, err)
-			}
-			if n := s.SkippedRows(); n != 4 {
-				t.Errorf("SkippedRows: %d, want 4 (a window, a lease, two views)", n)
-			}
-			for _, want := range []string{`key=bad/report`, "window_start is infinity", "expire_at is -infinity", "seen_at is infinity", "table=dislock.views"} {
-				if !strings.Contains(logged.String(), want) {
-					t.Errorf("the log does not say %q:\n%s", want, logged.String())
-				}
-			}
-			if _, _, err := s.GetLease(ctx, "bad/report"); err == nil || !strings.Contains(err.Error(), "expire_at is -infinity") {
-				t.Errorf("reading the unreadable lease: %v, want an error naming expire_at", err)
-			}
-		})
-	}
-}
-
 // A tenant can hold a lock on its own role (ALTER ROLE CURRENT_USER SET
 // ..., which any role may do for itself, in a transaction it keeps busy).
 // DROP ROLE waits for that lock, and it runs holding the table lock that
@@ -632,7 +362,7 @@ func TestATenantHoldingALockOnItsOwnRoleDoesNotStallOtherNamespacesProvisioning(
 		go func() {
 			rctx, cancel := context.WithTimeout(ctx, hold)
 			defer cancel()
-			_, err := own.RetireTenantRolesBeyond(rctx, "dc-a", ns, 3)
+			_, err := tenant.RetireBeyond(rctx, own, "dc-a", ns, 3)
 			retired <- err
 		}()
 		storetest.AwaitCond(t, "DROP ROLE waiting for the tenant's lock on its role", func() bool {
@@ -647,14 +377,14 @@ func TestATenantHoldingALockOnItsOwnRoleDoesNotStallOtherNamespacesProvisioning(
 		began := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, hold)
 		defer cancel()
-		_, perr := own.ProvisionTenant(pctx, "dc-b", other)
+		_, perr := tenant.Provision(pctx, own, "dc-b", other)
 		took := time.Since(began)
 		if perr != nil {
 			t.Fatalf("provisioning namespace %s in cluster dc-b while the drop waits (after %s): %v", other, took, perr)
 		}
 		t.Logf("provisioning namespace %s in cluster dc-b queued behind the drop took %s (lock_timeout %s, the tenant holds its lock for %s)",
-			other, took.Round(time.Millisecond), store.TenantLockTimeout, hold)
-		if limit := 5 * store.TenantLockTimeout; took > limit {
+			other, took.Round(time.Millisecond), tenant.LockTimeout, hold)
+		if limit := 5 * tenant.LockTimeout; took > limit {
 			t.Errorf("provisioning another namespace took %s, want well under the tenant's hold (%s), at most %s", took, hold, limit)
 		}
 
@@ -677,14 +407,14 @@ func TestATenantHoldingALockOnItsOwnRoleDoesNotStallOtherNamespacesProvisioning(
 			err := ownerConn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'DROP ROLE%' AND state = 'active'`).Scan(&n)
 			return err == nil && n == 0
 		})
-		roles, err := own.TenantRoles(ctx, "dc-a", ns)
+		roles, err := tenant.Roles(ctx, own, "dc-a", ns)
 		if err != nil || len(roles) != 4 || roles[3].Role != g1.Role {
 			t.Fatalf("the namespace's live roles after the failed drop: %+v, %v; want 4, %s still among them", roles, err, g1.Role)
 		}
 
 		// The tenant lets go: the next reconcile drops the role.
 		stopped()
-		dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 3)
+		dropped, err := tenant.RetireBeyond(ctx, own, "dc-a", ns, 3)
 		if err != nil || len(dropped) != 1 || dropped[0].Role != g1.Role {
 			t.Fatalf("retiring once the tenant let go: %+v, %v; want %s dropped", dropped, err, g1.Role)
 		}
@@ -723,8 +453,8 @@ func TestATenantRoleStartsWithBoundedSessions(t *testing.T) {
 		own := storetest.Open(t, dsn, 2)
 
 		t.Run("without the grant, the timeouts only", func(t *testing.T) {
-			tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, storetest.Namespace(t, "bounded"))))
-			if stmt, idle, temp := settings(t, tenant); stmt != "1min" || idle != "30s" || temp != "-1" {
+			asTenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, storetest.Namespace(t, "bounded"))))
+			if stmt, idle, temp := settings(t, asTenant); stmt != "1min" || idle != "30s" || temp != "-1" {
 				t.Fatalf("statement_timeout %s, idle_in_transaction_session_timeout %s, temp_file_limit %s; want 1min, 30s, -1", stmt, idle, temp)
 			}
 		})
@@ -738,18 +468,18 @@ func TestATenantRoleStartsWithBoundedSessions(t *testing.T) {
 					t.Error(err)
 				}
 			})
-			tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, storetest.Namespace(t, "bounded"))))
-			if stmt, idle, temp := settings(t, tenant); stmt != "1min" || idle != "30s" || temp != store.TenantRoleTempFileLimit {
+			asTenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, storetest.Namespace(t, "bounded"))))
+			if stmt, idle, temp := settings(t, asTenant); stmt != "1min" || idle != "30s" || temp != tenant.TempFileLimit {
 				t.Fatalf("statement_timeout %s, idle_in_transaction_session_timeout %s, temp_file_limit %s; want 1min, 30s, %s",
-					stmt, idle, temp, store.TenantRoleTempFileLimit)
+					stmt, idle, temp, tenant.TempFileLimit)
 			}
 			for _, stmt := range []string{`SET temp_file_limit = -1`, `ALTER ROLE CURRENT_USER SET temp_file_limit = -1`, `ALTER ROLE CURRENT_USER RESET temp_file_limit`} {
 				var pgErr *pgconn.PgError
-				if _, err := tenant.Exec(ctx, stmt); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+				if _, err := asTenant.Exec(ctx, stmt); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
 					t.Errorf("the tenant ran %q: %v; want permission denied", stmt, err)
 				}
 			}
-			tx, err := tenant.Begin(ctx)
+			tx, err := asTenant.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -759,7 +489,7 @@ func TestATenantRoleStartsWithBoundedSessions(t *testing.T) {
 			err = tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT g FROM generate_series(1, 3000000) g ORDER BY g DESC) s
 				CROSS JOIN set_config('work_mem', '64kB', true)`).Scan(&n)
 			if !errors.As(err, &pgErr) || pgErr.Code != "53400" {
-				t.Fatalf("a sort spilling past %s: %d, %v; want refused (temp_file_limit, SQLSTATE 53400)", store.TenantRoleTempFileLimit, n, err)
+				t.Fatalf("a sort spilling past %s: %d, %v; want refused (temp_file_limit, SQLSTATE 53400)", tenant.TempFileLimit, n, err)
 			}
 		})
 	})
@@ -778,7 +508,7 @@ func TestATenantReadsNoStatisticsOfOtherNamespacesRows(t *testing.T) {
 		other := storetest.Namespace(t, "secretive")
 		for i := range 200 {
 			storetest.MustClaim(t, own, fmt.Sprintf("%s/payroll-%d", other, i%5), storetest.WindowAt(i), store.Owner{Cluster: "dc-z", Namespace: other, Job: "payroll",
-				JobUID: "uid", Pod: "pod"}, false, ttl, store.Claimed)
+				JobUID: "uid", Pod: "pod"}, false, storetest.TTL, store.Claimed)
 		}
 		for _, table := range []string{"windows", "leases", "views", "decisions", "decision_counts", "key_stats", "schema_migrations"} {
 			if _, err := ownerConn.Exec(ctx, `ANALYZE dislock.`+table); err != nil {
@@ -791,8 +521,8 @@ func TestATenantReadsNoStatisticsOfOtherNamespacesRows(t *testing.T) {
 			t.Fatalf("the owner sees %d statistics of dislock.windows naming %s, %v; want some (else this test proves nothing)", seen, other, err)
 		}
 
-		tenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, storetest.Namespace(t, "curious"))))
-		rows, err := tenant.Query(ctx, `SELECT tablename, attname, coalesce(most_common_vals::text, '') || coalesce(histogram_bounds::text, '')
+		asTenant := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, own, storetest.Namespace(t, "curious"))))
+		rows, err := asTenant.Query(ctx, `SELECT tablename, attname, coalesce(most_common_vals::text, '') || coalesce(histogram_bounds::text, '')
 			FROM pg_stats WHERE schemaname = 'dislock'`)
 		if err != nil {
 			t.Fatal(err)
@@ -811,7 +541,7 @@ func TestATenantReadsNoStatisticsOfOtherNamespacesRows(t *testing.T) {
 			}
 		}
 		var denied *pgconn.PgError
-		if _, err := tenant.Exec(ctx, `SELECT count(*) FROM pg_catalog.pg_statistic`); !errors.As(err, &denied) || denied.Code != "42501" {
+		if _, err := asTenant.Exec(ctx, `SELECT count(*) FROM pg_catalog.pg_statistic`); !errors.As(err, &denied) || denied.Code != "42501" {
 			t.Errorf("the tenant read pg_statistic: %v", err)
 		}
 	})

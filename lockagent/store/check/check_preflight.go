@@ -1,4 +1,4 @@
-package store
+package check
 
 import (
 	"context"
@@ -13,8 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/db"
 	"github.com/dislock/dislock/lockagent/store/internal/dsn"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 )
 
 // The kinds of role a RoleReport can be about.
@@ -26,7 +28,7 @@ const (
 	RoleTenant = "tenant"
 )
 
-// RoleReport is what CheckURL found for one database URL.
+// RoleReport is what URL found for one database URL.
 type RoleReport struct {
 	// Role is the login role the URL names; never its password.
 	Role string `json:"role"`
@@ -62,14 +64,14 @@ func (r RoleReport) Heading() string {
 // timeout, minutes, before it can say so.
 const checkConnectTimeout = 10 * time.Second
 
-// CheckURL runs every check for the role databaseURL logs in as, the
+// URL runs every check for the role databaseURL logs in as, the
 // preflight a new install runs before the first tick: that it can connect
 // (a failure is a finding naming the cause and the fix, not an error), how
 // it reaches PostgreSQL (pooling mode, TLS), how far the database's clock
 // is from this host's, what the role may do (the owner migrates and
-// provisions tenants; a tenant claims), and then CheckDatabase's findings.
+// provisions tenants; a tenant claims), and then Database's findings.
 // No text in the report contains the URL's password.
-func CheckURL(ctx context.Context, databaseURL string, opts CheckOptions) RoleReport {
+func URL(ctx context.Context, databaseURL string, opts Options) RoleReport {
 	var rep RoleReport
 	defer func() {
 		for i := range rep.Findings {
@@ -77,7 +79,7 @@ func CheckURL(ctx context.Context, databaseURL string, opts CheckOptions) RoleRe
 			f.Detail, f.Fix = dsn.Scrub(databaseURL, f.Detail), dsn.Scrub(databaseURL, f.Fix)
 		}
 	}()
-	cfg, err := ParseDatabaseURL(databaseURL)
+	cfg, err := store.ParseDatabaseURL(databaseURL)
 	if err != nil {
 		rep.Findings = []Finding{{Check: "url", Status: StatusFail, Detail: err.Error(),
 			Fix: "write the URL as postgres://<role>:<password>@<host>:<port>/<database>?sslmode=verify-full (or key=value pairs)"}}
@@ -85,22 +87,22 @@ func CheckURL(ctx context.Context, databaseURL string, opts CheckOptions) RoleRe
 	}
 	cc := cfg.ConnConfig
 	rep.Role, rep.Addr, rep.Database = cc.User, db.Addrs(cc), cc.Database
-	if strings.HasPrefix(rep.Role, tenantRolePrefix) {
+	if strings.HasPrefix(rep.Role, tenant.RolePrefix) {
 		// Known by its name even when it cannot log in.
 		rep.Kind = RoleTenant
 	}
-	s, err := Open(ctx, databaseURL, Options{MaxConns: 2})
+	s, err := store.Open(ctx, databaseURL, store.Options{MaxConns: 2})
 	if err != nil {
 		rep.Findings = []Finding{{Check: "url", Status: StatusFail, Detail: err.Error()}}
 		return rep
 	}
 	defer s.Close()
-	rep.Findings = s.preflight(ctx, &rep, opts)
+	rep.Findings = checker{st: s, h: s.Handle()}.preflight(ctx, &rep, opts)
 	return rep
 }
 
 // preflight fills rep's kind and namespace and returns its findings.
-func (s *Store) preflight(ctx context.Context, rep *RoleReport, opts CheckOptions) []Finding {
+func (s checker) preflight(ctx context.Context, rep *RoleReport, opts Options) []Finding {
 	conn, err := s.connect(ctx)
 	if err != nil {
 		return []Finding{s.connectionFinding(ctx, rep, err)}
@@ -110,7 +112,7 @@ func (s *Store) preflight(ctx context.Context, rep *RoleReport, opts CheckOption
 	switch err := conn.QueryRow(ctx, qTenantNamespace).Scan(&namespace); {
 	case err == nil && namespace != "":
 		rep.Kind, rep.Namespace = RoleTenant, namespace
-	case strings.HasPrefix(rep.Role, tenantRolePrefix):
+	case strings.HasPrefix(rep.Role, tenant.RolePrefix):
 		// A tenant role that lost its grants cannot even ask which
 		// namespace it serves; its name still says what it is.
 		rep.Kind = RoleTenant
@@ -133,7 +135,7 @@ func (s *Store) preflight(ctx context.Context, rep *RoleReport, opts CheckOption
 	// pooling this one would hold a server connection the probe may need.
 	conn.Close(context.Background())
 	out = append(out, s.poolingFinding(ctx), privileges)
-	found, err := s.CheckDatabase(ctx, opts)
+	found, err := s.database(ctx, opts)
 	if err != nil {
 		return append(out, Finding{Check: "database", Status: StatusFail, Detail: err.Error(),
 			Fix: "see the error; run dislock check again once the database answers"})
@@ -143,7 +145,7 @@ func (s *Store) preflight(ctx context.Context, rep *RoleReport, opts CheckOption
 
 // connect opens one connection of its own, outside the Store's pool, with
 // the Store's settings.
-func (s *Store) connect(ctx context.Context) (*pgx.Conn, error) {
+func (s checker) connect(ctx context.Context) (*pgx.Conn, error) {
 	cc := s.h.Pool.Config().ConnConfig
 	if cc.ConnectTimeout == 0 {
 		cc.ConnectTimeout = checkConnectTimeout
@@ -166,7 +168,7 @@ const (
 )
 
 // connectionFinding says why the Store cannot log in, and what to do.
-func (s *Store) connectionFinding(ctx context.Context, rep *RoleReport, err error) Finding {
+func (s checker) connectionFinding(ctx context.Context, rep *RoleReport, err error) Finding {
 	f := Finding{Check: "connection", Status: StatusFail}
 	var pgErr *pgconn.PgError
 	var dnsErr *net.DNSError
@@ -238,7 +240,7 @@ func tlsVerifyFailed(err error) bool {
 // refusesTLS asks the URL's first host, as libpq does before it starts
 // TLS, whether it supports TLS, when the URL insists on it. The driver's
 // own refusal has no type to tell it by.
-func (s *Store) refusesTLS(ctx context.Context) bool {
+func (s checker) refusesTLS(ctx context.Context) bool {
 	cc := s.h.Pool.Config().ConnConfig
 	if cc.TLSConfig == nil || strings.HasPrefix(cc.Host, "/") {
 		return false

@@ -1,4 +1,9 @@
-package store
+// Package check is `dislock check`: the preflight of a database URL (can
+// it connect, how it reaches PostgreSQL, what its role may do) and the
+// checks of what dislock's promises rest on (a writable primary,
+// synchronous replication, the schema, fencing tokens that cannot go
+// back). The sidecar never links this package.
+package check
 
 import (
 	"context"
@@ -9,6 +14,10 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/db"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 )
 
 // Status grades one Finding.
@@ -21,11 +30,11 @@ const (
 	// StatusFail: claims can be lost or not written at all.
 	StatusFail Status = "fail"
 	// StatusAccepted: a failing replication setup the operator acknowledged
-	// (CheckOptions.AllowAsync).
+	// (Options.AllowAsync).
 	StatusAccepted Status = "accepted"
 )
 
-// Finding is one thing CheckDatabase verified, with the fix when it is not ok.
+// Finding is one thing Database verified, with the fix when it is not ok.
 type Finding struct {
 	Check  string `json:"check"`
 	Status Status `json:"status"`
@@ -36,8 +45,8 @@ type Finding struct {
 	Role string `json:"role,omitempty"`
 }
 
-// CheckOptions tune CheckDatabase.
-type CheckOptions struct {
+// Options tune Database and URL.
+type Options struct {
 	// AllowAsync acknowledges a database whose failover may lose commits
 	// (asynchronous replication, or a managed service whose replication
 	// dislock cannot see): its replication findings (not synchronous_commit
@@ -61,7 +70,7 @@ func Failed(fs []Finding) bool {
 	return false
 }
 
-// AllowAsyncFlag is the command-line flag that sets CheckOptions.AllowAsync;
+// AllowAsyncFlag is the command-line flag that sets Options.AllowAsync;
 // fixes name it.
 const AllowAsyncFlag = "--allow-async-replication"
 
@@ -107,7 +116,7 @@ ORDER BY 1, 2, 3`
 // "FIRST n (...)", "ANY n (...)" or "n (...)", else (a plain list, "*") one.
 var syncQuorum = regexp.MustCompile(`(?i)^\s*(?:(?:first|any)\s+)?(\d+)\s*\(`)
 
-// CheckDatabase verifies what dislock's promises rest on and can be seen
+// Database verifies what dislock's promises rest on and can be seen
 // from a connection: that it reaches a writable primary; that a commit is
 // replicated synchronously before it is acknowledged, for every role (else
 // a failover can lose a claim and the window runs twice); that the server
@@ -115,7 +124,17 @@ var syncQuorum = regexp.MustCompile(`(?i)^\s*(?:(?:first|any)\s+)?(\d+)\s*\(`)
 // that fencing tokens cannot go back, and how much of the token counter
 // every namespace shares is spent. It returns an error only when the
 // database cannot be asked at all.
-func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding, error) {
+func Database(ctx context.Context, st *store.Store, opts Options) ([]Finding, error) {
+	return checker{st: st, h: st.Handle()}.database(ctx, opts)
+}
+
+// checker runs the checks against one Store.
+type checker struct {
+	st *store.Store
+	h  *db.Handle
+}
+
+func (s checker) database(ctx context.Context, opts Options) ([]Finding, error) {
 	var (
 		inRecovery, readOnly                         bool
 		syncCommit, syncNames, version, syncStandbys string
@@ -125,20 +144,20 @@ func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding
 	err := s.h.Pool.QueryRow(ctx, qTopology).Scan(&inRecovery, &readOnly, &syncCommit, &syncNames, &version,
 		&senders, &hidden, &syncStandbys, &streaming, &lcMessages, &checkInterval)
 	if err != nil {
-		return nil, s.classify("checking the database", err)
+		return nil, s.h.Classify("checking the database", err)
 	}
 	var out []Finding
-	add := func(check string, st Status, fix, format string, args ...any) {
-		out = append(out, Finding{Check: check, Status: st, Detail: fmt.Sprintf(format, args...), Fix: fix})
+	add := func(name string, st Status, fix, format string, args ...any) {
+		out = append(out, Finding{Check: name, Status: st, Detail: fmt.Sprintf(format, args...), Fix: fix})
 	}
 	// replication findings a database whose failover may lose commits gets
 	// anyway: the operator can accept those, and only those.
-	replication := func(check, fix, format string, args ...any) {
+	replication := func(name, fix, format string, args ...any) {
 		if opts.AllowAsync {
-			add(check, StatusAccepted, "", format, args...)
+			add(name, StatusAccepted, "", format, args...)
 			return
 		}
-		add(check, StatusFail, fix, format, args...)
+		add(name, StatusFail, fix, format, args...)
 	}
 	switch {
 	case inRecovery:
@@ -188,13 +207,13 @@ func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding
 	}
 	rows, err := s.h.Pool.Query(ctx, qRoleSettings)
 	if err != nil {
-		return nil, s.classify("checking role and database settings", err)
+		return nil, s.h.Classify("checking role and database settings", err)
 	}
 	for rows.Next() {
 		var role, database, setting string
 		if err := rows.Scan(&role, &database, &setting); err != nil {
 			rows.Close()
-			return nil, s.classify("checking role and database settings", err)
+			return nil, s.h.Classify("checking role and database settings", err)
 		}
 		name, _, _ := strings.Cut(setting, "=")
 		add("role settings", StatusFail, fmt.Sprintf("ALTER ROLE … IN DATABASE … RESET %s for %s in %s", name, role, database),
@@ -202,7 +221,7 @@ func (s *Store) CheckDatabase(ctx context.Context, opts CheckOptions) ([]Finding
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, s.classify("checking role and database settings", err)
+		return nil, s.h.Classify("checking role and database settings", err)
 	}
 
 	if !englishMessages.MatchString(lcMessages) {
@@ -222,8 +241,8 @@ var englishMessages = regexp.MustCompile(`^(C|POSIX)$`)
 
 // checkSchema appends the schema and token findings. What it cannot read
 // becomes a failing finding, so the findings before it still print.
-func (s *Store) checkSchema(ctx context.Context, opts CheckOptions, out []Finding) []Finding {
-	st, err := s.Schema(ctx)
+func (s checker) checkSchema(ctx context.Context, opts Options, out []Finding) []Finding {
+	st, err := migrate.Schema(ctx, s.st)
 	if err != nil {
 		// Only a refused privilege is mended by a grant; anything else (the
 		// database gone meanwhile) the error itself explains.
@@ -299,7 +318,7 @@ const maxTokenRowsNamed = 5
 // tokensAbove names the rows holding a token at or above next, e.g.
 // `window ns/report at 2026-12-02 12:00:00+00 (token 5497558138957)`, or
 // says why it cannot.
-func (s *Store) tokensAbove(ctx context.Context, next int64) string {
+func (s checker) tokensAbove(ctx context.Context, next int64) string {
 	rows, err := s.h.Pool.Query(ctx, qTokensAbove, next, maxTokenRowsNamed+1)
 	if err != nil {
 		return "(cannot list them: " + err.Error() + ")"

@@ -1,4 +1,4 @@
-package store
+package tenant
 
 import (
 	"crypto/hmac"
@@ -9,15 +9,8 @@ import (
 	"strings"
 )
 
-// ClaimWindowSQL and AcquireLeaseSQL let the benchmark hand pgbench the very
-// statements the Store runs.
-const (
-	ClaimWindowSQL  = qClaimWindow
-	AcquireLeaseSQL = qAcquireLease
-)
-
-// TenantRoleName is the role name of a tenant generation.
-var TenantRoleName = tenantRoleName
+// RoleName is the role name of a tenant generation.
+var RoleName = tenantRoleName
 
 // SCRAMVerifier is scramVerifier with the salt in base64.
 func SCRAMVerifier(password, salt string, iterations int) (string, error) {

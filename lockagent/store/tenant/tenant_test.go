@@ -1,4 +1,4 @@
-package store_test
+package tenant_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -60,14 +61,14 @@ func TestTenantLocksItsOwnNamespace(t *testing.T) {
 			}
 			last = token
 		}
-		c := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, ttl, store.Claimed)
+		c := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, storetest.TTL, store.Claimed)
 		grew("claim", c.Window.Token)
-		again := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, ttl, store.Reentered)
+		again := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, storetest.TTL, store.Reentered)
 		if again.Window.Token != c.Window.Token {
 			t.Errorf("re-entry changed the token: %d then %d", c.Window.Token, again.Window.Token)
 		}
 		storetest.MustBeTaken(t, s, key, storetest.WindowAt(0), storetest.Owner("dc-b", "other", "pod"), true, o.WindowOwner())
-		if _, _, err := s.Heartbeat(ctx, key, storetest.WindowAt(0), store.NotIndexed, c.Window.Token, ttl); err != nil {
+		if _, _, err := s.Heartbeat(ctx, key, storetest.WindowAt(0), store.NotIndexed, c.Window.Token, storetest.TTL); err != nil {
 			t.Fatalf("heartbeat: %v", err)
 		}
 		if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, c.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
@@ -77,23 +78,23 @@ func TestTenantLocksItsOwnNamespace(t *testing.T) {
 			t.Fatalf("reading the finished window: %+v, %v", w, err)
 		}
 		for i := range 3 {
-			grew("claim of the next windows", storetest.MustClaim(t, s, key, storetest.WindowAt(i+1), o, false, ttl, store.Claimed).Window.Token)
+			grew("claim of the next windows", storetest.MustClaim(t, s, key, storetest.WindowAt(i+1), o, false, storetest.TTL, store.Claimed).Window.Token)
 		}
 
 		// A lease, and one of an Indexed Job's completion index.
 		for _, k := range []string{key, key + "#3"} {
-			g, err := s.AcquireLease(ctx, k, o, ttl)
+			g, err := s.AcquireLease(ctx, k, o, storetest.TTL)
 			if err != nil {
 				t.Fatalf("acquire %s: %v", k, err)
 			}
 			grew("lease "+k, g.Lease.Token)
-			if _, _, err := s.RenewLease(ctx, k, g.Lease.Token, ttl); err != nil {
+			if _, _, err := s.RenewLease(ctx, k, g.Lease.Token, storetest.TTL); err != nil {
 				t.Fatalf("renew %s: %v", k, err)
 			}
 			if ok, err := s.ReleaseLease(ctx, k, g.Lease.Token); err != nil || !ok {
 				t.Fatalf("release %s: %v %v", k, ok, err)
 			}
-			next, err := s.AcquireLease(ctx, k, o, ttl)
+			next, err := s.AcquireLease(ctx, k, o, storetest.TTL)
 			if err != nil {
 				t.Fatalf("acquire %s after release: %v", k, err)
 			}
@@ -177,7 +178,7 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 			}
 		}
 		standbyClaim := func(w time.Time) error {
-			_, err := a.ClaimWindow(ctx, store.ClaimRequest{Key: keyB, Window: w, Index: store.NotIndexed, Owner: oa, TTL: ttl, Standby: true})
+			_, err := a.ClaimWindow(ctx, store.ClaimRequest{Key: keyB, Window: w, Index: store.NotIndexed, Owner: oa, TTL: storetest.TTL, Standby: true})
 			return err
 		}
 		t.Run("lock API", func(t *testing.T) {
@@ -200,9 +201,9 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 				}, []error{store.ErrWindowLost}},
 				{"read the live window", func() error { _, err := a.GetWindow(ctx, keyB, storetest.WindowAt(0), store.NotIndexed); return err }, []error{store.ErrNotFound}},
 				{"delete a window", func() error { return a.DeleteWindow(ctx, keyB, storetest.WindowAt(0)) }, []error{store.ErrForbidden}},
-				{"acquire the held lease", func() error { _, err := a.AcquireLease(ctx, keyB, oa, ttl); return err }, []error{store.ErrForbidden}},
-				{"acquire the expired lease", func() error { _, err := a.AcquireLease(ctx, keyB+"-shards#1", oa, ttl); return err }, []error{store.ErrForbidden}},
-				{"acquire a lease nobody holds yet", func() error { _, err := a.AcquireLease(ctx, keyB+"#2", oa, ttl); return err }, []error{store.ErrForbidden}},
+				{"acquire the held lease", func() error { _, err := a.AcquireLease(ctx, keyB, oa, storetest.TTL); return err }, []error{store.ErrForbidden}},
+				{"acquire the expired lease", func() error { _, err := a.AcquireLease(ctx, keyB+"-shards#1", oa, storetest.TTL); return err }, []error{store.ErrForbidden}},
+				{"acquire a lease nobody holds yet", func() error { _, err := a.AcquireLease(ctx, keyB+"#2", oa, storetest.TTL); return err }, []error{store.ErrForbidden}},
 				{"renew the held lease", func() error { _, _, err := a.RenewLease(ctx, keyB, held.Lease.Token, time.Hour); return err }, []error{store.ErrLeaseLost}},
 				{"release the held lease", func() error {
 					ok, err := a.ReleaseLease(ctx, keyB, held.Lease.Token)
@@ -218,11 +219,11 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 					return err
 				}, []error{store.ErrForbidden}},
 				{"delete old windows", func() error { _, err := a.DeleteOldWindows(ctx, store.MinRetention); return err }, []error{store.ErrForbidden}},
-				{"provision a role", func() error { _, err := a.ProvisionTenant(ctx, "dc-a", nsB); return err }, []error{store.ErrForbidden}},
-				{"list team-b's roles", func() error { _, err := a.TenantRoles(ctx, "dc-a", nsB); return err }, []error{store.ErrForbidden}},
-				{"supersede team-b's roles", func() error { return a.SupersedeTenantRoles(ctx, "dc-a", nsB) }, []error{store.ErrForbidden}},
-				{"retire team-b's roles", func() error { _, err := a.RetireTenantRoles(ctx, "dc-a", nsB, 0); return err }, []error{store.ErrForbidden}},
-				{"retire team-b's roles beyond a count", func() error { _, err := a.RetireTenantRolesBeyond(ctx, "dc-a", nsB, 0); return err }, []error{store.ErrForbidden}},
+				{"provision a role", func() error { _, err := tenant.Provision(ctx, a, "dc-a", nsB); return err }, []error{store.ErrForbidden}},
+				{"list team-b's roles", func() error { _, err := tenant.Roles(ctx, a, "dc-a", nsB); return err }, []error{store.ErrForbidden}},
+				{"supersede team-b's roles", func() error { return tenant.Supersede(ctx, a, "dc-a", nsB) }, []error{store.ErrForbidden}},
+				{"retire team-b's roles", func() error { _, err := tenant.Retire(ctx, a, "dc-a", nsB, 0); return err }, []error{store.ErrForbidden}},
+				{"retire team-b's roles beyond a count", func() error { _, err := tenant.RetireBeyond(ctx, a, "dc-a", nsB, 0); return err }, []error{store.ErrForbidden}},
 			} {
 				t.Run(tc.name, func(t *testing.T) { refused(t, tc.attempt(), tc.sentinels...) })
 			}
@@ -366,27 +367,27 @@ func TestRetiredTenantRoleCannotLogIn(t *testing.T) {
 		o := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "job", JobUID: "uid", Pod: "pod"}
 		g1 := storetest.Provision(t, own, ns)
 		old := storetest.TenantStore(t, dsn, g1)
-		storetest.MustClaim(t, old, ns+"/job", storetest.WindowAt(0), o, false, ttl, store.Claimed)
+		storetest.MustClaim(t, old, ns+"/job", storetest.WindowAt(0), o, false, storetest.TTL, store.Claimed)
 		g2 := storetest.Provision(t, own, ns)
 		if g1.Generation != 1 || g2.Generation != 2 || g1.Role == g2.Role || g1.Password == g2.Password {
 			t.Fatalf("generations %+v then %+v", g1, g2)
 		}
-		roles, err := own.TenantRoles(ctx, "dc-a", ns)
+		roles, err := tenant.Roles(ctx, own, "dc-a", ns)
 		if err != nil || len(roles) != 2 || roles[0].Role != g2.Role || roles[0].SupersededAt != nil ||
 			roles[1].Role != g1.Role || roles[1].SupersededAt == nil || roles[1].SupersededAt.Before(roles[1].CreatedAt) {
 			t.Fatalf("roles: %+v, %v", roles, err)
 		}
 		// Within the grace the old generation still works.
-		if dropped, err := own.RetireTenantRoles(ctx, "dc-a", ns, time.Hour); err != nil || len(dropped) != 0 {
+		if dropped, err := tenant.Retire(ctx, own, "dc-a", ns, time.Hour); err != nil || len(dropped) != 0 {
 			t.Fatalf("retiring within the grace dropped %v, %v", dropped, err)
 		}
-		storetest.MustClaim(t, old, ns+"/job", storetest.WindowAt(1), o, false, ttl, store.Claimed)
+		storetest.MustClaim(t, old, ns+"/job", storetest.WindowAt(1), o, false, storetest.TTL, store.Claimed)
 
-		dropped, err := own.RetireTenantRoles(ctx, "dc-a", ns, 0)
+		dropped, err := tenant.Retire(ctx, own, "dc-a", ns, 0)
 		if err != nil || len(dropped) != 1 || dropped[0] != g1.Role {
 			t.Fatalf("retire: dropped %v, %v; want [%s]", dropped, err, g1.Role)
 		}
-		if _, err := storetest.Claim(t, old, ns+"/job", storetest.WindowAt(2), o, false, ttl); err == nil {
+		if _, err := storetest.Claim(t, old, ns+"/job", storetest.WindowAt(2), o, false, storetest.TTL); err == nil {
 			t.Error("a session of the retired role still claims")
 		}
 		fresh, err := store.Open(ctx, storetest.TenantDSN(t, dsn, g1), store.Options{})
@@ -397,17 +398,17 @@ func TestRetiredTenantRoleCannotLogIn(t *testing.T) {
 		if err := fresh.Ping(ctx); err == nil {
 			t.Error("the retired role still logs in")
 		}
-		storetest.MustClaim(t, storetest.TenantStore(t, dsn, g2), ns+"/job", storetest.WindowAt(2), o, false, ttl, store.Claimed)
+		storetest.MustClaim(t, storetest.TenantStore(t, dsn, g2), ns+"/job", storetest.WindowAt(2), o, false, storetest.TTL, store.Claimed)
 
 		// Opting out supersedes every generation; a later one never reuses
 		// a name.
-		if err := own.SupersedeTenantRoles(ctx, "dc-a", ns); err != nil {
+		if err := tenant.Supersede(ctx, own, "dc-a", ns); err != nil {
 			t.Fatal(err)
 		}
-		if dropped, err := own.RetireTenantRoles(ctx, "dc-a", ns, 0); err != nil || len(dropped) != 1 || dropped[0] != g2.Role {
+		if dropped, err := tenant.Retire(ctx, own, "dc-a", ns, 0); err != nil || len(dropped) != 1 || dropped[0] != g2.Role {
 			t.Fatalf("retiring after opting out: %v, %v", dropped, err)
 		}
-		if roles, err := own.TenantRoles(ctx, "dc-a", ns); err != nil || len(roles) != 0 {
+		if roles, err := tenant.Roles(ctx, own, "dc-a", ns); err != nil || len(roles) != 0 {
 			t.Fatalf("roles after opting out: %+v, %v", roles, err)
 		}
 		if g3 := storetest.Provision(t, own, ns); g3.Generation != 3 {
@@ -427,12 +428,12 @@ func TestTenantRolesBeyondTheNewestFewAreRetiredInsideTheGrace(t *testing.T) {
 		own := storetest.Open(t, dsn, 2)
 		ns, other := storetest.Namespace(t, "team-a"), storetest.Namespace(t, "team-b")
 		o := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "job", JobUID: "uid", Pod: "pod"}
-		var gens []store.TenantCredential
+		var gens []tenant.Credential
 		for range 6 {
 			gens = append(gens, storetest.Provision(t, own, ns))
 		}
 		bystander := storetest.Provision(t, own, other)
-		generations := func(roles []store.TenantRole) []int {
+		generations := func(roles []tenant.Role) []int {
 			var out []int
 			for _, r := range roles {
 				out = append(out, r.Generation)
@@ -441,18 +442,18 @@ func TestTenantRolesBeyondTheNewestFewAreRetiredInsideTheGrace(t *testing.T) {
 		}
 		live := func() []int {
 			t.Helper()
-			roles, err := own.TenantRoles(ctx, "dc-a", ns)
+			roles, err := tenant.Roles(ctx, own, "dc-a", ns)
 			if err != nil {
 				t.Fatal(err)
 			}
 			return generations(roles)
 		}
 		// Every generation is inside the grace: the grace retires none.
-		if dropped, err := own.RetireTenantRoles(ctx, "dc-a", ns, time.Hour); err != nil || len(dropped) != 0 {
+		if dropped, err := tenant.Retire(ctx, own, "dc-a", ns, time.Hour); err != nil || len(dropped) != 0 {
 			t.Fatalf("retiring within the grace dropped %v, %v", dropped, err)
 		}
 
-		dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 4)
+		dropped, err := tenant.RetireBeyond(ctx, own, "dc-a", ns, 4)
 		if err != nil || fmt.Sprint(generations(dropped)) != "[1 2]" {
 			t.Fatalf("keeping the newest 4 of 6 dropped generations %v, %v; want [1 2]", generations(dropped), err)
 		}
@@ -472,27 +473,27 @@ func TestTenantRolesBeyondTheNewestFewAreRetiredInsideTheGrace(t *testing.T) {
 		if err := fresh.Ping(ctx); err == nil {
 			t.Error("a generation retired early still logs in")
 		}
-		storetest.MustClaim(t, storetest.TenantStore(t, dsn, gens[2]), ns+"/job", storetest.WindowAt(0), o, false, ttl, store.Claimed)
-		if dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 4); err != nil || len(dropped) != 0 {
+		storetest.MustClaim(t, storetest.TenantStore(t, dsn, gens[2]), ns+"/job", storetest.WindowAt(0), o, false, storetest.TTL, store.Claimed)
+		if dropped, err := tenant.RetireBeyond(ctx, own, "dc-a", ns, 4); err != nil || len(dropped) != 0 {
 			t.Fatalf("a second call dropped %v, %v", generations(dropped), err)
 		}
 
 		// Keeping none still keeps the generation in use.
-		if dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 0); err != nil || fmt.Sprint(generations(dropped)) != "[3 4 5]" {
+		if dropped, err := tenant.RetireBeyond(ctx, own, "dc-a", ns, 0); err != nil || fmt.Sprint(generations(dropped)) != "[3 4 5]" {
 			t.Fatalf("keeping none dropped generations %v, %v; want [3 4 5]", generations(dropped), err)
 		}
-		storetest.MustClaim(t, storetest.TenantStore(t, dsn, gens[5]), ns+"/job", storetest.WindowAt(1), o, false, ttl, store.Claimed)
-		if _, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, -1); err == nil || !strings.Contains(err.Error(), "-1") {
+		storetest.MustClaim(t, storetest.TenantStore(t, dsn, gens[5]), ns+"/job", storetest.WindowAt(1), o, false, storetest.TTL, store.Claimed)
+		if _, err := tenant.RetireBeyond(ctx, own, "dc-a", ns, -1); err == nil || !strings.Contains(err.Error(), "-1") {
 			t.Errorf("keep -1: %v, want an error naming it", err)
 		}
 
 		// After opting out every generation is superseded: the newest are
 		// kept all the same, and a generation number is never reused.
 		storetest.Provision(t, own, ns)
-		if err := own.SupersedeTenantRoles(ctx, "dc-a", ns); err != nil {
+		if err := tenant.Supersede(ctx, own, "dc-a", ns); err != nil {
 			t.Fatal(err)
 		}
-		if dropped, err := own.RetireTenantRolesBeyond(ctx, "dc-a", ns, 1); err != nil || fmt.Sprint(generations(dropped)) != "[6]" {
+		if dropped, err := tenant.RetireBeyond(ctx, own, "dc-a", ns, 1); err != nil || fmt.Sprint(generations(dropped)) != "[6]" {
 			t.Fatalf("keeping 1 after opting out dropped %v, %v; want [6]", generations(dropped), err)
 		}
 		if got := fmt.Sprint(live()); got != "[7]" {
@@ -516,11 +517,11 @@ func TestConcurrentProvisioningGivesDistinctGenerations(t *testing.T) {
 	dsn := srv.BouncerDSN()
 	own := storetest.Open(t, dsn, 4)
 	ns := storetest.Namespace(t, "team-a")
-	creds := make([]store.TenantCredential, 4)
+	creds := make([]tenant.Credential, 4)
 	var wg sync.WaitGroup
 	for i := range creds {
 		wg.Go(func() {
-			c, err := own.ProvisionTenant(context.Background(), "dc-a", ns)
+			c, err := tenant.Provision(context.Background(), own, "dc-a", ns)
 			if err != nil {
 				t.Error(err)
 			}
@@ -538,30 +539,6 @@ func TestConcurrentProvisioningGivesDistinctGenerations(t *testing.T) {
 			t.Errorf("generation %d: %v", c.Generation, err)
 		}
 	}
-}
-
-// dislock check with a tenant's URL reports what it can see and fails only
-// for what fails for everyone (here: a database without a standby).
-func TestCheckAsATenantReportsLessButDoesNotFail(t *testing.T) {
-	storetest.EachTarget(t, func(t *testing.T, dsn string) {
-		own := storetest.Open(t, dsn, 2)
-		ns := storetest.Namespace(t, "team-a")
-		s := storetest.TenantStore(t, dsn, storetest.Provision(t, own, ns))
-		fs, err := s.CheckDatabase(context.Background(), store.CheckOptions{AllowAsync: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if store.Failed(fs) {
-			t.Errorf("findings fail: %+v", fs)
-		}
-		got := byCheck(fs)
-		if got["schema"].Status != store.StatusOK {
-			t.Errorf("schema: %+v", got["schema"])
-		}
-		if f := got["tokens"]; f.Status != store.StatusWarn || !strings.Contains(f.Detail, ns) || !strings.Contains(f.Fix, "owner") {
-			t.Errorf("tokens: %+v, want a warning naming the namespace and the owner's URL as the fix", f)
-		}
-	})
 }
 
 // No function of schema dislock is executable by PUBLIC; a later migration
@@ -606,7 +583,7 @@ func TestTenantInputsAreValidatedNamingTheField(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := s.ProvisionTenant(context.Background(), tc.cluster, tc.namespace)
+			_, err := tenant.Provision(context.Background(), s, tc.cluster, tc.namespace)
 			if err == nil {
 				t.Fatal("accepted")
 			}
@@ -624,7 +601,7 @@ func TestTenantInputsAreValidatedNamingTheField(t *testing.T) {
 
 func TestTenantDSNReplacesOnlyTheCredentials(t *testing.T) {
 	t.Parallel()
-	c := store.TenantCredential{Role: "dislock_t_0123_g2", Password: "pw-_AZaz09", Namespace: "team-a", Cluster: "dc-a", Generation: 2}
+	c := tenant.Credential{Role: "dislock_t_0123_g2", Password: "pw-_AZaz09", Namespace: "team-a", Cluster: "dc-a", Generation: 2}
 	for _, tc := range []struct{ name, owner, want string }{
 		{"URL", "postgres://owner:s3cr3t@db:6432/dislock?sslmode=require",
 			"postgres://dislock_t_0123_g2:pw-_AZaz09@db:6432/dislock?sslmode=require"},
@@ -651,7 +628,7 @@ func TestTenantDSNReplacesOnlyTheCredentials(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := store.TenantDSN(tc.owner, c)
+			got, err := tenant.DSN(tc.owner, c)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -662,34 +639,34 @@ func TestTenantDSNReplacesOnlyTheCredentials(t *testing.T) {
 		})
 	}
 	for _, bad := range []string{"", "postgres://owner:s3cr3t@db:notaport/x", "host='db"} {
-		if _, err := store.TenantDSN(bad, c); err == nil {
+		if _, err := tenant.DSN(bad, c); err == nil {
 			t.Errorf("TenantDSN(%q) succeeded", bad)
 		} else if strings.Contains(err.Error(), "s3cr3t") {
 			t.Errorf("TenantDSN(%q): the error echoes the owner's password: %v", bad, err)
 		}
 	}
-	if _, err := store.TenantDSN("postgres://db", store.TenantCredential{Role: "r"}); err == nil {
+	if _, err := tenant.DSN("postgres://db", tenant.Credential{Role: "r"}); err == nil {
 		t.Error("a credential without a password was accepted")
 	}
 }
 
 // sameButCredentials checks that tenant connects where owner does, with the
 // same options, as c.
-func sameButCredentials(t *testing.T, owner, tenant string, c store.TenantCredential) {
+func sameButCredentials(t *testing.T, owner, asTenant string, c tenant.Credential) {
 	t.Helper()
 	o, err := pgconn.ParseConfig(owner)
 	if err != nil {
 		t.Fatalf("owner %q: %v", owner, err)
 	}
-	g, err := pgconn.ParseConfig(tenant)
+	g, err := pgconn.ParseConfig(asTenant)
 	if err != nil {
-		t.Fatalf("tenant URL %q: %v", tenant, err)
+		t.Fatalf("tenant URL %q: %v", asTenant, err)
 	}
 	if g.User != c.Role || g.Password != c.Password {
-		t.Errorf("tenant URL %q logs in as %q/%q", tenant, g.User, g.Password)
+		t.Errorf("tenant URL %q logs in as %q/%q", asTenant, g.User, g.Password)
 	}
 	if g.Database != o.Database || g.Host != o.Host || g.Port != o.Port || len(g.Fallbacks) != len(o.Fallbacks) {
-		t.Errorf("tenant URL %q reaches %s:%d/%s (%d fallbacks), owner %s:%d/%s (%d)", tenant,
+		t.Errorf("tenant URL %q reaches %s:%d/%s (%d fallbacks), owner %s:%d/%s (%d)", asTenant,
 			g.Host, g.Port, g.Database, len(g.Fallbacks), o.Host, o.Port, o.Database, len(o.Fallbacks))
 	}
 	for i := range min(len(g.Fallbacks), len(o.Fallbacks)) {
@@ -718,12 +695,12 @@ func FuzzTenantDSN(f *testing.F) {
 	} {
 		f.Add(s)
 	}
-	c := store.TenantCredential{Role: "dislock_t_fuzz_g1", Password: "Zq7pW9xK-_", Namespace: "ns", Cluster: "dc", Generation: 1}
+	c := tenant.Credential{Role: "dislock_t_fuzz_g1", Password: "Zq7pW9xK-_", Namespace: "ns", Cluster: "dc", Generation: 1}
 	f.Fuzz(func(t *testing.T, owner string) {
 		if _, err := pgconn.ParseConfig(owner); err != nil {
 			return // TenantDSN must fail too; that is all
 		}
-		got, err := store.TenantDSN(owner, c)
+		got, err := tenant.DSN(owner, c)
 		if err != nil {
 			// pgconn reads some strings ParseDatabaseURL refuses (none
 			// expected); never a password in the message.
@@ -745,14 +722,14 @@ func FuzzTenantDSN(f *testing.F) {
 // accepts the example client proof.
 func TestSCRAMVerifierMatchesRFC7677(t *testing.T) {
 	t.Parallel()
-	v, err := store.SCRAMVerifier("pencil", "W22ZaJ0SNY7soEsUEjb6gQ==", 4096)
+	v, err := tenant.SCRAMVerifier("pencil", "W22ZaJ0SNY7soEsUEjb6gQ==", 4096)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const authMessage = "n=user,r=rOprNGfwEbeRWgbNEkqO," +
 		"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096," +
 		"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
-	if err := store.VerifySCRAMExchange(v, authMessage,
+	if err := tenant.VerifySCRAMExchange(v, authMessage,
 		"dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=", "6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="); err != nil {
 		t.Fatalf("verifier %s: %v", v, err)
 	}
@@ -766,7 +743,7 @@ func TestTenantRoleNamesFitAndDiffer(t *testing.T) {
 	long := strings.Repeat("x", 300)
 	names := map[string]bool{}
 	for _, in := range [][2]string{{"dc-a", "team-a"}, {"dc-b", "team-a"}, {"dc-a", "team-b"}, {long, strings.Repeat("n", 63)}, {"dc-a/team", "a"}} {
-		n := store.TenantRoleName(in[0], in[1], 2147483647)
+		n := tenant.RoleName(in[0], in[1], 2147483647)
 		if len(n) > 63 || !strings.HasPrefix(n, "dislock_t_") || !strings.HasSuffix(n, "_g2147483647") {
 			t.Errorf("%v: %q (%d bytes)", in, n, len(n))
 		}
@@ -775,34 +752,7 @@ func TestTenantRoleNamesFitAndDiffer(t *testing.T) {
 		}
 		names[n] = true
 	}
-	if store.TenantRoleName("dc-a", "team-a", 1) != store.TenantRoleName("dc-a", "team-a", 1) {
+	if tenant.RoleName("dc-a", "team-a", 1) != tenant.RoleName("dc-a", "team-a", 1) {
 		t.Error("role names are not stable")
-	}
-}
-
-// An owner that may not create roles cannot take the schema to version 4;
-// the error says so and names the fix, and once it is applied the
-// migration goes through.
-func TestMigratingWithoutCreateroleNamesTheFix(t *testing.T) {
-	t.Parallel() // its own server starts while the shared one's tests run
-	srv := pgtest.New(t, pgtest.Options{Name: "nocreaterole"})
-	su := storetest.Superuser(t, srv)
-	ctx := context.Background()
-	if _, err := su.Exec(ctx, `ALTER ROLE `+pgtest.AppUser+` NOCREATEROLE`); err != nil {
-		t.Fatal(err)
-	}
-	s, err := store.Open(ctx, srv.DirectDSN(), store.Options{MaxConns: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if _, err := s.Migrate(ctx); err == nil || !strings.Contains(err.Error(), "ALTER ROLE dislock CREATEROLE") {
-		t.Fatalf("migrate: %v, want an error naming the fix", err)
-	}
-	if _, err := su.Exec(ctx, `ALTER ROLE `+pgtest.AppUser+` CREATEROLE`); err != nil {
-		t.Fatal(err)
-	}
-	if applied, err := s.Migrate(ctx); err != nil || len(applied) != store.SchemaVersion() {
-		t.Fatalf("migrate after the fix: applied %v, %v", applied, err)
 	}
 }

@@ -1,4 +1,4 @@
-package store_test
+package migrate_test
 
 import (
 	"context"
@@ -15,7 +15,9 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/pgtest"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // oldMigrationLockID is the advisory lock every release before the table
@@ -43,7 +45,7 @@ func awaitAdvisoryHolder(t *testing.T, c *pgx.Conn) int32 {
 // applies it again (migrations are idempotent).
 func unapplyLast(t *testing.T, c *pgx.Conn) {
 	t.Helper()
-	if _, err := c.Exec(context.Background(), `DELETE FROM dislock.schema_migrations WHERE version = $1`, store.SchemaVersion()); err != nil {
+	if _, err := c.Exec(context.Background(), `DELETE FROM dislock.schema_migrations WHERE version = $1`, migrate.SchemaVersion()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -51,7 +53,7 @@ func unapplyLast(t *testing.T, c *pgx.Conn) {
 // newestMigration reads the newest migration's file name and SQL.
 func newestMigration(t *testing.T) (name, body string) {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join("migrations", fmt.Sprintf("%04d_*.sql", store.SchemaVersion())))
+	files, err := filepath.Glob(filepath.Join("migrations", fmt.Sprintf("%04d_*.sql", migrate.SchemaVersion())))
 	if err != nil || len(files) != 1 {
 		t.Fatalf("the newest migration's file: %v, %v", files, err)
 	}
@@ -68,12 +70,12 @@ type migrated struct {
 	took    time.Duration
 }
 
-// migrateIn runs Migrate with a fresh Store in the background, cut by the
-// client after limit (a migrator that never returns fails the test
-// instead of hanging it).
-func migrateIn(t *testing.T, dsn string, opts store.Options, limit time.Duration) <-chan migrated {
+// migrateIn runs m.Up with a fresh Store of one connection in the
+// background, cut by the client after limit (a migrator that never returns
+// fails the test instead of hanging it).
+func migrateIn(t *testing.T, dsn string, m migrate.Migrator, limit time.Duration) <-chan migrated {
 	t.Helper()
-	s, err := store.Open(context.Background(), dsn, opts)
+	s, err := store.Open(context.Background(), dsn, store.Options{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +85,7 @@ func migrateIn(t *testing.T, dsn string, opts store.Options, limit time.Duration
 		ctx, cancel := context.WithTimeout(context.Background(), limit)
 		defer cancel()
 		start := time.Now()
-		applied, err := s.Migrate(ctx)
+		applied, err := m.Up(ctx, s)
 		done <- migrated{applied, err, time.Since(start)}
 	}()
 	return done
@@ -108,8 +110,8 @@ func TestMigrateOnACurrentSchemaTakesNoLock(t *testing.T) {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, oldMigrationLockID); err != nil {
 			t.Fatal(err)
 		}
-		r := <-migrateIn(t, dsn, store.Options{MaxConns: 1}, 20*time.Second)
-		if r.err != nil || r.applied != nil || r.took >= store.DefaultMigrationLockTimeout {
+		r := <-migrateIn(t, dsn, migrate.Migrator{}, 20*time.Second)
+		if r.err != nil || r.applied != nil || r.took >= migrate.DefaultLockTimeout {
 			t.Fatalf("Migrate on a current schema while another session holds the migration locks: applied %v, %v after %s; want nothing, at once",
 				r.applied, r.err, r.took)
 		}
@@ -132,8 +134,8 @@ func TestMigrateIsNotStalledByATenantsAdvisoryLock(t *testing.T) {
 	cred := storetest.Provision(t, own, storetest.Namespace(t, "advisory"))
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
-			tenant := storetest.RawConn(t, storetest.TenantDSN(t, tg.DSN, cred))
-			if _, err := tenant.Exec(ctx, `SELECT pg_advisory_lock($1::bigint)`, oldMigrationLockID); err != nil {
+			asTenant := storetest.RawConn(t, storetest.TenantDSN(t, tg.DSN, cred))
+			if _, err := asTenant.Exec(ctx, `SELECT pg_advisory_lock($1::bigint)`, oldMigrationLockID); err != nil {
 				t.Fatal(err)
 			}
 			pid := awaitAdvisoryHolder(t, su)
@@ -144,16 +146,16 @@ func TestMigrateIsNotStalledByATenantsAdvisoryLock(t *testing.T) {
 			})
 
 			t.Run("a replica starting against a current schema is ready at once", func(t *testing.T) {
-				r := <-migrateIn(t, tg.DSN, store.Options{MaxConns: 1}, 20*time.Second)
-				if r.err != nil || r.applied != nil || r.took >= store.DefaultMigrationLockTimeout {
+				r := <-migrateIn(t, tg.DSN, migrate.Migrator{}, 20*time.Second)
+				if r.err != nil || r.applied != nil || r.took >= migrate.DefaultLockTimeout {
 					t.Fatalf("applied %v, %v after %s; want nothing, at once", r.applied, r.err, r.took)
 				}
 			})
 			t.Run("a pending migration is applied", func(t *testing.T) {
 				unapplyLast(t, su)
-				r := <-migrateIn(t, tg.DSN, store.Options{MaxConns: 1}, 30*time.Second)
-				if r.err != nil || !slices.Equal(r.applied, []int{store.SchemaVersion()}) {
-					t.Fatalf("applied %v, %v after %s; want [%d]", r.applied, r.err, r.took, store.SchemaVersion())
+				r := <-migrateIn(t, tg.DSN, migrate.Migrator{}, 30*time.Second)
+				if r.err != nil || !slices.Equal(r.applied, []int{migrate.SchemaVersion()}) {
+					t.Fatalf("applied %v, %v after %s; want [%d]", r.applied, r.err, r.took, migrate.SchemaVersion())
 				}
 			})
 			if held := awaitAdvisoryHolder(t, su); held != pid {
@@ -175,7 +177,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "migrate-serial"})
 	ctx := context.Background()
 	su := storetest.Superuser(t, srv)
-	all := make([]int, store.SchemaVersion())
+	all := make([]int, migrate.SchemaVersion())
 	for i := range all {
 		all[i] = i + 1
 	}
@@ -186,7 +188,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 		}
 		var runs []<-chan migrated
 		for i := range 4 {
-			runs = append(runs, migrateIn(t, srv.Targets()[i%2].DSN, store.Options{MaxConns: 1}, time.Minute))
+			runs = append(runs, migrateIn(t, srv.Targets()[i%2].DSN, migrate.Migrator{}, time.Minute))
 		}
 		var got []int
 		for _, run := range runs {
@@ -217,11 +219,11 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 			oldMigrationLockID).Scan(nil, &current); err != nil {
 			t.Fatal(err)
 		}
-		if current != store.SchemaVersion()-1 {
-			t.Fatalf("the older migrator reads version %d, want %d", current, store.SchemaVersion()-1)
+		if current != migrate.SchemaVersion()-1 {
+			t.Fatalf("the older migrator reads version %d, want %d", current, migrate.SchemaVersion()-1)
 		}
 		watcher := storetest.RawConn(t, srv.DirectDSN())
-		done := migrateIn(t, srv.BouncerDSN()+"&application_name=dislock-new-migrate", store.Options{MaxConns: 1, MigrationRetryFor: time.Minute}, 2*time.Minute)
+		done := migrateIn(t, srv.BouncerDSN()+"&application_name=dislock-new-migrate", migrate.Migrator{RetryFor: time.Minute}, 2*time.Minute)
 		// Its first attempt asked for the advisory lock, found a session
 		// of the owner's role holding it, and rolled back.
 		storetest.AwaitCond(t, "the migrator's first attempt asking for the advisory lock", func() bool {
@@ -239,7 +241,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 			t.Fatalf("the older migrator applying %s: %v", name, err)
 		}
 		if _, err := old.Exec(ctx, `INSERT INTO dislock.schema_migrations (version, name) VALUES ($1::int, $2::text)`,
-			store.SchemaVersion(), name); err != nil {
+			migrate.SchemaVersion(), name); err != nil {
 			t.Fatalf("the older migrator recording %s: %v", name, err)
 		}
 		if err := old.Commit(ctx); err != nil {
@@ -260,7 +262,7 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 			t.Fatal(err)
 		}
 		pid := awaitAdvisoryHolder(t, su)
-		r := <-migrateIn(t, srv.BouncerDSN(), store.Options{MaxConns: 1, MigrationLockTimeout: 100 * time.Millisecond, MigrationRetryFor: time.Second}, 30*time.Second)
+		r := <-migrateIn(t, srv.BouncerDSN(), migrate.Migrator{LockTimeout: 100 * time.Millisecond, RetryFor: time.Second}, 30*time.Second)
 		if r.err == nil || errors.Is(r.err, store.ErrUnavailable) || errors.Is(r.err, context.DeadlineExceeded) {
 			t.Fatalf("Migrate: applied %v, %v after %s; want it to give up, naming the holder", r.applied, r.err, r.took)
 		}
@@ -274,8 +276,173 @@ func TestMigrateSerialisesWithEveryOtherMigrator(t *testing.T) {
 		if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
 			t.Fatal(err)
 		}
-		if r := <-migrateIn(t, srv.BouncerDSN(), store.Options{MaxConns: 1}, 30*time.Second); r.err != nil || !slices.Equal(r.applied, []int{store.SchemaVersion()}) {
+		if r := <-migrateIn(t, srv.BouncerDSN(), migrate.Migrator{}, 30*time.Second); r.err != nil || !slices.Equal(r.applied, []int{migrate.SchemaVersion()}) {
 			t.Fatalf("Migrate once the holder let go: %v, %v", r.applied, r.err)
 		}
 	})
+}
+
+// A tenant holding a transaction open on its own rows of dislock.windows
+// makes a migration's ALTER TABLE wait, and PostgreSQL queues every later
+// claim behind the waiting DDL. Migrate cuts each wait at lock_timeout, so
+// claims of every namespace pass within it while Migrate retries, and the
+// migration goes through once the reader commits. Migration 4 is re-applied
+// (its record deleted) on a server of the test's own.
+func TestAMigrationWaitingForATenantDoesNotHoldUpClaims(t *testing.T) {
+	t.Parallel() // its own server: the shared one's DDL must not wait
+	srv := pgtest.New(t, pgtest.Options{Name: "ddl-wait"})
+	ctx := context.Background()
+	own := storetest.Open(t, srv.DirectDSN(), 2)
+	ownerConn := storetest.RawConn(t, srv.DirectDSN())
+	nsA, nsB := storetest.Namespace(t, "reader"), storetest.Namespace(t, "claimer")
+	credA, credB := storetest.Provision(t, own, nsA), storetest.Provision(t, own, nsB)
+	// Migration 4 alters dislock.windows, the table the tenant reads; the
+	// ones after it are applied again with it.
+	const version = 4
+	var again []int
+	for v := version; v <= migrate.SchemaVersion(); v++ {
+		again = append(again, v)
+	}
+
+	unapply := func(t *testing.T) {
+		t.Helper()
+		if _, err := ownerConn.Exec(ctx, `DELETE FROM dislock.schema_migrations WHERE version >= $1`, version); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// openReader begins team-a's transaction that read its own windows and
+	// stays open; the returned function commits it.
+	openReader := func(t *testing.T, dsn string) func() {
+		t.Helper()
+		tx, err := storetest.RawConn(t, storetest.TenantDSN(t, dsn, credA)).Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM dislock.windows`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return func() {
+			t.Helper()
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// ddlWaiting: a session waits for an ACCESS EXCLUSIVE lock on
+	// dislock.windows (the migration's ALTER TABLE).
+	ddlWaiting := func() bool {
+		var n int
+		err := ownerConn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation'
+			AND relation = 'dislock.windows'::regclass AND mode = 'AccessExclusiveLock'`).Scan(&n)
+		return err == nil && n > 0
+	}
+	type result struct {
+		applied []int
+		err     error
+	}
+	migrateWith := func(m migrate.Migrator, dsn string) <-chan result {
+		s, err := store.Open(ctx, dsn, store.Options{MaxConns: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		done := make(chan result, 1)
+		go func() {
+			applied, err := m.Up(ctx, s)
+			done <- result{applied, err}
+		}()
+		return done
+	}
+
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			claimer := storetest.TenantStore(t, tg.DSN, credB)
+			key := nsB + "/report-" + tg.Name
+
+			t.Run("claims pass while Migrate waits, and it applies once the reader commits", func(t *testing.T) {
+				unapply(t)
+				commit := openReader(t, tg.DSN)
+				done := migrateWith(migrate.Migrator{RetryFor: 5 * time.Minute}, tg.DSN)
+				var slowest time.Duration
+				for i := range 3 {
+					// Each claim queues behind a waiting attempt: the one
+					// after the first is a retry.
+					storetest.AwaitCond(t, "the migration waiting for its lock on dislock.windows", ddlWaiting)
+					cctx, cancel := context.WithTimeout(ctx, time.Minute)
+					began := time.Now()
+					_, err := claimer.ClaimWindow(cctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(i), Index: store.NotIndexed,
+						Owner: store.Owner{Cluster: "dc-a", Namespace: nsB, Job: "report", JobUID: "uid", Pod: "pod"}, TTL: storetest.TTL})
+					took := time.Since(began)
+					cancel()
+					if err != nil {
+						t.Fatalf("claim %d while the migration waits (after %s): %v", i, took, err)
+					}
+					slowest = max(slowest, took)
+				}
+				t.Logf("slowest of 3 claims queued behind the waiting migration: %s (lock_timeout %s)", slowest, migrate.DefaultLockTimeout)
+				select {
+				case r := <-done:
+					t.Fatalf("Migrate returned while the reader still holds its transaction: %v, %v", r.applied, r.err)
+				default:
+				}
+				commit()
+				select {
+				case r := <-done:
+					if r.err != nil || !slices.Equal(r.applied, again) {
+						t.Fatalf("Migrate after the reader committed: applied %v, %v; want %v", r.applied, r.err, again)
+					}
+				case <-time.After(2 * time.Minute):
+					t.Fatal("Migrate did not finish within 2 minutes of the reader's commit")
+				}
+			})
+
+			t.Run("giving up, Migrate names the lock timeout and the tenant in the way", func(t *testing.T) {
+				unapply(t)
+				commit := openReader(t, tg.DSN)
+				r := <-migrateWith(migrate.Migrator{LockTimeout: 100 * time.Millisecond, RetryFor: time.Second}, tg.DSN)
+				commit()
+				var pgErr *pgconn.PgError
+				if r.err == nil || !errors.As(r.err, &pgErr) || pgErr.Code != "55P03" || errors.Is(r.err, store.ErrUnavailable) {
+					t.Fatalf("Migrate: %v, want the lock timeout (55P03), not unavailable", r.err)
+				}
+				for _, w := range []string{"SQLSTATE 55P03", "lock_timeout", credA.Role, "namespace " + nsA, "dislock.windows", "pg_terminate_backend", "idle_transaction_timeout"} {
+					if !strings.Contains(r.err.Error(), w) {
+						t.Errorf("the error does not say %q: %v", w, r.err)
+					}
+				}
+				t.Logf("Migrate gave up: %v", r.err)
+				if applied, err := migrate.Up(ctx, own); err != nil || !slices.Equal(applied, again) {
+					t.Fatalf("Migrate once the reader committed: %v, %v", applied, err)
+				}
+			})
+		})
+	}
+}
+
+// An owner that may not create roles cannot take the schema to version 4;
+// the error says so and names the fix, and once it is applied the
+// migration goes through.
+func TestMigratingWithoutCreateroleNamesTheFix(t *testing.T) {
+	t.Parallel() // its own server starts while the shared one's tests run
+	srv := pgtest.New(t, pgtest.Options{Name: "nocreaterole"})
+	su := storetest.Superuser(t, srv)
+	ctx := context.Background()
+	if _, err := su.Exec(ctx, `ALTER ROLE `+pgtest.AppUser+` NOCREATEROLE`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(ctx, srv.DirectDSN(), store.Options{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := migrate.Up(ctx, s); err == nil || !strings.Contains(err.Error(), "ALTER ROLE dislock CREATEROLE") {
+		t.Fatalf("migrate: %v, want an error naming the fix", err)
+	}
+	if _, err := su.Exec(ctx, `ALTER ROLE `+pgtest.AppUser+` CREATEROLE`); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := migrate.Up(ctx, s); err != nil || len(applied) != migrate.SchemaVersion() {
+		t.Fatalf("migrate after the fix: applied %v, %v", applied, err)
+	}
 }

@@ -1,4 +1,4 @@
-package store_test
+package check_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 )
 
@@ -20,22 +21,22 @@ func TestHostile17bProbeKeyCollidesWithARealJob(t *testing.T) {
 		ns := storetest.Namespace(t, "h17b")
 		c := storetest.Provision(t, owner, ns)
 		tdsn := storetest.TenantDSN(t, dsn, c)
-		tenant, err := store.Open(ctx, tdsn, store.Options{MaxConns: 2})
+		asTenant, err := store.Open(ctx, tdsn, store.Options{MaxConns: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer tenant.Close()
+		defer asTenant.Close()
 		key := ns + "/dislock-check-probe"
 		o := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "dislock-check-probe-29000000", JobUID: "uid-real", Pod: "pod-real"}
 		var windows []time.Time
 		now := time.Now().UTC().Truncate(time.Minute)
 		for _, w := range []time.Time{now.Add(-time.Minute), now, now.Add(time.Minute)} {
-			if _, err := tenant.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: w, Index: store.NotIndexed, Owner: o, TTL: time.Hour}); err != nil {
+			if _, err := asTenant.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: w, Index: store.NotIndexed, Owner: o, TTL: time.Hour}); err != nil {
 				t.Fatalf("real claim %s: %v", w, err)
 			}
 			windows = append(windows, w)
 		}
-		g, err := tenant.AcquireLease(ctx, key, o, time.Hour)
+		g, err := asTenant.AcquireLease(ctx, key, o, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,8 +48,8 @@ func TestHostile17bProbeKeyCollidesWithARealJob(t *testing.T) {
 			}
 			before = append(before, row)
 		}
-		rep := store.CheckURL(ctx, tdsn, store.CheckOptions{AllowAsync: true})
-		wantFinding(t, rep, "privileges", store.StatusOK, []string{"rolled back"}, nil)
+		rep := check.URL(ctx, tdsn, check.Options{AllowAsync: true})
+		wantFinding(t, rep, "privileges", check.StatusOK, []string{"rolled back"}, nil)
 		for i, w := range windows {
 			row, err := owner.GetWindow(ctx, key, w, store.NotIndexed)
 			if err != nil {
@@ -67,7 +68,7 @@ func TestHostile17bProbeKeyCollidesWithARealJob(t *testing.T) {
 			t.Errorf("lease changed by the check: %+v -> %+v", g.Lease, l)
 		}
 		// The real agent still renews and re-enters as before.
-		if _, _, err := tenant.RenewLease(ctx, key, g.Lease.Token, time.Hour); err != nil {
+		if _, _, err := asTenant.RenewLease(ctx, key, g.Lease.Token, time.Hour); err != nil {
 			t.Errorf("renewal after the check: %v", err)
 		}
 	})
@@ -84,17 +85,17 @@ func TestHostile17bProbeDuringAHerdKeepsTokensGrowing(t *testing.T) {
 		ns := storetest.Namespace(t, "h17b-herd")
 		c := storetest.Provision(t, owner, ns)
 		tdsn := storetest.TenantDSN(t, dsn, c)
-		tenant, err := store.Open(ctx, tdsn, store.Options{MaxConns: 4})
+		asTenant, err := store.Open(ctx, tdsn, store.Options{MaxConns: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer tenant.Close()
+		defer asTenant.Close()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			for range 5 {
-				rep := store.CheckURL(ctx, tdsn, store.CheckOptions{AllowAsync: true})
-				if f := finding(t, rep, "privileges"); f.Status != store.StatusOK {
+				rep := check.URL(ctx, tdsn, check.Options{AllowAsync: true})
+				if f := finding(t, rep, "privileges"); f.Status != check.StatusOK {
 					t.Errorf("probe: %+v", f)
 				}
 			}
@@ -104,7 +105,7 @@ func TestHostile17bProbeDuringAHerdKeepsTokensGrowing(t *testing.T) {
 		base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 		for i := 0; ; i++ {
 			o := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "real", JobUID: "u", Pod: "p"}
-			cl, err := tenant.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: base.Add(time.Duration(i) * time.Minute), Index: store.NotIndexed, Owner: o, TTL: time.Minute})
+			cl, err := asTenant.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: base.Add(time.Duration(i) * time.Minute), Index: store.NotIndexed, Owner: o, TTL: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}

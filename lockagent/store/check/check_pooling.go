@@ -1,4 +1,4 @@
-package store
+package check
 
 import (
 	"context"
@@ -51,7 +51,7 @@ const (
 // picked) looks direct. Multi-host URLs are judged by the host the
 // connections reached. The check opens three connections at most and
 // holds two at once.
-func (s *Store) poolingFinding(ctx context.Context) Finding {
+func (s checker) poolingFinding(ctx context.Context) Finding {
 	mode, pids, err := s.probePooling(ctx)
 	f := Finding{Check: "pooling"}
 	switch {
@@ -80,7 +80,7 @@ const poolingWait = 5 * time.Second
 
 // probePooling runs the probe poolingFinding describes, up to poolingRounds
 // times while the answer is ambiguous, and returns the pids it saw.
-func (s *Store) probePooling(ctx context.Context) (poolMode, []uint32, error) {
+func (s checker) probePooling(ctx context.Context) (poolMode, []uint32, error) {
 	var seen []uint32
 	for range poolingRounds {
 		mode, pids, err := s.probePoolingOnce(ctx)
@@ -95,7 +95,7 @@ func (s *Store) probePooling(ctx context.Context) (poolMode, []uint32, error) {
 }
 
 // probePoolingOnce is one round; poolUnknown when it saw neither sign.
-func (s *Store) probePoolingOnce(ctx context.Context) (poolMode, []uint32, error) {
+func (s checker) probePoolingOnce(ctx context.Context) (poolMode, []uint32, error) {
 	a, err := s.connect(ctx)
 	if err != nil {
 		return poolUnknown, nil, err

@@ -1,4 +1,8 @@
-package store
+// Package migrate owns schema dislock: the embedded, numbered migrations,
+// the version this build knows, and how a database's schema relates to
+// it. Only the owner role migrates (the webhook at start, `dislock
+// migrate`); the sidecar never links this package.
+package migrate
 
 import (
 	"context"
@@ -16,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/db"
 )
 
@@ -130,19 +135,19 @@ func SchemaVersion() int {
 	return len(ms)
 }
 
-// DefaultMigrationLockTimeout bounds each wait of a migration's DDL for a
+// DefaultLockTimeout bounds each wait of a migration's DDL for a
 // table lock. PostgreSQL queues every later lock request behind a waiting
 // ACCESS EXCLUSIVE one, so while an ALTER TABLE waits for a session that
 // holds dislock.windows open (any role can: a tenant's open transaction
 // that read its own rows), every claim of every namespace waits behind it.
-// Cut at this, the claims pass, and Migrate tries again.
-const DefaultMigrationLockTimeout = 2 * time.Second
+// Cut at this, the claims pass, and Up tries again.
+const DefaultLockTimeout = 2 * time.Second
 
-// DefaultMigrationRetryFor bounds how long Migrate retries lock waits that
+// DefaultRetryFor bounds how long Up retries lock waits that
 // timed out before it gives up and names the sessions in the way. The
-// webhook retries Migrate itself; an operator running `dislock migrate`
+// webhook retries Up itself; an operator running `dislock migrate`
 // gets an answer within about this long.
-const DefaultMigrationRetryFor = time.Minute
+const DefaultRetryFor = time.Minute
 
 // The pause between two attempts grows from the first to the second: the
 // claims that queued behind the attempt pass meanwhile.
@@ -151,8 +156,24 @@ const (
 	migrationBackoffMax   = 8 * time.Second
 )
 
-// Migrate brings schema dislock up to this build's version in one
-// transaction and returns the versions it applied. A schema already at (or,
+// Migrator migrates with bounds of its own; the zero Migrator uses the
+// defaults (Up).
+type Migrator struct {
+	// LockTimeout bounds each wait of a migration for a table lock
+	// (DefaultLockTimeout when 0): every claim of every namespace queues
+	// behind a waiting DDL statement.
+	LockTimeout time.Duration
+	// RetryFor bounds how long Up retries a migration whose lock wait
+	// timed out (DefaultRetryFor when 0).
+	RetryFor time.Duration
+}
+
+// Up brings schema dislock up to this build's version with the default
+// bounds: see Migrator.Up.
+func Up(ctx context.Context, st *store.Store) ([]int, error) { return Migrator{}.Up(ctx, st) }
+
+// Up brings schema dislock up to this build's version in one transaction
+// and returns the versions it applied. A schema already at (or,
 // compatibly, past) this build's version is read and left: no lock is
 // taken, so every replica that starts, in every cluster, is done at once
 // whoever holds what. Otherwise concurrent callers (webhook replicas in
@@ -161,26 +182,33 @@ const (
 // releases while that is free (see migrationLockID). Both are
 // transaction-level, which is safe behind PgBouncer's transaction pooling.
 //
-// Every wait for a lock is cut at the Store's MigrationLockTimeout
-// (lock_timeout, SQLSTATE 55P03), and a migrator of an older release
-// holding the advisory lock is not waited for at all; the whole
-// transaction then rolls back and is tried again, with backoff, for up to
-// MigrationRetryFor. Giving up, the error names the sessions in the way.
-func (s *Store) Migrate(ctx context.Context) ([]int, error) {
+// Every wait for a lock is cut at LockTimeout (lock_timeout, SQLSTATE
+// 55P03), and a migrator of an older release holding the advisory lock is
+// not waited for at all; the whole transaction then rolls back and is
+// tried again, with backoff, for up to RetryFor. Giving up, the error
+// names the sessions in the way.
+func (m Migrator) Up(ctx context.Context, st *store.Store) ([]int, error) {
 	ms, err := migrations()
 	if err != nil {
 		return nil, err
 	}
+	r := run{h: st.Handle(), lockTimeout: m.LockTimeout, retryFor: m.RetryFor}
+	if r.lockTimeout <= 0 {
+		r.lockTimeout = DefaultLockTimeout
+	}
+	if r.retryFor <= 0 {
+		r.retryFor = DefaultRetryFor
+	}
 	start := time.Now()
 	backoff := migrationBackoffFirst
 	for attempt := 1; ; attempt++ {
-		applied, err := s.migrateOnce(ctx, ms)
+		applied, err := r.migrateOnce(ctx, ms)
 		if !migrationBusy(err) {
 			return applied, err
 		}
-		if waited := time.Since(start); waited+backoff > s.migrationRetryFor {
+		if waited := time.Since(start); waited+backoff > r.retryFor {
 			return nil, fmt.Errorf("%w; gave up after %d attempts in %s, each waiting at most %s (lock_timeout) for a lock so that the claims queued behind it could pass: %s",
-				err, attempt, waited.Round(time.Millisecond), s.migrationLockTimeout, s.lockHolders(ctx))
+				err, attempt, waited.Round(time.Millisecond), r.lockTimeout, r.lockHolders(ctx))
 		}
 		select {
 		case <-ctx.Done():
@@ -189,6 +217,12 @@ func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 		}
 		backoff = min(2*backoff, migrationBackoffMax)
 	}
+}
+
+// run is one Up: the Store's handle and the bounds.
+type run struct {
+	h                     *db.Handle
+	lockTimeout, retryFor time.Duration
 }
 
 // ErrSchemaIncompatible matches an *IncompatibleSchemaError.
@@ -281,14 +315,15 @@ func schemaState(ctx context.Context, q db.Querier, known int) (SchemaState, err
 
 // Schema reads how the database's schema relates to this build, without
 // changing it. A database without schema dislock is at version 0.
-func (s *Store) Schema(ctx context.Context) (SchemaState, error) {
-	st, err := schemaState(ctx, s.h.Pool, SchemaVersion())
+func Schema(ctx context.Context, s *store.Store) (SchemaState, error) {
+	h := s.Handle()
+	st, err := schemaState(ctx, h.Pool, SchemaVersion())
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined table or schema
 		return SchemaState{Known: SchemaVersion()}, nil
 	}
 	if err != nil {
-		return st, s.classify("reading the schema version", err)
+		return st, h.Classify("reading the schema version", err)
 	}
 	return st, nil
 }
@@ -302,7 +337,7 @@ var errOldMigrationLockHeld = errors.New("another session that may be migrating 
 var errCreatedMeanwhile = errors.New("another migrator created schema dislock at the same moment")
 
 // migrationBusy tells an attempt that found another session in its way:
-// Migrate rolls it back and tries again. A deadlock (40P01) is one too: an
+// Up rolls it back and tries again. A deadlock (40P01) is one too: an
 // older release's migrator, which takes the table locks in its own order,
 // may wait for qMigrationLock while this one waits for a table it holds.
 func migrationBusy(err error) bool {
@@ -320,25 +355,25 @@ CREATE TABLE IF NOT EXISTS dislock.schema_migrations (
     name       text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now())`
 
-func (s *Store) migrateOnce(ctx context.Context, ms []migration) ([]int, error) {
-	tx, err := s.h.Pool.Begin(ctx)
+func (r run) migrateOnce(ctx context.Context, ms []migration) ([]int, error) {
+	tx, err := r.h.Pool.Begin(ctx)
 	if err != nil {
-		return nil, s.classify("migrating", err)
+		return nil, r.h.Classify("migrating", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit this is a no-op
 	// Before anything else: every wait below is for a lock. SET LOCAL: it
 	// ends with the transaction, also behind PgBouncer.
-	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, s.migrationLockTimeout.Milliseconds())); err != nil {
-		return nil, s.classify("migrating: setting lock_timeout", err)
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, r.lockTimeout.Milliseconds())); err != nil {
+		return nil, r.h.Classify("migrating: setting lock_timeout", err)
 	}
 	// A current schema needs no lock: read it as it is. Nothing a tenant
 	// can hold conflicts with a read of schema_migrations.
 	var exists bool
 	if err := tx.QueryRow(ctx, `SELECT to_regclass('dislock.schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
-		return nil, s.classify("migrating: looking for schema dislock", err)
+		return nil, r.h.Classify("migrating: looking for schema dislock", err)
 	}
 	if exists {
-		if done, err := s.nothingToApply(ctx, tx, len(ms)); done || err != nil {
+		if done, err := r.nothingToApply(ctx, tx, len(ms)); done || err != nil {
 			return nil, err
 		}
 	}
@@ -351,27 +386,27 @@ func (s *Store) migrateOnce(ctx context.Context, ms []migration) ([]int, error) 
 		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P06" || pgErr.Code == "42P07") {
 			return nil, fmt.Errorf("migrating: %w: %w", errCreatedMeanwhile, err)
 		}
-		return nil, s.classify("migrating: creating schema dislock", err)
+		return nil, r.h.Classify("migrating: creating schema dislock", err)
 	}
 	if _, err := tx.Exec(ctx, qMigrationLock); err != nil {
-		return nil, s.classify("migrating: taking the migration lock (a table lock on dislock.schema_migrations)", err)
+		return nil, r.h.Classify("migrating: taking the migration lock (a table lock on dislock.schema_migrations)", err)
 	}
 	// Read again under the lock: a migrator that held it may have applied
 	// what the read above missed.
-	if done, err := s.nothingToApply(ctx, tx, len(ms)); done || err != nil {
+	if done, err := r.nothingToApply(ctx, tx, len(ms)); done || err != nil {
 		return nil, err
 	}
-	if err := s.tryOldMigrationLock(ctx, tx); err != nil {
+	if err := r.tryOldMigrationLock(ctx, tx); err != nil {
 		return nil, err
 	}
 	var current int
 	if err := tx.QueryRow(ctx, qSchemaVersion).Scan(&current); err != nil {
-		return nil, s.classify("migrating: reading the schema version", err)
+		return nil, r.h.Classify("migrating: reading the schema version", err)
 	}
 	var applied []int
 	for _, m := range ms[current:] {
 		if err := tx.Conn().PgConn().Exec(ctx, m.sql).Close(); err != nil {
-			return nil, s.classify("migrating: applying "+m.name, err)
+			return nil, r.h.Classify("migrating: applying "+m.name, err)
 		}
 		// The rows of the migrations before the column existed stay NULL:
 		// compatible from their own version only.
@@ -381,12 +416,12 @@ func (s *Store) migrateOnce(ctx context.Context, ms []migration) ([]int, error) 
 			args = append(args, m.compatibleFrom)
 		}
 		if _, err := tx.Exec(ctx, record, args...); err != nil {
-			return nil, s.classify("migrating: recording "+m.name, err)
+			return nil, r.h.Classify("migrating: recording "+m.name, err)
 		}
 		applied = append(applied, m.version)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, s.classify("migrating: commit", err)
+		return nil, r.h.Classify("migrating: commit", err)
 	}
 	return applied, nil
 }
@@ -396,17 +431,17 @@ func (s *Store) migrateOnce(ctx context.Context, ms []migration) ([]int, error) 
 // (another cluster's newer dislock migrated first: clusters are upgraded one
 // at a time). Nothing here may change a newer schema; this build only tells
 // whether it can work against it, and an error if not.
-func (s *Store) nothingToApply(ctx context.Context, q db.Querier, known int) (bool, error) {
+func (r run) nothingToApply(ctx context.Context, q db.Querier, known int) (bool, error) {
 	st, err := schemaState(ctx, q, known)
 	switch {
 	case err != nil:
-		return false, s.classify("migrating: reading the schema version", err)
+		return false, r.h.Classify("migrating: reading the schema version", err)
 	case st.Current < known:
 		return false, nil
 	case st.Incompatible != nil:
 		return true, fmt.Errorf("migrating: %w", st.Incompatible)
 	case st.Newer():
-		s.h.Logger.Warn("schema dislock is newer than this dislock knows, and every migration since is compatible with it: nothing to apply; upgrade this cluster's dislock when convenient",
+		r.h.Logger.Warn("schema dislock is newer than this dislock knows, and every migration since is compatible with it: nothing to apply; upgrade this cluster's dislock when convenient",
 			"schemaVersion", st.Current, "knownVersion", st.Known)
 	}
 	return true, nil
@@ -443,10 +478,10 @@ var oldMigrationLockHeld = fmt.Sprintf(`l.locktype = 'advisory' AND l.granted AN
 // ahead under qMigrationLock alone. An older migrator that gets the lock
 // after the holder lets go finds, at the latest when it records its
 // migration, that this one did, and rolls back.
-func (s *Store) tryOldMigrationLock(ctx context.Context, tx pgx.Tx) error {
+func (r run) tryOldMigrationLock(ctx context.Context, tx pgx.Tx) error {
 	var got bool
 	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1::bigint)`, migrationLockID).Scan(&got); err != nil {
-		return s.classify("migrating: taking the advisory lock of older releases", err)
+		return r.h.Classify("migrating: taking the advisory lock of older releases", err)
 	}
 	if got {
 		return nil
@@ -454,13 +489,13 @@ func (s *Store) tryOldMigrationLock(ctx context.Context, tx pgx.Tx) error {
 	var holders int
 	var mayMigrate bool
 	if err := tx.QueryRow(ctx, qOldMigrationLockHolders).Scan(&holders, &mayMigrate); err != nil {
-		return s.classify("migrating: looking at who holds the advisory lock of older releases", err)
+		return r.h.Classify("migrating: looking at who holds the advisory lock of older releases", err)
 	}
 	if holders == 0 || mayMigrate {
 		// Let go meanwhile, or a migrator may hold it: try again.
 		return fmt.Errorf("migrating: %w", errOldMigrationLockHeld)
 	}
-	s.h.Logger.Warn("a session that cannot be migrating (not of schema dislock's owner role: a tenant's, say) holds the advisory lock older dislock releases migrate under; migrating under the table lock alone")
+	r.h.Logger.Warn("a session that cannot be migrating (not of schema dislock's owner role: a tenant's, say) holds the advisory lock older dislock releases migrate under; migrating under the table lock alone")
 	return nil
 }
 
@@ -493,14 +528,14 @@ const qTenantNamespaces = `SELECT role_name, namespace FROM dislock.tenants WHER
 
 // lockHolders names the sessions in a migration's way and what to do about
 // them, or says why it cannot.
-func (s *Store) lockHolders(ctx context.Context) string {
+func (r run) lockHolders(ctx context.Context) string {
 	type holder struct {
 		pid                         int32
 		role, app, state, relations string
 		xactSeconds                 int64
 		advisory                    bool
 	}
-	rows, err := s.h.Pool.Query(ctx, qLockHolders)
+	rows, err := r.h.Pool.Query(ctx, qLockHolders)
 	if err != nil {
 		return "cannot list the sessions holding locks on schema dislock's tables (" + err.Error() + ")"
 	}
@@ -519,7 +554,7 @@ func (s *Store) lockHolders(ctx context.Context) string {
 		roles[i] = h.role
 	}
 	namespaces := map[string]string{}
-	if rows, err := s.h.Pool.Query(ctx, qTenantNamespaces, roles); err == nil {
+	if rows, err := r.h.Pool.Query(ctx, qTenantNamespaces, roles); err == nil {
 		for rows.Next() {
 			var role, ns string
 			if rows.Scan(&role, &ns) == nil {

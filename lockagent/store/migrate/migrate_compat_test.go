@@ -1,4 +1,4 @@
-package store_test
+package migrate_test
 
 import (
 	"context"
@@ -9,7 +9,10 @@ import (
 	"testing"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/migrate"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -25,7 +28,7 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 	// every other test of the package relies on.
 	srv := pgtest.New(t, pgtest.Options{Name: "compat"})
 	ctx := context.Background()
-	known := store.SchemaVersion()
+	known := migrate.SchemaVersion()
 	futureName := fmt.Sprintf("%04d_future.sql", known+1)
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
@@ -56,9 +59,9 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 				}
 				return got
 			}
-			schemaFinding := func(t *testing.T) store.Finding {
+			schemaFinding := func(t *testing.T) check.Finding {
 				t.Helper()
-				fs, err := s.CheckDatabase(ctx, store.CheckOptions{AllowAsync: true})
+				fs, err := check.Database(ctx, s, check.Options{AllowAsync: true})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -68,14 +71,14 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 					}
 				}
 				t.Fatalf("no schema finding in %+v", fs)
-				return store.Finding{}
+				return check.Finding{}
 			}
 
 			t.Run("a fresh database gets every migration, each recorded with its compatibility", func(t *testing.T) {
-				if st, err := s.Schema(ctx); err != nil || st.Current != 0 || st.Usable() {
+				if st, err := migrate.Schema(ctx, s); err != nil || st.Current != 0 || st.Usable() {
 					t.Fatalf("before migrating: %+v, %v; want version 0, not usable", st, err)
 				}
-				applied, err := s.Migrate(ctx)
+				applied, err := migrate.Up(ctx, s)
 				if err != nil || len(applied) != known {
 					t.Fatalf("applied %v, %v; want 1..%d", applied, err, known)
 				}
@@ -90,10 +93,10 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 						t.Errorf("migration %d recorded compatible_from %d, want NULL", v, *got[v])
 					}
 				}
-				if st, err := s.Schema(ctx); err != nil || !st.Usable() || st.Newer() {
+				if st, err := migrate.Schema(ctx, s); err != nil || !st.Usable() || st.Newer() {
 					t.Fatalf("after migrating: %+v, %v", st, err)
 				}
-				if f := schemaFinding(t); f.Status != store.StatusOK {
+				if f := schemaFinding(t); f.Status != check.StatusOK {
 					t.Fatalf("check: %+v", f)
 				}
 			})
@@ -103,7 +106,7 @@ func TestMigrateHonoursTheRecordedCompatibility(t *testing.T) {
 ALTER TABLE dislock.schema_migrations DROP COLUMN compatible_from`); err != nil {
 					t.Fatal(err)
 				}
-				applied, err := s.Migrate(ctx)
+				applied, err := migrate.Up(ctx, s)
 				var want []int
 				for v := 6; v <= known; v++ {
 					want = append(want, v)
@@ -126,16 +129,16 @@ ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`,
 
 			t.Run("a newer schema compatible with this dislock is used as it is", func(t *testing.T) {
 				future(t, known)
-				applied, err := s.Migrate(ctx)
+				applied, err := migrate.Up(ctx, s)
 				if err != nil || len(applied) != 0 {
 					t.Fatalf("applied %v, %v; want nothing and no error", applied, err)
 				}
-				st, err := s.Schema(ctx)
+				st, err := migrate.Schema(ctx, s)
 				if err != nil || !st.Usable() || !st.Newer() || st.Current != known+1 || st.Known != known {
 					t.Fatalf("%+v, %v; want newer, usable", st, err)
 				}
 				f := schemaFinding(t)
-				if f.Status != store.StatusWarn || !strings.Contains(f.Detail, "every migration since is compatible") || !strings.Contains(f.Fix, "upgrade this cluster's dislock") {
+				if f.Status != check.StatusWarn || !strings.Contains(f.Detail, "every migration since is compatible") || !strings.Contains(f.Fix, "upgrade this cluster's dislock") {
 					t.Fatalf("check: %+v; want a warning that the schema is newer and compatible", f)
 				}
 			})
@@ -150,8 +153,8 @@ ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`,
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					future(t, tc.compatibleFrom)
-					applied, err := s.Migrate(ctx)
-					if !errors.Is(err, store.ErrSchemaIncompatible) || applied != nil {
+					applied, err := migrate.Up(ctx, s)
+					if !errors.Is(err, migrate.ErrSchemaIncompatible) || applied != nil {
 						t.Fatalf("applied %v, %v; want ErrSchemaIncompatible", applied, err)
 					}
 					for _, want := range []string{fmt.Sprintf("at version %d, newer than this dislock knows (%d)", known+1, known),
@@ -161,10 +164,10 @@ ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`,
 							t.Errorf("error %q does not say %q", err, want)
 						}
 					}
-					if st, err := s.Schema(ctx); err != nil || st.Usable() || st.Incompatible == nil || st.Incompatible.Version != known+1 {
+					if st, err := migrate.Schema(ctx, s); err != nil || st.Usable() || st.Incompatible == nil || st.Incompatible.Version != known+1 {
 						t.Fatalf("%+v, %v; want not usable, naming migration 7", st, err)
 					}
-					if f := schemaFinding(t); f.Status != store.StatusFail || !strings.Contains(f.Detail, fmt.Sprintf("migration %d (%s)", known+1, futureName)) ||
+					if f := schemaFinding(t); f.Status != check.StatusFail || !strings.Contains(f.Detail, fmt.Sprintf("migration %d (%s)", known+1, futureName)) ||
 						!strings.Contains(f.Fix, fmt.Sprintf("schema version %d", known+1)) {
 						t.Fatalf("check: %+v; want a failure naming the migration and the fix", f)
 					}
@@ -185,7 +188,7 @@ func TestHostile17_TenantCannotWriteSchemaMigrations(t *testing.T) {
 		own := storetest.Open(t, dsn, 2)
 		ns := storetest.Namespace(t, "hostile17")
 		cred := storetest.Provision(t, own, ns)
-		tdsn, err := store.TenantDSN(dsn, cred)
+		tdsn, err := tenant.DSN(dsn, cred)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,7 +206,7 @@ func TestHostile17_TenantCannotWriteSchemaMigrations(t *testing.T) {
 				t.Errorf("tenant role ran %q", stmt)
 			}
 		}
-		st, err := own.Schema(ctx)
+		st, err := migrate.Schema(ctx, own)
 		if err != nil || st.Current != st.Known {
 			t.Fatalf("schema after the tenant's attempts: %+v, %v", st, err)
 		}

@@ -1,4 +1,4 @@
-package store
+package check
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/db"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 )
 
 // qOwnerPrivileges reads what the owner role needs: CREATE on the database
@@ -76,20 +78,20 @@ const probeKeyName = "dislock-check-probe"
 // not transactional), which only leaves a gap in the counter, as any
 // claim that is refused does. BEGIN … ROLLBACK holds one server connection
 // through PgBouncer's transaction pooling too.
-func (s *Store) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace string) Finding {
+func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace string) Finding {
 	key := namespace + "/" + probeKeyName
 	whose := "namespace " + namespace
 	if namespace == "" {
 		whose = "its namespace (the role cannot tell which: dislock.tenant_namespace() refused it)"
 	}
-	o := Owner{Cluster: "dislock-check", Namespace: namespace, Job: probeKeyName, JobUID: "probe", Pod: probeKeyName}
+	o := store.Owner{Cluster: "dislock-check", Namespace: namespace, Job: probeKeyName, JobUID: "probe", Pod: probeKeyName}
 	const ttl = time.Minute
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, qClaimWindow, key, time.Now().UTC().Truncate(time.Minute), NotIndexed,
+		if _, err := tx.Exec(ctx, store.ClaimWindowSQL, key, time.Now().UTC().Truncate(time.Minute), store.NotIndexed,
 			o.WindowOwner(), o.Cluster, o.Pod, db.Micros(ttl), o.JobPrefix(), false); err != nil {
 			return fmt.Errorf("claiming a window: %w", err)
 		}
-		if _, err := tx.Exec(ctx, qAcquireLease, key, o.LeaseOwner(), db.Micros(ttl)); err != nil {
+		if _, err := tx.Exec(ctx, store.AcquireLeaseSQL, key, o.LeaseOwner(), db.Micros(ttl)); err != nil {
 			return fmt.Errorf("taking a lease: %w", err)
 		}
 		return errRollBack
@@ -108,7 +110,7 @@ func (s *Store) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace 
 	missing, grants, lerr := tenantGrantsMissing(ctx, conn)
 	switch {
 	case lerr != nil:
-		f.Fix = "restore the grants migration 4 gives role " + TenantGroupRole + " (lockagent/store/migrations/0004_tenants.sql); cannot list which are missing: " + lerr.Error()
+		f.Fix = "restore the grants migration 4 gives role " + tenant.GroupRole + " (lockagent/store/migrate/migrations/0004_tenants.sql); cannot list which are missing: " + lerr.Error()
 	case len(missing) == 0:
 		f.Fix = "the role holds every grant an agent needs, so a row-level security policy refused it: check that dislock.tenants names this role for namespace " + namespace
 	default:
@@ -129,27 +131,27 @@ var errRollBack = errors.New("rolled back")
 // 'dislock.windows' would need USAGE on the schema just to be looked up.
 var qTenantGrants = `
 SELECT what, fix, coalesce(held, false) FROM (VALUES
-  (0, 'membership in role ` + TenantGroupRole + `', 'GRANT ` + TenantGroupRole + ` TO ' || quote_ident(session_user),
-      pg_has_role(session_user, '` + TenantGroupRole + `', 'USAGE')),
-  (1, 'USAGE on schema dislock', 'GRANT USAGE ON SCHEMA dislock TO ` + TenantGroupRole + `',
+  (0, 'membership in role ` + tenant.GroupRole + `', 'GRANT ` + tenant.GroupRole + ` TO ' || quote_ident(session_user),
+      pg_has_role(session_user, '` + tenant.GroupRole + `', 'USAGE')),
+  (1, 'USAGE on schema dislock', 'GRANT USAGE ON SCHEMA dislock TO ` + tenant.GroupRole + `',
       has_schema_privilege(session_user, 'dislock', 'USAGE')),
-  (2, 'SELECT on dislock.windows', 'GRANT SELECT ON dislock.windows TO ` + TenantGroupRole + `',
+  (2, 'SELECT on dislock.windows', 'GRANT SELECT ON dislock.windows TO ` + tenant.GroupRole + `',
       has_table_privilege(session_user, ` + catalogRel("windows") + `, 'SELECT')),
-  (3, 'INSERT on dislock.windows', 'GRANT INSERT ON dislock.windows TO ` + TenantGroupRole + `',
+  (3, 'INSERT on dislock.windows', 'GRANT INSERT ON dislock.windows TO ` + tenant.GroupRole + `',
       has_table_privilege(session_user, ` + catalogRel("windows") + `, 'INSERT')),
   (4, 'UPDATE on dislock.windows'' claim columns',
-      'GRANT UPDATE (owner, cluster, pod, token, state, claimed_at, alive_until, finished_at, exit_code) ON dislock.windows TO ` + TenantGroupRole + `',
+      'GRANT UPDATE (owner, cluster, pod, token, state, claimed_at, alive_until, finished_at, exit_code) ON dislock.windows TO ` + tenant.GroupRole + `',
       (SELECT bool_and(has_column_privilege(session_user, ` + catalogRel("windows") + `, c, 'UPDATE'))
        FROM unnest(ARRAY['owner', 'cluster', 'pod', 'token', 'state', 'claimed_at', 'alive_until', 'finished_at', 'exit_code']) c)),
-  (5, 'SELECT on dislock.leases', 'GRANT SELECT ON dislock.leases TO ` + TenantGroupRole + `',
+  (5, 'SELECT on dislock.leases', 'GRANT SELECT ON dislock.leases TO ` + tenant.GroupRole + `',
       has_table_privilege(session_user, ` + catalogRel("leases") + `, 'SELECT')),
-  (6, 'INSERT on dislock.leases', 'GRANT INSERT ON dislock.leases TO ` + TenantGroupRole + `',
+  (6, 'INSERT on dislock.leases', 'GRANT INSERT ON dislock.leases TO ` + tenant.GroupRole + `',
       has_table_privilege(session_user, ` + catalogRel("leases") + `, 'INSERT')),
-  (7, 'UPDATE on dislock.leases'' lease columns', 'GRANT UPDATE (owner, token, acquired_at, expire_at) ON dislock.leases TO ` + TenantGroupRole + `',
+  (7, 'UPDATE on dislock.leases'' lease columns', 'GRANT UPDATE (owner, token, acquired_at, expire_at) ON dislock.leases TO ` + tenant.GroupRole + `',
       (SELECT bool_and(has_column_privilege(session_user, ` + catalogRel("leases") + `, c, 'UPDATE'))
        FROM unnest(ARRAY['owner', 'token', 'acquired_at', 'expire_at']) c)),
   (8, 'EXECUTE on dislock.next_token(), dislock.tenant_namespace() and dislock.token_high_water()',
-      'GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO ` + TenantGroupRole + `',
+      'GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO ` + tenant.GroupRole + `',
       (SELECT bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water')))
 ) AS p(n, what, fix, held)

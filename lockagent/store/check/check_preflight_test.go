@@ -1,4 +1,4 @@
-package store_test
+package check_test
 
 import (
 	"context"
@@ -15,52 +15,54 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
 	"github.com/dislock/dislock/test/tlstest"
 )
 
 // finding returns rep's finding of check, failing the test without one.
-func finding(t *testing.T, rep store.RoleReport, check string) store.Finding {
+func finding(t *testing.T, rep check.RoleReport, name string) check.Finding {
 	t.Helper()
 	for _, f := range rep.Findings {
-		if f.Check == check {
+		if f.Check == name {
 			return f
 		}
 	}
-	t.Fatalf("no %q finding in %s", check, dump(rep))
-	return store.Finding{}
+	t.Fatalf("no %q finding in %s", name, dump(rep))
+	return check.Finding{}
 }
 
-func dump(rep store.RoleReport) string {
+func dump(rep check.RoleReport) string {
 	b, _ := json.MarshalIndent(rep, "", "  ")
 	return string(b)
 }
 
 // wantFinding holds a finding to its status and to words of its detail
 // and fix.
-func wantFinding(t *testing.T, rep store.RoleReport, check string, status store.Status, detail, fix []string) store.Finding {
+func wantFinding(t *testing.T, rep check.RoleReport, name string, status check.Status, detail, fix []string) check.Finding {
 	t.Helper()
-	f := finding(t, rep, check)
+	f := finding(t, rep, name)
 	if f.Status != status {
-		t.Errorf("%s is %s, want %s: %+v", check, f.Status, status, f)
+		t.Errorf("%s is %s, want %s: %+v", name, f.Status, status, f)
 	}
 	for _, w := range detail {
 		if !strings.Contains(f.Detail, w) {
-			t.Errorf("%s's detail lacks %q: %s", check, w, f.Detail)
+			t.Errorf("%s's detail lacks %q: %s", name, w, f.Detail)
 		}
 	}
 	for _, w := range fix {
 		if !strings.Contains(f.Fix, w) {
-			t.Errorf("%s's fix lacks %q: %s", check, w, f.Fix)
+			t.Errorf("%s's fix lacks %q: %s", name, w, f.Fix)
 		}
 	}
 	return f
 }
 
 // noPassword fails the test if the password appears anywhere in rep.
-func noPassword(t *testing.T, rep store.RoleReport, password string) {
+func noPassword(t *testing.T, rep check.RoleReport, password string) {
 	t.Helper()
 	if s := dump(rep); strings.Contains(s, password) {
 		t.Fatalf("the report holds the password %q:\n%s", password, s)
@@ -98,31 +100,31 @@ func TestCheckURLPassesAGoodInstallDirectAndThroughPgBouncer(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
 		owner := storetest.Open(t, dsn, 2)
-		rep := store.CheckURL(ctx, dsn, store.CheckOptions{AllowAsync: true})
-		if store.Failed(rep.Findings) || rep.Kind != store.RoleOwner || rep.Role != pgtest.AppUser {
+		rep := check.URL(ctx, dsn, check.Options{AllowAsync: true})
+		if check.Failed(rep.Findings) || rep.Kind != check.RoleOwner || rep.Role != pgtest.AppUser {
 			t.Fatalf("owner: %s", dump(rep))
 		}
-		wantFinding(t, rep, "connection", store.StatusOK, []string{"logged in as role " + pgtest.AppUser}, nil)
-		wantFinding(t, rep, "tls", store.StatusOK, []string{"loopback"}, nil)
-		wantFinding(t, rep, "clock", store.StatusOK, []string{"round trip"}, nil)
-		wantFinding(t, rep, "privileges", store.StatusOK, []string{"may create roles"}, nil)
+		wantFinding(t, rep, "connection", check.StatusOK, []string{"logged in as role " + pgtest.AppUser}, nil)
+		wantFinding(t, rep, "tls", check.StatusOK, []string{"loopback"}, nil)
+		wantFinding(t, rep, "clock", check.StatusOK, []string{"round trip"}, nil)
+		wantFinding(t, rep, "privileges", check.StatusOK, []string{"may create roles"}, nil)
 		pooling := []string{"directly to PostgreSQL"}
 		if strings.Contains(t.Name(), "pgbouncer") {
 			pooling = []string{"transaction", "clients share server connections per transaction"}
 		}
-		wantFinding(t, rep, "pooling", store.StatusOK, pooling, nil)
+		wantFinding(t, rep, "pooling", check.StatusOK, pooling, nil)
 		noPassword(t, rep, pgtest.AppPassword)
 
 		ns := storetest.Namespace(t, "check")
 		c := storetest.Provision(t, owner, ns)
-		trep := store.CheckURL(ctx, storetest.TenantDSN(t, dsn, c), store.CheckOptions{AllowAsync: true})
-		if store.Failed(trep.Findings) || trep.Kind != store.RoleTenant || trep.Namespace != ns || trep.Role != c.Role {
+		trep := check.URL(ctx, storetest.TenantDSN(t, dsn, c), check.Options{AllowAsync: true})
+		if check.Failed(trep.Findings) || trep.Kind != check.RoleTenant || trep.Namespace != ns || trep.Role != c.Role {
 			t.Fatalf("tenant: %s", dump(trep))
 		}
 		if h := trep.Heading(); !strings.Contains(h, c.Role) || !strings.Contains(h, "tenant of namespace "+ns) {
 			t.Errorf("heading %q", h)
 		}
-		wantFinding(t, trep, "privileges", store.StatusOK, []string{"claims windows and takes leases of namespace " + ns, "rolled back"}, nil)
+		wantFinding(t, trep, "privileges", check.StatusOK, []string{"claims windows and takes leases of namespace " + ns, "rolled back"}, nil)
 		noPassword(t, trep, c.Password)
 		assertNoProbeRows(t, owner, ns)
 	})
@@ -160,8 +162,8 @@ func TestCheckURLWarnsOfSessionPooling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := store.CheckURL(context.Background(), b.DSN(), store.CheckOptions{AllowAsync: true})
-	wantFinding(t, rep, "pooling", store.StatusWarn, []string{"session mode", "whole run"}, []string{"pool_mode = transaction"})
+	rep := check.URL(context.Background(), b.DSN(), check.Options{AllowAsync: true})
+	wantFinding(t, rep, "pooling", check.StatusWarn, []string{"session mode", "whole run"}, []string{"pool_mode = transaction"})
 	noPassword(t, rep, pgtest.AppPassword)
 }
 
@@ -193,9 +195,9 @@ func TestHostile17bSessionPoolNearlyFullIsStillNamed(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 45*time.Second)
 	defer cancel()
 	start := time.Now()
-	rep := store.CheckURL(cctx, b.DSN(), store.CheckOptions{AllowAsync: true})
+	rep := check.URL(cctx, b.DSN(), check.Options{AllowAsync: true})
 	t.Logf("took %s", time.Since(start))
-	wantFinding(t, rep, "pooling", store.StatusWarn, []string{"session mode"}, []string{"pool_mode = transaction"})
+	wantFinding(t, rep, "pooling", check.StatusWarn, []string{"session mode"}, []string{"pool_mode = transaction"})
 }
 
 // Nothing listens at the URL's port: a finding, not an error, naming the
@@ -209,11 +211,11 @@ func TestCheckURLNamesAnUnreachableHost(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	const password = "Unreach-Pa55-9c1d"
-	rep := store.CheckURL(context.Background(), pgtest.DSN(pgtest.AppUser, password, port), store.CheckOptions{})
-	if !store.Failed(rep.Findings) || len(rep.Findings) != 1 {
+	rep := check.URL(context.Background(), pgtest.DSN(pgtest.AppUser, password, port), check.Options{})
+	if !check.Failed(rep.Findings) || len(rep.Findings) != 1 {
 		t.Fatalf("%s", dump(rep))
 	}
-	wantFinding(t, rep, "connection", store.StatusFail, []string{"cannot reach 127.0.0.1:" + strconv.Itoa(port)},
+	wantFinding(t, rep, "connection", check.StatusFail, []string{"cannot reach 127.0.0.1:" + strconv.Itoa(port)},
 		[]string{"host and port", "listens", "NetworkPolicy or firewall"})
 	noPassword(t, rep, password)
 }
@@ -224,15 +226,15 @@ func TestCheckURLNamesAnUnreachableHost(t *testing.T) {
 func TestCheckURLNamesAWrongPasswordAndTheSecret(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		const password = "Wr0ng-Pa55-check-7f3a"
-		rep := store.CheckURL(context.Background(), withPassword(t, dsn, password), store.CheckOptions{})
-		wantFinding(t, rep, "login", store.StatusFail, []string{"refused role " + pgtest.AppUser},
+		rep := check.URL(context.Background(), withPassword(t, dsn, password), check.Options{})
+		wantFinding(t, rep, "login", check.StatusFail, []string{"refused role " + pgtest.AppUser},
 			[]string{"dislock-db", "url", "database.existingSecret", "ALTER ROLE " + pgtest.AppUser + " PASSWORD"})
 		noPassword(t, rep, password)
 
 		u, _ := url.Parse(withPassword(t, dsn, password))
 		u.User = url.UserPassword("no_such_role_check", password)
-		rep = store.CheckURL(context.Background(), u.String(), store.CheckOptions{})
-		wantFinding(t, rep, "login", store.StatusFail, []string{"refused role no_such_role_check"}, []string{"ALTER ROLE no_such_role_check PASSWORD"})
+		rep = check.URL(context.Background(), u.String(), check.Options{})
+		wantFinding(t, rep, "login", check.StatusFail, []string{"refused role no_such_role_check"}, []string{"ALTER ROLE no_such_role_check PASSWORD"})
 		noPassword(t, rep, password)
 	})
 }
@@ -246,7 +248,7 @@ func TestHostile17bKeyValuePasswordNeverPrinted(t *testing.T) {
 		{`host=127.0.0.1 user=u password= S3cretPw-kv2 sslmode=bogus`, "S3cretPw-kv2"},
 		{`host=127.0.0.1 user=u password='it\'s S3cretPw-kv3' sslmode=bogus`, "S3cretPw-kv3"},
 	} {
-		rep := store.CheckURL(context.Background(), c.url, store.CheckOptions{})
+		rep := check.URL(context.Background(), c.url, check.Options{})
 		if s := dump(rep) + rep.Heading(); strings.Contains(s, c.secret) {
 			t.Errorf("URL %q: the report holds the password:\n%s", c.url, s)
 		}
@@ -259,8 +261,8 @@ func TestCheckURLNamesAWrongDatabase(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		u, _ := url.Parse(dsn)
 		u.Path = "/no_such_db_check"
-		rep := store.CheckURL(context.Background(), u.String(), store.CheckOptions{})
-		wantFinding(t, rep, "database name", store.StatusFail, []string{`no database "no_such_db_check"`}, []string{"URL's path", "CREATE DATABASE"})
+		rep := check.URL(context.Background(), u.String(), check.Options{})
+		wantFinding(t, rep, "database name", check.StatusFail, []string{`no database "no_such_db_check"`}, []string{"URL's path", "CREATE DATABASE"})
 		noPassword(t, rep, pgtest.AppPassword)
 	})
 }
@@ -278,24 +280,24 @@ func TestCheckURLNamesATenantsMissingGrant(t *testing.T) {
 			ns := storetest.Namespace(t, "grant")
 			c := storetest.Provision(t, owner, ns)
 			dsn := storetest.TenantDSN(t, tg.DSN, c)
-			if _, err := super.Exec(ctx, "REVOKE INSERT ON dislock.windows FROM "+store.TenantGroupRole); err != nil {
+			if _, err := super.Exec(ctx, "REVOKE INSERT ON dislock.windows FROM "+tenant.GroupRole); err != nil {
 				t.Fatal(err)
 			}
-			rep := store.CheckURL(ctx, dsn, store.CheckOptions{AllowAsync: true})
-			if _, err := super.Exec(ctx, "GRANT INSERT ON dislock.windows TO "+store.TenantGroupRole); err != nil {
+			rep := check.URL(ctx, dsn, check.Options{AllowAsync: true})
+			if _, err := super.Exec(ctx, "GRANT INSERT ON dislock.windows TO "+tenant.GroupRole); err != nil {
 				t.Fatal(err)
 			}
-			wantFinding(t, rep, "privileges", store.StatusFail, []string{"namespace " + ns, "missing: INSERT on dislock.windows"},
-				[]string{"GRANT INSERT ON dislock.windows TO " + store.TenantGroupRole})
+			wantFinding(t, rep, "privileges", check.StatusFail, []string{"namespace " + ns, "missing: INSERT on dislock.windows"},
+				[]string{"GRANT INSERT ON dislock.windows TO " + tenant.GroupRole})
 			noPassword(t, rep, c.Password)
 
 			// Without the group role, every grant is missing at once.
-			if _, err := super.Exec(ctx, "REVOKE "+store.TenantGroupRole+" FROM "+c.Role); err != nil {
+			if _, err := super.Exec(ctx, "REVOKE "+tenant.GroupRole+" FROM "+c.Role); err != nil {
 				t.Fatal(err)
 			}
-			rep = store.CheckURL(ctx, dsn, store.CheckOptions{AllowAsync: true})
-			wantFinding(t, rep, "privileges", store.StatusFail, []string{"membership in role " + store.TenantGroupRole},
-				[]string{"GRANT " + store.TenantGroupRole + " TO " + c.Role})
+			rep = check.URL(ctx, dsn, check.Options{AllowAsync: true})
+			wantFinding(t, rep, "privileges", check.StatusFail, []string{"membership in role " + tenant.GroupRole},
+				[]string{"GRANT " + tenant.GroupRole + " TO " + c.Role})
 			noPassword(t, rep, c.Password)
 			assertNoProbeRows(t, owner, ns)
 		})
@@ -312,8 +314,8 @@ func TestCheckURLNamesTheOwnersMissingPrivilege(t *testing.T) {
 	if _, err := super.Exec(ctx, "ALTER ROLE "+pgtest.AppUser+" NOCREATEROLE"); err != nil {
 		t.Fatal(err)
 	}
-	rep := store.CheckURL(ctx, srv.DirectDSN(), store.CheckOptions{AllowAsync: true})
-	wantFinding(t, rep, "privileges", store.StatusFail, []string{"lacks CREATEROLE"}, []string{"ALTER ROLE " + pgtest.AppUser + " CREATEROLE"})
+	rep := check.URL(ctx, srv.DirectDSN(), check.Options{AllowAsync: true})
+	wantFinding(t, rep, "privileges", check.StatusFail, []string{"lacks CREATEROLE"}, []string{"ALTER ROLE " + pgtest.AppUser + " CREATEROLE"})
 	noPassword(t, rep, pgtest.AppPassword)
 }
 
@@ -321,8 +323,8 @@ func TestCheckURLNamesTheOwnersMissingPrivilege(t *testing.T) {
 // settings and the chart's values to fix it.
 func TestCheckURLNamesAServerWithoutTLS(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
-		rep := store.CheckURL(context.Background(), withQuery(t, dsn, "sslmode", "require"), store.CheckOptions{})
-		wantFinding(t, rep, "tls", store.StatusFail, []string{"does not support TLS"},
+		rep := check.URL(context.Background(), withQuery(t, dsn, "sslmode", "require"), check.Options{})
+		wantFinding(t, rep, "tls", check.StatusFail, []string{"does not support TLS"},
 			[]string{"sslmode=verify-full", "sslrootcert", "database.tls.caSecret", "--database-ca-file"})
 		noPassword(t, rep, pgtest.AppPassword)
 	})
@@ -341,19 +343,19 @@ func TestCheckURLJudgesTLS(t *testing.T) {
 		t.Run(tg.Name, func(t *testing.T) {
 			ctx := context.Background()
 			storetest.Open(t, tg.DSN, 2)
-			rep := store.CheckURL(ctx, tg.DSN, store.CheckOptions{AllowAsync: true})
-			wantFinding(t, rep, "tls", store.StatusOK, []string{"verify-full"}, nil)
+			rep := check.URL(ctx, tg.DSN, check.Options{AllowAsync: true})
+			wantFinding(t, rep, "tls", check.StatusOK, []string{"verify-full"}, nil)
 
 			u, _ := url.Parse(tg.DSN)
 			q := u.Query()
 			q.Set("sslmode", "require")
 			q.Del("sslrootcert")
 			u.RawQuery = q.Encode()
-			rep = store.CheckURL(ctx, u.String(), store.CheckOptions{AllowAsync: true})
-			wantFinding(t, rep, "tls", store.StatusWarn, []string{"server identity not verified"}, []string{"sslmode=verify-full", "sslrootcert"})
+			rep = check.URL(ctx, u.String(), check.Options{AllowAsync: true})
+			wantFinding(t, rep, "tls", check.StatusWarn, []string{"server identity not verified"}, []string{"sslmode=verify-full", "sslrootcert"})
 
-			rep = store.CheckURL(ctx, withQuery(t, tg.DSN, "sslrootcert", otherCA), store.CheckOptions{})
-			wantFinding(t, rep, "tls", store.StatusFail, []string{"did not verify"}, []string{"sslrootcert", "database.tls.caSecret", "--database-ca-file"})
+			rep = check.URL(ctx, withQuery(t, tg.DSN, "sslrootcert", otherCA), check.Options{})
+			wantFinding(t, rep, "tls", check.StatusFail, []string{"did not verify"}, []string{"sslrootcert", "database.tls.caSecret", "--database-ca-file"})
 			noPassword(t, rep, pgtest.AppPassword)
 		})
 	}
@@ -370,8 +372,8 @@ func TestCheckURLWarnsOfASkewedDatabaseClock(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "check-clock", PostgresEnv: env})
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
-			rep := store.CheckURL(context.Background(), tg.DSN, store.CheckOptions{AllowAsync: true})
-			f := wantFinding(t, rep, "clock", store.StatusWarn, []string{"ahead of this host's", "round trip"}, []string{"NTP", "chrony"})
+			rep := check.URL(context.Background(), tg.DSN, check.Options{AllowAsync: true})
+			f := wantFinding(t, rep, "clock", check.StatusWarn, []string{"ahead of this host's", "round trip"}, []string{"NTP", "chrony"})
 			if !strings.Contains(f.Detail, "1h0m") && !strings.Contains(f.Detail, "59m59") {
 				t.Errorf("the detail does not say the offset is an hour: %s", f.Detail)
 			}
@@ -393,9 +395,9 @@ func TestCheckURLWarnsOfPlainTextOffThisHost(t *testing.T) {
 	fwd := harness.Forward(t, net.JoinHostPort(ip.String(), "0"), direct.Host)
 	u := *direct
 	u.Host = fwd
-	rep := store.CheckURL(context.Background(), u.String(), store.CheckOptions{AllowAsync: true})
-	wantFinding(t, rep, "tls", store.StatusWarn, []string{"plain text to " + ip.String()}, []string{"sslmode=verify-full", "sslrootcert"})
-	wantFinding(t, rep, "pooling", store.StatusOK, []string{"directly to PostgreSQL or through a TCP proxy"}, nil)
+	rep := check.URL(context.Background(), u.String(), check.Options{AllowAsync: true})
+	wantFinding(t, rep, "tls", check.StatusWarn, []string{"plain text to " + ip.String()}, []string{"sslmode=verify-full", "sslrootcert"})
+	wantFinding(t, rep, "pooling", check.StatusOK, []string{"directly to PostgreSQL or through a TCP proxy"}, nil)
 	noPassword(t, rep, pgtest.AppPassword)
 }
 

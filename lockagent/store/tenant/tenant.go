@@ -1,4 +1,8 @@
-package store
+// Package tenant owns the tenants' roles: each opted-in namespace's login
+// role per cluster, created, rotated and dropped by the owner (the
+// webhook), and the connection string a namespace's sidecars get. The
+// sidecar never links this package.
+package tenant
 
 import (
 	"context"
@@ -19,11 +23,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/db"
 	"github.com/dislock/dislock/lockagent/store/internal/dsn"
 )
 
-// Tenant roles (migration 4). Each opted-in namespace gets, per cluster, a
+// Migration 4 creates what the roles rest on. Each opted-in namespace gets, per cluster, a
 // login role that may lock only the keys of its namespace: row-level
 // security on the key's namespace prefix, tokens only through
 // dislock.next_token(), nothing else. The webhook creates them with the
@@ -33,12 +38,12 @@ import (
 // coordinating with the others; the namespaces' keys are the same in every
 // cluster, so the rows the roles reach are too.
 
-// TenantGroupRole is the NOLOGIN role every tenant login role is a member
+// GroupRole is the NOLOGIN role every tenant login role is a member
 // of; the privileges and row-level security policies are granted to it.
-const TenantGroupRole = "dislock_tenant"
+const GroupRole = "dislock_tenant"
 
-// tenantRolePrefix starts every tenant login role's name.
-const tenantRolePrefix = "dislock_t_"
+// RolePrefix starts every tenant login role's name.
+const RolePrefix = "dislock_t_"
 
 // SCRAM-SHA-256 verifier parameters: PostgreSQL's own defaults
 // (scram_iterations, and its salt length).
@@ -47,10 +52,10 @@ const (
 	scramSaltLen    = 16
 )
 
-// TenantConnectionLimit bounds the PostgreSQL sessions of one tenant role:
+// ConnectionLimit bounds the PostgreSQL sessions of one tenant role:
 // through PgBouncer a role holds at most its pool's server connections, and
 // a tenant that reaches PostgreSQL directly must not take every backend.
-const TenantConnectionLimit = 50
+const ConnectionLimit = 50
 
 // Defaults every tenant role's sessions start with (ALTER ROLE … SET at
 // provisioning), so that one namespace's sessions cannot cost the others
@@ -72,35 +77,35 @@ const TenantConnectionLimit = 50
 // PARAMETER temp_file_limit TO <owner>); without the grant it is left
 // unset, and the server-wide temp_file_limit applies.
 const (
-	// TenantRoleStatementTimeout ends a statement that runs longer: the
+	// StatementTimeout ends a statement that runs longer: the
 	// snapshot of a long statement holds back the cleanup of every
 	// namespace's dead rows.
-	TenantRoleStatementTimeout = time.Minute
-	// TenantRoleIdleInTransactionTimeout ends a session idle inside a
+	StatementTimeout = time.Minute
+	// IdleInTransactionTimeout ends a session idle inside a
 	// transaction longer (the rows it locked are let go).
-	TenantRoleIdleInTransactionTimeout = 30 * time.Second
-	// TenantRoleTempFileLimit bounds the temporary files of each of the
-	// role's sessions (a spilling sort): at most TenantConnectionLimit
+	IdleInTransactionTimeout = 30 * time.Second
+	// TempFileLimit bounds the temporary files of each of the
+	// role's sessions (a spilling sort): at most ConnectionLimit
 	// times this per role on the disk every namespace shares.
-	TenantRoleTempFileLimit = "64MB"
+	TempFileLimit = "64MB"
 )
 
 // tenantRoleBounds sets the role's defaults the owner may always set; the
 // role name is quoted by the caller.
 func tenantRoleBounds(role string) string {
 	return fmt.Sprintf("ALTER ROLE %s SET statement_timeout = %d; ALTER ROLE %s SET idle_in_transaction_session_timeout = %d",
-		role, TenantRoleStatementTimeout.Milliseconds(), role, TenantRoleIdleInTransactionTimeout.Milliseconds())
+		role, StatementTimeout.Milliseconds(), role, IdleInTransactionTimeout.Milliseconds())
 }
 
 // boundTenantTempFiles sets the role's temp_file_limit if the owner may (see
-// TenantRoleTempFileLimit), in a savepoint: a refusal leaves the rest of
+// TempFileLimit), in a savepoint: a refusal leaves the rest of
 // the provisioning's transaction as it was.
 func boundTenantTempFiles(ctx context.Context, tx pgx.Tx, role string) error {
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return err
 	}
-	err = sp.Conn().PgConn().Exec(ctx, "ALTER ROLE "+role+" SET temp_file_limit = "+quoteLiteral(TenantRoleTempFileLimit)).Close()
+	err = sp.Conn().PgConn().Exec(ctx, "ALTER ROLE "+role+" SET temp_file_limit = "+quoteLiteral(TempFileLimit)).Close()
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege: no GRANT SET ON PARAMETER
 		return sp.Rollback(ctx)
@@ -111,15 +116,15 @@ func boundTenantTempFiles(ctx context.Context, tx pgx.Tx, role string) error {
 	return sp.Commit(ctx)
 }
 
-// TenantCredential is one login role of a namespace's tenant.
-type TenantCredential struct {
+// Credential is one login role of a namespace's tenant.
+type Credential struct {
 	Role, Password     string
 	Namespace, Cluster string
 	Generation         int
 }
 
-// TenantRole is one live generation of a namespace's login role.
-type TenantRole struct {
+// Role is one live generation of a namespace's login role.
+type Role struct {
 	Role       string `json:"role"`
 	Namespace  string `json:"namespace"`
 	Cluster    string `json:"cluster"`
@@ -191,33 +196,34 @@ func validateTenant(cluster, namespace string) error {
 // length inside the limit and distinct.
 func tenantRoleName(cluster, namespace string, generation int) string {
 	sum := sha256.Sum256([]byte(cluster + "/" + namespace))
-	return tenantRolePrefix + hex.EncodeToString(sum[:16]) + "_g" + strconv.Itoa(generation)
+	return RolePrefix + hex.EncodeToString(sum[:16]) + "_g" + strconv.Itoa(generation)
 }
 
-// ProvisionTenant creates a new generation of the (cluster, namespace)
+// Provision creates a new generation of the (cluster, namespace)
 // tenant role with a fresh random password and returns it; older
 // generations stay valid until retired. The password never reaches the
 // server: only its SCRAM-SHA-256 verifier does, so neither the server's
 // statement log nor anyone reading pg_authid learns it.
-func (s *Store) ProvisionTenant(ctx context.Context, cluster, namespace string) (TenantCredential, error) {
+func Provision(ctx context.Context, st *store.Store, cluster, namespace string) (Credential, error) {
+	h := st.Handle()
 	if err := validateTenant(cluster, namespace); err != nil {
-		return TenantCredential{}, fmt.Errorf("provisioning a tenant role: %w", err)
+		return Credential{}, fmt.Errorf("provisioning a tenant role: %w", err)
 	}
 	password, err := newTenantPassword()
 	if err != nil {
-		return TenantCredential{}, err
+		return Credential{}, err
 	}
 	salt := make([]byte, scramSaltLen)
 	if _, err := rand.Read(salt); err != nil {
-		return TenantCredential{}, fmt.Errorf("provisioning a tenant role: %w", err)
+		return Credential{}, fmt.Errorf("provisioning a tenant role: %w", err)
 	}
 	verifier, err := scramVerifier(password, salt, scramIterations)
 	if err != nil {
-		return TenantCredential{}, err
+		return Credential{}, err
 	}
-	c := TenantCredential{Password: password, Namespace: namespace, Cluster: cluster}
+	c := Credential{Password: password, Namespace: namespace, Cluster: cluster}
 	op := fmt.Sprintf("provisioning a role for namespace %s of cluster %s", namespace, cluster)
-	err = s.tenantTx(ctx, op, cluster, namespace, func(tx pgx.Tx) error {
+	err = tenantTx(ctx, h, op, cluster, namespace, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, qNextTenantGeneration, cluster, namespace).Scan(&c.Generation); err != nil {
 			return err
 		}
@@ -229,7 +235,7 @@ func (s *Store) ProvisionTenant(ctx context.Context, cluster, namespace string) 
 		// here from a hash and base64 and quoted anyway.
 		role := pgx.Identifier{c.Role}.Sanitize()
 		create := "CREATE ROLE " + role + " LOGIN PASSWORD " + quoteLiteral(verifier) +
-			" CONNECTION LIMIT " + strconv.Itoa(TenantConnectionLimit) + " IN ROLE " + pgx.Identifier{TenantGroupRole}.Sanitize()
+			" CONNECTION LIMIT " + strconv.Itoa(ConnectionLimit) + " IN ROLE " + pgx.Identifier{GroupRole}.Sanitize()
 		if err := tx.Conn().PgConn().Exec(ctx, create).Close(); err != nil {
 			return fmt.Errorf("creating role %s: %w", c.Role, err)
 		}
@@ -250,28 +256,29 @@ func (s *Store) ProvisionTenant(ctx context.Context, cluster, namespace string) 
 		return err
 	})
 	if err != nil {
-		return TenantCredential{}, err
+		return Credential{}, err
 	}
 	return c, nil
 }
 
-// TenantRoles lists the live generations (newest first) with when they were
+// Roles lists the live generations (newest first) with when they were
 // created / superseded.
-func (s *Store) TenantRoles(ctx context.Context, cluster, namespace string) ([]TenantRole, error) {
+func Roles(ctx context.Context, st *store.Store, cluster, namespace string) ([]Role, error) {
+	h := st.Handle()
 	if err := validateTenant(cluster, namespace); err != nil {
 		return nil, fmt.Errorf("listing tenant roles: %w", err)
 	}
 	op := fmt.Sprintf("listing the roles of namespace %s of cluster %s", namespace, cluster)
-	rows, err := s.h.Pool.Query(ctx, qListTenantRoles, cluster, namespace)
+	rows, err := h.Pool.Query(ctx, qListTenantRoles, cluster, namespace)
 	if err != nil {
-		return nil, s.classify(op, err)
+		return nil, h.Classify(op, err)
 	}
 	defer rows.Close()
-	var out []TenantRole
+	var out []Role
 	for rows.Next() {
-		var r TenantRole
+		var r Role
 		if err := rows.Scan(&r.Role, &r.Namespace, &r.Cluster, &r.Generation, &r.CreatedAt, &r.SupersededAt); err != nil {
-			return nil, s.classify(op, err)
+			return nil, h.Classify(op, err)
 		}
 		r.CreatedAt = r.CreatedAt.UTC()
 		if r.SupersededAt != nil {
@@ -280,34 +287,36 @@ func (s *Store) TenantRoles(ctx context.Context, cluster, namespace string) ([]T
 		}
 		out = append(out, r)
 	}
-	return out, s.classify(op, rows.Err())
+	return out, h.Classify(op, rows.Err())
 }
 
-// SupersedeTenantRoles marks every live generation of the (cluster,
+// Supersede marks every live generation of the (cluster,
 // namespace) tenant superseded now, without creating a new one (the
-// namespace opted out): RetireTenantRoles drops them after the grace.
-func (s *Store) SupersedeTenantRoles(ctx context.Context, cluster, namespace string) error {
+// namespace opted out): Retire drops them after the grace.
+func Supersede(ctx context.Context, st *store.Store, cluster, namespace string) error {
+	h := st.Handle()
 	if err := validateTenant(cluster, namespace); err != nil {
 		return fmt.Errorf("superseding tenant roles: %w", err)
 	}
 	op := fmt.Sprintf("superseding the roles of namespace %s of cluster %s", namespace, cluster)
-	return s.tenantTx(ctx, op, cluster, namespace, func(tx pgx.Tx) error {
+	return tenantTx(ctx, h, op, cluster, namespace, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, qSupersedeTenants, cluster, namespace)
 		return err
 	})
 }
 
-// RetireTenantRoles drops the generations superseded more than `grace` ago
+// Retire drops the generations superseded more than `grace` ago
 // (DB time); returns the dropped role names. Each role is dropped in a
 // transaction of its own, so one that cannot be dropped (it owns objects a
 // DBA must deal with) does not keep the others alive; the error names it.
-// A role whose drop waited TenantLockTimeout for a lock (a session of the
+// A role whose drop waited LockTimeout for a lock (a session of the
 // role holds its role locked) stays live, and the error says so: the
 // provisioning of every other namespace waits behind a drop, so it is not
 // left waiting longer. A session still open with a dropped role can do
 // nothing more: the rights came from dislock_tenant, and the role no
 // longer maps to a namespace.
-func (s *Store) RetireTenantRoles(ctx context.Context, cluster, namespace string, grace time.Duration) ([]string, error) {
+func Retire(ctx context.Context, st *store.Store, cluster, namespace string, grace time.Duration) ([]string, error) {
+	h := st.Handle()
 	if err := validateTenant(cluster, namespace); err != nil {
 		return nil, fmt.Errorf("retiring tenant roles: %w", err)
 	}
@@ -315,15 +324,15 @@ func (s *Store) RetireTenantRoles(ctx context.Context, cluster, namespace string
 		return nil, fmt.Errorf("retiring tenant roles: grace %s is negative", grace)
 	}
 	op := fmt.Sprintf("retiring the roles of namespace %s of cluster %s", namespace, cluster)
-	rows, err := s.h.Pool.Query(ctx, qRetirableTenants, cluster, namespace, db.Micros(grace))
+	rows, err := h.Pool.Query(ctx, qRetirableTenants, cluster, namespace, db.Micros(grace))
 	if err != nil {
-		return nil, s.classify(op, err)
+		return nil, h.Classify(op, err)
 	}
 	due, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, s.classify(op, err)
+		return nil, h.Classify(op, err)
 	}
-	return retireEach(ctx, s, op, cluster, namespace, due, func(role string) string { return role },
+	return retireEach(ctx, h, op, cluster, namespace, due, func(role string) string { return role },
 		qRetireTenant, db.Micros(grace))
 }
 
@@ -332,13 +341,13 @@ func (s *Store) RetireTenantRoles(ctx context.Context, cluster, namespace string
 // role and arg) and, if that still applies (another provisioner may have
 // retired it meanwhile), drops it. It returns the roles it dropped, and an
 // error naming each it could not drop and why.
-func retireEach[T any](ctx context.Context, s *Store, op, cluster, namespace string, due []T, role func(T) string,
+func retireEach[T any](ctx context.Context, h *db.Handle, op, cluster, namespace string, due []T, role func(T) string,
 	retire string, arg any) ([]T, error) {
 	var dropped []T
 	var errs []error
 	for _, r := range due {
 		var retired bool
-		err := s.tenantTx(ctx, op+": dropping "+role(r), cluster, namespace, func(tx pgx.Tx) error {
+		err := tenantTx(ctx, h, op+": dropping "+role(r), cluster, namespace, func(tx pgx.Tx) error {
 			tag, err := tx.Exec(ctx, retire, role(r), arg)
 			if err != nil || tag.RowsAffected() == 0 {
 				return err // retired meanwhile, or no longer due
@@ -377,17 +386,18 @@ WHERE t.role_name = $1::text AND t.retired_at IS NULL AND t.superseded_at IS NOT
          AND n.retired_at IS NULL AND n.generation > t.generation) >= $2::int`
 )
 
-// RetireTenantRolesBeyond drops the superseded generations of the (cluster,
+// RetireBeyond drops the superseded generations of the (cluster,
 // namespace) tenant that are not among its `keep` newest live generations,
 // however recently they were superseded, and returns them oldest first. It
 // bounds how many roles one namespace can hold: a tenant that has its
 // Secret replaced again and again would otherwise keep every generation
 // alive for the whole grace. The generation in use (not superseded) is never
-// dropped here, whatever `keep` is. As in RetireTenantRoles, each role is
+// dropped here, whatever `keep` is. As in Retire, each role is
 // dropped in a transaction of its own, a drop waits at most
-// TenantLockTimeout for a lock, and the error names any role that could
+// LockTimeout for a lock, and the error names any role that could
 // not be dropped and why.
-func (s *Store) RetireTenantRolesBeyond(ctx context.Context, cluster, namespace string, keep int) ([]TenantRole, error) {
+func RetireBeyond(ctx context.Context, st *store.Store, cluster, namespace string, keep int) ([]Role, error) {
+	h := st.Handle()
 	if err := validateTenant(cluster, namespace); err != nil {
 		return nil, fmt.Errorf("retiring tenant roles beyond a count: %w", err)
 	}
@@ -395,12 +405,12 @@ func (s *Store) RetireTenantRolesBeyond(ctx context.Context, cluster, namespace 
 		return nil, fmt.Errorf("retiring tenant roles beyond a count: keep %d is negative", keep)
 	}
 	op := fmt.Sprintf("retiring the roles of namespace %s of cluster %s beyond the newest %d", namespace, cluster, keep)
-	rows, err := s.h.Pool.Query(ctx, qTenantsBeyond, cluster, namespace, keep)
+	rows, err := h.Pool.Query(ctx, qTenantsBeyond, cluster, namespace, keep)
 	if err != nil {
-		return nil, s.classify(op, err)
+		return nil, h.Classify(op, err)
 	}
-	due, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (TenantRole, error) {
-		var r TenantRole
+	due, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Role, error) {
+		var r Role
 		err := row.Scan(&r.Role, &r.Namespace, &r.Cluster, &r.Generation, &r.CreatedAt, &r.SupersededAt)
 		r.CreatedAt = r.CreatedAt.UTC()
 		if r.SupersededAt != nil {
@@ -410,9 +420,9 @@ func (s *Store) RetireTenantRolesBeyond(ctx context.Context, cluster, namespace 
 		return r, err
 	})
 	if err != nil {
-		return nil, s.classify(op, err)
+		return nil, h.Classify(op, err)
 	}
-	return retireEach(ctx, s, op, cluster, namespace, due, func(r TenantRole) string { return r.Role },
+	return retireEach(ctx, h, op, cluster, namespace, due, func(r Role) string { return r.Role },
 		qRetireTenantBeyond, keep)
 }
 
@@ -425,13 +435,13 @@ func (s *Store) RetireTenantRolesBeyond(ctx context.Context, cluster, namespace 
 // transaction, which any role may do for itself), and DROP ROLE waits for
 // it: unbounded, every other namespace's provisioning waited behind it.
 const (
-	// TenantLockTimeout bounds each wait for a lock while the tenants'
+	// LockTimeout bounds each wait for a lock while the tenants'
 	// table lock is held (lock_timeout, SQLSTATE 55P03 when it passes): a
 	// role a tenant's session holds locked is not dropped this time, and
 	// the provisioners queued behind wait this long at most.
-	TenantLockTimeout = 3 * time.Second
+	LockTimeout = 3 * time.Second
 	// tenantQueueTimeout bounds the wait for the tenants' table lock
-	// itself. Longer than TenantLockTimeout: the transaction ahead may be
+	// itself. Longer than LockTimeout: the transaction ahead may be
 	// waiting out its own lock timeout, and the queue must not give up
 	// just before it lets go.
 	tenantQueueTimeout = 20 * time.Second
@@ -451,7 +461,7 @@ SET LOCAL idle_in_transaction_session_timeout = %d;
 SET LOCAL lock_timeout = %d;
 %s;
 SET LOCAL lock_timeout = %d`, tenantStatementTimeout.Milliseconds(), tenantStatementTimeout.Milliseconds(),
-	tenantQueueTimeout.Milliseconds(), qTenantLock, TenantLockTimeout.Milliseconds())
+	tenantQueueTimeout.Milliseconds(), qTenantLock, LockTimeout.Milliseconds())
 
 // dropTenantRole drops a role inside a tenants' transaction (the caller's
 // op names the role). A lock timeout says whose lock it was most likely and what happens next: the
@@ -462,7 +472,7 @@ func dropTenantRole(ctx context.Context, tx pgx.Tx, role string) error {
 	if db.LockTimedOut(err) {
 		return fmt.Errorf("gave up after %s (lock_timeout) waiting for a lock on role %s, "+
 			"most likely held by a session of the role itself (e.g. an open transaction that ran ALTER ROLE CURRENT_USER); "+
-			"the role stays live and is dropped at a later reconcile: %w", TenantLockTimeout, role, err)
+			"the role stays live and is dropped at a later reconcile: %w", LockTimeout, role, err)
 	}
 	return err
 }
@@ -470,20 +480,20 @@ func dropTenantRole(ctx context.Context, tx pgx.Tx, role string) error {
 // tenantTx runs fn in one transaction holding the (cluster, namespace)
 // lock. A transaction keeps one server connection in PgBouncer's
 // transaction pooling too, and nothing in it outlives the commit. Every
-// wait in it is bounded on the server (see TenantLockTimeout).
-func (s *Store) tenantTx(ctx context.Context, op, cluster, namespace string, fn func(pgx.Tx) error) error {
-	tx, err := s.h.Pool.Begin(ctx)
+// wait in it is bounded on the server (see LockTimeout).
+func tenantTx(ctx context.Context, h *db.Handle, op, cluster, namespace string, fn func(pgx.Tx) error) error {
+	tx, err := h.Pool.Begin(ctx)
 	if err != nil {
-		return s.classify(op, err)
+		return h.Classify(op, err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit this is a no-op
 	if err := tx.Conn().PgConn().Exec(ctx, qTenantTxBegin).Close(); err != nil {
-		return s.classify(op, err)
+		return h.Classify(op, err)
 	}
 	if err := fn(tx); err != nil {
-		return s.classify(op, err)
+		return h.Classify(op, err)
 	}
-	return s.classify(op, tx.Commit(ctx))
+	return h.Classify(op, tx.Commit(ctx))
 }
 
 // newTenantPassword is 256 random bits in URL-safe base64: nothing in it
@@ -523,22 +533,22 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 
 // ownerOnlyParams are connection parameters that carry the owner's own
 // credentials (its password, its client certificate and the key's
-// passphrase, its password file): TenantDSN leaves them out.
+// passphrase, its password file): DSN leaves them out.
 var ownerOnlyParams = map[string]bool{
 	"user": true, "password": true, "sslpassword": true, "sslcert": true, "sslkey": true, "passfile": true,
 }
 
-// TenantDSN is the owner DSN with user and password replaced by the
+// DSN is the owner DSN with user and password replaced by the
 // credential's (same hosts, ports, options). Parameters that hold the
 // owner's other credentials (sslcert, sslkey, sslpassword, passfile) are
 // dropped: they are the owner's, and the tenant's pods do not have the files.
 // A URL stays a URL with everything else as written; a key=value string
 // keeps every other pair in order (quoted only where needed).
-func TenantDSN(ownerDSN string, c TenantCredential) (string, error) {
+func DSN(ownerDSN string, c Credential) (string, error) {
 	if c.Role == "" || c.Password == "" {
 		return "", errors.New("tenant URL: the credential has no role or no password")
 	}
-	if _, err := ParseDatabaseURL(ownerDSN); err != nil {
+	if _, err := store.ParseDatabaseURL(ownerDSN); err != nil {
 		return "", fmt.Errorf("tenant URL: owner URL: %w", err)
 	}
 	var out string
@@ -551,7 +561,7 @@ func TenantDSN(ownerDSN string, c TenantCredential) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("tenant URL: %s", dsn.Scrub(ownerDSN, err.Error()))
 	}
-	cfg, err := ParseDatabaseURL(out)
+	cfg, err := store.ParseDatabaseURL(out)
 	if err != nil {
 		// Never expected: both pieces were parsed above. Neither
 		// password may appear in the message.
@@ -568,7 +578,7 @@ func TenantDSN(ownerDSN string, c TenantCredential) (string, error) {
 // user information is everything before the first '@' that comes before the
 // first '/'; hosts, path and query follow, and the query may name the
 // user or password again (a later value wins), so those are dropped there.
-func tenantURL(scheme, rest string, c TenantCredential) (string, error) {
+func tenantURL(scheme, rest string, c Credential) (string, error) {
 	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
 		rest = rest[i+1:]
 	}
@@ -597,7 +607,7 @@ func tenantURL(scheme, rest string, c TenantCredential) (string, error) {
 
 // tenantKeywordValue rewrites a key=value connection string, keeping every
 // other pair in order and appending the tenant's user and password.
-func tenantKeywordValue(conn string, c TenantCredential) (string, error) {
+func tenantKeywordValue(conn string, c Credential) (string, error) {
 	pairs, err := dsn.Parse(conn)
 	if err != nil {
 		return "", err
