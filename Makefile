@@ -96,8 +96,8 @@ bench: deps $(BIN)/etcd ## Benchmark locks (vs SELECT 1 and pgbench), pod decisi
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 4000x -count 3 -timeout 20m ./lockagent/lock/ | tee bench-lock.txt
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench '^Benchmark(Decision|ProcessStart)$$' -benchtime 100x -count 3 -timeout 20m ./lockagent/agent/ | tee bench-agent.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench 'Admission' -benchtime 3000x -count 3 -timeout 20m ./webhook/ | tee bench-webhook.txt
-	set -o pipefail; $(GO) test -run '^$$' -bench 'PullSecretKeychain' -benchtime 10x -count 3 -timeout 20m ./webhook/ | tee -a bench-webhook.txt
-	set -o pipefail; CI=true $(GO) test -run '^$$' -bench 'LedgerMetrics' -benchtime 3x -count 1 -timeout 30m ./webhook/ | tee -a bench-webhook.txt
+	set -o pipefail; $(GO) test -run '^$$' -bench 'PullSecretKeychain' -benchtime 10x -count 3 -timeout 20m ./webhook/registry/ | tee -a bench-webhook.txt
+	set -o pipefail; CI=true $(GO) test -run '^$$' -bench 'LedgerMetrics' -benchtime 3x -count 1 -timeout 30m ./webhook/maintenance/ | tee -a bench-webhook.txt
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 2000x -count 3 -timeout 20m ./test/failover/ | tee bench-failover.txt
 
 # make bench-scale: the herd's CronJobs per cluster (one herd each) and each
