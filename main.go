@@ -21,6 +21,7 @@ import (
 	"github.com/dislock/dislock/internal/cli"
 	"github.com/dislock/dislock/internal/kubeconfig"
 	"github.com/dislock/dislock/internal/tokenrecord"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook"
 	"github.com/dislock/dislock/webhook/controller/tenants"
@@ -67,7 +68,7 @@ func runWebhook(args []string) int {
 	fs.StringVar(&agentMaxMem, "agent-max-memory", "", "most memory (request or limit) a CronJob may give its sidecar by annotation (default "+inject.DefaultAgentMaxMemory+")")
 	fs.StringVar(&cfg.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace the webhook runs in (default $POD_NAMESPACE)")
 	fs.BoolVar(&cfg.CopyDBSecret, "copy-db-secret", false, "copy the database Secret into every opted-in namespace")
-	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv(cli.EnvDatabaseURL), "PostgreSQL URL for migrations and retention (optional; default $"+cli.EnvDatabaseURL+")")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv(contract.EnvDatabaseURL), "PostgreSQL URL for migrations and retention (optional; default $"+contract.EnvDatabaseURL+")")
 	fs.StringVar(&databaseCAFile, "database-ca-file", "", "PEM file of the CA that signed the database's (or PgBouncer's) certificate: --database-url verifies with it (sslmode=verify-full unless the URL sets a mode), and the sidecars get it from their namespace's Secret")
 	fs.Func("pod-labels", "labels added to injected Jobs' pods, key=value,... (repeatable; a key the pod template sets keeps its value)", inject.PodMetadataFlag("--pod-labels", &cfg.Inject.PodLabels))
 	fs.Func("pod-annotations", "annotations added to injected Jobs' pods, key=value,... (repeatable; a key the pod template sets keeps its value)", inject.PodMetadataFlag("--pod-annotations", &cfg.Inject.PodAnnotations))

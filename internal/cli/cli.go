@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/internal/version"
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/migrate"
@@ -31,9 +32,6 @@ const (
 	// missed --fail-on-missed` listed something.
 	exitProblems = 3
 )
-
-// EnvDatabaseURL is read when --database-url is not given.
-const EnvDatabaseURL = "DISLOCK_DATABASE_URL"
 
 // DefaultWindowsLimit bounds `dislock windows` output.
 const DefaultWindowsLimit = 50
@@ -59,7 +57,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	formats := cmd.outputFormats()
 	fs.StringVar(&c.output, "o", formatTable, "output format: "+orList(formats))
 	if cmd.db {
-		fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL (default $"+EnvDatabaseURL+")")
+		fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL (default $"+contract.EnvDatabaseURL+")")
 	}
 	run := cmd.setup(fs)
 	if err := fs.Parse(args[1:]); err != nil {
@@ -79,7 +77,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c.stdout, c.stderr = stdout, stderr
 	if cmd.db {
 		if c.databaseURL == "" {
-			c.databaseURL = os.Getenv(EnvDatabaseURL)
+			c.databaseURL = os.Getenv(contract.EnvDatabaseURL)
 		}
 		s, err := store.Open(ctx, c.databaseURL, store.Options{MaxConns: 2})
 		if err != nil {
@@ -151,7 +149,7 @@ func usage(w io.Writer) {
 	for _, name := range []string{"migrate", "check", "windows", "missed", "leases", "release", "tokens", "version"} {
 		fmt.Fprintf(w, "  %-8s %s\n", name, commands[name].summary)
 	}
-	fmt.Fprintf(w, "\nThe database URL comes from --database-url or $%s. Run `dislock <command> -h` for flags.\n", EnvDatabaseURL)
+	fmt.Fprintf(w, "\nThe database URL comes from --database-url or $%s. Run `dislock <command> -h` for flags.\n", contract.EnvDatabaseURL)
 }
 
 func setupMigrate(*flag.FlagSet) func(context.Context, *common) error {

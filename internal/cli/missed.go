@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 )
 
 // DefaultMissedSince is how far back `dislock missed` lists by default.
@@ -20,8 +21,8 @@ var errMissedFound = errors.New("found missed windows or silent keys (--fail-on-
 
 // missedReport is what `dislock missed` prints.
 type missedReport struct {
-	Missed []store.MissedWindow `json:"missed"`
-	Silent []silentKey          `json:"silent"`
+	Missed []ledger.MissedWindow `json:"missed"`
+	Silent []silentKey           `json:"silent"`
 	// NewlyDetected counts the listed windows this run's detection found
 	// (another cluster's webhook, or an earlier run, found the others).
 	NewlyDetected int `json:"newlyDetected"`
@@ -29,7 +30,7 @@ type missedReport struct {
 	Problems []string `json:"problems,omitempty"`
 }
 
-// silentKey is store.SilentKey with its period as text (e.g. "1h0m0s").
+// silentKey is ledger.SilentKey with its period as text (e.g. "1h0m0s").
 type silentKey struct {
 	Key          string    `json:"key"`
 	LastDecided  time.Time `json:"lastDecided"`
@@ -58,7 +59,7 @@ func setupMissed(fs *flag.FlagSet) func(context.Context, *common) error {
 		}
 		// The detection is idempotent and safe beside every webhook's:
 		// each window is judged and recorded once, whoever runs it.
-		det, err := c.store.DetectMissed(ctx, store.MissedOptions{})
+		det, err := ledger.DetectMissed(ctx, c.store, ledger.MissedOptions{})
 		if err != nil {
 			return err
 		}
@@ -66,7 +67,7 @@ func setupMissed(fs *flag.FlagSet) func(context.Context, *common) error {
 		if err != nil {
 			return err
 		}
-		missed, _, err := c.store.ListMissed(ctx, store.MissedFilter{Key: *key, From: from, To: to, Limit: *limit})
+		missed, _, err := ledger.ListMissed(ctx, c.store, ledger.MissedFilter{Key: *key, From: from, To: to, Limit: *limit})
 		if err != nil {
 			return err
 		}
@@ -108,8 +109,8 @@ func setupMissed(fs *flag.FlagSet) func(context.Context, *common) error {
 }
 
 // report keeps what concerns key ("" for all) and puts times in zone loc.
-func report(det store.Detection, missed []store.MissedWindow, key string, loc *time.Location) missedReport {
-	rep := missedReport{Missed: make([]store.MissedWindow, 0, len(missed)), Silent: []silentKey{}}
+func report(det ledger.Detection, missed []ledger.MissedWindow, key string, loc *time.Location) missedReport {
+	rep := missedReport{Missed: make([]ledger.MissedWindow, 0, len(missed)), Silent: []silentKey{}}
 	isNew := map[string]bool{}
 	for _, m := range det.New {
 		isNew[missedID(m)] = true
@@ -135,7 +136,7 @@ func report(det store.Detection, missed []store.MissedWindow, key string, loc *t
 	return rep
 }
 
-func missedID(m store.MissedWindow) string { return fmt.Sprintf("%q %d", m.Key, m.Window.UnixMicro()) }
+func missedID(m ledger.MissedWindow) string { return fmt.Sprintf("%q %d", m.Key, m.Window.UnixMicro()) }
 
 func plural(n int, noun string) string {
 	if n == 1 {

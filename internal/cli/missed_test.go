@@ -11,12 +11,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
 // missedOutput is what `dislock missed -o json|yaml` prints.
 type missedOutput struct {
-	Missed []store.MissedWindow `json:"missed"`
+	Missed []ledger.MissedWindow `json:"missed"`
 	Silent []struct {
 		Key    string `json:"key"`
 		Period string `json:"period"`
@@ -165,7 +166,7 @@ func TestMissedListsTheWindowsThatRanNowhereAndTheSilentKeys(t *testing.T) {
 			code, out, _ = run(t, "missed", "--database-url", tg.DSN, "--key", failed, "-o", "yaml")
 			var fromYAML missedOutput
 			if err := yaml.Unmarshal([]byte(out), &fromYAML); code != 0 || err != nil || len(fromYAML.Missed) != 1 ||
-				!fromYAML.Missed[0].Window.Equal(minute(5)) || fromYAML.Missed[0].Kind != store.MissedFailed {
+				!fromYAML.Missed[0].Window.Equal(minute(5)) || fromYAML.Missed[0].Kind != ledger.MissedFailed {
 				t.Errorf("missed -o yaml: exit %d, %v, %+v:\n%s", code, err, fromYAML, out)
 			}
 

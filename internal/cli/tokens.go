@@ -12,6 +12,7 @@ import (
 	"github.com/dislock/dislock/internal/kubeconfig"
 	"github.com/dislock/dislock/internal/tokenrecord"
 	"github.com/dislock/dislock/lockagent/store/check"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 )
 
 // tokenFloor is the highest fencing token recorded outside the database,
@@ -85,7 +86,7 @@ func setupTokens(fs *flag.FlagSet) func(context.Context, *common) error {
 		if err != nil {
 			return err
 		}
-		st, err := c.store.KeepTokens(ctx, floor, *newEpoch)
+		st, err := ledger.KeepTokens(ctx, c.store, floor, *newEpoch)
 		if err != nil {
 			return err
 		}

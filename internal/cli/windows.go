@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 )
 
 // Watching `dislock windows`.
@@ -103,7 +104,7 @@ func (l *windowsListing) entries(ctx context.Context) ([]entry, error) {
 	var out []entry
 	listed := map[string]bool{}
 	if l.c.output == formatWide {
-		decisions, _, err := l.c.store.ListWindowDecisions(ctx, f)
+		decisions, _, err := ledger.ListWindowDecisions(ctx, l.c.store, f)
 		if err != nil {
 			return nil, err
 		}
@@ -199,9 +200,9 @@ func (l *windowsListing) wideEntries(g *windowGroup) []entry {
 		out = append(out, entry{id: decisionID(d), cells: []string{d.Key, l.tr.format(d.Window), index(d.Index), d.Cluster,
 			string(d.Action), token(d.Token), l.tr.format(d.At), d.Pod, d.Reason}})
 	}
-	if len(g.decisions) >= store.MaxDecisionsPerWindow {
+	if len(g.decisions) >= ledger.MaxDecisionsPerWindow {
 		out = append(out, entry{id: fmt.Sprintf("more %q %d", g.key, g.start.UnixMicro()),
-			line: fmt.Sprintf("(window %s of %s has more decisions; the first %d are shown)", l.tr.format(g.start), g.key, store.MaxDecisionsPerWindow)})
+			line: fmt.Sprintf("(window %s of %s has more decisions; the first %d are shown)", l.tr.format(g.start), g.key, ledger.MaxDecisionsPerWindow)})
 	}
 	if len(g.decisions) > 0 {
 		return out

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dislock/dislock/lockagent/window"
 )
 
 // AgentEnv is the sidecar's environment as values. The webhook fills it from
@@ -200,12 +202,6 @@ func (e AgentEnv) renderWindow() string {
 // MaxCompletions is the most completions Kubernetes allows an Indexed Job.
 const MaxCompletions = 100000
 
-// The range of window starts, as in package window.
-var (
-	minWindow = time.Date(2000, time.January, 1, 0, 0, 0, 0, time.UTC)
-	maxWindow = time.Date(10000, time.January, 1, 0, 0, 0, 0, time.UTC) // exclusive
-)
-
 // ParseOptions adjust ParseAgentEnv.
 type ParseOptions struct {
 	// AllowShortTTL lowers the floor of DISLOCK_LEASE_TTL, and of
@@ -289,15 +285,16 @@ func ParseAgentEnv(getenv func(string) string, opts ParseOptions) (AgentEnv, err
 		e.Manual = true
 	case w != "":
 		t, err := time.Parse(time.RFC3339, w)
-		switch {
-		case err != nil:
+		if err != nil {
 			bad(EnvWindow, w, "is not a window "+wantWindow)
-		case t.Before(minWindow) || !t.Before(maxWindow):
-			// The same range the webhook's window rules accept.
-			bad(EnvWindow, w, "is outside the supported range (want between 2000-01-01T00:00:00Z and 9999-12-31T23:59:59Z)")
-		default:
-			e.Window = t.UTC()
+			break
 		}
+		// The range the webhook's window rules accept.
+		if err := window.CheckRange(t.UTC()); err != nil {
+			bad(EnvWindow, w, err.Error())
+			break
+		}
+		e.Window = t.UTC()
 	case e.Schedule == "":
 		e.Manual = true
 	}

@@ -37,7 +37,7 @@ const (
 	// MaxMissedAfter: a window with no successful run this long after its
 	// start counts as missed (dislock_missed_windows_total, `dislock
 	// missed`). Unset: one period of the schedule, at least a minute and at
-	// most an hour (store.DefaultMissedGrace). Set it above the time the
+	// most an hour (ledger.DefaultMissedGrace). Set it above the time the
 	// Job's retries take.
 	AnnotationMissedAfter = Prefix + "missed-after"
 

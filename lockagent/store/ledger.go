@@ -112,7 +112,7 @@ func (s *Store) RecordDecision(ctx context.Context, d Decision) error {
 		set_config('synchronous_commit', 'off', true)`,
 		fmt.Sprint(LedgerLockTimeout.Milliseconds()), fmt.Sprint(LedgerStatementTimeout.Milliseconds()))
 	batch.Queue(qRecordDecision, d.Key, window, d.Index, d.Cluster, d.Job, d.Pod, string(d.Action),
-		cutReason(d.Reason), d.Token, seconds, DurationBuckets)
+		db.Cut(d.Reason, MaxReason), d.Token, seconds, DurationBuckets)
 	err := s.h.Pool.SendBatch(ctx, batch).Close()
 	return s.classify("recording the decision of "+d.Key, err)
 }
@@ -126,61 +126,5 @@ func validAction(a Action) bool {
 	return false
 }
 
-// cutReason shortens r to at most MaxReason bytes on a rune boundary.
-func cutReason(r string) string {
-	if len(r) <= MaxReason {
-		return r
-	}
-	const mark = "…"
-	cut := MaxReason - len(mark)
-	for cut > 0 && r[cut]&0xC0 == 0x80 {
-		cut--
-	}
-	return r[:cut] + mark
-}
-
-// DecisionFilter selects ledger rows. Zero fields do not filter.
-type DecisionFilter struct {
-	Key string
-	// Window selects the decisions of one window start.
-	Window time.Time
-	// From and To bound the window start (decision time for rows without a
-	// window): From <= t < To.
-	From, To time.Time
-	// Limit bounds the rows returned, newest first; 0 means DefaultListLimit.
-	Limit int
-}
-
 // DefaultListLimit bounds a listing without a limit.
 const DefaultListLimit = 1000
-
-// ListDecisions returns ledger rows, newest window (or decision) first and,
-// within a window, in the order they were decided; and the database time.
-func (s *Store) ListDecisions(ctx context.Context, f DecisionFilter) ([]Decision, time.Time, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = DefaultListLimit
-	}
-	return db.List(ctx, &s.h, "listing decisions", scanDecision, qListDecisions,
-		f.Key, db.NullTime(f.Window), db.NullTime(f.From), db.NullTime(f.To), limit)
-}
-
-func scanDecision(row pgx.Row, d *Decision, extra ...any) error {
-	var problems []string
-	var window *time.Time
-	var action string
-	err := row.Scan(append([]any{&d.Key, &db.FiniteTime{Column: "window_start", Nullable: &window, Problems: &problems},
-		&d.Index, &d.Cluster, &d.Job, &d.Pod, &action, &d.Reason, &d.Token,
-		&db.FiniteTime{Column: "decided_at", T: &d.At, Problems: &problems}}, extra...)...)
-	if err != nil {
-		return err
-	}
-	d.Action = Action(action)
-	if window != nil {
-		d.Window = *window
-	}
-	if len(problems) > 0 {
-		return &db.UnreadableRow{Table: "decisions", Key: d.Key, Problems: problems}
-	}
-	return nil
-}

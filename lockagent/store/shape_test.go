@@ -332,36 +332,3 @@ func TestARenewalThatWaitedPastTheExpiryDoesNotReviveTheOtherShapesRival(t *test
 		}
 	})
 }
-
-// Retention forgets a window's shape with its rows: dislock.window_units
-// does not grow by a row per tick for ever.
-func TestRetentionForgetsTheShapesOfTheWindowsItDeletes(t *testing.T) {
-	storetest.EachTarget(t, func(t *testing.T, dsn string) {
-		s := storetest.Open(t, dsn, 2)
-		ctx := context.Background()
-		now, err := s.Now(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		key := storetest.UniqueKey(t)
-		old := now.Add(-100 * time.Hour).Truncate(time.Minute)
-		c, err := claimShape(ctx, s, key, old, store.NotIndexed, storetest.Owner("dc-a", "job-a", "pod-a"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Finish(ctx, key, old, store.NotIndexed, c.Window.Token, store.StateSucceeded, nil); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.DeleteOldWindows(ctx, store.MinRetention); err != nil {
-			t.Fatal(err)
-		}
-		var windows, units int
-		if err := s.Handle().Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM dislock.windows WHERE lock_key = $1),
-			(SELECT count(*) FROM dislock.window_units WHERE lock_key = $1)`, key).Scan(&windows, &units); err != nil {
-			t.Fatal(err)
-		}
-		if windows != 0 || units != 0 {
-			t.Fatalf("after retention: %d window rows and %d shapes of a window 100 h old; want none", windows, units)
-		}
-	})
-}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -129,41 +128,6 @@ func TestTwoStandbysRacingForADeadOwnersWindowYieldOneNewOwner(t *testing.T) {
 			wg.Wait()
 			if len(winners) != 1 {
 				t.Fatalf("round %d: %d new owners %v, want exactly one", round, len(winners), winners)
-			}
-		}
-	})
-}
-
-func TestRetentionDeletesOnlyOldFinishedWindows(t *testing.T) {
-	storetest.EachTarget(t, func(t *testing.T, dsn string) {
-		s := storetest.Open(t, dsn, 2)
-		ctx := context.Background()
-		key := storetest.UniqueKey(t)
-		now, err := s.Now(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		old := now.Add(-40 * 24 * time.Hour).Truncate(time.Minute)
-		recent := now.Add(-time.Hour).Truncate(time.Minute)
-		a := storetest.Owner("dc-a", "job", "pod")
-		done := storetest.MustClaim(t, s, key, old, a, false, ttl, store.Claimed)
-		if _, err := s.Finish(ctx, key, old, store.NotIndexed, done.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
-			t.Fatal(err)
-		}
-		alive := old.Add(time.Minute)
-		storetest.MustClaim(t, s, key, alive, a, false, time.Hour, store.Claimed) // an old window whose owner is still running
-		storetest.MustClaim(t, s, key, recent, a, false, ttl, store.Claimed)
-
-		if _, err := s.DeleteOldWindows(ctx, store.MinRetention-time.Minute); err == nil || !strings.Contains(err.Error(), "shorter than 48h0m0s") {
-			t.Fatalf("a retention below the minimum: %v, want a refusal naming the bound", err)
-		}
-		if _, err := s.DeleteOldWindows(ctx, store.DefaultRetention); err != nil {
-			t.Fatal(err)
-		}
-		for w, want := range map[time.Time]bool{old: false, alive: true, recent: true} {
-			_, err := s.GetWindow(ctx, key, w, store.NotIndexed)
-			if exists := err == nil; exists != want {
-				t.Errorf("window %s exists=%v after retention, want %v (err %v)", w, exists, want, err)
 			}
 		}
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store/internal/db"
 	"github.com/dislock/dislock/lockagent/store/internal/dsn"
 )
@@ -50,7 +51,7 @@ type Store struct {
 // support. Errors never contain the password.
 func ParseDatabaseURL(databaseURL string) (*pgxpool.Config, error) {
 	if strings.TrimSpace(databaseURL) == "" {
-		return nil, errors.New("database URL is empty (set --database-url or DISLOCK_DATABASE_URL, e.g. postgres://user:password@host:5432/db)")
+		return nil, errors.New("database URL is empty (set --database-url or " + contract.EnvDatabaseURL + ", e.g. postgres://user:password@host:5432/db)")
 	}
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {

@@ -42,7 +42,7 @@ func FuzzResolve(f *testing.F) {
 			}
 			return
 		}
-		if got.Location() != time.UTC || checkRange(got) != nil {
+		if got.Location() != time.UTC || CheckRange(got) != nil {
 			t.Fatalf("Resolve = %v (%s), want a UTC instant in range", got, source)
 		}
 		switch source {
@@ -113,7 +113,7 @@ func FuzzParseScheduledTimestamp(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if got.Location() != time.UTC || checkRange(got) != nil {
+		if got.Location() != time.UTC || CheckRange(got) != nil {
 			t.Fatalf("ParseScheduledTimestamp(%q) = %v, want a UTC instant in range", v, got)
 		}
 		again, err := ParseScheduledTimestamp(got.Format(time.RFC3339Nano))
@@ -134,7 +134,7 @@ func FuzzFromJobName(f *testing.F) {
 		// Whatever the name, an accepted one is exactly the controller's name
 		// for the window it yields.
 		if got, ok := FromJobName(jobName, cronJobName); ok {
-			if got.Location() != time.UTC || checkRange(got) != nil || got.Unix()%60 != 0 {
+			if got.Location() != time.UTC || CheckRange(got) != nil || got.Unix()%60 != 0 {
 				t.Fatalf("FromJobName(%q, %q) = %v", jobName, cronJobName, got)
 			}
 			if name := cronJobName + "-" + strconv.FormatInt(got.Unix()/60, 10); name != jobName {

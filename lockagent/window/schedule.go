@@ -143,7 +143,7 @@ func (s Schedule) Latest(at time.Time) (time.Time, error) {
 	if s.spec == nil {
 		return time.Time{}, errors.New("zero Schedule: use ParseSchedule")
 	}
-	if err := checkRange(at); err != nil {
+	if err := CheckRange(at); err != nil {
 		return time.Time{}, fmt.Errorf("schedule %s: time %s %w", s, at.UTC().Format(time.RFC3339), err)
 	}
 	// Activations fall on whole seconds, so work in whole seconds: then

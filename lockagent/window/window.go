@@ -104,7 +104,7 @@ func Resolve(in Input, now time.Time) (time.Time, Source, error) {
 	if err != nil {
 		return time.Time{}, SourceSchedule, err
 	}
-	if err := checkRange(t); err != nil {
+	if err := CheckRange(t); err != nil {
 		return time.Time{}, SourceSchedule, fmt.Errorf("schedule %q: latest activation %w", in.Schedule, err)
 	}
 	return t, SourceSchedule, nil
@@ -118,7 +118,7 @@ func ParseScheduledTimestamp(v string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%q is not an RFC 3339 time (want e.g. \"2026-03-29T03:00:00+02:00\")", v)
 	}
 	t = t.UTC()
-	if err := checkRange(t); err != nil {
+	if err := CheckRange(t); err != nil {
 		return time.Time{}, fmt.Errorf("%q %w", v, err)
 	}
 	return t, nil
@@ -152,8 +152,9 @@ func FromJobName(jobName, cronJobName string) (time.Time, bool) {
 	return time.Unix(minutes*60, 0).UTC(), true
 }
 
-// checkRange reports whether t can be a window; the error reads after a value.
-func checkRange(t time.Time) error {
+// CheckRange reports whether t can be a window; the error reads after a
+// value. DISLOCK_WINDOW is held to the same range (package contract).
+func CheckRange(t time.Time) error {
 	if t.Before(minWindow) || !t.Before(maxWindow) {
 		return fmt.Errorf("is outside the supported range (want between %s and 9999-12-31T23:59:59Z)",
 			minWindow.Format(time.RFC3339))

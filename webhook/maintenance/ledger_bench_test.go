@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -114,7 +115,7 @@ func BenchmarkLedgerMetrics(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.StartTimer()
-			det, err := db.DetectMissed(ctx, store.MissedOptions{})
+			det, err := ledger.DetectMissed(ctx, db, ledger.MissedOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 	"github.com/dislock/dislock/webhook/internal/eventnote"
 )
 
@@ -68,7 +69,7 @@ const (
 )
 
 // Values of the query label of dislock_ledger_query_duration_seconds, beside
-// store.ReadLedgerStats' own (key_stats, decision_counts, leases).
+// ledger.ReadStats' own (key_stats, decision_counts, leases).
 const (
 	QueryDetectMissed  = "detect_missed"
 	QueryDisagreements = "disagreements"
@@ -90,7 +91,7 @@ type ledgerSnapshot struct {
 	// Queries is each query's time (seconds).
 	Queries map[string]float64 `json:"q"`
 	Keys    []keySnapshot      `json:"k"`
-	// LeftOut counts the keys beyond store.MaxKeysPerNamespace, whose
+	// LeftOut counts the keys beyond ledger.MaxKeysPerNamespace, whose
 	// metrics and windows were left out.
 	LeftOut int64 `json:"l,omitempty"`
 }
@@ -128,13 +129,13 @@ type runHistogram struct {
 
 // ledgerInputs is what one computation read.
 type ledgerInputs struct {
-	stats       store.LedgerStats
-	detection   store.Detection
+	stats       ledger.Stats
+	detection   ledger.Detection
 	disagreeing []store.ClusterView
 	// looks is this cluster's look of each silent key (LooksUnknown when
 	// missing).
 	looks map[string]string
-	// queries are the times of the reads beside ReadLedgerStats'.
+	// queries are the times of the reads beside ledger.ReadStats'.
 	queries map[string]time.Duration
 }
 
@@ -387,7 +388,7 @@ type LedgerMetrics struct {
 	// cluster's CronJob of each window Compute finds missed.
 	Events events.EventRecorder
 	// Missed bounds the detection; zero fields take lock's defaults.
-	Missed store.MissedOptions
+	Missed ledger.MissedOptions
 
 	store    *store.Store
 	cluster  string
@@ -421,7 +422,7 @@ func (m *LedgerMetrics) Compute(ctx context.Context) error {
 	logger := log.FromContext(ctx)
 	queries := map[string]time.Duration{}
 	start := time.Now()
-	det, err := m.store.DetectMissed(ctx, m.Missed)
+	det, err := ledger.DetectMissed(ctx, m.store, m.Missed)
 	queries[QueryDetectMissed] = time.Since(start)
 	if err != nil {
 		return fmt.Errorf("computing the ledger metrics: %w", err)
@@ -432,7 +433,7 @@ func (m *LedgerMetrics) Compute(ctx context.Context) error {
 	cronJobs := &cronJobsByKey{reader: m.cronJobs}
 	m.reportMissed(ctx, cronJobs, m.toReport(ctx, det.New))
 
-	stats, err := m.store.ReadLedgerStats(ctx)
+	stats, err := ledger.ReadStats(ctx, m.store)
 	if err != nil {
 		return fmt.Errorf("computing the ledger metrics: %w", err)
 	}
@@ -460,14 +461,14 @@ func (m *LedgerMetrics) Compute(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("encoding the ledger metrics: %w", err)
 	}
-	if err := m.store.SaveMetricsSnapshot(ctx, m.cluster, body); err != nil {
+	if err := ledger.SaveMetricsSnapshot(ctx, m.store, m.cluster, body); err != nil {
 		return fmt.Errorf("storing the ledger metrics: %w", err)
 	}
 	m.state.serve(&snap)
 	logger.V(1).Info("ledger metrics computed", "keys", len(snap.Keys), "missed", len(det.New), "silent", len(det.Silent), "bytes", len(body))
 	if stats.KeysLeftOut > 0 {
 		logger.Info("keys left out of the ledger metrics and the missed-window detection: a namespace has more than the keys it may have judged",
-			"leftOut", stats.KeysLeftOut, "perNamespace", store.MaxKeysPerNamespace)
+			"leftOut", stats.KeysLeftOut, "perNamespace", ledger.MaxKeysPerNamespace)
 	}
 	return nil
 }
@@ -487,7 +488,7 @@ func (m *LedgerMetrics) Refresh(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pinging the database: %w", err)
 	}
-	body, at, ok, err := m.store.LoadMetricsSnapshot(ctx, m.cluster, newerThan)
+	body, at, ok, err := ledger.LoadMetricsSnapshot(ctx, m.store, m.cluster, newerThan)
 	if err != nil || !ok {
 		return err
 	}
@@ -511,13 +512,13 @@ const maxMissedReported = 20000
 // those its own detection found (found) and those other clusters' found
 // since its last computation. The first computation of a leader reports
 // only what it found itself: the windows found before it led are old news.
-func (m *LedgerMetrics) toReport(ctx context.Context, found []store.MissedWindow) []store.MissedWindow {
+func (m *LedgerMetrics) toReport(ctx context.Context, found []ledger.MissedWindow) []ledger.MissedWindow {
 	if m.Events == nil || m.cronJobs == nil {
 		return nil
 	}
 	out := found
 	if !m.reportedThrough.IsZero() {
-		listed, _, err := m.store.ListMissed(ctx, store.MissedFilter{DetectedAfter: m.reportedThrough, PerKey: maxMissedEvents + 1, Limit: maxMissedReported})
+		listed, _, err := ledger.ListMissed(ctx, m.store, ledger.MissedFilter{DetectedAfter: m.reportedThrough, PerKey: maxMissedEvents + 1, Limit: maxMissedReported})
 		if err != nil {
 			log.FromContext(ctx).Error(err, "listing the windows other clusters found missed; their Events are left out")
 		} else {
@@ -535,7 +536,7 @@ func (m *LedgerMetrics) toReport(ctx context.Context, found []store.MissedWindow
 		}
 	}
 	// Oldest window first, as the Events' notes count them.
-	slices.SortFunc(out, func(a, b store.MissedWindow) int {
+	slices.SortFunc(out, func(a, b ledger.MissedWindow) int {
 		if c := strings.Compare(a.Key, b.Key); c != 0 {
 			return c
 		}
@@ -547,11 +548,11 @@ func (m *LedgerMetrics) toReport(ctx context.Context, found []store.MissedWindow
 // reportMissed puts a Warning Event on this cluster's CronJob of each newly
 // missed window's key, at most maxMissedEvents per key: the rest are told
 // in the last one.
-func (m *LedgerMetrics) reportMissed(ctx context.Context, cronJobs *cronJobsByKey, missed []store.MissedWindow) {
+func (m *LedgerMetrics) reportMissed(ctx context.Context, cronJobs *cronJobsByKey, missed []ledger.MissedWindow) {
 	if m.Events == nil || m.cronJobs == nil {
 		return
 	}
-	byKey := map[string][]store.MissedWindow{}
+	byKey := map[string][]ledger.MissedWindow{}
 	for _, w := range missed {
 		byKey[w.Key] = append(byKey[w.Key], w)
 	}
@@ -572,7 +573,7 @@ func (m *LedgerMetrics) reportMissed(ctx context.Context, cronJobs *cronJobsByKe
 // missedNotes are the Event notes of one key's missed windows, oldest
 // first: one per window, and when there are more than maxMissedEvents, a
 // last one that counts the rest.
-func missedNotes(ws []store.MissedWindow) []string {
+func missedNotes(ws []ledger.MissedWindow) []string {
 	var out []string
 	for i, w := range ws {
 		if i == maxMissedEvents-1 && len(ws) > maxMissedEvents {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/monitoring"
@@ -41,9 +42,9 @@ func at(s string) time.Time {
 // two clusters that disagree.
 func ledgerFixture() ledgerInputs {
 	return ledgerInputs{
-		stats: store.LedgerStats{
+		stats: ledger.Stats{
 			At: at("2026-12-02T12:00:00Z"),
-			Keys: []store.KeyStats{
+			Keys: []ledger.KeyStats{
 				{Key: "reports/fresh", DurationBuckets: []int64{0, 0, 0, 0, 0, 0, 0, 0}},
 				{Key: "reports/gone", DurationBuckets: []int64{0, 0, 0, 0, 0, 0, 0, 0}},
 				// Three runs of 3s, 40s and 200s; the stored buckets are cumulative.
@@ -51,20 +52,20 @@ func ledgerFixture() ledgerInputs {
 					LastMissedWindow: ptr.To(at("2026-12-02T02:00:00Z")), DurationCount: 3, DurationSum: 243,
 					DurationBuckets: []int64{0, 1, 1, 2, 3, 3, 3, 3}},
 			},
-			Counts: []store.DecisionCount{
+			Counts: []ledger.DecisionCount{
 				{Key: "reports/fresh", Cluster: "dc-a", Action: store.ActionError, N: 1},
 				{Key: "reports/nightly", Cluster: "dc-a", Action: store.ActionRun, N: 3},
 				{Key: "reports/nightly", Cluster: "dc-a", Action: store.ActionSucceeded, N: 3},
 				{Key: "reports/nightly", Cluster: "dc-b", Action: store.ActionSkip, N: 3},
 			},
-			Leases: []store.HeldLease{
+			Leases: []ledger.HeldLease{
 				{Key: "batch/shards#0", Age: 10 * time.Second},
 				{Key: "batch/shards#1", Age: 40 * time.Second},
 				{Key: "reports/nightly", Age: 30 * time.Second},
 			},
 			QueryTime: map[string]time.Duration{"key_stats": 2 * time.Millisecond, "decision_counts": time.Millisecond, "leases": 500 * time.Microsecond},
 		},
-		detection: store.Detection{Silent: []store.SilentKey{{Key: "reports/gone"}}},
+		detection: ledger.Detection{Silent: []ledger.SilentKey{{Key: "reports/gone"}}},
 		disagreeing: []store.ClusterView{
 			{Key: "reports/nightly", Cluster: "dc-a", View: store.View{Schedule: "0 2 * * *", TimeZone: "Europe/Berlin"}},
 			{Key: "reports/nightly", Cluster: "dc-b", View: store.View{Schedule: "0 2 * * *"}},
@@ -270,10 +271,10 @@ func TestASilentKeyLooksLikeItsCronJobHere(t *testing.T) {
 // an Event's note, the last counting the rest.
 func TestMissedWindowsAreToldInABoundedNumberOfNotes(t *testing.T) {
 	t.Parallel()
-	var ws []store.MissedWindow
+	var ws []ledger.MissedWindow
 	for i := range 8 {
-		ws = append(ws, store.MissedWindow{Key: "reports/nightly", Window: at("2026-12-02T02:00:00Z").Add(time.Duration(i) * time.Hour),
-			Kind: store.MissedNoRun, Reason: "no cluster ran it: " + strings.Repeat("dc-a skip (stale); ", 200)})
+		ws = append(ws, ledger.MissedWindow{Key: "reports/nightly", Window: at("2026-12-02T02:00:00Z").Add(time.Duration(i) * time.Hour),
+			Kind: ledger.MissedNoRun, Reason: "no cluster ran it: " + strings.Repeat("dc-a skip (stale); ", 200)})
 	}
 	notes := missedNotes(ws)
 	if len(notes) != maxMissedEvents {
@@ -425,7 +426,7 @@ func TestATenantsMissedWindowsCannotBuryAnotherNamespacesEvent(t *testing.T) {
 	if err := m.Compute(ctx); err != nil {
 		t.Fatal(err)
 	}
-	missed, _, err := d.own.ListMissed(ctx, store.MissedFilter{Key: key})
+	missed, _, err := ledger.ListMissed(ctx, d.own, ledger.MissedFilter{Key: key})
 	if err != nil || len(missed) == 0 {
 		t.Fatalf("the victim's window was not found missed (%v): the attack needs it found", err)
 	}

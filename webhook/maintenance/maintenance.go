@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/check"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 	"github.com/dislock/dislock/lockagent/store/migrate"
 )
 
@@ -130,7 +130,7 @@ func (m *maintenance) Start(ctx context.Context) error {
 	seen := map[client.ObjectKey]string{}
 	for {
 		runStep(ctx, logger, "deleting old windows", retentionStepTimeout, func(ctx context.Context) error {
-			n, err := db.DeleteOldWindows(ctx, m.retention)
+			n, err := ledger.DeleteOldWindows(ctx, db, m.retention)
 			if n > 0 {
 				logger.Info("deleted old windows", "count", n, "olderThan", m.retention.String())
 			}
@@ -167,8 +167,8 @@ func openWhenReady(ctx context.Context, ready <-chan struct{}, databaseURL strin
 
 // Client-side bounds of the maintenance steps. The server bounds each of
 // their statements that could wait for what a tenant holds (retention skips
-// rows another session holds locked, within store.RetentionLockTimeout and
-// store.RetentionStatementTimeout per statement); these are the backstop for
+// rows another session holds locked, within ledger.RetentionLockTimeout and
+// ledger.RetentionStatementTimeout per statement); these are the backstop for
 // what the server cannot see, a connection whose peer is gone or an API
 // server that does not answer. A step cut short is logged by name, and the
 // loop goes on with the next: no step can stop the others.

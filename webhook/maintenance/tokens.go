@@ -12,6 +12,7 @@ import (
 
 	"github.com/dislock/dislock/internal/tokenrecord"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 )
 
 // DefaultTokenRecordInterval is how often the elected leader confirms the
@@ -74,7 +75,7 @@ func (k *tokenKeeper) keep(ctx context.Context, db *store.Store, info func(msg s
 	if err != nil {
 		return fmt.Errorf("%w; the epoch is not confirmed until it can be read", err)
 	}
-	st, err := db.KeepTokens(ctx, rec.HighWater, false)
+	st, err := ledger.KeepTokens(ctx, db, rec.HighWater, false)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -70,7 +71,7 @@ func TestCheckFindsTokensThatWouldGoBack(t *testing.T) {
 		t.Fatalf("tokens finding: %+v (first token %d)", f, c.Window.Token)
 	}
 	// What the printed command runs.
-	if st, err := s.KeepTokens(ctx, restored, false); err != nil || st.Moved == "" || st.Epoch <= 5 {
+	if st, err := ledger.KeepTokens(ctx, s, restored, false); err != nil || st.Moved == "" || st.Epoch <= 5 {
 		t.Fatalf("the printed fix: %+v %v", st, err)
 	}
 	if fs, _ := check.Database(ctx, s, check.Options{AllowAsync: true}); check.Failed(fs) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -218,7 +219,7 @@ func TestTenantCannotTouchAnotherNamespace(t *testing.T) {
 					_, err := a.RecordView(ctx, keyB, "dc-a", store.View{Schedule: "* * * * *"}, store.DefaultViewRecency)
 					return err
 				}, []error{store.ErrForbidden}},
-				{"delete old windows", func() error { _, err := a.DeleteOldWindows(ctx, store.MinRetention); return err }, []error{store.ErrForbidden}},
+				{"delete old windows", func() error { _, err := ledger.DeleteOldWindows(ctx, a, store.MinRetention); return err }, []error{store.ErrForbidden}},
 				{"provision a role", func() error { _, err := tenant.Provision(ctx, a, "dc-a", nsB); return err }, []error{store.ErrForbidden}},
 				{"list team-b's roles", func() error { _, err := tenant.Roles(ctx, a, "dc-a", nsB); return err }, []error{store.ErrForbidden}},
 				{"supersede team-b's roles", func() error { return tenant.Supersede(ctx, a, "dc-a", nsB) }, []error{store.ErrForbidden}},

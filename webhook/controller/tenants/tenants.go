@@ -33,9 +33,9 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/webhook/controller"
 	"github.com/dislock/dislock/webhook/inject"
-	"github.com/dislock/dislock/lockagent/store/tenant"
 )
 
 // Defaults of the tenant credentials' life cycle.

@@ -132,3 +132,17 @@ func LockTimedOut(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
+
+// Cut shortens s to at most max bytes on a rune boundary, ending it with
+// an ellipsis when it cut: a long reason is kept in part rather than lost.
+func Cut(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	const mark = "…"
+	cut := max - len(mark)
+	for cut > 0 && s[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return s[:cut] + mark
+}

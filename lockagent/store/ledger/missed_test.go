@@ -1,4 +1,4 @@
-package store_test
+package ledger_test
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -39,9 +40,9 @@ type replay struct {
 	// t0 is a minute in the past; minute(i) is i minutes after it.
 	t0     time.Time
 	batch  *pgx.Batch
-	opts   store.MissedOptions
-	found  []store.MissedWindow
-	silent []store.SilentKey // of the last detection
+	opts   ledger.MissedOptions
+	found  []ledger.MissedWindow
+	silent []ledger.SilentKey // of the last detection
 }
 
 func newReplay(t testing.TB, team string, back time.Duration) *replay {
@@ -133,12 +134,12 @@ func (r *replay) flush() {
 }
 
 // detect runs the detection of the namespace as of at.
-func (r *replay) detect(at time.Time) store.Detection {
+func (r *replay) detect(at time.Time) ledger.Detection {
 	r.t.Helper()
 	r.flush()
 	opts := r.opts
 	opts.Now = at
-	det, err := r.own.DetectMissed(context.Background(), opts)
+	det, err := ledger.DetectMissed(context.Background(), r.own, opts)
 	if err != nil {
 		r.t.Fatalf("detection as of %s: %v", at.Format(time.TimeOnly), err)
 	}
@@ -206,7 +207,7 @@ func span(from, to int) []int {
 }
 
 func (r *replay) isSilent(key string) bool {
-	return slices.ContainsFunc(r.silent, func(s store.SilentKey) bool { return s.Key == key })
+	return slices.ContainsFunc(r.silent, func(s ledger.SilentKey) bool { return s.Key == key })
 }
 
 var everyMinute = store.View{Schedule: "* * * * *", Mode: "schedule", LeaseTTL: "30s"}
@@ -236,7 +237,7 @@ func TestAnOutageLongerThanThreePeriodsReportsEveryMissedWindow(t *testing.T) {
 		}
 	}
 	r.detect(r.minute(26.5))
-	if got, want := r.reported(key), r.labels(store.MissedNoRun, span(10, 17)...); !slices.Equal(got, want) {
+	if got, want := r.reported(key), r.labels(ledger.MissedNoRun, span(10, 17)...); !slices.Equal(got, want) {
 		t.Errorf("an outage of minutes 10 to 17 of %s: reported %q, want each of %q once", key, got, want)
 	}
 }
@@ -265,7 +266,7 @@ func TestAKeyWhoseLedgerWritesAreLostIsNotSilent(t *testing.T) {
 	if r.isSilent(key) {
 		t.Errorf("%s claimed a window every minute but is silent: silence was read from the ledger", key)
 	}
-	if got, want := r.reported(key), r.labels(store.MissedNoRun, 12); !slices.Equal(got, want) {
+	if got, want := r.reported(key), r.labels(ledger.MissedNoRun, 12); !slices.Equal(got, want) {
 		t.Errorf("%s with its ledger writes lost: reported %q, want %q", key, got, want)
 	}
 }
@@ -296,7 +297,7 @@ func TestANewClustersFirstViewDoesNotSkipWindowsInTheirGrace(t *testing.T) {
 		}
 	}
 	r.detect(r.minute(20.5))
-	if got, want := r.reported(key), r.labels(store.MissedNoRun, 8); !slices.Equal(got, want) {
+	if got, want := r.reported(key), r.labels(ledger.MissedNoRun, 8); !slices.Equal(got, want) {
 		t.Errorf("dc-b joined at minute 11 while minute 8 was in its grace: reported %q, want %q", got, want)
 	}
 }
@@ -323,7 +324,7 @@ func TestAViewEditDoesNotSkipWindowsInTheirGrace(t *testing.T) {
 		}
 	}
 	r.detect(r.minute(20.5))
-	if got, want := r.reported(key), r.labels(store.MissedNoRun, 8); !slices.Equal(got, want) {
+	if got, want := r.reported(key), r.labels(ledger.MissedNoRun, 8); !slices.Equal(got, want) {
 		t.Errorf("the lease TTL was edited at minute 11 while minute 8 was in its grace: reported %q, want %q", got, want)
 	}
 }
@@ -349,7 +350,7 @@ func TestAScheduleChangeJudgesTheWindowsBeforeItWithTheOldSchedule(t *testing.T)
 			r.detect(r.minute(float64(m) + 0.5))
 		}
 	}
-	if got, want := r.reported(key), r.labels(store.MissedNoRun, 40); !slices.Equal(got, want) {
+	if got, want := r.reported(key), r.labels(ledger.MissedNoRun, 40); !slices.Equal(got, want) {
 		t.Errorf("*/10 until minute 40, */15 from 45: reported %q, want %q", got, want)
 	}
 }
@@ -378,7 +379,7 @@ func TestAKeyBackFromSilenceIsJudgedAtMostALookbackBack(t *testing.T) {
 		r.ran(key, everyMinute, float64(i), "dc-a")
 		r.detect(r.minute(float64(i) + 0.5))
 	}
-	want := append(r.labels(store.MissedNoRun, 10, 11), r.labels(store.MissedNoRun, span(41, 69)...)...)
+	want := append(r.labels(ledger.MissedNoRun, 10, 11), r.labels(ledger.MissedNoRun, span(41, 69)...)...)
 	if got := r.reported(key); !slices.Equal(got, want) {
 		t.Errorf("%s removed after minute 9, back at 70, Lookback 30m: reported %q, want %q", key, got, want)
 	}
@@ -411,7 +412,7 @@ func TestTheDetectionsWriteDoesNotWaitLongForALock(t *testing.T) {
 	opts.Now = r.minute(4.5)
 	start := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	_, err = r.own.DetectMissed(dctx, opts)
+	_, err = ledger.DetectMissed(dctx, r.own, opts)
 	cancel()
 	if took := time.Since(start); err == nil || took > 10*time.Second {
 		t.Fatalf("the detection's write behind a table lock: err %v after %s, want an error within seconds", err, took.Round(time.Millisecond))
@@ -420,7 +421,7 @@ func TestTheDetectionsWriteDoesNotWaitLongForALock(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.detect(r.minute(4.5))
-	if got, want := r.reported(key), r.labels(store.MissedNoRun, 2); !slices.Equal(got, want) {
+	if got, want := r.reported(key), r.labels(ledger.MissedNoRun, 2); !slices.Equal(got, want) {
 		t.Errorf("after the lock was released: reported %q, want %q", got, want)
 	}
 }
@@ -487,7 +488,7 @@ func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
 	for _, k := range hkeys {
 		seen(hs, k)
 	}
-	if _, err := r.own.DetectMissed(ctx, store.MissedOptions{}); err != nil {
+	if _, err := ledger.DetectMissed(ctx, r.own, ledger.MissedOptions{}); err != nil {
 		t.Fatalf("baseline detection: %v", err)
 	}
 	storetest.AwaitDBPast(t, r.own, w.Add(grace).Add(100*time.Millisecond))
@@ -530,7 +531,7 @@ func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
 	// ledger interval (30 s); 5 s shows the same.
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	start := time.Now()
-	_, derr := r.own.DetectMissed(dctx, store.MissedOptions{})
+	_, derr := ledger.DetectMissed(dctx, r.own, ledger.MissedOptions{})
 	cancel()
 	if derr != nil {
 		t.Errorf("while namespace %s holds a lock on its own key_stats rows, the owner's detection of every namespace fails after %s: %v",
@@ -590,9 +591,9 @@ func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
 	t.Logf("sessions of %s's role %s after 80 ledger writes of 10 pods timed out: %d (its connection limit: %d)", v.ns, vcred.Role, roleBackends(), tenant.ConnectionLimit)
 	fresh := storetest.TenantStore(t, r.dsn, vcred) // a pod starting now
 	_, cerr := fresh.ClaimWindow(ctx, store.ClaimRequest{Key: v.key, Window: w.Add(time.Hour), Index: store.NotIndexed,
-		Owner: store.Owner{Cluster: "dc-a", Namespace: v.ns, Job: "j", JobUID: "u", Pod: "p"}, TTL: ttl})
+		Owner: store.Owner{Cluster: "dc-a", Namespace: v.ns, Job: "j", JobUID: "u", Pod: "p"}, TTL: storetest.TTL})
 	_, cerr2 := v.s.ClaimWindow(ctx, store.ClaimRequest{Key: v.key, Window: w.Add(2 * time.Hour), Index: store.NotIndexed,
-		Owner: store.Owner{Cluster: "dc-a", Namespace: v.ns, Job: "j2", JobUID: "u2", Pod: "p"}, TTL: ttl})
+		Owner: store.Owner{Cluster: "dc-a", Namespace: v.ns, Job: "j2", JobUID: "u2", Pod: "p"}, TTL: storetest.TTL})
 	if cerr != nil || cerr2 != nil {
 		t.Errorf("after %d of namespace %s's ledger writes timed out behind the orphaned detection, its claims fail: %v / %v",
 			tenant.ConnectionLimit, v.ns, cerr, cerr2)
@@ -651,11 +652,11 @@ var outcomeNames = map[outcome]string{succeeded: "succeeded", leaseHeld: "lease-
 func (o outcome) missedKind() string {
 	switch o {
 	case runFailed:
-		return store.MissedFailed
+		return ledger.MissedFailed
 	case ownerLapsed:
-		return store.MissedSilent
+		return ledger.MissedSilent
 	case staleSkips, down:
-		return store.MissedNoRun
+		return ledger.MissedNoRun
 	}
 	return ""
 }
@@ -694,7 +695,7 @@ func newSeededHistory(r *replay, seed uint64) *seededHistory {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	h := &seededHistory{seed: seed, key: r.key(fmt.Sprintf("job-%d", seed)), view: everyMinute}
 	h.view.MissedAfter = []string{"", "2m", "5m"}[rng.IntN(3)]
-	grace := store.DefaultMissedGrace(time.Minute)
+	grace := ledger.DefaultMissedGrace(time.Minute)
 	if h.view.MissedAfter != "" {
 		grace, _ = time.ParseDuration(h.view.MissedAfter)
 	}
@@ -940,7 +941,7 @@ func TestOneTenantsOversizedViewDoesNotStopEveryNamespacesDetection(t *testing.T
 	if _, err := asTenant.Exec(ctx, `INSERT INTO dislock.key_stats (lock_key, first_seen, last_decided) VALUES ($1, now(), now())`, evil+"/job"); err != nil {
 		t.Fatal(err)
 	}
-	det, err := r.own.DetectMissed(ctx, store.MissedOptions{Now: r.minute(4.5)}) // every namespace, as the leader does
+	det, err := ledger.DetectMissed(ctx, r.own, ledger.MissedOptions{Now: r.minute(4.5)}) // every namespace, as the leader does
 	if err != nil {
 		t.Fatalf("the leader's detection: %v", err)
 	}
@@ -984,7 +985,7 @@ func TestOneNamespaceCannotSetTheSizeOfEveryDetection(t *testing.T) {
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second) // DefaultLedgerInterval: Compute's whole budget
 	defer cancel()
 	start := time.Now()
-	det, err := r.own.DetectMissed(dctx, store.MissedOptions{})
+	det, err := ledger.DetectMissed(dctx, r.own, ledger.MissedOptions{})
 	took := time.Since(start)
 	runtime.ReadMemStats(&after)
 	t.Logf("%d keys of one namespace: detection took %s, judged %d windows, %d new missed, %d MiB allocated (peak heap %d MiB), err %v",
@@ -992,9 +993,9 @@ func TestOneNamespaceCannotSetTheSizeOfEveryDetection(t *testing.T) {
 	if err != nil {
 		t.Errorf("%d keys of one tenant make the detection of every namespace fail: %v", keys, err)
 	}
-	if det.Windows > 10*store.MaxKeysPerNamespace {
+	if det.Windows > 10*ledger.MaxKeysPerNamespace {
 		t.Errorf("one namespace made one detection judge %d windows and record %d missed ones (scales as keys × MaxWindowsPerKey, up to %d × %d per namespace per run)",
-			det.Windows, len(det.New), store.MaxKeysPerNamespace, store.DefaultMaxWindowsPerKey)
+			det.Windows, len(det.New), ledger.MaxKeysPerNamespace, ledger.DefaultMaxWindowsPerKey)
 	}
 }
 
@@ -1024,7 +1025,7 @@ func TestTheWindowOfAKeysFirstDecisionIsJudged(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "report-1", JobUID: "uid", Pod: "p"}
-	c := storetest.MustClaim(t, s, key, w, o, false, ttl, store.Claimed)
+	c := storetest.MustClaim(t, s, key, w, o, false, storetest.TTL, store.Claimed)
 	if err := s.RecordDecision(ctx, store.Decision{Key: key, Window: w, Cluster: "dc-a", Job: "report-1", Pod: "p", Action: store.ActionRun, Token: c.Window.Token}); err != nil {
 		t.Fatal(err)
 	}
@@ -1044,13 +1045,13 @@ func TestTheWindowOfAKeysFirstDecisionIsJudged(t *testing.T) {
 	// Later windows ran fine; the key is alive.
 	for i := 1; i <= 2; i++ {
 		wi := w.Add(time.Duration(i) * time.Minute)
-		ci := storetest.MustClaim(t, s, key, wi, o, false, ttl, store.Claimed)
+		ci := storetest.MustClaim(t, s, key, wi, o, false, storetest.TTL, store.Claimed)
 		if _, err := s.Finish(ctx, key, wi, store.NotIndexed, ci.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for range 2 { // and again: judged once means never again
-		det, err := r.own.DetectMissed(ctx, store.MissedOptions{})
+		det, err := ledger.DetectMissed(ctx, r.own, ledger.MissedOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1060,7 +1061,7 @@ func TestTheWindowOfAKeysFirstDecisionIsJudged(t *testing.T) {
 			}
 		}
 	}
-	missed, _, _ := r.own.ListMissed(ctx, store.MissedFilter{Key: key})
+	missed, _, _ := ledger.ListMissed(ctx, r.own, ledger.MissedFilter{Key: key})
 	if len(missed) == 0 {
 		t.Errorf("window %s of %s failed and nobody took it over, its grace is over, and it is never found missed: it is the window whose pod created the key's statistics (judging starts after first_seen)",
 			w.Format(time.RFC3339), key)
@@ -1097,12 +1098,12 @@ func TestAScheduleChangeMakesNoPastNonTickMissed(t *testing.T) {
 	// Every hourly tick since its first decision, 5 hours ago, ran and
 	// succeeded.
 	for h := now.Truncate(time.Hour).Add(-5 * time.Hour); !h.After(now); h = h.Add(time.Hour) {
-		c := storetest.MustClaim(t, s, key, h, o, false, ttl, store.Claimed)
+		c := storetest.MustClaim(t, s, key, h, o, false, storetest.TTL, store.Claimed)
 		if _, err := s.Finish(ctx, key, h, store.NotIndexed, c.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	det, err := r.own.DetectMissed(ctx, store.MissedOptions{})
+	det, err := ledger.DetectMissed(ctx, r.own, ledger.MissedOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1119,7 +1120,7 @@ func TestAScheduleChangeMakesNoPastNonTickMissed(t *testing.T) {
 	if _, err := s.RecordView(ctx, key, "dc-a", every10, store.DefaultViewRecency); err != nil {
 		t.Fatal(err)
 	}
-	det, err = r.own.DetectMissed(ctx, store.MissedOptions{})
+	det, err = ledger.DetectMissed(ctx, r.own, ledger.MissedOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package store_test
+package ledger_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -55,7 +56,7 @@ func TestATenantLeavingATokenDrawOpenStallsNoOneElse(t *testing.T) {
 			if g.Lease.Token <= drawn {
 				t.Fatalf("token %d, not above %d drawn before it", g.Lease.Token, drawn)
 			}
-			if _, err := own.KeepTokens(bounded, 0, false); err != nil {
+			if _, err := ledger.KeepTokens(bounded, own, 0, false); err != nil {
 				t.Fatalf("the owner's confirmation while a tenant holds a token draw open: %v", err)
 			}
 		})
@@ -112,7 +113,7 @@ func TestTokensAtTheirBoundsFailClosedAndANewEpochRenewsThem(t *testing.T) {
 	if err != nil || storetest.ByCheck(fs)["token counter"].Status != check.StatusFail || !strings.Contains(storetest.ByCheck(fs)["token counter"].Fix, "dislock tokens --new-epoch") {
 		t.Fatalf("check with the counter at its bound: %+v %v", fs, err)
 	}
-	st, err := s.KeepTokens(ctx, 0, true)
+	st, err := ledger.KeepTokens(ctx, s, 0, true)
 	if err != nil || st.Moved == "" {
 		t.Fatalf("a new epoch: %+v %v", st, err)
 	}
@@ -130,7 +131,7 @@ func TestTokensAtTheirBoundsFailClosedAndANewEpochRenewsThem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st2, err := s.KeepTokens(ctx, 0, false)
+	st2, err := ledger.KeepTokens(ctx, s, 0, false)
 	if err != nil || !strings.Contains(st2.Moved, "half") || st2.Epoch != st.Epoch+1 {
 		t.Fatalf("the confirmation after half the epoch was spent: %+v %v", st2, err)
 	}
@@ -145,7 +146,7 @@ func TestTokensAtTheirBoundsFailClosedAndANewEpochRenewsThem(t *testing.T) {
 	if tok, err := next(); !errors.Is(err, store.ErrTokensExhausted) {
 		t.Fatalf("a grant past the last epoch: token %d, %v; want %v", tok, err, store.ErrTokensExhausted)
 	}
-	if st, err := s.KeepTokens(ctx, 0, true); !errors.Is(err, store.ErrTokensExhausted) {
+	if st, err := ledger.KeepTokens(ctx, s, 0, true); !errors.Is(err, store.ErrTokensExhausted) {
 		t.Fatalf("a new epoch past the last: %+v %v; want %v", st, err, store.ErrTokensExhausted)
 	}
 }
@@ -199,7 +200,7 @@ func TestADrawRacingTheOwnersMoveNeverUsesTheHeldRow(t *testing.T) {
 			}()
 		}
 		storetest.AwaitCond(t, "draws before the move", func() bool { return draws.Load() >= 6 })
-		st, err := own.KeepTokens(ctx, 0, false)
+		st, err := ledger.KeepTokens(ctx, own, 0, false)
 		after := draws.Load()
 		storetest.AwaitCond(t, "draws after the move", func() bool { return draws.Load() >= after+6 })
 		stop.Store(true)
@@ -212,5 +213,61 @@ func TestADrawRacingTheOwnersMoveNeverUsesTheHeldRow(t *testing.T) {
 			t.Fatalf("round %d: the owner moved to epoch %d (epochs up to %d used before), yet a draw racing the move got token %d of epoch %d (%d such tokens)",
 				round, st.Epoch, follow+1, bad[0], e, len(bad))
 		}
+	}
+}
+
+// The timeline goes back when the database is upgraded with pg_upgrade or
+// restored into another cluster: tokens must not. No token is drawn until
+// the owner confirms the epoch; it then continues above the highest it
+// ever used. Each case puts token_epoch in the state it would be in and
+// records a token of the old epoch.
+func TestTokensKeepGrowingWhenTheTimelineGoesBack(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "rebase"})
+	ctx := context.Background()
+	s := storetest.Open(t, srv.DirectDSN(), 2)
+	su := storetest.Superuser(t, srv)
+	for _, tc := range []struct {
+		name  string
+		state string // how token_epoch looks when the cluster (timeline 1) starts
+		old   int64  // the epoch of the highest token handed out before
+		want  int64
+	}{
+		{"pg_upgrade of a cluster that had failed over twice", "system_id = 42, base_epoch = 3, base_timeline = 3, last_epoch = 3", 3, 3 + 16},
+		{"a restore into a new cluster on the same timeline", "system_id = 42, base_epoch = 1, base_timeline = 1, last_epoch = 1", 1, 1 + 16},
+		{"a dump of a cluster at timeline 3 loaded into this one", "base_epoch = 1, base_timeline = 1, last_epoch = 3", 3, 3 + 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := storetest.UniqueKey(t)
+			if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET `+tc.state); err != nil {
+				t.Fatal(err)
+			}
+			before := tc.old<<40 + 1_000_000
+			if _, err := su.Exec(ctx, `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at) VALUES ($1, 'old', $2, now(), now())`, key, before); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := storetest.Claim(t, s, key, storetest.WindowAt(0), storetest.Owner("dc-a", "job", "pod"), false, storetest.TTL); !errors.Is(err, store.ErrTokensHeld) {
+				t.Fatalf("a claim before the owner confirmed the epoch: %v, want %v", err, store.ErrTokensHeld)
+			}
+			if fs, err := check.Database(ctx, s, check.Options{AllowAsync: true}); err != nil || storetest.ByCheck(fs)["tokens"].Status != check.StatusFail {
+				t.Fatalf("check while tokens are held: %+v %v", fs, err)
+			}
+			if st, err := ledger.KeepTokens(ctx, s, 0, false); err != nil || st.Moved == "" || st.Epoch != tc.want {
+				t.Fatalf("confirming the epoch: %+v %v, want epoch %d", st, err, tc.want)
+			}
+			for i := range 3 {
+				c := storetest.MustClaim(t, s, key, storetest.WindowAt(i), storetest.Owner("dc-a", "job", "pod"), false, storetest.TTL, store.Claimed)
+				if epoch, _ := store.TokenEpoch(c.Window.Token); c.Window.Token <= before || epoch != tc.want {
+					t.Fatalf("token %d (epoch %d): want epoch %d, above %d", c.Window.Token, epoch, tc.want, before)
+				}
+			}
+			if fs, err := check.Database(ctx, s, check.Options{AllowAsync: true}); err != nil || storetest.ByCheck(fs)["tokens"].Status != check.StatusOK {
+				t.Fatalf("check after the rebase: %+v %v", fs, err)
+			}
+			// Reset for the next case: this cluster, epoch = timeline.
+			if _, err := su.Exec(ctx, `UPDATE dislock.token_epoch SET system_id = (SELECT system_identifier FROM pg_control_system()),
+				counter_oid = 'dislock.token_counter'::regclass::oid, base_epoch = 1, base_timeline = 1, last_epoch = 1; DELETE FROM dislock.leases; DELETE FROM dislock.windows`); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -1,4 +1,4 @@
-package store_test
+package ledger_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 )
 
 // retainedTables are the tables retention deletes old rows of that a
@@ -106,9 +107,9 @@ func TestRetentionIsNotBlockedByATenantsLockedRow(t *testing.T) {
 			rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			defer cancel()
 			start := time.Now()
-			n, err := own.DeleteOldWindows(rctx, store.DefaultRetention)
-			if took := time.Since(start); err != nil || took > store.RetentionStatementTimeout {
-				t.Fatalf("retention: %d windows, %v, after %s; want it done within %s", n, err, took, store.RetentionStatementTimeout)
+			n, err := ledger.DeleteOldWindows(rctx, own, store.DefaultRetention)
+			if took := time.Since(start); err != nil || took > ledger.RetentionStatementTimeout {
+				t.Fatalf("retention: %d windows, %v, after %s; want it done within %s", n, err, took, ledger.RetentionStatementTimeout)
 			}
 			return n
 		}
@@ -194,5 +195,73 @@ func TestRetentionIsNotBlockedByATenantsLockedRow(t *testing.T) {
 			retain(t)
 			check(t, "once the tenant let go", 0)
 		})
+	})
+}
+
+// Retention forgets a window's shape with its rows: dislock.window_units
+// does not grow by a row per tick for ever.
+func TestRetentionForgetsTheShapesOfTheWindowsItDeletes(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
+		ctx := context.Background()
+		now, err := s.Now(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := storetest.UniqueKey(t)
+		old := now.Add(-100 * time.Hour).Truncate(time.Minute)
+		c, err := storetest.Claim(t, s, key, old, storetest.Owner("dc-a", "job-a", "pod-a"), false, storetest.TTL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Finish(ctx, key, old, store.NotIndexed, c.Window.Token, store.StateSucceeded, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ledger.DeleteOldWindows(ctx, s, store.MinRetention); err != nil {
+			t.Fatal(err)
+		}
+		var windows, units int
+		if err := s.Handle().Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM dislock.windows WHERE lock_key = $1),
+			(SELECT count(*) FROM dislock.window_units WHERE lock_key = $1)`, key).Scan(&windows, &units); err != nil {
+			t.Fatal(err)
+		}
+		if windows != 0 || units != 0 {
+			t.Fatalf("after retention: %d window rows and %d shapes of a window 100 h old; want none", windows, units)
+		}
+	})
+}
+
+func TestRetentionDeletesOnlyOldFinishedWindows(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
+		ctx := context.Background()
+		key := storetest.UniqueKey(t)
+		now, err := s.Now(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := now.Add(-40 * 24 * time.Hour).Truncate(time.Minute)
+		recent := now.Add(-time.Hour).Truncate(time.Minute)
+		a := storetest.Owner("dc-a", "job", "pod")
+		done := storetest.MustClaim(t, s, key, old, a, false, storetest.TTL, store.Claimed)
+		if _, err := s.Finish(ctx, key, old, store.NotIndexed, done.Window.Token, store.StateSucceeded, storetest.Ptr(0)); err != nil {
+			t.Fatal(err)
+		}
+		alive := old.Add(time.Minute)
+		storetest.MustClaim(t, s, key, alive, a, false, time.Hour, store.Claimed) // an old window whose owner is still running
+		storetest.MustClaim(t, s, key, recent, a, false, storetest.TTL, store.Claimed)
+
+		if _, err := ledger.DeleteOldWindows(ctx, s, store.MinRetention-time.Minute); err == nil || !strings.Contains(err.Error(), "shorter than 48h0m0s") {
+			t.Fatalf("a retention below the minimum: %v, want a refusal naming the bound", err)
+		}
+		if _, err := ledger.DeleteOldWindows(ctx, s, store.DefaultRetention); err != nil {
+			t.Fatal(err)
+		}
+		for w, want := range map[time.Time]bool{old: false, alive: true, recent: true} {
+			_, err := s.GetWindow(ctx, key, w, store.NotIndexed)
+			if exists := err == nil; exists != want {
+				t.Errorf("window %s exists=%v after retention, want %v (err %v)", w, exists, want, err)
+			}
+		}
 	})
 }

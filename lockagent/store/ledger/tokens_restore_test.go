@@ -1,4 +1,4 @@
-package store_test
+package ledger_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/ledger"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -71,9 +72,9 @@ func (g *grants) next() int64 {
 
 // keep confirms the epoch as the webhook's elected replica does, with the
 // highest token it recorded, and returns the new record.
-func (g *grants) keep(floor int64, newEpoch bool) (store.TokenState, int64) {
+func (g *grants) keep(floor int64, newEpoch bool) (ledger.TokenState, int64) {
 	g.t.Helper()
-	st, err := g.s.KeepTokens(context.Background(), floor, newEpoch)
+	st, err := ledger.KeepTokens(context.Background(), g.s, floor, newEpoch)
 	if err != nil {
 		g.t.Fatalf("confirming the epoch: %v", err)
 	}
@@ -207,7 +208,7 @@ func TestARestoredSnapshotIsBehindTheRecordUntilTheEpochMoves(t *testing.T) {
 			} else if f.Status != check.StatusFail || !strings.Contains(f.Detail, "behind the high water") || !strings.Contains(f.Fix, fmt.Sprint("--token-floor ", record)) {
 				t.Fatalf("check on the restored snapshot: %+v, want it behind %d", f, record)
 			}
-			var st store.TokenState
+			var st ledger.TokenState
 			st, record = g.keep(record, false)
 			if promote != (st.Moved == "") {
 				t.Fatalf("the owner's confirmation: %+v (promoted: %v)", st, promote)

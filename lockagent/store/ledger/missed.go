@@ -1,4 +1,4 @@
-package store
+package ledger
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/db"
 	"github.com/dislock/dislock/lockagent/window"
 )
@@ -170,7 +171,7 @@ type judgedWith struct {
 	Until *time.Time `json:"until,omitempty"`
 }
 
-func judgedWithOf(v View) *judgedWith {
+func judgedWithOf(v store.View) *judgedWith {
 	return &judgedWith{Schedule: v.Schedule, TimeZone: v.TimeZone, MissedAfter: v.MissedAfter}
 }
 
@@ -181,14 +182,14 @@ const maxJudgedWithBytes = 1024
 // key_stats.checked_with. A view is the tenant's own row: one that does not
 // fit (a schedule no CronJob would have) must not fail the detection's one
 // write for every namespace, so its key is a problem instead.
-func judgedWithFits(v View, now time.Time) (int, bool) {
+func judgedWithFits(v store.View, now time.Time) (int, bool) {
 	j := judgedWithOf(v)
 	j.Until = &now
 	b, err := json.Marshal(j)
 	return len(b), err == nil && len(b) <= maxJudgedWithBytes
 }
 
-func (j *judgedWith) sameSchedule(v View) bool {
+func (j *judgedWith) sameSchedule(v store.View) bool {
 	return j.Schedule == v.Schedule && j.TimeZone == v.TimeZone
 }
 
@@ -224,7 +225,7 @@ type keyToJudge struct {
 	// scheduleSince is when a cluster first recorded the newest view's
 	// schedule and time zone.
 	scheduleSince time.Time
-	view          View
+	view          store.View
 	sched         window.Schedule
 	grace, period time.Duration
 	spans         []judgeSpan
@@ -245,7 +246,8 @@ type expectedWindow struct {
 // run, records the missed ones (each window once, however many clusters'
 // webhooks run this at the same time) and returns them with the silent
 // keys. It is the owner's: tenants cannot read the tables it needs.
-func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection, error) {
+func DetectMissed(ctx context.Context, s *store.Store, opts MissedOptions) (Detection, error) {
+	h := s.Handle()
 	if opts.Lookback <= 0 {
 		opts.Lookback = DefaultMissedLookback
 	}
@@ -261,15 +263,15 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 	const op = "detecting missed windows"
 	// The reads share one read-only transaction, bounded on the server as
 	// the write is (SET LOCAL semantics: behind PgBouncer too).
-	tx, err := s.h.Pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := h.Pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return Detection{}, s.classify(op, err)
+		return Detection{}, h.Classify(op, err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read only: nothing to commit
 	if _, err := tx.Exec(ctx, qStatementBounds, missedBounds()...); err != nil {
-		return Detection{}, s.classify(op+": bounding the statements", err)
+		return Detection{}, h.Classify(op+": bounding the statements", err)
 	}
-	keys, now, err := s.keysToJudge(ctx, tx, opts)
+	keys, now, err := keysToJudge(ctx, h, tx, opts)
 	if err != nil {
 		return Detection{}, err
 	}
@@ -322,7 +324,7 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 			}
 		}
 	}
-	rows, err := s.windowsToJudge(ctx, tx, judge)
+	rows, err := windowsToJudge(ctx, h, tx, judge)
 	if err != nil {
 		return det, err
 	}
@@ -346,15 +348,15 @@ func (s *Store) DetectMissed(ctx context.Context, opts MissedOptions) (Detection
 		det.Windows += judged
 		k.settle(judged)
 	}
-	if err := s.explainMissed(ctx, tx, found); err != nil {
+	if err := explainMissed(ctx, h, tx, found); err != nil {
 		return det, err
 	}
 	if err := tx.Rollback(ctx); err != nil {
-		return det, s.classify(op, err)
+		return det, h.Classify(op, err)
 	}
-	det.New, err = s.recordMissed(ctx, judge, found)
+	det.New, err = recordMissed(ctx, h, judge, found)
 	if err != nil {
-		return det, s.classify(op, err)
+		return det, h.Classify(op, err)
 	}
 	return det, nil
 }
@@ -486,7 +488,7 @@ func refOf(key string, start time.Time) windowRef { return windowRef{key, start.
 
 // windowState is what a window's rows (one per completion index) say.
 type windowState struct {
-	state      State
+	state      store.State
 	aliveUntil time.Time
 }
 
@@ -500,11 +502,11 @@ func judgeWindow(rows []windowState, now time.Time) (kind string, pending bool) 
 	}
 	for _, r := range rows {
 		switch {
-		case r.state == StateRunning && r.aliveUntil.After(now):
+		case r.state == store.StateRunning && r.aliveUntil.After(now):
 			return "", true
-		case r.state == StateFailed:
+		case r.state == store.StateFailed:
 			kind = MissedFailed
-		case r.state == StateRunning && kind == "":
+		case r.state == store.StateRunning && kind == "":
 			kind = MissedSilent
 		}
 	}
@@ -513,7 +515,7 @@ func judgeWindow(rows []windowState, now time.Time) (kind string, pending bool) 
 
 // keysToJudge reads every key's statistics with the newest view any cluster
 // recorded for it, and the time to judge at.
-func (s *Store) keysToJudge(ctx context.Context, q db.Querier, opts MissedOptions) ([]*keyToJudge, time.Time, error) {
+func keysToJudge(ctx context.Context, h *db.Handle, q db.Querier, opts MissedOptions) ([]*keyToJudge, time.Time, error) {
 	const op = "reading the keys to judge"
 	var at *time.Time
 	if !opts.Now.IsZero() {
@@ -521,7 +523,7 @@ func (s *Store) keysToJudge(ctx context.Context, q db.Querier, opts MissedOption
 	}
 	rows, err := q.Query(ctx, qKeysToJudge, MaxKeysPerNamespace, opts.Namespace, at, db.Micros(opts.Lookback))
 	if err != nil {
-		return nil, time.Time{}, s.classify(op, err)
+		return nil, time.Time{}, h.Classify(op, err)
 	}
 	defer rows.Close()
 	var out []*keyToJudge
@@ -537,7 +539,7 @@ func (s *Store) keysToJudge(ctx context.Context, q db.Querier, opts MissedOption
 			&db.FiniteTime{Column: "changed_at", T: &k.scheduleSince, Problems: &problems},
 			&db.FiniteTime{Column: "window_start", Nullable: &k.lastWindow, Problems: &problems},
 			&db.FiniteTime{Column: "window_start", Nullable: &k.firstWindow, Problems: &problems}, &now); err != nil {
-			return nil, time.Time{}, s.classify(op, err)
+			return nil, time.Time{}, h.Classify(op, err)
 		}
 		if err := json.Unmarshal([]byte(view), &k.view); err != nil {
 			problems = append(problems, "view does not decode ("+err.Error()+")")
@@ -551,7 +553,7 @@ func (s *Store) keysToJudge(ctx context.Context, q db.Querier, opts MissedOption
 			}
 		}
 		if len(problems) > 0 {
-			s.h.SkipRow(op, &db.UnreadableRow{Table: "key_stats", Key: k.key, Problems: problems})
+			h.SkipRow(op, &db.UnreadableRow{Table: "key_stats", Key: k.key, Problems: problems})
 			continue
 		}
 		if !strings.Contains(k.view.Mode, "schedule") {
@@ -560,13 +562,13 @@ func (s *Store) keysToJudge(ctx context.Context, q db.Querier, opts MissedOption
 		out = append(out, k)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, time.Time{}, s.classify(op, err)
+		return nil, time.Time{}, h.Classify(op, err)
 	}
 	if now.IsZero() {
 		// Through q: the caller's transaction may hold the pool's only
 		// connection.
 		if err := q.QueryRow(ctx, db.QNow).Scan(&now); err != nil {
-			return nil, time.Time{}, s.classify("reading database time", err)
+			return nil, time.Time{}, h.Classify("reading database time", err)
 		}
 		if !opts.Now.IsZero() && opts.Now.Before(now) {
 			now = opts.Now
@@ -576,7 +578,7 @@ func (s *Store) keysToJudge(ctx context.Context, q db.Querier, opts MissedOption
 }
 
 // windowsToJudge reads the rows of every expected window, one query.
-func (s *Store) windowsToJudge(ctx context.Context, q db.Querier, keys []*keyToJudge) (map[windowRef][]windowState, error) {
+func windowsToJudge(ctx context.Context, h *db.Handle, q db.Querier, keys []*keyToJudge) (map[windowRef][]windowState, error) {
 	var names []string
 	var starts []time.Time
 	for _, k := range keys {
@@ -592,7 +594,7 @@ func (s *Store) windowsToJudge(ctx context.Context, q db.Querier, keys []*keyToJ
 	const op = "reading the windows to judge"
 	rows, err := q.Query(ctx, qWindowsToJudge, names, starts)
 	if err != nil {
-		return nil, s.classify(op, err)
+		return nil, h.Classify(op, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -602,21 +604,21 @@ func (s *Store) windowsToJudge(ctx context.Context, q db.Querier, keys []*keyToJ
 		var problems []string
 		if err := rows.Scan(&key, &db.FiniteTime{Column: "window_start", T: &start, Problems: &problems}, &state,
 			&db.FiniteTime{Column: "alive_until", T: &st.aliveUntil, Problems: &problems}); err != nil {
-			return nil, s.classify(op, err)
+			return nil, h.Classify(op, err)
 		}
 		if len(problems) > 0 {
-			s.h.SkipRow(op, &db.UnreadableRow{Table: "windows", Key: key, Problems: problems})
+			h.SkipRow(op, &db.UnreadableRow{Table: "windows", Key: key, Problems: problems})
 			continue
 		}
-		st.state = State(state)
+		st.state = store.State(state)
 		out[refOf(key, start)] = append(out[refOf(key, start)], st)
 	}
-	return out, s.classify(op, rows.Err())
+	return out, h.Classify(op, rows.Err())
 }
 
 // explainMissed sets each missed window's reason from the ledger: what every
 // cluster decided for it.
-func (s *Store) explainMissed(ctx context.Context, q db.Querier, found []MissedWindow) error {
+func explainMissed(ctx context.Context, h *db.Handle, q db.Querier, found []MissedWindow) error {
 	if len(found) == 0 {
 		return nil
 	}
@@ -628,7 +630,7 @@ func (s *Store) explainMissed(ctx context.Context, q db.Querier, found []MissedW
 	const op = "reading the decisions of missed windows"
 	rows, err := q.Query(ctx, qMissedDecisions, keys, starts, missedDecisionsPerWindow)
 	if err != nil {
-		return s.classify(op, err)
+		return h.Classify(op, err)
 	}
 	defer rows.Close()
 	said := map[windowRef][]string{}
@@ -636,12 +638,12 @@ func (s *Store) explainMissed(ctx context.Context, q db.Querier, found []MissedW
 		var key, cluster, action, reason string
 		var start time.Time
 		if err := rows.Scan(&key, &start, &cluster, &action, &reason); err != nil {
-			return s.classify(op, err)
+			return h.Classify(op, err)
 		}
 		said[refOf(key, start)] = append(said[refOf(key, start)], fmt.Sprintf("%s %s (%s)", cluster, action, reason))
 	}
 	if err := rows.Err(); err != nil {
-		return s.classify(op, err)
+		return h.Classify(op, err)
 	}
 	for i := range found {
 		m := &found[i]
@@ -655,14 +657,14 @@ func (s *Store) explainMissed(ctx context.Context, q db.Querier, found []MissedW
 		} else {
 			m.Reason = what + ": no pod of any cluster decided anything for it (no Job was created, or its pods never reached the database)"
 		}
-		m.Reason = cutReason(m.Reason)
+		m.Reason = db.Cut(m.Reason, store.MaxReason)
 	}
 	return nil
 }
 
 // recordMissed stores the missed windows and moves every judged key's
 // checkpoint, in one statement, and returns the windows that are new.
-func (s *Store) recordMissed(ctx context.Context, keys []*keyToJudge, found []MissedWindow) ([]MissedWindow, error) {
+func recordMissed(ctx context.Context, h *db.Handle, keys []*keyToJudge, found []MissedWindow) ([]MissedWindow, error) {
 	var ckKeys []string
 	var ckUntil []*time.Time
 	var ckWith []*string
@@ -703,7 +705,7 @@ func (s *Store) recordMissed(ctx context.Context, keys []*keyToJudge, found []Mi
 	batch := &pgx.Batch{}
 	batch.Queue(qStatementBounds, missedBounds()...)
 	batch.Queue(qRecordMissed, mKeys, mStarts, mKinds, mReasons, ckKeys, ckUntil, ckWith)
-	br := s.h.Pool.SendBatch(ctx, batch)
+	br := h.Pool.SendBatch(ctx, batch)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return nil, err
@@ -754,12 +756,9 @@ type MissedFilter struct {
 }
 
 // ListMissed returns the missed windows, newest first, and the database time.
-func (s *Store) ListMissed(ctx context.Context, f MissedFilter) ([]MissedWindow, time.Time, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = DefaultListLimit
-	}
-	return db.List(ctx, &s.h, "listing missed windows", func(row pgx.Row, m *MissedWindow, extra ...any) error {
+func ListMissed(ctx context.Context, s *store.Store, f MissedFilter) ([]MissedWindow, time.Time, error) {
+	h := s.Handle()
+	return db.List(ctx, h, "listing missed windows", func(row pgx.Row, m *MissedWindow, extra ...any) error {
 		var problems []string
 		err := row.Scan(append([]any{&m.Key, &db.FiniteTime{Column: "window_start", T: &m.Window, Problems: &problems},
 			&m.Kind, &m.Reason, &db.FiniteTime{Column: "detected_at", T: &m.DetectedAt, Problems: &problems}}, extra...)...)
@@ -767,5 +766,5 @@ func (s *Store) ListMissed(ctx context.Context, f MissedFilter) ([]MissedWindow,
 			return &db.UnreadableRow{Table: "missed", Key: m.Key, Problems: problems}
 		}
 		return err
-	}, qListMissed, f.Key, db.NullTime(f.From), db.NullTime(f.To), limit, db.NullTime(f.DetectedAfter), f.PerKey)
+	}, qListMissed, f.Key, db.NullTime(f.From), db.NullTime(f.To), limitOr(f.Limit), db.NullTime(f.DetectedAfter), f.PerKey)
 }

@@ -1,4 +1,4 @@
-package store
+package ledger
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/db"
 )
 
@@ -32,7 +33,7 @@ type KeyStats struct {
 // DecisionCount is how many decisions a cluster made with an action for a key.
 type DecisionCount struct {
 	Key, Cluster string
-	Action       Action
+	Action       store.Action
 	N            int64
 }
 
@@ -44,8 +45,8 @@ type HeldLease struct {
 	Age time.Duration
 }
 
-// LedgerStats is everything the metrics read, with each query's database time.
-type LedgerStats struct {
+// Stats is everything the metrics read, with each query's database time.
+type Stats struct {
 	Keys      []KeyStats
 	Counts    []DecisionCount
 	Leases    []HeldLease
@@ -80,22 +81,23 @@ func statsBounds() []any {
 	return []any{fmt.Sprint(StatsLockTimeout.Milliseconds()), fmt.Sprint(StatsStatementTimeout.Milliseconds())}
 }
 
-// ReadLedgerStats reads every key's statistics, the decision counts and the
+// ReadStats reads every key's statistics, the decision counts and the
 // held leases, in one transaction whose statements and pauses are bounded
 // on the server (StatsLockTimeout, StatsStatementTimeout).
-func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
-	st := LedgerStats{QueryTime: map[string]time.Duration{}}
-	tx, err := s.h.Pool.Begin(ctx)
+func ReadStats(ctx context.Context, s *store.Store) (Stats, error) {
+	h := s.Handle()
+	st := Stats{QueryTime: map[string]time.Duration{}}
+	tx, err := h.Pool.Begin(ctx)
 	if err != nil {
-		return st, s.classify("reading the ledger's statistics", err)
+		return st, h.Classify("reading the ledger's statistics", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read only: nothing to commit
 	if _, err := tx.Exec(ctx, qStatementBounds, statsBounds()...); err != nil {
-		return st, s.classify("reading the ledger's statistics: bounding the statements", err)
+		return st, h.Classify("reading the ledger's statistics: bounding the statements", err)
 	}
 	if _, err := tx.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1::text, true)`,
 		fmt.Sprint(StatsStatementTimeout.Milliseconds())); err != nil {
-		return st, s.classify("reading the ledger's statistics: bounding the pauses", err)
+		return st, h.Classify("reading the ledger's statistics: bounding the pauses", err)
 	}
 	timed := func(name string, f func() error) error {
 		start := time.Now()
@@ -106,20 +108,20 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 	err = timed("key_stats", func() error {
 		rows, err := tx.Query(ctx, qKeyStats, MaxKeysPerNamespace)
 		if err != nil {
-			return s.classify("reading key statistics", err)
+			return h.Classify("reading key statistics", err)
 		}
 		defer rows.Close()
 		for rows.Next() {
 			var k KeyStats
 			if err := rows.Scan(&k.Key, &k.LastSuccess, &k.MissedTotal, &k.LastMissedWindow, &k.DurationCount,
 				&k.DurationSum, &k.DurationBuckets, &st.At); err != nil {
-				return s.classify("reading key statistics", err)
+				return h.Classify("reading key statistics", err)
 			}
 			db.UTCPtr(k.LastSuccess)
 			db.UTCPtr(k.LastMissedWindow)
 			st.Keys = append(st.Keys, k)
 		}
-		return s.classify("reading key statistics", rows.Err())
+		return h.Classify("reading key statistics", rows.Err())
 	})
 	if err != nil {
 		return st, err
@@ -127,19 +129,19 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 	err = timed("decision_counts", func() error {
 		rows, err := tx.Query(ctx, qDecisionCounts, MaxKeysPerNamespace)
 		if err != nil {
-			return s.classify("reading decision counts", err)
+			return h.Classify("reading decision counts", err)
 		}
 		defer rows.Close()
 		for rows.Next() {
 			var c DecisionCount
 			var action string
 			if err := rows.Scan(&c.Key, &c.Cluster, &action, &c.N); err != nil {
-				return s.classify("reading decision counts", err)
+				return h.Classify("reading decision counts", err)
 			}
-			c.Action = Action(action)
+			c.Action = store.Action(action)
 			st.Counts = append(st.Counts, c)
 		}
-		return s.classify("reading decision counts", rows.Err())
+		return h.Classify("reading decision counts", rows.Err())
 	})
 	if err != nil {
 		return st, err
@@ -147,32 +149,32 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 	err = timed("leases", func() error {
 		rows, err := tx.Query(ctx, qHeldLeases, MaxKeysPerNamespace)
 		if err != nil {
-			return s.classify("reading held leases", err)
+			return h.Classify("reading held leases", err)
 		}
 		defer rows.Close()
 		for rows.Next() {
 			var l HeldLease
 			var micros int64
 			if err := rows.Scan(&l.Key, &micros); err != nil {
-				return s.classify("reading held leases", err)
+				return h.Classify("reading held leases", err)
 			}
 			l.Age = time.Duration(micros) * time.Microsecond
 			st.Leases = append(st.Leases, l)
 		}
-		return s.classify("reading held leases", rows.Err())
+		return h.Classify("reading held leases", rows.Err())
 	})
 	if err != nil {
 		return st, err
 	}
 	err = timed("keys_left_out", func() error {
-		return s.classify("counting the keys left out", tx.QueryRow(ctx, qKeysLeftOut, MaxKeysPerNamespace).Scan(&st.KeysLeftOut))
+		return h.Classify("counting the keys left out", tx.QueryRow(ctx, qKeysLeftOut, MaxKeysPerNamespace).Scan(&st.KeysLeftOut))
 	})
 	if err != nil {
 		return st, err
 	}
 	if st.At.IsZero() {
 		if err := tx.QueryRow(ctx, db.QNow).Scan(&st.At); err != nil {
-			return st, s.classify("reading database time", err)
+			return st, h.Classify("reading database time", err)
 		}
 		st.At = st.At.UTC()
 	}
@@ -182,21 +184,23 @@ func (s *Store) ReadLedgerStats(ctx context.Context) (LedgerStats, error) {
 // SaveMetricsSnapshot stores the metrics a cluster's leader computed,
 // bounded on the server (StatsLockTimeout, StatsStatementTimeout): two
 // leaders of one cluster (a handover) write the same row.
-func (s *Store) SaveMetricsSnapshot(ctx context.Context, cluster string, body []byte) error {
+func SaveMetricsSnapshot(ctx context.Context, s *store.Store, cluster string, body []byte) error {
+	h := s.Handle()
 	batch := &pgx.Batch{}
 	batch.Queue(qStatementBounds, statsBounds()...)
 	batch.Queue(qSaveSnapshot, cluster, body)
-	return s.classify("saving the metrics snapshot", s.h.Pool.SendBatch(ctx, batch).Close())
+	return h.Classify("saving the metrics snapshot", h.Pool.SendBatch(ctx, batch).Close())
 }
 
 // LoadMetricsSnapshot returns the cluster's snapshot and when it was
 // computed, if it was computed after newerThan (zero: any); ok is false
 // when there is no such snapshot.
-func (s *Store) LoadMetricsSnapshot(ctx context.Context, cluster string, newerThan time.Time) (body []byte, computedAt time.Time, ok bool, err error) {
+func LoadMetricsSnapshot(ctx context.Context, s *store.Store, cluster string, newerThan time.Time) (body []byte, computedAt time.Time, ok bool, err error) {
+	h := s.Handle()
 	batch := &pgx.Batch{}
 	batch.Queue(qStatementBounds, statsBounds()...)
 	batch.Queue(qLoadSnapshot, cluster, db.NullTime(newerThan))
-	br := s.h.Pool.SendBatch(ctx, batch)
+	br := h.Pool.SendBatch(ctx, batch)
 	if _, err = br.Exec(); err == nil {
 		err = br.QueryRow().Scan(&body, &computedAt)
 	}
@@ -207,7 +211,7 @@ func (s *Store) LoadMetricsSnapshot(ctx context.Context, cluster string, newerTh
 		return nil, time.Time{}, false, nil
 	}
 	if err != nil {
-		return nil, time.Time{}, false, s.classify("loading the metrics snapshot", err)
+		return nil, time.Time{}, false, h.Classify("loading the metrics snapshot", err)
 	}
 	return body, computedAt.UTC(), true, nil
 }
