@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/lockagent/store/ledger"
@@ -1133,5 +1135,31 @@ func TestAScheduleChangeMakesNoPastNonTickMissed(t *testing.T) {
 	if len(false_) > 0 {
 		t.Errorf("right after %s's schedule changed from hourly to */10, the detection found %d windows missed that were never ticks (each pages DislockWindowMissed, critical): %v",
 			key, len(false_), false_)
+	}
+}
+
+// A view's missed-after is a value dislock.io/missed-after accepts, or
+// none: one outside its bounds, or one that does not parse (a tenant
+// writes its own views), is a problem naming the annotation, and the key's
+// windows wait; they are not judged with the default grace instead.
+func TestAMissedAfterOutsideItsBoundsIsAProblemNotTheDefault(t *testing.T) {
+	r := newReplay(t, "after", 10*time.Minute)
+	bad := map[string]string{r.key("short"): "30s", r.key("long"): "48h", r.key("word"): "soon"}
+	for key, after := range bad {
+		v := everyMinute
+		v.MissedAfter = after
+		r.ran(key, v, 0, "dc-a")
+		r.ran(key, v, 2, "dc-a") // minute 1 ran nowhere
+	}
+	det := r.detect(r.minute(8))
+	for key, after := range bad {
+		if !slices.ContainsFunc(det.Problems, func(p string) bool {
+			return strings.HasPrefix(p, key+": ") && strings.Contains(p, contract.AnnotationMissedAfter) && strings.Contains(p, strconv.Quote(after))
+		}) {
+			t.Errorf("missed-after %q of %s: problems %q, want one naming %s and the value", after, key, det.Problems, contract.AnnotationMissedAfter)
+		}
+		if got := r.reported(key); len(got) != 0 {
+			t.Errorf("missed-after %q of %s: windows judged anyway: %v", after, key, got)
+		}
 	}
 }
