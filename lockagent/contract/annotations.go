@@ -83,6 +83,13 @@ const (
 	// webhook leave the Job alone. Users never set it.
 	AnnotationStatus = Prefix + "status"
 
+	// LabelOutcome and LabelTookOver are set by the webhook on a finished
+	// pod and its Job from the sidecar's Termination: its Outcome, and
+	// "true" when the run took a failed or lapsed owner's window over
+	// (absent otherwise). The termination record spells them too.
+	LabelOutcome  = Prefix + "outcome"
+	LabelTookOver = Prefix + "took-over"
+
 	// LabelInjection on a namespace, with value LabelInjectionEnabled, opts
 	// the namespace in.
 	LabelInjection = Prefix + "injection"
