@@ -20,7 +20,7 @@ import (
 // release injected (with its startupProbe), or a stale shape, it is
 // refused, never trusted. The unchanged injection passes again unchanged
 // (reinvocation).
-func TestHostile18_ForgedSidecarGatesAreRefused(t *testing.T) {
+func TestForgedSidecarGatesAreRefused(t *testing.T) {
 	t.Parallel()
 	opts := goldenOptions()
 	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)
@@ -82,7 +82,7 @@ func TestHostile18_ForgedSidecarGatesAreRefused(t *testing.T) {
 // hook or probe, in the CronJob it applies: it is refused at apply time,
 // and a Job carrying it is denied, rather than the tenant's gate standing
 // in for dislock's.
-func TestHostile18_ATenantsContainerNamedLikeTheSidecarIsRefused(t *testing.T) {
+func TestATenantsContainerNamedLikeTheSidecarIsRefused(t *testing.T) {
 	t.Parallel()
 	opts := goldenOptions()
 	for _, tc := range []struct {

@@ -546,7 +546,7 @@ func TestAnInjectionWithAnotherCASettingIsRefused(t *testing.T) {
 // A forged injection made by a tenant against a webhook without a CA,
 // adding a CA-shaped volume (of any Secret) and its mount to the sidecar,
 // is not trusted.
-func TestHostile17_ForgedCAVolumeWithoutCAIsRefused(t *testing.T) {
+func TestAForgedCAVolumeWithoutTheCAIsRefused(t *testing.T) {
 	t.Parallel()
 	opts := goldenOptions()
 	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)

@@ -439,7 +439,7 @@ func TestTheDetectionsWriteDoesNotWaitLongForALock(t *testing.T) {
 // writes (which upsert the same rows) wait too, and each leaves one more
 // orphan backend of that namespace's role when it times out.
 func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
-	r := newHostile16(t)
+	r := newHostileTenants(t)
 	ctx := context.Background()
 	seq := storetest.Seq()
 	hostile := fmt.Sprintf("m-hostile-%d", seq)
@@ -964,12 +964,12 @@ func TestOneTenantsOversizedViewDoesNotStopEveryNamespacesDetection(t *testing.T
 // finds them all missed, and explains and inserts them in one statement,
 // within the leader's 30 s budget shared with the rest of Compute.
 func TestOneNamespaceCannotSetTheSizeOfEveryDetection(t *testing.T) {
-	r := newHostile16(t)
+	r := newHostileTenants(t)
 	ctx := context.Background()
 	hostile := storetest.Namespace(t, "hostile")
 	r.forget(t, hostile)
 	_, hraw := r.tenant(t, hostile)
-	keys := envInt("R16_KEYS", 200)
+	keys := envInt("DISLOCK_TEST_FLOODED_KEYS", 200)
 	if _, err := hraw.Exec(ctx, `INSERT INTO dislock.key_stats (lock_key, first_seen, last_decided)
 		SELECT $1::text || '/k' || i, now() - interval '24 hours', now() + interval '10 years' FROM generate_series(1, $2::int) i`, hostile, keys); err != nil {
 		t.Fatalf("the tenant writing its own statistics: %v", err)
@@ -1011,7 +1011,7 @@ func TestOneNamespaceCannotSetTheSizeOfEveryDetection(t *testing.T) {
 // yearly CronJob; its next window re-creates the row, with a new first_seen,
 // and is never judged either.
 func TestTheWindowOfAKeysFirstDecisionIsJudged(t *testing.T) {
-	r := newHostile16(t)
+	r := newHostileTenants(t)
 	ctx := context.Background()
 	ns := storetest.Namespace(t, "first")
 	r.forget(t, ns)
@@ -1076,7 +1076,7 @@ func TestTheWindowOfAKeysFirstDecisionIsJudged(t *testing.T) {
 // first detection after the change judges the new schedule's ticks of that
 // past hour, which were never ticks, and pages for each.
 func TestAScheduleChangeMakesNoPastNonTickMissed(t *testing.T) {
-	r := newHostile16(t)
+	r := newHostileTenants(t)
 	ctx := context.Background()
 	ns := storetest.Namespace(t, "change")
 	r.forget(t, ns)
