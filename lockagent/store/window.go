@@ -222,7 +222,7 @@ func (s *Store) DeleteWindow(ctx context.Context, key string, window time.Time) 
 	return nil
 }
 
-// Retention of old windows.
+// Retention of old windows (the owner runs it: ledger.DeleteOldWindows).
 const (
 	// DefaultRetention is how long finished windows are kept.
 	DefaultRetention = 30 * 24 * time.Hour
