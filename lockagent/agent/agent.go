@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/store"
 )
@@ -214,18 +215,32 @@ func (a *agent) publish(d protocol.Decision) {
 	if err := a.dir.WriteDecision(d); err != nil {
 		a.log.Error("writing the decision failed", "err", err)
 	}
-	a.terminationMessage(fmt.Sprintf("%s: %s", d.Action, d.Reason))
+	a.terminate(a.decided(d))
 	a.log.Info("decision", "action", d.Action, "key", d.Key, "window", d.Window, "owner", d.Owner, "token", d.Token, "reason", d.Reason)
 	a.ledgerDecision(d)
 }
 
-func (a *agent) terminationMessage(msg string) {
-	if len(msg) > 4000 {
-		msg = msg[:4000]
-	}
-	if err := os.WriteFile(a.cfg.TerminationLog, []byte(msg+"\n"), 0o644); err != nil {
+// terminate leaves t as the sidecar's termination message: the outcome the
+// webhook labels the pod with should the pod end now, and the account
+// kubectl describe shows.
+func (a *agent) terminate(t contract.Termination) {
+	if err := os.WriteFile(a.cfg.TerminationLog, []byte(t.Encode()+"\n"), 0o644); err != nil {
 		a.log.Warn("writing the termination message failed", "path", a.cfg.TerminationLog, "err", err)
 	}
+}
+
+// decided is the Termination of decision d. A pod that decided to run and
+// ends before the run's end is recorded has failed: nothing says the run
+// succeeded, and its claim lapses.
+func (a *agent) decided(d protocol.Decision) contract.Termination {
+	t := contract.Termination{Outcome: contract.OutcomeError, Message: fmt.Sprintf("%s: %s", d.Action, d.Reason)}
+	switch d.Action {
+	case protocol.ActionRun:
+		t.Outcome, t.TookOver = contract.OutcomeFailed, a.tookOver
+	case protocol.ActionSkip:
+		t.Outcome = contract.OutcomeSkipped
+	}
+	return t
 }
 
 // callTimeout bounds one database call: PgBouncer queues a query while its

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/window"
@@ -342,7 +343,7 @@ func (a *agent) awaitOwnerChange(ctx context.Context, owner store.Window) (time.
 // in case the sidecar is stopped or restarted before it decides.
 func (a *agent) waiting(why string, attrs ...any) {
 	a.log.Info("waiting: "+why, append([]any{"key", a.cfg.Key}, attrs...)...)
-	a.terminationMessage("waiting: " + why)
+	a.terminate(contract.Termination{Outcome: contract.OutcomeError, Message: "waiting: " + why})
 	a.ledger(store.ActionWait, why, 0, 0)
 }
 

@@ -92,7 +92,7 @@ func (h *heldWindow) release(t *testing.T) {
 // up to StartTimeout, no longer 5 s) writes no decision: the sidecar stops
 // promptly, says so in its termination message, and the kubelet's restart
 // of it decides afresh and runs the window once.
-func TestHostile18AStopWhileTheClaimWaitsInTheDatabaseWritesNoDecision(t *testing.T) {
+func TestAStopWhileTheClaimWaitsInTheDatabaseWritesNoDecision(t *testing.T) {
 	for _, tg := range pgtest.Need(t).Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
 			j := newJob(t, tg.DSN, "schedule", 6*time.Second)
@@ -151,7 +151,7 @@ func TestHostile18AStopWhileTheClaimWaitsInTheDatabaseWritesNoDecision(t *testin
 // the moment it is acknowledged, and the other may take it over at once.
 // The slow claim must not hand its app a deadline it does not hold: the
 // window runs once, never two runs at once, tokens increasing.
-func TestHostile18AClaimHeldUpPastItsTTLNeverRunsBesideATakeover(t *testing.T) {
+func TestAClaimHeldUpPastItsTTLNeverRunsBesideATakeover(t *testing.T) {
 	for _, tg := range pgtest.Need(t).Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
 			j := newJob(t, tg.DSN, "schedule", 6*time.Second)

@@ -33,7 +33,7 @@ func TestStuckLedgerWritesDoNotStarveAStandbysHeartbeat(t *testing.T) {
 	eachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
 		ttl := 6 * time.Second
-		if v, err := time.ParseDuration(os.Getenv("R16_TTL")); err == nil {
+		if v, err := time.ParseDuration(os.Getenv("DISLOCK_TEST_STUCK_LEDGER_TTL")); err == nil {
 			ttl = v
 		}
 		j, a, tx := ownerRunningWithItsStatisticsLocked(t, pgtestDirect(t), ttl)

@@ -12,10 +12,10 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 )
 
-// Pod lifecycles the hostile review tried that held from the start; kept so
-// that they keep holding.
+// Pod lifecycles that threaten "at most once per window" and held from the
+// start; kept so that they keep holding.
 
-// H1: the sidecar gives the claim up (app-start timeout), is then stopped and
+// The sidecar gives the claim up (app-start timeout), is then stopped and
 // restarted by the kubelet; the app container finally starts. The revocation
 // stands: the late app does not run, and the standby runs the window once.
 func TestAGivenUpClaimStaysGivenUpAfterASidecarRestart(t *testing.T) {
@@ -39,7 +39,7 @@ func TestAGivenUpClaimStaysGivenUpAfterASidecarRestart(t *testing.T) {
 	}
 }
 
-// H2: schedule,lease with standby: the owner's sidecar is SIGKILLed and
+// Schedule,lease with standby: the owner's sidecar is SIGKILLed and
 // restarted within the safety deadline; it re-enters with the same token, the
 // standby keeps waiting and then skips on success: one run, no overlap.
 func TestASidecarRestartedWithinItsDeadlineReentersWithTheSameToken(t *testing.T) {
@@ -67,7 +67,7 @@ func TestASidecarRestartedWithinItsDeadlineReentersWithTheSameToken(t *testing.T
 	}
 }
 
-// H3: a replacement pod of the same Job races the owner in schedule,lease
+// A replacement pod of the same Job races the owner in schedule,lease
 // mode; the owner is stopped mid-run like a drained node (app SIGTERMed
 // first, then the sidecar). The replacement waits and takes over after the
 // failure with a larger token; no overlap.

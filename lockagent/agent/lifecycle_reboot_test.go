@@ -13,7 +13,7 @@ import (
 	"github.com/dislock/dislock/test/pgtest"
 )
 
-// R6: a node reboot. A pod's emptyDir survives a node reboot, and a Job pod
+// A node reboot. A pod's emptyDir survives a node reboot, and a Job pod
 // with restartPolicy OnFailure has its containers started again in the same
 // pod; the startupProbe passes at once (the binary is still installed).
 // CLOCK_MONOTONIC starts again at boot, so a deadline from before the reboot

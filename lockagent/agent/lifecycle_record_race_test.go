@@ -1,10 +1,10 @@
 package agent_test
 
-// Recording a finished run races the claim's liveness: a success recorded
-// however late the database returns before the lapse, and what a hostile
-// review of the record's retries proved at first: a started file of no app
-// container holding the record back while the claim was renewed for ever; a
-// failed app's leftovers running on after its failure was recorded.
+// Recording a finished run races the claim's liveness: a success is
+// recorded however late the database returns before the lapse; a started
+// file of no app container does not hold the record back while the claim
+// is renewed for ever; a failed app's leftovers do not run on after its
+// failure was recorded.
 
 import (
 	"context"
@@ -36,7 +36,7 @@ import (
 //     old backoff, 3 s apart by then, missed about two times in three.
 //   - Then the record was retried every 100 ms, but gave up at the stop
 //     timeout (20 s), while with the default ttl (30 s) the claim lives
-//     longer (found by the review of that fix).
+//     longer.
 func TestASuccessIsRecordedWhenTheDatabaseReturnsBeforeTheClaimLapses(t *testing.T) {
 	for _, tc := range []struct {
 		name string

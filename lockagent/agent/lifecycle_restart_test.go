@@ -38,7 +38,9 @@ func failedFirstAttempt(t *testing.T, po *pod, second string) {
 	po.startWrapper() // the kubelet restarts the app container (OnFailure)
 }
 
-// R2 again, in a pod whose app container was restarted by OnFailure: once,
+// A sidecar stopped while its app runs (as in
+// TestASidecarStoppedWhileItsAppRunsStopsTheAppBeforeAStandbyTakesOver),
+// in a pod whose app container was restarted by OnFailure: once,
 // finishRun revokes and then waits for every started app's result — but
 // "has a result" is read from results/<container>, which still holds the
 // FIRST attempt's exit 1. So awaitResults settles at once while the second
@@ -54,7 +56,7 @@ func TestAnEarlierAttemptsResultDoesNotLetAStandbyRunAlongside(t *testing.T) {
 	j.awaitRuns(t, "dc-a's second attempt to start", 1)
 	b := j.start(t, podSpec{cluster: "dc-b", window: tick0, app: app(3, 0)})
 	await(t, "dc-b to wait", 10*time.Second, func() bool { return strings.Contains(b.agentLog.String(), "waiting: standby") })
-	a.stopAgent() // as in R2: the sidecar is stopped while its app runs
+	a.stopAgent() // the sidecar is stopped while its app runs
 	a.startAgent()
 	a.waitWrapper()
 	b.finish()

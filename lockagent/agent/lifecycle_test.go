@@ -1,11 +1,10 @@
 package agent_test
 
-// Pod lifecycles found by a hostile review of the ownership protocol: each
-// test replays an execution, reachable by a real pod's lifecycle, that broke
-// one of the four invariants of the design before it was fixed (R1..R5 name
-// the review's findings). They run through PgBouncer, the production path;
-// the lock statements themselves are tested direct and through PgBouncer in
-// package store.
+// Pod lifecycles that broke the ownership protocol: each test replays an
+// execution, reachable by a real pod's lifecycle, that broke one of the four
+// invariants of the design before it was fixed. They run through PgBouncer,
+// the production path; the lock statements themselves are tested direct and
+// through PgBouncer in package store.
 
 import (
 	"context"
@@ -27,7 +26,7 @@ func decisionOf(po *pod) (protocol.Decision, bool) {
 	return d, ok
 }
 
-// R1: a pod that claimed its window and waits for the lease, which another
+// A pod that claimed its window and waits for the lease, which another
 // pod of its Job still holds (here a pod that is only in the database: its
 // replacement started while it terminates). Its sidecar is stopped while it
 // waits and restarted by the kubelet. A stop before a decision once recorded
@@ -68,7 +67,7 @@ func TestAPodStoppedWhileWaitingForTheLeaseRunsAfterItsRestart(t *testing.T) {
 	}
 }
 
-// R2 — schedule mode, standby. dc-a's sidecar receives SIGTERM while its app
+// Schedule mode, standby. dc-a's sidecar receives SIGTERM while its app
 // is still running (a sidecar restart while the pod lives: the lifecycle
 // story 2 relies on). record() assumes the apps exited: it finds no result,
 // records the window "failed" and exits — without writing `revoked`. dc-a's
@@ -92,7 +91,7 @@ func TestASidecarStoppedWhileItsAppRunsStopsTheAppBeforeAStandbyTakesOver(t *tes
 	assertNoOverlap(t, runs)
 }
 
-// R3 — schedule mode, no standby; the Job's pod uses restartPolicy
+// Schedule mode, no standby; the Job's pod uses restartPolicy
 // OnFailure. Pod A runs (token t1); its sidecar dies (SIGKILL/OOM) and stays
 // down longer than the TTL (restart backoff, or restarted but unable to reach
 // the database); the wrapper kills the app at the deadline. A replacement pod
@@ -145,7 +144,7 @@ func TestASidecarBackAfterItsClaimLapsedNeverRunsTheAppWithAStaleToken(t *testin
 	}
 }
 
-// R4 — schedule mode, standby. dc-a's app exits 0 while its lease is valid.
+// Schedule mode, standby. dc-a's app exits 0 while its lease is valid.
 // Before the kubelet stops the sidecar, dc-a's database connection drops for
 // longer than TTL−margin: the agent revokes (nothing is running any more).
 // The database comes back and the sidecar gets its SIGTERM: outcome() turns
@@ -188,7 +187,7 @@ func TestASuccessBeforeARevocationIsRecordedAsASuccess(t *testing.T) {
 	}
 }
 
-// R5 — two app containers; one of them never starts (its image cannot be
+// Two app containers; one of them never starts (its image cannot be
 // pulled). The app-start check is satisfied by any started/* mark, so the
 // claim is kept and heartbeated for as long as the pod lives, i.e. forever:
 // the waiting standby in dc-b waits past the app-start timeout + TTLs and the

@@ -16,10 +16,9 @@ import (
 	"github.com/dislock/dislock/test/pgtest"
 )
 
-// Regression tests for the stories of the hostile review: each one broke "at
-// most once per window" or "still once while one cluster is healthy" with
-// real pods' lifecycles. Each runs against PostgreSQL directly and through
-// PgBouncer.
+// Regression tests for stories of real pods' lifecycles that broke "at most
+// once per window" or "still once while one cluster is healthy". Each runs
+// against PostgreSQL directly and through PgBouncer.
 
 func eachTarget(t *testing.T, fn func(t *testing.T, dsn string)) {
 	t.Helper()

@@ -164,7 +164,7 @@ func (a *agent) checkAppStarted(ctx context.Context) {
 	a.windowToken, a.leaseToken = 0, 0
 	msg := "gave the claim up: " + why
 	a.ledgerOutcome(store.StateFailed, msg)
-	a.terminationMessage(msg)
+	a.terminate(contract.Termination{Outcome: contract.OutcomeFailed, Message: msg})
 	a.log.Error(msg, "key", a.cfg.Key, "window", formatWindow(a.window))
 }
 
@@ -339,15 +339,15 @@ func (a *agent) record() {
 		// sidecar of this pod re-enters it (a failed claim it would have to
 		// skip), and anyone else may take it after the TTL.
 		msg := "stopped before a decision was reached: nothing ran; a restarted sidecar decides again"
-		a.terminationMessage(msg)
+		a.terminate(contract.Termination{Outcome: contract.OutcomeError, Message: msg})
 		a.log.Info("stopping: " + msg)
 		return
 	case d.Action != protocol.ActionRun:
-		a.terminationMessage(fmt.Sprintf("%s: %s", d.Action, d.Reason))
+		a.terminate(a.decided(d))
 		a.log.Info("stopping", "action", d.Action, "reason", d.Reason)
 		return
 	case a.gaveUp != "":
-		a.terminationMessage("gave the claim up: " + a.gaveUp)
+		a.terminate(contract.Termination{Outcome: contract.OutcomeFailed, Message: "gave the claim up: " + a.gaveUp})
 		a.log.Info("stopping after giving the claim up", "reason", a.gaveUp)
 		return
 	case a.finished:
@@ -374,7 +374,7 @@ func (a *agent) finishRun(ctx context.Context) {
 		// renewals, so the wrapper stops the app at the safety deadline,
 		// before anyone else can take the claim.
 		msg := fmt.Sprintf("stopped while an app of window %s of %s may still run; the claim is left to lapse", d.Window, d.Key)
-		a.terminationMessage(msg)
+		a.terminate(contract.Termination{Outcome: contract.OutcomeFailed, Message: msg})
 		a.log.Error(msg)
 		a.markRecorded(msg)
 		a.revoked = true
@@ -402,7 +402,11 @@ func (a *agent) finishRun(ctx context.Context) {
 		where += " (taken over from a failed or lapsed owner)"
 	}
 	msg := fmt.Sprintf("ran %s of %s with token %d: %s", where, d.Key, d.Token, summary)
-	a.terminationMessage(joinReason(msg, a.disagreement))
+	ran := contract.Termination{Outcome: contract.OutcomeFailed, TookOver: a.tookOver, Message: joinReason(msg, a.disagreement)}
+	if state == store.StateSucceeded {
+		ran.Outcome = contract.OutcomeSucceeded
+	}
+	a.terminate(ran)
 	a.log.Info("recorded", "key", d.Key, "window", d.Window, "token", d.Token, "state", state, "exitCode", code, "summary", summary)
 	a.markRecorded(msg)
 	a.ledgerOutcome(state, summary)

@@ -101,9 +101,11 @@ const (
 	LabelInjected      = Prefix + "injected"
 	LabelInjectedValue = "true"
 
-	// LabelOutcome is what a finished pod's run came to (succeeded, failed,
-	// skipped or error), on the pod and its Job. On a pod it is also the
-	// mark that the pod was handled: its Event is never emitted twice.
+	// LabelOutcome is what a finished pod's run came to: the Outcome of its
+	// sidecar's Termination (succeeded, failed, skipped or error), on the
+	// pod and its Job. On a pod it is also the mark that the pod was
+	// handled: its Event is never emitted twice. The termination record
+	// spells it and LabelTookOver too.
 	LabelOutcome = Prefix + "outcome"
 	// LabelTookOver is "true" on a pod (and its Job) whose run took the
 	// window over from a failed or lapsed owner; absent otherwise.

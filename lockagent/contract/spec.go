@@ -239,13 +239,9 @@ func FromAnnotations(annotations map[string]string, namespace, cronJobName strin
 	}
 
 	if v, ok := annotations[AnnotationMissedAfter]; ok {
-		d, err := time.ParseDuration(strings.TrimSpace(v))
-		switch {
-		case err != nil:
-			bad(AnnotationMissedAfter, v, "is not a duration "+wantMissedAfter)
-		case d < MinMissedAfter || d > MaxMissedAfter:
-			bad(AnnotationMissedAfter, v, "is out of range "+wantMissedAfter)
-		default:
+		if d, err := ParseMissedAfter(v); err != nil {
+			errs = append(errs, err)
+		} else {
 			s.MissedAfter = d
 		}
 	}
@@ -317,6 +313,22 @@ var (
 	wantAppStartTimeout = `(want e.g. "10m", ` + between(MinAppStartTimeout, MaxAppStartTimeout) + ")"
 	wantMissedAfter     = `(want e.g. "2h", ` + between(MinMissedAfter, MaxMissedAfter) + ": longer than the Job's retries take)"
 )
+
+// ParseMissedAfter reads a dislock.io/missed-after value: a Go duration
+// between MinMissedAfter and MaxMissedAfter. The error is a *FieldError
+// naming the annotation, the value and the allowed values. The webhook
+// holds the annotation to it, and the missed-window detection the value
+// the clusters' views carry.
+func ParseMissedAfter(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	switch {
+	case err != nil:
+		return 0, &FieldError{Annotation: AnnotationMissedAfter, Value: v, Problem: "is not a duration " + wantMissedAfter}
+	case d < MinMissedAfter || d > MaxMissedAfter:
+		return 0, &FieldError{Annotation: AnnotationMissedAfter, Value: v, Problem: "is out of range " + wantMissedAfter}
+	}
+	return d, nil
+}
 
 func between(lo, hi time.Duration) string {
 	return "between " + shortDuration(lo) + " and " + shortDuration(hi)

@@ -131,7 +131,7 @@ RETURNING token, claimed_at = now()`
 // never refuse one of them naming a failed owner: an agent told "failed"
 // skips, and a standby or a retry that skips a window nobody ran breaks
 // invariant 2.
-func TestHostile18RacingTakeoversOfAFailingOwnerHaveOneWinner(t *testing.T) {
+func TestRacingTakeoversOfAFailingOwnerHaveOneWinner(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
 		const claimers, rounds = 6, 15

@@ -61,7 +61,7 @@ func TestALedgerWriteKeepsItsBoundsAndItsCommitSetting(t *testing.T) {
 // it is on disk. The commit guard of every lock write reads the session's
 // setting, so a claim made right after a decision and a view on the one
 // connection a pool of one has must be acknowledged as durable.
-func TestHostile18HistoryWritesLeaveTheNextClaimDurable(t *testing.T) {
+func TestHistoryWritesLeaveTheNextClaimDurable(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
 		s := storetest.Open(t, dsn, 1)

@@ -14,6 +14,30 @@ import (
 	"github.com/dislock/dislock/test/pgtest"
 )
 
+// windowTakeable is what ClaimWindow's re-read says of window 0 of key for
+// the claim of who.
+func windowTakeable(t *testing.T, s *store.Store, key string, who store.Owner, standby bool) bool {
+	t.Helper()
+	rows, err := s.Handle().Pool.Query(context.Background(), store.GetWindowTakeableSQL,
+		key, storetest.WindowAt(0), store.NotIndexed, who.String(), who.JobPrefix(), standby)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		t.Fatalf("the re-read found no row of %s: %v", key, rows.Err())
+	}
+	vals, err := rows.Values()
+	if err != nil {
+		t.Fatal(err)
+	}
+	takeable, ok := vals[len(vals)-1].(bool)
+	if !ok {
+		t.Fatalf("the re-read's last column is %T, want a bool", vals[len(vals)-1])
+	}
+	return takeable
+}
+
 // The "Ownership and re-entry" table of the design, row by row: who asks for
 // a window whose owner is in which state, and what the database answers.
 func TestOwnershipTable(t *testing.T) {
@@ -63,6 +87,11 @@ func TestOwnershipTable(t *testing.T) {
 						if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, tok, store.State(state), nil); err != nil {
 							t.Fatal(err)
 						}
+					}
+					// The re-read a claim falls back on when its locked path
+					// refused asks the claim's own rule.
+					if takeable := windowTakeable(t, s, key, a.who, a.standby); takeable != (want[a.name][i] != refused) {
+						t.Errorf("the re-read says takeable %v; the claim is %v", takeable, []string{"re-entered", "taken over", "refused"}[want[a.name][i]])
 					}
 					got, err := storetest.Claim(t, s, key, storetest.WindowAt(0), a.who, a.standby, ttl)
 					switch want[a.name][i] {

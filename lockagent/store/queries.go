@@ -50,7 +50,7 @@ const commitGuard = `,
 // insert, whose conflict path decides under the row lock. The statement
 // returns the claimed row with claimed = true, or the refusing owner's row
 // with claimed = false, or, when the locked path refused, no row.
-const qClaimWindow = `
+var qClaimWindow = `
 WITH cur AS (
     SELECT ` + windowColumns + ` FROM dislock.windows
     WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int),
@@ -78,17 +78,35 @@ UNION ALL
 SELECT ` + windowColumns + `, false, false, now()` + commitGuard + `
 FROM cur w WHERE NOT (` + claimTakes + `)`
 
-// claimTakes says whether the claim of owner $4 (Job prefix $8, standby
-// $9) may take the existing window row w: see qClaimWindow.
-const claimTakes = `(w.owner = $4::text AND w.state = 'running')
-       OR (w.owner <> $4::text
+// claimTakesOf is the rule of "Ownership and re-entry" as SQL: whether the
+// claim of the owner in parameter owner (its Job's owner prefix in
+// jobPrefix, standby in standby) may take the existing window row w at
+// now(). Both qClaimWindow and qGetWindowTakeable ask it, so that what a
+// claim takes and what its re-read reports as takeable are one rule.
+func claimTakesOf(owner, jobPrefix, standby string) string {
+	return `(w.owner = ` + owner + `::text AND w.state = 'running')
+       OR (w.owner <> ` + owner + `::text
            AND (w.state = 'failed' OR (w.state = 'running' AND w.alive_until <= now()))
-           AND (starts_with(w.owner, $8::text) OR $9::boolean))`
+           AND (starts_with(w.owner, ` + jobPrefix + `::text) OR ` + standby + `::boolean))`
+}
+
+// claimTakes is claimTakesOf the claim of owner $4 (Job prefix $8, standby
+// $9): see qClaimWindow.
+var claimTakes = claimTakesOf("$4", "$8", "$9")
 
 const windowColumns = `lock_key, window_start, job_index, owner, cluster, pod, token, state,
     claimed_at, alive_until, finished_at, exit_code`
 
 const qGetWindow = `SELECT ` + windowColumns + `, now() FROM dislock.windows
+WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int`
+
+// qGetWindowTakeable is qGetWindow that also asks whether the claim of
+// owner $4 (Job prefix $5, standby $6) may take the row at the read's
+// now(): claimTakes, with the claim's values. ClaimWindow reads the row
+// with it when the locked path refused; a read, it locks nothing and
+// writes no WAL.
+var qGetWindowTakeable = `SELECT ` + windowColumns + `, now(), (` + claimTakesOf("$4", "$5", "$6") + `)
+FROM dislock.windows w
 WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int`
 
 // qHeartbeatWindow extends the owner's liveness. The token identifies the

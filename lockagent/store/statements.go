@@ -5,11 +5,13 @@ package store
 // ClaimWindowSQL and AcquireLeaseSQL in a transaction it rolls back, and
 // the benchmarks hand them to pgbench, so that what they measure is what
 // the agents cost the database.
+
+// ClaimWindowSQL is the statement ClaimWindow runs, with its parameters
+// $1..$9 (key, window start, job index, owner, cluster, pod, TTL in µs,
+// the owner's Job prefix, standby).
+var ClaimWindowSQL = qClaimWindow
+
 const (
-	// ClaimWindowSQL is the statement ClaimWindow runs, with its
-	// parameters $1..$9 (key, window start, job index, owner, cluster,
-	// pod, TTL in µs, the owner's Job prefix, standby).
-	ClaimWindowSQL = qClaimWindow
 	// AcquireLeaseSQL is the statement AcquireLease runs, with its
 	// parameters $1..$3 (key, owner, TTL in µs).
 	AcquireLeaseSQL = qAcquireLease

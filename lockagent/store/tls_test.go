@@ -78,7 +78,7 @@ func TestWithRootCAVerifiesWithTheGivenCAUnlessTheURLChose(t *testing.T) {
 // falls back to plain text: the CA is silently unused, for the owner's
 // connection and (since ReplaceRootCA keeps the mode too) every tenant URL
 // the webhook writes. The combination is refused at start.
-func TestHostile17_CAGivenButURLModeSilentlySkipsVerification(t *testing.T) {
+func TestACAWithAURLModeThatSkipsVerificationIsRefused(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	caFile := filepath.Join(dir, "ca.crt")

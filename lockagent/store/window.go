@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -132,9 +131,11 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		case !errors.Is(err, pgx.ErrNoRows):
 			return Claim{}, s.classify(fmt.Sprintf("claiming window %s of %s", formatWindow(start), r.Key), err)
 		}
-		err = scanWindow(s.h.Pool.QueryRow(ctx, qGetWindow, r.Key, start, r.Index), &c.Window, &c.DBTime)
+		var takeable bool
+		err = scanWindow(s.h.Pool.QueryRow(ctx, qGetWindowTakeable, r.Key, start, r.Index,
+			r.Owner.String(), r.Owner.JobPrefix(), r.Standby), &c.Window, &c.DBTime, &takeable)
 		switch {
-		case err == nil && r.mayTake(c.Window, c.DBTime):
+		case err == nil && takeable:
 			continue
 		case err == nil:
 			return c, windowTaken(start, r.Key, c.Window)
@@ -143,17 +144,6 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		}
 	}
 	return Claim{}, fmt.Errorf("claiming window %s of %s: the row kept changing hands or disappearing", formatWindow(start), r.Key)
-}
-
-// mayTake is qClaimWindow's claimTakes in Go: whether this claim may take
-// the window row w at database time now.
-func (r ClaimRequest) mayTake(w Window, now time.Time) bool {
-	mine := r.Owner.String()
-	if w.Owner == mine {
-		return w.State == StateRunning
-	}
-	lapsed := w.State == StateFailed || w.State == StateRunning && !w.AliveUntil.After(now)
-	return lapsed && (strings.HasPrefix(w.Owner, r.Owner.JobPrefix()) || r.Standby)
 }
 
 // windowTaken is the refusal of a claim on window start of key, which owner
@@ -232,7 +222,7 @@ func (s *Store) DeleteWindow(ctx context.Context, key string, window time.Time) 
 	return nil
 }
 
-// Retention of old windows.
+// Retention of old windows (the owner runs it: ledger.DeleteOldWindows).
 const (
 	// DefaultRetention is how long finished windows are kept.
 	DefaultRetention = 30 * 24 * time.Hour

@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/e2e"
 )
@@ -197,7 +198,8 @@ func observe(ctx context.Context, dc *e2e.DC, jobName string) (dcOutcome, error)
 	}
 	for i := range pods {
 		if msg := e2e.AgentMessage(&pods[i]); msg != "" {
-			d.message = strings.TrimSpace(msg)
+			term, _ := contract.ParseTermination(msg)
+			d.message = term.Message
 			if t, ok := decisionTime(dc, &pods[i]); ok {
 				d.decided = t.Sub(job.CreationTimestamp.Time)
 			}

@@ -186,8 +186,8 @@ func tenantSecret(t *testing.T, cs kubernetes.Interface, ns string) (url, role s
 
 // A tenant who takes the managed-by label off its namespace's Secret (edit
 // allows it) before the namespace opts out still loses its roles: they are
-// superseded, to be dropped after the grace, whoever holds the Secret then.
-// (Found by a hostile review: the role lived on, never rotated or retired.)
+// superseded, to be dropped after the grace, whoever holds the Secret then,
+// rather than living on, never rotated or retired.
 func TestOptingOutRetiresTheRolesEvenOfAnUnlabelledSecret(t *testing.T) {
 	owner, c, cs := tenantCluster(t)
 	ctx := context.Background()

@@ -372,9 +372,10 @@ func TestOnlyMeshProxiesIsRefused(t *testing.T) {
 // is decided from may change in between (the namespace as another replica's
 // cache sees it, or not at all within the read's timeout; a pod-template
 // label a later webhook adds, such as a policy's
-// sidecar.istio.io/inject=false for Jobs), and dislock denied its own
-// injection then, every Job of the CronJob. A changed plan would change
-// nothing that matters: the agent only POSTs to the pod's loopback.
+// sidecar.istio.io/inject=false for Jobs), and a plan decided again could
+// differ, so that dislock denied its own injection, every Job of the
+// CronJob. A changed plan would change nothing that matters: the agent
+// only POSTs to the pod's loopback.
 func TestAReinvocationKeepsTheMeshPlanOfTheFirstPass(t *testing.T) {
 	t.Parallel()
 	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)

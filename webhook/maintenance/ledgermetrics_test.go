@@ -312,18 +312,18 @@ func TestALedgerIntervalBelowTheMinimumIsRefused(t *testing.T) {
 	}
 }
 
-// hostileDB is a PostgreSQL of the test's own, migrated, with the owner's
+// tenantsDB is a PostgreSQL of the test's own, migrated, with the owner's
 // Store (as the webhook's leader opens it: one connection) and a raw
 // owner connection.
-type hostileDB struct {
+type tenantsDB struct {
 	dsn string
 	own *store.Store
 	raw *pgx.Conn
 }
 
-func newHostileDB(t *testing.T) hostileDB {
+func newTenantsDB(t *testing.T) tenantsDB {
 	t.Helper()
-	srv, err := pgtest.Start(pgtest.Options{Name: "review16", Logf: t.Logf})
+	srv, err := pgtest.Start(pgtest.Options{Name: "tenant-rows", Logf: t.Logf})
 	if err != nil {
 		pgtest.Missing(t, err)
 	}
@@ -343,11 +343,11 @@ func newHostileDB(t *testing.T) hostileDB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { raw.Close(context.Background()) })
-	return hostileDB{dsn: dsn, own: own, raw: raw}
+	return tenantsDB{dsn: dsn, own: own, raw: raw}
 }
 
 // tenant is a raw connection with namespace ns's own tenant role.
-func (d hostileDB) tenant(t *testing.T, ns string) *pgx.Conn {
+func (d tenantsDB) tenant(t *testing.T, ns string) *pgx.Conn {
 	t.Helper()
 	ctx := context.Background()
 	c, err := tenant.Provision(ctx, d.own, "dc-a", ns)
@@ -378,7 +378,7 @@ func (d hostileDB) tenant(t *testing.T, ns string) *pgx.Conn {
 // of the list; and since reportedThrough moves past its detection time, its
 // CronJob never gets the DislockMissedWindow Event.
 func TestATenantsMissedWindowsCannotBuryAnotherNamespacesEvent(t *testing.T) {
-	d := newHostileDB(t)
+	d := newTenantsDB(t)
 	ctx := context.Background()
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {

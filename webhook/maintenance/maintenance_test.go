@@ -232,7 +232,7 @@ func TestDatabaseGateAgainstARealDatabase(t *testing.T) {
 // disagreement Event.
 func TestMaintenanceGoesOnWhileATenantHoldsItsOldRowsLocked(t *testing.T) {
 	t.Parallel()
-	d := newHostileDB(t)
+	d := newTenantsDB(t)
 	ctx := context.Background()
 	tenant := d.tenant(t, "keeper")
 	old := `INSERT INTO dislock.windows (lock_key, window_start, owner, cluster, pod, token, state, claimed_at, alive_until, finished_at, exit_code)

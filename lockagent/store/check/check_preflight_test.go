@@ -173,7 +173,7 @@ func TestCheckURLWarnsOfSessionPooling(t *testing.T) {
 // holds one server connection while the pooling probe opens two more, so
 // the probe waits for PgBouncer's query_wait_timeout and then says it
 // cannot tell, with the fix "run dislock check again".
-func TestHostile17bSessionPoolNearlyFullIsStillNamed(t *testing.T) {
+func TestCheckURLNamesASessionPoolThatIsNearlyFull(t *testing.T) {
 	srv := pgtest.Need(t)
 	storetest.Open(t, srv.DirectDSN(), 2)
 	b, err := srv.AddSessionBouncer(storetest.Namespace(t, "h17b-sess"))
@@ -242,7 +242,7 @@ func TestCheckURLNamesAWrongPasswordAndTheSecret(t *testing.T) {
 // libpq's key=value syntax allows blanks around '=' and a backslash-escaped
 // quote inside a quoted value. An operator's URL with a typo elsewhere
 // (sslmode=bogus) must not have its password printed back.
-func TestHostile17bKeyValuePasswordNeverPrinted(t *testing.T) {
+func TestCheckURLNeverPrintsAKeyValuePassword(t *testing.T) {
 	for _, c := range []struct{ url, secret string }{
 		{`host=127.0.0.1 user=u password = S3cretPw-kv1 sslmode=bogus`, "S3cretPw-kv1"},
 		{`host=127.0.0.1 user=u password= S3cretPw-kv2 sslmode=bogus`, "S3cretPw-kv2"},

@@ -14,7 +14,7 @@ import (
 // window and a lease while `dislock check` probes the same key: the check
 // passes, and the real window and lease are exactly as before (owner,
 // token, liveness, expiry), directly and through PgBouncer.
-func TestHostile17bProbeKeyCollidesWithARealJob(t *testing.T) {
+func TestTheProbeLeavesARealJobOfItsKeyAsItWas(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
 		owner := storetest.Open(t, dsn, 2)
@@ -78,7 +78,7 @@ func TestHostile17bProbeKeyCollidesWithARealJob(t *testing.T) {
 // herd would, while a real agent of another key claims: every real token
 // is above the one before it (the probe's rolled-back draws only leave
 // gaps), and no probe row is ever committed.
-func TestHostile17bProbeDuringAHerdKeepsTokensGrowing(t *testing.T) {
+func TestTheProbeDuringAHerdKeepsTokensGrowing(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
 		owner := storetest.Open(t, dsn, 2)

@@ -311,25 +311,25 @@ func TestOneNamespacesKeysCannotCrowdOutAnothersStatistics(t *testing.T) {
 	})
 }
 
-// hostile16 is the setting of a test in which a tenant attacks the ledger,
+// hostileTenants is the setting of a test in which a tenant attacks the ledger,
 // the missed-window detection or the statistics through its own rows: the
 // owner's Store and a raw owner connection on the direct DSN.
-type hostile16 struct {
+type hostileTenants struct {
 	dsn string
 	own *store.Store
 	raw *pgx.Conn
 }
 
-func newHostile16(t *testing.T) hostile16 {
+func newHostileTenants(t *testing.T) hostileTenants {
 	t.Helper()
 	dsn := pgtest.Need(t).DirectDSN()
 	own := storetest.Open(t, dsn, 4)
-	return hostile16{dsn: dsn, own: own, raw: storetest.RawConn(t, dsn)}
+	return hostileTenants{dsn: dsn, own: own, raw: storetest.RawConn(t, dsn)}
 }
 
 // tenant provisions ns and returns its Store and a raw connection with its
 // role.
-func (r hostile16) tenant(t *testing.T, ns string) (*store.Store, *pgx.Conn) {
+func (r hostileTenants) tenant(t *testing.T, ns string) (*store.Store, *pgx.Conn) {
 	t.Helper()
 	c := storetest.Provision(t, r.own, ns)
 	return storetest.TenantStore(t, r.dsn, c), storetest.RawConn(t, storetest.TenantDSN(t, r.dsn, c))
@@ -337,7 +337,7 @@ func (r hostile16) tenant(t *testing.T, ns string) (*store.Store, *pgx.Conn) {
 
 // forget deletes, as the owner, every ledger, window, lease and view row of
 // ns: the tests share one database and DetectMissed reads all of it.
-func (r hostile16) forget(t *testing.T, ns string) {
+func (r hostileTenants) forget(t *testing.T, ns string) {
 	t.Helper()
 	t.Cleanup(func() {
 		for _, table := range []string{"decisions", "decision_counts", "key_stats", "missed", "windows", "leases", "views"} {
@@ -361,7 +361,7 @@ func envInt(name string, def int) int {
 // count) would fail that read, or the snapshot's encoding, for every
 // namespace. The database refuses each; the owner's read goes on.
 func TestATenantCannotWriteStatisticsTheOwnersMetricsCannotServe(t *testing.T) {
-	r := newHostile16(t)
+	r := newHostileTenants(t)
 	ctx := context.Background()
 	victim, hostile := storetest.Namespace(t, "victim"), storetest.Namespace(t, "hostile")
 	r.forget(t, victim)
@@ -405,7 +405,7 @@ func TestATenantCannotWriteStatisticsTheOwnersMetricsCannotServe(t *testing.T) {
 // lease rows under its prefix as it likes. Every one of them is read, every
 // computation, into the leader's memory.
 func TestTheHeldLeasesOfOneKeyAreReadAsOneRow(t *testing.T) {
-	r := newHostile16(t)
+	r := newHostileTenants(t)
 	ctx := context.Background()
 	hostile := storetest.Namespace(t, "hostile")
 	r.forget(t, hostile)
@@ -414,7 +414,7 @@ func TestTheHeldLeasesOfOneKeyAreReadAsOneRow(t *testing.T) {
 	if err := hs.RecordDecision(ctx, store.Decision{Key: key, Cluster: "dc-a", Job: "j", Pod: "p", Action: store.ActionRun}); err != nil {
 		t.Fatal(err)
 	}
-	n := envInt("R16_LEASES", 5*ledger.MaxKeysPerNamespace)
+	n := envInt("DISLOCK_TEST_HELD_LEASES", 5*ledger.MaxKeysPerNamespace)
 	if _, err := hraw.Exec(ctx, `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at)
 		SELECT $1::text || '#' || i, 'x', 1, now(), now() + interval '1 day' FROM generate_series(1, $2::int) i`, key, n); err != nil {
 		t.Fatalf("the tenant inserting lease rows under its own prefix: %v", err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/db"
 	"github.com/dislock/dislock/lockagent/window"
@@ -107,9 +108,10 @@ const (
 	// CronJobs be judged as fast as it runs (about 500 windows a run every
 	// 30 s) and a fresh one catch up on a day in a few minutes.
 	DefaultMaxWindowsPerNamespace = 5000
-	MinMissedGrace                = time.Minute
-	MaxDefaultMissedGrace         = time.Hour
-	missedDecisionsPerWindow      = 16
+	// MaxDefaultMissedGrace caps the default grace: a longer one is set
+	// with dislock.io/missed-after.
+	MaxDefaultMissedGrace    = time.Hour
+	missedDecisionsPerWindow = 16
 )
 
 // Each of the detection's statements waits at most missedLockTimeout for a
@@ -127,21 +129,23 @@ func missedBounds() []any {
 }
 
 // DefaultMissedGrace is the grace of a schedule whose view sets none: one
-// period (a run should be done by the next tick), at least a minute and at
-// most an hour. Longer runs set dislock.io/missed-after.
+// period (a run should be done by the next tick), at least the shortest
+// dislock.io/missed-after (contract.MinMissedAfter) and at most
+// MaxDefaultMissedGrace. Longer runs set dislock.io/missed-after.
 func DefaultMissedGrace(period time.Duration) time.Duration {
-	return min(max(period, MinMissedGrace), MaxDefaultMissedGrace)
+	return min(max(period, contract.MinMissedAfter), MaxDefaultMissedGrace)
 }
 
 // missedGrace is the grace of a schedule of period whose view says
-// missedAfter.
-func missedGrace(missedAfter string, period time.Duration) time.Duration {
-	if missedAfter != "" {
-		if g, err := time.ParseDuration(missedAfter); err == nil && g > 0 {
-			return g
-		}
+// missedAfter: the default when it is empty, else a value
+// dislock.io/missed-after accepts. Any other value is an error naming the
+// annotation: a view is the tenant's own row, and a grace it could set
+// outside the bounds (or that does not parse) is no grace to judge by.
+func missedGrace(missedAfter string, period time.Duration) (time.Duration, error) {
+	if missedAfter == "" {
+		return DefaultMissedGrace(period), nil
 	}
-	return DefaultMissedGrace(period)
+	return contract.ParseMissedAfter(missedAfter)
 }
 
 // Detection is the result of one DetectMissed.
@@ -290,7 +294,10 @@ func DetectMissed(ctx context.Context, s *store.Store, opts MissedOptions) (Dete
 		}
 		k.sched = sched
 		k.period = schedulePeriod(sched, now)
-		k.grace = missedGrace(k.view.MissedAfter, k.period)
+		if k.grace, err = missedGrace(k.view.MissedAfter, k.period); err != nil {
+			det.Problems = append(det.Problems, fmt.Sprintf("%s: %v", k.key, err))
+			continue
+		}
 		det.Keys++
 		k.plan(now, opts.Lookback)
 		judge = append(judge, k)
@@ -372,11 +379,15 @@ func (k *keyToJudge) plan(now time.Time, lookback time.Duration) {
 		return w.Add(-time.Second), err == nil
 	}
 	var old window.Schedule
+	var oldGrace time.Duration
 	oldOK := false
 	if k.checkedWith != nil {
-		var err error
+		var err, graceErr error
 		old, err = window.ParseSchedule(k.checkedWith.Schedule, k.checkedWith.TimeZone)
-		oldOK = err == nil
+		if err == nil {
+			oldGrace, graceErr = missedGrace(k.checkedWith.MissedAfter, schedulePeriod(old, now))
+		}
+		oldOK = err == nil && graceErr == nil
 	}
 	switch {
 	case k.checkedUntil == nil:
@@ -433,7 +444,7 @@ func (k *keyToJudge) plan(now time.Time, lookback time.Duration) {
 		oldWith := *k.checkedWith
 		oldWith.Until = until
 		k.spans = []judgeSpan{
-			{sched: old, grace: missedGrace(oldWith.MissedAfter, schedulePeriod(old, now)), after: *k.checkedUntil, until: *until},
+			{sched: old, grace: oldGrace, after: *k.checkedUntil, until: *until},
 			{sched: k.sched, grace: k.grace, after: until.Add(-time.Second)},
 		}
 		if !k.checkedWith.equal(&oldWith) {

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/lockagent/store/ledger"
@@ -437,7 +439,7 @@ func TestTheDetectionsWriteDoesNotWaitLongForALock(t *testing.T) {
 // writes (which upsert the same rows) wait too, and each leaves one more
 // orphan backend of that namespace's role when it times out.
 func TestATenantLockingItsOwnStatisticsStallsNoOtherNamespace(t *testing.T) {
-	r := newHostile16(t)
+	r := newHostileTenants(t)
 	ctx := context.Background()
 	seq := storetest.Seq()
 	hostile := fmt.Sprintf("m-hostile-%d", seq)
@@ -962,12 +964,12 @@ func TestOneTenantsOversizedViewDoesNotStopEveryNamespacesDetection(t *testing.T
 // finds them all missed, and explains and inserts them in one statement,
 // within the leader's 30 s budget shared with the rest of Compute.
 func TestOneNamespaceCannotSetTheSizeOfEveryDetection(t *testing.T) {
-	r := newHostile16(t)
+	r := newHostileTenants(t)
 	ctx := context.Background()
 	hostile := storetest.Namespace(t, "hostile")
 	r.forget(t, hostile)
 	_, hraw := r.tenant(t, hostile)
-	keys := envInt("R16_KEYS", 200)
+	keys := envInt("DISLOCK_TEST_FLOODED_KEYS", 200)
 	if _, err := hraw.Exec(ctx, `INSERT INTO dislock.key_stats (lock_key, first_seen, last_decided)
 		SELECT $1::text || '/k' || i, now() - interval '24 hours', now() + interval '10 years' FROM generate_series(1, $2::int) i`, hostile, keys); err != nil {
 		t.Fatalf("the tenant writing its own statistics: %v", err)
@@ -1009,7 +1011,7 @@ func TestOneNamespaceCannotSetTheSizeOfEveryDetection(t *testing.T) {
 // yearly CronJob; its next window re-creates the row, with a new first_seen,
 // and is never judged either.
 func TestTheWindowOfAKeysFirstDecisionIsJudged(t *testing.T) {
-	r := newHostile16(t)
+	r := newHostileTenants(t)
 	ctx := context.Background()
 	ns := storetest.Namespace(t, "first")
 	r.forget(t, ns)
@@ -1074,7 +1076,7 @@ func TestTheWindowOfAKeysFirstDecisionIsJudged(t *testing.T) {
 // first detection after the change judges the new schedule's ticks of that
 // past hour, which were never ticks, and pages for each.
 func TestAScheduleChangeMakesNoPastNonTickMissed(t *testing.T) {
-	r := newHostile16(t)
+	r := newHostileTenants(t)
 	ctx := context.Background()
 	ns := storetest.Namespace(t, "change")
 	r.forget(t, ns)
@@ -1133,5 +1135,31 @@ func TestAScheduleChangeMakesNoPastNonTickMissed(t *testing.T) {
 	if len(false_) > 0 {
 		t.Errorf("right after %s's schedule changed from hourly to */10, the detection found %d windows missed that were never ticks (each pages DislockWindowMissed, critical): %v",
 			key, len(false_), false_)
+	}
+}
+
+// A view's missed-after is a value dislock.io/missed-after accepts, or
+// none: one outside its bounds, or one that does not parse (a tenant
+// writes its own views), is a problem naming the annotation, and the key's
+// windows wait; they are not judged with the default grace instead.
+func TestAMissedAfterOutsideItsBoundsIsAProblemNotTheDefault(t *testing.T) {
+	r := newReplay(t, "after", 10*time.Minute)
+	bad := map[string]string{r.key("short"): "30s", r.key("long"): "48h", r.key("word"): "soon"}
+	for key, after := range bad {
+		v := everyMinute
+		v.MissedAfter = after
+		r.ran(key, v, 0, "dc-a")
+		r.ran(key, v, 2, "dc-a") // minute 1 ran nowhere
+	}
+	det := r.detect(r.minute(8))
+	for key, after := range bad {
+		if !slices.ContainsFunc(det.Problems, func(p string) bool {
+			return strings.HasPrefix(p, key+": ") && strings.Contains(p, contract.AnnotationMissedAfter) && strings.Contains(p, strconv.Quote(after))
+		}) {
+			t.Errorf("missed-after %q of %s: problems %q, want one naming %s and the value", after, key, det.Problems, contract.AnnotationMissedAfter)
+		}
+		if got := r.reported(key); len(got) != 0 {
+			t.Errorf("missed-after %q of %s: windows judged anyway: %v", after, key, got)
+		}
 	}
 }

@@ -182,11 +182,11 @@ ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`,
 // row would make every webhook skip its migrations and report ready against
 // whatever schema is there; a crafted incompatible one would keep every
 // replica unready.
-func TestHostile17_TenantCannotWriteSchemaMigrations(t *testing.T) {
+func TestATenantCannotWriteSchemaMigrations(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
 		own := storetest.Open(t, dsn, 2)
-		ns := storetest.Namespace(t, "hostile17")
+		ns := storetest.Namespace(t, "schema-writer")
 		cred := storetest.Provision(t, own, ns)
 		tdsn, err := tenant.DSN(dsn, cred)
 		if err != nil {

@@ -19,8 +19,8 @@ import (
 	"github.com/dislock/dislock/test/pgtest"
 )
 
-// What a hostile review of the tenant roles proved a tenant could do to
-// every other namespace, and what now stops it: a tenant role resolves names
+// What a tenant could once do to every other namespace through its role,
+// and what now stops it: a tenant role resolves names
 // in pg_catalog first and may create nothing in public (an operator planted
 // there ran in other roles' statements); its sessions are bounded; it cannot
 // take the lock that serialises provisioning (an advisory lock any role could

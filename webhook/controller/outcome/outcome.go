@@ -26,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook/inject"
 	"github.com/dislock/dislock/webhook/internal/eventnote"
 )
@@ -84,12 +83,12 @@ func jobOutcome(raw string, pod *corev1.Pod, o podOutcome) (annotation string, j
 	return string(b), job
 }
 
-// Values of contract.LabelOutcome.
+// Values of contract.LabelOutcome: the Outcome of the sidecar's Termination.
 const (
-	OutcomeSucceeded = "succeeded" // the app ran here and every container exited 0
-	OutcomeFailed    = "failed"    // the app ran here and failed, or the claim was given up or left to lapse
-	OutcomeSkipped   = "skipped"   // another pod or cluster owned the window or lease, or it was stale
-	OutcomeError     = "error"     // the agent could not decide, or was stopped before it did
+	OutcomeSucceeded = string(contract.OutcomeSucceeded)
+	OutcomeFailed    = string(contract.OutcomeFailed)
+	OutcomeSkipped   = string(contract.OutcomeSkipped)
+	OutcomeError     = string(contract.OutcomeError)
 )
 
 // Reasons of the Event put on the CronJob for each finished pod.
@@ -101,21 +100,9 @@ const (
 	ReasonError     = "DislockError"     // Warning
 )
 
-// Beginnings of the agent's termination messages
-// (lockagent/agent: publish, record, finishRun, giveUp).
-const (
-	msgRan           = "ran "                                                    // ran window <W> of <key> with token N: succeeded (...) | failed: ...
-	msgTakenOver     = "(taken over from a failed or lapsed owner)"              // after the window, in a "ran" message
-	msgSkip          = "skip: "                                                  // the decision, kept to the end
-	msgError         = "error: "                                                 // the decision, kept to the end
-	msgRun           = "run: "                                                   // the decision; the end of the run was never written
-	msgGaveUp        = "gave the claim up: "                                     // the app did not start in time
-	msgStoppedRun    = "stopped while an app"                                    // the claim is left to lapse
-	msgStoppedBefore = "stopped before a decision"                               // nothing ran
-	msgTookOverClaim = " " + string(store.TookOver)                              // in a "run:" decision: "window W of K took-over"
-	msgSucceeded     = "succeeded"                                               // the summary of a successful run
-	msgNoMessage     = "the dislock-agent container left no termination message" // the kubelet never saw it end
-)
+// msgNoMessage is the Event's note of a pod whose sidecar left no
+// termination message: the kubelet never saw it end.
+const msgNoMessage = "the dislock-agent container left no termination message"
 
 // podOutcome is what a finished pod's sidecar said, as labels and an Event.
 type podOutcome struct {
@@ -123,36 +110,13 @@ type podOutcome struct {
 	TookOver bool
 }
 
-// parseOutcome reads the agent's termination message. Anything it does not
-// recognise (a message of an agent that was killed while waiting, or none)
-// is an error: the pod ended without the agent saying how its run ended.
-func parseOutcome(msg string) podOutcome {
-	msg = strings.TrimSpace(msg)
-	switch {
-	case strings.HasPrefix(msg, msgRan):
-		// "ran window 2026-12-02T02:00:00Z of team/report with token 7:
-		// succeeded (...)": the first ": " ends the head (a window's
-		// RFC 3339 time has colons, never followed by a space).
-		head, summary, _ := strings.Cut(msg, ": ")
-		o := podOutcome{Outcome: OutcomeFailed, TookOver: strings.Contains(head, msgTakenOver)}
-		if strings.HasPrefix(summary, msgSucceeded) {
-			o.Outcome = OutcomeSucceeded
-		}
-		return o
-	case strings.HasPrefix(msg, msgSkip):
-		return podOutcome{Outcome: OutcomeSkipped}
-	case strings.HasPrefix(msg, msgError):
-		return podOutcome{Outcome: OutcomeError}
-	case strings.HasPrefix(msg, msgRun):
-		// The agent decided to run and ended before it recorded how the run
-		// ended (killed): nothing says the run succeeded, and its claim
-		// lapses.
-		head, _, _ := strings.Cut(msg, ";")
-		return podOutcome{Outcome: OutcomeFailed, TookOver: strings.Contains(head, msgTookOverClaim)}
-	case strings.HasPrefix(msg, msgGaveUp), strings.HasPrefix(msg, msgStoppedRun):
-		return podOutcome{Outcome: OutcomeFailed}
-	}
-	return podOutcome{Outcome: OutcomeError}
+// parseOutcome reads the sidecar's termination message
+// (contract.Termination): the pod's outcome, and the account the Event
+// repeats. A message that is not one dislock writes is an error outcome:
+// the pod ended without the agent saying how its run ended.
+func parseOutcome(msg string) (podOutcome, string) {
+	t, _ := contract.ParseTermination(msg)
+	return podOutcome{Outcome: string(t.Outcome), TookOver: t.TookOver}, t.Message
 }
 
 // event is the Event type and reason of an outcome: Normal for a run that
@@ -323,7 +287,7 @@ func (r *outcomeRecorder) Reconcile(ctx context.Context, req reconcile.Request) 
 	if !done {
 		return reconcile.Result{}, nil
 	}
-	o := parseOutcome(message)
+	o, account := parseOutcome(message)
 
 	// The Job first: a failure leaves the pod unmarked, to be tried again.
 	// Its labels fold this pod's outcome into those of the Job's other
@@ -376,7 +340,7 @@ func (r *outcomeRecorder) Reconcile(ctx context.Context, req reconcile.Request) 
 		return reconcile.Result{}, fmt.Errorf("labelling pod %s: %w", pod.Name, err)
 	}
 	eventType, reason := o.event()
-	logger.Info("pod finished", "outcome", o.Outcome, "tookOver", o.TookOver, "message", message)
+	logger.Info("pod finished", "outcome", o.Outcome, "tookOver", o.TookOver, "message", account)
 	if cronJobRef == nil {
 		return reconcile.Result{}, nil
 	}
@@ -387,7 +351,7 @@ func (r *outcomeRecorder) Reconcile(ctx context.Context, req reconcile.Request) 
 		logger.Info("the Job's CronJob is gone; no Event", "cronJob", cronJobRef.Name, "err", err)
 		return reconcile.Result{}, nil
 	}
-	r.events.Eventf(&cj, &pod, eventType, reason, "Run", "%s", outcomeNote(&pod, message))
+	r.events.Eventf(&cj, &pod, eventType, reason, "Run", "%s", outcomeNote(&pod, account))
 	return reconcile.Result{}, nil
 }
 

@@ -25,9 +25,11 @@ import (
 	"github.com/dislock/dislock/webhook/internal/eventnote"
 )
 
-// Every message the agent leaves as its last word (lockagent/agent: publish,
-// record, finishRun, giveUp) maps to one outcome, and to took-over when the
-// run took a failed or lapsed owner's window.
+// Every message the agent leaves as its last word maps to one outcome, and
+// to took-over when the run took a failed or lapsed owner's window: by its
+// termination record (contract.Termination), or, for agents from before the
+// record, by the prose they wrote (lockagent/agent: publish, record,
+// finishRun, giveUp).
 func TestTheAgentsTerminationMessageGivesTheOutcome(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -86,12 +88,22 @@ func TestTheAgentsTerminationMessageGivesTheOutcome(t *testing.T) {
 		{"killed while waiting as a standby",
 			"waiting: standby: the window's owner dc-b/nightly-29123/nightly-29123-x is alive",
 			podOutcome{OutcomeError, false}, ReasonError},
+		{"a record of a run that succeeded after taking the window over",
+			"ran window 2026-12-02T02:00:00Z (taken over from a failed or lapsed owner) of reports/nightly with token 9: succeeded (2 container(s), exit code 0)\n" +
+				contract.LabelOutcome + "=succeeded " + contract.LabelTookOver + "=true",
+			podOutcome{OutcomeSucceeded, true}, ReasonTookOver},
+		{"a record says the outcome, whatever the prose before it",
+			"ran window 2026-12-02T02:00:00Z of reports/nightly with token 7: succeeded\n" + contract.LabelOutcome + "=skipped",
+			podOutcome{OutcomeSkipped, false}, ReasonSkipped},
+		{"a record dislock does not write",
+			"ran window 2026-12-02T02:00:00Z of reports/nightly with token 7: succeeded\n" + contract.LabelOutcome + "=great",
+			podOutcome{OutcomeError, false}, ReasonError},
 		{"no message at all", "", podOutcome{OutcomeError, false}, ReasonError},
 		{"the kubelet's trailing newline", "skip: stale\n", podOutcome{OutcomeSkipped, false}, ReasonSkipped},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			got := parseOutcome(tc.message)
+			got, _ := parseOutcome(tc.message)
 			if got != tc.want {
 				t.Fatalf("parseOutcome(%q) = %+v, want %+v", tc.message, got, tc.want)
 			}
@@ -107,6 +119,18 @@ func TestTheAgentsTerminationMessageGivesTheOutcome(t *testing.T) {
 				t.Errorf("event type %s, want %s", eventType, wantType)
 			}
 		})
+	}
+}
+
+// The Event repeats the account the sidecar wrote for people, not its
+// record line: the labels say that already.
+func TestTheEventRepeatsTheAccountWithoutTheRecord(t *testing.T) {
+	t.Parallel()
+	account := "skip: window 2026-12-02T02:00:00Z already claimed by dc-b/reports/nightly-29123/uid/nightly-29123-x (running)"
+	msg, _ := agentEnd(finishedPod(contract.Termination{Outcome: contract.OutcomeSkipped, Message: account}.Encode()))
+	o, got := parseOutcome(msg)
+	if o.Outcome != OutcomeSkipped || got != account {
+		t.Errorf("parseOutcome(%q) = %+v, %q; want skipped and the account %q", msg, o, got, account)
 	}
 }
 
