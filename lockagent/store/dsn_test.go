@@ -3,13 +3,14 @@ package store_test
 import (
 	"context"
 	"errors"
-	"net"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 )
 
 func TestDatabaseURLDefaultsToExecModeUnlessItChoosesOne(t *testing.T) {
@@ -64,12 +65,7 @@ func TestBadDatabaseURLsAreExplainedWithoutThePassword(t *testing.T) {
 
 func TestUnreachableDatabaseErrorNamesHostAndCause(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close() // nothing listens there now
+	addr := "127.0.0.1:" + strconv.Itoa(storetest.ClosedPort(t)) // refuses connections
 	s, err := store.Open(context.Background(), "postgres://app:s3cr3t-pw@"+addr+"/app?connect_timeout=2", store.Options{})
 	if err != nil {
 		t.Fatal(err)

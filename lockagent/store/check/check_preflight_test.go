@@ -204,12 +204,7 @@ func TestCheckURLNamesASessionPoolThatIsNearlyFull(t *testing.T) {
 // address and what to look at.
 func TestCheckURLNamesAnUnreachableHost(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := storetest.ClosedPort(t)
 	const password = "Unreach-Pa55-9c1d"
 	rep := check.URL(context.Background(), pgtest.DSN(pgtest.AppUser, password, port), check.Options{})
 	if !check.Failed(rep.Findings) || len(rep.Findings) != 1 {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -216,4 +217,25 @@ func ByCheck(fs []check.Finding) map[string]check.Finding {
 		m[f.Check] = f
 	}
 	return m
+}
+
+// ClosedPort is a port of 127.0.0.1 that refuses connections for the rest
+// of the test: a socket bound to it that never listens. A port freed after
+// a listen would do only until a server that another test package starts
+// meanwhile picks it.
+func ClosedPort(t testing.TB) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
 }
