@@ -93,7 +93,7 @@ fuzz: ## Run every fuzz target (hack/fuzz-targets.sh finds them) for FUZZTIME (d
 
 .PHONY: bench
 bench: deps $(BIN)/etcd ## Benchmark locks (vs SELECT 1 and pgbench), pod decision latency, admission (vs a no-op handler), the ledger's metrics at 10 000 keys × 30 days, and claims on a synchronous Patroni cluster (vs a single PostgreSQL).
-	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 4000x -count 3 -timeout 20m ./lockagent/lock/ | tee bench-lock.txt
+	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 4000x -count 3 -timeout 20m ./lockagent/store/ | tee bench-lock.txt
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench '^Benchmark(Decision|ProcessStart)$$' -benchtime 100x -count 3 -timeout 20m ./lockagent/agent/ | tee bench-agent.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench 'Admission' -benchtime 3000x -count 3 -timeout 20m ./webhook/ | tee bench-webhook.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench 'PullSecretKeychain' -benchtime 10x -count 3 -timeout 20m ./webhook/registry/ | tee -a bench-webhook.txt
