@@ -28,7 +28,7 @@ var (
 	kustomizeRules = filepath.Join(configDir, "prometheus", "rules", "prometheusrule.yaml")
 )
 
-// alerts are the alerts issue 16 asks for, with their severities and how long their condition
+// alerts are the alerts docs/operations.md documents, with their severities and how long their condition
 // must hold: the chart ships these and no others.
 var alerts = map[string]struct{ severity, forDuration string }{
 	"DislockWindowMissed":        {"critical", ""},

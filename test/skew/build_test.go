@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// previousRelease is the commit the previous release (issue 16) landed as:
+// previousRelease is the commit the previous release landed as:
 // its dislock knows schema version 5. Move it forward when a release is cut.
 const previousRelease = "845a3c5854ff13b40f67990b5f51fe7f591c4efd"
 
