@@ -81,9 +81,9 @@ func (t Termination) Encode() string {
 // newline and other outer blanks are no part of it). A message that ends
 // in a record line is read by its record; one that does not is the prose
 // of an agent from before the record, read by its beginning (see
-// parseProse). A record line that is not one Encode writes is an error,
-// and the Termination then says OutcomeError with the whole text as
-// Message.
+// parseProse). A record line that is not one Encode writes (a forged one,
+// or one the kubelet cut) is an error, and the Termination is then read
+// from the account before it, as an older agent's prose is.
 func ParseTermination(msg string) (Termination, error) {
 	msg = strings.TrimSpace(msg)
 	body, last := "", msg
@@ -100,9 +100,16 @@ func ParseTermination(msg string) (Termination, error) {
 		outcome, tookOver = o, true
 	}
 	t.Outcome, t.TookOver = Outcome(outcome), tookOver
+	// The kubelet keeps only the beginning of a long termination message
+	// (its share of 12 KiB per pod), so the record at its end may be cut.
+	// The account before it says the same in prose an older webhook reads
+	// too: a record that is not whole is read by the account, and a run
+	// the account says took over did, whatever a cut record lost.
+	prose := parseProse(body)
 	if !validOutcome(t.Outcome) {
-		return Termination{Outcome: OutcomeError, Message: msg}, fmt.Errorf("termination record %q: want %s<%s> with %q after it when the run took over", last, recordOutcome, strings.Join(outcomeNames(), "|"), recordTookOver)
+		return prose, fmt.Errorf("termination record %q (cut, or not one the agent writes): read by its account instead; want %s<%s> with %q after it when the run took over", last, recordOutcome, strings.Join(outcomeNames(), "|"), recordTookOver)
 	}
+	t.TookOver = t.TookOver || prose.TookOver
 	return t, nil
 }
 

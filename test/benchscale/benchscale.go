@@ -402,6 +402,17 @@ func Share(cpu, wall time.Duration, cpus int) float64 {
 // database of dsn (a postgres:// URL) and returns the transactions per
 // second it reports, excluding connection time.
 func Pgbench(ctx context.Context, bin, dsn, script string, clients int, d time.Duration) (float64, error) {
+	return pgbench(ctx, bin, dsn, script, clients, "-T", strconv.Itoa(int(d.Seconds())))
+}
+
+// PgbenchTransactions is Pgbench running script n times from each client
+// instead of for a while: for a test that the script does what it should,
+// which must not depend on how loaded the machine is.
+func PgbenchTransactions(ctx context.Context, bin, dsn, script string, clients, n int) (float64, error) {
+	return pgbench(ctx, bin, dsn, script, clients, "-t", strconv.Itoa(n))
+}
+
+func pgbench(ctx context.Context, bin, dsn, script string, clients int, run ...string) (float64, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
 		return 0, fmt.Errorf("pgbench: parsing the URL: %w", err)
@@ -416,8 +427,9 @@ func Pgbench(ctx context.Context, bin, dsn, script string, clients int, d time.D
 		return 0, err
 	}
 	pw, _ := u.User.Password()
-	cmd := exec.CommandContext(ctx, bin, "-n", "-M", "extended", "-f", file, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, runtime.GOMAXPROCS(0))),
-		"-T", strconv.Itoa(int(d.Seconds())), "-h", u.Hostname(), "-p", u.Port(), "-U", u.User.Username(), strings.TrimPrefix(u.Path, "/"))
+	args := append([]string{"-n", "-M", "extended", "-f", file, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, runtime.GOMAXPROCS(0)))}, run...)
+	args = append(args, "-h", u.Hostname(), "-p", u.Port(), "-U", u.User.Username(), strings.TrimPrefix(u.Path, "/"))
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "PGPASSWORD="+pw, "PGSSLMODE=disable")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 )
 
@@ -143,6 +144,17 @@ func passwords(conn string) []string {
 		if words := strings.Fields(p.Value); len(words) > 1 {
 			out = append(out, words...)
 		}
+		// \v and \f end an unquoted value for libpq, not for whoever typed
+		// it: what follows up to a space, a tab or a line end was meant as
+		// the password too.
+		if v := strings.TrimLeft(conn[i:], blanks+"="); !strings.HasPrefix(v, "'") {
+			if end := strings.IndexAny(v, " \t\n\r"); end >= 0 {
+				v = v[:end]
+			}
+			if v != "" && v != p.Raw {
+				out = append(out, v)
+			}
+		}
 	}
 }
 
@@ -165,6 +177,8 @@ func Scrub(databaseURL, msg string) string {
 		}
 	}
 	secrets = append(secrets, passwords(databaseURL)...)
+	// Longest first: a secret that holds another is replaced whole.
+	slices.SortStableFunc(secrets, func(a, b string) int { return len(b) - len(a) })
 	for _, s := range secrets {
 		if s != "" {
 			msg = strings.ReplaceAll(msg, s, "xxxxx")

@@ -119,6 +119,10 @@ func TestScrubFindsThePasswordOfABrokenString(t *testing.T) {
 		{"host='unterminated password = 'two words", "two words"},
 		{"password='two words' host=db", "words"},
 		{"postgres://app:s3cr3t@db/app?sslmode=x", "s3cr3t"},
+		// libpq ends the value at \v or \f; the rest was typed as the
+		// password too, and the driver names it as a broken keyword.
+		{"password=SEC\vRETRET sslmode=bogus", "RETRET"},
+		{"password=SEC\fRETRET", "RETRET"},
 	} {
 		if got := Scrub(tc.dsn, "error: "+tc.dsn); strings.Contains(got, tc.secret) {
 			t.Errorf("Scrub(%q) left %q: %s", tc.dsn, tc.secret, got)
