@@ -926,12 +926,11 @@ func (h *herd) pgbenchHeartbeat(b testing.TB, transactions int) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-	query := store.HeartbeatWindowSQL
-	args := []string{"'ns-0/pgbench-' || :k", fmt.Sprintf("'%s'::timestamptz", window.Format(time.RFC3339)), "0", ":k", strconv.FormatInt(herdTTL.Microseconds(), 10)}
-	for i := len(args); i >= 1; i-- {
-		query = strings.ReplaceAll(query, "$"+strconv.Itoa(i), "("+args[i-1]+")")
+	script, err := benchscale.PgbenchScript(store.HeartbeatWindowSQL, fmt.Sprintf("\\set k random(1, %d)\n", rows),
+		[]string{"'ns-0/pgbench-' || :k", fmt.Sprintf("'%s'::timestamptz", window.Format(time.RFC3339)), "0", ":k", strconv.FormatInt(herdTTL.Microseconds(), 10)})
+	if err != nil {
+		b.Fatal(err)
 	}
-	script := fmt.Sprintf("\\set k random(1, %d)\n%s;\n", rows, strings.TrimSpace(query))
 	pgbench := func() (float64, error) {
 		return benchscale.Pgbench(ctx, h.srv.Pgbench(), h.pgbenchDSN, script, 32, *herdBaseline)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/benchmark"
+	"github.com/dislock/dislock/test/benchscale"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -82,39 +83,101 @@ func BenchmarkAcquireLease(b *testing.B) {
 	}
 }
 
-// BenchmarkPgbenchClaimWindow and BenchmarkPgbenchAcquireLease run pgbench
-// (extended protocol, unnamed statements: the same wire shape as the Store)
-// with the Store's own SQL, through the same PgBouncer.
-func BenchmarkPgbenchClaimWindow(b *testing.B) {
-	pgbenchSQL(b, store.ClaimWindowSQL, `\set w random(1, 1000000000000)
-\set k :client_id
-`, []string{"'pgbench-claim'", "'2026-01-01T00:00:00Z'::timestamptz + :w * interval '1 second'", "'dc-a/ns/job/uid'", "'dc-a'", "'pod'", "30000000", "false"})
+// pgbenchBaseline is one of the Store's statements as pgbench runs it
+// (extended protocol, unnamed statements: the same wire shape as the
+// Store), through the same PgBouncer: what the statement costs the
+// database, without the Store's client.
+type pgbenchBaseline struct {
+	query   string
+	prelude string // pgbench \set lines
+	// args binds the statement's parameters for keys starting with prefix.
+	args func(prefix string) []string
+	// written counts the rows a run wrote for keys starting with $1 (empty
+	// when the statement writes none).
+	written string
 }
 
-func BenchmarkPgbenchAcquireLease(b *testing.B) {
-	pgbenchSQL(b, store.AcquireLeaseSQL, `\set w random(1, 1000000000000)
-`, []string{"'pgbench-lease-' || :w", "'dc-a/ns/job/uid/pod'", "30000000"})
+// pgbenchBaselines are the benchmarks' baselines, by name.
+// TestPgbenchBaselinesRunTheStoresStatements runs each, so that a
+// statement cannot change without its baseline.
+var pgbenchBaselines = map[string]pgbenchBaseline{
+	"ClaimWindow": {
+		query:   store.ClaimWindowSQL,
+		prelude: "\\set w random(1, 1000000000000)\n",
+		args: func(prefix string) []string {
+			return []string{"'" + prefix + "claim'", "'2026-01-01T00:00:00Z'::timestamptz + :w * interval '1 second'", "-1",
+				"'dc-a/ns/job/uid/pod'", "'dc-a'", "'pod'", "30000000", "'dc-a/ns/job/uid/'", "false"}
+		},
+		written: `SELECT count(*) FROM dislock.windows WHERE starts_with(lock_key, $1)`,
+	},
+	"AcquireLease": {
+		query:   store.AcquireLeaseSQL,
+		prelude: "\\set w random(1, 1000000000000)\n",
+		args: func(prefix string) []string {
+			return []string{"'" + prefix + "lease-' || :w", "'dc-a/ns/job/uid/pod'", "30000000"}
+		},
+		written: `SELECT count(*) FROM dislock.leases WHERE starts_with(lock_key, $1)`,
+	},
+	"Select1": {query: "SELECT 1", args: func(string) []string { return nil }},
 }
 
-func BenchmarkPgbenchSelect1(b *testing.B) {
-	pgbenchSQL(b, "SELECT 1", "", nil)
+func BenchmarkPgbenchClaimWindow(b *testing.B)  { pgbenchBench(b, "ClaimWindow") }
+func BenchmarkPgbenchAcquireLease(b *testing.B) { pgbenchBench(b, "AcquireLease") }
+func BenchmarkPgbenchSelect1(b *testing.B)      { pgbenchBench(b, "Select1") }
+
+// TestPgbenchBaselinesRunTheStoresStatements runs each baseline's script
+// for a few transactions, as make bench runs it for thousands, and checks
+// that it wrote what the statement writes: a baseline that errs, or that
+// measures a statement doing nothing, would make make bench's ratios lie.
+func TestPgbenchBaselinesRunTheStoresStatements(t *testing.T) {
+	srv := pgtest.Need(t)
+	if srv.Pgbench() == "" {
+		t.Fatal("pgbench is not installed (apt-get install -y postgresql-client)")
+	}
+	owner := storetest.Open(t, srv.DirectDSN(), 1)
+	const clients, transactions = 2, 3
+	for name, bl := range pgbenchBaselines {
+		t.Run(name, func(t *testing.T) {
+			prefix := storetest.UniqueKey(t) + "/"
+			script, err := benchscale.PgbenchScript(bl.query, bl.prelude, bl.args(prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := benchscale.PgbenchTransactions(context.Background(), srv.Pgbench(), srv.BouncerDSN(), script, clients, transactions); err != nil {
+				t.Fatal(err)
+			}
+			if bl.written == "" {
+				return
+			}
+			var n int
+			if err := owner.Handle().Pool.QueryRow(context.Background(), bl.written, prefix).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n != clients*transactions {
+				t.Fatalf("pgbench ran the statement %d times and it wrote %d rows", clients*transactions, n)
+			}
+		})
+	}
 }
 
-// pgbenchSQL runs query under pgbench with $n replaced by args[n-1], b.N
-// transactions split over the clients, and reports the same metrics as measure.
-func pgbenchSQL(b *testing.B, query, prelude string, args []string) {
+// pgbenchBench runs the named baseline under pgbench, b.N transactions
+// split over the clients, and reports the same metrics as measure.
+func pgbenchBench(b *testing.B, name string) {
 	srv := pgtest.Need(b)
 	if srv.Pgbench() == "" {
 		b.Fatal("pgbench is not installed (apt-get install -y postgresql-client)")
 	}
-	for i := len(args); i >= 1; i-- { // $10 before $1
-		query = strings.ReplaceAll(query, "$"+strconv.Itoa(i), "("+args[i-1]+")")
+	storetest.Open(b, srv.DirectDSN(), 1) // migrated
+	bl := pgbenchBaselines[name]
+	script, err := benchscale.PgbenchScript(bl.query, bl.prelude, bl.args(storetest.UniqueKey(b)+"/"))
+	if err != nil {
+		b.Fatal(err)
 	}
 	for _, clients := range benchClients {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
 			dir := b.TempDir()
-			script := filepath.Join(dir, "script.sql")
-			if err := os.WriteFile(script, []byte(prelude+strings.TrimSpace(query)+";\n"), 0o644); err != nil {
+			file := filepath.Join(dir, "script.sql")
+			if err := os.WriteFile(file, []byte(script), 0o644); err != nil {
 				b.Fatal(err)
 			}
 			u, err := url.Parse(srv.BouncerDSN())
@@ -124,7 +187,7 @@ func pgbenchSQL(b *testing.B, query, prelude string, args []string) {
 			pw, _ := u.User.Password()
 			perClient := max(1, b.N/clients)
 			threads := min(clients, runtime.GOMAXPROCS(0))
-			cmd := exec.Command(srv.Pgbench(), "-n", "-M", "extended", "-f", script,
+			cmd := exec.Command(srv.Pgbench(), "-n", "-M", "extended", "-f", file,
 				"-c", strconv.Itoa(clients), "-j", strconv.Itoa(threads), "-t", strconv.Itoa(perClient),
 				"-l", "--log-prefix", filepath.Join(dir, "log"),
 				"-h", u.Hostname(), "-p", u.Port(), "-U", u.User.Username(), strings.TrimPrefix(u.Path, "/"))

@@ -398,6 +398,26 @@ func Share(cpu, wall time.Duration, cpus int) float64 {
 	return 100 * cpu.Seconds() / (wall.Seconds() * float64(cpus))
 }
 
+// PgbenchScript is a pgbench script running query with each $n replaced
+// by args[n-1] (pgbench expressions or literals), after prelude (its \set
+// lines). It refuses args that do not match the query's parameters one for
+// one: a statement that gained or lost a parameter must not run a baseline
+// that binds the wrong values, or none.
+func PgbenchScript(query, prelude string, args []string) (string, error) {
+	highest := 0
+	for _, m := range regexp.MustCompile(`\$([0-9]+)`).FindAllStringSubmatch(query, -1) {
+		n, _ := strconv.Atoi(m[1])
+		highest = max(highest, n)
+	}
+	if highest != len(args) {
+		return "", fmt.Errorf("pgbench script: the statement has %d parameters and the script binds %d", highest, len(args))
+	}
+	for i := len(args); i >= 1; i-- { // $10 before $1
+		query = strings.ReplaceAll(query, "$"+strconv.Itoa(i), "("+args[i-1]+")")
+	}
+	return prelude + strings.TrimSpace(query) + ";\n", nil
+}
+
 // Pgbench runs script under pgbench for d with clients connections to the
 // database of dsn (a postgres:// URL) and returns the transactions per
 // second it reports, excluding connection time.
