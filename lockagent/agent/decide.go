@@ -75,7 +75,13 @@ func (a *agent) retryAfterError(ctx context.Context) {
 func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 	c := a.cfg
 	d := protocol.Decision{Key: c.Key}
-	if !c.Manual {
+	switch {
+	case c.Manual:
+	case c.Mode.Schedule && !c.Window.IsZero():
+		// The window is known: the claim itself refuses it when it is too
+		// late by the database's clock (maxLate), in the same round trip.
+		a.window, d.Window = c.Window, formatWindow(c.Window)
+	default:
 		now, err := a.dbNow(ctx)
 		if err != nil {
 			return d, err
@@ -85,24 +91,13 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 			return d, err
 		}
 		a.window, d.Window = w, formatWindow(w)
-		late := now.Sub(w)
-		switch {
-		case c.Catchup > 0 && late > c.Catchup:
-			d.Action = protocol.ActionSkip
-			d.Reason = fmt.Sprintf("stale: window %s started %s ago by database time, more than catchup %s", d.Window, late.Round(time.Second), c.Catchup)
-			return d, nil
-		case c.Mode.Schedule && late > store.MaxClaimAge:
-			// Retention may already have deleted this window's record, and
-			// claiming it again would run it a second time.
-			d.Action = protocol.ActionSkip
-			d.Reason = fmt.Sprintf("stale: window %s started %s ago by database time, more than %s, after which its record may have been deleted by retention",
-				d.Window, late.Round(time.Second), store.MaxClaimAge)
+		if why := a.stale(now); why != "" {
+			d.Action, d.Reason = protocol.ActionSkip, why
 			return d, nil
 		}
 	}
 	var tookOver bool
 	if c.Mode.Schedule && !c.Manual {
-		a.recordView(ctx)
 		claim, skip, err := a.claimWindow(ctx)
 		if err != nil || skip != "" {
 			d.Action, d.Reason, d.Owner = protocol.ActionSkip, skip, claim.Window.Owner
@@ -168,10 +163,33 @@ func (a *agent) indexSuffix() string {
 	return fmt.Sprintf(" index %d", a.cfg.JobIndex)
 }
 
-// recordView stores this cluster's view of the job and warns when another
-// cluster's recent view differs: one tick may then be two windows. It never
-// holds up the decision; a failure is logged.
-func (a *agent) recordView(ctx context.Context) {
+// stale says why the window is too old to run at database time now, or ""
+// when it is not: older than the catchup, or, when a window is claimed,
+// older than store.MaxClaimAge, after which retention may have deleted its
+// record and claiming it again would run it a second time.
+func (a *agent) stale(now time.Time) string {
+	late := now.Sub(a.window)
+	switch {
+	case a.cfg.Catchup > 0 && late > a.cfg.Catchup:
+		return fmt.Sprintf("stale: window %s started %s ago by database time, more than catchup %s",
+			formatWindow(a.window), late.Round(time.Second), a.cfg.Catchup)
+	case a.cfg.Mode.Schedule && late > store.MaxClaimAge:
+		return fmt.Sprintf("stale: window %s started %s ago by database time, more than %s, after which its record may have been deleted by retention",
+			formatWindow(a.window), late.Round(time.Second), store.MaxClaimAge)
+	}
+	return ""
+}
+
+// maxLate is the largest lateness stale allows a claimed window.
+func (a *agent) maxLate() time.Duration {
+	if a.cfg.Catchup > 0 {
+		return min(a.cfg.Catchup, store.MaxClaimAge)
+	}
+	return store.MaxClaimAge
+}
+
+// view is this cluster's view of the job, which every claim records.
+func (a *agent) view() store.View {
 	c := a.cfg
 	v := store.View{Schedule: c.Schedule, TimeZone: c.TimeZone, Mode: c.Mode.String(), Standby: c.Standby, LeaseTTL: c.TTL.String()}
 	if c.Catchup > 0 {
@@ -184,14 +202,13 @@ func (a *agent) recordView(ctx context.Context) {
 	if c.JobIndex != store.NotIndexed {
 		v.CompletionMode, v.Completions = store.CompletionModeIndexed, c.Completions
 	}
-	// Bounded as a decision's try is (see retry), not by the heartbeat's
-	// call timeout: giving up on it while it runs costs the database a
-	// backend.
-	callCtx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
-	defer cancel()
-	others, err := a.store.RecordView(callCtx, c.Key, c.Owner.Cluster, v, store.DefaultViewRecency)
-	if err != nil {
-		a.log.Warn("recording this cluster's view of the job failed; disagreement with other clusters goes unnoticed this time", "err", err)
+	return v
+}
+
+// noteDisagreement warns, once, when another cluster's recent view of the
+// job differs from this one's: one tick may then be two windows.
+func (a *agent) noteDisagreement(v store.View, others []store.ClusterView) {
+	if a.disagreement != "" {
 		return
 	}
 	var parts []string
@@ -207,7 +224,25 @@ func (a *agent) recordView(ctx context.Context) {
 	}
 	a.disagreement = "WARNING clusters disagree about this job (" + strings.Join(parts, "; ") +
 		"): the same tick may be a different window in each cluster and run once in each; make the CronJobs identical (set spec.timeZone)"
-	a.log.Warn("clusters disagree about this job", "key", c.Key, "cluster", c.Owner.Cluster, "others", parts)
+	a.log.Warn("clusters disagree about this job", "key", a.cfg.Key, "cluster", a.cfg.Owner.Cluster, "others", parts)
+}
+
+// recordView records this cluster's view on its own, for a claim the
+// database refused with an error (the clusters disagree on the completion
+// mode), which took the view it carried back with it. It never holds up the
+// decision; a failure is logged.
+func (a *agent) recordView(ctx context.Context, v store.View) {
+	// Bounded as a decision's try is (see retry), not by the heartbeat's
+	// call timeout: giving up on it while it runs costs the database a
+	// backend.
+	callCtx, cancel := context.WithTimeout(ctx, a.cfg.StartTimeout)
+	defer cancel()
+	others, err := a.store.RecordView(callCtx, a.cfg.Key, a.cfg.Owner.Cluster, v, store.DefaultViewRecency)
+	if err != nil {
+		a.log.Warn("recording this cluster's view of the job failed; disagreement with other clusters goes unnoticed this time", "err", err)
+		return
+	}
+	a.noteDisagreement(v, others)
 }
 
 func joinReason(a, b string) string {
@@ -246,7 +281,9 @@ func (a *agent) dbNow(ctx context.Context) (now time.Time, err error) {
 // or a standby; the database hands it the window, with a new token, once the
 // owner failed or its liveness lapsed.
 func (a *agent) claimWindow(ctx context.Context) (store.Claim, string, error) {
-	req := store.ClaimRequest{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Owner: a.cfg.Owner, TTL: a.cfg.TTL, Standby: a.cfg.Standby}
+	v := a.view()
+	req := store.ClaimRequest{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, Owner: a.cfg.Owner, TTL: a.cfg.TTL,
+		Standby: a.cfg.Standby, View: &v, MaxLate: a.maxLate()}
 	waiting := false
 	for {
 		var claim store.Claim
@@ -255,12 +292,20 @@ func (a *agent) claimWindow(ctx context.Context) (store.Claim, string, error) {
 			claim, err = a.store.ClaimWindow(ctx, req)
 			return err
 		})
+		a.noteDisagreement(v, claim.Others)
 		if err == nil {
 			a.windowToken = claim.Window.Token
 			a.windowUntil = a.safeFrom(sent)
 			return claim, "", nil
 		}
+		if errors.Is(err, store.ErrWindowStale) && !waiting {
+			return store.Claim{}, a.stale(claim.DBTime), nil
+		}
+		if errors.Is(err, store.ErrWindowStale) {
+			return store.Claim{}, a.staleAfterWait(claim.DBTime), nil
+		}
 		if errors.Is(err, store.ErrCompletionModesDisagree) {
+			a.recordView(ctx, v)
 			return claim, shapeRefused(err), nil
 		}
 		if !errors.Is(err, store.ErrWindowTaken) {
@@ -293,12 +338,21 @@ func (a *agent) claimWindow(ctx context.Context) (store.Claim, string, error) {
 			return claim, "", err
 		}
 		// A wait can outlast retention: never claim a window whose record
-		// may have been deleted meanwhile.
-		if late := now.Sub(a.window); late > store.MaxClaimAge {
-			return claim, fmt.Sprintf("stale: waited until window %s%s was %s old by database time, more than %s, after which its record may have been deleted by retention",
-				formatWindow(a.window), a.indexSuffix(), late.Round(time.Second), store.MaxClaimAge), nil
+		// may have been deleted meanwhile. The catchup, though, was
+		// judged when the pod began: a pod that waits for a live owner
+		// takes its window over however late that is.
+		if now.Sub(a.window) > store.MaxClaimAge {
+			return claim, a.staleAfterWait(now), nil
 		}
+		req.MaxLate = store.MaxClaimAge
 	}
+}
+
+// staleAfterWait is the reason of a pod that waited for an owner until its
+// window was too old to claim at database time now.
+func (a *agent) staleAfterWait(now time.Time) string {
+	return fmt.Sprintf("stale: waited until window %s%s was %s old by database time, more than %s, after which its record may have been deleted by retention",
+		formatWindow(a.window), a.indexSuffix(), now.Sub(a.window).Round(time.Second), store.MaxClaimAge)
 }
 
 // shapeRefused is the reason of a skip whose claim or lease the database

@@ -106,7 +106,8 @@ var pgbenchBaselines = map[string]pgbenchBaseline{
 		prelude: "\\set w random(1, 1000000000000)\n",
 		args: func(prefix string) []string {
 			return []string{"'" + prefix + "claim'", "'2026-01-01T00:00:00Z'::timestamptz + :w * interval '1 second'", "-1",
-				"'dc-a/ns/job/uid/pod'", "'dc-a'", "'pod'", "30000000", "'dc-a/ns/job/uid/'", "false"}
+				"'dc-a/ns/job/uid/pod'", "'dc-a'", "'pod'", "30000000", "'dc-a/ns/job/uid/'", "false",
+				`'{"schedule":"0 * * * *","mode":"schedule"}'`, "604800000000", "21600000000", "NULL"}
 		},
 		written: `SELECT count(*) FROM dislock.windows WHERE starts_with(lock_key, $1)`,
 	},

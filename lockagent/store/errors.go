@@ -14,6 +14,9 @@ import (
 var (
 	// ErrWindowTaken: another owner holds the window, or it already finished.
 	ErrWindowTaken = errors.New("window already claimed")
+	// ErrWindowStale: the window started longer ago than the claim's
+	// MaxLate allows, by the database's clock; nothing was claimed.
+	ErrWindowStale = errors.New("window too old to claim")
 	// ErrWindowLost: the caller's claim is gone (taken over, finished, or deleted).
 	ErrWindowLost = errors.New("window claim lost")
 	// ErrLeaseHeld: another owner holds a live lease.
@@ -67,6 +70,13 @@ func (s *Store) classify(op string, err error) error {
 			return fmt.Errorf("%s: %w (%w): %s", op, ErrTokensHeld, ErrUnavailable, pgErr.Message)
 		case sqlstateTokensExhausted:
 			return fmt.Errorf("%s: %w: %s (%s)", op, ErrTokensExhausted, pgErr.Message, pgErr.Hint)
+		case sqlstateUndefinedFunction:
+			if strings.Contains(pgErr.Message, "dislock.") {
+				// This dislock is newer than the schema: the webhook of
+				// its release migrates it before it injects this agent,
+				// so wait for that rather than fail the Job.
+				return fmt.Errorf("%s: %w: schema dislock is older than this dislock needs (%s): run dislock migrate with the owner's URL, or let this release's webhook start", op, ErrUnavailable, pgErr.Message)
+			}
 		}
 	}
 	return fmt.Errorf("%s: %w", op, err)
@@ -75,6 +85,9 @@ func (s *Store) classify(op string, err error) error {
 // sqlstateShapesDisagree is raised by the schema's triggers (migration 7)
 // when a claim or lease would give a window or key a second shape.
 const sqlstateShapesDisagree = "DL001"
+
+// sqlstateUndefinedFunction: a function the statement calls does not exist.
+const sqlstateUndefinedFunction = "42883"
 
 // sqlstateTokensHeld and sqlstateTokensExhausted are raised by
 // dislock.next_token() (migration 9).

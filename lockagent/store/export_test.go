@@ -1,5 +1,8 @@
 package store
 
-// GetWindowTakeableSQL lets the ownership table check that the re-read a
-// refused claim falls back on answers as the claim does.
-var GetWindowTakeableSQL = qGetWindowTakeable
+// GetWindowTakeableSQL lets the ownership table check the rule the claim
+// applies (dislock.window_takeable) on its own: whether the claim of owner
+// $4 (Job prefix $5, standby $6) may take window ($1, $2, $3) now.
+const GetWindowTakeableSQL = `SELECT ` + windowColumns + `, now(), dislock.window_takeable(w, $4::text, $5::text, $6::boolean)
+FROM dislock.windows w
+WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int`

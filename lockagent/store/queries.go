@@ -1,5 +1,7 @@
 package store
 
+import "strings"
+
 // SQL lives here as data. Each statement runs alone in autocommit; durations
 // travel as microseconds and become intervals inside SQL so that every
 // timestamp is computed from the database clock.
@@ -25,88 +27,44 @@ const commitGuard = `,
          ELSE '' END,
     current_setting('lc_messages') IN ('C', 'POSIX')` // as englishMessages
 
-// qClaimWindow inserts the window or, on conflict, takes it when the rules of
-// "Ownership and re-entry" allow:
-//   - the same pod (a restarted sidecar) re-enters its running claim and keeps
-//     its token and claim time;
-//   - another pod of the same Job ($8 is the Job's owner prefix), or any pod
-//     when standby ($9) is on, takes a window whose owner failed or whose
-//     liveness lapsed at database time, with a new token.
+// qClaimWindow claims through dislock.claim_window (migration 10), the one
+// place the rule of "Ownership and re-entry" is decided: the same pod
+// re-enters its running claim and keeps its token and claim time; another
+// pod of the same Job ($8 is the Job's owner prefix), or any pod when
+// standby ($9) is on, takes a window whose owner failed or whose liveness
+// lapsed at database time, with a new token drawn under the row lock. A
+// succeeded or skipped window never changes hands, and a live owner is
+// never displaced. A refusal (the common answer at the top of the hour:
+// another cluster's pod claimed first) locks and writes nothing.
 //
-// A succeeded or skipped window never changes hands, and a live owner is
-// never displaced. A take draws its token only once it holds the row lock,
-// so it is larger than any token handed out for the row before (the
-// inserted row's token is drawn before the conflict is known and may be
-// older). xmax = 0 only for a freshly inserted row.
+// With a view ($10, JSON; $11 the recency of others' views, $12 how often
+// an unchanged view is written again) the same call records the cluster's
+// view of the job and returns the other clusters' recent views that differ
+// from it; with $13 it refuses a window started longer ago than that, by
+// the database's clock. Durations travel as microseconds.
 //
-// The row is read first (cur), and the insert is not even tried when the
-// row the statement sees could not be taken (claimTakes is false): the
-// common refusal, another cluster's pod at the top of the minute, then
-// locks nothing, draws no token and commits no WAL, so it does not wait
-// for a WAL flush. That is the same answer the locked path would give at
-// the statement's snapshot, and the caller acts on it as on any refusal
-// (skip, or wait and ask again). A row the snapshot does not see yet (an
-// insert committing concurrently) or that looks takeable goes through the
-// insert, whose conflict path decides under the row lock. The statement
-// returns the claimed row with claimed = true, or the refusing owner's row
-// with claimed = false, or, when the locked path refused, no row.
+// The call comes first in the text, so that pg_stat_activity's cut of a
+// long statement still names it.
 var qClaimWindow = `
-WITH cur AS (
-    SELECT ` + windowColumns + ` FROM dislock.windows
-    WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int),
-taken AS (
-    INSERT INTO dislock.windows AS w
-        (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
-    SELECT $1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
-           dislock.next_token(), 'running', now(), now() + $7::bigint * interval '1 microsecond'
-    WHERE NOT EXISTS (SELECT 1 FROM cur w WHERE NOT (` + claimTakes + `))
-    ON CONFLICT (lock_key, window_start, job_index) DO UPDATE SET
-        token       = CASE WHEN w.owner = EXCLUDED.owner THEN w.token ELSE dislock.next_token() END,
-        claimed_at  = CASE WHEN w.owner = EXCLUDED.owner THEN w.claimed_at ELSE EXCLUDED.claimed_at END,
-        owner       = EXCLUDED.owner,
-        cluster     = EXCLUDED.cluster,
-        pod         = EXCLUDED.pod,
-        state       = 'running',
-        alive_until = EXCLUDED.alive_until,
-        finished_at = NULL,
-        exit_code   = NULL
-    WHERE ` + claimTakes + `
-    RETURNING ` + windowColumns + `, (xmax = 0) AS inserted)
-SELECT ` + windowColumns + `, inserted, true, now()` + commitGuard + `
-FROM taken
-UNION ALL
-SELECT ` + windowColumns + `, false, false, now()` + commitGuard + `
-FROM cur w WHERE NOT (` + claimTakes + `)`
+WITH c AS (SELECT * FROM dislock.claim_window($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
+    $7::bigint, $8::text, $9::boolean, $10::jsonb, $11::bigint, $12::bigint, $13::bigint))
+SELECT ` + qualified("(c.w).", windowColumns) + `, c.outcome, c.db_now,
+    c.other_clusters, c.other_views, c.other_seen` + commitGuard + `
+FROM c`
 
-// claimTakesOf is the rule of "Ownership and re-entry" as SQL: whether the
-// claim of the owner in parameter owner (its Job's owner prefix in
-// jobPrefix, standby in standby) may take the existing window row w at
-// now(). Both qClaimWindow and qGetWindowTakeable ask it, so that what a
-// claim takes and what its re-read reports as takeable are one rule.
-func claimTakesOf(owner, jobPrefix, standby string) string {
-	return `(w.owner = ` + owner + `::text AND w.state = 'running')
-       OR (w.owner <> ` + owner + `::text
-           AND (w.state = 'failed' OR (w.state = 'running' AND w.alive_until <= now()))
-           AND (starts_with(w.owner, ` + jobPrefix + `::text) OR ` + standby + `::boolean))`
+// qualified prefixes each of a comma-separated list of columns.
+func qualified(prefix, columns string) string {
+	cols := strings.Split(columns, ",")
+	for i, c := range cols {
+		cols[i] = prefix + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
 }
-
-// claimTakes is claimTakesOf the claim of owner $4 (Job prefix $8, standby
-// $9): see qClaimWindow.
-var claimTakes = claimTakesOf("$4", "$8", "$9")
 
 const windowColumns = `lock_key, window_start, job_index, owner, cluster, pod, token, state,
     claimed_at, alive_until, finished_at, exit_code`
 
 const qGetWindow = `SELECT ` + windowColumns + `, now() FROM dislock.windows
-WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int`
-
-// qGetWindowTakeable is qGetWindow that also asks whether the claim of
-// owner $4 (Job prefix $5, standby $6) may take the row at the read's
-// now(): claimTakes, with the claim's values. ClaimWindow reads the row
-// with it when the locked path refused; a read, it locks nothing and
-// writes no WAL.
-var qGetWindowTakeable = `SELECT ` + windowColumns + `, now(), (` + claimTakesOf("$4", "$5", "$6") + `)
-FROM dislock.windows w
 WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int`
 
 // qHeartbeatWindow extends the owner's liveness. The token identifies the

@@ -7,8 +7,10 @@ package store
 // the agents cost the database.
 
 // ClaimWindowSQL is the statement ClaimWindow runs, with its parameters
-// $1..$9 (key, window start, job index, owner, cluster, pod, TTL in µs,
-// the owner's Job prefix, standby).
+// $1..$13 (key, window start, job index, owner, cluster, pod, TTL in µs,
+// the owner's Job prefix, standby, the cluster's view as JSON or NULL, the
+// others' views' recency and the view's refresh in µs, the window's
+// largest lateness in µs or NULL).
 var ClaimWindowSQL = qClaimWindow
 
 const (

@@ -133,6 +133,16 @@ var ErrUncertainCommit = fmt.Errorf("%w: the commit was not confirmed durable", 
 // only ever leads to a skip or a stop. dislock itself never cuts a
 // synchronous commit's wait short (db.Dial).
 func (s *Store) writeRow(ctx context.Context, scan func(pgx.Row) error, query string, args ...any) error {
+	return s.writeRowActing(ctx, scan, func() bool { return true }, query, args...)
+}
+
+// writeRowActing is writeRow for a statement whose answer is not always a
+// write the caller acts on: after the scan, acts says whether this one is
+// (a claim that holds the row), and only then is its commit's durability
+// judged. A refusal reads what others committed and acts on nothing of
+// its own, so its commit may be relaxed (the claim's view, written on the
+// side, is advice).
+func (s *Store) writeRowActing(ctx context.Context, scan func(pgx.Row) error, acts func() bool, query string, args ...any) error {
 	if !strings.Contains(query, commitGuard) {
 		panic("lock: a write without the commit guard")
 	}
@@ -150,6 +160,8 @@ func (s *Store) writeRow(ctx context.Context, scan func(pgx.Row) error, query st
 	switch {
 	case err != nil:
 		return err
+	case !acts():
+		return nil
 	case unsafe != "":
 		return fmt.Errorf("%w (%s)", ErrUncertainCommit, unsafe)
 	case warned && (!english || strings.Contains(warning.(string), "synchronous replication")):

@@ -129,6 +129,21 @@ func (s *Store) ListDisagreements(ctx context.Context, recency time.Duration) ([
 	return out, nil
 }
 
+// otherViews reads the other clusters' views a claim returned, one array
+// per column, as views reads rows.
+func (s *Store) otherViews(op, key string, clusters, views []string, seen []time.Time) []ClusterView {
+	var out []ClusterView
+	for i := range min(len(clusters), len(views), len(seen)) {
+		cv := ClusterView{Key: key, Cluster: clusters[i], SeenAt: seen[i].UTC()}
+		if err := json.Unmarshal([]byte(views[i]), &cv.View); err != nil {
+			s.h.SkipRow(op, &db.UnreadableRow{Table: "views", Key: key, Problems: []string{"view does not decode (" + err.Error() + ")"}})
+			continue
+		}
+		out = append(out, cv)
+	}
+	return out
+}
+
 // views runs a query returning (lock_key, cluster, view, seen_at) rows. A
 // row whose view does not decode, or whose seen_at no time.Time can hold,
 // was not written by an agent (by hand, or by a tenant into its own key):

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -64,6 +65,15 @@ type ClaimRequest struct {
 	// whose liveness lapsed at database time. Another pod of the caller's own
 	// Job may always do so.
 	Standby bool
+	// View, when set, is recorded in the same call as the claimer's
+	// cluster's view of the key (written again only when it changed or is
+	// ViewRefresh old), and Claim.Others gets the other clusters' views
+	// seen within DefaultViewRecency that differ from it.
+	View *View
+	// MaxLate, when positive, refuses a window that started longer ago than
+	// that by the database's clock, before anything is read or written:
+	// ErrWindowStale, with Claim.DBTime set.
+	MaxLate time.Duration
 }
 
 // Validate lists every problem with the request.
@@ -91,7 +101,16 @@ type Claim struct {
 	Outcome ClaimOutcome
 	// DBTime is now() of the statement that decided.
 	DBTime time.Time
+	// Others are the other clusters' recent views that differ from the
+	// request's View (none when it had none).
+	Others []ClusterView
 }
+
+// ViewRefresh is how old a cluster's unchanged view may grow before a claim
+// writes it again: far below every reader's recency (DefaultViewRecency,
+// and retention), so that the top of the hour's claims read the views
+// without writing them.
+const ViewRefresh = 6 * time.Hour
 
 // ClaimWindow takes the window for the caller, re-enters the caller pod's own
 // running claim, or takes over a failed or lapsed owner's claim when the
@@ -103,47 +122,53 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		return Claim{}, fmt.Errorf("claim request: %w", err)
 	}
 	start := r.Window.UTC()
-	// When the locked path refused, the owner is read by a second
-	// statement, and the row may have changed in between: deleted by an
-	// operator, or its owner failed or lapsed. A row this claim could take
-	// is claimed again, never reported as a refusal: a standby or a retry
-	// of the owner's Job told "taken by an owner who failed" would skip a
-	// window it must run.
-	for attempt := 0; attempt < 10; attempt++ {
-		var c Claim
-		var inserted, claimed bool
-		err := s.writeRow(ctx, func(row pgx.Row) error { return scanWindow(row, &c.Window, &inserted, &claimed, &c.DBTime) },
-			qClaimWindow, r.Key, start, r.Index, r.Owner.String(), r.Owner.Cluster,
-			r.Owner.Pod, db.Micros(r.TTL), r.Owner.JobPrefix(), r.Standby)
-		switch {
-		case err == nil && !claimed:
-			return c, windowTaken(start, r.Key, c.Window)
-		case err == nil:
-			switch {
-			case inserted:
-				c.Outcome = Claimed
-			case c.Window.ClaimedAt.Equal(c.DBTime):
-				c.Outcome = TookOver
-			default:
-				c.Outcome = Reentered
-			}
-			return c, nil
-		case !errors.Is(err, pgx.ErrNoRows):
-			return Claim{}, s.classify(fmt.Sprintf("claiming window %s of %s", formatWindow(start), r.Key), err)
+	var view *string
+	if r.View != nil {
+		b, err := json.Marshal(r.View)
+		if err != nil {
+			return Claim{}, fmt.Errorf("claim request: view: %w", err)
 		}
-		var takeable bool
-		err = scanWindow(s.h.Pool.QueryRow(ctx, qGetWindowTakeable, r.Key, start, r.Index,
-			r.Owner.String(), r.Owner.JobPrefix(), r.Standby), &c.Window, &c.DBTime, &takeable)
-		switch {
-		case err == nil && takeable:
-			continue
-		case err == nil:
-			return c, windowTaken(start, r.Key, c.Window)
-		case !errors.Is(err, pgx.ErrNoRows):
-			return Claim{}, s.classify(fmt.Sprintf("reading owner of window %s of %s", formatWindow(start), r.Key), err)
-		}
+		v := string(b)
+		view = &v
 	}
-	return Claim{}, fmt.Errorf("claiming window %s of %s: the row kept changing hands or disappearing", formatWindow(start), r.Key)
+	var maxLate *int64
+	if r.MaxLate > 0 {
+		us := db.Micros(r.MaxLate)
+		maxLate = &us
+	}
+	var c Claim
+	var outcome string
+	var clusters, views []string
+	var seen []time.Time
+	err := s.writeRowActing(ctx, func(row pgx.Row) error {
+		return scanWindow(row, &c.Window, &outcome, &c.DBTime, &clusters, &views, &seen)
+	}, func() bool { return claims(outcome) }, qClaimWindow, r.Key, start, r.Index, r.Owner.String(), r.Owner.Cluster, r.Owner.Pod, db.Micros(r.TTL),
+		r.Owner.JobPrefix(), r.Standby, view, db.Micros(DefaultViewRecency), db.Micros(ViewRefresh), maxLate)
+	if err != nil {
+		return Claim{}, s.classify(fmt.Sprintf("claiming window %s of %s", formatWindow(start), r.Key), err)
+	}
+	c.Others = s.otherViews("reading the other clusters' views of "+r.Key, r.Key, clusters, views, seen)
+	switch {
+	case claims(outcome):
+		c.Outcome = ClaimOutcome(outcome)
+		return c, nil
+	case outcome == "refused":
+		return c, windowTaken(start, r.Key, c.Window)
+	case outcome == "stale":
+		c.Window = Window{}
+		return c, fmt.Errorf("window %s of %s started %s ago by database time: %w", formatWindow(start), r.Key,
+			c.DBTime.Sub(start).Round(time.Second), ErrWindowStale)
+	}
+	return Claim{}, fmt.Errorf("claiming window %s of %s: the database answered %q, which this dislock does not know", formatWindow(start), r.Key, outcome)
+}
+
+// claims tells the outcomes of dislock.claim_window that hold the row.
+func claims(outcome string) bool {
+	switch ClaimOutcome(outcome) {
+	case Claimed, Reentered, TookOver:
+		return true
+	}
+	return false
 }
 
 // windowTaken is the refusal of a claim on window start of key, which owner

@@ -88,7 +88,8 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 	const ttl = time.Minute
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, store.ClaimWindowSQL, key, time.Now().UTC().Truncate(time.Minute), store.NotIndexed,
-			o.WindowOwner(), o.Cluster, o.Pod, db.Micros(ttl), o.JobPrefix(), false); err != nil {
+			o.WindowOwner(), o.Cluster, o.Pod, db.Micros(ttl), o.JobPrefix(), false, `{"schedule":"probe"}`,
+			db.Micros(store.DefaultViewRecency), db.Micros(store.ViewRefresh), nil); err != nil {
 			return fmt.Errorf("claiming a window: %w", err)
 		}
 		if _, err := tx.Exec(ctx, store.AcquireLeaseSQL, key, o.LeaseOwner(), db.Micros(ttl)); err != nil {
@@ -153,7 +154,11 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
   (8, 'EXECUTE on dislock.next_token(), dislock.tenant_namespace() and dislock.token_high_water()',
       'GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO ` + tenant.GroupRole + `',
       (SELECT bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
-       WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water')))
+       WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water'))),
+  (9, 'EXECUTE on dislock.claim_window() and dislock.window_takeable()',
+      'GRANT EXECUTE ON FUNCTION dislock.claim_window, dislock.window_takeable TO ` + tenant.GroupRole + `',
+      (SELECT count(*) = 2 AND bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
+       WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('claim_window', 'window_takeable')))
 ) AS p(n, what, fix, held)
 ORDER BY n`
 
