@@ -298,11 +298,17 @@ func (a *agent) claimWindow(ctx context.Context) (store.Claim, string, error) {
 			a.windowUntil = a.safeFrom(sent)
 			return claim, "", nil
 		}
-		if errors.Is(err, store.ErrWindowStale) && !waiting {
-			return store.Claim{}, a.stale(claim.DBTime), nil
-		}
 		if errors.Is(err, store.ErrWindowStale) {
-			return store.Claim{}, a.staleAfterWait(claim.DBTime), nil
+			// The database judged it, to the microsecond: never fall
+			// through to a run because this clock's rounding differs.
+			why := "stale: " + err.Error()
+			switch {
+			case waiting:
+				why = a.staleAfterWait(claim.DBTime)
+			case a.stale(claim.DBTime) != "":
+				why = a.stale(claim.DBTime)
+			}
+			return store.Claim{}, why, nil
 		}
 		if errors.Is(err, store.ErrCompletionModesDisagree) {
 			a.recordView(ctx, v)

@@ -10,7 +10,9 @@ package store
 // $1..$13 (key, window start, job index, owner, cluster, pod, TTL in µs,
 // the owner's Job prefix, standby, the cluster's view as JSON or NULL, the
 // others' views' recency and the view's refresh in µs, the window's
-// largest lateness in µs or NULL).
+// largest lateness in µs or NULL). It must run alone in autocommit, as the
+// Store runs it: a refusal that wrote the cluster's view relaxes
+// synchronous_commit for the rest of its transaction.
 var ClaimWindowSQL = qClaimWindow
 
 const (

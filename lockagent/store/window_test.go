@@ -213,3 +213,38 @@ func TestARefusedClaimWritesNothing(t *testing.T) {
 		}
 	})
 }
+
+// A claim's MaxLate (the pod's catchup) refuses a window that started too
+// long ago by the database's clock, writing nothing, except to the pod that
+// already holds it: its retry of a claim whose reply it lost re-enters with
+// the same token, however late, as the first try would have. Otherwise the
+// window claimed in time would be left to lapse, unrun.
+func TestALateClaimIsStaleButTheSamePodReentersItsOwn(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		s := storetest.Open(t, dsn, 4)
+		key := storetest.UniqueKey(t)
+		a, b := storetest.Owner("dc-a", "report-1", "pod-a"), storetest.Owner("dc-b", "report-1", "pod-b")
+		late := func(o store.Owner, standby bool) store.ClaimRequest {
+			return store.ClaimRequest{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, Owner: o, TTL: ttl,
+				Standby: standby, MaxLate: time.Minute}
+		}
+
+		c, err := s.ClaimWindow(ctx, late(a, false))
+		if !errors.Is(err, store.ErrWindowStale) || c.DBTime.Sub(storetest.WindowAt(0)) <= time.Minute {
+			t.Fatalf("a claim of a window days old with MaxLate 1m: %+v, %v; want ErrWindowStale with the database's time", c, err)
+		}
+		if _, err := s.GetWindow(ctx, key, storetest.WindowAt(0), store.NotIndexed); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a stale claim left a row (or the read failed): %v", err)
+		}
+
+		first := storetest.MustClaim(t, s, key, storetest.WindowAt(0), a, false, ttl, store.Claimed)
+		again, err := s.ClaimWindow(ctx, late(a, false))
+		if err != nil || again.Outcome != store.Reentered || again.Window.Token != first.Window.Token {
+			t.Fatalf("the owner's late retry: %+v, %v; want re-entered with token %d", again, err, first.Window.Token)
+		}
+		if _, err := s.ClaimWindow(ctx, late(b, true)); !errors.Is(err, store.ErrWindowStale) {
+			t.Fatalf("another cluster's late standby claim: %v; want ErrWindowStale", err)
+		}
+	})
+}

@@ -76,8 +76,10 @@ $$;
 --     any token handed out for the row before; the same pod keeps its token
 --     and claim time.
 --   refused: the row is its owner's, which the caller may not take now.
---   stale: nothing was read or written; db_now says how late it is, and w
---     holds the request (token 0).
+--   stale: the window started more than max_late_us ago and is not the
+--     caller's own running claim (which it re-enters, however late): nothing
+--     was written; db_now says how late it is, and w holds the request
+--     (token 0).
 --
 -- The row is read first, and the insert is not even tried when the row
 -- could not be taken: the common refusal (another cluster's pod at the top
@@ -109,8 +111,18 @@ DECLARE
 BEGIN
     db_now := now();
     IF p_max_late_us IS NOT NULL AND db_now - p_window > p_max_late_us * interval '1 microsecond' THEN
-        -- No row was read: w is the request, so that the reply has the
-        -- shape of every other.
+        -- Too late to claim, but not to re-enter: the same pod's retry of
+        -- a claim whose reply it lost goes on with it.
+        SELECT * INTO w FROM dislock.windows r
+        WHERE r.lock_key = p_key AND r.window_start = p_window AND r.job_index = p_index;
+        IF FOUND AND w.owner = p_owner AND w.state = 'running' THEN
+            p_max_late_us := NULL;
+        END IF;
+    END IF;
+    IF p_max_late_us IS NOT NULL AND db_now - p_window > p_max_late_us * interval '1 microsecond' THEN
+        -- w is the request, so that the reply has the shape of every
+        -- other.
+        w := NULL;
         w.lock_key := p_key; w.window_start := p_window; w.job_index := p_index; w.owner := p_owner;
         w.cluster := p_cluster; w.pod := p_pod; w.token := 0; w.state := 'running';
         w.claimed_at := db_now; w.alive_until := db_now;
