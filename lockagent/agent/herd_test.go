@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -189,6 +190,7 @@ func BenchmarkHerd(b *testing.B) {
 	// The heartbeats' baseline, on the database before any herd: a herd
 	// past capacity leaves it busy with its leftovers for a while.
 	baseline := h.pgbenchHeartbeat(b, 0)
+	limit := h.pgbenchDecisions(b, 0)
 	var rows []herdRow
 	for _, m := range sizes {
 		b.Run(fmt.Sprintf("keys=%d", m), func(b *testing.B) {
@@ -212,7 +214,7 @@ func BenchmarkHerd(b *testing.B) {
 			}
 		})
 	}
-	h.report(rows)
+	h.report(rows, limit)
 }
 
 // herd is the database and bouncers the herds share.
@@ -946,10 +948,123 @@ func (h *herd) pgbenchHeartbeat(b testing.TB, transactions int) float64 {
 	return tps
 }
 
+// decisionLimit is the herds' limit, measured on the same database before
+// them: what pgbench doing the pods' work made of it.
+type decisionLimit struct {
+	perSec float64 // decisions per second
+	// CPU per decision of PostgreSQL, the bouncers and pgbench itself.
+	pg, bouncers, client time.Duration
+}
+
+// pgbenchDecisions measures the limit: pgbench doing, for fresh windows of
+// the herd's namespaces, what the three pods of a key do: three clusters'
+// claims (the first claims, the others are refused; each cluster's view of
+// the key is recorded by the first pass and only read after) and each
+// one's ledger write, its bounds and row in one pipeline as the agent sends
+// them. One pgbench per cluster and namespace, through that cluster's
+// PgBouncer as that namespace's tenant role, with as many clients as the
+// pool has server connections: the herd's own connections, each kept busy.
+// With transactions > 0 each client runs it that many times instead of for
+// -herd.pgbench.
+func (h *herd) pgbenchDecisions(b testing.TB, transactions int) decisionLimit {
+	ctx := context.Background()
+	buckets := make([]string, len(store.DurationBuckets))
+	for i, le := range store.DurationBuckets {
+		buckets[i] = strconv.FormatFloat(le, 'f', -1, 64)
+	}
+	view, err := json.Marshal(store.View{Schedule: "* * * * *", Mode: "schedule", LeaseTTL: herdTTL.String()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The view's bytes, without the colons pgbench would take for its
+	// variables.
+	viewSQL := "convert_from(decode('" + base64.StdEncoding.EncodeToString(view) + "', 'base64'), 'UTF8')"
+	scriptOf := func(ns string, from int) string {
+		script := "\\set k random(1, 100)\n\\set w random(1, 1000000000)\n"
+		key := fmt.Sprintf("'%s/limit-%d-' || :k", ns, from) // one pgbench's own keys
+
+		// Fresh windows, as recent as a herd's: older than the agent's
+		// largest lateness (store.MaxClaimAge) is stale, and claims nothing.
+		window := "'" + time.Now().UTC().Truncate(time.Hour).Format(time.RFC3339) + "'::timestamptz - :w * interval '1 microsecond'"
+		for c := range h.dsn {
+			cluster := fmt.Sprintf("dc-%d", c)
+			prefix := fmt.Sprintf("'%s/%s/limit/uid-%s/'", cluster, ns, cluster)
+			claim, err := benchscale.PgbenchScript(store.ClaimWindowSQL, "", []string{key, window, "-1", prefix + " || 'pod'",
+				"'" + cluster + "'", "'pod'", strconv.FormatInt(herdTTL.Microseconds(), 10), prefix, "false", viewSQL,
+				strconv.FormatInt(store.DefaultViewRecency.Microseconds(), 10), strconv.FormatInt(store.ViewRefresh.Microseconds(), 10),
+				strconv.FormatInt(store.MaxClaimAge.Microseconds(), 10)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			bounds, err := benchscale.PgbenchScript(store.LedgerBoundsSQL, "", []string{
+				"'" + strconv.FormatInt(store.LedgerLockTimeout.Milliseconds(), 10) + "'",
+				"'" + strconv.FormatInt(store.LedgerStatementTimeout.Milliseconds(), 10) + "'"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			action := "skip"
+			if c == 0 {
+				action = "run"
+			}
+			row, err := benchscale.PgbenchScript(store.RecordDecisionSQL, "", []string{key, window, "-1", "'" + cluster + "'", "'limit'", "'pod'",
+				"'" + action + "'", "'window claimed, or already claimed by cluster dc-0 (dc-0/ns/limit/uid/pod, state running)'", "0", "NULL",
+				"'{" + strings.Join(buckets, ",") + "}'"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			script += claim + "\\startpipeline\n" + bounds + row + "\\endpipeline\n"
+		}
+		return script
+	}
+	h.warm(b) // as the herds find them: a backend's start is no decision's cost
+	before := h.read(b)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var l decisionLimit
+	var n int64
+	var errs []error
+	for c, dsns := range h.dsn {
+		for i, dsn := range dsns {
+			wg.Go(func() {
+				script := scriptOf(fmt.Sprintf("ns-%d", i), c)
+				var r benchscale.PgbenchResult
+				var err error
+				if transactions > 0 {
+					var tps float64
+					tps, err = benchscale.PgbenchTransactions(ctx, h.srv.Pgbench(), dsn, script, h.pool, transactions)
+					r = benchscale.PgbenchResult{TPS: tps, Transactions: int64(h.pool * transactions)}
+				} else {
+					r, err = benchscale.PgbenchRun(ctx, h.srv.Pgbench(), dsn, script, h.pool, *herdBaseline)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, err)
+					return
+				}
+				l.perSec += 3 * r.TPS
+				l.client += r.CPU
+				n += 3 * r.Transactions
+			})
+		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+	used := h.read(b).Sub(before)
+	if n > 0 {
+		l.pg, l.bouncers, l.client = used.PostgreSQL/time.Duration(n), used.Bouncers/time.Duration(n), l.client/time.Duration(n)
+	}
+	return l
+}
+
 // report prints the capacity table and the evidence behind it.
-func (h *herd) report(rows []herdRow) {
+func (h *herd) report(rows []herdRow, limit decisionLimit) {
 	cpus := runtime.NumCPU()
-	t := [][]string{{"keys/cluster", "pods", "drain", "claim p50", "p99", "max", "errors", "undecided", "retries", "PG CPU", "PG CPU share", "bouncers CPU", "generator CPU", "WAL/window", "WAL syncs", "PgBouncer wait/pod"}}
+	fmt.Printf("\nThe limit, before the herds: pgbench doing what the pods do (claim, ledger) through the same PgBouncers and pools: %.0f decisions/s; CPU per decision: PostgreSQL %s, bouncers %s, pgbench %s\n",
+		limit.perSec, msf(limit.pg), msf(limit.bouncers), msf(limit.client))
+	t := [][]string{{"keys/cluster", "pods", "drain", "decisions/s", "÷ limit", "claim p50", "p99", "max", "errors", "undecided", "retries", "PG CPU", "PG CPU/decision", "PG CPU share", "bouncers CPU", "generator CPU", "WAL/window", "WAL syncs", "PgBouncer wait/pod"}}
 	for _, r := range rows {
 		wall := r.drain
 		drain := ms(r.drain)
@@ -962,9 +1077,15 @@ func (h *herd) report(rows []herdRow) {
 			drain, p50, p99, pmax, errs = "generator-bound", "–", "–", "–", "–"
 			undecided = fmt.Sprintf("~%d (ledger)", int64(r.pods)-r.ledgered)
 		}
-		t = append(t, []string{strconv.Itoa(r.keys), strconv.Itoa(r.pods), drain, p50, p99, pmax,
+		rate, share := "–", "–"
+		if !r.late && r.undecided == 0 && r.drain > 0 {
+			perSec := float64(r.pods) / r.drain.Seconds()
+			rate, share = fmt.Sprintf("%.0f", perSec), fmt.Sprintf("%.2f", perSec/limit.perSec)
+		}
+		t = append(t, []string{strconv.Itoa(r.keys), strconv.Itoa(r.pods), drain, rate, share, p50, p99, pmax,
 			errs, undecided, strconv.FormatInt(r.retries, 10),
-			fmt.Sprintf("%.1f s", r.herd.PostgreSQL.Seconds()), fmt.Sprintf("%.0f%%", benchscale.Share(r.herd.PostgreSQL, wall, cpus)),
+			fmt.Sprintf("%.1f s", r.herd.PostgreSQL.Seconds()), msf(r.herd.PostgreSQL/time.Duration(r.pods)),
+			fmt.Sprintf("%.0f%%", benchscale.Share(r.herd.PostgreSQL, wall, cpus)),
 			fmt.Sprintf("%.1f s", r.herd.Bouncers.Seconds()), fmt.Sprintf("%.1f s", r.herd.Self.Seconds()),
 			fmt.Sprintf("%.0f B", r.herd.WALBytes/float64(r.keys)), strconv.FormatInt(r.herd.WALSyncs, 10),
 			fmt.Sprintf("%.1f ms", float64(r.herd.WaitMicros)/1000/float64(r.pods))})
@@ -1002,6 +1123,9 @@ func (h *herd) report(rows []herdRow) {
 		fmt.Printf("keys=%d: during the herd: %d commits, %d WAL flushes, %d full-page images, %d backends started\n", r.keys, r.herd.Commits, r.herd.WALSyncs, r.herd.WALFPI, r.herd.Sessions)
 	}
 }
+
+// msf is d in milliseconds with two decimals: a CPU time per decision.
+func msf(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
 
 // ratio is a as a percentage of b, or "–" without a baseline.
 func ratio(a, b float64) string {
@@ -1119,4 +1243,35 @@ func TestHerdHeartbeatFiguresCountRealRenewals(t *testing.T) {
 			got, r.hbPerSec, r.hbWall, keys, keys, 2*keys)
 	}
 	t.Logf("pgbench %.0f/s renewed %d of %d rows; %d winners renewed %.0f times in %s", tps, renewed, all, keys, got, r.hbWall)
+}
+
+// The herd's limit is pgbench doing what the pods do, and the table's
+// ratio against it means something only if it does: per transaction one of
+// three clusters' claims of a fresh window is granted, the other two are
+// refused, and all three decisions reach the ledger.
+func TestHerdDecisionLimitDoesWhatThePodsDo(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Fatal("the herd reads /proc: Linux only")
+	}
+	h := newHerd(t, 20, 3, 1)
+	const transactions = 3
+	l := h.pgbenchDecisions(t, transactions)
+	if l.perSec <= 0 || l.pg <= 0 {
+		t.Fatalf("limit %+v: no decisions or no PostgreSQL CPU measured", l)
+	}
+	per := len(h.dsn) * len(h.dsn[0]) * h.pool * transactions // pgbench transactions
+	var windows, foreign, decisions, runs int
+	err := h.watch.DB.QueryRow(context.Background(), `SELECT
+		(SELECT count(*) FROM dislock.windows WHERE lock_key LIKE '%/limit-%'),
+		(SELECT count(*) FROM dislock.windows WHERE lock_key LIKE '%/limit-%' AND cluster <> 'dc-0'),
+		(SELECT count(*) FROM dislock.decisions WHERE job = 'limit'),
+		(SELECT count(*) FROM dislock.decisions WHERE job = 'limit' AND action = 'run')`).Scan(&windows, &foreign, &decisions, &runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if windows != per || foreign != 0 || decisions != 3*per || runs != per {
+		t.Fatalf("%d pgbench transactions left %d windows (%d claimed by a refused cluster), %d ledger rows (%d runs); want %d, 0, %d (%d)",
+			per, windows, foreign, decisions, runs, per, 3*per, per)
+	}
+	t.Logf("limit %.0f decisions/s, PostgreSQL %s per decision", l.perSec, msf(l.pg))
 }

@@ -108,9 +108,7 @@ func (s *Store) RecordDecision(ctx context.Context, d Decision) error {
 	// as a failed write does), and at the top of the minute every pod's
 	// decision would otherwise hold a server connection through a flush
 	// that the claims queue for.
-	batch.Queue(`SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true),
-		set_config('synchronous_commit', 'off', true)`,
-		fmt.Sprint(LedgerLockTimeout.Milliseconds()), fmt.Sprint(LedgerStatementTimeout.Milliseconds()))
+	batch.Queue(qLedgerBounds, fmt.Sprint(LedgerLockTimeout.Milliseconds()), fmt.Sprint(LedgerStatementTimeout.Milliseconds()))
 	batch.Queue(qRecordDecision, d.Key, window, d.Index, d.Cluster, d.Job, d.Pod, string(d.Action),
 		db.Cut(d.Reason, MaxReason), d.Token, seconds, DurationBuckets)
 	err := s.h.Pool.SendBatch(ctx, batch).Close()

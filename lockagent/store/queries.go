@@ -174,6 +174,13 @@ WHERE seen_at > now() - $1::bigint * interval '1 microsecond'
                 AND o.seen_at > now() - $1::bigint * interval '1 microsecond')
 ORDER BY lock_key, cluster`
 
+// qLedgerBounds bounds, for the rest of its transaction, a ledger write's
+// lock waits ($1 ms) and run ($2 ms), and lets its commit go without
+// waiting for the WAL flush: RecordDecision sends it and qRecordDecision
+// in one pipeline, one implicit transaction.
+const qLedgerBounds = `SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true),
+    set_config('synchronous_commit', 'off', true)`
+
 // qRecordDecision adds a ledger row and counts it, in one statement: the
 // decision, its (key, cluster, action) count, and the key's statistics (its
 // last decision and success, and the run's duration in the cumulative

@@ -24,4 +24,11 @@ const (
 	// herd benchmark hands it to pgbench, so that the heartbeats' share of
 	// what the database can do is measured against this very statement.
 	HeartbeatWindowSQL = qHeartbeatWindow
+	// LedgerBoundsSQL and RecordDecisionSQL are what RecordDecision sends,
+	// as one pipeline: the bounds ($1 lock wait and $2 run, in ms), then
+	// the ledger row with its parameters $1..$11 (key, window or NULL,
+	// index, cluster, job, pod, action, reason, token, the run's seconds
+	// or NULL, DurationBuckets).
+	LedgerBoundsSQL   = qLedgerBounds
+	RecordDecisionSQL = qRecordDecision
 )

@@ -422,29 +422,45 @@ func PgbenchScript(query, prelude string, args []string) (string, error) {
 // database of dsn (a postgres:// URL) and returns the transactions per
 // second it reports, excluding connection time.
 func Pgbench(ctx context.Context, bin, dsn, script string, clients int, d time.Duration) (float64, error) {
-	return pgbench(ctx, bin, dsn, script, clients, "-T", strconv.Itoa(int(d.Seconds())))
+	r, err := PgbenchRun(ctx, bin, dsn, script, clients, d)
+	return r.TPS, err
 }
 
 // PgbenchTransactions is Pgbench running script n times from each client
 // instead of for a while: for a test that the script does what it should,
 // which must not depend on how loaded the machine is.
 func PgbenchTransactions(ctx context.Context, bin, dsn, script string, clients, n int) (float64, error) {
-	return pgbench(ctx, bin, dsn, script, clients, "-t", strconv.Itoa(n))
+	r, err := pgbench(ctx, bin, dsn, script, clients, "-t", strconv.Itoa(n))
+	return r.TPS, err
 }
 
-func pgbench(ctx context.Context, bin, dsn, script string, clients int, run ...string) (float64, error) {
+// PgbenchResult is what one pgbench run reports, and what it cost its own
+// process.
+type PgbenchResult struct {
+	TPS          float64       // transactions per second, excluding connection time
+	Transactions int64         // transactions processed
+	CPU          time.Duration // pgbench's own CPU time, user and system
+}
+
+// PgbenchRun is Pgbench with everything it reports.
+func PgbenchRun(ctx context.Context, bin, dsn, script string, clients int, d time.Duration) (PgbenchResult, error) {
+	return pgbench(ctx, bin, dsn, script, clients, "-T", strconv.Itoa(int(d.Seconds())))
+}
+
+func pgbench(ctx context.Context, bin, dsn, script string, clients int, run ...string) (PgbenchResult, error) {
+	var r PgbenchResult
 	u, err := url.Parse(dsn)
 	if err != nil {
-		return 0, fmt.Errorf("pgbench: parsing the URL: %w", err)
+		return r, fmt.Errorf("pgbench: parsing the URL: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "benchscale-pgbench-")
 	if err != nil {
-		return 0, err
+		return r, err
 	}
 	defer os.RemoveAll(dir)
 	file := filepath.Join(dir, "script.sql")
 	if err := os.WriteFile(file, []byte(script), 0o644); err != nil {
-		return 0, err
+		return r, err
 	}
 	pw, _ := u.User.Password()
 	args := append([]string{"-n", "-M", "extended", "-f", file, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, runtime.GOMAXPROCS(0)))}, run...)
@@ -453,14 +469,19 @@ func pgbench(ctx context.Context, bin, dsn, script string, clients int, run ...s
 	cmd.Env = append(os.Environ(), "PGPASSWORD="+pw, "PGSSLMODE=disable")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return 0, fmt.Errorf("pgbench: %w\n%s", err, out)
+		return r, fmt.Errorf("pgbench: %w\n%s", err, out)
 	}
+	r.CPU = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	m := regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`).FindSubmatch(out)
 	if m == nil {
-		return 0, fmt.Errorf("pgbench printed no tps:\n%s", out)
+		return r, fmt.Errorf("pgbench printed no tps:\n%s", out)
 	}
 	if f := regexp.MustCompile(`number of failed transactions: ([1-9][0-9]*)`).FindSubmatch(out); f != nil {
-		return 0, fmt.Errorf("pgbench: %s transactions failed:\n%s", f[1], out)
+		return r, fmt.Errorf("pgbench: %s transactions failed:\n%s", f[1], out)
 	}
-	return strconv.ParseFloat(string(m[1]), 64)
+	if n := regexp.MustCompile(`number of transactions actually processed: ([0-9]+)`).FindSubmatch(out); n != nil {
+		r.Transactions, _ = strconv.ParseInt(string(n[1]), 10, 64)
+	}
+	r.TPS, err = strconv.ParseFloat(string(m[1]), 64)
+	return r, err
 }
