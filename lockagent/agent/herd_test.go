@@ -1084,7 +1084,7 @@ func (h *herd) report(rows []herdRow, limit decisionLimit) {
 		}
 		t = append(t, []string{strconv.Itoa(r.keys), strconv.Itoa(r.pods), drain, rate, share, p50, p99, pmax,
 			errs, undecided, strconv.FormatInt(r.retries, 10),
-			fmt.Sprintf("%.1f s", r.herd.PostgreSQL.Seconds()), msf(r.herd.PostgreSQL/time.Duration(r.pods)),
+			fmt.Sprintf("%.1f s", r.herd.PostgreSQL.Seconds()), msf(r.herd.PostgreSQL / time.Duration(r.pods)),
 			fmt.Sprintf("%.0f%%", benchscale.Share(r.herd.PostgreSQL, wall, cpus)),
 			fmt.Sprintf("%.1f s", r.herd.Bouncers.Seconds()), fmt.Sprintf("%.1f s", r.herd.Self.Seconds()),
 			fmt.Sprintf("%.0f B", r.herd.WALBytes/float64(r.keys)), strconv.FormatInt(r.herd.WALSyncs, 10),
