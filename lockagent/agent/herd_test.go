@@ -1222,7 +1222,7 @@ func TestHerdHeartbeatFiguresCountRealRenewals(t *testing.T) {
 		// What pg_stat_statements holds for the heartbeat: it replaces the
 		// statement's constants with $n, so its text is not the source's.
 		var texts []string
-		rows, err := h.watch.DB.Query(ctx, `SELECT calls || ' calls: ' || query FROM pg_stat_statements WHERE query LIKE 'UPDATE dislock.windows SET alive_until%'`)
+		rows, err := h.watch.DB.Query(ctx, `SELECT calls || ' calls: ' || query FROM pg_stat_statements WHERE query LIKE '%dislock.renew_window(%'`)
 		if err == nil {
 			for rows.Next() {
 				var s string

@@ -67,13 +67,14 @@ const windowColumns = `lock_key, window_start, job_index, owner, cluster, pod, t
 const qGetWindow = `SELECT ` + windowColumns + `, now() FROM dislock.windows
 WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int`
 
-// qHeartbeatWindow extends the owner's liveness. The token identifies the
-// claim: after a takeover the old owner's token no longer matches.
+// qHeartbeatWindow extends the owner's liveness through
+// dislock.renew_window (migration 10), planned once per server connection.
+// The token identifies the claim: after a takeover the old owner's token no
+// longer matches, and no row comes back.
 const qHeartbeatWindow = `
-UPDATE dislock.windows SET alive_until = now() + $5::bigint * interval '1 microsecond'
-WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int
-  AND token = $4::bigint AND state = 'running'
-RETURNING alive_until, now()` + commitGuard
+WITH r AS (SELECT * FROM dislock.renew_window($1::text, $2::timestamptz, $3::int, $4::bigint, $5::bigint))
+SELECT r.renewed_until, r.db_now` + commitGuard + `
+FROM r`
 
 // qFinishWindow records the outcome. Repeating the same outcome succeeds, so
 // a retry after a lost reply does not report a lost window. Liveness ends at
@@ -125,16 +126,17 @@ const leaseColumns = `lock_key, owner, token, acquired_at, expire_at`
 
 const qGetLease = `SELECT ` + leaseColumns + `, now() FROM dislock.leases WHERE lock_key = $1::text`
 
-// qRenewLease extends the caller's live lease. Live is judged at the
-// database's clock when the row is read (clock_timestamp), not when the
-// statement began (now()): a renewal that waited on the row lock past the
-// expiry must fail, since the lease of the key's other shape ("key#i" for
-// "key", and the other way round: migration 7) may have been granted
-// meanwhile, and it checked this row's expiry at its own time.
+// qRenewLease extends the caller's live lease through dislock.renew_lease
+// (migration 10). Live is judged at the database's clock when the row is
+// read (clock_timestamp), not when the statement began (now()): a renewal
+// that waited on the row lock past the expiry must fail, since the lease of
+// the key's other shape ("key#i" for "key", and the other way round:
+// migration 7) may have been granted meanwhile, and it checked this row's
+// expiry at its own time.
 const qRenewLease = `
-UPDATE dislock.leases SET expire_at = now() + $3::bigint * interval '1 microsecond'
-WHERE lock_key = $1::text AND token = $2::bigint AND expire_at > clock_timestamp()
-RETURNING expire_at, now()` + commitGuard
+WITH r AS (SELECT * FROM dislock.renew_lease($1::text, $2::bigint, $3::bigint))
+SELECT r.renewed_until, r.db_now` + commitGuard + `
+FROM r`
 
 // qReleaseLease expires the caller's lease now (see qAcquireLease for why the
 // row stays).
@@ -181,25 +183,11 @@ ORDER BY lock_key, cluster`
 const qLedgerBounds = `SELECT set_config('lock_timeout', $1::text, true), set_config('statement_timeout', $2::text, true),
     set_config('synchronous_commit', 'off', true)`
 
-// qRecordDecision adds a ledger row and counts it, in one statement: the
-// decision, its (key, cluster, action) count, and the key's statistics (its
-// last decision and success, and the run's duration in the cumulative
-// histogram whose bounds are $11; $10 is the duration in seconds or NULL).
-const qRecordDecision = `
-WITH d AS (
-    INSERT INTO dislock.decisions (lock_key, window_start, job_index, cluster, job, pod, action, reason, token, decided_at)
-    VALUES ($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text, $7::text, $8::text, $9::bigint, now())),
-c AS (
-    INSERT INTO dislock.decision_counts AS c (lock_key, cluster, action, n) VALUES ($1::text, $4::text, $7::text, 1)
-    ON CONFLICT (lock_key, cluster, action) DO UPDATE SET n = c.n + 1)
-INSERT INTO dislock.key_stats AS k (lock_key, first_seen, last_decided, last_success, duration_count, duration_sum, duration_buckets)
-VALUES ($1::text, now(), now(), CASE WHEN $7::text = 'succeeded' THEN now() END,
-        CASE WHEN $10::float8 IS NULL THEN 0 ELSE 1 END, coalesce($10::float8, 0),
-        ARRAY(SELECT CASE WHEN $10::float8 <= le THEN 1 ELSE 0 END::bigint FROM unnest($11::float8[]) WITH ORDINALITY AS b(le, i) ORDER BY i))
-ON CONFLICT (lock_key) DO UPDATE SET
-    last_decided     = EXCLUDED.last_decided,
-    last_success     = coalesce(EXCLUDED.last_success, k.last_success),
-    duration_count   = k.duration_count + EXCLUDED.duration_count,
-    duration_sum     = k.duration_sum + EXCLUDED.duration_sum,
-    duration_buckets = ARRAY(SELECT coalesce(o, 0) + coalesce(n, 0)
-                             FROM unnest(k.duration_buckets, EXCLUDED.duration_buckets) WITH ORDINALITY AS b(o, n, i) ORDER BY i)`
+// qRecordDecision adds a ledger row and counts it, in one call of
+// dislock.record_decision (migration 10): the decision, its (key, cluster,
+// action) count, and the key's statistics (its last decision and success,
+// and the run's duration in the cumulative histogram whose bounds are $11;
+// $10 is the duration in seconds or NULL). A function, so that its plan is
+// kept per server connection.
+const qRecordDecision = `SELECT dislock.record_decision($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
+    $7::text, $8::text, $9::bigint, $10::float8, $11::float8[])`

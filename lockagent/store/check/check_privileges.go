@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -155,12 +156,17 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
       'GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO ` + tenant.GroupRole + `',
       (SELECT bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water'))),
-  (9, 'EXECUTE on dislock.claim_window() and dislock.window_takeable()',
-      'GRANT EXECUTE ON FUNCTION dislock.claim_window, dislock.window_takeable TO ` + tenant.GroupRole + `',
-      (SELECT count(*) = 2 AND bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
-       WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('claim_window', 'window_takeable')))
+  (9, 'EXECUTE on the agent''s functions: dislock.claim_window(), window_takeable(), renew_window(), renew_lease() and record_decision()',
+      'GRANT EXECUTE ON FUNCTION ` + strings.Join(agentFunctions, ", ") + ` TO ` + tenant.GroupRole + `',
+      (SELECT count(*) = ` + strconv.Itoa(len(agentFunctions)) + ` AND bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
+       WHERE p.pronamespace = 'dislock'::regnamespace AND 'dislock.' || p.proname = ANY(ARRAY['` + strings.Join(agentFunctions, "', '") + `'])))
 ) AS p(n, what, fix, held)
 ORDER BY n`
+
+// agentFunctions are the functions of migration 10 an agent calls (each
+// name is one function).
+var agentFunctions = []string{"dislock.claim_window", "dislock.window_takeable", "dislock.renew_window",
+	"dislock.renew_lease", "dislock.record_decision"}
 
 // catalogRel is the OID of table dislock.<name>, looked up without a
 // privilege on the schema.

@@ -14,7 +14,8 @@
 --
 -- claim_window is now the one place the claim of "Ownership and re-entry"
 -- is decided; the Store's ClaimWindow and the agent's decision both call
--- it. Older code keeps working: it claims with its own statement, by the
+-- it. The ledger's write and the renewals are functions too
+-- (record_decision, renew_window, renew_lease), for their plans. Older code keeps working: it claims with its own statement, by the
 -- same rule, against the same rows (hence compatible-from 7).
 
 -- The namespace the session's login role serves (see migration 4), now
@@ -196,3 +197,83 @@ REVOKE ALL ON FUNCTION dislock.window_takeable(dislock.windows, text, text, bool
     dislock.claim_window(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION dislock.window_takeable(dislock.windows, text, text, boolean),
     dislock.claim_window(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) TO dislock_tenant;
+
+-- record_decision adds a pod's decision to the ledger and counts it: the
+-- row, its (key, cluster, action) count and the key's statistics (last
+-- decision and success, and the run's duration, seconds or NULL, in the
+-- cumulative histogram whose upper bounds are buckets). The same statement
+-- the agents sent before, now planned once per connection. With the
+-- caller's rights: a tenant writes only its namespace's ledger.
+CREATE OR REPLACE FUNCTION dislock.record_decision(
+    p_key text, p_window timestamptz, p_index int, p_cluster text, p_job text, p_pod text,
+    p_action text, p_reason text, p_token bigint, p_seconds float8, p_buckets float8[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    WITH d AS (
+        INSERT INTO dislock.decisions (lock_key, window_start, job_index, cluster, job, pod, action, reason, token, decided_at)
+        VALUES (p_key, p_window, p_index, p_cluster, p_job, p_pod, p_action, p_reason, p_token, now())),
+    c AS (
+        INSERT INTO dislock.decision_counts AS c (lock_key, cluster, action, n) VALUES (p_key, p_cluster, p_action, 1)
+        ON CONFLICT (lock_key, cluster, action) DO UPDATE SET n = c.n + 1)
+    INSERT INTO dislock.key_stats AS k (lock_key, first_seen, last_decided, last_success, duration_count, duration_sum, duration_buckets)
+    VALUES (p_key, now(), now(), CASE WHEN p_action = 'succeeded' THEN now() END,
+            CASE WHEN p_seconds IS NULL THEN 0 ELSE 1 END, coalesce(p_seconds, 0),
+            ARRAY(SELECT CASE WHEN p_seconds <= le THEN 1 ELSE 0 END::bigint FROM unnest(p_buckets) WITH ORDINALITY AS b(le, i) ORDER BY i))
+    ON CONFLICT (lock_key) DO UPDATE SET
+        last_decided     = EXCLUDED.last_decided,
+        last_success     = coalesce(EXCLUDED.last_success, k.last_success),
+        duration_count   = k.duration_count + EXCLUDED.duration_count,
+        duration_sum     = k.duration_sum + EXCLUDED.duration_sum,
+        duration_buckets = ARRAY(SELECT coalesce(o, 0) + coalesce(n, 0)
+                                 FROM unnest(k.duration_buckets, EXCLUDED.duration_buckets) WITH ORDINALITY AS b(o, n, i) ORDER BY i);
+END
+$$;
+
+REVOKE ALL ON FUNCTION dislock.record_decision(text, timestamptz, int, text, text, text, text, text, bigint, float8, float8[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dislock.record_decision(text, timestamptz, int, text, text, text, text, text, bigint, float8, float8[]) TO dislock_tenant;
+
+-- renew_window extends the running claim of (key, window_start, job_index)
+-- whose token is p_token by p_ttl_us from now(), and returns the new
+-- liveness and now(); no row when the claim is no longer the caller's (a
+-- takeover drew a new token, or it finished). The statement the agents
+-- sent before, now planned once per connection.
+CREATE OR REPLACE FUNCTION dislock.renew_window(p_key text, p_window timestamptz, p_index int, p_token bigint, p_ttl_us bigint)
+RETURNS TABLE (renewed_until timestamptz, db_now timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE dislock.windows w SET alive_until = now() + p_ttl_us * interval '1 microsecond'
+    WHERE w.lock_key = p_key AND w.window_start = p_window AND w.job_index = p_index
+      AND w.token = p_token AND w.state = 'running'
+    RETURNING w.alive_until INTO renewed_until;
+    IF FOUND THEN
+        db_now := now();
+        RETURN NEXT;
+    END IF;
+END
+$$;
+
+-- renew_lease extends the live lease of key whose token is p_token by
+-- p_ttl_us from now(), and returns the new expiry and now(); no row when
+-- the lease is no longer the caller's. Live is judged at clock_timestamp()
+-- when the row is read, and the renewal trigger of migration 7 judges a
+-- renewal that waited on the row lock again: see the Store's qRenewLease.
+CREATE OR REPLACE FUNCTION dislock.renew_lease(p_key text, p_token bigint, p_ttl_us bigint)
+RETURNS TABLE (renewed_until timestamptz, db_now timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE dislock.leases l SET expire_at = now() + p_ttl_us * interval '1 microsecond'
+    WHERE l.lock_key = p_key AND l.token = p_token AND l.expire_at > clock_timestamp()
+    RETURNING l.expire_at INTO renewed_until;
+    IF FOUND THEN
+        db_now := now();
+        RETURN NEXT;
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION dislock.renew_window(text, timestamptz, int, bigint, bigint), dislock.renew_lease(text, bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dislock.renew_window(text, timestamptz, int, bigint, bigint), dislock.renew_lease(text, bigint, bigint) TO dislock_tenant;
