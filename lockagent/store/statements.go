@@ -2,7 +2,7 @@ package store
 
 // The statements of the Store's lock operations, for those who must run
 // the very statement the agent sends: dislock check's tenant probe runs
-// ClaimWindowSQL and AcquireLeaseSQL in a transaction it rolls back, and
+// them in a transaction it rolls back, and
 // the benchmarks hand them to pgbench, so that what they measure is what
 // the agents cost the database.
 
@@ -24,6 +24,9 @@ const (
 	// herd benchmark hands it to pgbench, so that the heartbeats' share of
 	// what the database can do is measured against this very statement.
 	HeartbeatWindowSQL = qHeartbeatWindow
+	// RenewLeaseSQL is the statement RenewLease runs, with its parameters
+	// $1..$3 (key, token, TTL in µs).
+	RenewLeaseSQL = qRenewLease
 	// LedgerBoundsSQL and RecordDecisionSQL are what RecordDecision sends,
 	// as one pipeline: the bounds ($1 lock wait and $2 run, in ms), then
 	// the ledger row with its parameters $1..$11 (key, window or NULL,

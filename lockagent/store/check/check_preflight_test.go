@@ -3,6 +3,7 @@ package check_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/url"
 	"os"
@@ -294,6 +295,45 @@ func TestCheckURLNamesATenantsMissingGrant(t *testing.T) {
 			wantFinding(t, rep, "privileges", check.StatusFail, []string{"membership in role " + tenant.GroupRole},
 				[]string{"GRANT " + tenant.GroupRole + " TO " + c.Role})
 			noPassword(t, rep, c.Password)
+			assertNoProbeRows(t, owner, ns)
+		})
+	}
+}
+
+// An agent also renews what it holds and writes its ledger: a tenant role
+// that can claim but not renew would have every run longer than the TTL
+// revoked, so check's probe renews and writes a ledger row too, and names
+// the grant that is missing.
+func TestCheckURLFailsATenantThatCannotRenewOrWriteItsLedger(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "check-renew"})
+	super := storetest.RawConn(t, srv.SuperuserDSN())
+	ctx := context.Background()
+	owner := storetest.Open(t, srv.DirectDSN(), 2)
+	for _, c := range []struct {
+		revoke, restore, missing, fix string
+	}{
+		{"REVOKE EXECUTE ON FUNCTION dislock.renew_window FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew_window TO ",
+			"missing: EXECUTE on the agent's functions", "GRANT EXECUTE ON FUNCTION dislock.claim_window, dislock.window_takeable, dislock.renew_window"},
+		{"REVOKE EXECUTE ON FUNCTION dislock.renew_lease FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew_lease TO ",
+			"missing: EXECUTE on the agent's functions", "dislock.renew_lease"},
+		{"REVOKE INSERT ON dislock.decisions FROM ", "GRANT INSERT ON dislock.decisions TO ",
+			"missing: INSERT on the ledger", "GRANT SELECT, INSERT ON dislock.decisions, dislock.decision_counts, dislock.key_stats TO " + tenant.GroupRole},
+	} {
+		t.Run(strings.Fields(c.revoke)[len(strings.Fields(c.revoke))-2], func(t *testing.T) {
+			ns := storetest.Namespace(t, "renew")
+			cred := storetest.Provision(t, owner, ns)
+			dsn := storetest.TenantDSN(t, srv.BouncerDSN(), cred)
+			if rep := check.URL(ctx, dsn, check.Options{AllowAsync: true}); !strings.Contains(fmt.Sprint(rep), "the role claims windows") {
+				t.Fatalf("before the revoke the probe should pass: %+v", rep)
+			}
+			if _, err := super.Exec(ctx, c.revoke+tenant.GroupRole); err != nil {
+				t.Fatal(err)
+			}
+			rep := check.URL(ctx, dsn, check.Options{AllowAsync: true})
+			if _, err := super.Exec(ctx, c.restore+tenant.GroupRole); err != nil {
+				t.Fatal(err)
+			}
+			wantFinding(t, rep, "privileges", check.StatusFail, []string{"namespace " + ns, c.missing}, []string{c.fix})
 			assertNoProbeRows(t, owner, ns)
 		})
 	}

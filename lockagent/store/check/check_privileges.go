@@ -73,7 +73,8 @@ var plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 const probeKeyName = "dislock-check-probe"
 
 // tenantPrivileges runs what an agent runs, the claim of a window and the
-// grant of a lease, with the very statements the agent sends, on a probe
+// grant of a lease, their renewals and a ledger write, with the very
+// statements the agent sends, on a probe
 // key of the role's namespace, inside a transaction it rolls back: the rows
 // are never committed. The statements draw fencing tokens (a sequence is
 // not transactional), which only leaves a gap in the counter, as any
@@ -87,14 +88,27 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 	}
 	o := store.Owner{Cluster: "dislock-check", Namespace: namespace, Job: probeKeyName, JobUID: "probe", Pod: probeKeyName}
 	const ttl = time.Minute
+	window := time.Now().UTC().Truncate(time.Minute)
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, store.ClaimWindowSQL, key, time.Now().UTC().Truncate(time.Minute), store.NotIndexed,
+		claim, err := firstRow(ctx, tx, store.ClaimWindowSQL, key, window, store.NotIndexed,
 			o.WindowOwner(), o.Cluster, o.Pod, db.Micros(ttl), o.JobPrefix(), false, `{"schedule":"probe"}`,
-			db.Micros(store.DefaultViewRecency), db.Micros(store.ViewRefresh), nil); err != nil {
+			db.Micros(store.DefaultViewRecency), db.Micros(store.ViewRefresh), nil)
+		if err != nil {
 			return fmt.Errorf("claiming a window: %w", err)
 		}
-		if _, err := tx.Exec(ctx, store.AcquireLeaseSQL, key, o.LeaseOwner(), db.Micros(ttl)); err != nil {
+		if _, err := tx.Exec(ctx, store.HeartbeatWindowSQL, key, window, store.NotIndexed, claim[6], db.Micros(ttl)); err != nil {
+			return fmt.Errorf("renewing the window's claim: %w", err)
+		}
+		lease, err := firstRow(ctx, tx, store.AcquireLeaseSQL, key, o.LeaseOwner(), db.Micros(ttl))
+		if err != nil {
 			return fmt.Errorf("taking a lease: %w", err)
+		}
+		if _, err := tx.Exec(ctx, store.RenewLeaseSQL, key, lease[2], db.Micros(ttl)); err != nil {
+			return fmt.Errorf("renewing the lease: %w", err)
+		}
+		if _, err := tx.Exec(ctx, store.RecordDecisionSQL, key, window, store.NotIndexed, o.Cluster, o.Job, o.Pod,
+			string(store.ActionRun), "dislock check's probe", claim[6], nil, store.DurationBuckets); err != nil {
+			return fmt.Errorf("adding a decision to the ledger: %w", err)
 		}
 		return errRollBack
 	})
@@ -120,6 +134,24 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 		f.Fix = "as the owner: " + strings.Join(grants, "; ")
 	}
 	return f
+}
+
+// firstRow runs query and returns its first row's values: the probe
+// passes on the token a grant returned (the window's is the 7th column of
+// ClaimWindowSQL, the lease's the 3rd of AcquireLeaseSQL).
+func firstRow(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]any, error) {
+	rows, err := tx.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		return nil, errors.New("no row: the probe key's row is taken")
+	}
+	return rows.Values()
 }
 
 // errRollBack ends the probe's transaction with a rollback.
@@ -158,8 +190,16 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
        WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water'))),
   (9, 'EXECUTE on the agent''s functions: dislock.claim_window(), window_takeable(), renew_window(), renew_lease() and record_decision()',
       'GRANT EXECUTE ON FUNCTION ` + strings.Join(agentFunctions, ", ") + ` TO ` + tenant.GroupRole + `',
-      (SELECT count(*) = ` + strconv.Itoa(len(agentFunctions)) + ` AND bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
-       WHERE p.pronamespace = 'dislock'::regnamespace AND 'dislock.' || p.proname = ANY(ARRAY['` + strings.Join(agentFunctions, "', '") + `'])))
+      (SELECT count(DISTINCT p.proname) = ` + strconv.Itoa(len(agentFunctions)) + ` AND bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
+       WHERE p.pronamespace = 'dislock'::regnamespace AND 'dislock.' || p.proname = ANY(ARRAY['` + strings.Join(agentFunctions, "', '") + `']))),
+  (10, 'INSERT on the ledger (dislock.decisions, decision_counts, key_stats) and UPDATE of its counts and statistics',
+      'GRANT SELECT, INSERT ON dislock.decisions, dislock.decision_counts, dislock.key_stats TO ` + tenant.GroupRole + `; ' ||
+      'GRANT UPDATE (n) ON dislock.decision_counts TO ` + tenant.GroupRole + `; ' ||
+      'GRANT UPDATE (last_decided, last_success, duration_count, duration_sum, duration_buckets) ON dislock.key_stats TO ` + tenant.GroupRole + `',
+      (SELECT bool_and(has_table_privilege(session_user, t, 'INSERT')) FROM unnest(ARRAY[` + catalogRel("decisions") + `, ` + catalogRel("decision_counts") + `, ` + catalogRel("key_stats") + `]) t)
+      AND has_column_privilege(session_user, ` + catalogRel("decision_counts") + `, 'n', 'UPDATE')
+      AND (SELECT bool_and(has_column_privilege(session_user, ` + catalogRel("key_stats") + `, c, 'UPDATE'))
+           FROM unnest(ARRAY['last_decided', 'last_success', 'duration_count', 'duration_sum', 'duration_buckets']) c))
 ) AS p(n, what, fix, held)
 ORDER BY n`
 
