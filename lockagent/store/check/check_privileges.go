@@ -96,18 +96,25 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 		if err != nil {
 			return fmt.Errorf("claiming a window: %w", err)
 		}
-		if _, err := tx.Exec(ctx, store.HeartbeatWindowSQL, key, window, store.NotIndexed, claim[6], db.Micros(ttl)); err != nil {
-			return fmt.Errorf("renewing the window's claim: %w", err)
+		// A real job of the probe's key may hold the window or the lease:
+		// the probe then renews nothing of it (its row stays untouched,
+		// not even locked).
+		if claim != nil && claim[12] != "refused" {
+			if _, err := tx.Exec(ctx, store.HeartbeatWindowSQL, key, window, store.NotIndexed, claim[6], db.Micros(ttl)); err != nil {
+				return fmt.Errorf("renewing the window's claim: %w", err)
+			}
 		}
 		lease, err := firstRow(ctx, tx, store.AcquireLeaseSQL, key, o.LeaseOwner(), db.Micros(ttl))
 		if err != nil {
 			return fmt.Errorf("taking a lease: %w", err)
 		}
-		if _, err := tx.Exec(ctx, store.RenewLeaseSQL, key, lease[2], db.Micros(ttl)); err != nil {
-			return fmt.Errorf("renewing the lease: %w", err)
+		if lease != nil {
+			if _, err := tx.Exec(ctx, store.RenewLeaseSQL, key, lease[2], db.Micros(ttl)); err != nil {
+				return fmt.Errorf("renewing the lease: %w", err)
+			}
 		}
 		if _, err := tx.Exec(ctx, store.RecordDecisionSQL, key, window, store.NotIndexed, o.Cluster, o.Job, o.Pod,
-			string(store.ActionRun), "dislock check's probe", claim[6], nil, store.DurationBuckets); err != nil {
+			string(store.ActionRun), "dislock check's probe", int64(0), nil, store.DurationBuckets); err != nil {
 			return fmt.Errorf("adding a decision to the ledger: %w", err)
 		}
 		return errRollBack
@@ -136,9 +143,10 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 	return f
 }
 
-// firstRow runs query and returns its first row's values: the probe
-// passes on the token a grant returned (the window's is the 7th column of
-// ClaimWindowSQL, the lease's the 3rd of AcquireLeaseSQL).
+// firstRow runs query and returns its first row's values, nil when there
+// is none (a grant refused): the probe passes on the token a grant
+// returned (the window's is the 7th column of ClaimWindowSQL, its outcome
+// the 13th; the lease's token the 3rd of AcquireLeaseSQL).
 func firstRow(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]any, error) {
 	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
@@ -146,10 +154,7 @@ func firstRow(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]any,
 	}
 	defer rows.Close()
 	if !rows.Next() {
-		if err := rows.Err(); err != nil {
-			return nil, err
-		}
-		return nil, errors.New("no row: the probe key's row is taken")
+		return nil, rows.Err()
 	}
 	return rows.Values()
 }
