@@ -470,7 +470,7 @@ func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration) 
 		b.Fatal(err)
 	}
 	// The heartbeat statement, up to its first constant.
-	heartbeats, err := benchscale.Calls(ctx, h.watch.DB, store.HeartbeatWindowSQL[:strings.Index(store.HeartbeatWindowSQL, "'")])
+	heartbeats, err := benchscale.Calls(ctx, h.watch.DB, store.RenewSQL[:strings.Index(store.RenewSQL, "'")])
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -928,8 +928,8 @@ func (h *herd) pgbenchHeartbeat(b testing.TB, transactions int) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-	script, err := benchscale.PgbenchScript(store.HeartbeatWindowSQL, fmt.Sprintf("\\set k random(1, %d)\n", rows),
-		[]string{"'ns-0/pgbench-' || :k", fmt.Sprintf("'%s'::timestamptz", window.Format(time.RFC3339)), "0", ":k", strconv.FormatInt(herdTTL.Microseconds(), 10)})
+	script, err := benchscale.PgbenchScript(store.RenewSQL, fmt.Sprintf("\\set k random(1, %d)\n", rows),
+		[]string{"'ns-0/pgbench-' || :k", fmt.Sprintf("'%s'::timestamptz", window.Format(time.RFC3339)), "0", ":k", "NULL", "NULL", strconv.FormatInt(herdTTL.Microseconds(), 10)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -1222,7 +1222,7 @@ func TestHerdHeartbeatFiguresCountRealRenewals(t *testing.T) {
 		// What pg_stat_statements holds for the heartbeat: it replaces the
 		// statement's constants with $n, so its text is not the source's.
 		var texts []string
-		rows, err := h.watch.DB.Query(ctx, `SELECT calls || ' calls: ' || query FROM pg_stat_statements WHERE query LIKE '%dislock.renew_window(%'`)
+		rows, err := h.watch.DB.Query(ctx, `SELECT calls || ' calls: ' || query FROM pg_stat_statements WHERE query LIKE '%dislock.renew(%'`)
 		if err == nil {
 			for rows.Next() {
 				var s string
@@ -1232,9 +1232,9 @@ func TestHerdHeartbeatFiguresCountRealRenewals(t *testing.T) {
 			}
 			rows.Close()
 		}
-		// HeartbeatWindowSQL starts with a newline, which SQL's btrim
+		// RenewSQL starts with a newline, which SQL's btrim
 		// keeps: a prefix match needs it trimmed.
-		prefix := strings.TrimSpace(store.HeartbeatWindowSQL[:strings.Index(store.HeartbeatWindowSQL, "'")])
+		prefix := strings.TrimSpace(store.RenewSQL[:strings.Index(store.RenewSQL, "'")])
 		trimmed, _ := benchscale.Calls(ctx, h.watch.DB, prefix)
 		t.Logf("benchscale.Calls(the heartbeat up to its first constant, trimmed) = %d", trimmed)
 		t.Logf("statements by time over the heartbeat phase:\n  %s\nthe heartbeat as pg_stat_statements holds it:\n  %s",

@@ -103,22 +103,21 @@ func (a *agent) supervise(ctx context.Context) {
 	}
 }
 
-// heartbeat renews the lease and the window's liveness in one round and, if
+// heartbeat renews the window's liveness and the lease in one call and, if
 // both succeed, moves the safety deadlines and republishes the earliest.
 func (a *agent) heartbeat(ctx context.Context) error {
 	sent := protocol.MonotonicNow()
 	callCtx, cancel := context.WithTimeout(ctx, a.callTimeout())
 	defer cancel()
+	_, err := a.store.Renew(callCtx, store.Renewal{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, WindowToken: a.windowToken,
+		LeaseKey: a.leaseKey(), LeaseToken: a.leaseToken, TTL: a.cfg.TTL})
+	if err != nil {
+		return err
+	}
 	if a.windowToken != 0 {
-		if _, _, err := a.store.Heartbeat(callCtx, a.cfg.Key, a.window, a.cfg.JobIndex, a.windowToken, a.cfg.TTL); err != nil {
-			return err
-		}
 		a.windowUntil = a.safeFrom(sent)
 	}
 	if a.leaseToken != 0 {
-		if _, _, err := a.store.RenewLease(callCtx, a.leaseKey(), a.leaseToken, a.cfg.TTL); err != nil {
-			return err
-		}
 		a.leaseUntil = a.safeFrom(sent)
 	}
 	if dl := a.deadline(); dl != 0 {

@@ -244,3 +244,90 @@ func measure(b *testing.B, clients int, op func(ctx context.Context, i int64) er
 	lat, elapsed := benchmark.Run(b, clients, func(i int64) error { return op(context.Background(), i) })
 	benchmark.Report(b, lat, time.Microsecond, "ops/s", float64(len(lat))/elapsed.Seconds())
 }
+
+// BenchmarkRenewal is what a running pod's heartbeat costs PostgreSQL, as
+// the tenant role it runs as, with a window and a lease to renew: this
+// release's one call (dislock.renew, schema 11) against the two statements
+// agents of schema 9 and older still send, each under row-level security
+// and each its own commit, measured in the same run by pgbench through
+// PgBouncer. It reports PostgreSQL's CPU per renewal (/proc).
+func BenchmarkRenewal(b *testing.B) {
+	srv := pgtest.Need(b)
+	if srv.Pgbench() == "" {
+		b.Fatal("pgbench is not installed (apt-get install -y postgresql-client)")
+	}
+	pid, err := srv.PostmasterPID()
+	if err != nil {
+		b.Fatal(err)
+	}
+	owner := storetest.Open(b, srv.DirectDSN(), 1)
+	ns := storetest.Namespace(b, "renewal")
+	dsn := storetest.TenantDSN(b, srv.BouncerDSN(), storetest.Provision(b, owner, ns))
+	const rows = 1000
+	window := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := "'" + window.Format(time.RFC3339) + "'::timestamptz"
+	ctx := context.Background()
+	const day = "86400000000" // µs: a renewal moves an expiry from an hour to a day
+	// Each script renews rows of its own, alive for an hour: rows alive
+	// for a day afterwards were renewed.
+	scripts := map[string]func(key string) string{
+		"schema-9-statements": func(key string) string {
+			return "UPDATE dislock.windows SET alive_until = now() + " + day + " * interval '1 microsecond' " +
+				"WHERE lock_key = " + key + " AND window_start = " + at + " AND job_index = -1 AND token = :k AND state = 'running' RETURNING alive_until, now();\n" +
+				"UPDATE dislock.leases SET expire_at = now() + " + day + " * interval '1 microsecond' " +
+				"WHERE lock_key = " + key + " AND token = :k AND expire_at > clock_timestamp() RETURNING expire_at, now();\n"
+		},
+		"renew": func(key string) string {
+			one, err := benchscale.PgbenchScript(store.RenewSQL, "", []string{key, at, "-1", ":k", key, ":k", day})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return one
+		},
+	}
+	for _, name := range []string{"schema-9-statements", "renew"} {
+		b.Run("statements="+name, func(b *testing.B) {
+			prefix := ns + "/" + name + "-" + strconv.FormatInt(storetest.Seq(), 10) + "-"
+			for _, q := range []string{
+				`INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
+				 SELECT $1::text || i, $2::timestamptz, -1, 'dc-a/' || $1::text || 'job/uid/pod', 'dc-a', 'pod', i, 'running', now(), now() + interval '1 hour'
+				 FROM generate_series(1, $3::int) i`,
+				`INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at)
+				 SELECT $1::text || i, 'dc-a/' || $1::text || 'job/uid/pod', i, now(), now() + interval '1 hour' FROM generate_series(1, $3::int) i
+				 WHERE $2::timestamptz IS NOT NULL`,
+			} {
+				if _, err := owner.Handle().Pool.Exec(ctx, q, prefix, window, rows); err != nil {
+					b.Fatal(err)
+				}
+			}
+			const clients = 4
+			script := fmt.Sprintf("\\set k random(1, %d)\n", rows) + scripts[name]("'"+prefix+"' || :k")
+			before, err := benchscale.TreeCPU(pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			tps, err := benchscale.PgbenchTransactions(ctx, srv.Pgbench(), dsn, script, clients, max(1, b.N/clients))
+			b.StopTimer()
+			if err != nil {
+				b.Fatal(err)
+			}
+			after, err := benchscale.TreeCPU(pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var windows, leases int
+			if err := owner.Handle().Pool.QueryRow(ctx, `SELECT
+				(SELECT count(*) FROM dislock.windows WHERE starts_with(lock_key, $1) AND alive_until > now() + interval '12 hours'),
+				(SELECT count(*) FROM dislock.leases WHERE starts_with(lock_key, $1) AND expire_at > now() + interval '12 hours')`, prefix).Scan(&windows, &leases); err != nil {
+				b.Fatal(err)
+			}
+			if windows == 0 || leases == 0 {
+				b.Fatalf("pgbench renewed %d windows and %d leases: the benchmark measured renewals that wrote nothing", windows, leases)
+			}
+			n := clients * max(1, b.N/clients)
+			b.ReportMetric(tps, "renewals/s")
+			b.ReportMetric(float64(after-before)/float64(time.Millisecond)/float64(n), "PG-CPU-ms/renewal")
+		})
+	}
+}

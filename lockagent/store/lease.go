@@ -66,15 +66,8 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 // RenewLease extends the caller's lease while it is still live at database
 // time. ErrLeaseLost once it expired or was taken over: the caller must stop.
 func (s *Store) RenewLease(ctx context.Context, key string, token int64, ttl time.Duration) (expireAt, dbTime time.Time, err error) {
-	err = s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&expireAt, &dbTime) },
-		qRenewLease, key, token, db.Micros(ttl))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, time.Time{}, fmt.Errorf("renewing lease %s token %d: %w", key, token, ErrLeaseLost)
-	}
-	if err != nil {
-		return time.Time{}, time.Time{}, s.classify("renewing lease "+key, err)
-	}
-	return expireAt.UTC(), dbTime.UTC(), nil
+	r, err := s.Renew(ctx, Renewal{LeaseKey: key, LeaseToken: token, TTL: ttl})
+	return r.LeaseUntil, r.DBTime, err
 }
 
 // ReleaseLease gives the caller's lease up: it expires at once. It reports

@@ -67,13 +67,18 @@ const windowColumns = `lock_key, window_start, job_index, owner, cluster, pod, t
 const qGetWindow = `SELECT ` + windowColumns + `, now() FROM dislock.windows
 WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int`
 
-// qHeartbeatWindow extends the owner's liveness through
-// dislock.renew_window (migration 10), planned once per server connection.
-// The token identifies the claim: after a takeover the old owner's token no
-// longer matches, and no row comes back.
-const qHeartbeatWindow = `
-WITH r AS (SELECT * FROM dislock.renew_window($1::text, $2::timestamptz, $3::int, $4::bigint, $5::bigint))
-SELECT r.renewed_until, r.db_now` + commitGuard + `
+// qRenew extends, through dislock.renew (migration 11) in one commit, the
+// window's liveness and the lease a pod holds, each identified by its
+// token: after a takeover the old owner's token no longer matches, and
+// that expiry comes back NULL. A lease is live when its row is read
+// (clock_timestamp), not when the statement began (now()): a renewal that
+// waited on the row lock past the expiry must fail, since the lease of the
+// key's other shape ("key#i" for "key", and the other way round: migration
+// 7) may have been granted meanwhile, and it checked this row's expiry at
+// its own time.
+const qRenew = `
+WITH r AS (SELECT * FROM dislock.renew($1::text, $2::timestamptz, $3::int, $4::bigint, $5::text, $6::bigint, $7::bigint))
+SELECT r.window_until, r.lease_until, r.db_now` + commitGuard + `
 FROM r`
 
 // qFinishWindow records the outcome. Repeating the same outcome succeeds, so
@@ -125,18 +130,6 @@ RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
 const leaseColumns = `lock_key, owner, token, acquired_at, expire_at`
 
 const qGetLease = `SELECT ` + leaseColumns + `, now() FROM dislock.leases WHERE lock_key = $1::text`
-
-// qRenewLease extends the caller's live lease through dislock.renew_lease
-// (migration 10). Live is judged at the database's clock when the row is
-// read (clock_timestamp), not when the statement began (now()): a renewal
-// that waited on the row lock past the expiry must fail, since the lease of
-// the key's other shape ("key#i" for "key", and the other way round:
-// migration 7) may have been granted meanwhile, and it checked this row's
-// expiry at its own time.
-const qRenewLease = `
-WITH r AS (SELECT * FROM dislock.renew_lease($1::text, $2::bigint, $3::bigint))
-SELECT r.renewed_until, r.db_now` + commitGuard + `
-FROM r`
 
 // qReleaseLease expires the caller's lease now (see qAcquireLease for why the
 // row stays).

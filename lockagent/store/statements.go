@@ -19,14 +19,12 @@ const (
 	// AcquireLeaseSQL is the statement AcquireLease runs, with its
 	// parameters $1..$3 (key, owner, TTL in µs).
 	AcquireLeaseSQL = qAcquireLease
-	// HeartbeatWindowSQL is the statement Heartbeat runs, with its
-	// parameters $1..$5 (key, window, job index, token, TTL in µs). The
-	// herd benchmark hands it to pgbench, so that the heartbeats' share of
-	// what the database can do is measured against this very statement.
-	HeartbeatWindowSQL = qHeartbeatWindow
-	// RenewLeaseSQL is the statement RenewLease runs, with its parameters
-	// $1..$3 (key, token, TTL in µs).
-	RenewLeaseSQL = qRenewLease
+	// RenewSQL is the statement Renew runs, with its parameters $1..$7
+	// (key, window, job index, the window's token or NULL, the lease's key
+	// or NULL, the lease's token or NULL, TTL in µs). The herd benchmark
+	// hands it to pgbench, so that the heartbeats' share of what the
+	// database can do is measured against this very statement.
+	RenewSQL = qRenew
 	// LedgerBoundsSQL and RecordDecisionSQL are what RecordDecision sends,
 	// as one pipeline: the bounds ($1 lock wait and $2 run, in ms), then
 	// the ledger row with its parameters $1..$11 (key, window or NULL,

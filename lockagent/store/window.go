@@ -180,15 +180,8 @@ func windowTaken(start time.Time, key string, owner Window) error {
 // Heartbeat extends the liveness of the caller's running claim and returns
 // the new alive_until. ErrWindowLost when the claim is no longer the caller's.
 func (s *Store) Heartbeat(ctx context.Context, key string, window time.Time, index int, token int64, ttl time.Duration) (aliveUntil, dbTime time.Time, err error) {
-	err = s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&aliveUntil, &dbTime) },
-		qHeartbeatWindow, key, window.UTC(), index, token, db.Micros(ttl))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, time.Time{}, fmt.Errorf("heartbeat of window %s of %s token %d: %w", formatWindow(window), key, token, ErrWindowLost)
-	}
-	if err != nil {
-		return time.Time{}, time.Time{}, s.classify(fmt.Sprintf("heartbeat of window %s of %s", formatWindow(window), key), err)
-	}
-	return aliveUntil.UTC(), dbTime.UTC(), nil
+	r, err := s.Renew(ctx, Renewal{Key: key, Window: window, Index: index, WindowToken: token, TTL: ttl})
+	return r.WindowUntil, r.DBTime, err
 }
 
 // Finish records the outcome of the caller's claim (succeeded, failed or

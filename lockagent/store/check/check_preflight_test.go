@@ -312,10 +312,8 @@ func TestCheckURLFailsATenantThatCannotRenewOrWriteItsLedger(t *testing.T) {
 	for _, c := range []struct {
 		revoke, restore, missing, fix string
 	}{
-		{"REVOKE EXECUTE ON FUNCTION dislock.renew_window FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew_window TO ",
-			"missing: EXECUTE on the agent's functions", "GRANT EXECUTE ON FUNCTION dislock.claim_window, dislock.window_takeable, dislock.renew_window"},
-		{"REVOKE EXECUTE ON FUNCTION dislock.renew_lease FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew_lease TO ",
-			"missing: EXECUTE on the agent's functions", "dislock.renew_lease"},
+		{"REVOKE EXECUTE ON FUNCTION dislock.renew FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew TO ",
+			"missing: EXECUTE on the agent's functions", "GRANT EXECUTE ON FUNCTION dislock.claim_window, dislock.window_takeable, dislock.renew, dislock.record_decision"},
 		{"REVOKE INSERT ON dislock.decisions FROM ", "GRANT INSERT ON dislock.decisions TO ",
 			"missing: INSERT on the ledger", "GRANT SELECT, INSERT ON dislock.decisions, dislock.decision_counts, dislock.key_stats TO " + tenant.GroupRole},
 	} {

@@ -96,21 +96,24 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 		if err != nil {
 			return fmt.Errorf("claiming a window: %w", err)
 		}
-		// A real job of the probe's key may hold the window or the lease:
-		// the probe then renews nothing of it (its row stays untouched,
-		// not even locked).
+		var windowToken any // NULL: the probe renews no window
 		if claim != nil && claim[12] != "refused" {
-			if _, err := tx.Exec(ctx, store.HeartbeatWindowSQL, key, window, store.NotIndexed, claim[6], db.Micros(ttl)); err != nil {
-				return fmt.Errorf("renewing the window's claim: %w", err)
-			}
+			windowToken = claim[6]
 		}
 		lease, err := firstRow(ctx, tx, store.AcquireLeaseSQL, key, o.LeaseOwner(), db.Micros(ttl))
 		if err != nil {
 			return fmt.Errorf("taking a lease: %w", err)
 		}
+		var leaseKey, leaseToken any
 		if lease != nil {
-			if _, err := tx.Exec(ctx, store.RenewLeaseSQL, key, lease[2], db.Micros(ttl)); err != nil {
-				return fmt.Errorf("renewing the lease: %w", err)
+			leaseKey, leaseToken = key, lease[2]
+		}
+		// A real job of the probe's key may hold the window or the lease:
+		// the probe then renews nothing of it (its row stays untouched,
+		// not even locked).
+		if windowToken != nil || leaseToken != nil {
+			if _, err := tx.Exec(ctx, store.RenewSQL, key, window, store.NotIndexed, windowToken, leaseKey, leaseToken, db.Micros(ttl)); err != nil {
+				return fmt.Errorf("renewing the window's claim and the lease: %w", err)
 			}
 		}
 		if _, err := tx.Exec(ctx, store.RecordDecisionSQL, key, window, store.NotIndexed, o.Cluster, o.Job, o.Pod,
@@ -193,7 +196,7 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
       'GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO ` + tenant.GroupRole + `',
       (SELECT bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water'))),
-  (9, 'EXECUTE on the agent''s functions: dislock.claim_window(), window_takeable(), renew_window(), renew_lease() and record_decision()',
+  (9, 'EXECUTE on the agent''s functions: dislock.claim_window(), window_takeable(), renew() and record_decision()',
       'GRANT EXECUTE ON FUNCTION ` + strings.Join(agentFunctions, ", ") + ` TO ` + tenant.GroupRole + `',
       (SELECT count(DISTINCT p.proname) = ` + strconv.Itoa(len(agentFunctions)) + ` AND bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND 'dislock.' || p.proname = ANY(ARRAY['` + strings.Join(agentFunctions, "', '") + `']))),
@@ -208,10 +211,9 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
 ) AS p(n, what, fix, held)
 ORDER BY n`
 
-// agentFunctions are the functions of migration 10 an agent calls (each
+// agentFunctions are the functions of migrations 10 and 11 an agent calls (each
 // name is one function).
-var agentFunctions = []string{"dislock.claim_window", "dislock.window_takeable", "dislock.renew_window",
-	"dislock.renew_lease", "dislock.record_decision"}
+var agentFunctions = []string{"dislock.claim_window", "dislock.window_takeable", "dislock.renew", "dislock.record_decision"}
 
 // catalogRel is the OID of table dislock.<name>, looked up without a
 // privilege on the schema.
