@@ -89,6 +89,13 @@ const sqlstateShapesDisagree = "DL001"
 // sqlstateUndefinedFunction: a function the statement calls does not exist.
 const sqlstateUndefinedFunction = "42883"
 
+// undefinedFunction reports whether err says that function (a prefix of
+// its signature as the server prints it, "dislock.renew(") does not exist.
+func undefinedFunction(err error, function string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedFunction && strings.Contains(pgErr.Message, function)
+}
+
 // sqlstateTokensHeld and sqlstateTokensExhausted are raised by
 // dislock.next_token() (migration 9).
 const (

@@ -81,6 +81,20 @@ WITH r AS (SELECT * FROM dislock.renew($1::text, $2::timestamptz, $3::int, $4::b
 SELECT r.window_until, r.lease_until, r.db_now` + commitGuard + `
 FROM r`
 
+// qRenewWindowSchema10 and qRenewLeaseSchema10 renew against schema 10
+// (see Store.renewSchema10): no row when the claim or the lease is no
+// longer the caller's.
+const (
+	qRenewWindowSchema10 = `
+WITH r AS (SELECT * FROM dislock.renew_window($1::text, $2::timestamptz, $3::int, $4::bigint, $5::bigint))
+SELECT r.renewed_until, r.db_now` + commitGuard + `
+FROM r`
+	qRenewLeaseSchema10 = `
+WITH r AS (SELECT * FROM dislock.renew_lease($1::text, $2::bigint, $3::bigint))
+SELECT r.renewed_until, r.db_now` + commitGuard + `
+FROM r`
+)
+
 // qFinishWindow records the outcome. Repeating the same outcome succeeds, so
 // a retry after a lost reply does not report a lost window. Liveness ends at
 // once so that a waiting pod does not wait out the TTL of a finished run.

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -31,13 +32,10 @@ type Renewed struct {
 
 // Renew extends, in one round trip and one commit, the liveness of the
 // caller's running claim and its live lease by TTL from database time.
-// ErrWindowLost when the claim is no longer the caller's, ErrLeaseLost when
-// the lease expired or was taken over (the window's loss is reported when
-// both are lost): the caller must stop. What is still the caller's is
-// renewed even then.
+// ErrWindowLost when the claim is no longer the caller's (and then nothing
+// is renewed), ErrLeaseLost when the lease expired or was taken over: the
+// caller must stop.
 func (s *Store) Renew(ctx context.Context, r Renewal) (Renewed, error) {
-	var out Renewed
-	var windowUntil, leaseUntil *time.Time
 	var window, leaseKey any
 	if r.WindowToken != 0 {
 		window = r.Window.UTC()
@@ -45,19 +43,32 @@ func (s *Store) Renew(ctx context.Context, r Renewal) (Renewed, error) {
 	if r.LeaseToken != 0 {
 		leaseKey = r.LeaseKey
 	}
-	what := renewalName(r)
-	err := s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&windowUntil, &leaseUntil, &out.DBTime) },
+	var windowUntil, leaseUntil *time.Time
+	var dbTime time.Time
+	// A renewal that renewed nothing wrote nothing: its commit's
+	// durability does not matter, and the loss is what the caller must
+	// hear.
+	err := s.writeRowActing(ctx, func(row pgx.Row) error { return row.Scan(&windowUntil, &leaseUntil, &dbTime) },
+		func() bool { return windowUntil != nil || leaseUntil != nil },
 		qRenew, r.Key, window, r.Index, r.WindowToken, leaseKey, r.LeaseToken, db.Micros(r.TTL))
-	if err != nil {
-		return Renewed{}, s.classify("renewing "+what, err)
+	if undefinedFunction(err, "dislock.renew(") {
+		return s.renewSchema10(ctx, r)
 	}
-	out.DBTime = out.DBTime.UTC()
+	if err != nil {
+		return Renewed{}, s.classify("renewing "+renewalName(r), err)
+	}
+	return renewed(r, windowUntil, leaseUntil, dbTime)
+}
+
+// renewed is a renewal's answer, or the loss it reports.
+func renewed(r Renewal, windowUntil, leaseUntil *time.Time, dbTime time.Time) (Renewed, error) {
 	switch {
 	case r.WindowToken != 0 && windowUntil == nil:
 		return Renewed{}, fmt.Errorf("heartbeat of window %s of %s token %d: %w", formatWindow(r.Window), r.Key, r.WindowToken, ErrWindowLost)
 	case r.LeaseToken != 0 && leaseUntil == nil:
 		return Renewed{}, fmt.Errorf("renewing lease %s token %d: %w", r.LeaseKey, r.LeaseToken, ErrLeaseLost)
 	}
+	out := Renewed{DBTime: dbTime.UTC()}
 	if windowUntil != nil {
 		out.WindowUntil = windowUntil.UTC()
 	}
@@ -65,6 +76,33 @@ func (s *Store) Renew(ctx context.Context, r Renewal) (Renewed, error) {
 		out.LeaseUntil = leaseUntil.UTC()
 	}
 	return out, nil
+}
+
+// renewSchema10 is Renew against schema 10, whose renewals are two
+// functions (renew_window, renew_lease): a database the operator has not
+// migrated yet, whose claims this release's agents can already make
+// (claim_window is schema 10's), so their renewals must work there too.
+func (s *Store) renewSchema10(ctx context.Context, r Renewal) (Renewed, error) {
+	var windowUntil, leaseUntil *time.Time
+	var dbTime time.Time
+	if r.WindowToken != 0 {
+		err := s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&windowUntil, &dbTime) },
+			qRenewWindowSchema10, r.Key, r.Window.UTC(), r.Index, r.WindowToken, db.Micros(r.TTL))
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return Renewed{}, s.classify(fmt.Sprintf("renewing window %s of %s", formatWindow(r.Window), r.Key), err)
+		}
+		if windowUntil == nil {
+			return renewed(r, nil, nil, dbTime)
+		}
+	}
+	if r.LeaseToken != 0 {
+		err := s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&leaseUntil, &dbTime) },
+			qRenewLeaseSchema10, r.LeaseKey, r.LeaseToken, db.Micros(r.TTL))
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return Renewed{}, s.classify("renewing lease "+r.LeaseKey, err)
+		}
+	}
+	return renewed(r, windowUntil, leaseUntil, dbTime)
 }
 
 // renewalName names what a renewal renews, for its errors.

@@ -3,6 +3,9 @@ package store_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,8 +18,8 @@ import (
 )
 
 // A pod holding a window and a lease renews both in one call, each by its
-// own token: what is still the pod's is renewed, and what it lost is
-// reported so that the pod stops, even when the other half renewed.
+// own token; what it lost is reported so that the pod stops, and once the
+// window is lost nothing is renewed.
 func TestRenewExtendsTheWindowAndTheLeaseByTheirOwnTokens(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		s := storetest.Open(t, dsn, 2)
@@ -52,8 +55,9 @@ func TestRenewExtendsTheWindowAndTheLeaseByTheirOwnTokens(t *testing.T) {
 			t.Fatalf("after a renewal by another token the window is alive until %s (%v), want %s", w.AliveUntil, err, r.WindowUntil)
 		}
 
-		// The window finished: its loss is reported, and the lease, still
-		// the pod's, is renewed all the same.
+		// The window finished: its loss is reported, and the lease is left
+		// to expire (the pod stops; kept alive, it would only hold the key
+		// longer).
 		if _, err := s.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, c.Window.Token, store.StateSucceeded, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -62,8 +66,8 @@ func TestRenewExtendsTheWindowAndTheLeaseByTheirOwnTokens(t *testing.T) {
 			t.Fatalf("renewing a finished window: %v, want ErrWindowLost", err)
 		}
 		l, _, err := s.GetLease(ctx, key)
-		if err != nil || !l.ExpireAt.After(r.LeaseUntil) {
-			t.Fatalf("the lease: %+v, %v; want it renewed past %s", l, err, r.LeaseUntil)
+		if err != nil || !l.ExpireAt.Equal(r.LeaseUntil) {
+			t.Fatalf("the lease: %+v, %v; want it left expiring at %s", l, err, r.LeaseUntil)
 		}
 		lease := store.Renewal{LeaseKey: key, LeaseToken: g.Lease.Token, TTL: time.Hour}
 		if _, err := s.Renew(ctx, lease); err != nil {
@@ -75,8 +79,9 @@ func TestRenewExtendsTheWindowAndTheLeaseByTheirOwnTokens(t *testing.T) {
 // The renewal runs with its owner's rights, past row-level security, so it
 // checks the caller's namespace itself: a tenant role renews nothing of
 // another namespace, even with the right tokens, and a role in the tenants'
-// group with no live namespace (made by hand, or retired) renews nothing at
-// all, as the policies show it no row.
+// group with no live namespace (made by hand, or retired), or one an
+// operator granted the schema's functions wholesale, renews nothing at all,
+// as the policies show them no row.
 func TestARenewalReachesOnlyTheCallersNamespace(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		owner := storetest.Open(t, dsn, 2)
@@ -94,19 +99,28 @@ func TestARenewalReachesOnlyTheCallersNamespace(t *testing.T) {
 			LeaseKey: key, LeaseToken: g.Lease.Token, TTL: time.Hour}
 
 		super := storetest.Superuser(t, pgtest.Need(t))
-		role := "renew_by_hand_" + nsA[len(nsA)-4:]
-		for _, q := range []string{
-			"CREATE ROLE " + pgx.Identifier{role}.Sanitize() + " LOGIN PASSWORD 'by-hand' IN ROLE " + tenant.GroupRole,
-			"ALTER ROLE " + pgx.Identifier{role}.Sanitize() + " SET search_path = pg_catalog, pg_temp",
-		} {
-			if _, err := super.Exec(ctx, q); err != nil {
-				t.Fatal(err)
+		suffix := nsA[len(nsA)-4:]
+		// made is a login role made by hand, then granted what grants says.
+		made := func(name string, grants ...string) *store.Store {
+			role := pgx.Identifier{name + suffix}.Sanitize()
+			for _, q := range append([]string{"CREATE ROLE " + role + " LOGIN PASSWORD 'by-hand'",
+				"ALTER ROLE " + role + " SET search_path = pg_catalog, pg_temp"}, grants...) {
+				if _, err := super.Exec(ctx, strings.ReplaceAll(q, "$role", role)); err != nil {
+					t.Fatal(err)
+				}
 			}
+			t.Cleanup(func() {
+				super.Exec(context.Background(), "DROP OWNED BY "+role) //nolint:errcheck // best effort
+				super.Exec(context.Background(), "DROP ROLE "+role)     //nolint:errcheck // best effort
+			})
+			return storetest.TenantStore(t, dsn, tenant.Credential{Role: name + suffix, Password: "by-hand"})
 		}
-		t.Cleanup(func() { super.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize()) }) //nolint:errcheck // best effort
-		byHand := storetest.TenantStore(t, dsn, tenant.Credential{Role: role, Password: "by-hand"})
+		byHand := made("renew_by_hand_", "GRANT "+tenant.GroupRole+" TO $role")
+		wholesale := made("renew_monitoring_", "GRANT USAGE ON SCHEMA dislock TO $role",
+			"GRANT SELECT ON ALL TABLES IN SCHEMA dislock TO $role", "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA dislock TO $role")
 
-		for name, s := range map[string]*store.Store{"a tenant of another namespace": a, "a role in the group without a namespace": byHand} {
+		for name, s := range map[string]*store.Store{"a tenant of another namespace": a, "a role in the group without a namespace": byHand,
+			"a role granted every function of the schema": wholesale} {
 			if _, err := s.Renew(ctx, foreign); !errors.Is(err, store.ErrWindowLost) {
 				t.Fatalf("%s renewing %s's window and lease: %v, want ErrWindowLost", name, nsB, err)
 			}
@@ -125,4 +139,57 @@ func TestARenewalReachesOnlyTheCallersNamespace(t *testing.T) {
 			t.Fatalf("the lease expires at %s (%v), want %s: someone outside its namespace renewed it", l.ExpireAt, err, g.Lease.ExpireAt)
 		}
 	})
+}
+
+// This release's agents claim on a database still at schema 10 (its claim
+// is schema 10's), so they must renew there too: through schema 10's two
+// functions, with the same answers, rather than fail every heartbeat and
+// stop their apps mid-run.
+func TestRenewWorksOnASchema10Database(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "schema10"})
+	storetest.Open(t, srv.DirectDSN(), 1) // migrated to this release's schema
+	super := storetest.RawConn(t, srv.SuperuserDSN())
+	ctx := context.Background()
+	schema10, err := os.ReadFile(filepath.Join("migrate", "migrations", "0010_one_call_per_decision.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Back to schema 10's functions: its renewals as they were, and none
+	// of schema 11's.
+	for _, q := range []string{string(schema10),
+		`DROP FUNCTION dislock.renew(text, timestamptz, int, bigint, text, bigint, bigint)`,
+		`DROP FUNCTION dislock.session_scope()`,
+		`DELETE FROM dislock.schema_migrations WHERE version > 10`} {
+		if err := super.PgConn().Exec(ctx, q).Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			s := storetest.Open(t, tg.DSN, 1)
+			key := storetest.UniqueKey(t)
+			o := storetest.Owner("dc-a", "job", "pod")
+			c := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, storetest.TTL, store.Claimed)
+			g, err := s.AcquireLease(ctx, key, o, storetest.TTL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			both := store.Renewal{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, WindowToken: c.Window.Token,
+				LeaseKey: key, LeaseToken: g.Lease.Token, TTL: time.Hour}
+			r, err := s.Renew(ctx, both)
+			if err != nil || r.WindowUntil != r.DBTime.Add(time.Hour) || r.LeaseUntil != r.DBTime.Add(time.Hour) {
+				t.Fatalf("renewing on schema 10: %+v, %v", r, err)
+			}
+			stale := both
+			stale.LeaseToken++
+			if _, err := s.Renew(ctx, stale); !errors.Is(err, store.ErrLeaseLost) {
+				t.Fatalf("renewing another token's lease on schema 10: %v, want ErrLeaseLost", err)
+			}
+			stale = both
+			stale.WindowToken++
+			if _, err := s.Renew(ctx, stale); !errors.Is(err, store.ErrWindowLost) {
+				t.Fatalf("renewing another token's window on schema 10: %v, want ErrWindowLost", err)
+			}
+		})
+	}
 }

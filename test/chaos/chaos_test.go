@@ -322,3 +322,39 @@ func TestDrawIsAFunctionOfTheSeed(t *testing.T) {
 		}
 	}
 }
+
+// TestSomeSchedulesFireAHerdWithTheirWindow: about a third of the plans
+// fire a herd, never more than one, starting by the time the first Job of
+// its window is created and lasting one to three TTLs, so that the
+// schedule's pods decide and renew queued behind it.
+func TestSomeSchedulesFireAHerdWithTheirWindow(t *testing.T) {
+	t.Parallel()
+	s := Settings{TTL: 2 * time.Second, MaxRun: time.Second}
+	const seeds = 300
+	herds := 0
+	for seed := uint64(1); seed <= seeds; seed++ {
+		p := Draw(seed, s)
+		n := 0
+		for _, f := range p.Faults {
+			if f.Kind != Herd {
+				continue
+			}
+			n++
+			for c := range p.Clusters {
+				if f.At > p.JobAt(c, f.Window) {
+					t.Fatalf("seed %d: the herd fires at %s, after %s's Job of window %d (%s)", seed, f.At, ClusterName(c), f.Window, p.JobAt(c, f.Window))
+				}
+			}
+			if f.For < s.TTL || f.For > 3*s.TTL {
+				t.Fatalf("seed %d: the herd's winners run for %s, want one to three TTLs", seed, f.For)
+			}
+		}
+		if n > 1 {
+			t.Fatalf("seed %d plans %d herds:\n%s", seed, n, p)
+		}
+		herds += n
+	}
+	if herds < seeds/5 || herds > seeds/2 {
+		t.Fatalf("%d of %d plans fire a herd, want about a third", herds, seeds)
+	}
+}

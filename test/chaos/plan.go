@@ -52,7 +52,18 @@ const (
 	// CutCluster cuts one cluster from the database for longer than the TTL:
 	// its PgBouncer is paused (SIGSTOP: queries hang) or stopped (refused).
 	CutCluster Kind = "cut-cluster"
+	// Herd is the top of the hour: as a window's Jobs are created, HerdKeys
+	// other CronJobs fire in every cluster of the schedule, their pods
+	// deciding through the same PgBouncers (and so queueing with the
+	// schedule's pods for the same few server connections), the winners
+	// renewing for a while and then recording success.
+	Herd Kind = "herd"
 )
+
+// HerdKeys is how many other CronJobs a Herd fires in each cluster: each
+// cluster's PgBouncer serves a schedule with 4 server connections, so its
+// pods queue behind the herd's.
+const HerdKeys = 40
 
 // kindWeights is how often Draw picks each kind. PostgreSQL restarts are
 // rarer because they hit every concurrent schedule.
@@ -71,7 +82,7 @@ func Kinds() []Kind {
 	for _, kw := range kindWeights {
 		ks = append(ks, kw.kind)
 	}
-	return ks
+	return append(ks, Herd)
 }
 
 // Settings are the timings every schedule of a run shares. They are scaled
@@ -160,6 +171,9 @@ func (f Fault) String() string {
 	}
 	if f.Kind == NeverStart || f.Kind == AppExit {
 		fmt.Fprintf(&b, " pod #%d", f.Attempt)
+	}
+	if f.Kind == Herd {
+		fmt.Fprintf(&b, " of %d CronJobs per cluster", HerdKeys)
 	}
 	if f.For > 0 {
 		fmt.Fprintf(&b, " for %s", f.For.Round(time.Millisecond))
@@ -275,6 +289,19 @@ func Draw(seed uint64, s Settings) Plan {
 			f.Cluster, f.Window = -1, -1
 			f.At = between(r, 0, time.Duration(p.Windows)*p.Period)
 		}
+		p.Faults = append(p.Faults, f)
+	}
+	// Drawn apart, as the two below, so that every other part of a seed's
+	// plan stays what it was before herds: a third of the schedules fire
+	// one, with one of their windows, while the other faults land.
+	if herd := rand.New(rand.NewPCG(seed, 0x4e7d_f1e5)); herd.IntN(3) == 0 {
+		f := Fault{Kind: Herd, Cluster: -1, Window: herd.IntN(p.Windows)}
+		first := p.JobAt(0, f.Window)
+		for c := range p.Clusters {
+			first = min(first, p.JobAt(c, f.Window))
+		}
+		f.At = max(0, first-between(herd, 0, 200*time.Millisecond))
+		f.For = between(herd, s.TTL, 3*s.TTL)
 		p.Faults = append(p.Faults, f)
 	}
 	slices.SortStableFunc(p.Faults, func(a, b Fault) int { return int(a.At - b.At) })

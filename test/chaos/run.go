@@ -525,6 +525,9 @@ func (r *run) inject(f Fault) {
 	case RestartPostgres:
 		r.restartPostgres(f)
 		return
+	case Herd:
+		r.herd(f)
+		return
 	case RestartBouncer:
 		cl := r.clusters[f.Cluster]
 		from := time.Now()

@@ -313,7 +313,11 @@ func TestCheckURLFailsATenantThatCannotRenewOrWriteItsLedger(t *testing.T) {
 		revoke, restore, missing, fix string
 	}{
 		{"REVOKE EXECUTE ON FUNCTION dislock.renew FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew TO ",
-			"missing: EXECUTE on the agent's functions", "GRANT EXECUTE ON FUNCTION dislock.claim_window, dislock.window_takeable, dislock.renew, dislock.record_decision"},
+			"missing: EXECUTE on the agent's functions", "GRANT EXECUTE ON FUNCTION dislock.claim_window, dislock.window_takeable, dislock.renew, dislock.renew_window"},
+		// What agents of schema 10, still running in a cluster not
+		// upgraded yet, renew with.
+		{"REVOKE EXECUTE ON FUNCTION dislock.renew_lease FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew_lease TO ",
+			"missing: EXECUTE on the agent's functions", "dislock.renew_lease"},
 		{"REVOKE INSERT ON dislock.decisions FROM ", "GRANT INSERT ON dislock.decisions TO ",
 			"missing: INSERT on the ledger", "GRANT SELECT, INSERT ON dislock.decisions, dislock.decision_counts, dislock.key_stats TO " + tenant.GroupRole},
 	} {

@@ -112,8 +112,12 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 		// the probe then renews nothing of it (its row stays untouched,
 		// not even locked).
 		if windowToken != nil || leaseToken != nil {
-			if _, err := tx.Exec(ctx, store.RenewSQL, key, window, store.NotIndexed, windowToken, leaseKey, leaseToken, db.Micros(ttl)); err != nil {
+			renewed, err := firstRow(ctx, tx, store.RenewSQL, key, window, store.NotIndexed, windowToken, leaseKey, leaseToken, db.Micros(ttl))
+			switch {
+			case err != nil:
 				return fmt.Errorf("renewing the window's claim and the lease: %w", err)
+			case renewed == nil || (windowToken != nil && renewed[0] == nil) || (leaseToken != nil && renewed[1] == nil):
+				return fmt.Errorf("renewing the window's claim and the lease: the role's own fresh claim or lease was not renewed (%v)", renewed)
 			}
 		}
 		if _, err := tx.Exec(ctx, store.RecordDecisionSQL, key, window, store.NotIndexed, o.Cluster, o.Job, o.Pod,
@@ -123,6 +127,16 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 		return errRollBack
 	})
 	if errors.Is(err, errRollBack) {
+		// The probe ran what this release's agents send; agents of the
+		// release before (renew_window, renew_lease) may still run in a
+		// cluster not upgraded yet.
+		missing, grants, lerr := tenantGrantsMissing(ctx, conn)
+		if lerr == nil && len(missing) > 0 {
+			return Finding{Check: "privileges", Status: StatusFail,
+				Detail: fmt.Sprintf("the role does what an agent of this release does on key %s of namespace %s, but agents of the previous release need more; missing: %s",
+					key, namespace, strings.Join(missing, ", ")),
+				Fix: "as the owner: " + strings.Join(grants, "; ")}
+		}
 		return Finding{Check: "privileges", Status: StatusOK,
 			Detail: fmt.Sprintf("the role claims windows and takes leases of namespace %s (tried on key %s in a transaction rolled back)", namespace, key)}
 	}
@@ -196,7 +210,7 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
       'GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO ` + tenant.GroupRole + `',
       (SELECT bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water'))),
-  (9, 'EXECUTE on the agent''s functions: dislock.claim_window(), window_takeable(), renew() and record_decision()',
+  (9, 'EXECUTE on the agent''s functions: dislock.claim_window(), window_takeable(), renew(), renew_window(), renew_lease() and record_decision()',
       'GRANT EXECUTE ON FUNCTION ` + strings.Join(agentFunctions, ", ") + ` TO ` + tenant.GroupRole + `',
       (SELECT count(DISTINCT p.proname) = ` + strconv.Itoa(len(agentFunctions)) + ` AND bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND 'dislock.' || p.proname = ANY(ARRAY['` + strings.Join(agentFunctions, "', '") + `']))),
@@ -211,9 +225,12 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
 ) AS p(n, what, fix, held)
 ORDER BY n`
 
-// agentFunctions are the functions of migrations 10 and 11 an agent calls (each
-// name is one function).
-var agentFunctions = []string{"dislock.claim_window", "dislock.window_takeable", "dislock.renew", "dislock.record_decision"}
+// agentFunctions are the functions of migrations 10 and 11 agents call
+// (each name is one function): renew_window and renew_lease are the
+// renewals of agents of schema 10, still running in clusters not upgraded
+// yet.
+var agentFunctions = []string{"dislock.claim_window", "dislock.window_takeable", "dislock.renew", "dislock.renew_window",
+	"dislock.renew_lease", "dislock.record_decision"}
 
 // catalogRel is the OID of table dislock.<name>, looked up without a
 // privilege on the schema.
