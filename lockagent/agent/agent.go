@@ -338,13 +338,10 @@ func (a *agent) retryPaced(ctx context.Context, what string, callTimeout time.Du
 // lapseBound is when a claim whose safety deadline is until (CLOCK_MONOTONIC
 // ns) can no longer be alive in the database: the deadline is a margin
 // (ttl/3) before the expiry the last renewal earned, counted from when it
-// was sent; the database counted from when it ran, at most the call's
-// bound later: StartTimeout when the claim itself earned it (see retry),
-// the safety deadline then in force, at most ttl minus the margin after
-// the renewal was sent, when a heartbeat did (see heartbeat), a call
-// timeout for any other renewal.
+// was sent; the database counted from when it ran, at most a call timeout
+// later: StartTimeout when the claim itself earned it (see retry).
 func (a *agent) lapseBound(until int64) int64 {
-	return until + int64(a.cfg.Margin()+max(a.cfg.TTL-a.cfg.Margin(), a.callTimeout(), a.cfg.StartTimeout))
+	return until + int64(a.cfg.Margin()+max(a.callTimeout(), a.cfg.StartTimeout))
 }
 
 // recordContext bounds recording a run's outcome before SIGTERM: for

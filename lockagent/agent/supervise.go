@@ -105,20 +105,9 @@ func (a *agent) supervise(ctx context.Context) {
 
 // heartbeat renews the window's liveness and the lease in one call and, if
 // both succeed, moves the safety deadlines and republishes the earliest.
-//
-// The renewal may take until the safety deadline: until then its answer
-// still counts. Cut off sooner, it would be sent again at the back of the
-// queue it waited in (a herd's, or a CPU the pod shares), and a renewal
-// already running would cost PgBouncer its server connection, which the
-// database then starts anew; at the deadline the wrappers stop the apps
-// whatever the answer.
 func (a *agent) heartbeat(ctx context.Context) error {
 	sent := protocol.MonotonicNow()
-	bound := a.callTimeout()
-	if dl := a.deadline(); dl != 0 {
-		bound = time.Duration(dl - sent)
-	}
-	callCtx, cancel := context.WithTimeout(ctx, bound)
+	callCtx, cancel := context.WithTimeout(ctx, a.callTimeout())
 	defer cancel()
 	_, err := a.store.Renew(callCtx, store.Renewal{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, WindowToken: a.windowToken,
 		LeaseKey: a.leaseKey(), LeaseToken: a.leaseToken, TTL: a.cfg.TTL})

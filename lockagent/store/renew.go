@@ -35,7 +35,15 @@ type Renewed struct {
 // ErrWindowLost when the claim is no longer the caller's (and then nothing
 // is renewed), ErrLeaseLost when the lease expired or was taken over: the
 // caller must stop.
+//
+// On a database still at schema 10 it renews with schema 10's functions,
+// and keeps doing so for the Store's life (a pod's): they work on later
+// schemas too, and a statement failing on every renewal would cost a
+// round trip and a line in the server's log each time.
 func (s *Store) Renew(ctx context.Context, r Renewal) (Renewed, error) {
+	if s.schema10Renewals.Load() {
+		return s.renewSchema10(ctx, r)
+	}
 	var window, leaseKey any
 	if r.WindowToken != 0 {
 		window = r.Window.UTC()
@@ -52,6 +60,7 @@ func (s *Store) Renew(ctx context.Context, r Renewal) (Renewed, error) {
 		func() bool { return windowUntil != nil || leaseUntil != nil },
 		qRenew, r.Key, window, r.Index, r.WindowToken, leaseKey, r.LeaseToken, db.Micros(r.TTL))
 	if undefinedFunction(err, "dislock.renew(") {
+		s.schema10Renewals.Store(true)
 		return s.renewSchema10(ctx, r)
 	}
 	if err != nil {

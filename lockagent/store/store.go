@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,6 +43,10 @@ type Store struct {
 	// warned holds, per connection, the WARNINGs the server sent while a
 	// write ran on it, joined (see writeRow).
 	warned sync.Map // *pgconn.PgConn -> string
+	// schema10Renewals: the database had no dislock.renew (schema 10, not
+	// migrated yet); Renew uses schema 10's renewals from then on (see
+	// Store.Renew).
+	schema10Renewals atomic.Bool
 }
 
 // ParseDatabaseURL turns a libpq connection string (URL or key=value) into a

@@ -32,7 +32,12 @@
 // lives (evicted, or on a lost node where it runs on); an app container that
 // never starts (ImagePullBackOff); an app exiting non-zero; a PgBouncer
 // restart; a PostgreSQL `-m immediate` restart; a cluster cut from the
-// database for longer than the TTL (its bouncer paused or stopped). After
+// database for longer than the TTL (its bouncer paused or stopped); and, in
+// about a third of the schedules, a herd: as one window's Jobs are created,
+// 40 other CronJobs fire in every cluster, their pods (goroutines of the
+// harness using the agent's statements, not processes) claiming through the
+// same PgBouncers, so the schedule's pods decide and renew queued behind
+// them. After
 // each schedule Check holds the ledger, the event log and the database rows
 // to the invariants (see Check for exactly what is checked).
 //

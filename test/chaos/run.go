@@ -389,15 +389,23 @@ func (w *World) Run(plan Plan, index int, slot *Slot, dir string) (*Outcome, err
 			timers = append(timers, time.AfterFunc(at, func() { r.createJob(c, win) }))
 		}
 	}
-	// The nemesis.
-	var faults sync.WaitGroup
+	// The nemesis. A herd is load, not a fault that keeps a pod from the
+	// database: the schedule's faults are healed, and its pods' time to
+	// finish counts, without waiting for the herd's last winner; the herd
+	// is waited for before the outcome only so that nothing of it outlives
+	// the schedule.
+	var faults, herds sync.WaitGroup
 	for _, f := range plan.Faults {
 		if f.Kind == NeverStart || f.Kind == AppExit {
 			continue // part of the pods' apps (AppOf)
 		}
-		faults.Add(1)
+		wg := &faults
+		if f.Kind == Herd {
+			wg = &herds
+		}
+		wg.Add(1)
 		timers = append(timers, time.AfterFunc(f.At, func() {
-			defer faults.Done()
+			defer wg.Done()
 			r.inject(f)
 		}))
 	}
@@ -408,6 +416,7 @@ func (w *World) Run(plan Plan, index int, slot *Slot, dir string) (*Outcome, err
 	faults.Wait()
 	quiet := time.Now()
 	quiet, overran := r.drain(quiet)
+	herds.Wait()
 	for _, t := range timers {
 		t.Stop()
 	}

@@ -314,10 +314,7 @@ func TestCheckURLFailsATenantThatCannotRenewOrWriteItsLedger(t *testing.T) {
 	}{
 		{"REVOKE EXECUTE ON FUNCTION dislock.renew FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew TO ",
 			"missing: EXECUTE on the agent's functions", "GRANT EXECUTE ON FUNCTION dislock.claim_window, dislock.window_takeable, dislock.renew, dislock.renew_window"},
-		// What agents of schema 10, still running in a cluster not
-		// upgraded yet, renew with.
-		{"REVOKE EXECUTE ON FUNCTION dislock.renew_lease FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew_lease TO ",
-			"missing: EXECUTE on the agent's functions", "dislock.renew_lease"},
+
 		{"REVOKE INSERT ON dislock.decisions FROM ", "GRANT INSERT ON dislock.decisions TO ",
 			"missing: INSERT on the ledger", "GRANT SELECT, INSERT ON dislock.decisions, dislock.decision_counts, dislock.key_stats TO " + tenant.GroupRole},
 	} {
@@ -453,4 +450,27 @@ func nonLoopbackIP(t *testing.T) net.IP {
 	}
 	t.Fatal("this host has no non-loopback IPv4 address to test plain text off the host with")
 	return nil
+}
+
+// Agents of the previous release renew with dislock.renew_window and
+// renew_lease: while a cluster is not upgraded yet they still run, so a
+// tenant role without them gets a warning naming the grant, though it can
+// do all an agent of this release does.
+func TestCheckURLWarnsOfATenantThePreviousReleasesAgentsCouldNotRenewWith(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "check-previous"})
+	super := storetest.RawConn(t, srv.SuperuserDSN())
+	ctx := context.Background()
+	owner := storetest.Open(t, srv.DirectDSN(), 2)
+	ns := storetest.Namespace(t, "previous")
+	dsn := storetest.TenantDSN(t, srv.BouncerDSN(), storetest.Provision(t, owner, ns))
+	if _, err := super.Exec(ctx, "REVOKE EXECUTE ON FUNCTION dislock.renew_lease FROM "+tenant.GroupRole); err != nil {
+		t.Fatal(err)
+	}
+	rep := check.URL(ctx, dsn, check.Options{AllowAsync: true})
+	if _, err := super.Exec(ctx, "GRANT EXECUTE ON FUNCTION dislock.renew_lease TO "+tenant.GroupRole); err != nil {
+		t.Fatal(err)
+	}
+	wantFinding(t, rep, "privileges", check.StatusWarn, []string{"agents of the previous release", "missing: EXECUTE on the agent's functions"},
+		[]string{"dislock.renew_lease"})
+	assertNoProbeRows(t, owner, ns)
 }

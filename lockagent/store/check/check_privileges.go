@@ -132,8 +132,8 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 		// cluster not upgraded yet.
 		missing, grants, lerr := tenantGrantsMissing(ctx, conn)
 		if lerr == nil && len(missing) > 0 {
-			return Finding{Check: "privileges", Status: StatusFail,
-				Detail: fmt.Sprintf("the role does what an agent of this release does on key %s of namespace %s, but agents of the previous release need more; missing: %s",
+			return Finding{Check: "privileges", Status: StatusWarn,
+				Detail: fmt.Sprintf("the role does what an agent of this release does on key %s of namespace %s, but lacks grants migration 4 gives (agents of the previous release, in a cluster not upgraded yet, renew with dislock.renew_window and renew_lease); missing: %s",
 					key, namespace, strings.Join(missing, ", ")),
 				Fix: "as the owner: " + strings.Join(grants, "; ")}
 		}
