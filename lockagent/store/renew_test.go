@@ -24,15 +24,7 @@ func TestRenewExtendsTheWindowAndTheLeaseByTheirOwnTokens(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		s := storetest.Open(t, dsn, 2)
 		ctx := context.Background()
-		key := storetest.UniqueKey(t)
-		o := storetest.Owner("dc-a", "job", "pod")
-		c := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, storetest.TTL, store.Claimed)
-		g, err := s.AcquireLease(ctx, key, o, storetest.TTL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		both := store.Renewal{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, WindowToken: c.Window.Token,
-			LeaseKey: key, LeaseToken: g.Lease.Token, TTL: time.Hour}
+		key, c, g, both := holdWindowAndLease(t, s)
 		r, err := s.Renew(ctx, both)
 		if err != nil {
 			t.Fatal(err)
@@ -167,15 +159,7 @@ func TestRenewWorksOnASchema10Database(t *testing.T) {
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
 			s := storetest.Open(t, tg.DSN, 1)
-			key := storetest.UniqueKey(t)
-			o := storetest.Owner("dc-a", "job", "pod")
-			c := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, storetest.TTL, store.Claimed)
-			g, err := s.AcquireLease(ctx, key, o, storetest.TTL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			both := store.Renewal{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, WindowToken: c.Window.Token,
-				LeaseKey: key, LeaseToken: g.Lease.Token, TTL: time.Hour}
+			_, _, _, both := holdWindowAndLease(t, s)
 			r, err := s.Renew(ctx, both)
 			if err != nil || r.WindowUntil != r.DBTime.Add(time.Hour) || r.LeaseUntil != r.DBTime.Add(time.Hour) {
 				t.Fatalf("renewing on schema 10: %+v, %v", r, err)
@@ -192,4 +176,19 @@ func TestRenewWorksOnASchema10Database(t *testing.T) {
 			}
 		})
 	}
+}
+
+// holdWindowAndLease claims window 0 of a fresh key and takes its lease, as
+// one pod, and returns the renewal of both by an hour.
+func holdWindowAndLease(t *testing.T, s *store.Store) (string, store.Claim, store.LeaseGrant, store.Renewal) {
+	t.Helper()
+	key := storetest.UniqueKey(t)
+	o := storetest.Owner("dc-a", "job", "pod")
+	c := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, storetest.TTL, store.Claimed)
+	g, err := s.AcquireLease(context.Background(), key, o, storetest.TTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, c, g, store.Renewal{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, WindowToken: c.Window.Token,
+		LeaseKey: key, LeaseToken: g.Lease.Token, TTL: time.Hour}
 }
