@@ -270,38 +270,44 @@ func BenchmarkRenewal(b *testing.B) {
 	const day = "86400000000" // µs: a renewal moves an expiry from an hour to a day
 	// Each script renews rows of its own, alive for an hour: rows alive
 	// for a day afterwards were renewed.
-	scripts := map[string]func(key string) string{
-		"schema-9-statements": func(key string) string {
+	statements := []struct {
+		name   string
+		script func(key string) string
+	}{
+		{"schema-9-statements", func(key string) string {
 			return "UPDATE dislock.windows SET alive_until = now() + " + day + " * interval '1 microsecond' " +
 				"WHERE lock_key = " + key + " AND window_start = " + at + " AND job_index = -1 AND token = :k AND state = 'running' RETURNING alive_until, now();\n" +
 				"UPDATE dislock.leases SET expire_at = now() + " + day + " * interval '1 microsecond' " +
 				"WHERE lock_key = " + key + " AND token = :k AND expire_at > clock_timestamp() RETURNING expire_at, now();\n"
-		},
-		"renew": func(key string) string {
+		}},
+		{"renew", func(key string) string {
 			one, err := benchscale.PgbenchScript(store.RenewSQL, "", []string{key, at, "-1", ":k", key, ":k", day})
 			if err != nil {
 				b.Fatal(err)
 			}
 			return one
-		},
+		}},
 	}
-	for _, name := range []string{"schema-9-statements", "renew"} {
-		b.Run("statements="+name, func(b *testing.B) {
-			prefix := ns + "/" + name + "-" + strconv.FormatInt(storetest.Seq(), 10) + "-"
-			for _, q := range []string{
-				`INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
+	for _, st := range statements {
+		b.Run("statements="+st.name, func(b *testing.B) {
+			prefix := ns + "/" + st.name + "-" + strconv.FormatInt(storetest.Seq(), 10) + "-"
+			for _, q := range []struct {
+				sql  string
+				args []any
+			}{
+				{`INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
 				 SELECT $1::text || i, $2::timestamptz, -1, 'dc-a/' || $1::text || 'job/uid/pod', 'dc-a', 'pod', i, 'running', now(), now() + interval '1 hour'
-				 FROM generate_series(1, $3::int) i`,
-				`INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at)
-				 SELECT $1::text || i, 'dc-a/' || $1::text || 'job/uid/pod', i, now(), now() + interval '1 hour' FROM generate_series(1, $3::int) i
-				 WHERE $2::timestamptz IS NOT NULL`,
+				 FROM generate_series(1, $3::int) i`, []any{prefix, window, rows}},
+				{`INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at)
+				 SELECT $1::text || i, 'dc-a/' || $1::text || 'job/uid/pod', i, now(), now() + interval '1 hour' FROM generate_series(1, $2::int) i`,
+					[]any{prefix, rows}},
 			} {
-				if _, err := owner.Handle().Pool.Exec(ctx, q, prefix, window, rows); err != nil {
+				if _, err := owner.Handle().Pool.Exec(ctx, q.sql, q.args...); err != nil {
 					b.Fatal(err)
 				}
 			}
 			const clients = 4
-			script := fmt.Sprintf("\\set k random(1, %d)\n", rows) + scripts[name]("'"+prefix+"' || :k")
+			script := fmt.Sprintf("\\set k random(1, %d)\n", rows) + st.script("'"+prefix+"' || :k")
 			before, err := benchscale.TreeCPU(pid)
 			if err != nil {
 				b.Fatal(err)

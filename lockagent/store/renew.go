@@ -98,7 +98,7 @@ func (s *Store) renewSchema10(ctx context.Context, r Renewal) (Renewed, error) {
 		err := s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&windowUntil, &dbTime) },
 			qRenewWindowSchema10, r.Key, r.Window.UTC(), r.Index, r.WindowToken, db.Micros(r.TTL))
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return Renewed{}, s.classify(fmt.Sprintf("renewing window %s of %s", formatWindow(r.Window), r.Key), err)
+			return Renewed{}, s.classify("renewing "+renewalName(r), err)
 		}
 		if windowUntil == nil {
 			return renewed(r, nil, nil, dbTime)
@@ -108,7 +108,7 @@ func (s *Store) renewSchema10(ctx context.Context, r Renewal) (Renewed, error) {
 		err := s.writeRow(ctx, func(row pgx.Row) error { return row.Scan(&leaseUntil, &dbTime) },
 			qRenewLeaseSchema10, r.LeaseKey, r.LeaseToken, db.Micros(r.TTL))
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return Renewed{}, s.classify("renewing lease "+r.LeaseKey, err)
+			return Renewed{}, s.classify("renewing "+renewalName(r), err)
 		}
 	}
 	return renewed(r, windowUntil, leaseUntil, dbTime)
