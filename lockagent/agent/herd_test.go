@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -190,7 +189,17 @@ func BenchmarkHerd(b *testing.B) {
 	// The heartbeats' baseline, on the database before any herd: a herd
 	// past capacity leaves it busy with its leftovers for a while.
 	baseline := h.pgbenchHeartbeat(b, 0)
-	limit := h.pgbenchDecisions(b, 0)
+	limit := h.pgbenchDecisions(b, 0, 0)
+	// The same limit with fewer of the namespaces' pools at work: what the
+	// number of server connections costs each decision.
+	var byConnections []decisionLimit
+	for _, n := range herdFewerNamespaces(len(h.dsn[0])) {
+		l := h.pgbenchDecisions(b, 0, n)
+		l.connections = len(h.dsn) * n * h.pool
+		byConnections = append(byConnections, l)
+	}
+	limit.connections = len(h.dsn) * len(h.dsn[0]) * h.pool
+	byConnections = append(byConnections, limit)
 	var rows []herdRow
 	for _, m := range sizes {
 		b.Run(fmt.Sprintf("keys=%d", m), func(b *testing.B) {
@@ -214,7 +223,20 @@ func BenchmarkHerd(b *testing.B) {
 			}
 		})
 	}
-	h.report(rows, limit)
+	h.report(rows, limit, byConnections)
+}
+
+// herdFewerNamespaces are the namespace counts below all the herd's
+// namespaces at which the limit is measured again: one, and three when
+// that is fewer than all.
+func herdFewerNamespaces(all int) []int {
+	var ns []int
+	for _, n := range []int{1, 3} {
+		if n < all {
+			ns = append(ns, n)
+		}
+	}
+	return ns
 }
 
 // herd is the database and bouncers the herds share.
@@ -951,7 +973,10 @@ func (h *herd) pgbenchHeartbeat(b testing.TB, transactions int) float64 {
 // decisionLimit is the herds' limit, measured on the same database before
 // them: what pgbench doing the pods' work made of it.
 type decisionLimit struct {
-	perSec float64 // decisions per second
+	// connections is how many server connections the pgbenches kept busy:
+	// clusters × namespaces × the pool.
+	connections int
+	perSec      float64 // decisions per second
 	// CPU per decision of PostgreSQL, the bouncers and pgbench itself.
 	pg, bouncers, client time.Duration
 }
@@ -965,57 +990,10 @@ type decisionLimit struct {
 // PgBouncer as that namespace's tenant role, with as many clients as the
 // pool has server connections: the herd's own connections, each kept busy.
 // With transactions > 0 each client runs it that many times instead of for
-// -herd.pgbench.
-func (h *herd) pgbenchDecisions(b testing.TB, transactions int) decisionLimit {
+// -herd.pgbench. Only the first namespaces of each cluster run pgbench (all
+// when namespaces is 0): fewer namespaces, fewer server connections at work.
+func (h *herd) pgbenchDecisions(b testing.TB, transactions, namespaces int) decisionLimit {
 	ctx := context.Background()
-	buckets := make([]string, len(store.DurationBuckets))
-	for i, le := range store.DurationBuckets {
-		buckets[i] = strconv.FormatFloat(le, 'f', -1, 64)
-	}
-	view, err := json.Marshal(store.View{Schedule: "* * * * *", Mode: "schedule", LeaseTTL: herdTTL.String()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	// The view's bytes, without the colons pgbench would take for its
-	// variables.
-	viewSQL := "convert_from(decode('" + base64.StdEncoding.EncodeToString(view) + "', 'base64'), 'UTF8')"
-	scriptOf := func(ns string, from int) string {
-		script := "\\set k random(1, 100)\n\\set w random(1, 1000000000)\n"
-		key := fmt.Sprintf("'%s/limit-%d-' || :k", ns, from) // one pgbench's own keys
-
-		// Fresh windows, as recent as a herd's: older than the agent's
-		// largest lateness (store.MaxClaimAge) is stale, and claims nothing.
-		window := "'" + time.Now().UTC().Truncate(time.Hour).Format(time.RFC3339) + "'::timestamptz - :w * interval '1 microsecond'"
-		for c := range h.dsn {
-			cluster := fmt.Sprintf("dc-%d", c)
-			prefix := fmt.Sprintf("'%s/%s/limit/uid-%s/'", cluster, ns, cluster)
-			claim, err := benchscale.PgbenchScript(store.ClaimWindowSQL, "", []string{key, window, "-1", prefix + " || 'pod'",
-				"'" + cluster + "'", "'pod'", strconv.FormatInt(herdTTL.Microseconds(), 10), prefix, "false", viewSQL,
-				strconv.FormatInt(store.DefaultViewRecency.Microseconds(), 10), strconv.FormatInt(store.ViewRefresh.Microseconds(), 10),
-				strconv.FormatInt(store.MaxClaimAge.Microseconds(), 10)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			bounds, err := benchscale.PgbenchScript(store.LedgerBoundsSQL, "", []string{
-				"'" + strconv.FormatInt(store.LedgerLockTimeout.Milliseconds(), 10) + "'",
-				"'" + strconv.FormatInt(store.LedgerStatementTimeout.Milliseconds(), 10) + "'"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			action := "skip"
-			if c == 0 {
-				action = "run"
-			}
-			row, err := benchscale.PgbenchScript(store.RecordDecisionSQL, "", []string{key, window, "-1", "'" + cluster + "'", "'limit'", "'pod'",
-				"'" + action + "'", "'window claimed, or already claimed by cluster dc-0 (dc-0/ns/limit/uid/pod, state running)'", "0", "NULL",
-				"'{" + strings.Join(buckets, ",") + "}'"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			script += claim + "\\startpipeline\n" + bounds + row + "\\endpipeline\n"
-		}
-		return script
-	}
 	h.warm(b) // as the herds find them: a backend's start is no decision's cost
 	before := h.read(b)
 	var wg sync.WaitGroup
@@ -1024,11 +1002,19 @@ func (h *herd) pgbenchDecisions(b testing.TB, transactions int) decisionLimit {
 	var n int64
 	var errs []error
 	for c, dsns := range h.dsn {
+		if namespaces > 0 {
+			dsns = dsns[:min(namespaces, len(dsns))]
+		}
 		for i, dsn := range dsns {
 			wg.Go(func() {
-				script := scriptOf(fmt.Sprintf("ns-%d", i), c)
+				script, err := benchscale.DecisionScript(benchscale.AgentDecision, fmt.Sprintf("ns-%d", i), fmt.Sprintf("limit-%d", c), len(h.dsn), herdTTL)
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					return
+				}
 				var r benchscale.PgbenchResult
-				var err error
 				if transactions > 0 {
 					var tps float64
 					tps, err = benchscale.PgbenchTransactions(ctx, h.srv.Pgbench(), dsn, script, h.pool, transactions)
@@ -1060,11 +1046,18 @@ func (h *herd) pgbenchDecisions(b testing.TB, transactions int) decisionLimit {
 }
 
 // report prints the capacity table and the evidence behind it.
-func (h *herd) report(rows []herdRow, limit decisionLimit) {
+func (h *herd) report(rows []herdRow, limit decisionLimit, byConnections []decisionLimit) {
 	cpus := runtime.NumCPU()
 	fmt.Printf("\nThe limit, before the herds: pgbench doing what the pods do (claim, ledger) through the same PgBouncers and pools: %.0f decisions/s; CPU per decision: PostgreSQL %s, bouncers %s, pgbench %s\n",
 		limit.perSec, msf(limit.pg), msf(limit.bouncers), msf(limit.client))
-	t := [][]string{{"keys/cluster", "pods", "drain", "decisions/s", "÷ limit", "claim p50", "p99", "max", "errors", "undecided", "retries", "PG CPU", "PG CPU/decision", "PG CPU share", "bouncers CPU", "generator CPU", "WAL/window", "WAL syncs", "PgBouncer wait/pod"}}
+	t := [][]string{{"namespaces/cluster", "server connections", "decisions/s", "PG CPU/decision", "bouncers CPU/decision", "pgbench CPU/decision"}}
+	for _, l := range byConnections {
+		t = append(t, []string{strconv.Itoa(l.connections / len(h.dsn) / h.pool), strconv.Itoa(l.connections), fmt.Sprintf("%.0f", l.perSec),
+			msf(l.pg), msf(l.bouncers), msf(l.client)})
+	}
+	fmt.Println("\nThe limit by server connections at work (each namespace's pool in each PgBouncer; same run, same database)")
+	_ = benchscale.Table(os.Stdout, t)
+	t = [][]string{{"keys/cluster", "pods", "drain", "decisions/s", "÷ limit", "claim p50", "p99", "max", "errors", "undecided", "retries", "PG CPU", "PG CPU/decision", "PG CPU share", "bouncers CPU", "generator CPU", "WAL/window", "WAL syncs", "PgBouncer wait/pod"}}
 	for _, r := range rows {
 		wall := r.drain
 		drain := ms(r.drain)
@@ -1255,7 +1248,7 @@ func TestHerdDecisionLimitDoesWhatThePodsDo(t *testing.T) {
 	}
 	h := newHerd(t, 20, 3, 1)
 	const transactions = 3
-	l := h.pgbenchDecisions(t, transactions)
+	l := h.pgbenchDecisions(t, transactions, 0)
 	if l.perSec <= 0 || l.pg <= 0 {
 		t.Fatalf("limit %+v: no decisions or no PostgreSQL CPU measured", l)
 	}
@@ -1264,8 +1257,8 @@ func TestHerdDecisionLimitDoesWhatThePodsDo(t *testing.T) {
 	err := h.watch.DB.QueryRow(context.Background(), `SELECT
 		(SELECT count(*) FROM dislock.windows WHERE lock_key LIKE '%/limit-%'),
 		(SELECT count(*) FROM dislock.windows WHERE lock_key LIKE '%/limit-%' AND cluster <> 'dc-0'),
-		(SELECT count(*) FROM dislock.decisions WHERE job = 'limit'),
-		(SELECT count(*) FROM dislock.decisions WHERE job = 'limit' AND action = 'run')`).Scan(&windows, &foreign, &decisions, &runs)
+		(SELECT count(*) FROM dislock.decisions WHERE job LIKE 'limit-%'),
+		(SELECT count(*) FROM dislock.decisions WHERE job LIKE 'limit-%' AND action = 'run')`).Scan(&windows, &foreign, &decisions, &runs)
 	if err != nil {
 		t.Fatal(err)
 	}

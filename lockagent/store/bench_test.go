@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dislock/dislock/lockagent/store"
@@ -334,6 +335,79 @@ func BenchmarkRenewal(b *testing.B) {
 			n := clients * max(1, b.N/clients)
 			b.ReportMetric(tps, "renewals/s")
 			b.ReportMetric(float64(after-before)/float64(time.Millisecond)/float64(n), "PG-CPU-ms/renewal")
+		})
+	}
+}
+
+// BenchmarkDecision measures what a pod's decision costs PostgreSQL: pgbench
+// through PgBouncer as a tenant role, each transaction one key's pods of
+// three clusters claiming a fresh window (one wins) and adding their
+// decisions to the ledger, as benchscale.DecisionScript sends them. The
+// baseline, in the same run on the same database, is the same two calls
+// with the caller's rights under row-level security, as schema 10 ran them
+// (the functions behind the check, granted to this benchmark's role alone).
+func BenchmarkDecision(b *testing.B) {
+	srv := pgtest.Need(b)
+	if srv.Pgbench() == "" {
+		b.Fatal("pgbench is not installed (apt-get install -y postgresql-client)")
+	}
+	pid, err := srv.PostmasterPID()
+	if err != nil {
+		b.Fatal(err)
+	}
+	owner := storetest.Open(b, srv.DirectDSN(), 1)
+	ns := storetest.Namespace(b, "decision")
+	cred := storetest.Provision(b, owner, ns)
+	dsn := storetest.TenantDSN(b, srv.BouncerDSN(), cred)
+	ctx := context.Background()
+	role := pgx.Identifier{cred.Role}.Sanitize()
+	if _, err := owner.Handle().Pool.Exec(ctx, `GRANT EXECUTE ON FUNCTION
+		dislock.claim_window_unchecked(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint),
+		dislock.record_decision_unchecked(text, timestamptz, int, text, text, text, text, text, bigint, float8, float8[]) TO `+role); err != nil {
+		b.Fatal(err)
+	}
+	const clusters, clients = 3, 4
+	for _, st := range []struct {
+		name  string
+		calls benchscale.DecisionStatements
+	}{
+		{"schema-10-row-level-security", benchscale.DecisionStatements{
+			Claim:  strings.Replace(store.ClaimWindowSQL, "dislock.claim_window(", "dislock.claim_window_unchecked(", 1),
+			Record: strings.Replace(store.RecordDecisionSQL, "dislock.record_decision(", "dislock.record_decision_unchecked(", 1)}},
+		{"checked", benchscale.AgentDecision},
+	} {
+		b.Run("calls="+st.name, func(b *testing.B) {
+			tag := st.name + "-" + strconv.FormatInt(storetest.Seq(), 10)
+			script, err := benchscale.DecisionScript(st.calls, ns, tag, clusters, time.Minute)
+			if err != nil {
+				b.Fatal(err)
+			}
+			before, err := benchscale.TreeCPU(pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			tps, err := benchscale.PgbenchTransactions(ctx, srv.Pgbench(), dsn, script, clients, max(1, b.N/clients))
+			b.StopTimer()
+			if err != nil {
+				b.Fatal(err)
+			}
+			after, err := benchscale.TreeCPU(pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n := clients * max(1, b.N/clients)
+			var windows, decisions int
+			if err := owner.Handle().Pool.QueryRow(ctx, `SELECT
+				(SELECT count(*) FROM dislock.windows WHERE starts_with(lock_key, $1)),
+				(SELECT count(*) FROM dislock.decisions WHERE starts_with(lock_key, $1))`, ns+"/"+tag+"-").Scan(&windows, &decisions); err != nil {
+				b.Fatal(err)
+			}
+			if windows == 0 || decisions != clusters*n {
+				b.Fatalf("%d pgbench transactions claimed %d windows and recorded %d decisions; want some, and %d", n, windows, decisions, clusters*n)
+			}
+			b.ReportMetric(clusters*tps, "decisions/s")
+			b.ReportMetric(float64(after-before)/float64(time.Millisecond)/float64(clusters*n), "PG-CPU-ms/decision")
 		})
 	}
 }

@@ -90,26 +90,7 @@ func TestARenewalReachesOnlyTheCallersNamespace(t *testing.T) {
 		foreign := store.Renewal{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, WindowToken: c.Window.Token,
 			LeaseKey: key, LeaseToken: g.Lease.Token, TTL: time.Hour}
 
-		super := storetest.Superuser(t, pgtest.Need(t))
-		suffix := nsA[len(nsA)-4:]
-		// made is a login role made by hand, then granted what grants says.
-		made := func(name string, grants ...string) *store.Store {
-			role := pgx.Identifier{name + suffix}.Sanitize()
-			for _, q := range append([]string{"CREATE ROLE " + role + " LOGIN PASSWORD 'by-hand'",
-				"ALTER ROLE " + role + " SET search_path = pg_catalog, pg_temp"}, grants...) {
-				if _, err := super.Exec(ctx, strings.ReplaceAll(q, "$role", role)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			t.Cleanup(func() {
-				super.Exec(context.Background(), "DROP OWNED BY "+role) //nolint:errcheck // best effort
-				super.Exec(context.Background(), "DROP ROLE "+role)     //nolint:errcheck // best effort
-			})
-			return storetest.TenantStore(t, dsn, tenant.Credential{Role: name + suffix, Password: "by-hand"})
-		}
-		byHand := made("renew_by_hand_", "GRANT "+tenant.GroupRole+" TO $role")
-		wholesale := made("renew_monitoring_", "GRANT USAGE ON SCHEMA dislock TO $role",
-			"GRANT SELECT ON ALL TABLES IN SCHEMA dislock TO $role", "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA dislock TO $role")
+		byHand, wholesale := rolesWithoutANamespace(t, dsn, nsA[len(nsA)-4:])
 
 		for name, s := range map[string]*store.Store{"a tenant of another namespace": a, "a role in the group without a namespace": byHand,
 			"a role granted every function of the schema": wholesale} {
@@ -191,4 +172,31 @@ func holdWindowAndLease(t *testing.T, s *store.Store) (string, store.Claim, stor
 	}
 	return key, c, g, store.Renewal{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, WindowToken: c.Window.Token,
 		LeaseKey: key, LeaseToken: g.Lease.Token, TTL: time.Hour}
+}
+
+// rolesWithoutANamespace makes, by hand, two login roles no policy grants a
+// row: one in the tenants' group, and one an operator granted every table
+// and function of the schema (a monitoring role, say). suffix keeps their
+// names apart between tests.
+func rolesWithoutANamespace(t *testing.T, dsn, suffix string) (byHand, wholesale *store.Store) {
+	t.Helper()
+	ctx := context.Background()
+	super := storetest.Superuser(t, pgtest.Need(t))
+	made := func(name string, grants ...string) *store.Store {
+		role := pgx.Identifier{name + suffix}.Sanitize()
+		for _, q := range append([]string{"CREATE ROLE " + role + " LOGIN PASSWORD 'by-hand'",
+			"ALTER ROLE " + role + " SET search_path = pg_catalog, pg_temp"}, grants...) {
+			if _, err := super.Exec(ctx, strings.ReplaceAll(q, "$role", role)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Cleanup(func() {
+			super.Exec(context.Background(), "DROP OWNED BY "+role) //nolint:errcheck // best effort
+			super.Exec(context.Background(), "DROP ROLE "+role)     //nolint:errcheck // best effort
+		})
+		return storetest.TenantStore(t, dsn, tenant.Credential{Role: name + suffix, Password: "by-hand"})
+	}
+	return made("by_hand_", "GRANT "+tenant.GroupRole+" TO $role"),
+		made("monitoring_", "GRANT USAGE ON SCHEMA dislock TO $role",
+			"GRANT SELECT ON ALL TABLES IN SCHEMA dislock TO $role", "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA dislock TO $role")
 }

@@ -276,15 +276,15 @@ func TestCheckURLNamesATenantsMissingGrant(t *testing.T) {
 			ns := storetest.Namespace(t, "grant")
 			c := storetest.Provision(t, owner, ns)
 			dsn := storetest.TenantDSN(t, tg.DSN, c)
-			if _, err := super.Exec(ctx, "REVOKE INSERT ON dislock.windows FROM "+tenant.GroupRole); err != nil {
+			if _, err := super.Exec(ctx, "REVOKE EXECUTE ON FUNCTION dislock.claim_window FROM "+tenant.GroupRole); err != nil {
 				t.Fatal(err)
 			}
 			rep := check.URL(ctx, dsn, check.Options{AllowAsync: true})
-			if _, err := super.Exec(ctx, "GRANT INSERT ON dislock.windows TO "+tenant.GroupRole); err != nil {
+			if _, err := super.Exec(ctx, "GRANT EXECUTE ON FUNCTION dislock.claim_window TO "+tenant.GroupRole); err != nil {
 				t.Fatal(err)
 			}
-			wantFinding(t, rep, "privileges", check.StatusFail, []string{"namespace " + ns, "missing: INSERT on dislock.windows"},
-				[]string{"GRANT INSERT ON dislock.windows TO " + tenant.GroupRole})
+			wantFinding(t, rep, "privileges", check.StatusFail, []string{"namespace " + ns, "missing: EXECUTE on the agent's functions"},
+				[]string{"GRANT EXECUTE ON FUNCTION dislock.claim_window"})
 			noPassword(t, rep, c.Password)
 
 			// Without the group role, every grant is missing at once.
@@ -315,8 +315,8 @@ func TestCheckURLFailsATenantThatCannotRenewOrWriteItsLedger(t *testing.T) {
 		{"REVOKE EXECUTE ON FUNCTION dislock.renew FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew TO ",
 			"missing: EXECUTE on the agent's functions", "GRANT EXECUTE ON FUNCTION dislock.claim_window, dislock.window_takeable, dislock.renew, dislock.renew_window"},
 
-		{"REVOKE INSERT ON dislock.decisions FROM ", "GRANT INSERT ON dislock.decisions TO ",
-			"missing: INSERT on the ledger", "GRANT SELECT, INSERT ON dislock.decisions, dislock.decision_counts, dislock.key_stats TO " + tenant.GroupRole},
+		{"REVOKE EXECUTE ON FUNCTION dislock.record_decision FROM ", "GRANT EXECUTE ON FUNCTION dislock.record_decision TO ",
+			"missing: EXECUTE on the agent's functions", "dislock.record_decision TO " + tenant.GroupRole},
 	} {
 		t.Run(strings.Fields(c.revoke)[len(strings.Fields(c.revoke))-2], func(t *testing.T) {
 			ns := storetest.Namespace(t, "renew")
@@ -463,14 +463,24 @@ func TestCheckURLWarnsOfATenantThePreviousReleasesAgentsCouldNotRenewWith(t *tes
 	owner := storetest.Open(t, srv.DirectDSN(), 2)
 	ns := storetest.Namespace(t, "previous")
 	dsn := storetest.TenantDSN(t, srv.BouncerDSN(), storetest.Provision(t, owner, ns))
-	if _, err := super.Exec(ctx, "REVOKE EXECUTE ON FUNCTION dislock.renew_lease FROM "+tenant.GroupRole); err != nil {
-		t.Fatal(err)
+	for _, c := range []struct{ grant, on, missing, fix string }{
+		// Agents of schema 10 renew with renew_window and renew_lease.
+		{"EXECUTE", "FUNCTION dislock.renew_lease", "missing: EXECUTE on the agent's functions", "dislock.renew_lease"},
+		// Agents of schemas 7-9 claim and write the ledger with their own
+		// statements, under row-level security.
+		{"INSERT", "dislock.windows", "missing: INSERT on dislock.windows", "GRANT INSERT ON dislock.windows TO " + tenant.GroupRole},
+		{"INSERT", "dislock.decisions", "missing: INSERT on the ledger", "GRANT SELECT, INSERT ON dislock.decisions, dislock.decision_counts, dislock.key_stats TO " + tenant.GroupRole},
+	} {
+		t.Run(c.grant+" on "+c.on, func(t *testing.T) {
+			if _, err := super.Exec(ctx, "REVOKE "+c.grant+" ON "+c.on+" FROM "+tenant.GroupRole); err != nil {
+				t.Fatal(err)
+			}
+			rep := check.URL(ctx, dsn, check.Options{AllowAsync: true})
+			if _, err := super.Exec(ctx, "GRANT "+c.grant+" ON "+c.on+" TO "+tenant.GroupRole); err != nil {
+				t.Fatal(err)
+			}
+			wantFinding(t, rep, "privileges", check.StatusWarn, []string{"agents of earlier releases", c.missing}, []string{c.fix})
+			assertNoProbeRows(t, owner, ns)
+		})
 	}
-	rep := check.URL(ctx, dsn, check.Options{AllowAsync: true})
-	if _, err := super.Exec(ctx, "GRANT EXECUTE ON FUNCTION dislock.renew_lease TO "+tenant.GroupRole); err != nil {
-		t.Fatal(err)
-	}
-	wantFinding(t, rep, "privileges", check.StatusWarn, []string{"agents of the previous release", "missing: EXECUTE on the agent's functions"},
-		[]string{"dislock.renew_lease"})
-	assertNoProbeRows(t, owner, ns)
 }

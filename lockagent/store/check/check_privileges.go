@@ -127,13 +127,14 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 		return errRollBack
 	})
 	if errors.Is(err, errRollBack) {
-		// The probe ran what this release's agents send; agents of the
-		// release before (renew_window, renew_lease) may still run in a
-		// cluster not upgraded yet.
+		// The probe ran what this release's agents send; agents of earlier
+		// releases may still run in a cluster not upgraded yet: schema 10's
+		// renew with renew_window and renew_lease, those of schemas 7-9
+		// claim and write the ledger with their own statements.
 		missing, grants, lerr := tenantGrantsMissing(ctx, conn)
 		if lerr == nil && len(missing) > 0 {
 			return Finding{Check: "privileges", Status: StatusWarn,
-				Detail: fmt.Sprintf("the role does what an agent of this release does on key %s of namespace %s, but lacks grants migration 4 gives (agents of the previous release, in a cluster not upgraded yet, renew with dislock.renew_window and renew_lease); missing: %s",
+				Detail: fmt.Sprintf("the role does what an agent of this release does on key %s of namespace %s, but lacks grants migration 4 gives, which agents of earlier releases use (in a cluster not upgraded yet: schema 10's renew with dislock.renew_window and renew_lease, those of schemas 7-9 write the tables with their own statements); missing: %s",
 					key, namespace, strings.Join(missing, ", ")),
 				Fix: "as the owner: " + strings.Join(grants, "; ")}
 		}
