@@ -347,67 +347,105 @@ func BenchmarkRenewal(b *testing.B) {
 // with the caller's rights under row-level security, as schema 10 ran them
 // (the functions behind the check, granted to this benchmark's role alone).
 func BenchmarkDecision(b *testing.B) {
-	srv := pgtest.Need(b)
-	if srv.Pgbench() == "" {
-		b.Fatal("pgbench is not installed (apt-get install -y postgresql-client)")
-	}
-	pid, err := srv.PostmasterPID()
-	if err != nil {
-		b.Fatal(err)
-	}
-	owner := storetest.Open(b, srv.DirectDSN(), 1)
-	ns := storetest.Namespace(b, "decision")
-	cred := storetest.Provision(b, owner, ns)
-	dsn := storetest.TenantDSN(b, srv.BouncerDSN(), cred)
-	ctx := context.Background()
-	role := pgx.Identifier{cred.Role}.Sanitize()
-	if _, err := owner.Handle().Pool.Exec(ctx, `GRANT EXECUTE ON FUNCTION
-		dislock.claim_window_unchecked(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint),
-		dislock.record_decision_unchecked(text, timestamptz, int, text, text, text, text, text, bigint, float8, float8[]) TO `+role); err != nil {
-		b.Fatal(err)
-	}
-	const clusters, clients = 3, 4
-	for _, st := range []struct {
-		name  string
-		calls benchscale.DecisionStatements
-	}{
-		{"schema-10-row-level-security", benchscale.DecisionStatements{
-			Claim:  strings.Replace(store.ClaimWindowSQL, "dislock.claim_window(", "dislock.claim_window_unchecked(", 1),
-			Record: strings.Replace(store.RecordDecisionSQL, "dislock.record_decision(", "dislock.record_decision_unchecked(", 1)}},
-		{"checked", benchscale.AgentDecision},
-	} {
-		b.Run("calls="+st.name, func(b *testing.B) {
-			tag := st.name + "-" + strconv.FormatInt(storetest.Seq(), 10)
-			script, err := benchscale.DecisionScript(st.calls, ns, tag, clusters, time.Minute)
-			if err != nil {
-				b.Fatal(err)
-			}
-			before, err := benchscale.TreeCPU(pid)
+	d := newDecisionBench(b)
+	const clients = 4
+	for _, v := range decisionCalls {
+		b.Run("calls="+v.name, func(b *testing.B) {
+			before, err := benchscale.TreeCPU(d.pid)
 			if err != nil {
 				b.Fatal(err)
 			}
 			b.ResetTimer()
-			tps, err := benchscale.PgbenchTransactions(ctx, srv.Pgbench(), dsn, script, clients, max(1, b.N/clients))
+			tps, n := d.run(b, v.calls, clients, max(1, b.N/clients))
 			b.StopTimer()
+			after, err := benchscale.TreeCPU(d.pid)
 			if err != nil {
 				b.Fatal(err)
 			}
-			after, err := benchscale.TreeCPU(pid)
-			if err != nil {
-				b.Fatal(err)
-			}
-			n := clients * max(1, b.N/clients)
-			var windows, decisions int
-			if err := owner.Handle().Pool.QueryRow(ctx, `SELECT
-				(SELECT count(*) FROM dislock.windows WHERE starts_with(lock_key, $1)),
-				(SELECT count(*) FROM dislock.decisions WHERE starts_with(lock_key, $1))`, ns+"/"+tag+"-").Scan(&windows, &decisions); err != nil {
-				b.Fatal(err)
-			}
-			if windows == 0 || decisions != clusters*n {
-				b.Fatalf("%d pgbench transactions claimed %d windows and recorded %d decisions; want some, and %d", n, windows, decisions, clusters*n)
-			}
-			b.ReportMetric(clusters*tps, "decisions/s")
-			b.ReportMetric(float64(after-before)/float64(time.Millisecond)/float64(clusters*n), "PG-CPU-ms/decision")
+			b.ReportMetric(decisionClusters*tps, "decisions/s")
+			b.ReportMetric(float64(after-before)/float64(time.Millisecond)/float64(decisionClusters*n), "PG-CPU-ms/decision")
 		})
 	}
+}
+
+// TestDecisionBaselinesDecide runs BenchmarkDecision's scripts for a few
+// transactions each, as make bench runs them for thousands: a call that
+// changed must not leave a baseline that errs or decides nothing.
+func TestDecisionBaselinesDecide(t *testing.T) {
+	d := newDecisionBench(t)
+	for _, v := range decisionCalls {
+		t.Run(v.name, func(t *testing.T) { d.run(t, v.calls, 2, 3) })
+	}
+}
+
+// decisionClusters is how many clusters' pods each transaction decides for.
+const decisionClusters = 3
+
+// decisionCalls are what BenchmarkDecision compares.
+var decisionCalls = []struct {
+	name  string
+	calls benchscale.DecisionStatements
+}{
+	{"schema-10-row-level-security", benchscale.DecisionStatements{
+		Claim:  strings.Replace(store.ClaimWindowSQL, "dislock.claim_window(", "dislock.claim_window_unchecked(", 1),
+		Record: strings.Replace(store.RecordDecisionSQL, "dislock.record_decision(", "dislock.record_decision_unchecked(", 1)}},
+	{"checked", benchscale.AgentDecision},
+}
+
+// decisionBench is a tenant role, through PgBouncer, that may call both.
+type decisionBench struct {
+	srv     *pgtest.Server
+	pid     int
+	owner   *store.Store
+	ns, dsn string
+}
+
+func newDecisionBench(tb testing.TB) *decisionBench {
+	srv := pgtest.Need(tb)
+	if srv.Pgbench() == "" {
+		tb.Fatal("pgbench is not installed (apt-get install -y postgresql-client)")
+	}
+	pid, err := srv.PostmasterPID()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	owner := storetest.Open(tb, srv.DirectDSN(), 1)
+	ns := storetest.Namespace(tb, "decision")
+	cred := storetest.Provision(tb, owner, ns)
+	if _, err := owner.Handle().Pool.Exec(context.Background(), `GRANT EXECUTE ON FUNCTION
+		dislock.claim_window_unchecked(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint),
+		dislock.record_decision_unchecked(text, timestamptz, int, text, text, text, text, text, bigint, float8, float8[]) TO `+
+		pgx.Identifier{cred.Role}.Sanitize()); err != nil {
+		tb.Fatal(err)
+	}
+	return &decisionBench{srv: srv, pid: pid, owner: owner, ns: ns, dsn: storetest.TenantDSN(tb, srv.BouncerDSN(), cred)}
+}
+
+// run has pgbench decide clients × transactions times with calls on keys of
+// its own, checks that each transaction claimed and recorded, and returns
+// pgbench's transactions per second and their number.
+func (d *decisionBench) run(tb testing.TB, calls benchscale.DecisionStatements, clients, transactions int) (float64, int) {
+	ctx := context.Background()
+	tag := "t" + strconv.FormatInt(storetest.Seq(), 10)
+	script, err := benchscale.DecisionScript(calls, d.ns, tag, decisionClusters, time.Minute)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tps, err := benchscale.PgbenchTransactions(ctx, d.srv.Pgbench(), d.dsn, script, clients, transactions)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n := clients * transactions
+	var windows, decisions int
+	if err := d.owner.Handle().Pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM dislock.windows WHERE starts_with(lock_key, $1)),
+		(SELECT count(*) FROM dislock.decisions WHERE starts_with(lock_key, $1))`, d.ns+"/"+tag+"-").Scan(&windows, &decisions); err != nil {
+		tb.Fatal(err)
+	}
+	// Two transactions may draw the same window (pgbench's random key and
+	// start), and then the second's three pods are all refused.
+	if windows == 0 || windows > n || decisions != decisionClusters*n {
+		tb.Fatalf("%d pgbench transactions claimed %d windows and recorded %d decisions; want 1 to %d, and %d", n, windows, decisions, n, decisionClusters*n)
+	}
+	return tps, n
 }

@@ -5,20 +5,24 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 // A pod's decision (its claim, with its cluster's view, and its ledger row)
 // runs with the owner's rights, past row-level security, so the functions
 // check the caller's namespace themselves: a tenant of another namespace,
-// a role in the tenants' group with no live namespace, and a role granted
-// the schema's functions wholesale are refused as row-level security
-// refused them (ErrForbidden, naming the key), write nothing, and cannot
-// reach the unchecked functions behind the check either.
+// a role in the tenants' group with no live namespace, and a role that
+// reads every namespace past row-level security (BYPASSRLS, granted the
+// schema's functions wholesale, no table to write) are refused as
+// row-level security and the table grants refused them (ErrForbidden,
+// naming the key), write nothing, and cannot reach the unchecked functions
+// behind the check either. A NULL key is refused too.
 func TestADecisionReachesOnlyTheCallersNamespace(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		owner := storetest.Open(t, dsn, 2)
@@ -56,10 +60,19 @@ func TestADecisionReachesOnlyTheCallersNamespace(t *testing.T) {
 				`SELECT * FROM dislock.claim_window_unchecked($1, now(), -1, 'dc-a/x/job/uid/pod', 'dc-a', 'pod', 60000000, 'dc-a/', true, NULL, 0, 0, NULL)`,
 				`SELECT dislock.record_decision_unchecked($1, now(), -1, 'dc-a', 'job', 'pod', 'run', 'forged', 0, NULL, '{}')`,
 			} {
-				_, err := s.Handle().Pool.Exec(ctx, q, key)
-				if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+				if _, err := s.Handle().Pool.Exec(ctx, q, key); !isInsufficientPrivilege(err) {
 					t.Errorf("%s: %s: %v, want permission denied", name, q, err)
 				}
+			}
+		}
+
+		asA := storetest.RawConn(t, storetest.TenantDSN(t, dsn, storetest.Provision(t, owner, nsA)))
+		for _, q := range []string{
+			`SELECT * FROM dislock.claim_window(NULL, now() - interval '1 day', -1, 'dc-a/x/job/uid/pod', 'dc-a', 'pod', 60000000, 'dc-a/', true, NULL, 0, 0, 1)`,
+			`SELECT dislock.record_decision(NULL, now(), -1, 'dc-a', 'job', 'pod', 'run', 'forged', 0, NULL, '{}')`,
+		} {
+			if _, err := asA.Exec(ctx, q); !isInsufficientPrivilege(err) {
+				t.Errorf("a tenant: %s: %v, want insufficient_privilege", q, err)
 			}
 		}
 
@@ -84,4 +97,38 @@ func TestADecisionReachesOnlyTheCallersNamespace(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// A row whose token is above the high water (two asynchronous failovers in
+// a row can leave one) can no longer be written by its tenant: the running
+// job's re-entry fails closed, as its renewals do, rather than telling the
+// pod to run on a claim its next heartbeat would call lost.
+func TestATenantsReentryAboveTheHighWaterFailsClosed(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		owner := storetest.Open(t, dsn, 2)
+		ctx := context.Background()
+		ns := storetest.Namespace(t, "above")
+		s := storetest.TenantStore(t, dsn, storetest.Provision(t, owner, ns))
+		key := ns + "/job"
+		o := store.Owner{Cluster: "dc-a", Namespace: ns, Job: "job", JobUID: "uid", Pod: "pod"}
+		c := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, storetest.TTL, store.Claimed)
+		if _, err := storetest.Superuser(t, pgtest.Need(t)).Exec(ctx, `UPDATE dislock.windows SET token = token + (16::bigint << 40)
+			WHERE lock_key = $1 AND window_start = $2`, key, storetest.WindowAt(0)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, Owner: o, TTL: time.Hour})
+		if !errors.Is(err, store.ErrForbidden) || !strings.Contains(err.Error(), "above the high water") {
+			t.Fatalf("re-entering a claim whose token is above the high water: %v, want ErrForbidden naming the high water", err)
+		}
+		w, err := owner.GetWindow(ctx, key, storetest.WindowAt(0), store.NotIndexed)
+		if err != nil || !w.AliveUntil.Equal(c.Window.AliveUntil) {
+			t.Fatalf("the window is alive until %s (%v), want %s: the refused re-entry renewed it", w.AliveUntil, err, c.Window.AliveUntil)
+		}
+	})
+}
+
+// isInsufficientPrivilege tells PostgreSQL's refusal of a privilege.
+func isInsufficientPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }

@@ -153,7 +153,7 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 	case lerr != nil:
 		f.Fix = "restore the grants migration 4 gives role " + tenant.GroupRole + " (lockagent/store/migrate/migrations/0004_tenants.sql); cannot list which are missing: " + lerr.Error()
 	case len(missing) == 0:
-		f.Fix = "the role holds every grant an agent needs, so a row-level security policy refused it: check that dislock.tenants names this role for namespace " + namespace
+		f.Fix = "the role holds every grant an agent needs, so the namespace check refused it (dislock.require_scope, or a row-level security policy): check that dislock.tenants names this role, not retired, for namespace " + namespace
 	default:
 		f.Detail += "; missing: " + strings.Join(missing, ", ")
 		f.Fix = "as the owner: " + strings.Join(grants, "; ")

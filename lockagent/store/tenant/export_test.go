@@ -12,6 +12,9 @@ import (
 // RoleName is the role name of a tenant generation.
 var RoleName = tenantRoleName
 
+// SCRAMIterations is the iteration count of the verifiers Provision stores.
+const SCRAMIterations = scramIterations
+
 // SCRAMVerifier is scramVerifier with the salt in base64.
 func SCRAMVerifier(password, salt string, iterations int) (string, error) {
 	b, err := base64.StdEncoding.DecodeString(salt)

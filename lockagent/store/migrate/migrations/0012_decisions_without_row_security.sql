@@ -10,10 +10,11 @@
 --
 -- Both now run with their owner's rights behind one check, as renew does
 -- (migration 11): the key must be one the caller may write, by
--- session_scope(). What the policies checked besides holds by construction:
--- a claim's token is drawn by next_token() under the row lock or kept from
--- the row, never the caller's, so no row written can exceed the high water;
--- the ledger's policies checked the namespace alone. The rule of
+-- session_scope(), which no longer gives every key to a BYPASSRLS role.
+-- What the policies checked besides: a claim's token is drawn by
+-- next_token() under the row lock, never above the high water, or kept
+-- from the row, which claim_window checks on re-entry; the ledger's
+-- policies checked the namespace alone. The rule of
 -- "Ownership and re-entry" and the ledger's write stay where migration 10
 -- put them, renamed claim_window_unchecked and record_decision_unchecked:
 -- only the owner may call those, and they still run with the caller's
@@ -21,16 +22,45 @@
 -- keep their own statements under row-level security; agents of schema 10
 -- call the same names with the same arguments (hence compatible-from 7).
 
+-- The key prefix the session's role may write through the functions that
+-- run with the owner's rights (claim_window, record_decision, renew): its
+-- live namespace and '/' for a tenant role; '' (every key) for a superuser
+-- and a role with the privileges of the tables' owner, which may write
+-- every row anyway; NULL (no key) for any other role. Migration 11 gave
+-- every key to a BYPASSRLS role too, but row-level security only ever
+-- filtered what a role's grants allowed, and such a role may hold no grant
+-- to write (a monitoring role reading every namespace): through these
+-- functions it would have written every namespace's rows.
+CREATE OR REPLACE FUNCTION dislock.session_scope() RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ns text;
+BEGIN
+    SELECT t.namespace INTO ns FROM dislock.tenants t WHERE t.role_name = session_user AND t.retired_at IS NULL;
+    IF FOUND THEN
+        RETURN ns || '/';
+    END IF;
+    IF (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user)
+       OR pg_has_role(session_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'dislock.windows'::regclass), 'USAGE') THEN
+        RETURN '';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+REVOKE ALL ON FUNCTION dislock.session_scope() FROM PUBLIC;
+
 -- require_scope raises insufficient_privilege, as row-level security did,
 -- unless the session's role may write key (see session_scope); what names
--- the refused action in the message.
+-- the refused action in the message. A NULL key is refused too.
 CREATE OR REPLACE FUNCTION dislock.require_scope(p_key text, p_what text) RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     scope text := dislock.session_scope();
 BEGIN
-    IF scope IS NULL OR NOT starts_with(p_key, scope) THEN
+    IF NOT coalesce(starts_with(p_key, scope), false) THEN
         RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
             MESSAGE = format('dislock: role %s may not %s %s', session_user, p_what, p_key),
             HINT = CASE WHEN scope IS NULL
@@ -61,7 +91,12 @@ REVOKE ALL ON FUNCTION dislock.claim_window_unchecked(text, timestamptz, int, te
     FROM PUBLIC, dislock_tenant;
 
 -- claim_window: see claim_window_unchecked (migration 10) for the rule and
--- the outcomes.
+-- the outcomes. Row-level security's WITH CHECK also refused a tenant's
+-- write of a row whose token is above the high water (migration 9): a new
+-- or taken-over claim draws its token from next_token(), never above it,
+-- but a re-entry keeps the row's, which two asynchronous failovers in a
+-- row can leave above it; that running job fails closed, as its renewals
+-- do (see renew), until the owner applies dislock check's fix.
 CREATE OR REPLACE FUNCTION dislock.claim_window(
     p_key text, p_window timestamptz, p_index int, p_owner text, p_cluster text, p_pod text,
     p_ttl_us bigint, p_job_prefix text, p_standby boolean,
@@ -78,6 +113,12 @@ BEGIN
         p_ttl_us, p_job_prefix, p_standby, p_view, p_view_recency_us, p_view_refresh_us, p_max_late_us);
     w := c.w; outcome := c.outcome; db_now := c.db_now;
     other_clusters := c.other_clusters; other_views := c.other_views; other_seen := c.other_seen;
+    IF outcome = 'reentered' AND dislock.session_scope() <> '' AND w.token > dislock.token_high_water() THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('dislock: role %s may not re-enter window %s of %s: its token %s is above the high water %s',
+                             session_user, p_window, p_key, w.token, dislock.token_high_water()),
+            HINT = 'run dislock check with the owner''s URL and apply its fix for the tokens';
+    END IF;
 END
 $$;
 
