@@ -113,8 +113,9 @@ fuzz: ## Run every fuzz target (FUZZ_TARGETS) for FUZZTIME (default 15s).
 	done
 
 .PHONY: bench
-bench: deps $(BIN)/etcd ## Benchmark locks (vs SELECT 1 and pgbench), pod decision latency, admission (vs a no-op handler), the ledger's metrics at 10 000 keys × 30 days, and claims on a synchronous Patroni cluster (vs a single PostgreSQL).
+bench: deps $(BIN)/etcd ## Benchmark locks (vs SELECT 1 and pgbench), a decision's and a renewal's calls (vs schema 10's and 9's), a tenant's login, pod decision latency, admission (vs a no-op handler), the ledger's metrics at 10 000 keys × 30 days, and claims on a synchronous Patroni cluster (vs a single PostgreSQL).
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 4000x -count 3 -timeout 20m ./lockagent/store/ | tee bench-lock.txt
+	set -o pipefail; CI=true $(GO) test -run '^$$' -bench . -benchtime 300x -count 3 -timeout 10m ./lockagent/store/tenant/ | tee -a bench-lock.txt
 	set -o pipefail; CI=true $(GO) test -run '^$$' -bench '^Benchmark(Decision|ProcessStart)$$' -benchtime 100x -count 3 -timeout 20m ./lockagent/agent/ | tee bench-agent.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench 'Admission' -benchtime 3000x -count 3 -timeout 20m ./webhook/ | tee bench-webhook.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench 'PullSecretKeychain' -benchtime 10x -count 3 -timeout 20m ./webhook/registry/ | tee -a bench-webhook.txt

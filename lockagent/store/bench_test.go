@@ -253,90 +253,142 @@ func measure(b *testing.B, clients int, op func(ctx context.Context, i int64) er
 // and each its own commit, measured in the same run by pgbench through
 // PgBouncer. It reports PostgreSQL's CPU per renewal (/proc).
 func BenchmarkRenewal(b *testing.B) {
-	srv := pgtest.Need(b)
+	r := newRenewalBench(b)
+	const clients = 4
+	for _, st := range renewalStatements {
+		b.Run("statements="+st.name, func(b *testing.B) {
+			tps, cpu := r.measure(b, func() (float64, int) { return r.run(b, st.name, st.script, clients, max(1, b.N/clients)) })
+			b.ReportMetric(tps, "renewals/s")
+			b.ReportMetric(float64(cpu)/float64(time.Millisecond), "PG-CPU-ms/renewal")
+		})
+	}
+}
+
+// TestRenewalBaselinesRenew runs BenchmarkRenewal's scripts for a few
+// transactions each, as make bench runs them for thousands: a renewal that
+// changed must not leave a baseline that errs or renews nothing.
+func TestRenewalBaselinesRenew(t *testing.T) {
+	r := newRenewalBench(t)
+	for _, st := range renewalStatements {
+		t.Run(st.name, func(t *testing.T) { r.run(t, st.name, st.script, 2, 3) })
+	}
+}
+
+// renewalWindow is the window of every row BenchmarkRenewal renews.
+var renewalWindow = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// renewalDay is a day in microseconds: a renewal moves an expiry from an
+// hour to a day.
+const renewalDay = "86400000000"
+
+// renewalStatements are what BenchmarkRenewal compares: each script renews
+// the window and the lease of one of the rows key names, alive for an hour.
+var renewalStatements = []struct {
+	name   string
+	script func(key string) (string, error)
+}{
+	{"schema-9-statements", func(key string) (string, error) {
+		at := "'" + renewalWindow.Format(time.RFC3339) + "'::timestamptz"
+		return "UPDATE dislock.windows SET alive_until = now() + " + renewalDay + " * interval '1 microsecond' " +
+			"WHERE lock_key = " + key + " AND window_start = " + at + " AND job_index = -1 AND token = :k AND state = 'running' RETURNING alive_until, now();\n" +
+			"UPDATE dislock.leases SET expire_at = now() + " + renewalDay + " * interval '1 microsecond' " +
+			"WHERE lock_key = " + key + " AND token = :k AND expire_at > clock_timestamp() RETURNING expire_at, now();\n", nil
+	}},
+	{"renew", func(key string) (string, error) {
+		at := "'" + renewalWindow.Format(time.RFC3339) + "'::timestamptz"
+		return benchscale.PgbenchScript(store.RenewSQL, "", []string{key, at, "-1", ":k", key, ":k", renewalDay})
+	}},
+}
+
+// tenantBench is a tenant role reaching PostgreSQL through PgBouncer, as a
+// pod does, for pgbench to run the agent's calls with.
+type tenantBench struct {
+	srv     *pgtest.Server
+	pid     int
+	owner   *store.Store
+	ns, dsn string
+	role    string // the tenant role, quoted
+}
+
+func newTenantBench(tb testing.TB, team string) *tenantBench {
+	srv := pgtest.Need(tb)
 	if srv.Pgbench() == "" {
-		b.Fatal("pgbench is not installed (apt-get install -y postgresql-client)")
+		tb.Fatal("pgbench is not installed (apt-get install -y postgresql-client)")
 	}
 	pid, err := srv.PostmasterPID()
 	if err != nil {
+		tb.Fatal(err)
+	}
+	owner := storetest.Open(tb, srv.DirectDSN(), 1)
+	ns := storetest.Namespace(tb, team)
+	cred := storetest.Provision(tb, owner, ns)
+	return &tenantBench{srv: srv, pid: pid, owner: owner, ns: ns, dsn: storetest.TenantDSN(tb, srv.BouncerDSN(), cred),
+		role: pgx.Identifier{cred.Role}.Sanitize()}
+}
+
+// measure times pgbench's run as the benchmark's and returns its
+// transactions per second and PostgreSQL's CPU (/proc) per transaction.
+func (t *tenantBench) measure(b *testing.B, run func() (tps float64, transactions int)) (float64, time.Duration) {
+	before, err := benchscale.TreeCPU(t.pid)
+	if err != nil {
 		b.Fatal(err)
 	}
-	owner := storetest.Open(b, srv.DirectDSN(), 1)
-	ns := storetest.Namespace(b, "renewal")
-	dsn := storetest.TenantDSN(b, srv.BouncerDSN(), storetest.Provision(b, owner, ns))
+	b.ResetTimer()
+	tps, n := run()
+	b.StopTimer()
+	after, err := benchscale.TreeCPU(t.pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tps, (after - before) / time.Duration(n)
+}
+
+// renewalBench renews rows of its namespace.
+type renewalBench struct{ *tenantBench }
+
+func newRenewalBench(tb testing.TB) renewalBench { return renewalBench{newTenantBench(tb, "renewal")} }
+
+// run makes 1 000 running jobs of its own, each holding a window and a
+// lease for an hour, has pgbench renew them clients × transactions times
+// with script, checks that rows were renewed, and returns pgbench's
+// transactions per second and their number.
+func (r renewalBench) run(tb testing.TB, name string, script func(key string) (string, error), clients, transactions int) (float64, int) {
 	const rows = 1000
-	window := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := "'" + window.Format(time.RFC3339) + "'::timestamptz"
 	ctx := context.Background()
-	const day = "86400000000" // µs: a renewal moves an expiry from an hour to a day
-	// Each script renews rows of its own, alive for an hour: rows alive
-	// for a day afterwards were renewed.
-	statements := []struct {
-		name   string
-		script func(key string) string
+	prefix := r.ns + "/" + name + "-" + strconv.FormatInt(storetest.Seq(), 10) + "-"
+	for _, q := range []struct {
+		sql  string
+		args []any
 	}{
-		{"schema-9-statements", func(key string) string {
-			return "UPDATE dislock.windows SET alive_until = now() + " + day + " * interval '1 microsecond' " +
-				"WHERE lock_key = " + key + " AND window_start = " + at + " AND job_index = -1 AND token = :k AND state = 'running' RETURNING alive_until, now();\n" +
-				"UPDATE dislock.leases SET expire_at = now() + " + day + " * interval '1 microsecond' " +
-				"WHERE lock_key = " + key + " AND token = :k AND expire_at > clock_timestamp() RETURNING expire_at, now();\n"
-		}},
-		{"renew", func(key string) string {
-			one, err := benchscale.PgbenchScript(store.RenewSQL, "", []string{key, at, "-1", ":k", key, ":k", day})
-			if err != nil {
-				b.Fatal(err)
-			}
-			return one
-		}},
+		{`INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
+		 SELECT $1::text || i, $2::timestamptz, -1, 'dc-a/' || $1::text || 'job/uid/pod', 'dc-a', 'pod', i, 'running', now(), now() + interval '1 hour'
+		 FROM generate_series(1, $3::int) i`, []any{prefix, renewalWindow, rows}},
+		{`INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at)
+		 SELECT $1::text || i, 'dc-a/' || $1::text || 'job/uid/pod', i, now(), now() + interval '1 hour' FROM generate_series(1, $2::int) i`,
+			[]any{prefix, rows}},
+	} {
+		if _, err := r.owner.Handle().Pool.Exec(ctx, q.sql, q.args...); err != nil {
+			tb.Fatal(err)
+		}
 	}
-	for _, st := range statements {
-		b.Run("statements="+st.name, func(b *testing.B) {
-			prefix := ns + "/" + st.name + "-" + strconv.FormatInt(storetest.Seq(), 10) + "-"
-			for _, q := range []struct {
-				sql  string
-				args []any
-			}{
-				{`INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
-				 SELECT $1::text || i, $2::timestamptz, -1, 'dc-a/' || $1::text || 'job/uid/pod', 'dc-a', 'pod', i, 'running', now(), now() + interval '1 hour'
-				 FROM generate_series(1, $3::int) i`, []any{prefix, window, rows}},
-				{`INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at)
-				 SELECT $1::text || i, 'dc-a/' || $1::text || 'job/uid/pod', i, now(), now() + interval '1 hour' FROM generate_series(1, $2::int) i`,
-					[]any{prefix, rows}},
-			} {
-				if _, err := owner.Handle().Pool.Exec(ctx, q.sql, q.args...); err != nil {
-					b.Fatal(err)
-				}
-			}
-			const clients = 4
-			script := fmt.Sprintf("\\set k random(1, %d)\n", rows) + st.script("'"+prefix+"' || :k")
-			before, err := benchscale.TreeCPU(pid)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ResetTimer()
-			tps, err := benchscale.PgbenchTransactions(ctx, srv.Pgbench(), dsn, script, clients, max(1, b.N/clients))
-			b.StopTimer()
-			if err != nil {
-				b.Fatal(err)
-			}
-			after, err := benchscale.TreeCPU(pid)
-			if err != nil {
-				b.Fatal(err)
-			}
-			var windows, leases int
-			if err := owner.Handle().Pool.QueryRow(ctx, `SELECT
-				(SELECT count(*) FROM dislock.windows WHERE starts_with(lock_key, $1) AND alive_until > now() + interval '12 hours'),
-				(SELECT count(*) FROM dislock.leases WHERE starts_with(lock_key, $1) AND expire_at > now() + interval '12 hours')`, prefix).Scan(&windows, &leases); err != nil {
-				b.Fatal(err)
-			}
-			if windows == 0 || leases == 0 {
-				b.Fatalf("pgbench renewed %d windows and %d leases: the benchmark measured renewals that wrote nothing", windows, leases)
-			}
-			n := clients * max(1, b.N/clients)
-			b.ReportMetric(tps, "renewals/s")
-			b.ReportMetric(float64(after-before)/float64(time.Millisecond)/float64(n), "PG-CPU-ms/renewal")
-		})
+	one, err := script("'" + prefix + "' || :k")
+	if err != nil {
+		tb.Fatal(err)
 	}
+	tps, err := benchscale.PgbenchTransactions(ctx, r.srv.Pgbench(), r.dsn, fmt.Sprintf("\\set k random(1, %d)\n", rows)+one, clients, transactions)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var windows, leases int
+	if err := r.owner.Handle().Pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM dislock.windows WHERE starts_with(lock_key, $1) AND alive_until > now() + interval '12 hours'),
+		(SELECT count(*) FROM dislock.leases WHERE starts_with(lock_key, $1) AND expire_at > now() + interval '12 hours')`, prefix).Scan(&windows, &leases); err != nil {
+		tb.Fatal(err)
+	}
+	if windows == 0 || leases == 0 {
+		tb.Fatalf("pgbench renewed %d windows and %d leases: the benchmark measured renewals that wrote nothing", windows, leases)
+	}
+	return tps, clients * transactions
 }
 
 // BenchmarkDecision measures what a pod's decision costs PostgreSQL: pgbench
@@ -351,19 +403,9 @@ func BenchmarkDecision(b *testing.B) {
 	const clients = 4
 	for _, v := range decisionCalls {
 		b.Run("calls="+v.name, func(b *testing.B) {
-			before, err := benchscale.TreeCPU(d.pid)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ResetTimer()
-			tps, n := d.run(b, v.calls, clients, max(1, b.N/clients))
-			b.StopTimer()
-			after, err := benchscale.TreeCPU(d.pid)
-			if err != nil {
-				b.Fatal(err)
-			}
+			tps, cpu := d.measure(b, func() (float64, int) { return d.run(b, v.calls, clients, max(1, b.N/clients)) })
 			b.ReportMetric(decisionClusters*tps, "decisions/s")
-			b.ReportMetric(float64(after-before)/float64(time.Millisecond)/float64(decisionClusters*n), "PG-CPU-ms/decision")
+			b.ReportMetric(float64(cpu)/float64(time.Millisecond)/decisionClusters, "PG-CPU-ms/decision")
 		})
 	}
 }
@@ -392,39 +434,23 @@ var decisionCalls = []struct {
 	{"checked", benchscale.AgentDecision},
 }
 
-// decisionBench is a tenant role, through PgBouncer, that may call both.
-type decisionBench struct {
-	srv     *pgtest.Server
-	pid     int
-	owner   *store.Store
-	ns, dsn string
-}
+// decisionBench decides for keys of its namespace, and may call both.
+type decisionBench struct{ *tenantBench }
 
-func newDecisionBench(tb testing.TB) *decisionBench {
-	srv := pgtest.Need(tb)
-	if srv.Pgbench() == "" {
-		tb.Fatal("pgbench is not installed (apt-get install -y postgresql-client)")
-	}
-	pid, err := srv.PostmasterPID()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	owner := storetest.Open(tb, srv.DirectDSN(), 1)
-	ns := storetest.Namespace(tb, "decision")
-	cred := storetest.Provision(tb, owner, ns)
-	if _, err := owner.Handle().Pool.Exec(context.Background(), `GRANT EXECUTE ON FUNCTION
+func newDecisionBench(tb testing.TB) decisionBench {
+	d := decisionBench{newTenantBench(tb, "decision")}
+	if _, err := d.owner.Handle().Pool.Exec(context.Background(), `GRANT EXECUTE ON FUNCTION
 		dislock.claim_window_unchecked(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint),
-		dislock.record_decision_unchecked(text, timestamptz, int, text, text, text, text, text, bigint, float8, float8[]) TO `+
-		pgx.Identifier{cred.Role}.Sanitize()); err != nil {
+		dislock.record_decision_unchecked(text, timestamptz, int, text, text, text, text, text, bigint, float8, float8[]) TO `+d.role); err != nil {
 		tb.Fatal(err)
 	}
-	return &decisionBench{srv: srv, pid: pid, owner: owner, ns: ns, dsn: storetest.TenantDSN(tb, srv.BouncerDSN(), cred)}
+	return d
 }
 
 // run has pgbench decide clients × transactions times with calls on keys of
 // its own, checks that each transaction claimed and recorded, and returns
 // pgbench's transactions per second and their number.
-func (d *decisionBench) run(tb testing.TB, calls benchscale.DecisionStatements, clients, transactions int) (float64, int) {
+func (d decisionBench) run(tb testing.TB, calls benchscale.DecisionStatements, clients, transactions int) (float64, int) {
 	ctx := context.Background()
 	tag := "t" + strconv.FormatInt(storetest.Seq(), 10)
 	script, err := benchscale.DecisionScript(calls, d.ns, tag, decisionClusters, time.Minute)
