@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -90,6 +92,22 @@ func TestADecisionReachesOnlyTheCallersNamespace(t *testing.T) {
 			t.Errorf("team-b's failed window is now %+v (%v): taken from outside its namespace", w, err)
 		}
 
+		// A login role whose sessions start as the owner (a NOINHERIT
+		// member, as operators make them) decides for any key, as the
+		// owner may write every row anyway.
+		super := storetest.Superuser(t, pgtest.Need(t))
+		asOwner := "as_owner_" + nsA[len(nsA)-4:]
+		role := pgx.Identifier{asOwner}.Sanitize()
+		for _, q := range []string{"CREATE ROLE " + role + " LOGIN NOINHERIT PASSWORD 'by-hand'", "GRANT " + pgtest.AppUser + " TO " + role,
+			"ALTER ROLE " + role + " SET role = " + pgtest.AppUser} {
+			if _, err := super.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Cleanup(func() { super.Exec(context.Background(), "DROP ROLE "+role) }) //nolint:errcheck // best effort
+		operator := storetest.TenantStore(t, dsn, tenant.Credential{Role: asOwner, Password: "by-hand"})
+		storetest.MustClaim(t, operator, key, storetest.WindowAt(2), ob, false, storetest.TTL, store.Claimed)
+
 		// The namespace's own pods decide as before.
 		storetest.MustClaim(t, b, key, storetest.WindowAt(1), ob, false, storetest.TTL, store.Claimed)
 		if err := b.RecordDecision(ctx, store.Decision{Key: key, Window: storetest.WindowAt(1), Index: store.NotIndexed,
@@ -102,7 +120,8 @@ func TestADecisionReachesOnlyTheCallersNamespace(t *testing.T) {
 // A row whose token is above the high water (two asynchronous failovers in
 // a row can leave one) can no longer be written by its tenant: the running
 // job's re-entry fails closed, as its renewals do, rather than telling the
-// pod to run on a claim its next heartbeat would call lost.
+// pod to run on a claim its next heartbeat would call lost. Nothing of the
+// row changes (the attempt draws a token, a gap in the counter).
 func TestATenantsReentryAboveTheHighWaterFailsClosed(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		owner := storetest.Open(t, dsn, 2)

@@ -25,8 +25,9 @@
 -- The key prefix the session's role may write through the functions that
 -- run with the owner's rights (claim_window, record_decision, renew): its
 -- live namespace and '/' for a tenant role; '' (every key) for a superuser
--- and a role with the privileges of the tables' owner, which may write
--- every row anyway; NULL (no key) for any other role. Migration 11 gave
+-- and a member of the tables' owner (with its privileges, or able to SET
+-- ROLE to it, as a NOINHERIT login role whose sessions start as the owner),
+-- which may write every row anyway; NULL (no key) for any other role. Migration 11 gave
 -- every key to a BYPASSRLS role too, but row-level security only ever
 -- filtered what a role's grants allowed, and such a role may hold no grant
 -- to write (a monitoring role reading every namespace): through these
@@ -42,7 +43,7 @@ BEGIN
         RETURN ns || '/';
     END IF;
     IF (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user)
-       OR pg_has_role(session_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'dislock.windows'::regclass), 'USAGE') THEN
+       OR pg_has_role(session_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'dislock.windows'::regclass), 'MEMBER') THEN
         RETURN '';
     END IF;
     RETURN NULL;
@@ -95,8 +96,9 @@ REVOKE ALL ON FUNCTION dislock.claim_window_unchecked(text, timestamptz, int, te
 -- write of a row whose token is above the high water (migration 9): a new
 -- or taken-over claim draws its token from next_token(), never above it,
 -- but a re-entry keeps the row's, which two asynchronous failovers in a
--- row can leave above it; that running job fails closed, as its renewals
--- do (see renew), until the owner applies dislock check's fix.
+-- row can leave above it. Every claim a tenant wins is checked, whatever
+-- its outcome says: that running job fails closed, as its renewals do (see
+-- renew), until the owner applies dislock check's fix.
 CREATE OR REPLACE FUNCTION dislock.claim_window(
     p_key text, p_window timestamptz, p_index int, p_owner text, p_cluster text, p_pod text,
     p_ttl_us bigint, p_job_prefix text, p_standby boolean,
@@ -113,9 +115,9 @@ BEGIN
         p_ttl_us, p_job_prefix, p_standby, p_view, p_view_recency_us, p_view_refresh_us, p_max_late_us);
     w := c.w; outcome := c.outcome; db_now := c.db_now;
     other_clusters := c.other_clusters; other_views := c.other_views; other_seen := c.other_seen;
-    IF outcome = 'reentered' AND dislock.session_scope() <> '' AND w.token > dislock.token_high_water() THEN
+    IF outcome <> 'refused' AND outcome <> 'stale' AND dislock.session_scope() <> '' AND w.token > dislock.token_high_water() THEN
         RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
-            MESSAGE = format('dislock: role %s may not re-enter window %s of %s: its token %s is above the high water %s',
+            MESSAGE = format('dislock: role %s may not hold window %s of %s: its token %s is above the high water %s',
                              session_user, p_window, p_key, w.token, dislock.token_high_water()),
             HINT = 'run dislock check with the owner''s URL and apply its fix for the tokens';
     END IF;
