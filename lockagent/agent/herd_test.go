@@ -44,6 +44,7 @@ var (
 	herdClusters    = flag.Int("herd.clusters", 3, "BenchmarkHerd: clusters, each with its own PgBouncer")
 	herdNamespaces  = flag.Int("herd.namespaces", 10, "BenchmarkHerd: namespaces per cluster, each with its own tenant role (and PgBouncer pool)")
 	herdPoolSize    = flag.Int("herd.pool", 2, "BenchmarkHerd: each PgBouncer's default_pool_size (server connections per tenant role)")
+	herdMaxDBConns  = flag.Int("herd.max-db-connections", 0, "BenchmarkHerd: each PgBouncer's max_db_connections (0: none), the ceiling on its server connections across the namespaces' pools")
 	herdMode        = flag.String("herd.mode", "schedule", "BenchmarkHerd: the CronJobs' dislock.io/mode")
 	herdRun         = flag.Duration("herd.run", 20*time.Second, "BenchmarkHerd: how long the winners' apps run, heartbeating")
 	herdDrainLimit  = flag.Duration("herd.drain-limit", 45*time.Second, "BenchmarkHerd: pods undecided this long after the herd began count as errors")
@@ -195,10 +196,10 @@ func BenchmarkHerd(b *testing.B) {
 	var byConnections []decisionLimit
 	for _, n := range herdFewerNamespaces(len(h.dsn[0])) {
 		l := h.pgbenchDecisions(b, 0, n)
-		l.connections = len(h.dsn) * n * h.pool
+		l.namespaces, l.connections = n, h.serverConnections(n)
 		byConnections = append(byConnections, l)
 	}
-	limit.connections = len(h.dsn) * len(h.dsn[0]) * h.pool
+	limit.namespaces, limit.connections = len(h.dsn[0]), h.serverConnections(len(h.dsn[0]))
 	byConnections = append(byConnections, limit)
 	var rows []herdRow
 	for _, m := range sizes {
@@ -224,6 +225,17 @@ func BenchmarkHerd(b *testing.B) {
 		})
 	}
 	h.report(rows, limit, byConnections)
+}
+
+// serverConnections is how many server connections the bouncers keep at
+// work for namespaces busy namespaces each: their pools, up to each
+// bouncer's max_db_connections.
+func (h *herd) serverConnections(namespaces int) int {
+	per := namespaces * h.pool
+	if *herdMaxDBConns > 0 {
+		per = min(per, *herdMaxDBConns)
+	}
+	return len(h.dsn) * per
 }
 
 // herdFewerNamespaces are the namespace counts below all the herd's
@@ -277,6 +289,9 @@ func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
 	// once, with its ledger's second connection. The tenant roles' pools
 	// are what PostgreSQL sees: namespaces × pool size per bouncer.
 	conf := fmt.Sprintf("max_client_conn = %d\ndefault_pool_size = %d\nlisten_backlog = 4096\n", 2*maxKeys+100, pool)
+	if *herdMaxDBConns > 0 {
+		conf += fmt.Sprintf("max_db_connections = %d\n", *herdMaxDBConns)
+	}
 	owner, err := store.Open(ctx, srv.DirectDSN(), store.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -973,10 +988,12 @@ func (h *herd) pgbenchHeartbeat(b testing.TB, transactions int) float64 {
 // decisionLimit is the herds' limit, measured on the same database before
 // them: what pgbench doing the pods' work made of it.
 type decisionLimit struct {
-	// connections is how many server connections the pgbenches kept busy:
-	// clusters × namespaces × the pool.
-	connections int
+	// namespaces is how many namespaces of each cluster ran pgbench, and
+	// connections how many server connections they kept busy (clusters ×
+	// namespaces × the pool, up to max_db_connections per bouncer).
+	namespaces, connections int
 	perSec      float64 // decisions per second
+	backends    int64   // PostgreSQL backends started meanwhile
 	// CPU per decision of PostgreSQL, the bouncers and pgbench itself.
 	pg, bouncers, client time.Duration
 }
@@ -1041,6 +1058,7 @@ func (h *herd) pgbenchDecisions(b testing.TB, transactions, namespaces int) deci
 	used := h.read(b).Sub(before)
 	if n > 0 {
 		l.pg, l.bouncers, l.client = used.PostgreSQL/time.Duration(n), used.Bouncers/time.Duration(n), l.client/time.Duration(n)
+		l.backends = used.Sessions
 	}
 	return l
 }
@@ -1050,12 +1068,16 @@ func (h *herd) report(rows []herdRow, limit decisionLimit, byConnections []decis
 	cpus := runtime.NumCPU()
 	fmt.Printf("\nThe limit, before the herds: pgbench doing what the pods do (claim, ledger) through the same PgBouncers and pools: %.0f decisions/s; CPU per decision: PostgreSQL %s, bouncers %s, pgbench %s\n",
 		limit.perSec, msf(limit.pg), msf(limit.bouncers), msf(limit.client))
-	t := [][]string{{"namespaces/cluster", "server connections", "decisions/s", "PG CPU/decision", "bouncers CPU/decision", "pgbench CPU/decision"}}
+	t := [][]string{{"namespaces/cluster", "server connections", "decisions/s", "PG CPU/decision", "bouncers CPU/decision", "pgbench CPU/decision", "backends started"}}
 	for _, l := range byConnections {
-		t = append(t, []string{strconv.Itoa(l.connections / len(h.dsn) / h.pool), strconv.Itoa(l.connections), fmt.Sprintf("%.0f", l.perSec),
-			msf(l.pg), msf(l.bouncers), msf(l.client)})
+		t = append(t, []string{strconv.Itoa(l.namespaces), strconv.Itoa(l.connections), fmt.Sprintf("%.0f", l.perSec),
+			msf(l.pg), msf(l.bouncers), msf(l.client), strconv.FormatInt(l.backends, 10)})
 	}
-	fmt.Println("\nThe limit by server connections at work (each namespace's pool in each PgBouncer; same run, same database)")
+	ceiling := "none"
+	if *herdMaxDBConns > 0 {
+		ceiling = strconv.Itoa(*herdMaxDBConns)
+	}
+	fmt.Printf("\nThe limit by server connections at work (each namespace's pool of %d in each PgBouncer, max_db_connections %s; same run, same database)\n", h.pool, ceiling)
 	_ = benchscale.Table(os.Stdout, t)
 	t = [][]string{{"keys/cluster", "pods", "drain", "decisions/s", "÷ limit", "claim p50", "p99", "max", "errors", "undecided", "retries", "PG CPU", "PG CPU/decision", "PG CPU share", "bouncers CPU", "generator CPU", "WAL/window", "WAL syncs", "PgBouncer wait/pod"}}
 	for _, r := range rows {
