@@ -5,16 +5,16 @@
 -- (migration 10), and both ran with the caller's rights: every statement in
 -- them evaluated a policy's tenant_namespace() (the claim's reads of its
 -- window and view, its upserts, the ledger's three tables) and every row a
--- claim wrote evaluated token_high_water(). At the top of the hour that was
--- a third of the database's CPU per decision.
+-- claim wrote evaluated token_high_water(): a seventh of the database's CPU
+-- per decision (BenchmarkDecision).
 --
 -- Both now run with their owner's rights behind one check, as renew does
 -- (migration 11): the key must be one the caller may write, by
 -- session_scope(), which no longer gives every key to a BYPASSRLS role.
 -- What the policies checked besides: a claim's token is drawn by
 -- next_token() under the row lock, never above the high water, or kept
--- from the row, which claim_window checks on re-entry; the ledger's
--- policies checked the namespace alone. The rule of
+-- from the row, which claim_window checks on every claim a tenant wins;
+-- the ledger's policies checked the namespace alone. The rule of
 -- "Ownership and re-entry" and the ledger's write stay where migration 10
 -- put them, renamed claim_window_unchecked and record_decision_unchecked:
 -- only the owner may call those, and they still run with the caller's
@@ -27,11 +27,11 @@
 -- live namespace and '/' for a tenant role; '' (every key) for a superuser
 -- and a member of the tables' owner (with its privileges, or able to SET
 -- ROLE to it, as a NOINHERIT login role whose sessions start as the owner),
--- which may write every row anyway; NULL (no key) for any other role. Migration 11 gave
--- every key to a BYPASSRLS role too, but row-level security only ever
--- filtered what a role's grants allowed, and such a role may hold no grant
--- to write (a monitoring role reading every namespace): through these
--- functions it would have written every namespace's rows.
+-- which may write every row anyway; NULL (no key) for any other role.
+-- Migration 11 gave every key to a BYPASSRLS role too, but row-level
+-- security only ever filtered what a role's grants allowed, and such a role
+-- may hold no grant to write (a monitoring role reading every namespace):
+-- through these functions it would have written every namespace's rows.
 CREATE OR REPLACE FUNCTION dislock.session_scope() RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
