@@ -452,11 +452,12 @@ func nonLoopbackIP(t *testing.T) net.IP {
 	return nil
 }
 
-// Agents of the previous release renew with dislock.renew_window and
-// renew_lease: while a cluster is not upgraded yet they still run, so a
-// tenant role without them gets a warning naming the grant, though it can
-// do all an agent of this release does.
-func TestCheckURLWarnsOfATenantThePreviousReleasesAgentsCouldNotRenewWith(t *testing.T) {
+// Agents of earlier releases renew with dislock.renew_window and
+// renew_lease (schema 10), or claim and write the ledger with their own
+// statements (schemas 7-9): while a cluster is not upgraded yet they still
+// run, so a tenant role without those grants gets a warning naming the
+// grant, though it can do all an agent of this release does.
+func TestCheckURLWarnsOfATenantEarlierReleasesAgentsCouldNotUse(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "check-previous"})
 	super := storetest.RawConn(t, srv.SuperuserDSN())
 	ctx := context.Background()
