@@ -45,7 +45,7 @@ func TestADecisionReachesOnlyTheCallersNamespace(t *testing.T) {
 		view := &store.View{Schedule: "* * * * *", Mode: "schedule"}
 
 		for name, s := range map[string]*store.Store{"a tenant of another namespace": a, "a role in the group without a namespace": byHand,
-			"a role granted every function of the schema": wholesale} {
+			"a reader past row-level security granted every function": wholesale} {
 			for w := range 2 {
 				_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(w), Index: store.NotIndexed,
 					Owner: oa, TTL: storetest.TTL, Standby: true, View: view})

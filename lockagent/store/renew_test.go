@@ -93,7 +93,7 @@ func TestARenewalReachesOnlyTheCallersNamespace(t *testing.T) {
 		byHand, wholesale := rolesWithoutANamespace(t, dsn, nsA[len(nsA)-4:])
 
 		for name, s := range map[string]*store.Store{"a tenant of another namespace": a, "a role in the group without a namespace": byHand,
-			"a role granted every function of the schema": wholesale} {
+			"a reader past row-level security granted every function": wholesale} {
 			if _, err := s.Renew(ctx, foreign); !errors.Is(err, store.ErrWindowLost) {
 				t.Fatalf("%s renewing %s's window and lease: %v, want ErrWindowLost", name, nsB, err)
 			}
