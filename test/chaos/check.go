@@ -398,6 +398,15 @@ func (o *Outcome) otherShapeClaimed(u unit) bool {
 // unitKey is u's key in WindowStates.
 func (o *Outcome) unitKey(u unit) string { return unitKey(o.Windows[u.window], u.index) }
 
+// rowClaim is unit u's row's last claim, if the schedule read its row.
+func (o *Outcome) rowClaim(u unit) (WindowClaim, bool) {
+	if u.window >= len(o.Windows) {
+		return WindowClaim{}, false
+	}
+	c, ok := o.WindowClaims[o.unitKey(u)]
+	return c, ok
+}
+
 // cleanClusters are the clusters whose Job for window w no fault made
 // unable to run it: the bouncer was never cut while the Job lived, and none
 // of its apps never started, exited non-zero or was killed.
@@ -461,7 +470,10 @@ const recordSlack = time.Second
 //
 // L is not observable, so the proof bounds it. The claim is taken by
 // another pod (a run decision for the window with another token, time T in
-// that pod's agent log) only once lapsed, so L ≤ T. And L = h + TTL, h the
+// that pod's agent log; or, earlier, the row's last claim by another pod,
+// time T by the database's clock: a standby waiting for the lease, or a pod
+// stopped before it decided, took the row without a run decision) only
+// once lapsed, so L ≤ T. And L = h + TTL, h the
 // owner's last call that reached the database: so if the pod could not reach
 // it during [E, M] with M = min(T, max(E+TTL, T−TTL)), then h < E (h lies at
 // or before T−TTL ≤ M), so L < E+TTL ≤ M, and [E, L] ⊆ [E, M]. Without a
@@ -490,6 +502,10 @@ func (o *Outcome) unrecordable(r Run, u unit) (bool, string) {
 			take = &d
 			break
 		}
+	}
+	if c, ok := o.rowClaim(u); ok && !strings.HasSuffix(c.Owner, "/"+r.Pod) && c.ClaimedAt.After(claimed) &&
+		(take == nil || c.ClaimedAt.Before(take.At)) {
+		take = &decision{At: c.ClaimedAt, Pod: c.Owner + "'s claim of the row", Token: c.Token}
 	}
 	m := o.End
 	if take != nil {

@@ -23,6 +23,7 @@ func TestUnrecordable(t *testing.T) {
 		outages   []Outage
 		sidecars  []Incarnation // the owner's; default: one running throughout
 		take      *time.Time    // the standby's run decision; nil: none
+		rowTaken  *time.Time    // the row's last claim, by the standby; nil: the row is the owner's
 		ownerLog  []string      // more lines of the owner's agent log
 		exception bool
 		says      string
@@ -106,6 +107,20 @@ func TestUnrecordable(t *testing.T) {
 		{name: "sidecar exited at once, then taken", take: ptr(at(3500)),
 			sidecars:  []Incarnation{{From: at(-500), To: at(1020), Code: 0}},
 			exception: false, says: "without recording the success"},
+		// A standby that took the row and waited for the lease, or a pod
+		// stopped before it decided: the row's claim is the take.
+		{name: "taken in the row long before the run decision", take: ptr(at(9000)), rowTaken: ptr(at(3500)),
+			outages:   []Outage{{From: at(500), To: at(3600), Cluster: "dc-a", What: "cut-cluster (pause)"}},
+			sidecars:  []Incarnation{{From: at(-500), To: at(3700), Code: 0}},
+			exception: true, says: "cut-cluster"},
+		{name: "taken in the row, never decided", take: nil, rowTaken: ptr(at(3500)),
+			outages:   []Outage{{From: at(500), To: at(3600), Cluster: "dc-a", What: "cut-cluster (stop)"}},
+			sidecars:  []Incarnation{{From: at(-500), To: at(8000), Code: 0}},
+			exception: true, says: "cut-cluster"},
+		{name: "taken in the row after the pod could have recorded", take: nil, rowTaken: ptr(at(6000)),
+			outages:   []Outage{{From: at(500), To: at(2000), Cluster: "dc-a", What: "cut-cluster (stop)"}},
+			sidecars:  []Incarnation{{From: at(-500), To: at(8000), Code: 0}},
+			exception: false, says: "could reach the database for"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -132,7 +147,10 @@ func TestUnrecordable(t *testing.T) {
 			} else {
 				standby.AgentLog = log("standby", `{"msg":"waiting"}`)
 			}
-			o := &Outcome{Settings: Settings{TTL: ttl}, End: at(20000), Outages: c.outages, Pods: []PodRecord{owner, standby}}
+			o := &Outcome{Settings: Settings{TTL: ttl}, End: at(20000), Outages: c.outages, Pods: []PodRecord{owner, standby}, Windows: []string{"w0"}}
+			if c.rowTaken != nil {
+				o.WindowClaims = map[string]WindowClaim{"w0": {Owner: "dc-b/ns/j/uid/standby", Token: 9, ClaimedAt: *c.rowTaken}}
+			}
 			run := Run{Cluster: "dc-a", Pod: "owner", Window: 0, Index: -1, Token: 7, Start: at(100), End: at(1000), Code: 0}
 			ok, why := o.unrecordable(run, unit{0, -1})
 			if ok != c.exception || !strings.Contains(why, c.says) {

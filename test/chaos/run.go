@@ -306,8 +306,19 @@ type Outcome struct {
 	// WindowStates maps a window's RFC 3339 start (and "/<index>" for an
 	// Indexed Job's) to its row's state.
 	WindowStates map[string]string
+	// WindowClaims maps the same keys to the row's last claim: its owner
+	// and when it claimed, by the database's clock.
+	WindowClaims map[string]WindowClaim
 	// Overran: the schedule had to be killed at its hard deadline.
 	Overran bool
+}
+
+// WindowClaim is a window row's owner (dislock's owner string, ending in
+// its pod's name), its token, and when that owner claimed it.
+type WindowClaim struct {
+	Owner     string
+	Token     int64
+	ClaimedAt time.Time
 }
 
 // PodRecord is what the checker knows about one pod.
@@ -809,7 +820,7 @@ func (r *run) outcome(quiet time.Time, overran bool) *Outcome {
 	if b, err := os.ReadFile(r.ledger); err == nil {
 		o.Ledger = string(b)
 	}
-	o.Rows, o.WindowStates = r.dumpRows()
+	o.Rows, o.WindowStates, o.WindowClaims = r.dumpRows()
 	return o
 }
 
@@ -831,12 +842,13 @@ func (o *Outcome) addKind(k Kind) {
 // dumpRows reads every row of the key from every table of schema dislock
 // that has a lock_key column (whatever the schema version), straight from
 // PostgreSQL, retrying while another schedule restarts it.
-func (r *run) dumpRows() (string, map[string]string) {
+func (r *run) dumpRows() (string, map[string]string, map[string]WindowClaim) {
 	var rows strings.Builder
-	states := map[string]string{}
+	states, claims := map[string]string{}, map[string]WindowClaim{}
 	for attempt := 0; attempt < 20; attempt++ {
 		rows.Reset()
 		clear(states)
+		clear(claims)
 		err := func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -871,9 +883,13 @@ func (r *run) dumpRows() (string, map[string]string) {
 							WindowStart time.Time `json:"window_start"`
 							State       string    `json:"state"`
 							JobIndex    int       `json:"job_index"`
+							Owner       string    `json:"owner"`
+							Token       int64     `json:"token"`
+							ClaimedAt   time.Time `json:"claimed_at"`
 						}{JobIndex: -1}
 						if json.Unmarshal([]byte(l), &w) == nil {
-							states[unitKey(w.WindowStart.UTC().Format(time.RFC3339), w.JobIndex)] = w.State
+							k := unitKey(w.WindowStart.UTC().Format(time.RFC3339), w.JobIndex)
+							states[k], claims[k] = w.State, WindowClaim{Owner: w.Owner, Token: w.Token, ClaimedAt: w.ClaimedAt}
 						}
 					}
 				}
@@ -881,12 +897,12 @@ func (r *run) dumpRows() (string, map[string]string) {
 			return nil
 		}()
 		if err == nil {
-			return rows.String(), states
+			return rows.String(), states, claims
 		}
 		if attempt == 19 {
-			return "reading rows: " + err.Error(), nil
+			return "reading rows: " + err.Error(), nil, nil
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	return "", nil
+	return "", nil, nil
 }
