@@ -992,8 +992,11 @@ type decisionLimit struct {
 	// connections how many server connections they kept busy (clusters ×
 	// namespaces × the pool, up to max_db_connections per bouncer).
 	namespaces, connections int
-	perSec      float64 // decisions per second
-	backends    int64   // PostgreSQL backends started meanwhile
+	perSec                  float64 // decisions per second
+	backends                int64   // PostgreSQL backends started meanwhile
+	// starved counts the pgbenches (a cluster's namespace each) that
+	// completed no transaction: their pools never got a server connection.
+	starved int
 	// CPU per decision of PostgreSQL, the bouncers and pgbench itself.
 	pg, bouncers, client time.Duration
 }
@@ -1041,6 +1044,12 @@ func (h *herd) pgbenchDecisions(b testing.TB, transactions, namespaces int) deci
 				}
 				mu.Lock()
 				defer mu.Unlock()
+				if errors.Is(err, benchscale.ErrNoTransactions) && *herdMaxDBConns > 0 {
+					// Its pool never got a server connection under the
+					// ceiling: what the table reports.
+					l.starved++
+					return
+				}
 				if err != nil {
 					errs = append(errs, err)
 					return
@@ -1068,10 +1077,10 @@ func (h *herd) report(rows []herdRow, limit decisionLimit, byConnections []decis
 	cpus := runtime.NumCPU()
 	fmt.Printf("\nThe limit, before the herds: pgbench doing what the pods do (claim, ledger) through the same PgBouncers and pools: %.0f decisions/s; CPU per decision: PostgreSQL %s, bouncers %s, pgbench %s\n",
 		limit.perSec, msf(limit.pg), msf(limit.bouncers), msf(limit.client))
-	t := [][]string{{"namespaces/cluster", "server connections", "decisions/s", "PG CPU/decision", "bouncers CPU/decision", "pgbench CPU/decision", "backends started"}}
+	t := [][]string{{"namespaces/cluster", "server connections", "decisions/s", "PG CPU/decision", "bouncers CPU/decision", "pgbench CPU/decision", "backends started", "namespaces starved"}}
 	for _, l := range byConnections {
 		t = append(t, []string{strconv.Itoa(l.namespaces), strconv.Itoa(l.connections), fmt.Sprintf("%.0f", l.perSec),
-			msf(l.pg), msf(l.bouncers), msf(l.client), strconv.FormatInt(l.backends, 10)})
+			msf(l.pg), msf(l.bouncers), msf(l.client), strconv.FormatInt(l.backends, 10), fmt.Sprintf("%d of %d", l.starved, len(h.dsn)*l.namespaces)})
 	}
 	ceiling := "none"
 	if *herdMaxDBConns > 0 {

@@ -9,6 +9,7 @@ package benchscale
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -418,6 +419,10 @@ func PgbenchScript(query, prelude string, args []string) (string, error) {
 	return prelude + strings.TrimSpace(query) + ";\n", nil
 }
 
+// ErrNoTransactions: pgbench's clients completed no transaction in the time
+// given (their server connections never came).
+var ErrNoTransactions = errors.New("pgbench completed no transaction")
+
 // Pgbench runs script under pgbench for d with clients connections to the
 // database of dsn (a postgres:// URL) and returns the transactions per
 // second it reports, excluding connection time.
@@ -473,6 +478,9 @@ func pgbench(ctx context.Context, bin, dsn, script string, clients int, run ...s
 	}
 	r.CPU = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	m := regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`).FindSubmatch(out)
+	if m == nil && regexp.MustCompile(`number of transactions actually processed: 0\n`).Match(out) {
+		return r, fmt.Errorf("%w:\n%s", ErrNoTransactions, out)
+	}
 	if m == nil {
 		return r, fmt.Errorf("pgbench printed no tps:\n%s", out)
 	}
