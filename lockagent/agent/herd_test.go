@@ -195,11 +195,8 @@ func BenchmarkHerd(b *testing.B) {
 	// number of server connections costs each decision.
 	var byConnections []decisionLimit
 	for _, n := range herdFewerNamespaces(len(h.dsn[0])) {
-		l := h.pgbenchDecisions(b, 0, n)
-		l.namespaces, l.connections = n, h.serverConnections(n)
-		byConnections = append(byConnections, l)
+		byConnections = append(byConnections, h.pgbenchDecisions(b, 0, n))
 	}
-	limit.namespaces, limit.connections = len(h.dsn[0]), h.serverConnections(len(h.dsn[0]))
 	byConnections = append(byConnections, limit)
 	var rows []herdRow
 	for _, m := range sizes {
@@ -1014,26 +1011,23 @@ type decisionLimit struct {
 // when namespaces is 0): fewer namespaces, fewer server connections at work.
 func (h *herd) pgbenchDecisions(b testing.TB, transactions, namespaces int) decisionLimit {
 	ctx := context.Background()
+	if namespaces <= 0 || namespaces > len(h.dsn[0]) {
+		namespaces = len(h.dsn[0])
+	}
+	l := decisionLimit{namespaces: namespaces, connections: h.serverConnections(namespaces)}
 	h.warm(b) // as the herds find them: a backend's start is no decision's cost
 	before := h.read(b)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var l decisionLimit
 	var n int64
 	var errs []error
 	for c, dsns := range h.dsn {
-		if namespaces > 0 {
-			dsns = dsns[:min(namespaces, len(dsns))]
-		}
-		for i, dsn := range dsns {
+		for i, dsn := range dsns[:namespaces] {
+			script, err := benchscale.DecisionScript(benchscale.AgentDecision, fmt.Sprintf("ns-%d", i), fmt.Sprintf("limit-%d", c), len(h.dsn), herdTTL)
+			if err != nil {
+				b.Fatal(err)
+			}
 			wg.Go(func() {
-				script, err := benchscale.DecisionScript(benchscale.AgentDecision, fmt.Sprintf("ns-%d", i), fmt.Sprintf("limit-%d", c), len(h.dsn), herdTTL)
-				if err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-					return
-				}
 				var r benchscale.PgbenchResult
 				if transactions > 0 {
 					var tps float64

@@ -274,8 +274,12 @@ func TestRenewalBaselinesRenew(t *testing.T) {
 	}
 }
 
-// renewalWindow is the window of every row BenchmarkRenewal renews.
-var renewalWindow = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+// renewalWindow is the window of every row BenchmarkRenewal renews, and
+// renewalAt the same as an SQL literal.
+var (
+	renewalWindow = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	renewalAt     = "'" + renewalWindow.Format(time.RFC3339) + "'::timestamptz"
+)
 
 // renewalDay is a day in microseconds: a renewal moves an expiry from an
 // hour to a day.
@@ -288,15 +292,13 @@ var renewalStatements = []struct {
 	script func(key string) (string, error)
 }{
 	{"schema-9-statements", func(key string) (string, error) {
-		at := "'" + renewalWindow.Format(time.RFC3339) + "'::timestamptz"
 		return "UPDATE dislock.windows SET alive_until = now() + " + renewalDay + " * interval '1 microsecond' " +
-			"WHERE lock_key = " + key + " AND window_start = " + at + " AND job_index = -1 AND token = :k AND state = 'running' RETURNING alive_until, now();\n" +
+			"WHERE lock_key = " + key + " AND window_start = " + renewalAt + " AND job_index = -1 AND token = :k AND state = 'running' RETURNING alive_until, now();\n" +
 			"UPDATE dislock.leases SET expire_at = now() + " + renewalDay + " * interval '1 microsecond' " +
 			"WHERE lock_key = " + key + " AND token = :k AND expire_at > clock_timestamp() RETURNING expire_at, now();\n", nil
 	}},
 	{"renew", func(key string) (string, error) {
-		at := "'" + renewalWindow.Format(time.RFC3339) + "'::timestamptz"
-		return benchscale.PgbenchScript(store.RenewSQL, "", []string{key, at, "-1", ":k", key, ":k", renewalDay})
+		return benchscale.PgbenchScript(store.RenewSQL, "", []string{key, renewalAt, "-1", ":k", key, ":k", renewalDay})
 	}},
 }
 
