@@ -4,7 +4,8 @@ package e2e
 // agent's termination message), their container logs (read from the node's
 // pod log directory, so that they survive a kubelet that no longer answers),
 // the Events and the webhook's log; then `dislock windows`, `dislock leases`
-// and the ledger.
+// and the ledger; last, so that the tail of a CI log shows it, every pod that
+// did not succeed and why.
 
 import (
 	"context"
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dislock/dislock/test/harness"
@@ -59,7 +61,39 @@ func (e *Env) Dump() string {
 				r.Started.Format(time.StampMilli), fmtTime(r.Finished), fmtInt(r.ExitCode))
 		}
 	}
+	b.WriteString("===== pods that did not succeed =====\n")
+	for _, dc := range e.DCs {
+		if dc != nil && dc.Client != nil {
+			unsucceeded(ctx, &b, dc)
+		}
+	}
 	return b.String()
+}
+
+// unsucceeded writes, for every pod of the test namespaces that is not
+// Succeeded, its phase and each container's last state: exit code, reason
+// and termination message (the agent's decision).
+func unsucceeded(ctx context.Context, b *strings.Builder, dc *DC) {
+	for _, ns := range Teams {
+		pods, err := dc.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			fmt.Fprintf(b, "%s: listing pods of %s: %v\n", dc.Name, ns, err)
+			continue
+		}
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodSucceeded {
+				continue
+			}
+			fmt.Fprintf(b, "%s %s/%s phase=%s reason=%q\n", dc.Name, ns, p.Name, p.Status.Phase, p.Status.Reason)
+			for _, s := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+				if t := s.State.Terminated; t != nil {
+					fmt.Fprintf(b, "  %s: exit %d %s %q\n", s.Name, t.ExitCode, t.Reason, strings.TrimSpace(t.Message))
+				} else {
+					fmt.Fprintf(b, "  %s: running=%v waiting=%v restarts=%d\n", s.Name, s.State.Running != nil, s.State.Waiting, s.RestartCount)
+				}
+			}
+		}
+	}
 }
 
 // podLogs returns the tail of every container log under a kubelet's

@@ -333,7 +333,8 @@ func TestThirtyWindowsCreatedAtOnceInBothClustersRunThirtyTimes(t *testing.T) {
 
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
-		unfinished, failed := 0, 0
+		unfinished := 0
+		var failed []string
 		for _, dc := range e.DCs {
 			jobs, err := dc.Jobs(ctx, name)
 			if err != nil {
@@ -346,13 +347,13 @@ func TestThirtyWindowsCreatedAtOnceInBothClustersRunThirtyTimes(t *testing.T) {
 				case !done:
 					unfinished++
 				case !complete:
-					failed++
+					failed = append(failed, dc.Name+"/"+j.Name)
 				}
 			}
 		}
 		if unfinished == 0 {
-			if failed > 0 {
-				t.Errorf("%d Jobs failed; every cluster's Job must complete", failed)
+			if len(failed) > 0 {
+				t.Errorf("%d Jobs failed (%v); every cluster's Job must complete (their pods are at the end of the state below)", len(failed), failed)
 			}
 			break
 		}
