@@ -130,8 +130,18 @@ Checks of values that the schema cannot express; each failure says what to set.
 {{- fail (printf "database.tls.caSecret.name (%q) and database.tls.caConfigMap.name (%q) are both set: set one, the CA bundle comes from one place" .caSecret.name .caConfigMap.name) -}}
 {{- end -}}
 {{- end -}}
+{{- include "dislock.validateBounds" . -}}
 {{- range $value, $flag := dict "podLabels" "--pod-labels" "podAnnotations" "--pod-annotations" -}}
 {{- range $k, $v := index $.Values.agent $value -}}
+{{- $parts := splitList "/" $k -}}
+{{- $name := last $parts -}}
+{{- $prefix := join "/" (initial $parts) -}}
+{{- if eq $value "podAnnotations" -}}{{- $prefix = lower $prefix -}}{{- end -}}
+{{- if not (regexMatch "^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" $name) | or (gt (len $parts) 2) | or (and (eq (len $parts) 2) (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $prefix))) -}}
+{{- fail (printf "agent.%s: %q is not a Kubernetes %s key: want [prefix/]name, the name at most 63 letters, digits, '-', '_' or '.' starting and ending with a letter or digit, the prefix a DNS subdomain (e.g. example.com/team)" $value $k (trimPrefix "pod" $value | lower | trimSuffix "s")) -}}
+{{- else if hasPrefix "dislock.io/" $k -}}
+{{- fail (printf "agent.%s: %q is in the dislock.io/ prefix, which is dislock's own: choose another key" $value $k) -}}
+{{- end -}}
 {{- if contains "," $v -}}
 {{- fail (printf "agent.%s.%s: %q holds a comma, which the webhook's %s splits entries on: drop the comma" $value $k $v $flag) -}}
 {{- end -}}
@@ -189,4 +199,75 @@ range over a map's keys in sorted order, so the flag does not change between ren
 {{- $out = append $out (printf "%s=%s" $k $v) -}}
 {{- end -}}
 {{- join "," $out -}}
+{{- end -}}
+
+{{/*
+The bounds `dislock webhook` checks at start (webhook/flags), so that a value it would refuse
+fails the install instead of crash-looping the pods. The numbers repeat the binary's;
+test/chart's TestEveryValueTheWebhookRefusesTheChartRefuses holds them to it.
+*/}}
+{{- define "dislock.validateBounds" -}}
+{{- with .Values.database -}}
+{{- if lt (include "dislock.seconds" .retention | float64) 172800.0 -}}
+{{- fail (printf "database.retention %s is shorter than 48h: a pod that starts late could claim a deleted window and run it again (set at least 48h, e.g. 720h)" .retention) -}}
+{{- end -}}
+{{- $ledger := include "dislock.seconds" .ledgerInterval | float64 -}}
+{{- if and (gt $ledger 0.0) (lt $ledger 5.0) -}}
+{{- fail (printf "database.ledgerInterval %s is shorter than 5s (set at least 5s, e.g. 30s)" .ledgerInterval) -}}
+{{- end -}}
+{{- if gt (include "dislock.seconds" .tokenRecordInterval | float64) 60.0 -}}
+{{- fail (printf "database.tokenRecordInterval %s is longer than 1m, the longest a restored database may hand out tokens before their epoch moves past the record (set at most 1m, e.g. 5s)" .tokenRecordInterval) -}}
+{{- end -}}
+{{- end -}}
+{{- $timeout := .Values.webhook.registryTimeout -}}
+{{- $budget := .Values.webhook.registry.reviewBudget -}}
+{{- if gt (include "dislock.seconds" $timeout | float64) (include "dislock.seconds" $budget | float64) -}}
+{{- fail (printf "webhook.registryTimeout %s is longer than webhook.registry.reviewBudget %s, the budget of all lookups of one admission that contains it: lower the timeout or raise the budget" $timeout $budget) -}}
+{{- end -}}
+{{- $agent := .Values.agent -}}
+{{- $sizes := dict -}}
+{{- range $resource, $d := dict "cpu" (list "cpuRequest" "cpuLimit" "maxCPU" "10m" "500m" "1") "memory" (list "memoryRequest" "memoryLimit" "maxMemory" "16Mi" "64Mi" "256Mi") -}}
+{{- $request := index $agent (index $d 0) -}}
+{{- $limit := index $agent (index $d 1) -}}
+{{- $max := index $agent (index $d 2) -}}
+{{- range $name := list (index $d 0) (index $d 1) (index $d 2) -}}
+{{- $v := index $agent $name -}}
+{{- if and $v (le (include "dislock.quantity" $v | float64) 0.0) -}}
+{{- fail (printf "agent.%s %s is not a positive quantity" $name $v) -}}
+{{- end -}}
+{{- end -}}
+{{- $least := index (dict "cpu" "10m" "memory" "32Mi") $resource -}}
+{{- if and $limit (lt (include "dislock.quantity" $limit | float64) (include "dislock.quantity" $least | float64)) -}}
+{{- fail (printf "agent.%s %s is below %s, the least the agent runs with" (index $d 1) $limit $least) -}}
+{{- end -}}
+{{- $lim := include "dislock.quantity" (default (index $d 4) $limit) | float64 -}}
+{{- $req := include "dislock.quantity" (default (index $d 3) $request) | float64 -}}
+{{- if and $request (gt $req $lim) -}}
+{{- fail (printf "agent.%s %s is above the %s limit %s (raise agent.%s too, or lower this)" (index $d 0) $request $resource (default (index $d 4) $limit) (index $d 1)) -}}
+{{- end -}}
+{{- $most := include "dislock.quantity" (default (index $d 5) $max) | float64 -}}
+{{- range $i, $size := list $req $lim -}}
+{{- if gt $size $most -}}
+{{- fail (printf "agent.%s %s is above agent.%s %s, the most a CronJob may ask for: raise agent.%s or lower this" (index $d $i) (default (index $d (add $i 3)) (index $agent (index $d $i))) (index $d 2) (default (index $d 5) $max) (index $d 2)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* dislock.seconds: a Go duration, as the values schema's patterns allow it, in seconds. */}}
+{{- define "dislock.seconds" -}}
+{{- $units := dict "ns" 1e-9 "us" 1e-6 "µs" 1e-6 "ms" 1e-3 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9.]+[^0-9.]+" (toString .) -1 -}}
+{{- $n := regexFind "^[0-9.]+" . -}}
+{{- $total = addf $total (mulf (float64 $n) (index $units (trimPrefix $n .))) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/* dislock.quantity: a Kubernetes quantity, as the values schema's pattern allows it, as a number. */}}
+{{- define "dislock.quantity" -}}
+{{- $units := dict "" 1.0 "m" 1e-3 "k" 1e3 "M" 1e6 "G" 1e9 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 -}}
+{{- $n := regexFind "^[0-9.]+" (toString .) -}}
+{{- mulf (float64 $n) (index $units (trimPrefix $n (toString .))) -}}
 {{- end -}}
