@@ -3,7 +3,8 @@
 # (transaction pooling is what users run), pgbench (the benchmark baseline),
 # libfaketime (the clock-skew tests run PostgreSQL with a clock hours off),
 # Patroni and HAProxy (test/hapg: a highly available PostgreSQL that fails
-# over), and Prometheus with promtool (the metrics and alert tests). Does
+# over), Prometheus with promtool (the metrics and alert tests), and zsh and
+# fish (the CLI's completion scripts load in each shell they are for). Does
 # nothing when everything is present.
 set -euo pipefail
 
@@ -15,6 +16,8 @@ ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing+=(libfaketime
 { command -v patroni || test -x /usr/bin/patroni; } >/dev/null 2>&1 || missing+=(patroni)
 { command -v haproxy || test -x /usr/sbin/haproxy; } >/dev/null 2>&1 || missing+=(haproxy)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
+command -v zsh >/dev/null 2>&1 || missing+=(zsh)
+command -v fish >/dev/null 2>&1 || missing+=(fish)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

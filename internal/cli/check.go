@@ -71,10 +71,15 @@ func (l *urlList) Set(v string) error {
 }
 
 // printFindings writes one line per finding, and the fix under any that is
-// not ok.
+// not ok. A detail of several lines (a driver's error for each address it
+// tried) goes on as lines of its own under the first.
 func printFindings(t *table, findings []check.Finding) {
 	for _, f := range findings {
-		t.row(string(f.Status), f.Check, f.Detail)
+		detail := strings.Split(strings.TrimSpace(f.Detail), "\n")
+		t.row(string(f.Status), f.Check, detail[0])
+		for _, l := range detail[1:] {
+			t.row("", "", "  "+l)
+		}
 		if f.Fix != "" {
 			t.row("", "", "fix: "+f.Fix)
 		}

@@ -119,3 +119,19 @@ func TestCheckReportsAnUnreachableDatabase(t *testing.T) {
 		}
 	}
 }
+
+// dislock check prints a driver's error of several lines (one per address
+// or TLS mode it tried) as lines under the finding, not one quoted string.
+func TestCheckPrintsAnErrorOfSeveralLinesAsLines(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := run(t, "check", "--database-url", "postgres://u:pw-9x7@127.0.0.1:1/d?sslmode=prefer&connect_timeout=2")
+	if code != 3 || !strings.Contains(out, "fail  connection  cannot reach 127.0.0.1:1") {
+		t.Fatalf("check of a closed port: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if strings.Contains(out, `\n`) || strings.Contains(out, `"cannot reach`) {
+		t.Errorf("the error is printed quoted:\n%s", out)
+	}
+	if n := strings.Count(out, "connection refused"); n < 2 {
+		t.Errorf("%d lines of the error, want one per attempt (TLS, then plain):\n%s", n, out)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dislock/dislock/internal/flagusage"
 	"github.com/dislock/dislock/internal/version"
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
@@ -45,21 +46,21 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitOK
 	}
+	if args[0] == "--version" {
+		args = []string{"version"}
+	}
+	if args[0] == "completion" {
+		return completion(args[1:], stdout, stderr)
+	}
 	cmd, ok := commands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "dislock: unknown command %q\n\n", args[0])
 		usage(stderr)
 		return exitUsage
 	}
-	fs := flag.NewFlagSet("dislock "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	c := &common{}
+	fs, run := cmd.flags(args[0], c, stderr)
 	formats := cmd.outputFormats()
-	fs.StringVar(&c.output, "o", formatTable, "output format: "+orList(formats))
-	if cmd.db {
-		fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL (default $"+contract.EnvDatabaseURL+")")
-	}
-	run := cmd.setup(fs)
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
@@ -124,6 +125,23 @@ type command struct {
 	formats []string
 }
 
+// flags is the command's flag set, writing its usage to stderr, and its
+// body; what the flags set lands in c.
+func (cmd command) flags(name string, c *common, stderr io.Writer) (*flag.FlagSet, func(context.Context, *common) error) {
+	fs := flag.NewFlagSet("dislock "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.output, "o", formatTable, "output format: "+orList(cmd.outputFormats()))
+	if cmd.db {
+		fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL (default $"+contract.EnvDatabaseURL+")")
+	}
+	run := cmd.setup(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: dislock %s [flags]\n\n%s\n\nFlags:\n", name, cmd.summary)
+		flagusage.Print(stderr, fs)
+	}
+	return fs, run
+}
+
 func (c command) outputFormats() []string {
 	if c.formats == nil {
 		return []string{formatTable, formatJSON}
@@ -144,12 +162,16 @@ var commands = map[string]command{
 	"version": {"print the version and schema version", false, setupVersion, nil},
 }
 
+// commandOrder is the order usage lists the commands in.
+var commandOrder = []string{"migrate", "check", "windows", "missed", "leases", "release", "tokens", "version"}
+
 func usage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: dislock <command> [flags]\n\nCommands:\n")
-	for _, name := range []string{"migrate", "check", "windows", "missed", "leases", "release", "tokens", "version"} {
-		fmt.Fprintf(w, "  %-8s %s\n", name, commands[name].summary)
+	for _, name := range commandOrder {
+		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
 	}
-	fmt.Fprintf(w, "\nThe database URL comes from --database-url or $%s. Run `dislock <command> -h` for flags.\n", contract.EnvDatabaseURL)
+	fmt.Fprintf(w, "  %-10s %s\n", "completion", completionSummary)
+	fmt.Fprintf(w, "\nThe database URL comes from --database-url or $%s. Run `dislock <command> -h` for flags, `dislock --version` for the version.\n", contract.EnvDatabaseURL)
 }
 
 func setupMigrate(*flag.FlagSet) func(context.Context, *common) error {

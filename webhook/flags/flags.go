@@ -13,6 +13,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/dislock/dislock/internal/flagusage"
 	"github.com/dislock/dislock/internal/tokenrecord"
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
@@ -46,6 +47,10 @@ type Settings struct {
 func Parse(args []string, out io.Writer) (*Settings, error) {
 	fs := flag.NewFlagSet("dislock webhook", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: dislock webhook [flags]\n\nThe admission webhook server (docs/install.md installs it with the chart).\n\nFlags:\n")
+		flagusage.Print(out, fs)
+	}
 	s := &Settings{}
 	cfg := &s.Config
 	fs.StringVar(&cfg.Inject.ClusterName, "cluster-name", "", "name of this cluster (data centre) in every lock owner (required)")
