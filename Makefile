@@ -202,3 +202,17 @@ docker-build: ## Build the webhook image IMG and the sidecar's agent-only image 
 docker-push: ## Push IMG and AGENT_IMG.
 	$(CONTAINER_TOOL) push $(IMG)
 	$(CONTAINER_TOOL) push $(AGENT_IMG)
+
+##@ Release
+
+# make release: the key that signs (empty: a key pair generated for the run, a dry run).
+RELEASE_KEY ?=
+
+.PHONY: release-tools
+release-tools: ## Build cosign, cyclonedx-gomod and crane, pinned in hack/release/tools, into bin/ (once; ~7 min cold).
+	hack/release/tools/build.sh
+
+.PHONY: release
+release: release-tools $(HELM) ## Build, sign and verify every artefact of release VERSION=x.y.z into dist/, offline (docs/release.md; RELEASE_KEY=cosign.key to sign a real one).
+	$(GO) run ./hack/release -version=$(VERSION) -commit=$(COMMIT) -o dist -helm=$(HELM) \
+		-cosign=$(BIN)/cosign -cyclonedx-gomod=$(BIN)/cyclonedx-gomod $(if $(RELEASE_KEY),-key=$(RELEASE_KEY))
