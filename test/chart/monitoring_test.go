@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -43,6 +44,13 @@ var alerts = map[string]struct{ severity, forDuration string }{
 }
 
 const runbooks = "https://github.com/dislock/dislock/blob/main/docs/operations.md#"
+
+// defaultJobSelector is prometheusRule.webhookJobSelector's default.
+const defaultJobSelector = `job=~".*dislock.*"`
+
+// inTheAlertingCluster is how the chart ends each alert on the metrics computed from the database,
+// with the default job selector: the alert fires only where dislock_alerting_cluster is 1.
+const inTheAlertingCluster = ` and on () max(dislock_alerting_cluster{` + defaultJobSelector + `}) == 1`
 
 // promtool returns the path of Debian's promtool. Its absence fails the test: the alert tests
 // are the only check of the rules, and skipping them would pass a broken rule file.
@@ -207,7 +215,8 @@ func TestMonitoringPrometheusRuleCarriesEveryAlert(t *testing.T) {
 		for _, r := range rf.Groups[0].Rules {
 			exprs[r.Alert] = r.Expr
 		}
-		if got, want := exprs["DislockLeaseStuck"], `(dislock_lease_held_seconds{job="dislock-webhook",namespace="dislock-system"}) > 5400`; !strings.HasSuffix(got, want) {
+		if got, want := exprs["DislockLeaseStuck"], `(dislock_lease_held_seconds{job="dislock-webhook",namespace="dislock-system"}) > 5400`+
+			` and on () max(dislock_alerting_cluster{job="dislock-webhook",namespace="dislock-system"}) == 1`; !strings.HasSuffix(got, want) {
 			t.Errorf("DislockLeaseStuck with leaseStuckAfter 1h30m: %q, want it to end in %q", got, want)
 		}
 		if got, want := exprs["DislockWebhookDown"], `up{job="dislock-webhook",namespace="dislock-system"} == 0 or absent(up{job="dislock-webhook",namespace="dislock-system"})`; got != want {
@@ -230,10 +239,184 @@ func TestMonitoringRulesPassPromtoolCheck(t *testing.T) {
 	promtoolCheck(t, writeRules(t, t.TempDir(), obj))
 }
 
+// The values kube-prometheus-stack users expect of a chart's alerts: prometheusRule.disabled leaves
+// alerts out by name, prometheusRule.additionalRuleLabels joins every alert's labels, and every
+// runbook_url starts with prometheusRule.runbookBaseURL.
+func TestMonitoringAlertsCanBeLeftOutLabelledAndPointedAtOtherRunbooks(t *testing.T) {
+	t.Parallel()
+	const base = "https://runbooks.example.com/dislock/v0.3.0/operations.html"
+	obj, rf := renderedRules(t,
+		"prometheusRule.disabled", map[string]any{"DislockKeySilent": true, "DislockWebhookDenying": true, "DislockLeaseStuck": false},
+		"prometheusRule.additionalRuleLabels", map[string]any{"team": "platform", "page_via": "dc-routing"},
+		"prometheusRule.runbookBaseURL", base)
+	var names []string
+	for _, r := range rf.Groups[0].Rules {
+		names = append(names, r.Alert)
+		if got := r.Annotations["runbook_url"]; got != base+"#"+strings.ToLower(r.Alert) {
+			t.Errorf("%s: runbook_url %q, want %s#%s", r.Alert, got, base, strings.ToLower(r.Alert))
+		}
+		want := map[string]string{"severity": alerts[r.Alert].severity, "team": "platform", "page_via": "dc-routing"}
+		if !reflect.DeepEqual(r.Labels, want) {
+			t.Errorf("%s: labels %v, want %v", r.Alert, r.Labels, want)
+		}
+	}
+	var want []string
+	for a := range alerts {
+		if a != "DislockKeySilent" && a != "DislockWebhookDenying" {
+			want = append(want, a)
+		}
+	}
+	sort.Strings(names)
+	sort.Strings(want)
+	if !slices.Equal(names, want) {
+		t.Errorf("alerts %v, want %v: the disabled ones left out, and only they", names, want)
+	}
+	promtoolCheck(t, writeRules(t, t.TempDir(), obj))
+
+	t.Run("every alert disabled leaves an empty group Prometheus accepts", func(t *testing.T) {
+		t.Parallel()
+		all := map[string]any{}
+		for a := range alerts {
+			all[a] = true
+		}
+		obj, rf := renderedRules(t, "prometheusRule.disabled", all)
+		if len(rf.Groups) != 1 || len(rf.Groups[0].Rules) != 0 {
+			t.Errorf("groups %+v, want one group without rules", rf.Groups)
+		}
+		promtoolCheck(t, writeRules(t, t.TempDir(), obj))
+	})
+}
+
+// The values schema names every alert prometheusRule.disabled may name, and refuses as
+// prometheusRule.additionalRuleLabels every label an alert carries itself (which the added label
+// would overwrite): both lists are checked against the alerts, so that neither drifts from them.
+func TestMonitoringValuesSchemaKnowsTheAlertsAndTheirLabels(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			PrometheusRule struct {
+				Properties struct {
+					Disabled struct {
+						PropertyNames struct {
+							Enum []string `json:"enum"`
+						} `json:"propertyNames"`
+					} `json:"disabled"`
+					AdditionalRuleLabels struct {
+						PropertyNames struct {
+							Not struct {
+								Enum []string `json:"enum"`
+							} `json:"not"`
+						} `json:"propertyNames"`
+					} `json:"additionalRuleLabels"`
+				} `json:"properties"`
+			} `json:"prometheusRule"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	props := schema.Properties.PrometheusRule.Properties
+	var names []string
+	for a := range alerts {
+		names = append(names, a)
+	}
+	enum := slices.Clone(props.Disabled.PropertyNames.Enum)
+	sort.Strings(names)
+	sort.Strings(enum)
+	if !slices.Equal(enum, names) {
+		t.Errorf("prometheusRule.disabled may name %v, want the alerts %v", enum, names)
+	}
+
+	// Every label an alert fires with is in a case of alerts_test.yaml (each alert has one where
+	// it fires, and promtool compares the labels exactly).
+	tests := readAlertTests(t)
+	carried := map[string]bool{"alertname": true}
+	for _, tc := range tests.Tests {
+		for _, a := range tc.AlertRuleTest {
+			for _, exp := range a.ExpAlerts {
+				labels, _ := exp["exp_labels"].(map[string]any)
+				for l := range labels {
+					carried[l] = true
+				}
+			}
+		}
+	}
+	for l := range carried {
+		if !slices.Contains(props.AdditionalRuleLabels.PropertyNames.Not.Enum, l) {
+			t.Errorf("prometheusRule.additionalRuleLabels may name %q, a label the alerts carry", l)
+		}
+	}
+	for _, bad := range []any{map[string]any{"severity": "page"}, map[string]any{"namespace": "x"}, map[string]any{"a-b": "c"}, map[string]any{"__name__": "x"}} {
+		if _, err := helmTemplateErr(t, "dislock", "dislock-system", base("prometheusRule.enabled", true, "prometheusRule.additionalRuleLabels", bad)); err == nil {
+			t.Errorf("additionalRuleLabels %v rendered", bad)
+		}
+	}
+	for _, bad := range []any{"https://example.com/ops.md#dislock", "ftp://example.com/ops.md", "https://example.com/a b", ""} {
+		if _, err := helmTemplateErr(t, "dislock", "dislock-system", base("prometheusRule.enabled", true, "prometheusRule.runbookBaseURL", bad)); err == nil {
+			t.Errorf("runbookBaseURL %q rendered", bad)
+		}
+	}
+	if _, err := helmTemplateErr(t, "dislock", "dislock-system", base("prometheusRule.enabled", true, "prometheusRule.disabled", map[string]any{"DislockKeySilnt": true})); err == nil {
+		t.Error("prometheusRule.disabled naming no alert rendered")
+	}
+}
+
+// An alert on the metrics computed from the database, which every cluster's webhook serves alike,
+// fires only in the alerting cluster's Prometheus: its expression ends in the alerting cluster's
+// condition, and alerts_test.yaml has a case where it stays quiet in a Prometheus whose webhook
+// says its cluster is not the alerting one (dislock_alerting_cluster 0). An alert on what each
+// replica measures itself fires in every cluster.
+func TestMonitoringAlertsOnTheDatabasesMetricsFireOnlyInTheAlertingCluster(t *testing.T) {
+	t.Parallel()
+	_, rf := renderedRules(t)
+	quietElsewhere := map[string]bool{}
+	zeros := regexp.MustCompile(`^0(x[0-9]+)?( 0(x[0-9]+)?)*$`)
+	for _, tc := range readAlertTests(t).Tests {
+		elsewhere := false
+		for _, in := range tc.InputSeries {
+			if strings.HasPrefix(in.Series, `dislock_alerting_cluster{job="dislock-webhook"`) {
+				if !zeros.MatchString(strings.TrimSpace(in.Values)) {
+					elsewhere = false
+					break
+				}
+				elsewhere = true
+			}
+		}
+		for _, a := range tc.AlertRuleTest {
+			if elsewhere && len(a.ExpAlerts) == 0 {
+				quietElsewhere[a.Alertname] = true
+			}
+		}
+	}
+	for _, r := range rf.Groups[0].Rules {
+		onTheDatabase := false
+		for _, m := range monitoring.MetricNames(r.Expr) {
+			onTheDatabase = onTheDatabase || slices.Contains(monitoring.DatabaseMetrics, m)
+		}
+		gated := strings.HasSuffix(r.Expr, inTheAlertingCluster)
+		switch {
+		case onTheDatabase && !gated:
+			t.Errorf("%s reads the database's metrics, which every cluster serves, yet fires in every cluster: %q does not end in %q", r.Alert, r.Expr, inTheAlertingCluster)
+		case !onTheDatabase && gated:
+			t.Errorf("%s reads only what each replica measures, yet fires only in the alerting cluster: %q", r.Alert, r.Expr)
+		case onTheDatabase && !quietElsewhere[r.Alert]:
+			t.Errorf("%s: %s has no case where it stays quiet in a cluster that is not the alerting one", alertUnitTests, r.Alert)
+		}
+	}
+}
+
 // alertTests is the part of a promtool unit test file this test reads.
 type alertTests struct {
 	RuleFiles []string `json:"rule_files"`
 	Tests     []struct {
+		InputSeries []struct {
+			Series string `json:"series"`
+			Values string `json:"values"`
+		} `json:"input_series"`
 		AlertRuleTest []struct {
 			EvalTime  string           `json:"eval_time"`
 			Alertname string           `json:"alertname"`
@@ -250,10 +433,7 @@ func TestMonitoringAlertsPassTheirUnitTests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tests alertTests
-	if err := yaml.Unmarshal(raw, &tests); err != nil {
-		t.Fatalf("%s: %v", alertUnitTests, err)
-	}
+	tests := readAlertTests(t)
 	if !reflect.DeepEqual(tests.RuleFiles, []string{"alerts.yaml"}) {
 		t.Fatalf("%s: rule_files %v, want [alerts.yaml] (the chart's rendering, written next to it)", alertUnitTests, tests.RuleFiles)
 	}
@@ -288,6 +468,66 @@ func TestMonitoringAlertsPassTheirUnitTests(t *testing.T) {
 	}
 }
 
+// The kustomize overlay docs/operations.md shows under "Tuning the alerts" builds and does what the
+// docs say: the runbooks on another page, a label on every alert, DislockKeySilent left out, and the
+// ConfigMap it reads them from not deployed.
+func TestMonitoringKustomizeOverlayInTheDocsTunesTheAlerts(t *testing.T) {
+	t.Parallel()
+	docs, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const marker = "<!-- the kustomize overlay of \"Tuning the alerts\" -->\n```yaml\n"
+	_, block, ok := strings.Cut(string(docs), marker)
+	if !ok {
+		t.Fatalf("docs/operations.md has no %q", marker)
+	}
+	block, _, _ = strings.Cut(block, "```")
+	built := kustomize(t, strings.ReplaceAll(block, "../dislock/config", "CONFIG"))
+	if len(built) != 1 {
+		t.Fatalf("the overlay builds %d objects, want the PrometheusRule alone", len(built))
+	}
+	rule := built.one(t, "PrometheusRule")
+	var rf ruleFile
+	b, err := json.Marshal(rule.Object["spec"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rf); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range rf.Groups[0].Rules {
+		seen[r.Alert] = true
+		if want := "https://wiki.example.com/dislock/operations#" + strings.ToLower(r.Alert); r.Annotations["runbook_url"] != want {
+			t.Errorf("%s: runbook_url %q, want %q", r.Alert, r.Annotations["runbook_url"], want)
+		}
+		if r.Labels["team"] != "platform" || r.Labels["severity"] != alerts[r.Alert].severity {
+			t.Errorf("%s: labels %v, want its severity and team=platform", r.Alert, r.Labels)
+		}
+	}
+	for a := range alerts {
+		if seen[a] == (a == "DislockKeySilent") {
+			t.Errorf("%s shipped: %v, want every alert but DislockKeySilent", a, seen[a])
+		}
+	}
+	promtoolCheck(t, writeRules(t, t.TempDir(), rule))
+}
+
+// readAlertTests reads alerts_test.yaml.
+func readAlertTests(t *testing.T) alertTests {
+	t.Helper()
+	raw, err := os.ReadFile(alertUnitTests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tests alertTests
+	if err := yaml.Unmarshal(raw, &tests); err != nil {
+		t.Fatalf("%s: %v", alertUnitTests, err)
+	}
+	return tests
+}
+
 // The rules for kustomize (config/prometheus/rules) are the chart's, rendered with its defaults;
 // -update-rules rewrites them after a change to files/alerts.yaml.
 func TestMonitoringKustomizeRulesAreTheChartRules(t *testing.T) {
@@ -318,27 +558,34 @@ func TestMonitoringKustomizeRulesAreTheChartRules(t *testing.T) {
 
 // With grafanaDashboard on, the chart ships files/dashboard.json in a ConfigMap Grafana's
 // sidecar finds: by its label by default, in the namespace and with the labels and annotations
-// the values give.
+// the values give. Its queries of the webhook's `up` select the scrape targets as the alerts do
+// (prometheusRule.webhookJobSelector); the file has the default, so that a hand import is what
+// the chart installs by default.
 func TestMonitoringDashboardConfigMap(t *testing.T) {
 	t.Parallel()
 	want, err := os.ReadFile(dashboardFile)
 	if err != nil {
 		t.Fatal(err)
 	}
+	const selector = `job="dislock-webhook",namespace=~"dislock-(a|b)\\.x"`
 	for _, tc := range []struct {
 		name        string
 		vals        map[string]any
 		ns          string
 		labels      map[string]string
 		annotations map[string]string
+		selector    string
 	}{
 		{"by default, in the release namespace with the sidecar's label", base("grafanaDashboard.enabled", true),
-			"dislock-system", map[string]string{"grafana_dashboard": "1"}, nil},
+			"dislock-system", map[string]string{"grafana_dashboard": "1"}, nil, defaultJobSelector},
 		{"in Grafana's namespace, in a folder, with a label of its own", base("grafanaDashboard.enabled", true,
 			"grafanaDashboard.namespace", "monitoring",
 			"grafanaDashboard.labels", map[string]any{"team": "platform"},
 			"grafanaDashboard.annotations", map[string]any{"grafana_folder": "dislock"}),
-			"monitoring", map[string]string{"grafana_dashboard": "1", "team": "platform"}, map[string]string{"grafana_folder": "dislock"}},
+			"monitoring", map[string]string{"grafana_dashboard": "1", "team": "platform"}, map[string]string{"grafana_folder": "dislock"}, defaultJobSelector},
+		{"with the webhook's scrape job selected otherwise", base("grafanaDashboard.enabled", true,
+			"prometheusRule.webhookJobSelector", selector),
+			"dislock-system", map[string]string{"grafana_dashboard": "1"}, nil, selector},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -365,11 +612,38 @@ func TestMonitoringDashboardConfigMap(t *testing.T) {
 			if err := json.Unmarshal(want, &file); err != nil {
 				t.Fatal(err)
 			}
+			ups := 0
+			file = replaceInStrings(file, func(s string) string {
+				if strings.Contains(s, "up{"+defaultJobSelector+"}") {
+					ups++
+				}
+				return strings.ReplaceAll(s, "up{"+defaultJobSelector+"}", "up{"+tc.selector+"}")
+			})
+			if ups == 0 {
+				t.Fatalf("files/dashboard.json has no query of up{%s}", defaultJobSelector)
+			}
 			if !reflect.DeepEqual(got, file) {
-				t.Error("dislock.json in the ConfigMap is not files/dashboard.json")
+				t.Errorf("dislock.json in the ConfigMap is not files/dashboard.json with up{%s}", tc.selector)
 			}
 		})
 	}
+}
+
+// replaceInStrings returns v with every string in it (JSON's values, not keys) replaced by f.
+func replaceInStrings(v any, f func(string) string) any {
+	switch v := v.(type) {
+	case string:
+		return f(v)
+	case []any:
+		for i := range v {
+			v[i] = replaceInStrings(v[i], f)
+		}
+	case map[string]any:
+		for k := range v {
+			v[k] = replaceInStrings(v[k], f)
+		}
+	}
+	return v
 }
 
 // The dashboard's panels the issue asks for, each as a metric some query must use.
@@ -386,6 +660,8 @@ var dashboardMetrics = []string{
 	"dislock_webhook_admissions_total",                  // admissions by result
 	"dislock_webhook_admission_duration_seconds_bucket", // p99 admission latency
 	"dislock_ledger_snapshot_timestamp_seconds",         // ledger snapshot age
+	"dislock_alerting_cluster",                          // whether this cluster's Prometheus raises the database-wide alerts
+	"dislock_build_info",                                // the builds the replicas run
 }
 
 // The dashboard is one Grafana can import and a Prometheus can answer: a datasource variable,

@@ -80,6 +80,19 @@ func startBinary(t *testing.T, c *kube.Cluster, args ...string) *binaryWebhook {
 	return w
 }
 
+// stop stops the webhook with SIGTERM, as a cluster's going away would, and
+// waits for it to exit; the test's end then finds it exited.
+func (w *binaryWebhook) stop(t *testing.T) {
+	t.Helper()
+	_ = w.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-w.exited:
+		w.exited <- err
+	case <-time.After(30 * time.Second):
+		t.Fatal("dislock webhook still running 30s after SIGTERM")
+	}
+}
+
 // probe returns the status code of GET path on the health-probe port.
 func (w *binaryWebhook) probe(path string) (int, error) {
 	select {

@@ -133,6 +133,131 @@ func TestAWindowThatRanNowherePagesForItsKeyOnly(t *testing.T) {
 	}
 }
 
+// One missed window pages once across clusters, and the page moves when the
+// cluster that raised it stops. Two clusters' webhooks (dc-a, dc-b) share
+// the database, each scraped by its own Prometheus evaluating the shipped
+// rules. The webhooks elect one alerting cluster; a window of one key runs
+// nowhere, and both Prometheus servers see it missed, but DislockWindowMissed
+// fires in the alerting cluster's alone. Then that cluster's webhook stops:
+// once its claim lapsed and the settle time passed, the other cluster is the
+// alerting one and its Prometheus fires for the same window (still within
+// its hour), never while the first still did.
+func TestAMissedWindowPagesFromOneClusterAndTheOtherTakesOverWhenItStops(t *testing.T) {
+	c := kube.Need(t)
+	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
+	srv, err := pgtest.Start(pgtest.Options{Name: "alerting", Logf: t.Logf})
+	if err != nil {
+		pgtest.Missing(t, err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	ctx := context.Background()
+
+	// Each cluster's webhook in a namespace of its own (its token record is
+	// a ConfigMap there); --ledger-interval=5s makes the role's claim last
+	// 45 s (AlertingTTL), renewed every 15 s.
+	type cluster struct {
+		name string
+		w    *binaryWebhook
+		prom *promtest.Server
+	}
+	var clusters []*cluster
+	for _, name := range []string{"dc-a", "dc-b"} {
+		ns := webhookNamespace + "-" + name
+		namespace(t, cs, ns, false)
+		certDir := t.TempDir()
+		tlstest.ServingCert(t, certDir)
+		// No database roles: both webhooks watch the one API server, where
+		// they would take turns on the same namespaces' Secrets.
+		w := startBinary(t, c, "--cert-dir="+certDir, "--database-url="+srv.DirectDSN(), "--ledger-interval=5s",
+			"--cluster-name="+name, "--namespace="+ns, "--tenant-roles=false")
+		w.awaitReady(t)
+		clusters = append(clusters, &cluster{name: name, w: w, prom: promtest.New(t, promtest.Options{
+			Targets:   []string{fmt.Sprintf("127.0.0.1:%d", w.metricsPort)},
+			RuleFiles: []string{shippedRules(t)},
+		})})
+	}
+	// alerting returns the cluster whose Prometheus sees its webhook say it
+	// is the alerting cluster, failing if both do; nil if none does.
+	alerting := func() *cluster {
+		t.Helper()
+		var found *cluster
+		for _, cl := range clusters {
+			if sampleOf(t, cl.prom, `max(dislock_alerting_cluster)`) == 1 {
+				if found != nil {
+					t.Fatalf("both %s and %s say they are the alerting cluster", found.name, cl.name)
+				}
+				found = cl
+			}
+		}
+		return found
+	}
+	var first *cluster
+	clusters[0].prom.Await(t, "one cluster to be the alerting cluster", `max(dislock_alerting_cluster)`, 90*time.Second,
+		func([]promtest.Sample) bool {
+			first = alerting()
+			return first != nil
+		})
+	second := clusters[0]
+	if second == first {
+		second = clusters[1]
+	}
+	t.Logf("%s is the alerting cluster", first.name)
+
+	// One window of "nowhere" runs nowhere (its pods' clusters are the
+	// agents' own names: which webhook alerts has nothing to do with them).
+	owner, err := store.Open(ctx, srv.DirectDSN(), store.Options{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(owner.Close)
+	ns := "alerting"
+	pods := podRunner{t: t, bin: buildAgent(t), dsn: srv.BouncerDSN(), ns: ns}
+	now, err := owner.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w0 := now.Truncate(time.Minute)
+	pods.window("nowhere", w0, "exit 0")
+	awaitDBPast(t, owner, w0.Add(time.Minute))
+	pods.window("nowhere", w0.Add(time.Minute), "exit 1")
+
+	missed := `ALERTS{alertname="DislockWindowMissed", alertstate="firing", cronjob="nowhere"}`
+	firing := func(cl *cluster) bool {
+		t.Helper()
+		s, err := cl.prom.Query(ctx, missed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(s) > 0
+	}
+	first.prom.Await(t, "DislockWindowMissed firing in the alerting cluster "+first.name, missed, 3*time.Minute,
+		func(s []promtest.Sample) bool { return len(s) > 0 })
+	// The other cluster's Prometheus sees the same miss (its leader
+	// computes the same metrics, at its own pace) and, five evaluations
+	// later, has never raised the alert, not even as pending.
+	second.prom.Await(t, second.name+"'s Prometheus to see the missed window for 5 s",
+		`min_over_time(dislock_missed_windows_total{namespace="`+ns+`", cronjob="nowhere"}[5s]) == 1 and count_over_time(dislock_missed_windows_total{namespace="`+ns+`", cronjob="nowhere"}[5s]) >= 4`,
+		time.Minute, func(s []promtest.Sample) bool { return len(s) > 0 })
+	if got := sampleOf(t, second.prom, `max(max_over_time(ALERTS{alertname="DislockWindowMissed"}[15m]))`); got != -1 {
+		t.Errorf("%s, not the alerting cluster, raised DislockWindowMissed too", second.name)
+	}
+
+	// The alerting cluster's webhook stops. The other takes the role over
+	// once the claim lapsed and the settle time passed, and its Prometheus
+	// fires for the same window, never while the first one's still did.
+	first.w.stop(t)
+	second.prom.Await(t, "DislockWindowMissed firing in "+second.name+" once it took the role over", missed, 4*time.Minute,
+		func(s []promtest.Sample) bool {
+			if len(s) > 0 && firing(first) {
+				t.Errorf("DislockWindowMissed fires in %s and %s at once", first.name, second.name)
+			}
+			return len(s) > 0
+		})
+	if got := sampleOf(t, second.prom, `max(dislock_alerting_cluster)`); got != 1 {
+		t.Errorf("%s fires, yet its webhook says dislock_alerting_cluster %v", second.name, got)
+	}
+}
+
 // sampleOf returns the value of the one series expr selects, or -1 when it
 // selects none.
 func sampleOf(t *testing.T, prom *promtest.Server, expr string) float64 {

@@ -15,11 +15,10 @@ import (
 	"strings"
 )
 
-// Metrics are the metric names dislock serves (the webhook's own and those it computes from the
-// database), each histogram as its _bucket, _sum and _count series, plus Prometheus' own `up`.
-// Dashboards and alerts may query these and nothing else.
-var Metrics = []string{
-	// Computed from the database by the webhook's elected leader, served by every replica.
+// DatabaseMetrics are the metric names the webhook's elected leader computes from the database
+// and every replica of every cluster serves alike (each histogram as its _bucket, _sum and _count
+// series): the alerts on them must fire in the alerting cluster only.
+var DatabaseMetrics = []string{
 	"dislock_decisions_total",
 	"dislock_last_success_timestamp_seconds",
 	"dislock_missed_windows_total",
@@ -33,9 +32,17 @@ var Metrics = []string{
 	"dislock_ledger_snapshot_timestamp_seconds",
 	"dislock_ledger_query_duration_seconds",
 	"dislock_ledger_keys_left_out",
-	// Measured by each webhook replica.
+}
+
+// Metrics are the metric names dislock serves (those computed from the database, and the webhook's
+// own), each histogram as its _bucket, _sum and _count series, plus Prometheus' own `up`.
+// Dashboards and alerts may query these and nothing else.
+var Metrics = slices.Concat(DatabaseMetrics, []string{
+	// Measured or known by each webhook replica.
 	"dislock_database_up",
 	"dislock_database_round_trip_seconds",
+	"dislock_alerting_cluster",
+	"dislock_build_info",
 	"dislock_webhook_admissions_total",
 	"dislock_webhook_admission_duration_seconds_bucket",
 	"dislock_webhook_admission_duration_seconds_sum",
@@ -44,7 +51,7 @@ var Metrics = []string{
 	"dislock_tenant_roles_total",
 	// Prometheus' own, for the webhook's scrape targets.
 	"up",
-}
+})
 
 // The values Grafana gives its built-in interval variables, fixed here so that a query runs
 // outside Grafana: a rate interval of four 30 s scrapes, and a dashboard time range of an hour.

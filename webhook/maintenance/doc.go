@@ -11,5 +11,9 @@
 // windows, silent keys, leases, run durations) every --ledger-interval and
 // stores them in the database, and every replica serves the newest
 // ([LedgerMetrics]); a newly missed window is a DislockMissedWindow Event
-// on its CronJob.
+// on its CronJob. Those metrics are the same in every cluster, so the
+// leaders of all clusters elect, through the database, the one alerting
+// cluster whose Prometheus raises the alerts on them
+// ([LedgerMetrics.ClaimAlerting]); every replica says whether its cluster is
+// it (dislock_alerting_cluster).
 package maintenance

@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -36,7 +37,8 @@ import (
 // replica Prometheus scrapes answers alike, and a new leader changes
 // nothing a query sees. Each replica measures its own reach of the database
 // (dislock_database_up). The webhook serves all of this only when it has the
-// owner's database URL.
+// owner's database URL. Every cluster's replicas serve the same metrics, so
+// only the alerting cluster's Prometheus raises alerts on them (alerting.go).
 
 // Intervals of the ledger metrics.
 const (
@@ -247,11 +249,13 @@ var (
 	descLeftOut     = prometheus.NewDesc("dislock_ledger_keys_left_out", "Keys beyond the 1000 per namespace whose metrics and missed windows the ledger leaves out (those decided least recently).", nil, nil)
 	descDatabaseUp  = prometheus.NewDesc("dislock_database_up", "1 if this replica's last ping of the database (every 15s) answered, else 0.", nil, nil)
 	descDatabaseRTT = prometheus.NewDesc("dislock_database_round_trip_seconds", "Round trip of this replica's last ping of the database (until it failed, if it did).", nil, nil)
-	ledgerDescs     = []*prometheus.Desc{descDecisions, descLastSuccess, descMissed, descLastMissed, descSilent, descDisagree, descLease, descRunDuration, descSnapshotAt, descQueryTime, descLeftOut, descDatabaseUp, descDatabaseRTT}
+	descAlerting    = prometheus.NewDesc("dislock_alerting_cluster", "1 while this cluster is the alerting cluster, the one of all the clusters sharing the database whose Prometheus raises the alerts on the metrics computed from it; 0 while it is not.", nil, nil)
+	ledgerDescs     = []*prometheus.Desc{descDecisions, descLastSuccess, descMissed, descLastMissed, descSilent, descDisagree, descLease, descRunDuration, descSnapshotAt, descQueryTime, descLeftOut, descDatabaseUp, descDatabaseRTT, descAlerting}
 )
 
 // ledgerState is what a replica serves: the snapshot last computed or
-// loaded, and its last ping of the database.
+// loaded, its last ping of the database, and whether its cluster is the
+// alerting cluster (alerting.go).
 type ledgerState struct {
 	mu       sync.RWMutex
 	snapshot *ledgerSnapshot
@@ -261,6 +265,37 @@ type ledgerState struct {
 	pinged bool
 	up     bool
 	rtt    time.Duration
+
+	// clock is this replica's clock (time.Now when nil); a test moves it.
+	clock func() time.Time
+	// started is when the replica started, and scraped when a Prometheus
+	// last scraped it (zero: never): whether the leader may take the role
+	// of alerting cluster.
+	started, scraped time.Time
+	alerting         alertingWindow
+}
+
+func (s *ledgerState) now() time.Time {
+	if s.clock != nil {
+		return s.clock()
+	}
+	return time.Now()
+}
+
+func (s *ledgerState) startedAndScraped() (started, scraped time.Time) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.started, s.scraped
+}
+
+// learnAlerting serves w unless what it serves came from a newer read.
+func (s *ledgerState) learnAlerting(w alertingWindow) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.alerting.known && w.read.Before(s.alerting.read) {
+		return
+	}
+	s.alerting = w
 }
 
 func (s *ledgerState) serve(snap *ledgerSnapshot) {
@@ -269,13 +304,20 @@ func (s *ledgerState) serve(snap *ledgerSnapshot) {
 	s.snapshot = snap
 }
 
+// collect sends what the replica serves. Being called is itself noted: a
+// scrape is how the leader knows that a Prometheus watches its cluster.
 func (s *ledgerState) collect(ch chan<- prometheus.Metric) {
-	s.mu.RLock()
-	snap, pinged, up, rtt := s.snapshot, s.pinged, s.up, s.rtt
-	s.mu.RUnlock()
+	now := s.now()
+	s.mu.Lock()
+	s.scraped = now
+	snap, pinged, up, rtt, alerting := s.snapshot, s.pinged, s.up, s.rtt, s.alerting
+	s.mu.Unlock()
 	if pinged {
 		emit(ch, descDatabaseUp, prometheus.GaugeValue, boolValue(up))
 		emit(ch, descDatabaseRTT, prometheus.GaugeValue, rtt.Seconds())
+	}
+	if alerting.known {
+		emit(ch, descAlerting, prometheus.GaugeValue, boolValue(alerting.alerting(now)))
 	}
 	if snap != nil {
 		snap.collect(ch)
@@ -394,6 +436,11 @@ type LedgerMetrics struct {
 	cluster  string
 	cronJobs client.Reader
 	state    *ledgerState
+	// alertingTTL and alertingSettle are ClaimAlerting's: AlertingTTL of
+	// the ledger interval, and AlertingSettle.
+	alertingTTL, alertingSettle time.Duration
+	// alertingSaid is what logAlerting last logged.
+	alertingSaid string
 	// reportedThrough is the detection time of the newest missed window
 	// this cluster put an Event for: the detection of another cluster may
 	// find a window first, and this cluster's CronJob gets its Event too.
@@ -406,7 +453,8 @@ type LedgerMetrics struct {
 // the missed-window Events; nil makes every silent key look unknown and
 // puts no Event anywhere.
 func NewLedgerMetrics(db *store.Store, cluster string, cronJobs client.Reader) *LedgerMetrics {
-	return &LedgerMetrics{store: db, cluster: cluster, cronJobs: cronJobs, state: &ledgerState{}}
+	return &LedgerMetrics{store: db, cluster: cluster, cronJobs: cronJobs, state: &ledgerState{},
+		alertingTTL: AlertingTTL(DefaultLedgerInterval), alertingSettle: AlertingSettle}
 }
 
 // Collector serves what Compute computed or Refresh loaded last, and the
@@ -473,8 +521,9 @@ func (m *LedgerMetrics) Compute(ctx context.Context) error {
 	return nil
 }
 
-// Refresh pings the database, then loads this cluster's newest snapshot if
-// it is newer than the one this replica loaded last.
+// Refresh pings the database, reads which cluster is the alerting cluster,
+// then loads this cluster's newest snapshot if it is newer than the one this
+// replica loaded last.
 func (m *LedgerMetrics) Refresh(ctx context.Context) error {
 	pingCtx, cancel := context.WithTimeout(ctx, ledgerPingTimeout)
 	start := time.Now()
@@ -488,9 +537,14 @@ func (m *LedgerMetrics) Refresh(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pinging the database: %w", err)
 	}
+	readStart := m.state.now()
+	alerting, alertingErr := ledger.ReadAlerting(ctx, m.store)
+	if alertingErr == nil {
+		m.state.learnAlerting(windowOf(m.cluster, alerting, readStart, m.state.now()))
+	}
 	body, at, ok, err := ledger.LoadMetricsSnapshot(ctx, m.store, m.cluster, newerThan)
 	if err != nil || !ok {
-		return err
+		return errors.Join(alertingErr, err)
 	}
 	m.state.mu.Lock()
 	m.state.loaded = at
@@ -500,7 +554,7 @@ func (m *LedgerMetrics) Refresh(ctx context.Context) error {
 		return fmt.Errorf("the ledger metrics of cluster %s computed at %s: %w", m.cluster, at.Format(time.RFC3339), err)
 	}
 	m.state.serve(snap)
-	return nil
+	return alertingErr
 }
 
 // maxMissedReported bounds the missed windows one computation reads to put
@@ -649,26 +703,36 @@ func looksOf(cjs []batchv1.CronJob) string {
 }
 
 // setupLedgerMetrics adds the leader's computation and every replica's
-// load, serving what they read on the manager's metrics endpoint.
-func setupLedgerMetrics(mgr manager.Manager, o Options) error {
+// load, serving what they read on the manager's metrics endpoint, and the
+// leader's claim of the alerting cluster once the databaseGate passed
+// (ready closed): the schema has its row then.
+func setupLedgerMetrics(mgr manager.Manager, o Options, ready <-chan struct{}) error {
 	interval := o.LedgerInterval
 	if interval == 0 {
 		interval = DefaultLedgerInterval
 	}
-	state := &ledgerState{}
+	state := &ledgerState{started: time.Now()}
 	activeLedger.Store(state)
+	ttl := AlertingTTL(interval)
 	newMetrics := func(db *store.Store) *LedgerMetrics {
 		m := NewLedgerMetrics(db, o.Cluster, mgr.GetClient())
-		m.state, m.Events = state, mgr.GetEventRecorder("dislock-webhook")
+		m.state, m.Events, m.alertingTTL = state, mgr.GetEventRecorder("dislock-webhook"), ttl
 		return m
 	}
+	const failing, recovered = "the ledger metrics are not current", "the ledger metrics are current again"
 	if err := mgr.Add(&ledgerLoop{name: "ledger-metrics", databaseURL: o.DatabaseURL, interval: interval, leader: true,
-		run: (*LedgerMetrics).Compute, metrics: newMetrics}); err != nil {
+		run: (*LedgerMetrics).Compute, metrics: newMetrics, failing: failing, recovered: recovered}); err != nil {
 		return fmt.Errorf("adding the ledger metrics: %w", err)
 	}
 	if err := mgr.Add(&ledgerLoop{name: "ledger-load", databaseURL: o.DatabaseURL, interval: LedgerLoadInterval,
-		run: (*LedgerMetrics).Refresh, metrics: newMetrics}); err != nil {
+		run: (*LedgerMetrics).Refresh, metrics: newMetrics, failing: failing, recovered: recovered}); err != nil {
 		return fmt.Errorf("adding the ledger metrics' loader: %w", err)
+	}
+	if err := mgr.Add(&ledgerLoop{name: "alerting-cluster", databaseURL: o.DatabaseURL, interval: ttl / 3, leader: true,
+		ready: ready, run: (*LedgerMetrics).ClaimAlerting, metrics: newMetrics,
+		failing:   "this cluster cannot take or keep the role of alerting cluster; another cluster takes it once its claim lapses",
+		recovered: "this cluster claims the role of alerting cluster again"}); err != nil {
+		return fmt.Errorf("adding the alerting cluster's claim: %w", err)
 	}
 	return nil
 }
@@ -682,6 +746,11 @@ type ledgerLoop struct {
 	leader      bool
 	run         func(*LedgerMetrics, context.Context) error
 	metrics     func(*store.Store) *LedgerMetrics
+	// failing and recovered are what the log says when run starts to fail
+	// and when it succeeds again.
+	failing, recovered string
+	// ready, when set, is closed when the loop may start.
+	ready <-chan struct{}
 }
 
 func (l *ledgerLoop) NeedLeaderElection() bool { return l.leader }
@@ -689,6 +758,13 @@ func (l *ledgerLoop) NeedLeaderElection() bool { return l.leader }
 func (l *ledgerLoop) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName(l.name)
 	ctx = log.IntoContext(ctx, logger)
+	if l.ready != nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-l.ready:
+		}
+	}
 	db, err := store.Open(ctx, l.databaseURL, store.Options{MaxConns: 1})
 	if err != nil {
 		return err
@@ -706,13 +782,14 @@ func (l *ledgerLoop) Start(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err == nil && failing:
-			logger.Info("the ledger metrics are current again")
+			logger.Info(l.recovered)
 		case err != nil && !failing:
 			// Once per outage, not every interval; the metrics say the rest
-			// (dislock_database_up, dislock_ledger_snapshot_timestamp_seconds).
-			logger.Error(err, "the ledger metrics are not current; retrying every "+l.interval.String())
+			// (dislock_database_up, dislock_ledger_snapshot_timestamp_seconds,
+			// dislock_alerting_cluster).
+			logger.Error(err, l.failing+"; retrying every "+l.interval.String())
 		case err != nil:
-			logger.V(1).Info("the ledger metrics are still not current", "err", err.Error())
+			logger.V(1).Info("still failing: "+l.failing, "err", err.Error())
 		}
 		failing = err != nil
 		select {

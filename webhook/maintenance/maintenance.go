@@ -83,7 +83,7 @@ func SetupWithManager(mgr manager.Manager, o Options) error {
 		cronJobs: mgr.GetClient(), events: mgr.GetEventRecorder("dislock-webhook")}); err != nil {
 		return err
 	}
-	if err := setupLedgerMetrics(mgr, o); err != nil {
+	if err := setupLedgerMetrics(mgr, o, gate.passed); err != nil {
 		return err
 	}
 	if err := setupTokenKeeper(mgr, o, gate.passed); err != nil {

@@ -254,7 +254,7 @@ test/chart's TestEveryValueTheWebhookRefusesTheChartRefuses holds them to it.
 {{- end -}}
 {{- end -}}
 
-{{/* dislock.seconds: a Go duration, as the values schema's patterns allow it, in seconds. */}}
+{{/* dislock.seconds: a Go duration, as the values schema's patterns allow it, in seconds (a number for templates and for PromQL). */}}
 {{- define "dislock.seconds" -}}
 {{- $units := dict "ns" 1e-9 "us" 1e-6 "µs" 1e-6 "ms" 1e-3 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
 {{- $total := 0.0 -}}
