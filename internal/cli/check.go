@@ -72,14 +72,18 @@ func (l *urlList) Set(v string) error {
 
 // printFindings writes one line per finding, and the fix under any that is
 // not ok. A detail of several lines (a driver's error for each address it
-// tried) goes on as lines of its own under the first.
+// tried) is joined into one with "; ": never split into rows, since a
+// detail may carry what a tenant chose (its role name, its server's error),
+// which must not print a line of its own such as a forged "fix:".
 func printFindings(t *table, findings []check.Finding) {
 	for _, f := range findings {
-		detail := strings.Split(strings.TrimSpace(f.Detail), "\n")
-		t.row(string(f.Status), f.Check, detail[0])
-		for _, l := range detail[1:] {
-			t.row("", "", "  "+l)
+		var lines []string
+		for l := range strings.Lines(f.Detail) {
+			if l = strings.TrimSpace(l); l != "" {
+				lines = append(lines, l)
+			}
 		}
+		t.row(string(f.Status), f.Check, strings.Join(lines, "; "))
 		if f.Fix != "" {
 			t.row("", "", "fix: "+f.Fix)
 		}

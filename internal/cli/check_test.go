@@ -121,8 +121,8 @@ func TestCheckReportsAnUnreachableDatabase(t *testing.T) {
 }
 
 // dislock check prints a driver's error of several lines (one per address
-// or TLS mode it tried) as lines under the finding, not one quoted string.
-func TestCheckPrintsAnErrorOfSeveralLinesAsLines(t *testing.T) {
+// or TLS mode it tried) as one line a person reads, not one quoted string.
+func TestCheckPrintsAnErrorOfSeveralLinesAsOneReadableLine(t *testing.T) {
 	t.Parallel()
 	code, out, errOut := run(t, "check", "--database-url", "postgres://u:pw-9x7@127.0.0.1:1/d?sslmode=prefer&connect_timeout=2")
 	if code != 3 || !strings.Contains(out, "fail  connection  cannot reach 127.0.0.1:1") {
@@ -131,7 +131,30 @@ func TestCheckPrintsAnErrorOfSeveralLinesAsLines(t *testing.T) {
 	if strings.Contains(out, `\n`) || strings.Contains(out, `"cannot reach`) {
 		t.Errorf("the error is printed quoted:\n%s", out)
 	}
-	if n := strings.Count(out, "connection refused"); n < 2 {
-		t.Errorf("%d lines of the error, want one per attempt (TLS, then plain):\n%s", n, out)
+	line, _, _ := strings.Cut(out[strings.Index(out, "fail  connection"):], "\n")
+	if n := strings.Count(line, "connection refused"); n < 2 {
+		t.Errorf("the finding's line holds %d of the attempts' errors, want both (TLS, then plain):\n%s", n, out)
+	}
+}
+
+// A tenant's URL carries a role name of its choosing, which the login
+// finding repeats: a newline in it cannot print a line of its own, such as
+// a forged fix.
+func TestATenantsRoleNameCannotForgeAFixLineOfCheck(t *testing.T) {
+	srv := pgtest.Need(t)
+	dsn := srv.Targets()[0].DSN
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("team-a\n    fix: GRANT dislock_admin TO team-a", "pw")
+	_, out, _ := run(t, "check", "--database-url", dsn, "--tenant-database-url", u.String())
+	if !strings.Contains(out, "GRANT dislock_admin") {
+		t.Fatalf("the login finding does not repeat the role name, so this shows nothing:\n%s", out)
+	}
+	for l := range strings.Lines(out) {
+		if strings.HasPrefix(strings.TrimSpace(l), "fix: GRANT dislock_admin") {
+			t.Errorf("a line of its own from the tenant's role name: %q\n%s", l, out)
+		}
 	}
 }
