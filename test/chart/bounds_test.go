@@ -27,8 +27,8 @@ type boundProbe struct {
 var boundProbes = []boundProbe{
 	{"clusterName", []any{"dc-a", "dc/a", "dc a", strings.Repeat("a", 63), strings.Repeat("a", 64)}, nil},
 	{"database.secretKey", []any{"url", "db.url", "bad key"}, nil},
-	{"database.retention", []any{"1h", "47h", "47h59m59s", "48h", "2880m", "720h"}, nil},
-	{"database.ledgerInterval", []any{"0s", "1ns", "4999ms", "5s", "30s"}, nil},
+	{"database.retention", []any{"1h", "47h", "47h59m59s", "48h", "2880m", "720h", "87600h", "2562047h", "9999999h"}, nil},
+	{"database.ledgerInterval", []any{"0s", "1ns", "4999ms", "5s", "30s", "5m", "5m1s", "1h"}, nil},
 	{"database.tokenRecordInterval", []any{"0s", "1s", "1m", "60001ms", "61s", "1h"}, nil},
 	// 0 is the webhook's default for each of these: the chart asks for the
 	// number itself (values.yaml holds the defaults).

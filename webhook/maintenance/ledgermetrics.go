@@ -46,6 +46,10 @@ const (
 	// MinLedgerInterval keeps the detection, which reads every key's
 	// statistics, from running back to back.
 	MinLedgerInterval = 5 * time.Second
+	// MaxLedgerInterval bounds how stale the metrics get, and the
+	// alerting cluster's claim, three intervals long (AlertingTTL): a
+	// cluster that stops leaves the alerts to another within 15 minutes.
+	MaxLedgerInterval = 5 * time.Minute
 	// LedgerLoadInterval is how often every replica pings the database and
 	// loads the newest snapshot.
 	LedgerLoadInterval = 15 * time.Second

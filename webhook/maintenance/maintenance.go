@@ -60,6 +60,10 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("ledger interval %s is shorter than %s (set --ledger-interval to at least %s, or leave it 0 for %s)",
 			o.LedgerInterval, MinLedgerInterval, MinLedgerInterval, DefaultLedgerInterval))
 	}
+	if o.LedgerInterval > MaxLedgerInterval {
+		errs = append(errs, fmt.Errorf("ledger interval %s is longer than %s (set --ledger-interval to at most %s): the metrics would be that stale, and a stopped alerting cluster would keep the alerts three intervals",
+			o.LedgerInterval, MaxLedgerInterval, MaxLedgerInterval))
+	}
 	if o.TokenRecordInterval < 0 || o.TokenRecordInterval > MaxTokenRecordInterval {
 		errs = append(errs, fmt.Errorf("token record interval %s is outside (0, %s] (set --token-record-interval, or leave it 0 for %s): it is how long a restored database may hand out tokens before the epoch moves past the record",
 			o.TokenRecordInterval, MaxTokenRecordInterval, DefaultTokenRecordInterval))

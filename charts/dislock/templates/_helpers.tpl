@@ -214,6 +214,11 @@ test/chart's TestEveryValueTheWebhookRefusesTheChartRefuses holds them to it.
 {{- $ledger := include "dislock.seconds" .ledgerInterval | float64 -}}
 {{- if and (gt $ledger 0.0) (lt $ledger 5.0) -}}
 {{- fail (printf "database.ledgerInterval %s is shorter than 5s (set at least 5s, e.g. 30s)" .ledgerInterval) -}}
+{{- else if gt $ledger 300.0 -}}
+{{- fail (printf "database.ledgerInterval %s is longer than 5m: the metrics would be that stale, and a stopped alerting cluster would keep the alerts three intervals (set at most 5m, e.g. 30s)" .ledgerInterval) -}}
+{{- end -}}
+{{- if ge (include "dislock.seconds" .retention | float64) 9223372036.0 -}}
+{{- fail (printf "database.retention %s is beyond the longest duration the webhook reads (about 2562047h): set e.g. 87600h for ten years" .retention) -}}
 {{- end -}}
 {{- if gt (include "dislock.seconds" .tokenRecordInterval | float64) 60.0 -}}
 {{- fail (printf "database.tokenRecordInterval %s is longer than 1m, the longest a restored database may hand out tokens before their epoch moves past the record (set at most 1m, e.g. 5s)" .tokenRecordInterval) -}}
