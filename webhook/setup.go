@@ -51,11 +51,13 @@ type Config struct {
 	// credential the administrator put there, for every namespace alike).
 	CopyDBSecret bool
 	// DatabaseURL, when set, runs the database loops (maintenance.Options,
-	// with Retention, LedgerInterval and TokenRecordInterval). It is the
-	// owner's credential and never leaves the webhook's namespace.
+	// with Retention, LedgerInterval, AlertingCandidate and
+	// TokenRecordInterval). It is the owner's credential and never leaves
+	// the webhook's namespace.
 	DatabaseURL         string
 	Retention           time.Duration
 	LedgerInterval      time.Duration
+	AlertingCandidate   bool
 	TokenRecordInterval time.Duration
 	// TenantRoles gives every opted-in namespace its own database role and
 	// puts only that role's URL in the namespace's Secret (needs
@@ -130,7 +132,7 @@ func (c Config) tenantOptions() tenants.Options {
 // maintenanceOptions are the database loops' options.
 func (c Config) maintenanceOptions() maintenance.Options {
 	return maintenance.Options{DatabaseURL: c.DatabaseURL, Retention: c.Retention, Cluster: c.Inject.ClusterName, Namespace: c.Namespace,
-		LedgerInterval: c.LedgerInterval, TokenRecordInterval: c.TokenRecordInterval}
+		LedgerInterval: c.LedgerInterval, AlertingCandidate: c.AlertingCandidate, TokenRecordInterval: c.TokenRecordInterval}
 }
 
 // CacheOptions limits what the manager caches to what the webhook reads:

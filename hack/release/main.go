@@ -168,7 +168,7 @@ func buildImages(ctx context.Context, c config) ([]builtImage, error) {
 			idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img,
 				Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: b.OS, Architecture: arch}}})
 			bi.binaries[arch] = binary
-			if err := sbom(ctx, c, binary, filepath.Join(c.out, "sbom", fmt.Sprintf("%s-image-linux-%s.cdx.json", im.Binary, arch))); err != nil {
+			if err := sbom(ctx, c, binary, imageSBOM(c.out, im, arch)); err != nil {
 				return nil, err
 			}
 		}
@@ -219,6 +219,11 @@ func packageChart(ctx context.Context, c config) error {
 		return err
 	}
 	return cmd(ctx, c.helm, "repo", "index", dir, "--url", c.repoURL)
+}
+
+// imageSBOM is where the SBOM of image im's binary for arch goes.
+func imageSBOM(out string, im image.Image, arch string) string {
+	return filepath.Join(out, "sbom", fmt.Sprintf("%s-image-linux-%s.cdx.json", im.Binary, arch))
 }
 
 func sbom(ctx context.Context, c config, binary, out string) error {
@@ -296,6 +301,9 @@ func verify(ctx context.Context, c config, pub, host string, images []builtImage
 	}
 	for _, bi := range images {
 		errs = append(errs, checkImage(c, bi))
+		for arch, binary := range bi.binaries {
+			errs = append(errs, checkBinary(c, binary), checkSBOM(binary, imageSBOM(c.out, bi.image, arch)))
+		}
 	}
 	errs = append(errs, checkChart(ctx, c))
 	files, err := artefactFiles(c.out)

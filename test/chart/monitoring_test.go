@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
@@ -828,5 +829,30 @@ func TestMonitoringMetricNamesFindsWhatAQueryReads(t *testing.T) {
 		if got := monitoring.MetricNames(tc.expr); !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("MetricNames(%s) = %q, want %q", tc.expr, got, tc.want)
 		}
+	}
+}
+
+// Only a release whose Prometheus evaluates dislock's rules
+// (prometheusRule.enabled) makes its cluster a candidate for the alerting
+// cluster: scrapes alone do not tell, since any client of the metrics
+// port looks like a Prometheus. The kustomize rules component does the same.
+func TestOnlyAClusterThatEvaluatesTheRulesIsACandidateToAlert(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		vals map[string]any
+		want bool
+	}{
+		{base(), false},
+		{base("serviceMonitor.enabled", true), false},
+		{base("prometheusRule.enabled", true), true},
+	} {
+		dep := typed[appsv1.Deployment](t, helmTemplate(t, "dislock", "dislock-system", tc.vals).one(t, "Deployment"))
+		if got := parseFlags(t, dep.Spec.Template.Spec.Containers[0].Args).set("alerting-candidate"); got != tc.want {
+			t.Errorf("values %v: --alerting-candidate %v, want %v", tc.vals, got, tc.want)
+		}
+	}
+	dep := typed[appsv1.Deployment](t, kustomize(t, clusterOverlay+"components:\n  - CONFIG/prometheus/rules\n").one(t, "Deployment"))
+	if !slices.Contains(dep.Spec.Template.Spec.Containers[0].Args, "--alerting-candidate") {
+		t.Errorf("kustomize with config/prometheus/rules: args %q lack --alerting-candidate", dep.Spec.Template.Spec.Containers[0].Args)
 	}
 }

@@ -57,7 +57,7 @@ func TestAWindowThatRanNowherePagesForItsKeyOnly(t *testing.T) {
 	}
 	certDir := t.TempDir()
 	ca := tlstest.ServingCert(t, certDir)
-	w := startBinary(t, c, "--cert-dir="+certDir, "--database-url="+srv.DirectDSN(), "--ledger-interval=5s")
+	w := startBinary(t, c, "--cert-dir="+certDir, "--database-url="+srv.DirectDSN(), "--ledger-interval=5s", "--alerting-candidate")
 	w.awaitReady(t)
 	registerWebhooks(t, cs, fmt.Sprintf("https://127.0.0.1:%d", w.port), ca)
 	// One admission, so that the admission panels have data.
@@ -160,21 +160,33 @@ func TestAMissedWindowPagesFromOneClusterAndTheOtherTakesOverWhenItStops(t *test
 		w    *binaryWebhook
 		prom *promtest.Server
 	}
+	// dc-c's webhook is scraped too, but is no candidate (its Prometheus
+	// does not evaluate the rules, say): it never takes the role.
 	var clusters []*cluster
-	for _, name := range []string{"dc-a", "dc-b"} {
+	var bystander *cluster
+	for _, name := range []string{"dc-a", "dc-b", "dc-c"} {
 		ns := webhookNamespace + "-" + name
 		namespace(t, cs, ns, false)
 		certDir := t.TempDir()
 		tlstest.ServingCert(t, certDir)
-		// No database roles: both webhooks watch the one API server, where
+		// No database roles: the webhooks watch the one API server, where
 		// they would take turns on the same namespaces' Secrets.
-		w := startBinary(t, c, "--cert-dir="+certDir, "--database-url="+srv.DirectDSN(), "--ledger-interval=5s",
-			"--cluster-name="+name, "--namespace="+ns, "--tenant-roles=false")
+		args := []string{"--cert-dir=" + certDir, "--database-url=" + srv.DirectDSN(), "--ledger-interval=5s",
+			"--cluster-name=" + name, "--namespace=" + ns, "--tenant-roles=false"}
+		if name != "dc-c" {
+			args = append(args, "--alerting-candidate")
+		}
+		w := startBinary(t, c, args...)
 		w.awaitReady(t)
-		clusters = append(clusters, &cluster{name: name, w: w, prom: promtest.New(t, promtest.Options{
+		cl := &cluster{name: name, w: w, prom: promtest.New(t, promtest.Options{
 			Targets:   []string{fmt.Sprintf("127.0.0.1:%d", w.metricsPort)},
 			RuleFiles: []string{shippedRules(t)},
-		})})
+		})}
+		if name == "dc-c" {
+			bystander = cl
+			continue
+		}
+		clusters = append(clusters, cl)
 	}
 	// alerting returns the cluster whose Prometheus sees its webhook say it
 	// is the alerting cluster, failing if both do; nil if none does.
@@ -255,6 +267,9 @@ func TestAMissedWindowPagesFromOneClusterAndTheOtherTakesOverWhenItStops(t *test
 		})
 	if got := sampleOf(t, second.prom, `max(dislock_alerting_cluster)`); got != 1 {
 		t.Errorf("%s fires, yet its webhook says dislock_alerting_cluster %v", second.name, got)
+	}
+	if got := sampleOf(t, bystander.prom, `max(max_over_time(dislock_alerting_cluster[15m]))`); got != 0 {
+		t.Errorf("%s, scraped but no candidate, said dislock_alerting_cluster %v at some point (-1: never scraped)", bystander.name, got)
 	}
 }
 

@@ -74,6 +74,7 @@ func Parse(args []string, out io.Writer) (*Settings, error) {
 	fs.DurationVar(&cfg.TenantRotation, "tenant-rotation", tenants.DefaultTenantRotation, "give each namespace a new database role this often")
 	fs.DurationVar(&cfg.TenantGrace, "tenant-grace", tenants.DefaultTenantGrace, "keep a superseded namespace role valid this long for pods still using it (at least 24h)")
 	fs.DurationVar(&cfg.TokenRecordInterval, "token-record-interval", maintenance.DefaultTokenRecordInterval, "confirm the fencing token epoch and record its high water in ConfigMap "+tokenrecord.Name+" this often on the elected leader (with --database-url)")
+	fs.BoolVar(&cfg.AlertingCandidate, "alerting-candidate", false, "let this cluster raise the alerts on the database's metrics for every cluster (the alerting cluster, docs/operations.md): set it where Prometheus evaluates dislock's rules (with --database-url)")
 	fs.DurationVar(&cfg.LedgerInterval, "ledger-interval", maintenance.DefaultLedgerInterval, "compute the ledger's metrics (missed windows, decisions, run durations) this often on the elected leader (with --database-url)")
 	fs.IntVar(&s.Port, "port", 9443, "webhook HTTPS port")
 	fs.StringVar(&cfg.Certs.CertDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory with tls.crt and tls.key (reloaded on change)")

@@ -707,9 +707,10 @@ func looksOf(cjs []batchv1.CronJob) string {
 }
 
 // setupLedgerMetrics adds the leader's computation and every replica's
-// load, serving what they read on the manager's metrics endpoint, and the
-// leader's claim of the alerting cluster once the databaseGate passed
-// (ready closed): the schema has its row then.
+// load, serving what they read on the manager's metrics endpoint, and, in
+// a candidate cluster (Options.AlertingCandidate), the leader's claim of
+// the alerting cluster once the databaseGate passed (ready closed): the
+// schema has its row then.
 func setupLedgerMetrics(mgr manager.Manager, o Options, ready <-chan struct{}) error {
 	interval := o.LedgerInterval
 	if interval == 0 {
@@ -731,6 +732,11 @@ func setupLedgerMetrics(mgr manager.Manager, o Options, ready <-chan struct{}) e
 	if err := mgr.Add(&ledgerLoop{name: "ledger-load", databaseURL: o.DatabaseURL, interval: LedgerLoadInterval,
 		run: (*LedgerMetrics).Refresh, metrics: newMetrics, failing: failing, recovered: recovered}); err != nil {
 		return fmt.Errorf("adding the ledger metrics' loader: %w", err)
+	}
+	if !o.AlertingCandidate {
+		// This cluster's replicas still read the role and serve
+		// dislock_alerting_cluster (0), and a claim it held lapses.
+		return nil
 	}
 	if err := mgr.Add(&ledgerLoop{name: "alerting-cluster", databaseURL: o.DatabaseURL, interval: ttl / 3, leader: true,
 		ready: ready, run: (*LedgerMetrics).ClaimAlerting, metrics: newMetrics,

@@ -41,6 +41,12 @@ type Options struct {
 	// stores them for every replica to serve (--ledger-interval; 0:
 	// DefaultLedgerInterval).
 	LedgerInterval time.Duration
+	// AlertingCandidate lets this cluster take the role of alerting
+	// cluster (--alerting-candidate): set where Prometheus evaluates
+	// dislock's rules (the chart sets it with prometheusRule.enabled).
+	// Scrapes alone do not tell: any client of the metrics port, a
+	// tenant's pod too, looks like a Prometheus.
+	AlertingCandidate bool
 	// TokenRecordInterval is how often the elected leader confirms the
 	// fencing token epoch and records its high water in the ConfigMap
 	// tokenrecord.Name (--token-record-interval; 0:

@@ -137,7 +137,7 @@ Checks of values that the schema cannot express; each failure says what to set.
 {{- $name := last $parts -}}
 {{- $prefix := join "/" (initial $parts) -}}
 {{- if eq $value "podAnnotations" -}}{{- $prefix = lower $prefix -}}{{- end -}}
-{{- if not (regexMatch "^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" $name) | or (gt (len $parts) 2) | or (and (eq (len $parts) 2) (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $prefix))) -}}
+{{- if not (regexMatch "^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" $name) | or (gt (len $parts) 2) | or (gt (len $prefix) 253) | or (and (eq (len $parts) 2) (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $prefix))) -}}
 {{- fail (printf "agent.%s: %q is not a Kubernetes %s key: want [prefix/]name, the name at most 63 letters, digits, '-', '_' or '.' starting and ending with a letter or digit, the prefix a DNS subdomain (e.g. example.com/team)" $value $k (trimPrefix "pod" $value | lower | trimSuffix "s")) -}}
 {{- else if hasPrefix "dislock.io/" $k -}}
 {{- fail (printf "agent.%s: %q is in the dislock.io/ prefix, which is dislock's own: choose another key" $value $k) -}}
@@ -226,6 +226,11 @@ test/chart's TestEveryValueTheWebhookRefusesTheChartRefuses holds them to it.
 {{- end -}}
 {{- $timeout := .Values.webhook.registryTimeout -}}
 {{- $budget := .Values.webhook.registry.reviewBudget -}}
+{{- range $name, $v := dict "webhook.registryTimeout" $timeout "webhook.registry.reviewBudget" $budget -}}
+{{- if eq (include "dislock.seconds" $v | float64) 0.0 -}}
+{{- fail (printf "%s %s is zero: set the deadline itself, e.g. 3s" $name $v) -}}
+{{- end -}}
+{{- end -}}
 {{- if gt (include "dislock.seconds" $timeout | float64) (include "dislock.seconds" $budget | float64) -}}
 {{- fail (printf "webhook.registryTimeout %s is longer than webhook.registry.reviewBudget %s, the budget of all lookups of one admission that contains it: lower the timeout or raise the budget" $timeout $budget) -}}
 {{- end -}}
