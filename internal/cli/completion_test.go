@@ -138,4 +138,3 @@ func TestCompletionRefusesAShellItHasNoScriptFor(t *testing.T) {
 		t.Errorf("dislock completion powershell: exit %d, %q", code, errOut)
 	}
 }
-
