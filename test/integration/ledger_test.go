@@ -141,6 +141,13 @@ func TestTwoReplicasServeTheSameLedgerMetrics(t *testing.T) {
 	if got := ledgerSeries(t, elsewhere.Collector()); got != "" {
 		t.Errorf("a replica of dc-b serves dc-a's metrics:\n%s", got)
 	}
+	// No cluster claimed the role of alerting cluster: every replica says
+	// its own is not it.
+	for _, m := range []*maintenance.LedgerMetrics{leader, follower, elsewhere} {
+		if v := seriesValue(t, everything(t, m.Collector()), "dislock_alerting_cluster"); v != 0 {
+			t.Errorf("dislock_alerting_cluster %v with no claim, want 0", v)
+		}
+	}
 	for _, m := range []*maintenance.LedgerMetrics{leader, follower, elsewhere} {
 		if up := seriesValue(t, everything(t, m.Collector()), "dislock_database_up"); up != 1 {
 			t.Errorf("dislock_database_up %v, want 1", up)
@@ -258,7 +265,9 @@ func ledgerSeries(t *testing.T, c prometheus.Collector) string {
 	t.Helper()
 	var out []string
 	for line := range strings.Lines(everything(t, c)) {
-		if !strings.Contains(line, "dislock_database_") {
+		// Not the ledger's: whether the database answers, and whether this
+		// replica's own cluster is the alerting one.
+		if !strings.Contains(line, "dislock_database_") && !strings.Contains(line, "dislock_alerting_cluster") {
 			out = append(out, line)
 		}
 	}
