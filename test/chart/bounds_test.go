@@ -92,9 +92,9 @@ func TestEveryValueTheWebhookRefusesTheChartRefuses(t *testing.T) {
 	}
 }
 
-// webhookStarts runs the rendered webhook container's arguments through
-// the webhook's flag parsing and check.
-func webhookStarts(t *testing.T, m manifest) error {
+// webhookStarts runs the rendered webhook container's arguments, then
+// extra, through the webhook's flag parsing and check.
+func webhookStarts(t *testing.T, m manifest, extra ...string) error {
 	t.Helper()
 	dep := typed[appsv1.Deployment](t, m.one(t, "Deployment"))
 	args := dep.Spec.Template.Spec.Containers[0].Args
@@ -103,7 +103,8 @@ func webhookStarts(t *testing.T, m manifest) error {
 	}
 	// What the pod's environment gives (DISLOCK_DATABASE_URL from the
 	// database Secret, POD_NAMESPACE), first: a flag the chart renders wins.
-	s, err := flags.Parse(append([]string{"--database-url=" + testURL, "--namespace=dislock-system"}, args[1:]...), io.Discard)
+	args = append([]string{"--database-url=" + testURL, "--namespace=dislock-system"}, args[1:]...)
+	s, err := flags.Parse(append(args, extra...), io.Discard)
 	if err != nil {
 		return err
 	}
@@ -111,19 +112,12 @@ func webhookStarts(t *testing.T, m manifest) error {
 }
 
 // webhookAccepts reports whether the webhook starts with path=v when the
-// chart's checks are set aside: the same flags the chart would render for
-// it, built from the defaults' rendering.
+// chart's checks are set aside: the defaults' rendering, and the flag the
+// chart would render for it.
 func webhookAccepts(t *testing.T, path string, v any) bool {
 	t.Helper()
-	dep := typed[appsv1.Deployment](t, helmTemplate(t, "dislock", "dislock-system", base()).one(t, "Deployment"))
-	args := dep.Spec.Template.Spec.Containers[0].Args[1:]
 	flag, value := flagOf(t, path, v)
-	args = append(args, "--"+flag+"="+value)
-	s, err := flags.Parse(append([]string{"--database-url=" + testURL, "--namespace=dislock-system"}, args...), io.Discard)
-	if err != nil {
-		return false
-	}
-	return s.Check() == nil
+	return webhookStarts(t, helmTemplate(t, "dislock", "dislock-system", base()), "--"+flag+"="+value) == nil
 }
 
 // flagOf is the webhook flag the chart renders path into, and v as that

@@ -16,7 +16,8 @@ import (
 // database (ledger.ClaimAlerting: a claim by the database clock, which
 // PgBouncer's transaction pooling leaves alone, unlike a session's advisory
 // lock), and every replica serves dislock_alerting_cluster: 1 in the
-// alerting cluster, 0 in the others. The shipped rules raise the alerts on
+// alerting cluster, 0 in the others. Only the leaders of candidate clusters
+// (Options.AlertingCandidate: their Prometheus evaluates the rules) claim. The shipped rules raise the alerts on
 // those metrics only where it is 1.
 //
 // Every cluster keeps serving every series: each cluster's dashboard stays
