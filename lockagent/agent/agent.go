@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/lockagent/gateway"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/store"
 )
@@ -36,7 +37,7 @@ func Main(args []string, getenv func(string) string, stderr io.Writer) int {
 
 type agent struct {
 	cfg   Config
-	store *store.Store
+	store store.Locks
 	dir   protocol.Dir
 	log   *slog.Logger
 
@@ -90,7 +91,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		a.idle(ctx)
 		return 0
 	}
-	db, err := store.Open(ctx, cfg.DatabaseURL, store.Options{MaxConns: 2})
+	db, err := openLocks(ctx, cfg.DatabaseURL)
 	if err != nil {
 		a.publish(protocol.Decision{Action: protocol.ActionError, Key: cfg.Key, Reason: err.Error()})
 		a.idle(ctx)
@@ -377,4 +378,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// openLocks reaches the database through url: a lock gateway's
+// (https://…), or PostgreSQL's.
+func openLocks(ctx context.Context, url string) (store.Locks, error) {
+	if gateway.IsURL(url) {
+		return gateway.Dial(url)
+	}
+	return store.Open(ctx, url, store.Options{MaxConns: 2})
 }

@@ -23,18 +23,22 @@ func newJob(t *testing.T, dsn, mode string, ttl time.Duration) job {
 }
 
 // Three clusters start the same window within milliseconds: one runs, two
-// skip and complete, and `dislock windows` names the cluster that ran it.
+// skip and complete, and `dislock windows` names the cluster that ran it;
+// directly, through PgBouncer, and through each cluster's lock gateway.
 func TestThreeClustersOneWindowOneRun(t *testing.T) {
 	srv := pgtest.Need(t)
-	for _, tg := range srv.Targets() {
+	for _, tg := range append(srv.Targets(), pgtest.Target{Name: "gateway", DSN: srv.BouncerDSN()}) {
 		t.Run(tg.Name, func(t *testing.T) {
 			windows := 50
-			if tg.Name == "direct" {
+			if tg.Name != "pgbouncer" {
 				windows = 10
 			}
 			j := newJob(t, tg.DSN, "schedule", 5*time.Second)
 			s := openStore(t, tg.DSN)
 			clusters := []string{"dc-a", "dc-b", "dc-c"}
+			if tg.Name == "gateway" {
+				j = j.throughGateways(t, clusters...)
+			}
 			for w := range windows {
 				tick := tick0.Add(time.Duration(w) * time.Minute)
 				pods := make([]*pod, len(clusters))

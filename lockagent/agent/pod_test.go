@@ -19,9 +19,11 @@ import (
 
 	"github.com/dislock/dislock/lockagent/agent"
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/lockagent/gateway"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/migrate"
+	"github.com/dislock/dislock/test/gatewaytest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -99,6 +101,28 @@ type job struct {
 	catchup string
 	ledger  string // file the apps append start/stop lines to
 	extra   []string
+	// gateways, when set, are the lock gateways by cluster the pods reach
+	// the database through, instead of dsn.
+	gateways map[string]*gatewaytest.Gateway
+}
+
+// throughGateways has the job's pods reach the database through a lock
+// gateway of their cluster's, one per cluster named, over j.dsn.
+func (j job) throughGateways(t *testing.T, clusters ...string) job {
+	j.gateways = map[string]*gatewaytest.Gateway{}
+	for _, c := range clusters {
+		j.gateways[c] = gatewaytest.Start(t, j.dsn, gateway.Config{Cluster: c})
+	}
+	return j
+}
+
+// databaseURL is what cluster's pods take as their database URL.
+func (j job) databaseURL(cluster string) string {
+	if gw, ok := j.gateways[cluster]; ok {
+		ns, _, _ := strings.Cut(j.key, "/")
+		return gw.URL(ns)
+	}
+	return j.dsn
 }
 
 // podSpec is one cluster's pod of one window.
@@ -162,7 +186,7 @@ func (j job) env(p podSpec, dir, termLog string) []string {
 		"DISLOCK_JOB_NAME=" + p.jobName,
 		"DISLOCK_JOB_UID=uid-" + p.cluster + "-" + p.jobName,
 		"DISLOCK_POD_NAME=" + p.podName,
-		"DISLOCK_DATABASE_URL=" + j.dsn,
+		"DISLOCK_DATABASE_URL=" + j.databaseURL(p.cluster),
 		"DISLOCK_SHARED_DIR=" + dir,
 		"DISLOCK_TERMINATION_LOG=" + termLog,
 		// As the webhook renders it: the pod's one app container is named.

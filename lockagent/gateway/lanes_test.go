@@ -1,0 +1,145 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/lockagent/gateway"
+	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/test/gatewaytest"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+// blockViews holds dislock.views locked until the returned func runs: every
+// call that writes a view (a decision's first step) waits on the database,
+// as it would behind a herd.
+func blockViews(t *testing.T, dsn string) (unblock func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE dislock.views IN EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	unblock = func() {
+		if !done {
+			done = true
+			_ = tx.Rollback(ctx)
+			_ = conn.Close(ctx)
+		}
+	}
+	t.Cleanup(unblock)
+	return unblock
+}
+
+func recordView(ctx context.Context, c *gateway.Client, ns string) error {
+	_, err := c.RecordView(ctx, ns+"/report", "dc-a", store.View{Schedule: "0 * * * *"}, time.Hour)
+	return err
+}
+
+// A holder's renewal and outcome never wait behind other pods' decisions:
+// with every decision connection stuck and more decisions queued, a
+// renewal and a finish complete.
+func TestRenewalsDoNotWaitBehindDecisions(t *testing.T) {
+	srv := pgtest.Need(t)
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			migrated(t, tg.DSN)
+			gw := gatewaytest.Start(t, tg.DSN, gateway.Config{DecisionConns: 2, RenewalConns: 1})
+			ns := namespace()
+			c := gw.Client(t, ns)
+			ctx := context.Background()
+			claim, err := c.ClaimWindow(ctx, claimRequest(ns+"/report", owner("dc-a", ns, "p")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			unblock := blockViews(t, tg.DSN)
+			stuck := make(chan error, 6)
+			for range cap(stuck) {
+				go func() { stuck <- recordView(ctx, c, ns) }()
+			}
+			renewCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			if _, _, err := c.Heartbeat(renewCtx, ns+"/report", tick, store.NotIndexed, claim.Window.Token, time.Minute); err != nil {
+				t.Fatalf("renewal behind stuck decisions: %v", err)
+			}
+			if _, err := c.Finish(renewCtx, ns+"/report", tick, store.NotIndexed, claim.Window.Token, store.StateSucceeded, new(int)); err != nil {
+				t.Fatalf("outcome behind stuck decisions: %v", err)
+			}
+			select {
+			case err := <-stuck:
+				t.Fatalf("a decision ended while the views were locked: %v", err)
+			default:
+			}
+			unblock()
+			for range cap(stuck) {
+				if err := <-stuck; err != nil {
+					t.Fatalf("a queued decision, once the views were free: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// Past its bound a lane's queue refuses a call at once as unavailable (the
+// pod retries later, as it does when the database is down), and a call
+// whose pod stopped waiting before it started never runs.
+func TestAFullQueueRefusesAtOnce(t *testing.T) {
+	srv := pgtest.Need(t)
+	migrated(t, srv.BouncerDSN())
+	gw := gatewaytest.Start(t, srv.BouncerDSN(), gateway.Config{DecisionConns: 1, MaxQueued: 2})
+	ns := namespace()
+	c := gw.Client(t, ns)
+	ctx := context.Background()
+	unblock := blockViews(t, srv.BouncerDSN())
+	running := make(chan error, 1)
+	go func() { running <- recordView(ctx, c, ns) }()
+	awaitLane := func(want gateway.LaneStats) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for gw.Server.Lanes()["decisions"] != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("decisions lane: %+v, want %+v", gw.Server.Lanes()["decisions"], want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// The first call holds the one connection; two more fill the queue,
+	// one of them from a pod that stops waiting.
+	awaitLane(gateway.LaneStats{Running: 1})
+	leaveCtx, leave := context.WithCancel(ctx)
+	left := make(chan error, 1)
+	queued := make(chan error, 1)
+	go func() { left <- recordView(leaveCtx, c, ns) }()
+	go func() { queued <- recordView(ctx, c, ns) }()
+	awaitLane(gateway.LaneStats{Queued: 2, Running: 1})
+	start := time.Now()
+	if err := recordView(ctx, c, ns); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("a call past the queue: %v, want ErrUnavailable", err)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Fatalf("a call past the queue waited %s before its refusal", waited)
+	}
+	leave()
+	if err := <-left; !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("the call whose pod left: %v", err)
+	}
+	awaitLane(gateway.LaneStats{Queued: 1, Running: 1})
+	unblock()
+	for _, ch := range []chan error{running, queued} {
+		if err := <-ch; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

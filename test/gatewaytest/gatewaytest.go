@@ -1,0 +1,113 @@
+// Package gatewaytest runs lock gateways (lockagent/gateway) for tests: on
+// loopback, on a free port, with a throwaway CA, over a database URL.
+package gatewaytest
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"testing"
+
+	"github.com/dislock/dislock/lockagent/gateway"
+	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/test/tlstest"
+)
+
+// Secret is the credential the gateways of this package accept for
+// namespace.
+func Secret(namespace string) string { return "test-credential-of-" + namespace }
+
+// credentials accept Secret(namespace) for every namespace.
+type credentials struct{}
+
+func (credentials) Check(namespace, secret string) error {
+	if secret != Secret(namespace) {
+		return fmt.Errorf("the credential of namespace %q is not the current one", namespace)
+	}
+	return nil
+}
+
+// Gateway is one running lock gateway.
+type Gateway struct {
+	Server *gateway.Server
+	addr   string
+	ca     string // the ca parameter of its URLs
+}
+
+// Start runs a gateway over the database at dsn as cfg says; Start fills
+// in what cfg leaves zero: the lanes' Locks (Stores on dsn with
+// DecisionConns and RenewalConns connections, 4 and 2 when zero), the
+// credentials (Secret), and Cluster ("dc-a"). It stops at the test's end.
+func Start(t testing.TB, dsn string, cfg gateway.Config) *Gateway {
+	t.Helper()
+	if cfg.Cluster == "" {
+		cfg.Cluster = "dc-a"
+	}
+	if cfg.DecisionConns == 0 {
+		cfg.DecisionConns = 4
+	}
+	if cfg.RenewalConns == 0 {
+		cfg.RenewalConns = 2
+	}
+	if cfg.Credentials == nil {
+		cfg.Credentials = credentials{}
+	}
+	open := func(conns int) store.Locks {
+		s, err := store.Open(context.Background(), dsn, store.Options{MaxConns: int32(conns)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	if cfg.Decisions == nil {
+		cfg.Decisions = open(cfg.DecisionConns)
+	}
+	if cfg.Renewals == nil {
+		cfg.Renewals = open(cfg.RenewalConns)
+	}
+	srv, err := gateway.NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := tlstest.NewCA(t)
+	leaf := ca.Issue(t)
+	cert, err := tls.X509KeyPair(leaf.CertPEM, leaf.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
+	go func() { _ = hs.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = hs.Close() })
+	return &Gateway{Server: srv, addr: ln.Addr().String(), ca: base64.RawURLEncoding.EncodeToString(ca.CertPEM)}
+}
+
+// URL is the gateway's URL for pods of namespace, with its credential.
+func (g *Gateway) URL(namespace string) string {
+	return g.URLWith(namespace, Secret(namespace))
+}
+
+// URLWith is URL with another credential.
+func (g *Gateway) URLWith(namespace, secret string) string {
+	u := url.URL{Scheme: "https", User: url.UserPassword(namespace, secret), Host: g.addr, RawQuery: "ca=" + g.ca}
+	return u.String()
+}
+
+// Client dials the gateway as namespace.
+func (g *Gateway) Client(t testing.TB, namespace string) *gateway.Client {
+	t.Helper()
+	c, err := gateway.Dial(g.URL(namespace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
