@@ -16,6 +16,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/migrate"
+	"github.com/dislock/dislock/test/gatewaytest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -32,8 +33,8 @@ var (
 // included).
 const scheduleMargin = 4 * time.Minute
 
-// agentBin is dislock-agent, built once.
-var agentBin string
+// agentBin is dislock-agent, built once; gatewayBin the lock gateway.
+var agentBin, gatewayBin string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -48,6 +49,10 @@ func TestMain(m *testing.M) {
 		if out, err := exec.Command("go", "build", "-ldflags=-s -w", "-o", agentBin,
 			"github.com/dislock/dislock/lockagent/cmd/dislock-agent").CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "building dislock-agent: %v\n%s", err, out)
+			return 1
+		}
+		if gatewayBin, err = gatewaytest.Build(dir); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		return pgtest.Main(m, pgtest.Options{Name: "chaos"})
@@ -143,6 +148,12 @@ func TestChaos(t *testing.T) {
 			}
 			slot.Bouncers = append(slot.Bouncers, b)
 			w.Bouncers = append(w.Bouncers, b)
+			g, err := gatewaytest.NewProcess(gatewayBin, b.DSN(), ClusterName(c), filepath.Join(dir, fmt.Sprintf("gateway-w%d-%s", worker, ClusterName(c))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(g.Kill)
+			slot.Gateways = append(slot.Gateways, g)
 		}
 		slots = append(slots, slot)
 	}
@@ -160,8 +171,8 @@ func TestChaos(t *testing.T) {
 					continue
 				}
 				vs := Check(o)
-				line := fmt.Sprintf("schedule %d seed %d: %s standby=%t %d clusters × %d windows × %d completions, %d fault kinds %v, %s",
-					i, plan.Seed, plan.Mode, plan.Standby, plan.Clusters, plan.Windows, plan.Completions, len(o.Kinds), o.Kinds,
+				line := fmt.Sprintf("schedule %d seed %d: %s standby=%t gateway=%t %d clusters × %d windows × %d completions, %d fault kinds %v, %s",
+					i, plan.Seed, plan.Mode, plan.Standby, plan.Gateway, plan.Clusters, plan.Windows, plan.Completions, len(o.Kinds), o.Kinds,
 					time.Since(start).Round(100*time.Millisecond))
 				exceptions, violations := Exceptions(vs)
 				mu.Lock()
@@ -210,7 +221,11 @@ func TestChaos(t *testing.T) {
 	excByKind := map[string][]uint64{} // documented exceptions
 	minK, maxK, sumK, bad, excepted := len(Kinds()), 0, 0, 0, 0
 	used := map[Kind]bool{}
+	gateways := 0
 	for _, r := range results {
+		if r.o.Plan.Gateway {
+			gateways++
+		}
 		n := len(r.o.Kinds)
 		minK, maxK, sumK = min(minK, n), max(maxK, n), sumK+n
 		for _, k := range r.o.Kinds {
@@ -241,8 +256,8 @@ func TestChaos(t *testing.T) {
 		fmt.Fprintf(&b, "stopped after %d of %d schedules: the test's -timeout was less than %s away\n", n, schedules, scheduleMargin)
 	}
 	if len(results) > 0 {
-		fmt.Fprintf(&b, "distinct fault kinds per schedule: min %d, mean %.1f, max %d; %d of %d kinds used overall\n",
-			minK, float64(sumK)/float64(len(results)), maxK, len(used), len(Kinds()))
+		fmt.Fprintf(&b, "distinct fault kinds per schedule: min %d, mean %.1f, max %d; %d of %d kinds used overall; %d schedules through lock gateways\n",
+			minK, float64(sumK)/float64(len(results)), maxK, len(used), len(Kinds()), gateways)
 	}
 	tally := func(title string, m map[string][]uint64) {
 		if len(m) == 0 {

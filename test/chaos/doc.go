@@ -32,7 +32,11 @@
 // lives (evicted, or on a lost node where it runs on); an app container that
 // never starts (ImagePullBackOff); an app exiting non-zero; a PgBouncer
 // restart; a PostgreSQL `-m immediate` restart; a cluster cut from the
-// database for longer than the TTL (its bouncer paused or stopped); and, in
+// database for longer than the TTL (its bouncer paused or stopped); in half
+// of the schedules, every cluster's pods reaching the database through a
+// lock gateway of their cluster's (lockagent/gateway, a process of its own
+// in front of the cluster's bouncer), SIGKILLed and started again up to
+// twice (its calls in flight get no answer); and, in
 // about a third of the schedules, a herd: as one window's Jobs are created,
 // 40 other CronJobs fire in every cluster, their pods (goroutines of the
 // harness using the agent's statements, not processes) claiming through the

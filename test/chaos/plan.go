@@ -52,6 +52,11 @@ const (
 	// CutCluster cuts one cluster from the database for longer than the TTL:
 	// its PgBouncer is paused (SIGSTOP: queries hang) or stopped (refused).
 	CutCluster Kind = "cut-cluster"
+	// RestartGateway SIGKILLs one cluster's lock gateway and starts it
+	// again (a gateway pod replaced): its pods' calls in flight get no
+	// answer. Drawn only in plans whose pods reach the database through
+	// gateways (Plan.Gateway).
+	RestartGateway Kind = "restart-gateway"
 	// Herd is the top of the hour: as a window's Jobs are created, HerdKeys
 	// other CronJobs fire in every cluster of the schedule, their pods
 	// deciding through the same PgBouncers (and so queueing with the
@@ -82,7 +87,7 @@ func Kinds() []Kind {
 	for _, kw := range kindWeights {
 		ks = append(ks, kw.kind)
 	}
-	return append(ks, Herd)
+	return append(ks, Herd, RestartGateway)
 }
 
 // Settings are the timings every schedule of a run shares. They are scaled
@@ -137,7 +142,11 @@ type Plan struct {
 	// completionMode one data centre at a time. A window is one unit whatever
 	// the mode, so only the shape that claims it first may run it.
 	PlainCluster int
-	Jitter       [][]time.Duration // [cluster][window]
+	// Gateway: every cluster's pods reach the database through a lock
+	// gateway of their cluster's (lockagent/gateway), a process in front
+	// of the cluster's PgBouncer, instead of through the PgBouncer itself.
+	Gateway bool
+	Jitter  [][]time.Duration // [cluster][window]
 	Faults       []Fault
 }
 
@@ -209,6 +218,9 @@ func (p Plan) String() string {
 	}
 	if p.PlainCluster >= 0 {
 		fmt.Fprintf(&b, " except in %s, whose Jobs are not Indexed", ClusterName(p.PlainCluster))
+	}
+	if p.Gateway {
+		b.WriteString(", through lock gateways")
 	}
 	b.WriteString("\n")
 	for _, f := range p.Faults {
@@ -303,6 +315,17 @@ func Draw(seed uint64, s Settings) Plan {
 		f.At = max(0, first-between(herd, 0, 200*time.Millisecond))
 		f.For = between(herd, s.TTL, 3*s.TTL)
 		p.Faults = append(p.Faults, f)
+	}
+	// Drawn apart, so that every other part of a seed's plan stays what it
+	// was before gateways: half of the schedules run through them, with up
+	// to two gateway restarts.
+	if gw := rand.New(rand.NewPCG(seed, 0x6a7e_3a75)); gw.IntN(2) == 0 {
+		p.Gateway = true
+		for range gw.IntN(3) {
+			f := Fault{Kind: RestartGateway, Cluster: gw.IntN(p.Clusters), Window: -1}
+			f.At = p.JobAt(f.Cluster, gw.IntN(p.Windows)) + between(gw, 0, 2500*time.Millisecond)
+			p.Faults = append(p.Faults, f)
+		}
 	}
 	slices.SortStableFunc(p.Faults, func(a, b Fault) int { return int(a.At - b.At) })
 	// Drawn apart, so that every other part of a seed's plan stays what it

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/test/gatewaytest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -84,12 +85,28 @@ func (o Outage) hits(cluster, pod string) bool {
 // only its own schedule).
 type Slot struct {
 	Bouncers []*pgtest.Bouncer
+	// Gateways are a lock gateway per cluster, in front of its bouncer:
+	// plans with Gateway run through them.
+	Gateways []*gatewaytest.Process
 }
 
 type cluster struct {
 	idx     int
 	name    string
 	bouncer *pgtest.Bouncer
+	// gateway, when the plan runs through gateways, is what the pods
+	// reach instead of the bouncer.
+	gateway *gatewaytest.Process
+}
+
+// databaseURL is what the cluster's pods of key take from their database
+// Secret.
+func (c *cluster) databaseURL(key string) string {
+	if c.gateway != nil {
+		ns, _, _ := strings.Cut(key, "/")
+		return c.gateway.URL(ns)
+	}
+	return c.bouncer.DSN()
 }
 
 // run is one schedule being executed.
@@ -199,7 +216,7 @@ func (r *run) podEnv(j *job, p *pod) (agent, app []string, err error) {
 		val := v.Value
 		switch {
 		case v.FromDatabaseSecret:
-			val = j.cl.bouncer.DSN()
+			val = j.cl.databaseURL(r.key)
 		case v.FieldPath == contract.FieldPodName:
 			val = p.name
 		case v.FieldPath == contract.FieldJobUID:
@@ -386,7 +403,14 @@ func (w *World) Run(plan Plan, index int, slot *Slot, dir string) (*Outcome, err
 		if err := b.Start(); err != nil {
 			return nil, fmt.Errorf("resetting bouncer %s: %w", b.Name(), err)
 		}
-		r.clusters = append(r.clusters, &cluster{idx: i, name: ClusterName(i), bouncer: b})
+		cl := &cluster{idx: i, name: ClusterName(i), bouncer: b}
+		if plan.Gateway {
+			cl.gateway = slot.Gateways[i]
+			if err := cl.gateway.Start(); err != nil {
+				return nil, fmt.Errorf("starting the gateway of %s: %w", cl.name, err)
+			}
+		}
+		r.clusters = append(r.clusters, cl)
 	}
 	r.start = time.Now()
 
@@ -557,6 +581,16 @@ func (r *run) inject(f Fault) {
 		}
 		r.outage(from, cl.name, "", string(f.Kind))
 		r.event(Event{Kind: "bouncer-up", Cluster: cl.name})
+		return
+	case RestartGateway:
+		cl := r.clusters[f.Cluster]
+		from := time.Now()
+		r.fault(f.Kind, cl.name, "", "kill and start the lock gateway")
+		if err := cl.gateway.Restart(); err != nil {
+			r.event(Event{Kind: "error", Cluster: cl.name, Detail: err.Error()})
+		}
+		r.outage(from, cl.name, "", string(f.Kind))
+		r.event(Event{Kind: "gateway-up", Cluster: cl.name})
 		return
 	case CutCluster:
 		cl := r.clusters[f.Cluster]

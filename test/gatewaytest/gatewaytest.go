@@ -21,10 +21,11 @@ import (
 // namespace.
 func Secret(namespace string) string { return "test-credential-of-" + namespace }
 
-// credentials accept Secret(namespace) for every namespace.
-type credentials struct{}
+// Credentials accept Secret(namespace) for every namespace.
+type Credentials struct{}
 
-func (credentials) Check(namespace, secret string) error {
+// Check implements gateway.Credentials.
+func (Credentials) Check(namespace, secret string) error {
 	if secret != Secret(namespace) {
 		return fmt.Errorf("the credential of namespace %q is not the current one", namespace)
 	}
@@ -54,7 +55,7 @@ func Start(t testing.TB, dsn string, cfg gateway.Config) *Gateway {
 		cfg.RenewalConns = 2
 	}
 	if cfg.Credentials == nil {
-		cfg.Credentials = credentials{}
+		cfg.Credentials = Credentials{}
 	}
 	open := func(conns int) store.Locks {
 		s, err := store.Open(context.Background(), dsn, store.Options{MaxConns: int32(conns)})
