@@ -147,7 +147,7 @@ type Plan struct {
 	// of the cluster's PgBouncer, instead of through the PgBouncer itself.
 	Gateway bool
 	Jitter  [][]time.Duration // [cluster][window]
-	Faults       []Fault
+	Faults  []Fault
 }
 
 // Fault is one planned fault.
