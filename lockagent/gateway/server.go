@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
@@ -55,9 +54,11 @@ type Config struct {
 	// DecisionConns and RenewalConns are how many calls of each lane run
 	// at once: the connections of its Locks.
 	DecisionConns, RenewalConns int
-	// MaxQueued bounds each lane's waiting calls; past it a call is
-	// refused at once as unavailable and the pod retries later.
-	MaxQueued int
+	// MaxQueued bounds each lane's waiting calls, and
+	// MaxQueuedPerNamespace (MaxQueued when 0) one namespace's among
+	// them; past either a call is refused at once as unavailable and the
+	// pod retries later. 0: no bound.
+	MaxQueued, MaxQueuedPerNamespace int
 	// CallTimeout bounds one call's run on the database once started
 	// (DefaultCallTimeout when 0). The call runs to its end, or to this
 	// bound, whether or not the pod still waits for it.
@@ -78,15 +79,6 @@ type Server struct {
 	calls     map[string]handler
 }
 
-// lane is one queue of calls and the connections that serve it.
-type lane struct {
-	name   string
-	locks  store.Locks
-	slots  chan struct{}
-	queued atomic.Int64
-	max    int64
-}
-
 // handler runs one call for namespace ns, from its JSON body.
 type handler struct {
 	lane *lane
@@ -105,8 +97,8 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.DecisionConns < 1 || cfg.RenewalConns < 1 {
 		problems = append(problems, fmt.Sprintf("DecisionConns %d and RenewalConns %d must be at least 1", cfg.DecisionConns, cfg.RenewalConns))
 	}
-	if cfg.MaxQueued < 0 {
-		problems = append(problems, fmt.Sprintf("MaxQueued %d is negative", cfg.MaxQueued))
+	if cfg.MaxQueued < 0 || cfg.MaxQueuedPerNamespace < 0 {
+		problems = append(problems, fmt.Sprintf("MaxQueued %d and MaxQueuedPerNamespace %d may not be negative", cfg.MaxQueued, cfg.MaxQueuedPerNamespace))
 	}
 	if cfg.Credentials == nil {
 		problems = append(problems, "Credentials is nil")
@@ -122,8 +114,8 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg:       cfg,
-		decisions: newLane("decisions", cfg.Decisions, cfg.DecisionConns, cfg.MaxQueued),
-		renewals:  newLane("renewals", cfg.Renewals, cfg.RenewalConns, cfg.MaxQueued),
+		decisions: newLane("decisions", cfg.Decisions, cfg.DecisionConns, cfg.MaxQueued, cfg.MaxQueuedPerNamespace),
+		renewals:  newLane("renewals", cfg.Renewals, cfg.RenewalConns, cfg.MaxQueued, cfg.MaxQueuedPerNamespace),
 	}
 	s.calls = map[string]handler{
 		callNow:      {s.decisions, s.now},
@@ -139,27 +131,10 @@ func NewServer(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-func newLane(name string, l store.Locks, conns, maxQueued int) *lane {
-	return &lane{name: name, locks: l, slots: make(chan struct{}, conns), max: int64(maxQueued)}
-}
-
-// LaneStats is what one lane is doing.
-type LaneStats struct {
-	// Queued calls wait for a connection; Running calls have one.
-	Queued, Running int
-}
-
 // Lanes says what each lane ("decisions", "renewals") is doing.
 func (s *Server) Lanes() map[string]LaneStats {
-	m := map[string]LaneStats{}
-	for _, l := range []*lane{s.decisions, s.renewals} {
-		m[l.name] = LaneStats{Queued: int(l.queued.Load()), Running: len(l.slots)}
-	}
-	return m
+	return map[string]LaneStats{s.decisions.name: s.decisions.stats(), s.renewals.name: s.renewals.stats()}
 }
-
-// errBusy refuses a call past its lane's queue.
-var errBusy = fmt.Errorf("%w: the lock gateway's queue is full", store.ErrUnavailable)
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -188,7 +163,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		answer(w, http.StatusBadRequest, reply{Error: &wireError{Message: "reading the request: " + err.Error()}})
 		return
 	}
-	result, err := h.lane.serve(r.Context(), s.cfg.CallTimeout, func(ctx context.Context) (any, error) {
+	result, err := h.lane.serve(r.Context(), ns, s.cfg.CallTimeout, func(ctx context.Context) (any, error) {
 		return h.run(ctx, h.lane.locks, ns, body)
 	})
 	if err == nil {
@@ -206,30 +181,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusForbidden
 	}
 	answer(w, status, reply{Result: result, Error: &wireError{Kind: kind, Message: err.Error()}})
-}
-
-// serve runs call once one of the lane's connections is free, unless the
-// queue is full or the caller left while it waited. Once started, call
-// runs to its end (or timeout) whether or not the caller still waits.
-func (l *lane) serve(ctx context.Context, timeout time.Duration, call func(context.Context) (any, error)) (any, error) {
-	if n := l.queued.Add(1); l.max > 0 && n > l.max {
-		l.queued.Add(-1)
-		return nil, fmt.Errorf("%s lane: %w (%d calls waiting)", l.name, errBusy, n-1)
-	}
-	select {
-	case l.slots <- struct{}{}:
-		l.queued.Add(-1)
-	case <-ctx.Done():
-		l.queued.Add(-1)
-		return nil, fmt.Errorf("%w: the caller left before its call started", store.ErrUnavailable)
-	}
-	defer func() { <-l.slots }()
-	if ctx.Err() != nil {
-		return nil, fmt.Errorf("%w: the caller left before its call started", store.ErrUnavailable)
-	}
-	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	return call(runCtx)
 }
 
 func answer(w http.ResponseWriter, status int, r reply) {
