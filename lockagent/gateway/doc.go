@@ -23,12 +23,13 @@
 // The server (server.go) keeps two lanes, each with its own connections:
 // decisions (the herd at the top of the hour) and renewals (heartbeats,
 // outcomes, releases), so that a holder's renewal never queues behind other
-// pods' decisions. A call waits in its lane's queue for a connection; once
-// started it runs to its end even if the pod stops waiting, so a pooler
-// between the gateway and PostgreSQL never sees a statement abandoned
-// mid-flight. The queue is bounded: past it a call is refused at once as
-// unavailable, and the pod retries later as it does when the database is
-// unreachable.
+// pods' decisions. A call waits in its lane's queue for a connection, the
+// namespaces with calls waiting taking turns (lane.go); once started it
+// runs to its end even if the pod stops waiting, so a pooler between the
+// gateway and PostgreSQL never sees a statement abandoned mid-flight. The
+// queue is bounded, in all and per namespace: past either bound a call is
+// refused at once as unavailable, and the pod retries later as it does when
+// the database is unreachable.
 //
 // The package imports no Kubernetes code: the agent links the client.
 package gateway
