@@ -129,6 +129,7 @@ func (p *herdPod) getenv(k string) string { return p.env[k] }
 
 // herdRow is one line of the capacity table.
 type herdRow struct {
+	via                    herdPath
 	keys, pods             int
 	drain, p50, p99, pmax  time.Duration
 	errors, retries, warns int64
@@ -148,6 +149,15 @@ type herdRow struct {
 	topHerd, topHeartbeats []string
 	firstIssue, firstRetry string
 	causes                 map[string]int64
+	// revoked counts the winners that stopped their apps, their lease
+	// lost.
+	revoked int64
+	// What the herd's connections were: the most server connections at
+	// once, the tenants' logins to PgBouncer, and, through gateways, what
+	// they counted.
+	conns, connsAtWork serverConns
+	tenantLogins       int64
+	gateway            herdGatewayCounted
 }
 
 // BenchmarkHerd runs, for each -herd.keys M, -herd.clusters N × M pods that
@@ -165,6 +175,10 @@ type herdRow struct {
 // although every pod of its key decided without error, or if winners ran
 // a heartbeat interval and no heartbeat was counted. Past capacity, errors
 // and undecided pods are the finding, not a failure: the table counts them.
+// With -herd.gateway the pods call their cluster's lock gateway instead, a
+// process of its own logged in as the owner through the same PgBouncer
+// (herd_gateway_test.go); -herd.compare runs every size both ways, straight
+// to PgBouncer first, so that their ratios come from one database and run.
 func BenchmarkHerd(b *testing.B) {
 	if runtime.GOOS != "linux" {
 		b.Fatal("BenchmarkHerd reads /proc: Linux only")
@@ -187,9 +201,13 @@ func BenchmarkHerd(b *testing.B) {
 		b.Fatal(err)
 	}
 	h := newHerd(b, slices.Max(sizes), *herdClusters, *herdPoolSize)
+	paths := herdPaths()
+	if slices.Contains(paths, viaGateway) {
+		h.startGateways(b, slices.Max(sizes))
+	}
 	// The heartbeats' baseline, on the database before any herd: a herd
 	// past capacity leaves it busy with its leftovers for a while.
-	baseline := h.pgbenchHeartbeat(b, 0)
+	h.heartbeatTPS = h.pgbenchHeartbeat(b, 0)
 	limit := h.pgbenchDecisions(b, 0, 0)
 	// The same limit with fewer of the namespaces' pools at work: what the
 	// number of server connections costs each decision.
@@ -199,29 +217,45 @@ func BenchmarkHerd(b *testing.B) {
 	}
 	byConnections = append(byConnections, limit)
 	var rows []herdRow
-	for _, m := range sizes {
-		b.Run(fmt.Sprintf("keys=%d", m), func(b *testing.B) {
-			for range b.N {
-				r := h.run(b, m, mode, *herdRun)
-				r.pgbenchTPS = baseline
-				rows = append(rows, r)
-				b.ReportMetric(r.herd.WALBytes/float64(m), "WAL-B/window")
-				if r.late {
-					// No drain, latency or heartbeats to report: the
-					// table says what the database saw.
-					b.ReportMetric(float64(int64(r.pods)-r.ledgered), "undecided-per-ledger")
-					b.ReportMetric(0, "ns/op")
-					continue
-				}
-				b.ReportMetric(r.drain.Seconds(), "drain-s")
-				b.ReportMetric(float64(r.p99)/float64(time.Millisecond), "claim-p99-ms")
-				b.ReportMetric(float64(r.errors+r.undecided), "errors")
-				b.ReportMetric(100*r.hbPerSec/r.pgbenchTPS, "heartbeat-%-of-pgbench")
-				b.ReportMetric(0, "ns/op")
+	for _, via := range paths {
+		if via == viaGateway {
+			h.warmGatewayBackends(b, mode)
+		}
+		for _, m := range sizes {
+			name := fmt.Sprintf("keys=%d", m)
+			if via == viaGateway {
+				name = "gateway/" + name
 			}
-		})
+			rows = append(rows, h.bench(b, name, m, mode, via)...)
+		}
 	}
 	h.report(rows, limit, byConnections)
+}
+
+// bench runs one size's herd as a sub-benchmark and reports its metrics.
+func (h *herd) bench(b *testing.B, name string, m int, mode contract.Mode, via herdPath) []herdRow {
+	var rows []herdRow
+	b.Run(name, func(b *testing.B) {
+		for range b.N {
+			r := h.run(b, m, mode, *herdRun, via)
+			r.pgbenchTPS = h.heartbeatTPS
+			rows = append(rows, r)
+			b.ReportMetric(r.herd.WALBytes/float64(m), "WAL-B/window")
+			if r.late {
+				// No drain, latency or heartbeats to report: the
+				// table says what the database saw.
+				b.ReportMetric(float64(int64(r.pods)-r.ledgered), "undecided-per-ledger")
+				b.ReportMetric(0, "ns/op")
+				continue
+			}
+			b.ReportMetric(r.drain.Seconds(), "drain-s")
+			b.ReportMetric(float64(r.p99)/float64(time.Millisecond), "claim-p99-ms")
+			b.ReportMetric(float64(r.errors+r.undecided), "errors")
+			b.ReportMetric(100*r.hbPerSec/r.pgbenchTPS, "heartbeat-%-of-pgbench")
+			b.ReportMetric(0, "ns/op")
+		}
+	})
+	return rows
 }
 
 // serverConnections is how many server connections the bouncers keep at
@@ -263,6 +297,13 @@ type herd struct {
 	root       string // the pods' shared directories live under it (tmpfs)
 	binary     string // what install copies
 	runs       int
+	// heartbeatTPS is pgbench's throughput on the heartbeat statement,
+	// measured before the herds.
+	heartbeatTPS float64
+	// gateways are the clusters' lock gateways (startGateways), and
+	// gatewayURL[c][n] namespace n's URL of cluster c's.
+	gateways   []*herdGatewayProc
+	gatewayURL [][]string
 }
 
 func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
@@ -289,6 +330,12 @@ func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
 	if *herdMaxDBConns > 0 {
 		conf += fmt.Sprintf("max_db_connections = %d\n", *herdMaxDBConns)
 	}
+	// Last: it opens a section of its own.
+	gwConf, err := gatewayBouncerConf(srv.DirectDSN(), *herdGatewayDecisionConns+*herdGatewayRenewalConns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	conf += gwConf
 	owner, err := store.Open(ctx, srv.DirectDSN(), store.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -351,8 +398,9 @@ func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
 // run is one herd of m CronJobs per cluster. Each cluster's pods run in a
 // process of their own (herdChild): this machine allows a process 20 000
 // open files and no more (no CAP_SYS_RESOURCE), and a cluster's 10 000 pods
-// each hold a connection, as its PgBouncer holds one per pod.
-func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration) herdRow {
+// each hold a connection, as its PgBouncer holds one per pod. The pods
+// reach the database as via says.
+func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration, via herdPath) herdRow {
 	ctx := context.Background()
 	h.runs++
 	var now time.Time
@@ -371,7 +419,7 @@ func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration) 
 				"DISLOCK_MODE": mode.String(), "DISLOCK_KEY": fmt.Sprintf("ns-%d/job-%d", ns, i), "DISLOCK_WINDOW": window.Format(time.RFC3339),
 				"DISLOCK_SCHEDULE": "* * * * *", "DISLOCK_LEASE_TTL": herdTTL.String(), "DISLOCK_CLUSTER": cluster,
 				"DISLOCK_JOB_NAME": job, "DISLOCK_JOB_UID": fmt.Sprintf("uid-%s-%s", cluster, job), "DISLOCK_POD_NAME": job + "-x",
-				"DISLOCK_DATABASE_URL": h.dsn[c][ns],
+				"DISLOCK_DATABASE_URL": h.databaseURL(via, c, ns),
 			})
 		}
 		hc, err := startHerdCluster(spec)
@@ -387,18 +435,25 @@ func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration) 
 			b.Fatal(err)
 		}
 	}
-	h.warm(b)
+	var gwBefore herdGatewayCounted
+	if via == viaGateway {
+		h.warmGateways(b)
+		gwBefore = h.gatewayStats(b)
+	} else {
+		h.warm(b)
+	}
 	if err := benchscale.ResetStatements(ctx, h.watch.DB); err != nil {
 		b.Fatal(err)
 	}
-	before := h.read(b)
 	waits := benchscale.SampleWaits(h.sampler(b), 50*time.Millisecond)
+	conns := sampleServerConns(h.sampler(b), 50*time.Millisecond)
+	before := h.read(b)
 	t0 := time.Now()
 	for _, hc := range clusters {
 		hc.send("go")
 	}
 	var r herdRow
-	r.keys, r.pods = m, m*len(clusters)
+	r.keys, r.pods, r.via = m, m*len(clusters), via
 	var lat []time.Duration
 	runs := map[string]int{}
 	// A key whose own pods all decided without error must have run
@@ -442,7 +497,11 @@ func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration) 
 		}
 	}
 	r.herdWaits, _ = waits.Stop()
+	r.conns, r.connsAtWork = conns()
 	r.herd = h.read(b).Sub(before)
+	if via == viaGateway {
+		r.gateway = h.gatewayStats(b).Sub(gwBefore)
+	}
 	for _, hc := range clusters {
 		if r.late {
 			if hc.decidedCPU == 0 { // it did not say
@@ -454,6 +513,11 @@ func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration) 
 	}
 	var err error
 	if r.topHerd, err = benchscale.TopStatements(ctx, h.watch.DB, 6); err != nil {
+		b.Fatal(err)
+	}
+	// PgBouncer looks up a tenant role's secret once per login; the
+	// owner's (the gateways') is in its auth_file.
+	if r.tenantLogins, err = benchscale.Calls(ctx, h.watch.DB, pgtest.AuthQuery[:strings.Index(pgtest.AuthQuery, "$")]); err != nil {
 		b.Fatal(err)
 	}
 	if r.late {
@@ -535,6 +599,9 @@ func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration) 
 				r.causes = map[string]int64{}
 			}
 			r.causes[k] += n
+			if strings.HasPrefix(k, revokedCause) {
+				r.revoked += n
+			}
 		}
 	}
 	r.record = time.Since(recordStart)
@@ -542,6 +609,91 @@ func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration) 
 		r.recordErrors = int64(len(runs) - n)
 	}
 	return r
+}
+
+// revokedCause starts the cause (causes.add) of a winner that stopped its
+// app because its renewals did not reach the database in time.
+const revokedCause = "lease lost"
+
+// databaseURL is the DISLOCK_DATABASE_URL of cluster c's pods of namespace
+// ns.
+func (h *herd) databaseURL(via herdPath, c, ns int) string {
+	if via == viaGateway {
+		return h.gatewayURL[c][ns]
+	}
+	return h.dsn[c][ns]
+}
+
+// serverConns counts PostgreSQL's client backends by role: the owner's
+// (the gateways'), the tenant roles', and PgBouncer's auth_user's.
+type serverConns struct{ owner, tenants, auth int64 }
+
+func (c serverConns) String() string {
+	return fmt.Sprintf("%d (owner %d, tenants %d, auth %d)", c.owner+c.tenants+c.auth, c.owner, c.tenants, c.auth)
+}
+
+// sampleServerConns samples through db (its own connection), every
+// interval until the returned func is called, the server connections the
+// bouncers hold: the most of each kind connected at once, and how many of
+// each were seen at work (a statement or transaction in progress). Idle
+// ones are the other path's leftovers (PgBouncer keeps them for
+// server_idle_timeout), or a pool larger than its load.
+func sampleServerConns(db *pgx.Conn, interval time.Duration) func() (connected, atWork serverConns) {
+	var peak serverConns
+	busy := map[int32]string{}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			rows, err := db.Query(context.Background(), `SELECT pid, usename, state <> 'idle' FROM pg_stat_activity
+				WHERE backend_type = 'client backend' AND usename <> $1`, pgtest.Superuser)
+			if err == nil {
+				var now serverConns
+				for rows.Next() {
+					var pid int32
+					var user string
+					var working bool
+					if rows.Scan(&pid, &user, &working) != nil {
+						continue
+					}
+					now.count(user)
+					if working {
+						busy[pid] = user
+					}
+				}
+				rows.Close()
+				peak = serverConns{max(peak.owner, now.owner), max(peak.tenants, now.tenants), max(peak.auth, now.auth)}
+			}
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() (serverConns, serverConns) {
+		close(stop)
+		<-done
+		var work serverConns
+		for _, user := range busy {
+			work.count(user)
+		}
+		return peak, work
+	}
+}
+
+// count counts one backend of user.
+func (c *serverConns) count(user string) {
+	switch user {
+	case pgtest.AppUser:
+		c.owner++
+	case pgtest.AuthUser:
+		c.auth++
+	default:
+		c.tenants++
+	}
 }
 
 // herdSpec is what a cluster's process runs: each pod's DISLOCK_*
@@ -1082,7 +1234,7 @@ func (h *herd) report(rows []herdRow, limit decisionLimit, byConnections []decis
 	}
 	fmt.Printf("\nThe limit by server connections at work (each namespace's pool of %d in each PgBouncer, max_db_connections %s; same run, same database)\n", h.pool, ceiling)
 	_ = benchscale.Table(os.Stdout, t)
-	t = [][]string{{"keys/cluster", "pods", "drain", "decisions/s", "÷ limit", "claim p50", "p99", "max", "errors", "undecided", "retries", "PG CPU", "PG CPU/decision", "PG CPU share", "bouncers CPU", "generator CPU", "WAL/window", "WAL syncs", "PgBouncer wait/pod"}}
+	t = [][]string{{"path", "keys/cluster", "pods", "drain", "decisions/s", "÷ limit", "claim p50", "p99", "max", "errors", "undecided", "retries", "PG CPU", "PG CPU/decision", "PG CPU share", "bouncers CPU", "gateways CPU", "gateways CPU/decision", "generator CPU", "WAL/window", "WAL syncs", "PgBouncer wait/pod"}}
 	for _, r := range rows {
 		wall := r.drain
 		drain := ms(r.drain)
@@ -1100,45 +1252,63 @@ func (h *herd) report(rows []herdRow, limit decisionLimit, byConnections []decis
 			perSec := float64(r.pods) / r.drain.Seconds()
 			rate, share = fmt.Sprintf("%.0f", perSec), fmt.Sprintf("%.2f", perSec/limit.perSec)
 		}
-		t = append(t, []string{strconv.Itoa(r.keys), strconv.Itoa(r.pods), drain, rate, share, p50, p99, pmax,
+		gwCPU, gwPer := "–", "–"
+		if r.via == viaGateway {
+			gwCPU, gwPer = fmt.Sprintf("%.1f s", r.herd.Gateways.Seconds()), msf(r.herd.Gateways/time.Duration(r.pods))
+		}
+		t = append(t, []string{string(r.via), strconv.Itoa(r.keys), strconv.Itoa(r.pods), drain, rate, share, p50, p99, pmax,
 			errs, undecided, strconv.FormatInt(r.retries, 10),
 			fmt.Sprintf("%.1f s", r.herd.PostgreSQL.Seconds()), msf(r.herd.PostgreSQL / time.Duration(r.pods)),
 			fmt.Sprintf("%.0f%%", benchscale.Share(r.herd.PostgreSQL, wall, cpus)),
-			fmt.Sprintf("%.1f s", r.herd.Bouncers.Seconds()), fmt.Sprintf("%.1f s", r.herd.Self.Seconds()),
+			fmt.Sprintf("%.1f s", r.herd.Bouncers.Seconds()), gwCPU, gwPer, fmt.Sprintf("%.1f s", r.herd.Self.Seconds()),
 			fmt.Sprintf("%.0f B", r.herd.WALBytes/float64(r.keys)), strconv.FormatInt(r.herd.WALSyncs, 10),
 			fmt.Sprintf("%.1f ms", float64(r.herd.WaitMicros)/1000/float64(r.pods))})
 	}
 	fmt.Println("\nHerd: every CronJob of every cluster fires at once (first start → last decision)")
 	_ = benchscale.Table(os.Stdout, t)
-	t = [][]string{{"running jobs", "heartbeat statements/s", "PG CPU share", "pgbench, same statement (before the herds)", "heartbeats ÷ pgbench", "record (apps end)", "record errors"}}
+	t = [][]string{{"path", "keys/cluster", "backends started", "server connections at work", "connected (most at once)", "tenant logins to PgBouncer", "TLS connections to gateways", "gateway calls", "gateway calls unavailable", "most calls in a gateway at once (sum)", "gateways' database logins"}}
+	for _, r := range rows {
+		gw := []string{"–", "–", "–", "–", "–"}
+		if r.via == viaGateway {
+			g := r.gateway
+			gw = []string{strconv.FormatInt(g.Connections, 10), strconv.FormatInt(g.Calls, 10), strconv.FormatInt(g.Unavailable, 10),
+				strconv.FormatInt(g.PeakInFlight, 10), strconv.FormatInt(g.DatabaseLogins, 10)}
+		}
+		t = append(t, append([]string{string(r.via), strconv.Itoa(r.keys), strconv.FormatInt(r.herd.Sessions, 10), r.connsAtWork.String(), r.conns.String(), strconv.FormatInt(r.tenantLogins, 10)}, gw...))
+	}
+	fmt.Printf("\nConnections during the herd (gateways: %d decision and %d renewal connections each, through an owner's pool of %d in its PgBouncer)\n",
+		*herdGatewayDecisionConns, *herdGatewayRenewalConns, *herdGatewayDecisionConns+*herdGatewayRenewalConns)
+	_ = benchscale.Table(os.Stdout, t)
+	t = [][]string{{"path", "running jobs", "heartbeat statements/s", "PG CPU share", "pgbench, same statement (before the herds)", "heartbeats ÷ pgbench", "record (apps end)", "record errors", "winners revoked"}}
 	for _, r := range rows {
 		if r.late {
-			t = append(t, []string{strconv.Itoa(r.keys), "–", "–", fmt.Sprintf("%.0f/s", r.pgbenchTPS), "–", "–", "–"})
+			t = append(t, []string{string(r.via), strconv.Itoa(r.keys), "–", "–", fmt.Sprintf("%.0f/s", r.pgbenchTPS), "–", "–", "–", "–"})
 			continue
 		}
-		t = append(t, []string{strconv.Itoa(r.keys), fmt.Sprintf("%.0f", r.hbPerSec),
+		t = append(t, []string{string(r.via), strconv.Itoa(r.keys), fmt.Sprintf("%.0f", r.hbPerSec),
 			fmt.Sprintf("%.1f%%", benchscale.Share(r.hb.PostgreSQL, r.hbWall, cpus)), fmt.Sprintf("%.0f/s", r.pgbenchTPS),
-			ratio(r.hbPerSec, r.pgbenchTPS), ms(r.record), strconv.FormatInt(r.recordErrors, 10)})
+			ratio(r.hbPerSec, r.pgbenchTPS), ms(r.record), strconv.FormatInt(r.recordErrors, 10), strconv.FormatInt(r.revoked, 10)})
 	}
 	fmt.Printf("\nHeartbeats of the winners (TTL %s, one every %s) over %s, then their success recorded\n", herdTTL, herdTTL/3, *herdRun)
 	_ = benchscale.Table(os.Stdout, t)
 	for _, r := range rows {
-		fmt.Printf("\nkeys=%d: backends during the herd: %s\n", r.keys, r.herdWaits)
-		fmt.Printf("keys=%d: statements by time, herd:\n  %s\n", r.keys, strings.Join(r.topHerd, "\n  "))
-		fmt.Printf("keys=%d: statements by time, heartbeats:\n  %s\n", r.keys, strings.Join(r.topHeartbeats, "\n  "))
+		row := fmt.Sprintf("%s, keys=%d", r.via, r.keys)
+		fmt.Printf("\n%s: backends during the herd: %s\n", row, r.herdWaits)
+		fmt.Printf("%s: statements by time, herd:\n  %s\n", row, strings.Join(r.topHerd, "\n  "))
+		fmt.Printf("%s: statements by time, heartbeats:\n  %s\n", row, strings.Join(r.topHeartbeats, "\n  "))
 		if r.firstRetry != "" {
-			fmt.Printf("keys=%d: a retry: %s\n", r.keys, r.firstRetry)
+			fmt.Printf("%s: a retry: %s\n", row, r.firstRetry)
 		}
 		if len(r.causes) > 0 {
-			fmt.Printf("keys=%d: retries and warnings by cause (numbers blanked):\n", r.keys)
+			fmt.Printf("%s: retries and warnings by cause (numbers blanked):\n", row)
 			for _, k := range slices.SortedFunc(maps.Keys(r.causes), func(a, b string) int { return cmp.Compare(r.causes[b], r.causes[a]) })[:min(8, len(r.causes))] {
 				fmt.Printf("  %7d  %s\n", r.causes[k], k)
 			}
 		}
 		if r.firstIssue != "" {
-			fmt.Printf("keys=%d: a warning or error: %s\n", r.keys, r.firstIssue)
+			fmt.Printf("%s: a warning or error: %s\n", row, r.firstIssue)
 		}
-		fmt.Printf("keys=%d: during the herd: %d commits, %d WAL flushes, %d full-page images, %d backends started\n", r.keys, r.herd.Commits, r.herd.WALSyncs, r.herd.WALFPI, r.herd.Sessions)
+		fmt.Printf("%s: during the herd: %d commits, %d WAL flushes, %d full-page images, %d backends started\n", row, r.herd.Commits, r.herd.WALSyncs, r.herd.WALFPI, r.herd.Sessions)
 	}
 }
 
@@ -1179,7 +1349,7 @@ func TestAHerdRunsEveryWindowOnceWithoutErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := newHerd(t, keys, 3, 1)
-	r := h.run(t, keys, mode, 0)
+	r := h.run(t, keys, mode, 0, viaBouncer)
 	if r.late || r.errors != 0 || r.undecided != 0 || r.retries != 0 || r.warns != 0 || r.recordErrors != 0 {
 		t.Fatalf("late cluster process: %t; %d error decisions, %d undecided, %d retries, %d warnings, %d successes not recorded; a retry: %s; a warning: %s",
 			r.late, r.errors, r.undecided, r.retries, r.warns, r.recordErrors, r.firstRetry, r.firstIssue)
@@ -1231,7 +1401,7 @@ func TestHerdHeartbeatFiguresCountRealRenewals(t *testing.T) {
 	// A heartbeat every TTL/3 = 10 s: over 11 s of running each winner
 	// renews once (its first beat falls 10 s after its decision, and the
 	// phase starts after the last decision, within the first second here).
-	r := h.run(t, keys, mode, 11*time.Second)
+	r := h.run(t, keys, mode, 11*time.Second, viaBouncer)
 	if r.errors != 0 || r.undecided != 0 || r.recordErrors != 0 {
 		t.Fatalf("%d error decisions, %d undecided, %d successes not recorded", r.errors, r.undecided, r.recordErrors)
 	}

@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 	if code, ok := agent.HerdChild(); ok {
 		os.Exit(code)
 	}
+	if code, ok := agent.HerdGatewayChild(); ok {
+		os.Exit(code)
+	}
 	os.Exit(func() int {
 		dir, err := os.MkdirTemp("", "dislock-agent-test-")
 		if err != nil {

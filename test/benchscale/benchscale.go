@@ -132,6 +132,7 @@ type Counters struct {
 	At         time.Time
 	PostgreSQL time.Duration // CPU of the postmaster and its children
 	Bouncers   time.Duration // CPU of every PgBouncer
+	Gateways   time.Duration // CPU of every lock gateway
 	Self       time.Duration // CPU of the load generator
 	WALBytes   float64       // pg_current_wal_lsn() in bytes
 	WALSyncs   int64         // pg_stat_wal.wal_sync
@@ -144,7 +145,7 @@ type Counters struct {
 
 // Sub is c minus an earlier snapshot.
 func (c Counters) Sub(o Counters) Counters {
-	return Counters{At: c.At, PostgreSQL: c.PostgreSQL - o.PostgreSQL, Bouncers: c.Bouncers - o.Bouncers, Self: c.Self - o.Self,
+	return Counters{At: c.At, PostgreSQL: c.PostgreSQL - o.PostgreSQL, Bouncers: c.Bouncers - o.Bouncers, Gateways: c.Gateways - o.Gateways, Self: c.Self - o.Self,
 		WALBytes: c.WALBytes - o.WALBytes, WALSyncs: c.WALSyncs - o.WALSyncs, WALFPI: c.WALFPI - o.WALFPI,
 		Commits: c.Commits - o.Commits, Sessions: c.Sessions - o.Sessions, WaitMicros: c.WaitMicros - o.WaitMicros, XactCount: c.XactCount - o.XactCount}
 }
@@ -153,6 +154,9 @@ func (c Counters) Sub(o Counters) Counters {
 type Watch struct {
 	Postmaster int
 	Bouncers   []int
+	// Gateways are lock gateways' processes (lockagent/gateway), each
+	// between a cluster's pods and its PgBouncer.
+	Gateways []int
 	// DB is a superuser connection straight to PostgreSQL (not through a
 	// bouncer, which would count it).
 	DB *pgx.Conn
@@ -174,6 +178,13 @@ func (w *Watch) Read(ctx context.Context) (Counters, error) {
 			return c, fmt.Errorf("pgbouncer CPU: %w", err)
 		}
 		c.Bouncers += d
+	}
+	for _, pid := range w.Gateways {
+		d, err := TreeCPU(pid)
+		if err != nil {
+			return c, fmt.Errorf("lock gateway CPU: %w", err)
+		}
+		c.Gateways += d
 	}
 	err = w.DB.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8,
 		(SELECT wal_sync FROM pg_stat_wal), (SELECT wal_fpi FROM pg_stat_wal),
