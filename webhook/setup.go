@@ -67,7 +67,12 @@ type Config struct {
 	TenantRotation          time.Duration
 	TenantGrace             time.Duration
 	TenantProvisionInterval time.Duration
-	Certs                   CertConfig
+	// TenantGatewayURL, when set, gives namespaces lock gateway
+	// credentials instead of roles (tenants.Options.GatewayURL), whose
+	// URLs trust TenantGatewayCA.
+	TenantGatewayURL string
+	TenantGatewayCA  []byte
+	Certs            CertConfig
 }
 
 // CertConfig chooses where the serving certificate comes from.
@@ -105,6 +110,9 @@ func (c Config) Validate() error {
 		}
 		errs = append(errs, c.tenantOptions().Validate())
 	}
+	if c.TenantGatewayURL != "" && !c.TenantRoles {
+		errs = append(errs, errors.New("--tenant-gateway-url gives each namespace a lock gateway credential, which the webhook mints with the owner's credential: set --database-url (and keep --tenant-roles)"))
+	}
 	if c.Certs.SelfSigned {
 		for _, f := range [][2]string{{"cert dir", c.Certs.CertDir}, {"cert secret name", c.Certs.SecretName},
 			{"service name", c.Certs.ServiceName}, {"mutating configuration name", c.Certs.MutatingConfigName},
@@ -126,7 +134,8 @@ func (c Config) secretCopyOptions() secretcopy.Options {
 func (c Config) tenantOptions() tenants.Options {
 	return tenants.Options{DatabaseURL: c.DatabaseURL, Cluster: c.Inject.ClusterName, Namespace: c.Namespace,
 		SecretName: c.Inject.DBSecretName, SecretKey: c.Inject.DBSecretKey, CA: c.Inject.DatabaseCA,
-		Rotation: c.TenantRotation, Grace: c.TenantGrace, ProvisionInterval: c.TenantProvisionInterval}
+		Rotation: c.TenantRotation, Grace: c.TenantGrace, ProvisionInterval: c.TenantProvisionInterval,
+		GatewayURL: c.TenantGatewayURL, GatewayCA: c.TenantGatewayCA}
 }
 
 // maintenanceOptions are the database loops' options.

@@ -30,6 +30,10 @@ func TestConfigValidateChecksEveryComponentsOptions(t *testing.T) {
 		{"registry lookups", func(c *Config) { c.Resolver.Timeout = time.Minute }, "--registry-timeout"},
 		{"database loops", func(c *Config) { c.LedgerInterval = time.Second }, "--ledger-interval"},
 		{"tenant roles", func(c *Config) { c.TenantRotation = time.Minute }, "--tenant-rotation"},
+		{"tenant gateway", func(c *Config) { c.TenantGatewayURL = "http://gateway:9445" }, "--tenant-gateway-url"},
+		{"tenant gateway without the owner", func(c *Config) {
+			c.TenantGatewayURL, c.TenantRoles, c.DatabaseURL = "https://gateway:9445", false, ""
+		}, "--tenant-gateway-url"},
 	} {
 		c := valid()
 		tc.edit(&c)

@@ -110,6 +110,13 @@ type Options struct {
 	// generations of one namespace (0: DefaultTenantProvisionInterval), so
 	// that a tenant deleting its Secret in a loop cannot spin the database.
 	ProvisionInterval time.Duration
+	// GatewayURL, when set (--tenant-gateway-url, https://host:port), is
+	// this cluster's lock gateway: namespaces get a gateway credential
+	// instead of a database role, and their Secret the gateway's URL,
+	// which trusts GatewayCA (--tenant-gateway-ca-file; the system's roots
+	// when nil). No role is created: the owner needs no CREATEROLE.
+	GatewayURL string
+	GatewayCA  []byte
 }
 
 // Validate lists every problem.
@@ -123,6 +130,11 @@ func (o Options) Validate() error {
 	}
 	if o.Rotation < time.Hour {
 		errs = append(errs, fmt.Errorf("tenant rotation %s is shorter than an hour (set --tenant-rotation to e.g. %s)", o.Rotation, DefaultTenantRotation))
+	}
+	if o.GatewayURL != "" {
+		if _, err := tenant.GatewayURL(o.GatewayURL, o.GatewayCA, tenant.GatewayCredential{Namespace: "n", Secret: "s"}); err != nil {
+			errs = append(errs, fmt.Errorf("--tenant-gateway-url: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -152,7 +164,11 @@ type tenantProvisioner struct {
 	ca       []byte // Options.CA
 	rotation time.Duration
 	grace    time.Duration
-	now      func() time.Time
+	// gatewayURL and gatewayCA are Options.GatewayURL and GatewayCA: with
+	// a URL, namespaces get gateway credentials instead of roles.
+	gatewayURL string
+	gatewayCA  []byte
+	now        func() time.Time
 	// pace spaces a namespace's new generations; events tells the
 	// namespace when generations were retired early.
 	pace   *provisionPacer
@@ -169,7 +185,7 @@ type tenantProvisioner struct {
 func SetupWithManager(mgr ctrl.Manager, o Options) error {
 	r := &tenantProvisioner{Client: mgr.GetClient(), api: mgr.GetAPIReader(), ownerDSN: o.DatabaseURL,
 		cluster: o.Cluster, secret: o.SecretName, key: o.SecretKey, ownNS: o.Namespace, ca: o.CA,
-		rotation: o.Rotation, grace: o.Grace, now: time.Now,
+		rotation: o.Rotation, grace: o.Grace, gatewayURL: o.GatewayURL, gatewayCA: o.GatewayCA, now: time.Now,
 		pace:   &provisionPacer{interval: cmp.Or(o.ProvisionInterval, DefaultTenantProvisionInterval)},
 		events: mgr.GetEventRecorder("dislock-webhook")}
 	// A deleted or edited Secret is provisioned again at once, or once the
@@ -253,24 +269,17 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		cred, err := tenant.Provision(ctx, db, r.cluster, req.Name)
-		if err != nil {
-			return reconcile.Result{}, fmt.Errorf("provisioning a database role for namespace %s: %w", req.Name, err)
-		}
-		// Counted from when the generation exists, so that a failing
-		// write is retried at the interval, not minted again at once.
-		r.pace.provisioned(req.Name, r.now())
-		dsn, err := r.tenantDSN(cred)
+		m, err := r.mint(ctx, db, req.Name)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		written, err := r.write(ctx, req.Name, cur, exists, cred, dsn)
+		written, err := r.write(ctx, req.Name, cur, exists, m)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
 		regarding = written
 		tenantRolesTotal.WithLabelValues("provision").Inc()
-		logger.Info("gave the namespace a new database role", "role", cred.Role, "generation", cred.Generation, "why", why, "secret", r.secret)
+		logger.Info("gave the namespace a new "+m.what, "name", m.name, "generation", m.generation, "why", why, "secret", r.secret)
 	}
 	retired, err := tenant.Retire(ctx, db, r.cluster, req.Name, r.grace)
 	if err != nil {
@@ -289,6 +298,36 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 	}
 	// Come back for the next rotation, or to retire what was superseded.
 	return reconcile.Result{RequeueAfter: min(r.rotation, r.grace) / 4}, nil
+}
+
+// minted is a namespace's new generation: its row's name, and the URL its
+// pods reach the database with.
+type minted struct {
+	what, name, url string
+	generation      int
+}
+
+// mint makes the namespace's next generation: a gateway credential with a
+// gateway, a database role without.
+func (r *tenantProvisioner) mint(ctx context.Context, db *store.Store, namespace string) (minted, error) {
+	if r.gatewayURL != "" {
+		c, err := tenant.ProvisionGateway(ctx, db, r.cluster, namespace)
+		if err != nil {
+			return minted{}, fmt.Errorf("provisioning a lock gateway credential for namespace %s: %w", namespace, err)
+		}
+		// Counted from when the generation exists, so that a failing
+		// write is retried at the interval, not minted again at once.
+		r.pace.provisioned(namespace, r.now())
+		url, err := tenant.GatewayURL(r.gatewayURL, r.gatewayCA, c)
+		return minted{what: "lock gateway credential", name: c.Name, url: url, generation: c.Generation}, err
+	}
+	cred, err := tenant.Provision(ctx, db, r.cluster, namespace)
+	if err != nil {
+		return minted{}, fmt.Errorf("provisioning a database role for namespace %s: %w", namespace, err)
+	}
+	r.pace.provisioned(namespace, r.now())
+	dsn, err := r.tenantDSN(cred)
+	return minted{what: "database role", name: cred.Role, url: dsn, generation: cred.Generation}, err
 }
 
 // tenantDSN is the URL a namespace's sidecars connect with: the owner's
@@ -320,6 +359,14 @@ func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []tenan
 	role := cur.Annotations[contract.AnnotationTenantRole]
 	if role == "" || len(roles) == 0 || roles[0].Role != role {
 		return fmt.Sprintf("the Secret's role %q is not the namespace's newest", role)
+	}
+	switch gateway := tenant.IsGatewayCredential(role); {
+	case r.gatewayURL != "" && !gateway:
+		return "the Secret holds a database role, and namespaces now reach the database through the lock gateway (--tenant-gateway-url)"
+	case r.gatewayURL == "" && gateway:
+		return "the Secret holds a lock gateway credential, and namespaces now get database roles (no --tenant-gateway-url)"
+	case gateway && !tenant.GatewayURLFor(string(cur.Data[r.key]), r.gatewayURL, r.gatewayCA):
+		return "the Secret's URL is not the lock gateway's (--tenant-gateway-url, --tenant-gateway-ca-file)"
 	}
 	created, err := time.Parse(time.RFC3339, cur.Annotations[contract.AnnotationTenantRoleCreated])
 	if err != nil {
@@ -381,7 +428,7 @@ func earlyRetirementNote(early []tenant.Role, grace time.Duration) string {
 		"pods started from now on use the Secret's new role", MaxLiveTenantGenerations, grace, MaxLiveTenantGenerations, which, them)
 }
 
-func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *corev1.Secret, exists bool, cred tenant.Credential, dsn string) (*corev1.Secret, error) {
+func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *corev1.Secret, exists bool, m minted) (*corev1.Secret, error) {
 	s := cur
 	if !exists {
 		s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: r.secret}, Type: corev1.SecretTypeOpaque}
@@ -394,10 +441,10 @@ func (r *tenantProvisioner) write(ctx context.Context, namespace string, cur *co
 		s.Annotations = map[string]string{}
 	}
 	delete(s.Annotations, contract.AnnotationCopiedFrom)
-	s.Annotations[contract.AnnotationTenantRole] = cred.Role
+	s.Annotations[contract.AnnotationTenantRole] = m.name
 	s.Annotations[contract.AnnotationTenantRoleCreated] = r.now().UTC().Format(time.RFC3339)
-	s.Annotations[contract.AnnotationTenantRoleGeneration] = strconv.Itoa(cred.Generation)
-	s.Data = map[string][]byte{r.key: []byte(dsn)}
+	s.Annotations[contract.AnnotationTenantRoleGeneration] = strconv.Itoa(m.generation)
+	s.Data = map[string][]byte{r.key: []byte(m.url)}
 	if len(r.ca) > 0 {
 		s.Data[inject.DatabaseCAKey] = r.ca
 	}

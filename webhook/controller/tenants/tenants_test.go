@@ -170,3 +170,42 @@ func TestASecretWithAnotherCAIsStale(t *testing.T) {
 		}
 	}
 }
+
+// With a lock gateway, a namespace whose Secret holds a database role, a
+// gateway credential for another gateway or CA, gets a new generation; and
+// without one, a Secret holding a gateway credential does.
+func TestASecretOfTheOtherAccessPathIsStale(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	const gw = "https://dislock-gateway.dislock-system.svc:9445"
+	cred := tenant.GatewayCredential{Name: "dislock_lock_gateway_credential_" + strings.Repeat("0", 64) + "_g2", Namespace: "team", Secret: "s"}
+	gwURL, err := tenant.GatewayURL(gw, []byte("ca-1"), cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := func(name, url string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
+			contract.AnnotationTenantRole: name, contract.AnnotationTenantRoleCreated: now.Format(time.RFC3339)}},
+			Data: map[string][]byte{inject.DefaultDBSecretKey: []byte(url)}}
+	}
+	for _, tc := range []struct {
+		name          string
+		gateway       string
+		ca            []byte
+		inSecret, url string
+		want          string // in the reason; "" = not stale
+	}{
+		{"a role, roles wanted", "", nil, "dislock_t_team_1", "postgres://x", ""},
+		{"a role, the gateway wanted", gw, []byte("ca-1"), "dislock_t_team_1", "postgres://x", "--tenant-gateway-url"},
+		{"a credential, roles wanted", "", nil, cred.Name, gwURL, "no --tenant-gateway-url"},
+		{"a credential of this gateway", gw, []byte("ca-1"), cred.Name, gwURL, ""},
+		{"a credential of a moved gateway", "https://gw.other.svc:9445", []byte("ca-1"), cred.Name, gwURL, "--tenant-gateway-ca-file"},
+		{"a credential trusting another CA", gw, []byte("ca-2"), cred.Name, gwURL, "--tenant-gateway-ca-file"},
+	} {
+		r := &tenantProvisioner{key: inject.DefaultDBSecretKey, gatewayURL: tc.gateway, gatewayCA: tc.ca, rotation: time.Hour, now: func() time.Time { return now }}
+		why := r.stale(secret(tc.inSecret, tc.url), true, []tenant.Role{{Role: tc.inSecret, Generation: 2}})
+		if (why == "") != (tc.want == "") || !strings.Contains(why, tc.want) {
+			t.Errorf("%s: stale %q, want a reason naming %q", tc.name, why, tc.want)
+		}
+	}
+}
