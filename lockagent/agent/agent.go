@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
-	"github.com/dislock/dislock/lockagent/gateway"
+	"github.com/dislock/dislock/lockagent/gateway/client"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/store"
 )
@@ -383,8 +383,8 @@ func sleep(ctx context.Context, d time.Duration) error {
 // openLocks reaches the database through url: a lock gateway's
 // (https://…), or PostgreSQL's.
 func openLocks(ctx context.Context, url string) (store.Locks, error) {
-	if gateway.IsURL(url) {
-		return gateway.Dial(url)
+	if client.IsURL(url) {
+		return client.Dial(url)
 	}
 	return store.Open(ctx, url, store.Options{MaxConns: 2})
 }

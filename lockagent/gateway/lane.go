@@ -14,19 +14,26 @@ import (
 // namespace in turn that has one waiting: a namespace with a thousand pods
 // at the top of the hour, or one calling in a loop, delays another
 // namespace's call by at most one call of each busy namespace, not by its
-// whole queue.
+// whole queue. A namespace holds at most maxRunningPerNamespace of the
+// connections, so one whose calls wait on something of its own (a row its
+// old database role keeps locked, say) cannot hold them all.
+//
+// The lane never keeps a connection free while a call that may take it
+// waits: dispatch hands out every free connection at once.
 type lane struct {
 	name  string
 	locks store.Locks
-	// conns is how many calls run at once; maxQueued and maxPerNamespace
-	// bound the waiting ones (0: no bound).
-	conns, maxQueued, maxPerNamespace int
+	// conns is how many calls run at once; maxRunningPerNamespace how many
+	// of them one namespace's; maxQueued and maxQueuedPerNamespace bound
+	// the waiting ones.
+	conns, maxRunningPerNamespace, maxQueued, maxQueuedPerNamespace int
 
-	mu      sync.Mutex
-	running int
-	queued  int
-	waiting map[string][]*waiter // by namespace, oldest first
-	turns   []string             // namespaces with calls waiting, in turn order
+	mu        sync.Mutex
+	running   int
+	runningBy map[string]int       // by namespace, only those running
+	queued    int                  // every namespace's waiting calls
+	waiting   map[string][]*waiter // by namespace, oldest first
+	turns     []string             // namespaces with calls waiting, in turn order
 }
 
 // waiter is one queued call: ready is closed once a connection is its.
@@ -35,12 +42,13 @@ type waiter struct {
 	given bool
 }
 
-func newLane(name string, l store.Locks, conns, maxQueued, maxPerNamespace int) *lane {
-	if maxPerNamespace == 0 {
-		maxPerNamespace = maxQueued
+func newLane(name string, l store.Locks, conns, maxRunningPerNamespace, maxQueued, maxQueuedPerNamespace int) *lane {
+	if maxRunningPerNamespace == 0 {
+		maxRunningPerNamespace = max(1, conns-1)
 	}
-	return &lane{name: name, locks: l, conns: conns, maxQueued: maxQueued, maxPerNamespace: maxPerNamespace,
-		waiting: map[string][]*waiter{}}
+	return &lane{name: name, locks: l, conns: conns, maxRunningPerNamespace: maxRunningPerNamespace,
+		maxQueued: maxQueued, maxQueuedPerNamespace: maxQueuedPerNamespace,
+		runningBy: map[string]int{}, waiting: map[string][]*waiter{}}
 }
 
 // LaneStats is what one lane is doing.
@@ -65,7 +73,7 @@ func (l *lane) serve(ctx context.Context, ns string, timeout time.Duration, call
 	if err := l.acquire(ctx, ns); err != nil {
 		return nil, err
 	}
-	defer l.release()
+	defer l.release(ns)
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("%w: the caller left before its call started", store.ErrUnavailable)
 	}
@@ -76,17 +84,19 @@ func (l *lane) serve(ctx context.Context, ns string, timeout time.Duration, call
 
 func (l *lane) acquire(ctx context.Context, ns string) error {
 	l.mu.Lock()
-	if l.running < l.conns && l.queued == 0 {
-		l.running++
+	// A free connection means no waiting call may take it (dispatch), so
+	// a call that may take it does at once.
+	if l.running < l.conns && l.runningBy[ns] < l.maxRunningPerNamespace {
+		l.start(ns)
 		l.mu.Unlock()
 		return nil
 	}
 	mine := len(l.waiting[ns])
 	switch {
-	case l.maxQueued > 0 && l.queued >= l.maxQueued:
+	case l.queued >= l.maxQueued:
 		l.mu.Unlock()
 		return fmt.Errorf("%w: the lock gateway's %s queue is full (%d calls waiting)", store.ErrUnavailable, l.name, l.queued)
-	case l.maxPerNamespace > 0 && mine >= l.maxPerNamespace:
+	case mine >= l.maxQueuedPerNamespace:
 		l.mu.Unlock()
 		return fmt.Errorf("%w: namespace %s has %d calls waiting in the lock gateway's %s queue, its most", store.ErrUnavailable, ns, mine, l.name)
 	}
@@ -104,43 +114,68 @@ func (l *lane) acquire(ctx context.Context, ns string) error {
 	case <-ctx.Done():
 	}
 	l.mu.Lock()
-	if w.given {
-		// The connection became its as the caller left: pass it on.
-		l.mu.Unlock()
-		l.release()
-	} else {
+	given := w.given
+	if !given {
 		l.remove(ns, w)
-		l.mu.Unlock()
+	}
+	l.mu.Unlock()
+	if given {
+		// The connection became its as the caller left: pass it on.
+		l.release(ns)
 	}
 	return fmt.Errorf("%w: the caller left before its call started", store.ErrUnavailable)
 }
 
-// release hands the caller's connection to the oldest call of the next
-// namespace in turn, which then goes to the end of the turns if it has
-// more waiting, or frees it.
-func (l *lane) release() {
+// start counts a call of ns as running; l.mu is held.
+func (l *lane) start(ns string) {
+	l.running++
+	l.runningBy[ns]++
+}
+
+// release frees a connection of ns and hands out what can be.
+func (l *lane) release(ns string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.turns) == 0 {
-		l.running--
-		return
+	l.running--
+	if l.runningBy[ns]--; l.runningBy[ns] == 0 {
+		delete(l.runningBy, ns)
 	}
-	ns := l.turns[0]
-	l.turns = l.turns[1:]
-	w := l.waiting[ns][0]
-	l.waiting[ns] = l.waiting[ns][1:]
-	l.queued--
-	if len(l.waiting[ns]) > 0 {
-		l.turns = append(l.turns, ns)
-	} else {
-		delete(l.waiting, ns)
+	l.dispatch()
+}
+
+// dispatch hands each free connection to the oldest call of the next
+// namespace in turn that may take one; that namespace goes to the end of
+// the turns if it has more waiting. l.mu is held.
+func (l *lane) dispatch() {
+	for l.running < l.conns {
+		i := -1
+		for j, ns := range l.turns {
+			if l.runningBy[ns] < l.maxRunningPerNamespace {
+				i = j
+				break
+			}
+		}
+		if i < 0 {
+			return
+		}
+		ns := l.turns[i]
+		l.turns = append(l.turns[:i:i], l.turns[i+1:]...)
+		w := l.waiting[ns][0]
+		l.waiting[ns] = l.waiting[ns][1:]
+		l.queued--
+		if len(l.waiting[ns]) > 0 {
+			l.turns = append(l.turns, ns)
+		} else {
+			delete(l.waiting, ns)
+		}
+		l.start(ns)
+		w.given = true
+		close(w.ready)
 	}
-	w.given = true
-	close(w.ready)
 }
 
 // remove takes w, whose caller left, out of ns's queue, and ns out of the
-// turns when nothing of it waits any more.
+// turns when nothing of it waits any more. l.mu is held.
 func (l *lane) remove(ns string, w *waiter) {
 	q := l.waiting[ns]
 	for i, x := range q {

@@ -39,7 +39,7 @@ func queueUp(t *testing.T, l *lane, ns string, order *[]string, mu *sync.Mutex, 
 // one of its calls, not by its whole queue; and past its own bound its
 // calls are refused while other namespaces still queue.
 func TestTheLaneTakesNamespacesInTurn(t *testing.T) {
-	l := newLane("decisions", nil, 1, 100, 5)
+	l := newLane("decisions", nil, 1, 0, 100, 5)
 	var mu sync.Mutex
 	var order []string
 	release := make(chan struct{})
@@ -73,7 +73,7 @@ func TestTheLaneTakesNamespacesInTurn(t *testing.T) {
 // Callers that leave while they wait, even as a connection is handed to
 // them, never keep it: the lane ends with every connection free.
 func TestCallersThatLeaveGiveTheirConnectionBack(t *testing.T) {
-	l := newLane("decisions", nil, 2, 0, 0)
+	l := newLane("decisions", nil, 2, 0, 1000, 1000)
 	var wg sync.WaitGroup
 	for i := range 200 {
 		wg.Go(func() {
@@ -91,5 +91,35 @@ func TestCallersThatLeaveGiveTheirConnectionBack(t *testing.T) {
 	}
 	if len(l.turns) != 0 || len(l.waiting) != 0 {
 		t.Fatalf("the lane keeps turns %v and waiting %v", l.turns, l.waiting)
+	}
+}
+
+// A namespace whose calls are stuck (on a row its old database role keeps
+// locked, say) holds all of a lane's connections but one: another
+// namespace's call still runs at once, and the stuck namespace's next call
+// waits for one of its own to end.
+func TestANamespaceNeverHoldsEveryConnection(t *testing.T) {
+	l := newLane("renewals", nil, 3, 0, 100, 100)
+	var mu sync.Mutex
+	var order []string
+	stuck := make(chan struct{})
+	errs := make(chan error, 10)
+	for range 3 {
+		queueUp(t, l, "stuck", &order, &mu, stuck, errs)
+	}
+	if s := l.stats(); s != (LaneStats{Queued: 1, Running: 2}) {
+		t.Fatalf("with three calls of one namespace: %+v, want two running and one waiting", s)
+	}
+	if _, err := l.serve(context.Background(), "other", time.Minute, func(context.Context) (any, error) { return nil, nil }); err != nil {
+		t.Fatalf("another namespace's call: %v", err)
+	}
+	close(stuck)
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := l.stats(); s != (LaneStats{}) {
+		t.Fatalf("the lane at the end: %+v", s)
 	}
 }

@@ -9,7 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/lockagent/gateway"
+	"github.com/dislock/dislock/lockagent/gateway/client"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/gatewaytest"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -43,7 +45,7 @@ func blockViews(t *testing.T, dsn string) (unblock func()) {
 	return unblock
 }
 
-func recordView(ctx context.Context, c *gateway.Client, ns string) error {
+func recordView(ctx context.Context, c *client.Client, ns string) error {
 	_, err := c.RecordView(ctx, ns+"/report", "dc-a", store.View{Schedule: "0 * * * *"}, time.Hour)
 	return err
 }
@@ -98,7 +100,7 @@ func TestRenewalsDoNotWaitBehindDecisions(t *testing.T) {
 func TestAFullQueueRefusesAtOnce(t *testing.T) {
 	srv := pgtest.Need(t)
 	migrated(t, srv.BouncerDSN())
-	gw := gatewaytest.Start(t, srv.BouncerDSN(), gateway.Config{DecisionConns: 1, MaxQueued: 2})
+	gw := gatewaytest.Start(t, srv.BouncerDSN(), gateway.Config{DecisionConns: 1, MaxQueued: 2, MaxQueuedPerNamespace: 2})
 	ns := namespace()
 	c := gw.Client(t, ns)
 	ctx := context.Background()
@@ -141,5 +143,71 @@ func TestAFullQueueRefusesAtOnce(t *testing.T) {
 		if err := <-ch; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A namespace whose renewals wait on a row its old database role keeps
+// locked in an open transaction holds at most all of the renewal
+// connections but one: another namespace's heartbeats go on.
+func TestANamespaceStuckOnItsOwnRowLockDoesNotStallOthersRenewals(t *testing.T) {
+	srv := pgtest.Need(t)
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			owner0 := migrated(t, tg.DSN)
+			ctx := context.Background()
+			gw := gatewaytest.Start(t, tg.DSN, gateway.Config{RenewalConns: 2})
+			stuck, other := namespace(), namespace()
+			sc, oc := gw.Client(t, stuck), gw.Client(t, other)
+			grant, err := sc.AcquireLease(ctx, stuck+"/x", owner("dc-a", stuck, "p"), time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			claim, err := oc.ClaimWindow(ctx, claimRequest(other+"/report", owner("dc-a", other, "p")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The stuck namespace's own role, from before the gateway.
+			cred, err := tenant.Provision(ctx, owner0, "dc-a", stuck)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tdsn, err := tenant.DSN(tg.DSN, cred)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn, err := pgx.Connect(ctx, tdsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck // ends the lock
+			if _, err := tx.Exec(ctx, "SELECT 1 FROM dislock.leases WHERE lock_key = $1 FOR UPDATE", stuck+"/x"); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				go func() {
+					_, _ = sc.Renew(ctx, store.Renewal{LeaseKey: stuck + "/x", LeaseToken: grant.Lease.Token, TTL: time.Hour})
+				}()
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for gw.Server.Lanes()["renewals"] != (gateway.LaneStats{Queued: 2, Running: 1}) {
+				if time.Now().After(deadline) {
+					t.Fatalf("renewals lane %+v, want the stuck namespace's three renewals: one running, two waiting", gw.Server.Lanes()["renewals"])
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			for i := range 3 {
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				_, _, err := oc.Heartbeat(cctx, other+"/report", tick, store.NotIndexed, claim.Window.Token, 30*time.Second)
+				cancel()
+				if err != nil {
+					t.Fatalf("the other namespace's heartbeat %d while the stuck one waits on its own row: %v", i, err)
+				}
+			}
+		})
 	}
 }

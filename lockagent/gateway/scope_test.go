@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/gateway"
+	"github.com/dislock/dislock/lockagent/gateway/client"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/gatewaytest"
 	"github.com/dislock/dislock/test/pgtest"
@@ -117,7 +118,7 @@ func TestACallWithoutTheNamespacesCredentialIsRefused(t *testing.T) {
 		"another namespace's": gatewaytest.Secret(namespace()),
 		"a guessed one":       "hunter2",
 	} {
-		c, err := gateway.Dial(gw.URLWith(ns, secret))
+		c, err := client.Dial(gw.URLWith(ns, secret))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,15 +12,17 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/gateway/internal/wire"
 	"github.com/dislock/dislock/lockagent/store"
 )
 
 // Credentials decide who a caller is.
 type Credentials interface {
 	// Check returns nil when secret is namespace's current credential.
-	Check(namespace, secret string) error
+	Check(ctx context.Context, namespace, secret string) error
 }
 
 // StaticCredentials are credentials by namespace, fixed for the server's
@@ -27,10 +30,10 @@ type Credentials interface {
 type StaticCredentials map[string]string
 
 // Check implements Credentials in time independent of how much of secret
-// matches.
-func (c StaticCredentials) Check(namespace, secret string) error {
+// matches. An empty credential matches nothing.
+func (c StaticCredentials) Check(_ context.Context, namespace, secret string) error {
 	want, ok := c[namespace]
-	if !ok {
+	if !ok || want == "" {
 		return fmt.Errorf("namespace %q has no credential here", namespace)
 	}
 	w, g := sha256.Sum256([]byte(want)), sha256.Sum256([]byte(secret))
@@ -54,10 +57,15 @@ type Config struct {
 	// DecisionConns and RenewalConns are how many calls of each lane run
 	// at once: the connections of its Locks.
 	DecisionConns, RenewalConns int
-	// MaxQueued bounds each lane's waiting calls, and
-	// MaxQueuedPerNamespace (MaxQueued when 0) one namespace's among
-	// them; past either a call is refused at once as unavailable and the
-	// pod retries later. 0: no bound.
+	// MaxRunningPerNamespace is how many of a lane's connections one
+	// namespace's calls may hold at once (0: all but one, and at least
+	// one): a namespace whose calls wait on something of its own (a row
+	// its old database role holds locked) keeps the others' calls going.
+	MaxRunningPerNamespace int
+	// MaxQueued bounds each lane's waiting calls (0: DefaultMaxQueued),
+	// and MaxQueuedPerNamespace one namespace's among them (0: a quarter of
+	// MaxQueued). Past either a call is refused at once as unavailable and
+	// the pod retries later.
 	MaxQueued, MaxQueuedPerNamespace int
 	// CallTimeout bounds one call's run on the database once started
 	// (DefaultCallTimeout when 0). The call runs to its end, or to this
@@ -67,23 +75,37 @@ type Config struct {
 	Logger      *slog.Logger
 }
 
-// DefaultCallTimeout bounds a started call: far above any statement's run,
-// below the time after which nobody could use its answer.
-const DefaultCallTimeout = time.Minute
+// Defaults of Config.
+const (
+	// DefaultCallTimeout bounds a started call: far above any statement's
+	// run, below the time after which nobody could use its answer.
+	DefaultCallTimeout = time.Minute
+	// DefaultMaxQueued is room for every pod of a cluster with 20 000
+	// CronJobs firing at once; a queued call holds its body (at most
+	// wire.MaxBody, usually under a kilobyte) and a connection.
+	DefaultMaxQueued = 20000
+)
 
 // Server answers the lock calls of pods. It implements http.Handler.
 type Server struct {
 	cfg       Config
 	decisions *lane
 	renewals  *lane
-	calls     map[string]handler
+	calls     map[string]call
+	// lastRefusal paces the log lines of refused credentials.
+	lastRefusal atomic.Int64
 }
 
-// handler runs one call for namespace ns, from its JSON body.
-type handler struct {
-	lane *lane
-	run  func(ctx context.Context, l store.Locks, ns string, body []byte) (any, error)
+// call is one of the calls: its lane, and how to read and check its body
+// into what runs on the database. Reading and checking happen before the
+// call queues, so a queued call holds a checked request, not a body.
+type call struct {
+	lane    *lane
+	prepare func(s *Server, ns string, body []byte) (run, error)
 }
+
+// run is a checked call, ready for a connection.
+type run func(ctx context.Context, l store.Locks) (any, error)
 
 // NewServer checks cfg and returns its Server.
 func NewServer(cfg Config) (*Server, error) {
@@ -97,8 +119,9 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.DecisionConns < 1 || cfg.RenewalConns < 1 {
 		problems = append(problems, fmt.Sprintf("DecisionConns %d and RenewalConns %d must be at least 1", cfg.DecisionConns, cfg.RenewalConns))
 	}
-	if cfg.MaxQueued < 0 || cfg.MaxQueuedPerNamespace < 0 {
-		problems = append(problems, fmt.Sprintf("MaxQueued %d and MaxQueuedPerNamespace %d may not be negative", cfg.MaxQueued, cfg.MaxQueuedPerNamespace))
+	if cfg.MaxQueued < 0 || cfg.MaxQueuedPerNamespace < 0 || cfg.MaxRunningPerNamespace < 0 {
+		problems = append(problems, fmt.Sprintf("MaxQueued %d, MaxQueuedPerNamespace %d and MaxRunningPerNamespace %d may not be negative",
+			cfg.MaxQueued, cfg.MaxQueuedPerNamespace, cfg.MaxRunningPerNamespace))
 	}
 	if cfg.Credentials == nil {
 		problems = append(problems, "Credentials is nil")
@@ -109,26 +132,47 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = DefaultCallTimeout
 	}
+	if cfg.MaxQueued == 0 {
+		cfg.MaxQueued = DefaultMaxQueued
+	}
+	if cfg.MaxQueuedPerNamespace == 0 {
+		cfg.MaxQueuedPerNamespace = max(1, cfg.MaxQueued/4)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{
 		cfg:       cfg,
-		decisions: newLane("decisions", cfg.Decisions, cfg.DecisionConns, cfg.MaxQueued, cfg.MaxQueuedPerNamespace),
-		renewals:  newLane("renewals", cfg.Renewals, cfg.RenewalConns, cfg.MaxQueued, cfg.MaxQueuedPerNamespace),
+		decisions: newLane("decisions", cfg.Decisions, cfg.DecisionConns, cfg.MaxRunningPerNamespace, cfg.MaxQueued, cfg.MaxQueuedPerNamespace),
+		renewals:  newLane("renewals", cfg.Renewals, cfg.RenewalConns, cfg.MaxRunningPerNamespace, cfg.MaxQueued, cfg.MaxQueuedPerNamespace),
 	}
-	s.calls = map[string]handler{
-		callNow:      {s.decisions, s.now},
-		callView:     {s.decisions, s.view},
-		callClaim:    {s.decisions, s.claim},
-		callWindow:   {s.decisions, s.window},
-		callLease:    {s.decisions, s.lease},
-		callDecision: {s.decisions, s.decision},
-		callRenew:    {s.renewals, s.renew},
-		callFinish:   {s.renewals, s.finish},
-		callRelease:  {s.renewals, s.release},
+	s.calls = map[string]call{
+		wire.Now:      {s.decisions, prepareNow},
+		wire.View:     {s.decisions, prepareView},
+		wire.Claim:    {s.decisions, prepareClaim},
+		wire.Window:   {s.decisions, prepareWindow},
+		wire.Lease:    {s.decisions, prepareLease},
+		wire.Decision: {s.decisions, prepareDecision},
+		wire.Renew:    {s.renewals, prepareRenew},
+		wire.Finish:   {s.renewals, prepareFinish},
+		wire.Release:  {s.renewals, prepareRelease},
 	}
 	return s, nil
+}
+
+// NewHTTPServer serves handler (a Server) on addr with TLS, with the
+// timeouts a service any pod can reach needs: a connection that sends
+// nothing, or sends slowly, is closed, not kept.
+func NewHTTPServer(addr string, handler http.Handler, tlsConfig *tls.Config) *http.Server {
+	return &http.Server{
+		Addr: addr, Handler: handler, TLSConfig: tlsConfig,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		// A call may queue and then run up to DefaultCallTimeout.
+		WriteTimeout:   3 * DefaultCallTimeout,
+		IdleTimeout:    2 * time.Minute,
+		MaxHeaderBytes: 16 << 10,
+	}
 }
 
 // Lanes says what each lane ("decisions", "renewals") is doing.
@@ -138,39 +182,43 @@ func (s *Server) Lanes() map[string]LaneStats {
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	name, ok := strings.CutPrefix(r.URL.Path, pathPrefix)
-	h, known := s.calls[name]
+	name, ok := strings.CutPrefix(r.URL.Path, wire.PathPrefix)
+	c, known := s.calls[name]
 	switch {
 	case !ok || !known:
-		answer(w, http.StatusNotFound, reply{Error: &wireError{Message: fmt.Sprintf("no call %q (this gateway answers POST %s<call>)", r.URL.Path, pathPrefix)}})
+		answer(w, http.StatusNotFound, nil, &wire.Error{Message: fmt.Sprintf("no call %q (this gateway answers POST %s<call>)", r.URL.Path, wire.PathPrefix)})
 		return
 	case r.Method != http.MethodPost:
-		answer(w, http.StatusMethodNotAllowed, reply{Error: &wireError{Message: "calls are POSTs"}})
+		answer(w, http.StatusMethodNotAllowed, nil, &wire.Error{Message: "calls are POSTs"})
 		return
 	}
 	ns, secret, ok := r.BasicAuth()
 	if !ok {
-		answer(w, http.StatusUnauthorized, reply{Error: &wireError{Kind: "forbidden", Message: "no credential: the URL must be https://<namespace>:<credential>@host:port"}})
+		answer(w, http.StatusUnauthorized, nil, &wire.Error{Kind: "forbidden", Message: "no credential: the URL must be https://<namespace>:<credential>@host:port"})
 		return
 	}
-	if err := s.cfg.Credentials.Check(ns, secret); err != nil {
-		s.cfg.Logger.Warn("refused a call with a bad credential", "namespace", ns, "call", name, "remote", r.RemoteAddr, "err", err)
-		answer(w, http.StatusUnauthorized, reply{Error: &wireError{Kind: "forbidden", Message: err.Error() + ": the webhook writes it into the namespace's database Secret"}})
+	if err := s.cfg.Credentials.Check(r.Context(), ns, secret); err != nil {
+		s.refused(ns, name, r.RemoteAddr, err)
+		answer(w, http.StatusUnauthorized, nil, &wire.Error{Kind: "forbidden", Message: err.Error() + ": the webhook writes it into the namespace's database Secret"})
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, wire.MaxBody))
 	if err != nil {
-		answer(w, http.StatusBadRequest, reply{Error: &wireError{Message: "reading the request: " + err.Error()}})
+		answer(w, http.StatusBadRequest, nil, &wire.Error{Message: "reading the request: " + err.Error()})
 		return
 	}
-	result, err := h.lane.serve(r.Context(), ns, s.cfg.CallTimeout, func(ctx context.Context) (any, error) {
-		return h.run(ctx, h.lane.locks, ns, body)
-	})
+	var result any
+	run, err := c.prepare(s, ns, body)
 	if err == nil {
-		answer(w, http.StatusOK, reply{Result: result})
+		result, err = c.lane.serve(r.Context(), ns, s.cfg.CallTimeout, func(ctx context.Context) (any, error) {
+			return run(ctx, c.lane.locks)
+		})
+	}
+	if err == nil {
+		answer(w, http.StatusOK, result, nil)
 		return
 	}
-	kind := kindOf(err)
+	kind := wire.KindOf(err)
 	status := http.StatusConflict
 	switch kind {
 	case "":
@@ -180,30 +228,48 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "forbidden":
 		status = http.StatusForbidden
 	}
-	answer(w, status, reply{Result: result, Error: &wireError{Kind: kind, Message: err.Error()}})
+	answer(w, status, result, &wire.Error{Kind: kind, Message: err.Error()})
 }
 
-func answer(w http.ResponseWriter, status int, r reply) {
+// refused logs a refused credential, at most once a second: anyone who
+// reaches the port can send them.
+func (s *Server) refused(ns, name, remote string, err error) {
+	now := time.Now().UnixNano()
+	last := s.lastRefusal.Load()
+	if now-last < int64(time.Second) || !s.lastRefusal.CompareAndSwap(last, now) {
+		return
+	}
+	if len(ns) > 63 {
+		ns = ns[:63] + "…"
+	}
+	s.cfg.Logger.Warn("refused a call with a bad credential (at most one such line a second)", "namespace", ns, "call", name, "remote", remote, "err", err)
+}
+
+func answer(w http.ResponseWriter, status int, result any, e *wire.Error) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(r)
+	_ = json.NewEncoder(w).Encode(wire.Reply{V: wire.Version, Result: result, Error: e})
 }
 
-// decode reads a call's body into v, refusing fields the call does not
-// have.
-func decode(body []byte, v any) error {
-	d := json.NewDecoder(strings.NewReader(string(body)))
-	d.DisallowUnknownFields()
-	if err := d.Decode(v); err != nil {
-		return fmt.Errorf("decoding the request: %w", err)
+// prepare reads a call's body into a Req, checks it, and returns what runs
+// it. Fields the call does not know are ignored, so that an agent newer
+// than its gateway keeps working; the checks read the same fields the call
+// runs with.
+func prepare[Req any](body []byte, check func(*Req) error, do func(context.Context, store.Locks, Req) (any, error)) (run, error) {
+	var r Req
+	if err := json.Unmarshal(body, &r); err != nil {
+		return nil, fmt.Errorf("decoding the request: %w", err)
 	}
-	return nil
+	if err := check(&r); err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, l store.Locks) (any, error) { return do(ctx, l, r) }, nil
 }
 
 // The checks of what a namespace may name. The gateway's own login may
 // write every namespace's rows, so these are the only thing that keeps a
 // namespace to its own: each call checks every key, owner and cluster it
-// carries before it reaches the database.
+// carries before it is queued.
 
 // checkKey refuses a key outside namespace ns.
 func checkKey(ns, what, key string) error {
@@ -230,112 +296,88 @@ func (s *Server) checkOwner(ns, what string, o store.Owner) error {
 	return s.checkCluster(ns, what, o.Cluster)
 }
 
-func (s *Server) now(ctx context.Context, l store.Locks, _ string, body []byte) (any, error) {
-	if err := decode(body, &emptyReply{}); err != nil {
-		return nil, err
-	}
-	t, err := l.Now(ctx)
-	return nowReply{DBTime: t}, err
+func prepareNow(_ *Server, _ string, body []byte) (run, error) {
+	return prepare(body, func(*wire.Empty) error { return nil }, func(ctx context.Context, l store.Locks, _ wire.Empty) (any, error) {
+		t, err := l.Now(ctx)
+		return wire.NowReply{DBTime: t}, err
+	})
 }
 
-func (s *Server) view(ctx context.Context, l store.Locks, ns string, body []byte) (any, error) {
-	var r viewRequest
-	if err := decode(body, &r); err != nil {
-		return nil, err
-	}
-	if err := errors.Join(checkKey(ns, "record the view of", r.Key), s.checkCluster(ns, "record a view", r.Cluster)); err != nil {
-		return nil, err
-	}
-	return l.RecordView(ctx, r.Key, r.Cluster, r.View, r.Recency)
+func prepareView(s *Server, ns string, body []byte) (run, error) {
+	return prepare(body, func(r *wire.ViewRequest) error {
+		return errors.Join(checkKey(ns, "record the view of", r.Key), s.checkCluster(ns, "record a view", r.Cluster))
+	}, func(ctx context.Context, l store.Locks, r wire.ViewRequest) (any, error) {
+		others, err := l.RecordView(ctx, r.Key, r.Cluster, r.View, r.Recency)
+		return wire.ViewReply{Others: others}, err
+	})
 }
 
-func (s *Server) claim(ctx context.Context, l store.Locks, ns string, body []byte) (any, error) {
-	var r store.ClaimRequest
-	if err := decode(body, &r); err != nil {
-		return nil, err
-	}
-	if err := errors.Join(checkKey(ns, "claim", r.Key), s.checkOwner(ns, "claim", r.Owner)); err != nil {
-		return nil, err
-	}
-	return l.ClaimWindow(ctx, r)
+func prepareClaim(s *Server, ns string, body []byte) (run, error) {
+	return prepare(body, func(r *store.ClaimRequest) error {
+		return errors.Join(checkKey(ns, "claim", r.Key), s.checkOwner(ns, "claim", r.Owner))
+	}, func(ctx context.Context, l store.Locks, r store.ClaimRequest) (any, error) {
+		return l.ClaimWindow(ctx, r)
+	})
 }
 
-func (s *Server) window(ctx context.Context, l store.Locks, ns string, body []byte) (any, error) {
-	var r windowRequest
-	if err := decode(body, &r); err != nil {
-		return nil, err
-	}
-	if err := checkKey(ns, "read", r.Key); err != nil {
-		return nil, err
-	}
-	w, t, err := l.WindowAt(ctx, r.Key, r.Window, r.Index)
-	return windowReply{Window: w, DBTime: t}, err
+func prepareWindow(_ *Server, ns string, body []byte) (run, error) {
+	return prepare(body, func(r *wire.WindowRequest) error {
+		return checkKey(ns, "read", r.Key)
+	}, func(ctx context.Context, l store.Locks, r wire.WindowRequest) (any, error) {
+		w, t, err := l.WindowAt(ctx, r.Key, r.Window, r.Index)
+		return wire.WindowReply{Window: w, DBTime: t}, err
+	})
 }
 
-func (s *Server) lease(ctx context.Context, l store.Locks, ns string, body []byte) (any, error) {
-	var r leaseRequest
-	if err := decode(body, &r); err != nil {
-		return nil, err
-	}
-	if err := errors.Join(checkKey(ns, "take the lease", r.Key), s.checkOwner(ns, "take a lease", r.Owner)); err != nil {
-		return nil, err
-	}
-	return l.AcquireLease(ctx, r.Key, r.Owner, r.TTL)
+func prepareLease(s *Server, ns string, body []byte) (run, error) {
+	return prepare(body, func(r *wire.LeaseRequest) error {
+		return errors.Join(checkKey(ns, "take the lease", r.Key), s.checkOwner(ns, "take a lease", r.Owner))
+	}, func(ctx context.Context, l store.Locks, r wire.LeaseRequest) (any, error) {
+		return l.AcquireLease(ctx, r.Key, r.Owner, r.TTL)
+	})
 }
 
-func (s *Server) renew(ctx context.Context, l store.Locks, ns string, body []byte) (any, error) {
-	var r store.Renewal
-	if err := decode(body, &r); err != nil {
-		return nil, err
-	}
-	var errs []error
-	if r.Key == "" && r.LeaseKey == "" {
-		errs = append(errs, errors.New("a renewal names a window's key, a lease's, or both"))
-	}
-	if r.Key != "" {
-		errs = append(errs, checkKey(ns, "renew", r.Key))
-	}
-	if r.LeaseKey != "" {
-		errs = append(errs, checkKey(ns, "renew the lease", r.LeaseKey))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return l.Renew(ctx, r)
+func prepareRenew(_ *Server, ns string, body []byte) (run, error) {
+	return prepare(body, func(r *store.Renewal) error {
+		var errs []error
+		if r.Key == "" && r.LeaseKey == "" {
+			errs = append(errs, errors.New("a renewal names a window's key, a lease's, or both"))
+		}
+		if r.Key != "" {
+			errs = append(errs, checkKey(ns, "renew", r.Key))
+		}
+		if r.LeaseKey != "" {
+			errs = append(errs, checkKey(ns, "renew the lease", r.LeaseKey))
+		}
+		return errors.Join(errs...)
+	}, func(ctx context.Context, l store.Locks, r store.Renewal) (any, error) {
+		return l.Renew(ctx, r)
+	})
 }
 
-func (s *Server) finish(ctx context.Context, l store.Locks, ns string, body []byte) (any, error) {
-	var r finishRequest
-	if err := decode(body, &r); err != nil {
-		return nil, err
-	}
-	if err := checkKey(ns, "record the outcome of", r.Key); err != nil {
-		return nil, err
-	}
-	t, err := l.Finish(ctx, r.Key, r.Window, r.Index, r.Token, r.State, r.ExitCode)
-	return finishReply{FinishedAt: t}, err
+func prepareFinish(_ *Server, ns string, body []byte) (run, error) {
+	return prepare(body, func(r *wire.FinishRequest) error {
+		return checkKey(ns, "record the outcome of", r.Key)
+	}, func(ctx context.Context, l store.Locks, r wire.FinishRequest) (any, error) {
+		t, err := l.Finish(ctx, r.Key, r.Window, r.Index, r.Token, r.State, r.ExitCode)
+		return wire.FinishReply{FinishedAt: t}, err
+	})
 }
 
-func (s *Server) release(ctx context.Context, l store.Locks, ns string, body []byte) (any, error) {
-	var r releaseRequest
-	if err := decode(body, &r); err != nil {
-		return nil, err
-	}
-	if err := checkKey(ns, "release the lease", r.Key); err != nil {
-		return nil, err
-	}
-	ok, err := l.ReleaseLease(ctx, r.Key, r.Token)
-	return releaseReply{Released: ok}, err
+func prepareRelease(_ *Server, ns string, body []byte) (run, error) {
+	return prepare(body, func(r *wire.ReleaseRequest) error {
+		return checkKey(ns, "release the lease", r.Key)
+	}, func(ctx context.Context, l store.Locks, r wire.ReleaseRequest) (any, error) {
+		ok, err := l.ReleaseLease(ctx, r.Key, r.Token)
+		return wire.ReleaseReply{Released: ok}, err
+	})
 }
 
-func (s *Server) decision(ctx context.Context, l store.Locks, ns string, body []byte) (any, error) {
-	var r decisionRequest
-	if err := decode(body, &r); err != nil {
-		return nil, err
-	}
-	if err := errors.Join(checkKey(ns, "record a decision of", r.Decision.Key), s.checkCluster(ns, "record a decision", r.Decision.Cluster)); err != nil {
-		return nil, err
-	}
-	r.Decision.Duration = r.Duration
-	return emptyReply{}, l.RecordDecision(ctx, r.Decision)
+func prepareDecision(s *Server, ns string, body []byte) (run, error) {
+	return prepare(body, func(r *wire.DecisionRequest) error {
+		return errors.Join(checkKey(ns, "record a decision of", r.Decision.Key), s.checkCluster(ns, "record a decision", r.Decision.Cluster))
+	}, func(ctx context.Context, l store.Locks, r wire.DecisionRequest) (any, error) {
+		r.Decision.Duration = r.Duration
+		return wire.Empty{}, l.RecordDecision(ctx, r.Decision)
+	})
 }

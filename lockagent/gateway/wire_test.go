@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/lockagent/gateway"
+	"github.com/dislock/dislock/lockagent/gateway/client"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/gatewaytest"
 	"github.com/dislock/dislock/test/pgtest"
@@ -141,7 +142,7 @@ func TestAClaimWhosePodStoppedWaitingRunsToItsEnd(t *testing.T) {
 // A gateway that does not answer is an unreachable database to the pod:
 // ErrUnavailable, which it retries and, past its bound, decides error.
 func TestAGatewayThatDoesNotAnswerIsUnavailable(t *testing.T) {
-	c, err := gateway.Dial("https://ns:secret@127.0.0.1:1")
+	c, err := client.Dial("https://ns:secret@127.0.0.1:1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,11 +8,11 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"testing"
 
 	"github.com/dislock/dislock/lockagent/gateway"
+	"github.com/dislock/dislock/lockagent/gateway/client"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/tlstest"
 )
@@ -25,7 +25,7 @@ func Secret(namespace string) string { return "test-credential-of-" + namespace 
 type Credentials struct{}
 
 // Check implements gateway.Credentials.
-func (Credentials) Check(namespace, secret string) error {
+func (Credentials) Check(_ context.Context, namespace, secret string) error {
 	if secret != Secret(namespace) {
 		return fmt.Errorf("the credential of namespace %q is not the current one", namespace)
 	}
@@ -85,7 +85,7 @@ func Start(t testing.TB, dsn string, cfg gateway.Config) *Gateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: srv, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
+	hs := gateway.NewHTTPServer("", srv, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	go func() { _ = hs.ServeTLS(ln, "", "") }()
 	t.Cleanup(func() { _ = hs.Close() })
 	return &Gateway{Server: srv, addr: ln.Addr().String(), ca: base64.RawURLEncoding.EncodeToString(ca.CertPEM)}
@@ -103,9 +103,9 @@ func (g *Gateway) URLWith(namespace, secret string) string {
 }
 
 // Client dials the gateway as namespace.
-func (g *Gateway) Client(t testing.TB, namespace string) *gateway.Client {
+func (g *Gateway) Client(t testing.TB, namespace string) *client.Client {
 	t.Helper()
-	c, err := gateway.Dial(g.URL(namespace))
+	c, err := client.Dial(g.URL(namespace))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,9 +9,7 @@ import (
 	"crypto/tls"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
-	"time"
 
 	"github.com/dislock/dislock/lockagent/gateway"
 	"github.com/dislock/dislock/lockagent/store"
@@ -55,7 +53,6 @@ func run(dsn, cluster, listen, certFile, keyFile string, decisionConns, renewalC
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Addr: listen, Handler: srv, ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
+	hs := gateway.NewHTTPServer(listen, srv, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	return hs.ListenAndServeTLS("", "")
 }

@@ -1,4 +1,7 @@
-package gateway
+// Package wire is the lock gateway's wire: the calls, their bodies, and the
+// errors by kind, shared by the gateway (lockagent/gateway) and the client
+// pods use (lockagent/gateway/client).
+package wire
 
 import (
 	"errors"
@@ -9,50 +12,60 @@ import (
 
 // The calls, as the last element of the path /v1/<call>.
 const (
-	callNow      = "now"
-	callView     = "view"
-	callClaim    = "claim"
-	callWindow   = "window"
-	callLease    = "lease"
-	callRenew    = "renew"
-	callFinish   = "finish"
-	callRelease  = "release"
-	callDecision = "decision"
+	Now      = "now"
+	View     = "view"
+	Claim    = "claim"
+	Window   = "window"
+	Lease    = "lease"
+	Renew    = "renew"
+	Finish   = "finish"
+	Release  = "release"
+	Decision = "decision"
 )
 
-// pathPrefix is the path of every call without its name.
-const pathPrefix = "/v1/"
+// PathPrefix is the path of every call without its name.
+const PathPrefix = "/v1/"
 
-// maxBody bounds a request's and a reply's body: the largest is a claim's
-// view or a decision's reason, a few kilobytes.
-const maxBody = 1 << 20
+// MaxBody bounds a request's and a reply's body: the largest is a claim's
+// view or a decision's reason, a few kilobytes. The gateway holds a queued
+// call's body until it runs.
+const MaxBody = 64 << 10
+
+// Version is in every answer of the gateway (Reply.V): an answer without it
+// is not the gateway's (a proxy's page, another service), and the client
+// takes it for no answer at all, never for a grant.
+const Version = 1
 
 type (
-	nowReply struct{ DBTime time.Time }
+	NowReply struct{ DBTime time.Time }
 
-	viewRequest struct {
+	ViewRequest struct {
 		Key, Cluster string
 		View         store.View
 		Recency      time.Duration
 	}
 
-	windowRequest struct {
+	// ViewReply holds the other clusters' differing views: an object, so
+	// that every successful answer has a result.
+	ViewReply struct{ Others []store.ClusterView }
+
+	WindowRequest struct {
 		Key    string
 		Window time.Time
 		Index  int
 	}
-	windowReply struct {
+	WindowReply struct {
 		Window store.Window
 		DBTime time.Time
 	}
 
-	leaseRequest struct {
+	LeaseRequest struct {
 		Key   string
 		Owner store.Owner
 		TTL   time.Duration
 	}
 
-	finishRequest struct {
+	FinishRequest struct {
 		Key      string
 		Window   time.Time
 		Index    int
@@ -60,32 +73,34 @@ type (
 		State    store.State
 		ExitCode *int
 	}
-	finishReply struct{ FinishedAt time.Time }
+	FinishReply struct{ FinishedAt time.Time }
 
-	releaseRequest struct {
+	ReleaseRequest struct {
 		Key   string
 		Token int64
 	}
-	releaseReply struct{ Released bool }
+	ReleaseReply struct{ Released bool }
 
-	// decisionRequest carries the decision's Duration, which store.Decision
+	// DecisionRequest carries the decision's Duration, which store.Decision
 	// leaves out of its JSON.
-	decisionRequest struct {
+	DecisionRequest struct {
 		Decision store.Decision
 		Duration time.Duration
 	}
-	emptyReply struct{}
+	Empty struct{}
 )
 
-// reply is every answer's body: the result, the error, or both (a refused
-// claim carries the holder's row with ErrWindowTaken, as store does).
-type reply struct {
-	Result any        `json:"result,omitempty"`
-	Error  *wireError `json:"error,omitempty"`
+// Reply is every answer's body: the version, and the result, the error, or
+// both (a refused claim carries the holder's row with ErrWindowTaken, as
+// store does).
+type Reply struct {
+	V      int    `json:"v"`
+	Result any    `json:"result,omitempty"`
+	Error  *Error `json:"error,omitempty"`
 }
 
-// wireError is an error on the wire: its message and its kind (kinds).
-type wireError struct {
+// Error is an error on the wire: its message and its kind (kinds).
+type Error struct {
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
 }
@@ -111,9 +126,9 @@ var kinds = []struct {
 	{"forbidden", []error{store.ErrForbidden}},
 }
 
-// kindOf names err's kind on the wire; "" for an error of no kind (a bad
+// KindOf names err's kind on the wire; "" for an error of no kind (a bad
 // request, say), which comes back as a plain error.
-func kindOf(err error) string {
+func KindOf(err error) string {
 	for _, k := range kinds {
 		if errors.Is(err, k.errs[0]) {
 			return k.name
@@ -132,9 +147,9 @@ type remoteError struct {
 func (e *remoteError) Error() string   { return e.msg }
 func (e *remoteError) Unwrap() []error { return e.errs }
 
-// fromWire turns an answered error back into one that matches the store's
+// Err turns an answered error back into one that matches the store's
 // errors of its kind. An unknown kind (a newer gateway's) matches none.
-func fromWire(w *wireError) error {
+func Err(w *Error) error {
 	e := &remoteError{msg: "lock gateway: " + w.Message}
 	for _, k := range kinds {
 		if k.name == w.Kind {

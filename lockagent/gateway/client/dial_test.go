@@ -1,4 +1,4 @@
-package gateway_test
+package client_test
 
 import (
 	"encoding/base64"
@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dislock/dislock/lockagent/gateway"
+	"github.com/dislock/dislock/lockagent/gateway/client"
 	"github.com/dislock/dislock/test/tlstest"
 )
 
@@ -25,7 +25,7 @@ func TestABadGatewayURLNamesEveryProblemButNotTheCredential(t *testing.T) {
 		{"https://ns:" + secret + "@gateway:9445?ca=" + url.QueryEscape("not*base64"), `parameter "ca" is not base64`},
 		{"https://ns:" + secret + "@gate way:9445", "invalid character"},
 	} {
-		_, err := gateway.Dial(tc.url)
+		_, err := client.Dial(tc.url)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error saying %q", tc.url, err, tc.want)
 		}
@@ -36,7 +36,7 @@ func TestABadGatewayURLNamesEveryProblemButNotTheCredential(t *testing.T) {
 	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawURLEncoding} {
 		ca := tlstest.NewCA(t).CertPEM
 		u := "https://ns:" + secret + "@gateway.dislock-system.svc:9445/?ca=" + url.QueryEscape(enc.EncodeToString(ca))
-		if _, err := gateway.Dial(u); err != nil {
+		if _, err := client.Dial(u); err != nil {
 			t.Errorf("a good URL (ca in %v): %v", enc, err)
 		}
 	}
@@ -50,7 +50,7 @@ func FuzzDial(f *testing.F) {
 	f.Add("https://:pw@host:1")
 	f.Add("postgres://u:pw@host:5432/db")
 	f.Fuzz(func(t *testing.T, raw string) {
-		_, err := gateway.Dial(raw)
+		_, err := client.Dial(raw)
 		u, perr := url.Parse(raw)
 		if err == nil || perr != nil {
 			return

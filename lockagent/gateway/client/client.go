@@ -1,4 +1,8 @@
-package gateway
+// Package client is what a pod's agent uses to reach its cluster's lock
+// gateway (lockagent/gateway): store.Locks over HTTPS, the gateway's
+// answers turned back into the store's errors. The sidecar links it; it
+// links no server code.
+package client
 
 import (
 	"bytes"
@@ -15,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/gateway/internal/wire"
 	"github.com/dislock/dislock/lockagent/store"
 )
 
@@ -99,9 +104,11 @@ func Dial(rawURL string) (*Client, error) {
 		TLSHandshakeTimeout: 10 * time.Second,
 	}
 	return &Client{
-		base:      "https://" + u.Host + pathPrefix,
+		base:      "https://" + u.Host + wire.PathPrefix,
 		namespace: ns, secret: secret, addr: u.Host,
-		http: &http.Client{Transport: transport},
+		// A redirect is not the gateway's answer: following one would send
+		// the credential wherever it points, plain http included.
+		http: &http.Client{Transport: transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 	}, nil
 }
 
@@ -150,62 +157,76 @@ func (c *Client) call(ctx context.Context, name string, req, result any) error {
 		return fmt.Errorf("lock gateway %s: %w at %s: %v", name, store.ErrUnavailable, c.addr, err)
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, wire.MaxBody))
 	if err != nil {
 		return fmt.Errorf("lock gateway %s: %w at %s: reading the answer: %v", name, store.ErrUnavailable, c.addr, err)
 	}
 	var r struct {
+		V      int             `json:"v"`
 		Result json.RawMessage `json:"result"`
-		Error  *wireError      `json:"error"`
+		Error  *wire.Error     `json:"error"`
 	}
-	if err := json.Unmarshal(raw, &r); err != nil || (r.Error == nil && resp.StatusCode != http.StatusOK) {
-		// Not the gateway's answer: a proxy's page, or a gateway cut off
-		// mid-answer.
-		return fmt.Errorf("lock gateway %s: %w at %s: answered %s: %.200q", name, store.ErrUnavailable, c.addr, resp.Status, raw)
+	if err := json.Unmarshal(raw, &r); err != nil || r.V != wire.Version || (r.Error == nil && (resp.StatusCode != http.StatusOK || len(r.Result) == 0 || string(r.Result) == "null")) {
+		// Not the gateway's answer: a proxy's page, another service, or
+		// a gateway cut off mid-answer. Never a grant.
+		return fmt.Errorf("lock gateway %s: %w at %s: answered %s, not as a lock gateway of version %d does: %.200q", name, store.ErrUnavailable, c.addr, resp.Status, wire.Version, raw)
 	}
-	if result != nil && len(r.Result) > 0 {
+	if result != nil && len(r.Result) > 0 && string(r.Result) != "null" {
 		if err := json.Unmarshal(r.Result, result); err != nil {
-			return fmt.Errorf("lock gateway %s: decoding the answer: %w", name, err)
+			return fmt.Errorf("lock gateway %s: %w at %s: decoding the answer: %v", name, store.ErrUnavailable, c.addr, err)
 		}
 	}
-	if r.Error != nil {
-		return fromWire(r.Error)
+	if r.Error == nil {
+		return nil
 	}
-	return nil
+	err = wire.Err(r.Error)
+	if r.Error.Kind == "" && resp.StatusCode >= 500 {
+		// The gateway failed without saying how the database answered:
+		// as with no answer, the call may or may not have run.
+		return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
+	}
+	return err
 }
 
 // Now implements store.Locks.
 func (c *Client) Now(ctx context.Context) (time.Time, error) {
-	var r nowReply
-	err := c.call(ctx, callNow, emptyReply{}, &r)
+	var r wire.NowReply
+	err := c.call(ctx, wire.Now, wire.Empty{}, &r)
 	return r.DBTime, err
 }
 
 // RecordView implements store.Locks.
 func (c *Client) RecordView(ctx context.Context, key, cluster string, v store.View, recency time.Duration) ([]store.ClusterView, error) {
-	var r []store.ClusterView
-	err := c.call(ctx, callView, viewRequest{Key: key, Cluster: cluster, View: v, Recency: recency}, &r)
-	return r, err
+	var r wire.ViewReply
+	err := c.call(ctx, wire.View, wire.ViewRequest{Key: key, Cluster: cluster, View: v, Recency: recency}, &r)
+	return r.Others, err
 }
 
-// ClaimWindow implements store.Locks.
+// ClaimWindow implements store.Locks. A grant without an outcome or a
+// token is no grant: the pod must never run on it.
 func (c *Client) ClaimWindow(ctx context.Context, req store.ClaimRequest) (store.Claim, error) {
 	var r store.Claim
-	err := c.call(ctx, callClaim, req, &r)
+	err := c.call(ctx, wire.Claim, req, &r)
+	if err == nil && (r.Outcome == "" || r.Window.Token <= 0) {
+		return store.Claim{}, fmt.Errorf("lock gateway claim: %w at %s: a grant without an outcome or a token", store.ErrUnavailable, c.addr)
+	}
 	return r, err
 }
 
 // WindowAt implements store.Locks.
 func (c *Client) WindowAt(ctx context.Context, key string, window time.Time, index int) (store.Window, time.Time, error) {
-	var r windowReply
-	err := c.call(ctx, callWindow, windowRequest{Key: key, Window: window, Index: index}, &r)
+	var r wire.WindowReply
+	err := c.call(ctx, wire.Window, wire.WindowRequest{Key: key, Window: window, Index: index}, &r)
 	return r.Window, r.DBTime, err
 }
 
 // AcquireLease implements store.Locks.
 func (c *Client) AcquireLease(ctx context.Context, key string, owner store.Owner, ttl time.Duration) (store.LeaseGrant, error) {
 	var r store.LeaseGrant
-	err := c.call(ctx, callLease, leaseRequest{Key: key, Owner: owner, TTL: ttl}, &r)
+	err := c.call(ctx, wire.Lease, wire.LeaseRequest{Key: key, Owner: owner, TTL: ttl}, &r)
+	if err == nil && (r.Lease.Token <= 0 || r.Lease.ExpireAt.IsZero()) {
+		return store.LeaseGrant{}, fmt.Errorf("lock gateway lease: %w at %s: a grant without a token or an expiry", store.ErrUnavailable, c.addr)
+	}
 	return r, err
 }
 
@@ -219,25 +240,28 @@ func (c *Client) Heartbeat(ctx context.Context, key string, window time.Time, in
 // Renew implements store.Locks.
 func (c *Client) Renew(ctx context.Context, req store.Renewal) (store.Renewed, error) {
 	var r store.Renewed
-	err := c.call(ctx, callRenew, req, &r)
+	err := c.call(ctx, wire.Renew, req, &r)
+	if err == nil && (r.DBTime.IsZero() || (req.Key != "" && r.WindowUntil.IsZero()) || (req.LeaseKey != "" && r.LeaseUntil.IsZero())) {
+		return store.Renewed{}, fmt.Errorf("lock gateway renew: %w at %s: a renewal without the expiries asked for", store.ErrUnavailable, c.addr)
+	}
 	return r, err
 }
 
 // Finish implements store.Locks.
 func (c *Client) Finish(ctx context.Context, key string, window time.Time, index int, token int64, state store.State, exitCode *int) (time.Time, error) {
-	var r finishReply
-	err := c.call(ctx, callFinish, finishRequest{Key: key, Window: window, Index: index, Token: token, State: state, ExitCode: exitCode}, &r)
+	var r wire.FinishReply
+	err := c.call(ctx, wire.Finish, wire.FinishRequest{Key: key, Window: window, Index: index, Token: token, State: state, ExitCode: exitCode}, &r)
 	return r.FinishedAt, err
 }
 
 // ReleaseLease implements store.Locks.
 func (c *Client) ReleaseLease(ctx context.Context, key string, token int64) (bool, error) {
-	var r releaseReply
-	err := c.call(ctx, callRelease, releaseRequest{Key: key, Token: token}, &r)
+	var r wire.ReleaseReply
+	err := c.call(ctx, wire.Release, wire.ReleaseRequest{Key: key, Token: token}, &r)
 	return r.Released, err
 }
 
 // RecordDecision implements store.Locks.
 func (c *Client) RecordDecision(ctx context.Context, d store.Decision) error {
-	return c.call(ctx, callDecision, decisionRequest{Decision: d, Duration: d.Duration}, nil)
+	return c.call(ctx, wire.Decision, wire.DecisionRequest{Decision: d, Duration: d.Duration}, nil)
 }
