@@ -1,5 +1,6 @@
-// Command dislock is the admission webhook server (`dislock webhook`) and the
-// operator CLI (migrate, windows, leases, release, version).
+// Command dislock is the admission webhook server (`dislock webhook`), the
+// lock gateway (`dislock gateway`) and the operator CLI (migrate, windows,
+// leases, release, version, …).
 package main
 
 import (
@@ -18,6 +19,7 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/dislock/dislock/internal/cli"
+	"github.com/dislock/dislock/internal/gatewaycmd"
 	"github.com/dislock/dislock/internal/kubeconfig"
 	"github.com/dislock/dislock/webhook"
 	"github.com/dislock/dislock/webhook/flags"
@@ -30,6 +32,11 @@ func main() {
 		os.Exit(runWebhook(os.Args[2:]))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	if len(os.Args) > 1 && os.Args[1] == "gateway" {
+		code := gatewaycmd.Main(ctx, os.Args[2:], os.Stderr)
+		stop()
+		os.Exit(code)
+	}
 	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

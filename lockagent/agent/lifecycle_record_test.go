@@ -123,14 +123,14 @@ func TestTheWaitForTheRecordEnds(t *testing.T) {
 // webhook names it (DISLOCK_CONTAINER_NAME).
 type reviewContainer struct {
 	cmd  *exec.Cmd
-	log  *syncBuffer
+	log  *harness.Buffer
 	done chan struct{}
 	exit int
 }
 
 func (po *pod) startContainer(name, script string, env ...string) *reviewContainer {
 	po.t.Helper()
-	c := &reviewContainer{log: &syncBuffer{}, done: make(chan struct{})}
+	c := &reviewContainer{log: &harness.Buffer{}, done: make(chan struct{})}
 	c.cmd = exec.Command(filepath.Join(po.dir, protocol.BinPath), "exec", "--", "/bin/sh", "-c", script)
 	c.cmd.Env = append(append(append([]string{}, po.env...), contract.EnvContainerName+"="+name), env...)
 	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log

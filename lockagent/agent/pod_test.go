@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -24,6 +23,7 @@ import (
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/gatewaytest"
+	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -154,27 +154,10 @@ type pod struct {
 	env        []string
 	agent      *exec.Cmd
 	agentDone  chan struct{}
-	agentLog   *syncBuffer
+	agentLog   *harness.Buffer
 	wrapper    *exec.Cmd
-	wrapperLog *syncBuffer
+	wrapperLog *harness.Buffer
 	exit       int
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func (j job) env(p podSpec, dir, termLog string) []string {
@@ -245,7 +228,7 @@ func (j job) sidecar(t *testing.T, p podSpec) *pod {
 		p.podName = p.jobName + "-pod"
 	}
 	dir := t.TempDir()
-	po := &pod{t: t, spec: p, dir: dir, termLog: filepath.Join(dir, "termination-log"), agentLog: &syncBuffer{}, wrapperLog: &syncBuffer{}}
+	po := &pod{t: t, spec: p, dir: dir, termLog: filepath.Join(dir, "termination-log"), agentLog: &harness.Buffer{}, wrapperLog: &harness.Buffer{}}
 	po.env = j.env(p, dir, po.termLog)
 	po.startAgent()
 	t.Cleanup(po.kill)

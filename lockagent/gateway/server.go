@@ -72,7 +72,11 @@ type Config struct {
 	// bound, whether or not the pod still waits for it.
 	CallTimeout time.Duration
 	Credentials Credentials
-	Logger      *slog.Logger
+	// Observe, when set, learns of every answered call: its name, its
+	// answer ("ok", or the error's kind, "error" for none) and how long it
+	// took, queueing included.
+	Observe func(call, answer string, took time.Duration)
+	Logger  *slog.Logger
 }
 
 // Defaults of Config.
@@ -184,6 +188,11 @@ func (s *Server) Lanes() map[string]LaneStats {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	name, ok := strings.CutPrefix(r.URL.Path, wire.PathPrefix)
 	c, known := s.calls[name]
+	if known && s.cfg.Observe != nil {
+		start := time.Now()
+		w = &observed{ResponseWriter: w, answer: "ok"}
+		defer func() { s.cfg.Observe(name, w.(*observed).answer, time.Since(start)) }()
+	}
 	switch {
 	case !ok || !known:
 		answer(w, http.StatusNotFound, nil, &wire.Error{Message: fmt.Sprintf("no call %q (this gateway answers POST %s<call>)", r.URL.Path, wire.PathPrefix)})
@@ -245,7 +254,19 @@ func (s *Server) refused(ns, name, remote string, err error) {
 	s.cfg.Logger.Warn("refused a call with a bad credential (at most one such line a second)", "namespace", ns, "call", name, "remote", remote, "err", err)
 }
 
+// observed notes a call's answer for Config.Observe.
+type observed struct {
+	http.ResponseWriter
+	answer string
+}
+
 func answer(w http.ResponseWriter, status int, result any, e *wire.Error) {
+	if o, ok := w.(*observed); ok && e != nil {
+		o.answer = e.Kind
+		if o.answer == "" {
+			o.answer = "error"
+		}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(wire.Reply{V: wire.Version, Result: result, Error: e})

@@ -1,7 +1,6 @@
 package skew_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
+	"github.com/dislock/dislock/test/harness"
 )
 
 // lockKey is the story's CronJob: <namespace>/<name>.
@@ -36,26 +36,7 @@ type pod struct {
 	dsn     string
 	ledger  string
 	dir     string
-	log     lockedBuffer
-}
-
-// lockedBuffer collects the output of the pod's processes, which write at
-// the same time.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	log     harness.Buffer
 }
 
 func (p *pod) env() []string {
