@@ -87,12 +87,15 @@ var blanks = regexp.MustCompile(`[0-9]+`)
 
 func (c *causes) add(line []byte) {
 	var l struct {
-		Msg string `json:"msg"`
-		Op  string `json:"op"`
-		Err string `json:"err"`
+		Msg    string `json:"msg"`
+		Op     string `json:"op"`
+		Err    string `json:"err"`
+		Reason string `json:"reason"`
 	}
 	_ = json.Unmarshal(line, &l)
-	k := blanks.ReplaceAllString(strings.TrimSpace(l.Msg+" "+l.Op)+": "+l.Err, "#")
+	// A revocation says why in its reason, not an error: which one tells
+	// a renewal refused from one that never got through.
+	k := blanks.ReplaceAllString(strings.TrimSpace(l.Msg+" "+l.Op)+": "+cmp.Or(l.Err, l.Reason), "#")
 	c.mu.Lock()
 	c.n[k]++
 	c.mu.Unlock()
