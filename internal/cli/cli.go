@@ -165,12 +165,23 @@ var commands = map[string]command{
 // commandOrder is the order usage lists the commands in.
 var commandOrder = []string{"migrate", "check", "windows", "missed", "leases", "release", "tokens", "version"}
 
+// servers are the commands main runs before this package: the ones a
+// Deployment runs, with flags of their own (`dislock <server> -h`).
+var servers = [][2]string{
+	{"webhook", "the admission webhook server (the chart runs it in each cluster)"},
+	{"gateway", "the lock gateway: runs the pods' lock calls on its own database connections (one per cluster)"},
+}
+
 func usage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: dislock <command> [flags]\n\nCommands:\n")
 	for _, name := range commandOrder {
 		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
 	}
 	fmt.Fprintf(w, "  %-10s %s\n", "completion", completionSummary)
+	fmt.Fprintf(w, "\nServers:\n")
+	for _, sv := range servers {
+		fmt.Fprintf(w, "  %-10s %s\n", sv[0], sv[1])
+	}
 	fmt.Fprintf(w, "\nThe database URL comes from --database-url or $%s. Run `dislock <command> -h` for flags, `dislock --version` for the version.\n", contract.EnvDatabaseURL)
 }
 

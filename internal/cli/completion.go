@@ -53,7 +53,11 @@ func bashCompletion() string {
 	var b strings.Builder
 	b.WriteString("# bash completion for dislock: dislock completion bash\n_dislock() {\n")
 	b.WriteString("    local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} words=\n")
-	fmt.Fprintf(&b, "    if [[ $COMP_CWORD -eq 1 ]]; then\n        words=%q\n", strings.Join(append(slices.Clone(commandOrder), "completion", "--version", "--help"), " "))
+	top := append(slices.Clone(commandOrder), "completion")
+	for _, sv := range servers {
+		top = append(top, sv[0])
+	}
+	fmt.Fprintf(&b, "    if [[ $COMP_CWORD -eq 1 ]]; then\n        words=%q\n", strings.Join(append(top, "--version", "--help"), " "))
 	b.WriteString("    else\n        case ${COMP_WORDS[1]} in\n")
 	for _, name := range commandOrder {
 		var names []string
@@ -80,6 +84,9 @@ func fishCompletion() string {
 		fmt.Fprintf(&b, "complete -c dislock -n __fish_use_subcommand -a %s -d %s\n", name, quote(commands[name].summary))
 	}
 	fmt.Fprintf(&b, "complete -c dislock -n __fish_use_subcommand -a completion -d %s\n", quote(completionSummary))
+	for _, sv := range servers {
+		fmt.Fprintf(&b, "complete -c dislock -n __fish_use_subcommand -a %s -d %s\n", sv[0], quote(sv[1]))
+	}
 	b.WriteString("complete -c dislock -n __fish_use_subcommand -l version -d 'print the version'\n")
 	for _, name := range commandOrder {
 		cond := "'__fish_seen_subcommand_from " + name + "'"

@@ -58,6 +58,8 @@ func TestBashCompletesCommandsFlagsAndOutputFormats(t *testing.T) {
 	}{
 		{[]string{"dislock", "ch"}, "check"},
 		{[]string{"dislock", "co"}, "completion"},
+		{[]string{"dislock", "we"}, "webhook"},
+		{[]string{"dislock", "ga"}, "gateway"},
 		{[]string{"dislock", "--ver"}, "--version"},
 		{[]string{"dislock", "windows", "--li"}, "--limit"},
 		{[]string{"dislock", "check", "--tenant"}, "--tenant-database-url"},
