@@ -338,9 +338,11 @@ func TestCheckURLFailsATenantThatCannotRenewOrWriteItsLedger(t *testing.T) {
 	}
 }
 
-// An owner role that may not create roles cannot provision tenants: check
-// prints the ALTER ROLE to run.
-func TestCheckURLNamesTheOwnersMissingPrivilege(t *testing.T) {
+// An owner role that may not create roles cannot provision tenant roles:
+// check names the path that works (the lock gateway) and the ALTER ROLE for
+// the other. Without the group role it cannot even migrate: check names the
+// CREATE ROLE a managed database's admin runs once.
+func TestCheckURLNamesTheAccessPathsTheOwnerCanServe(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{Name: "check-owner"})
 	super := storetest.RawConn(t, srv.SuperuserDSN())
 	ctx := context.Background()
@@ -349,8 +351,18 @@ func TestCheckURLNamesTheOwnersMissingPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep := check.URL(ctx, srv.DirectDSN(), check.Options{AllowAsync: true})
-	wantFinding(t, rep, "privileges", check.StatusFail, []string{"lacks CREATEROLE"}, []string{"ALTER ROLE " + pgtest.AppUser + " CREATEROLE"})
+	wantFinding(t, rep, "privileges", check.StatusWarn, []string{"lacks CREATEROLE", "lock gateway yes, tenant roles no"},
+		[]string{"gateway.enabled", "--tenant-gateway-url", "ALTER ROLE " + pgtest.AppUser + " CREATEROLE"})
 	noPassword(t, rep, pgtest.AppPassword)
+
+	fresh := pgtest.New(t, pgtest.Options{Name: "check-owner-fresh"})
+	su := storetest.RawConn(t, fresh.SuperuserDSN())
+	if _, err := su.Exec(ctx, "ALTER ROLE "+pgtest.AppUser+" NOCREATEROLE"); err != nil {
+		t.Fatal(err)
+	}
+	rep = check.URL(ctx, fresh.DirectDSN(), check.Options{AllowAsync: true})
+	wantFinding(t, rep, "privileges", check.StatusFail, []string{"the group role " + tenant.GroupRole},
+		[]string{"CREATE ROLE " + tenant.GroupRole + " NOLOGIN"})
 }
 
 // The URL insists on TLS and the server has none: named, with the URL

@@ -18,19 +18,26 @@ import (
 )
 
 // qOwnerPrivileges reads what the owner role needs: CREATE on the database
-// to create schema dislock (or, once it exists, owning it) to migrate, and
-// CREATEROLE (or superuser) to provision the tenants' login roles.
+// to create schema dislock (or, once it exists, owning it) to migrate;
+// the group role dislock_tenant, which migration 4 creates unless it
+// exists, and which needs CREATEROLE to create; and CREATEROLE (or
+// superuser) to provision the tenants' login roles, which the lock
+// gateway's credentials do without.
 const qOwnerPrivileges = `
 SELECT current_user::text, current_database()::text,
        has_database_privilege(current_database(), 'CREATE'),
        coalesce((SELECT pg_has_role(nspowner, 'USAGE') FROM pg_namespace WHERE nspname = 'dislock'), false),
-       coalesce((SELECT rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user), false)`
+       coalesce((SELECT rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user), false),
+       EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '` + tenant.GroupRole + `')`
 
-// ownerPrivileges says whether the owner role can migrate and provision.
+// ownerPrivileges says whether the owner role can migrate, and which of the
+// two ways of giving namespaces their credentials it can serve: database
+// roles of their own (CREATEROLE), or the lock gateway's credentials
+// (nothing more than migrating).
 func ownerPrivileges(ctx context.Context, conn *pgx.Conn) Finding {
 	var role, database string
-	var create, ownsSchema, createRole bool
-	if err := conn.QueryRow(ctx, qOwnerPrivileges).Scan(&role, &database, &create, &ownsSchema, &createRole); err != nil {
+	var create, ownsSchema, createRole, group bool
+	if err := conn.QueryRow(ctx, qOwnerPrivileges).Scan(&role, &database, &create, &ownsSchema, &createRole, &group); err != nil {
 		return Finding{Check: "privileges", Status: StatusFail, Detail: "cannot read the role's privileges: " + err.Error(),
 			Fix: "run dislock check again once the database answers"}
 	}
@@ -40,9 +47,9 @@ func ownerPrivileges(ctx context.Context, conn *pgx.Conn) Finding {
 		missing = append(missing, "CREATE on database "+database+" (to create schema dislock and migrate it)")
 		fixes = append(fixes, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", sqlIdent(database), ident))
 	}
-	if !createRole {
-		missing = append(missing, "CREATEROLE (to create and rotate each namespace's tenant role)")
-		fixes = append(fixes, "ALTER ROLE "+ident+" CREATEROLE")
+	if !group && !createRole {
+		missing = append(missing, "the group role "+tenant.GroupRole+", which it may not create (the migrations grant the tenants' rights to it)")
+		fixes = append(fixes, "CREATE ROLE "+tenant.GroupRole+" NOLOGIN (as any role that may create roles: a managed database's admin user may)")
 	}
 	if len(missing) > 0 {
 		return Finding{Check: "privileges", Status: StatusFail,
@@ -53,8 +60,15 @@ func ownerPrivileges(ctx context.Context, conn *pgx.Conn) Finding {
 	if ownsSchema {
 		how = "owns schema dislock"
 	}
+	if !createRole {
+		return Finding{Check: "privileges", Status: StatusWarn,
+			Detail: fmt.Sprintf("role %s %s (migrate) but lacks CREATEROLE: namespaces cannot get database roles of their own; "+
+				"the lock gateway's credentials need none (access paths: lock gateway yes, tenant roles no)", role, how),
+			Fix: "install with the lock gateway (the chart's gateway.enabled, or dislock webhook --tenant-gateway-url); " +
+				"for tenant roles instead: ALTER ROLE " + ident + " CREATEROLE (as a superuser)"}
+	}
 	return Finding{Check: "privileges", Status: StatusOK,
-		Detail: fmt.Sprintf("role %s %s (migrate) and may create roles (provision tenants)", role, how)}
+		Detail: fmt.Sprintf("role %s %s (migrate) and may create roles (access paths: tenant roles yes, lock gateway yes)", role, how)}
 }
 
 // sqlIdent quotes an identifier for a statement an operator copies, only
