@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/tlstest"
 	"github.com/dislock/dislock/webhook"
@@ -33,7 +34,7 @@ type binaryWebhook struct {
 	port, probePort, metricsPort int
 	cmd                          *exec.Cmd
 	exited                       chan error
-	logs                         *logBuffer
+	logs                         *harness.Buffer
 }
 
 // startBinary builds dislock and runs `dislock webhook` against the cluster
@@ -47,7 +48,7 @@ func startBinary(t *testing.T, c *kube.Cluster, args ...string) *binaryWebhook {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	w := &binaryWebhook{port: tlstest.FreePort(t), probePort: tlstest.FreePort(t), metricsPort: tlstest.FreePort(t),
-		exited: make(chan error, 1), logs: &logBuffer{}}
+		exited: make(chan error, 1), logs: &harness.Buffer{}}
 	w.cmd = exec.Command(bin, append([]string{"webhook",
 		"--cluster-name=dc-a", "--agent-image=dislock:test", "--namespace=" + webhookNamespace,
 		"--kubeconfig=" + c.Kubeconfig(), fmt.Sprintf("--port=%d", w.port),

@@ -20,6 +20,7 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/monitoring"
 	"github.com/dislock/dislock/test/pgtest"
@@ -401,7 +402,7 @@ func (r podRunner) pod(cluster, name string, w time.Time, app string) string {
 		contract.EnvTerminationLog + "=" + filepath.Join(dir, "termination-log"),
 		contract.EnvAppContainers + "=app", contract.EnvContainerName + "=app",
 	}
-	logs := &logBuffer{}
+	logs := &harness.Buffer{}
 	sidecar := exec.Command(r.bin, "agent")
 	sidecar.Env, sidecar.Stdout, sidecar.Stderr = env, logs, logs
 	sidecar.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -417,7 +418,7 @@ func (r podRunner) pod(cluster, name string, w time.Time, app string) string {
 	})
 	app1 := exec.Command(filepath.Join(dir, protocol.BinPath), "exec", "--", "/bin/sh", "-c", app)
 	app1.Env = env
-	appLogs := &logBuffer{}
+	appLogs := &harness.Buffer{}
 	app1.Stdout, app1.Stderr = appLogs, appLogs
 	_ = app1.Run() // its exit code is the app's; the agent records it
 	_ = sidecar.Process.Signal(syscall.SIGTERM)

@@ -14,7 +14,6 @@ import (
 	crconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dislock/dislock/lockagent/contract"
+	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/kube"
 	"github.com/dislock/dislock/test/tlstest"
 	"github.com/dislock/dislock/webhook"
@@ -47,7 +47,9 @@ const webhookNamespace = "dislock-system"
 // real TLS on loopback, and registers its configurations (registerWebhooks).
 func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface, tune ...func(*webhook.Config)) {
 	t.Helper()
-	logs := &logBuffer{}
+	// Printed if the test fails: the manager's goroutines may log after a
+	// test ended, so not through t.Log.
+	logs := &harness.Buffer{}
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(logs)))
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -389,23 +391,4 @@ func kubectl(t *testing.T, c *kube.Cluster, stdin string, args ...string) (strin
 	cmd.Stdin = strings.NewReader(stdin)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
-}
-
-// logBuffer collects the webhook's logs; they are printed if the test fails
-// (the manager's goroutines may log after a test ended, so not via t.Log).
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
