@@ -361,6 +361,11 @@ func retireEach[T any](ctx context.Context, h *db.Handle, op, cluster, namespace
 				return err // retired meanwhile, or no longer due
 			}
 			retired = true
+			if IsGatewayCredential(role(r)) {
+				// No role to drop, and DROP ROLE, even IF EXISTS, needs
+				// the CREATEROLE an owner serving the gateway may lack.
+				return nil
+			}
 			return dropTenantRole(ctx, tx, role(r))
 		})
 		switch {
