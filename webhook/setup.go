@@ -69,10 +69,10 @@ type Config struct {
 	TenantProvisionInterval time.Duration
 	// TenantGatewayURL, when set, gives namespaces lock gateway
 	// credentials instead of roles (tenants.Options.GatewayURL), whose
-	// URLs trust TenantGatewayCA.
-	TenantGatewayURL string
-	TenantGatewayCA  []byte
-	Certs            CertConfig
+	// URLs trust the CA in TenantGatewayCAFile.
+	TenantGatewayURL    string
+	TenantGatewayCAFile string
+	Certs               CertConfig
 }
 
 // CertConfig chooses where the serving certificate comes from.
@@ -135,7 +135,7 @@ func (c Config) tenantOptions() tenants.Options {
 	return tenants.Options{DatabaseURL: c.DatabaseURL, Cluster: c.Inject.ClusterName, Namespace: c.Namespace,
 		SecretName: c.Inject.DBSecretName, SecretKey: c.Inject.DBSecretKey, CA: c.Inject.DatabaseCA,
 		Rotation: c.TenantRotation, Grace: c.TenantGrace, ProvisionInterval: c.TenantProvisionInterval,
-		GatewayURL: c.TenantGatewayURL, GatewayCA: c.TenantGatewayCA}
+		GatewayURL: c.TenantGatewayURL, GatewayCAFile: c.TenantGatewayCAFile}
 }
 
 // maintenanceOptions are the database loops' options.

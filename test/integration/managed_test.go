@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -76,7 +78,12 @@ func TestAManagedDatabaseWithoutCreateRoleServesNamespacesThroughTheLockGateway(
 
 	// The gateway of dc-a.
 	certDir := t.TempDir()
-	ca := tlstest.ServingCert(t, certDir)
+	// The serving certificate is its own CA, which the webhook reads as
+	// the chart has it read the one its certificate Secret holds.
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(caFile, tlstest.ServingCert(t, certDir), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	ports, err := harness.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +107,7 @@ func TestAManagedDatabaseWithoutCreateRoleServesNamespacesThroughTheLockGateway(
 	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
 	namespace(t, cs, webhookNamespace, false)
 	startWebhook(t, c, cs, withTenantRoles(owner), func(cfg *webhook.Config) {
-		cfg.TenantGatewayURL, cfg.TenantGatewayCA = fmt.Sprintf("https://127.0.0.1:%d", ports[0]), ca
+		cfg.TenantGatewayURL, cfg.TenantGatewayCAFile = fmt.Sprintf("https://127.0.0.1:%d", ports[0]), caFile
 	})
 	namespace(t, cs, "managed-a", true)
 	url, name := tenantSecret(t, cs, "managed-a")

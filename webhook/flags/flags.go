@@ -4,7 +4,6 @@
 package flags
 
 import (
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -75,7 +74,7 @@ func Parse(args []string, out io.Writer) (*Settings, error) {
 	fs.BoolVar(&cfg.TenantRoles, "tenant-roles", true, "give every opted-in namespace its own database role and put only its URL in the namespace's Secret (with --database-url)")
 	fs.DurationVar(&cfg.TenantRotation, "tenant-rotation", tenants.DefaultTenantRotation, "give each namespace a new database role this often")
 	fs.StringVar(&cfg.TenantGatewayURL, "tenant-gateway-url", "", "this cluster's lock gateway, https://host:port: namespaces get a gateway credential instead of a database role, and their Secret the gateway's URL (the owner then needs no CREATEROLE)")
-	fs.StringVar(&s.gatewayCAFile, "tenant-gateway-ca-file", "", "PEM file of the CA that signed the lock gateway's certificate: the namespaces' gateway URLs trust it (default: the system's roots)")
+	fs.StringVar(&s.gatewayCAFile, "tenant-gateway-ca-file", "", "PEM file of the CA that signed the lock gateway's certificate, read at every reconcile: the namespaces' gateway URLs trust it (default: the system's roots)")
 	fs.DurationVar(&cfg.TenantGrace, "tenant-grace", tenants.DefaultTenantGrace, "keep a superseded namespace role valid this long for pods still using it (at least 24h)")
 	fs.DurationVar(&cfg.TokenRecordInterval, "token-record-interval", maintenance.DefaultTokenRecordInterval, "confirm the fencing token epoch and record its high water in ConfigMap "+tokenrecord.Name+" this often on the elected leader (with --database-url)")
 	fs.BoolVar(&cfg.AlertingCandidate, "alerting-candidate", false, "let this cluster raise the alerts on the database's metrics for every cluster (the alerting cluster, docs/operations.md): set it where Prometheus evaluates dislock's rules (with --database-url)")
@@ -154,17 +153,10 @@ func (s *Settings) Check() error {
 			}
 		}
 	}
-	if s.gatewayCAFile != "" {
-		if cfg.TenantGatewayURL == "" {
-			return errors.New("--tenant-gateway-ca-file needs --tenant-gateway-url")
-		}
-		if cfg.TenantGatewayCA, err = os.ReadFile(s.gatewayCAFile); err != nil {
-			return fmt.Errorf("--tenant-gateway-ca-file: %w", err)
-		}
-		if !x509.NewCertPool().AppendCertsFromPEM(cfg.TenantGatewayCA) {
-			return fmt.Errorf("--tenant-gateway-ca-file %s holds no PEM certificate (want the CA that signed the lock gateway's certificate, -----BEGIN CERTIFICATE-----)", s.gatewayCAFile)
-		}
+	if s.gatewayCAFile != "" && cfg.TenantGatewayURL == "" {
+		return errors.New("--tenant-gateway-ca-file needs --tenant-gateway-url")
 	}
+	cfg.TenantGatewayCAFile = s.gatewayCAFile
 	// Tenant roles are provisioned with the owner's credential: without it
 	// each namespace's Secret is the administrator's to create.
 	cfg.TenantRoles = cfg.TenantRoles && cfg.DatabaseURL != ""

@@ -9,8 +9,10 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,10 +115,13 @@ type Options struct {
 	// GatewayURL, when set (--tenant-gateway-url, https://host:port), is
 	// this cluster's lock gateway: namespaces get a gateway credential
 	// instead of a database role, and their Secret the gateway's URL,
-	// which trusts GatewayCA (--tenant-gateway-ca-file; the system's roots
-	// when nil). No role is created: the owner needs no CREATEROLE.
-	GatewayURL string
-	GatewayCA  []byte
+	// which trusts the CA in GatewayCAFile (--tenant-gateway-ca-file; the
+	// system's roots when empty). No role is created: the owner needs no
+	// CREATEROLE. The file is read at every reconcile: with self-signed
+	// certificates the webhook writes it only once it runs, and a new CA
+	// gives every namespace a new generation whose URL trusts it.
+	GatewayURL    string
+	GatewayCAFile string
 }
 
 // Validate lists every problem.
@@ -132,7 +137,7 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("tenant rotation %s is shorter than an hour (set --tenant-rotation to e.g. %s)", o.Rotation, DefaultTenantRotation))
 	}
 	if o.GatewayURL != "" {
-		if _, err := tenant.GatewayURL(o.GatewayURL, o.GatewayCA, tenant.GatewayCredential{Namespace: "n", Secret: "s"}); err != nil {
+		if _, err := tenant.GatewayURL(o.GatewayURL, nil, tenant.GatewayCredential{Namespace: "n", Secret: "s"}); err != nil {
 			errs = append(errs, fmt.Errorf("--tenant-gateway-url: %w", err))
 		}
 	}
@@ -164,10 +169,10 @@ type tenantProvisioner struct {
 	ca       []byte // Options.CA
 	rotation time.Duration
 	grace    time.Duration
-	// gatewayURL and gatewayCA are Options.GatewayURL and GatewayCA: with
-	// a URL, namespaces get gateway credentials instead of roles.
+	// gatewayURL is Options.GatewayURL: with it, namespaces get gateway
+	// credentials instead of roles, whose URLs trust gatewayCA().
 	gatewayURL string
-	gatewayCA  []byte
+	gatewayCA  func() ([]byte, error)
 	now        func() time.Time
 	// pace spaces a namespace's new generations; events tells the
 	// namespace when generations were retired early.
@@ -185,7 +190,7 @@ type tenantProvisioner struct {
 func SetupWithManager(mgr ctrl.Manager, o Options) error {
 	r := &tenantProvisioner{Client: mgr.GetClient(), api: mgr.GetAPIReader(), ownerDSN: o.DatabaseURL,
 		cluster: o.Cluster, secret: o.SecretName, key: o.SecretKey, ownNS: o.Namespace, ca: o.CA,
-		rotation: o.Rotation, grace: o.Grace, gatewayURL: o.GatewayURL, gatewayCA: o.GatewayCA, now: time.Now,
+		rotation: o.Rotation, grace: o.Grace, gatewayURL: o.GatewayURL, gatewayCA: caFile(o.GatewayCAFile), now: time.Now,
 		pace:   &provisionPacer{interval: cmp.Or(o.ProvisionInterval, DefaultTenantProvisionInterval)},
 		events: mgr.GetEventRecorder("dislock-webhook")}
 	// A deleted or edited Secret is provisioned again at once, or once the
@@ -300,6 +305,24 @@ func (r *tenantProvisioner) Reconcile(ctx context.Context, req reconcile.Request
 	return reconcile.Result{RequeueAfter: min(r.rotation, r.grace) / 4}, nil
 }
 
+// caFile reads the lock gateway's CA from file at every call; no file, no
+// CA (the system's roots).
+func caFile(file string) func() ([]byte, error) {
+	return func() ([]byte, error) {
+		if file == "" {
+			return nil, nil
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("reading the lock gateway's CA (--tenant-gateway-ca-file): %w", err)
+		}
+		if !x509.NewCertPool().AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("--tenant-gateway-ca-file %s holds no PEM certificate (want the CA that signed the lock gateway's certificate)", file)
+		}
+		return b, nil
+	}
+}
+
 // minted is a namespace's new generation: its row's name, and the URL its
 // pods reach the database with.
 type minted struct {
@@ -311,6 +334,10 @@ type minted struct {
 // gateway, a database role without.
 func (r *tenantProvisioner) mint(ctx context.Context, db *store.Store, namespace string) (minted, error) {
 	if r.gatewayURL != "" {
+		ca, err := r.gatewayCA()
+		if err != nil {
+			return minted{}, err
+		}
 		c, err := tenant.ProvisionGateway(ctx, db, r.cluster, namespace)
 		if err != nil {
 			return minted{}, fmt.Errorf("provisioning a lock gateway credential for namespace %s: %w", namespace, err)
@@ -318,7 +345,7 @@ func (r *tenantProvisioner) mint(ctx context.Context, db *store.Store, namespace
 		// Counted from when the generation exists, so that a failing
 		// write is retried at the interval, not minted again at once.
 		r.pace.provisioned(namespace, r.now())
-		url, err := tenant.GatewayURL(r.gatewayURL, r.gatewayCA, c)
+		url, err := tenant.GatewayURL(r.gatewayURL, ca, c)
 		return minted{what: "lock gateway credential", name: c.Name, url: url, generation: c.Generation}, err
 	}
 	cred, err := tenant.Provision(ctx, db, r.cluster, namespace)
@@ -365,8 +392,12 @@ func (r *tenantProvisioner) stale(cur *corev1.Secret, exists bool, roles []tenan
 		return "the Secret holds a database role, and namespaces now reach the database through the lock gateway (--tenant-gateway-url)"
 	case r.gatewayURL == "" && gateway:
 		return "the Secret holds a lock gateway credential, and namespaces now get database roles (no --tenant-gateway-url)"
-	case gateway && !tenant.GatewayURLFor(string(cur.Data[r.key]), r.gatewayURL, r.gatewayCA):
-		return "the Secret's URL is not the lock gateway's (--tenant-gateway-url, --tenant-gateway-ca-file)"
+	case gateway:
+		// Unreadable, the CA counts as unchanged: mint would fail on it.
+		ca, err := r.gatewayCA()
+		if err == nil && !tenant.GatewayURLFor(string(cur.Data[r.key]), r.gatewayURL, ca) {
+			return "the Secret's URL is not the lock gateway's (--tenant-gateway-url, --tenant-gateway-ca-file)"
+		}
 	}
 	created, err := time.Parse(time.RFC3339, cur.Annotations[contract.AnnotationTenantRoleCreated])
 	if err != nil {

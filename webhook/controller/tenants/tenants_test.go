@@ -202,7 +202,7 @@ func TestASecretOfTheOtherAccessPathIsStale(t *testing.T) {
 		{"a credential of a moved gateway", "https://gw.other.svc:9445", []byte("ca-1"), cred.Name, gwURL, "--tenant-gateway-ca-file"},
 		{"a credential trusting another CA", gw, []byte("ca-2"), cred.Name, gwURL, "--tenant-gateway-ca-file"},
 	} {
-		r := &tenantProvisioner{key: inject.DefaultDBSecretKey, gatewayURL: tc.gateway, gatewayCA: tc.ca, rotation: time.Hour, now: func() time.Time { return now }}
+		r := &tenantProvisioner{key: inject.DefaultDBSecretKey, gatewayURL: tc.gateway, gatewayCA: func() ([]byte, error) { return tc.ca, nil }, rotation: time.Hour, now: func() time.Time { return now }}
 		why := r.stale(secret(tc.inSecret, tc.url), true, []tenant.Role{{Role: tc.inSecret, Generation: 2}})
 		if (why == "") != (tc.want == "") || !strings.Contains(why, tc.want) {
 			t.Errorf("%s: stale %q, want a reason naming %q", tc.name, why, tc.want)
