@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -104,8 +105,10 @@ func (s *Settings) Check() error {
 	if s.MaxQueuedPerNamespace < 0 {
 		errs = append(errs, fmt.Errorf("--max-queued-per-namespace %d: want 0 (a quarter of --max-queued) or more", s.MaxQueuedPerNamespace))
 	}
-	if _, _, err := net.SplitHostPort(s.Addr); err != nil {
+	if _, port, err := net.SplitHostPort(s.Addr); err != nil {
 		errs = append(errs, fmt.Errorf("--bind-address %q: %v", s.Addr, err))
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		errs = append(errs, fmt.Errorf("--bind-address %q: the port must be 1 to 65535", s.Addr))
 	}
 	return errors.Join(errs...)
 }

@@ -35,8 +35,8 @@ spec:
 // Every object the chart renders and kustomize builds, with every option
 // on, passes the API server's validation and admission (server-side apply,
 // dry run): schemas, the webhooks' CEL matchConditions, RBAC rules, the
-// PodDisruptionBudget, the NetworkPolicy, the priority class, the webhook on
-// the node's network and the `helm test` pod.
+// PodDisruptionBudgets, the NetworkPolicies, the priority class, the webhook
+// on the node's network, the lock gateway and the `helm test` pod.
 func TestTheAPIServerAcceptsEveryRenderedObject(t *testing.T) {
 	c := kube.Need(t)
 	ensureOptionalCRDs(t, c)
@@ -63,6 +63,8 @@ func TestTheAPIServerAcceptsEveryRenderedObject(t *testing.T) {
 		"webhook.hostNetwork", true, "webhook.port", 10443, "webhook.metricsPort", 10480, "webhook.healthPort", 10481,
 		"webhook.extraEnv", []any{map[string]any{"name": "HTTPS_PROXY", "value": "http://proxy.corp:3128"}},
 		"webhook.extraArgs", []any{"--zap-devel"},
+		"gateway.enabled", true, "gateway.nodeSelector", map[string]any{"kubernetes.io/os": "linux"},
+		"gateway.tolerations", []any{map[string]any{"key": "dedicated", "operator": "Exists"}}, "gateway.extraArgs", []any{"--renewal-conns=3"},
 		"webhook.extraVolumes", []any{map[string]any{"name": "corp-proxy-ca", "configMap": map[string]any{"name": "corp-proxy-ca"}}},
 		"webhook.extraVolumeMounts", []any{map[string]any{"name": "corp-proxy-ca", "mountPath": "/etc/ssl/certs/corp", "readOnly": true}})
 	for _, tc := range []struct {

@@ -63,6 +63,28 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: webhook
 {{- end -}}
 
+{{- define "dislock.gatewayName" -}}
+{{- printf "%s-gateway" (include "dislock.fullname" .) -}}
+{{- end -}}
+
+{{/* gatewayHost is the name pods reach the lock gateway by: its Service's, which its certificate names. */}}
+{{- define "dislock.gatewayHost" -}}
+{{- printf "%s.%s.svc" (include "dislock.gatewayName" .) .Release.Namespace -}}
+{{- end -}}
+
+{{- define "dislock.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: dislock
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end -}}
+
+{{- define "dislock.gatewayLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "dislock.gatewaySelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
 {{- define "dislock.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{ include "dislock.selectorLabels" . }}
@@ -118,6 +140,9 @@ Checks of values that the schema cannot express; each failure says what to set.
 {{- fail "clusterName is required: set it to this data centre's name, different in every cluster (e.g. --set clusterName=dc-a)" -}}
 {{- else if not (regexMatch "^[[:graph:]]{1,63}$" .Values.clusterName) | or (contains "/" .Values.clusterName) -}}
 {{- fail (printf "clusterName %q is not usable in a lock owner: want at most 63 printable characters without '/' or spaces (e.g. dc-a)" .Values.clusterName) -}}
+{{- end -}}
+{{- if and .Values.gateway.enabled (not .Values.database.copyToNamespaces) -}}
+{{- fail "gateway.enabled needs database.copyToNamespaces: the webhook writes each namespace's gateway credential into its Secret" -}}
 {{- end -}}
 {{- if and .Values.database.url .Values.database.existingSecret -}}
 {{- fail "database.url and database.existingSecret are both set: set one (existingSecret is preferred: the URL holds a password)" -}}
