@@ -152,3 +152,32 @@ func TestAGatewayThatDoesNotAnswerIsUnavailable(t *testing.T) {
 		t.Fatalf("%v, want ErrUnavailable", err)
 	}
 }
+
+// The agent's heartbeat names the lease's key even when its mode takes no
+// lease (token 0): through the gateway, as on the database, that renews the
+// window alone and succeeds.
+func TestARenewalOfAWindowAloneSucceedsThroughTheGateway(t *testing.T) {
+	srv := pgtest.Need(t)
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			direct := migrated(t, tg.DSN)
+			ctx := context.Background()
+			gw := gatewaytest.Start(t, tg.DSN, gateway.Config{Cluster: "dc-a"})
+			ns := namespace()
+			c := gw.Client(t, ns)
+			key := ns + "/report"
+			claim, err := c.ClaimWindow(ctx, claimRequest(key, owner("dc-a", ns, "p")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			hb := store.Renewal{Key: key, Window: tick, Index: store.NotIndexed, WindowToken: claim.Window.Token, LeaseKey: key, TTL: 30 * time.Second}
+			if _, err := direct.Renew(ctx, hb); err != nil {
+				t.Fatalf("on the database: %v", err)
+			}
+			r, err := c.Renew(ctx, hb)
+			if err != nil || r.WindowUntil.IsZero() || !r.LeaseUntil.IsZero() {
+				t.Fatalf("through the gateway: %+v, %v; want the window renewed alone", r, err)
+			}
+		})
+	}
+}

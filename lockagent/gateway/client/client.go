@@ -241,7 +241,9 @@ func (c *Client) Heartbeat(ctx context.Context, key string, window time.Time, in
 func (c *Client) Renew(ctx context.Context, req store.Renewal) (store.Renewed, error) {
 	var r store.Renewed
 	err := c.call(ctx, wire.Renew, req, &r)
-	if err == nil && (r.DBTime.IsZero() || (req.Key != "" && r.WindowUntil.IsZero()) || (req.LeaseKey != "" && r.LeaseUntil.IsZero())) {
+	// What was asked is what has a token, as store.Renew reads it: the
+	// agent names its lease's key even when its mode takes no lease.
+	if err == nil && (r.DBTime.IsZero() || (req.WindowToken != 0 && r.WindowUntil.IsZero()) || (req.LeaseToken != 0 && r.LeaseUntil.IsZero())) {
 		return store.Renewed{}, fmt.Errorf("lock gateway renew: %w at %s: a renewal without the expiries asked for", store.ErrUnavailable, c.addr)
 	}
 	return r, err
