@@ -140,29 +140,15 @@ func (s *Settings) run(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--database-url: %w", err)
 	}
-	open := func(conns int) (*store.Store, error) {
-		return store.Open(ctx, dsn, store.Options{MaxConns: int32(conns), Logger: log})
-	}
-	decisions, err := open(s.DecisionConns)
-	if err != nil {
-		return err
-	}
-	defer decisions.Close()
-	renewals, err := open(s.RenewalConns)
-	if err != nil {
-		return err
-	}
-	defer renewals.Close()
-	owner, err := open(2)
+	owner, err := store.Open(ctx, dsn, store.Options{MaxConns: 2, Logger: log})
 	if err != nil {
 		return err
 	}
 	defer owner.Close()
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
-	srv, err := gateway.NewServer(gateway.Config{
-		Cluster: s.Cluster, Decisions: decisions, Renewals: renewals,
-		DecisionConns: s.DecisionConns, RenewalConns: s.RenewalConns,
+	srv, err := gateway.Open(ctx, dsn, gateway.Config{
+		Cluster: s.Cluster, DecisionConns: s.DecisionConns, RenewalConns: s.RenewalConns,
 		MaxQueued: s.MaxQueued, MaxQueuedPerNamespace: s.MaxQueuedPerNamespace,
 		Credentials: &gateway.DatabaseCredentials{Lookup: func(ctx context.Context, ns string) ([][sha256.Size]byte, error) {
 			return tenant.GatewayDigests(ctx, owner, s.Cluster, ns)
@@ -173,6 +159,7 @@ func (s *Settings) run(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	defer srv.Close()
 	m.lanes(reg, srv)
 	certs, err := certwatcher.New(filepath.Join(s.CertDir, "tls.crt"), filepath.Join(s.CertDir, "tls.key"))
 	if err != nil {

@@ -17,18 +17,15 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/gateway"
 	"github.com/dislock/dislock/lockagent/store"
-	"github.com/dislock/dislock/test/benchscale"
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/tlstest"
 )
@@ -158,17 +155,7 @@ const herdGatewayEnv = "DISLOCK_HERD_GATEWAY"
 // bouncers' and PostgreSQL's. It reads a herdGatewaySpec on stdin, makes
 // its own CA and serving certificate, says ready with its address and CA,
 // and then answers "warm" and "stats" until stdin closes.
-func HerdGatewayChild() (code int, isChild bool) {
-	if os.Getenv(herdGatewayEnv) == "" {
-		return 0, false
-	}
-	out := json.NewEncoder(os.Stdout)
-	if err := herdGatewayChild(bufio.NewReader(os.Stdin), out); err != nil {
-		_ = out.Encode(herdGatewayEvent{Event: "failed", Error: err.Error()})
-		return 1, true
-	}
-	return 0, true
-}
+func HerdGatewayChild() (code int, isChild bool) { return runChild(herdGatewayEnv, herdGatewayChild) }
 
 func herdGatewayChild(in *bufio.Reader, out *json.Encoder) error {
 	ctx := context.Background()
@@ -339,51 +326,17 @@ func (w *statusWriter) WriteHeader(status int) {
 
 // herdGatewayProc is a running gateway process, seen from the benchmark.
 type herdGatewayProc struct {
-	cmd    *exec.Cmd
-	in     io.WriteCloser
-	stderr string
-	events chan herdGatewayEvent
-	addr   string
-	ca     string // the ca parameter of its URLs
+	*child[herdGatewayEvent]
+	addr string
+	ca   string // the ca parameter of its URLs
 }
 
 func startHerdGateway(spec herdGatewaySpec) (*herdGatewayProc, error) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), herdGatewayEnv+"=1", "GOTRACEBACK=all")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stderr, err := os.CreateTemp("", "dislock-herd-gateway-"+spec.Cluster+"-*.stderr")
+	c, err := startChild[herdGatewayEvent](herdGatewayEnv, "dislock-herd-gateway-"+spec.Cluster, spec)
 	if err != nil {
 		return nil, err
 	}
-	defer stderr.Close()
-	cmd.Stderr = stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	g := &herdGatewayProc{cmd: cmd, in: in, stderr: stderr.Name(), events: make(chan herdGatewayEvent, 4)}
-	go func() {
-		defer close(g.events)
-		dec := json.NewDecoder(out)
-		for {
-			var e herdGatewayEvent
-			if err := dec.Decode(&e); err != nil {
-				return
-			}
-			g.events <- e
-		}
-	}()
-	if err := json.NewEncoder(in).Encode(spec); err != nil {
-		g.stop()
-		return nil, err
-	}
+	g := &herdGatewayProc{child: c}
 	e, err := g.await("ready")
 	if err != nil {
 		g.stop()
@@ -513,38 +466,4 @@ func (h *herd) gatewayStats(b testing.TB) herdGatewayCounted {
 		all.add(e.Stats)
 	}
 	return all
-}
-
-// TestAHerdThroughLockGatewaysRunsEveryWindowOnce is make test's slice of
-// BenchmarkHerd -herd.gateway: 3 clusters × 30 CronJobs whose pods all
-// start at once for one window and reach the database only through their
-// cluster's lock gateway. Every pod decides without an error or a retry,
-// every key's window runs exactly once (run checks it), every winner's
-// success is recorded, and no pod logged in to PgBouncer: the gateways
-// carried every call.
-func TestAHerdThroughLockGatewaysRunsEveryWindowOnce(t *testing.T) {
-	const keys = 30
-	if err := benchscale.RaiseFileLimit(keys + 2000); err != nil {
-		t.Fatal(err)
-	}
-	// Mode schedule, held past one heartbeat: a winner's heartbeat names
-	// its lease's key with no lease token, which the gateway must renew
-	// as the window alone (a warning otherwise).
-	mode, err := contract.ParseMode("schedule")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHerd(t, keys, 3, 1)
-	h.startGateways(t, keys)
-	r := h.run(t, keys, mode, herdTTL/3+time.Second, viaGateway)
-	if r.late || r.errors != 0 || r.undecided != 0 || r.retries != 0 || r.warns != 0 || r.recordErrors != 0 {
-		t.Fatalf("late cluster process: %t; %d error decisions, %d undecided, %d retries, %d warnings, %d successes not recorded; a retry: %s; a warning: %s",
-			r.late, r.errors, r.undecided, r.retries, r.warns, r.recordErrors, r.firstRetry, r.firstIssue)
-	}
-	if r.tenantLogins != 0 || r.gateway.Connections < int64(r.pods) || r.gateway.Unavailable != 0 {
-		t.Fatalf("%d pods: %d tenant logins to PgBouncer (want 0), %d TLS connections to the gateways (want one a pod at least), %d calls unavailable (want 0)",
-			r.pods, r.tenantLogins, r.gateway.Connections, r.gateway.Unavailable)
-	}
-	t.Logf("%d pods decided through the gateways in %s (p50 %s, p99 %s); %d calls; CPU: PostgreSQL %.1f s, gateways %.1f s",
-		r.pods, r.drain, r.p50, r.p99, r.gateway.Calls, r.herd.PostgreSQL.Seconds(), r.herd.Gateways.Seconds())
 }

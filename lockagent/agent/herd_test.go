@@ -734,11 +734,8 @@ type herdDecision struct {
 
 // herdCluster is a running cluster process, seen from the benchmark.
 type herdCluster struct {
+	*child[herdEvent]
 	spec      herdSpec
-	cmd       *exec.Cmd
-	in        io.WriteCloser
-	stderr    string // the file the process's stderr goes to
-	events    chan herdEvent
 	decisions []herdDecision
 	ended     herdEvent
 	// The process's CPU time when it was ready and when all had decided.
@@ -746,16 +743,36 @@ type herdCluster struct {
 }
 
 func startHerdCluster(spec herdSpec) (*herdCluster, error) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), herdChildEnv+"=1", "GOTRACEBACK=all")
-	// A benchmark that dies (its -timeout, a panic) takes its clusters
-	// with it: nothing else would stop 10 000 pods' worth of connections.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	// The pods log to their herdPods, so the process's stderr holds only
 	// the Go runtime's words: a panic, or the stacks SIGQUIT dumps when it
 	// does not answer in time (tens of thousands of goroutines, a file's
 	// worth, not a terminal's).
-	stderr, err := os.CreateTemp("", "dislock-herd-"+filepath.Base(spec.Dir)+"-*.stderr")
+	c, err := startChild[herdEvent](herdChildEnv, "dislock-herd-"+filepath.Base(spec.Dir), spec)
+	if err != nil {
+		return nil, err
+	}
+	return &herdCluster{child: c, spec: spec}, nil
+}
+
+// child is a child process of the test binary (runChild), seen from the
+// benchmark: its stdin, the events it sends, and the file its stderr goes
+// to.
+type child[E any] struct {
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	stderr string
+	events chan E
+}
+
+// startChild starts the test binary as the child env names, with its
+// stderr in a temporary file named after name, and sends it spec.
+func startChild[E any](env, name string, spec any) (*child[E], error) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env+"=1", "GOTRACEBACK=all")
+	// A benchmark that dies (its -timeout, a panic) takes its children
+	// with it: nothing else would stop 10 000 pods' worth of connections.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := os.CreateTemp("", name+"-*.stderr")
 	if err != nil {
 		return nil, err
 	}
@@ -772,23 +789,24 @@ func startHerdCluster(spec herdSpec) (*herdCluster, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	hc := &herdCluster{spec: spec, cmd: cmd, in: in, stderr: stderr.Name(), events: make(chan herdEvent, 4)}
+	c := &child[E]{cmd: cmd, in: in, stderr: stderr.Name(), events: make(chan E, 4)}
 	go func() {
-		defer close(hc.events)
+		defer close(c.events)
 		dec := json.NewDecoder(out)
 		for {
-			var e herdEvent
+			var e E
 			if err := dec.Decode(&e); err != nil {
 				return
 			}
-			hc.events <- e
+			c.events <- e
 		}
 	}()
 	if err := json.NewEncoder(in).Encode(spec); err != nil {
-		hc.kill()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
 		return nil, err
 	}
-	return hc, nil
+	return c, nil
 }
 
 // answerMargin is how long after its phase's limit a cluster process may
@@ -872,13 +890,21 @@ const herdChildEnv = "DISLOCK_HERD_CLUSTER"
 // (run(), the sidecar's code) in a goroutine; it reports every decision once
 // all pods decided and the skipping ones ended, and on "end" finishes the
 // winners' apps and reports once every agent returned.
-func HerdChild() (code int, isChild bool) {
-	if os.Getenv(herdChildEnv) == "" {
+func HerdChild() (code int, isChild bool) { return runChild(herdChildEnv, herdChild) }
+
+// runChild runs the test binary as the child process env names, when it
+// was started so: run reads its orders on stdin and answers on stdout with
+// JSON events, and a failure is the event "failed" with its error.
+func runChild(env string, run func(in *bufio.Reader, out *json.Encoder) error) (code int, isChild bool) {
+	if os.Getenv(env) == "" {
 		return 0, false
 	}
 	out := json.NewEncoder(os.Stdout)
-	if err := herdChild(bufio.NewReader(os.Stdin), out); err != nil {
-		_ = out.Encode(herdEvent{Event: "failed", Error: err.Error()})
+	if err := run(bufio.NewReader(os.Stdin), out); err != nil {
+		_ = out.Encode(struct {
+			Event string `json:"event"`
+			Error string `json:"error"`
+		}{"failed", err.Error()})
 		return 1, true
 	}
 	return 0, true
@@ -1337,27 +1363,50 @@ func latency(d time.Duration) string {
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
 
 // TestAHerdRunsEveryWindowOnceWithoutErrors is make test's slice of
-// BenchmarkHerd: 3 clusters × 200 CronJobs, mode schedule,lease, whose pods
-// all start at once for one window through their clusters' PgBouncers.
-// Every pod decides without an error or a retry, every key's window runs
-// exactly once (run checks it), and every winner's success is recorded
-// once its app ended.
+// BenchmarkHerd: 3 clusters of CronJobs whose pods all start at once for
+// one window, through their clusters' PgBouncers (200 each, mode
+// schedule,lease) and through their clusters' lock gateways (30 each, mode
+// schedule, held past one heartbeat: a winner's heartbeat names its
+// lease's key with no lease token, which the gateway must renew as the
+// window alone). Every pod decides without an error or a retry, every
+// key's window runs exactly once (run checks it), every winner's success
+// is recorded once its app ended; through the gateways no pod logs in to
+// PgBouncer and no call is refused.
 func TestAHerdRunsEveryWindowOnceWithoutErrors(t *testing.T) {
-	const keys = 200
-	if err := benchscale.RaiseFileLimit(keys + 2000); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		path herdPath
+		keys int
+		mode string
+		hold time.Duration
+	}{
+		{viaBouncer, 200, "schedule,lease", 0},
+		{viaGateway, 30, "schedule", herdTTL/3 + time.Second},
+	} {
+		t.Run(string(tc.path), func(t *testing.T) {
+			if err := benchscale.RaiseFileLimit(uint64(tc.keys + 2000)); err != nil {
+				t.Fatal(err)
+			}
+			mode, err := contract.ParseMode(tc.mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := newHerd(t, tc.keys, 3, 1)
+			if tc.path == viaGateway {
+				h.startGateways(t, tc.keys)
+			}
+			r := h.run(t, tc.keys, mode, tc.hold, tc.path)
+			if r.late || r.errors != 0 || r.undecided != 0 || r.retries != 0 || r.warns != 0 || r.recordErrors != 0 {
+				t.Fatalf("late cluster process: %t; %d error decisions, %d undecided, %d retries, %d warnings, %d successes not recorded; a retry: %s; a warning: %s",
+					r.late, r.errors, r.undecided, r.retries, r.warns, r.recordErrors, r.firstRetry, r.firstIssue)
+			}
+			if tc.path == viaGateway && (r.tenantLogins != 0 || r.gateway.Connections < int64(r.pods) || r.gateway.Unavailable != 0) {
+				t.Fatalf("%d pods: %d tenant logins to PgBouncer (want 0), %d TLS connections to the gateways (want one a pod at least), %d calls unavailable (want 0)",
+					r.pods, r.tenantLogins, r.gateway.Connections, r.gateway.Unavailable)
+			}
+			t.Logf("%d pods decided in %s (p50 %s, p99 %s); CPU: PostgreSQL %.1f s, gateways %.1f s",
+				r.pods, r.drain, r.p50, r.p99, r.herd.PostgreSQL.Seconds(), r.herd.Gateways.Seconds())
+		})
 	}
-	mode, err := contract.ParseMode("schedule,lease")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHerd(t, keys, 3, 1)
-	r := h.run(t, keys, mode, 0, viaBouncer)
-	if r.late || r.errors != 0 || r.undecided != 0 || r.retries != 0 || r.warns != 0 || r.recordErrors != 0 {
-		t.Fatalf("late cluster process: %t; %d error decisions, %d undecided, %d retries, %d warnings, %d successes not recorded; a retry: %s; a warning: %s",
-			r.late, r.errors, r.undecided, r.retries, r.warns, r.recordErrors, r.firstRetry, r.firstIssue)
-	}
-	t.Logf("%d pods decided in %s (p50 %s, p99 %s); PostgreSQL used %.1f s of CPU", r.pods, r.drain, r.p50, r.p99, r.herd.PostgreSQL.Seconds())
 }
 
 // The heartbeats' row of the capacity table divides the winners' heartbeat

@@ -98,6 +98,8 @@ type Server struct {
 	calls     map[string]call
 	// lastRefusal paces the log lines of refused credentials.
 	lastRefusal atomic.Int64
+	// opened are the Stores Open opened, which Close closes.
+	opened []*store.Store
 }
 
 // call is one of the calls: its lane, and how to read and check its body
@@ -162,6 +164,45 @@ func NewServer(cfg Config) (*Server, error) {
 		wire.Release:  {s.renewals, prepareRelease},
 	}
 	return s, nil
+}
+
+// Open is NewServer with each lane's Locks that cfg leaves nil opened on
+// databaseURL, with the lane's connections: what a gateway process runs.
+// Close closes what Open opened.
+func Open(ctx context.Context, databaseURL string, cfg Config) (*Server, error) {
+	var opened []*store.Store
+	open := func(l *store.Locks, conns int) error {
+		if *l != nil {
+			return nil
+		}
+		st, err := store.Open(ctx, databaseURL, store.Options{MaxConns: int32(max(1, conns)), Logger: cfg.Logger})
+		if err != nil {
+			return err
+		}
+		opened = append(opened, st)
+		*l = st
+		return nil
+	}
+	err := errors.Join(open(&cfg.Decisions, cfg.DecisionConns), open(&cfg.Renewals, cfg.RenewalConns))
+	var s *Server
+	if err == nil {
+		s, err = NewServer(cfg)
+	}
+	if err != nil {
+		for _, st := range opened {
+			st.Close()
+		}
+		return nil, err
+	}
+	s.opened = opened
+	return s, nil
+}
+
+// Close closes the connections Open opened.
+func (s *Server) Close() {
+	for _, st := range s.opened {
+		st.Close()
+	}
 }
 
 // NewHTTPServer serves handler (a Server) on addr with TLS, with the

@@ -13,7 +13,6 @@ import (
 
 	"github.com/dislock/dislock/lockagent/gateway"
 	"github.com/dislock/dislock/lockagent/gateway/client"
-	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/tlstest"
 )
 
@@ -40,8 +39,7 @@ type Gateway struct {
 }
 
 // Start runs a gateway over the database at dsn as cfg says; Start fills
-// in what cfg leaves zero: the lanes' Locks (Stores on dsn with
-// DecisionConns and RenewalConns connections, 4 and 2 when zero), the
+// in what cfg leaves zero: the lanes' connections (4 and 2), the
 // credentials (Secret), and Cluster ("dc-a"). It stops at the test's end.
 func Start(t testing.TB, dsn string, cfg gateway.Config) *Gateway {
 	t.Helper()
@@ -57,24 +55,11 @@ func Start(t testing.TB, dsn string, cfg gateway.Config) *Gateway {
 	if cfg.Credentials == nil {
 		cfg.Credentials = Credentials{}
 	}
-	open := func(conns int) store.Locks {
-		s, err := store.Open(context.Background(), dsn, store.Options{MaxConns: int32(conns)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(s.Close)
-		return s
-	}
-	if cfg.Decisions == nil {
-		cfg.Decisions = open(cfg.DecisionConns)
-	}
-	if cfg.Renewals == nil {
-		cfg.Renewals = open(cfg.RenewalConns)
-	}
-	srv, err := gateway.NewServer(cfg)
+	srv, err := gateway.Open(context.Background(), dsn, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(srv.Close)
 	ca := tlstest.NewCA(t)
 	leaf := ca.Issue(t)
 	cert, err := tls.X509KeyPair(leaf.CertPEM, leaf.KeyPEM)

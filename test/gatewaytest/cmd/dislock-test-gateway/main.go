@@ -12,7 +12,6 @@ import (
 	"os"
 
 	"github.com/dislock/dislock/lockagent/gateway"
-	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/gatewaytest"
 )
 
@@ -32,23 +31,12 @@ func main() {
 }
 
 func run(dsn, cluster, listen, certFile, keyFile string, decisionConns, renewalConns int) error {
-	ctx := context.Background()
-	open := func(conns int) (*store.Store, error) {
-		return store.Open(ctx, dsn, store.Options{MaxConns: int32(conns)})
-	}
-	decisions, err := open(decisionConns)
-	if err != nil {
-		return err
-	}
-	renewals, err := open(renewalConns)
-	if err != nil {
-		return err
-	}
-	srv, err := gateway.NewServer(gateway.Config{Cluster: cluster, Decisions: decisions, Renewals: renewals,
+	srv, err := gateway.Open(context.Background(), dsn, gateway.Config{Cluster: cluster,
 		DecisionConns: decisionConns, RenewalConns: renewalConns, Credentials: gatewaytest.Credentials{}})
 	if err != nil {
 		return err
 	}
+	defer srv.Close()
 	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
 		return err
