@@ -92,6 +92,8 @@ FUZZ_TARGETS = \
 	./lockagent/contract:FuzzFromAnnotations \
 	./lockagent/contract:FuzzParseAgentEnv \
 	./lockagent/contract:FuzzTerminationDecode \
+	./lockagent/gateway/client:FuzzDial \
+	./lockagent/gateway:FuzzCallBodies \
 	./lockagent/store/tenant:FuzzTenantDSN \
 	./lockagent/store:FuzzParseDatabaseURL \
 	./lockagent/window:FuzzFromJobName \
