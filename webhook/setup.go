@@ -244,9 +244,22 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 // the server added to the manager) when the rotator says it is ready; until
 // then the pod is not ready.
 func setupSelfSigned(mgr manager.Manager, cfg Config, register func()) error {
+	key := types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Certs.SecretName}
+	if len(cfg.Certs.ExtraDNSNames) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		dropped, err := dropCertLackingNames(ctx, mgr.GetAPIReader(), mgr.GetClient(), key, cfg.Certs.ExtraDNSNames)
+		cancel()
+		log := mgr.GetLogger().WithName("certs")
+		switch {
+		case err != nil:
+			log.Error(err, "the serving certificate may lack a name it must carry; it is renewed with it later")
+		case dropped:
+			log.Info("the serving certificate lacked a name it must carry; a new one is issued from the same CA", "names", cfg.Certs.ExtraDNSNames)
+		}
+	}
 	ready := make(chan struct{})
 	err := rotator.AddRotator(mgr, &rotator.CertRotator{
-		SecretKey:      types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Certs.SecretName},
+		SecretKey:      key,
 		CertDir:        cfg.Certs.CertDir,
 		CAName:         "dislock-webhook-ca",
 		CAOrganization: "dislock",

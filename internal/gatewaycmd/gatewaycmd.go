@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -161,19 +162,30 @@ func (s *Settings) run(ctx context.Context, log *slog.Logger) error {
 	}
 	defer srv.Close()
 	m.lanes(reg, srv)
-	certs, err := certwatcher.New(filepath.Join(s.CertDir, "tls.crt"), filepath.Join(s.CertDir, "tls.key"))
-	if err != nil {
-		return fmt.Errorf("--cert-dir %s: %w", s.CertDir, err)
+	// The certificate may not be there yet: at a first install with
+	// self-signed certificates the webhook writes it once it runs, and the
+	// kubelet projects it some time after. Until then handshakes fail and
+	// the gateway is not ready; it does not exit.
+	var certs atomic.Pointer[certwatcher.CertWatcher]
+	go s.watchCert(ctx, log, &certs)
+	getCert := func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		if w := certs.Load(); w != nil {
+			return w.GetCertificate(hello)
+		}
+		return nil, errors.New("no serving certificate yet in --cert-dir")
 	}
-	go func() { _ = certs.Start(ctx) }()
 	// TLS 1.2 or newer, and HTTP/1.1 only, as the webhook's server.
-	hs := gateway.NewHTTPServer(s.Addr, srv, &tls.Config{GetCertificate: certs.GetCertificate,
+	hs := gateway.NewHTTPServer(s.Addr, srv, &tls.Config{GetCertificate: getCert,
 		MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}})
 	side := []*http.Server{hs}
 	if s.ProbeAddr != "" {
 		mux := http.NewServeMux()
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+			if certs.Load() == nil {
+				http.Error(w, "waiting for the serving certificate in --cert-dir "+s.CertDir, http.StatusServiceUnavailable)
+				return
+			}
 			pctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 			defer cancel()
 			if err := owner.Ping(pctx); err != nil {
@@ -221,4 +233,29 @@ func (s *Settings) run(ctx context.Context, log *slog.Logger) error {
 		_ = h.Shutdown(sctx)
 	}
 	return err
+}
+
+// watchCert waits for tls.crt and tls.key in the cert dir, then serves them
+// through certs, reloaded when they change.
+func (s *Settings) watchCert(ctx context.Context, log *slog.Logger, certs *atomic.Pointer[certwatcher.CertWatcher]) {
+	crt, key := filepath.Join(s.CertDir, "tls.crt"), filepath.Join(s.CertDir, "tls.key")
+	var logged time.Time
+	for {
+		w, err := certwatcher.New(crt, key)
+		if err == nil {
+			certs.Store(w)
+			log.Info("serving with the certificate in --cert-dir", "dir", s.CertDir)
+			_ = w.Start(ctx)
+			return
+		}
+		if time.Since(logged) > 30*time.Second {
+			log.Info("waiting for the serving certificate", "dir", s.CertDir, "err", err)
+			logged = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 }

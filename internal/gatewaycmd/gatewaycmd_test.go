@@ -49,7 +49,8 @@ func TestBadFlagsAreRefusedNamingEachFlag(t *testing.T) {
 }
 
 // `dislock gateway` serves a pod whose namespace the webhook gave a gateway
-// credential: the pod claims through it, a foreign cluster is refused, the
+// credential, once its certificate is there (it waits for it, not ready):
+// the pod claims through it, a foreign cluster is refused, the
 // metrics count both, /readyz says the database answers, and a stop ends
 // the command cleanly.
 func TestTheGatewayCommandServesTheWebhooksCredentials(t *testing.T) {
@@ -68,7 +69,6 @@ func TestTheGatewayCommandServesTheWebhooksCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	certDir := t.TempDir()
-	ca := tlstest.ServingCert(t, certDir)
 	ports, err := harness.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +82,29 @@ func TestTheGatewayCommandServesTheWebhooksCredentials(t *testing.T) {
 			"--bind-address", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[1]),
 			"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[2])}, &logs)
 	}()
+	get := func(port int, path string) (int, string) {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// Started before its certificate exists (a first install with
+	// self-signed certificates), it waits, not ready, and does not exit.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		status, body := get(ports[1], "/readyz")
+		if status == http.StatusServiceUnavailable && strings.Contains(body, "waiting for the serving certificate") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz before the certificate: %d %s\n%s", status, body, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	ca := tlstest.ServingCert(t, certDir)
 	url, err := tenant.GatewayURL(fmt.Sprintf("https://127.0.0.1:%d", ports[0]), ca, cred)
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +116,7 @@ func TestTheGatewayCommandServesTheWebhooksCredentials(t *testing.T) {
 	defer c.Close()
 	req := store.ClaimRequest{Key: "team-a/report", Window: time.Now().UTC().Truncate(time.Minute), Index: store.NotIndexed, TTL: time.Minute,
 		Owner: store.Owner{Cluster: "dc-a", Namespace: "team-a", Job: "report-1", JobUID: "uid", Pod: "p"}}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	var claim store.Claim
 	for {
 		if claim, err = c.ClaimWindow(ctx, req); !errors.Is(err, store.ErrUnavailable) || time.Now().After(deadline) {
@@ -108,15 +131,6 @@ func TestTheGatewayCommandServesTheWebhooksCredentials(t *testing.T) {
 	foreign.Owner.Cluster = "dc-b"
 	if _, err := c.ClaimWindow(ctx, foreign); !errors.Is(err, store.ErrForbidden) {
 		t.Fatalf("a claim as another cluster: %v, want ErrForbidden", err)
-	}
-	get := func(port int, path string) (int, string) {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
 	}
 	if status, body := get(ports[1], "/readyz"); status != http.StatusOK {
 		t.Errorf("/readyz: %d %s", status, body)

@@ -217,6 +217,9 @@ func NewHTTPServer(addr string, handler http.Handler, tlsConfig *tls.Config) *ht
 		WriteTimeout:   3 * DefaultCallTimeout,
 		IdleTimeout:    2 * time.Minute,
 		MaxHeaderBytes: 16 << 10,
+		// HTTP/1.1 only: ServeTLS would offer h2 too, and one connection
+		// would carry 250 calls at once for one handshake.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
 	}
 }
 

@@ -2,7 +2,10 @@ package gateway_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -179,5 +182,28 @@ func TestARenewalOfAWindowAloneSucceedsThroughTheGateway(t *testing.T) {
 				t.Fatalf("through the gateway: %+v, %v; want the window renewed alone", r, err)
 			}
 		})
+	}
+}
+
+// The gateway speaks HTTP/1.1 only, whatever the caller offers: HTTP/2
+// would carry 250 calls at once for one handshake.
+func TestTheGatewaySpeaksNoHTTP2(t *testing.T) {
+	srv := pgtest.Need(t)
+	migrated(t, srv.BouncerDSN())
+	gw := gatewaytest.Start(t, srv.BouncerDSN(), gateway.Config{})
+	u, err := url.Parse(gw.URL("team"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := tls.Dial("tcp", u.Host, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}) //nolint:gosec // only the protocol is looked at
+	if err != nil {
+		if strings.Contains(err.Error(), "no application protocol") {
+			return // refused outright
+		}
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if p := conn.ConnectionState().NegotiatedProtocol; p == "h2" {
+		t.Fatalf("a caller offering only h2 got %q", p)
 	}
 }

@@ -28,7 +28,13 @@ SELECT current_user::text, current_database()::text,
        has_database_privilege(current_database(), 'CREATE'),
        coalesce((SELECT pg_has_role(nspowner, 'USAGE') FROM pg_namespace WHERE nspname = 'dislock'), false),
        coalesce((SELECT rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user), false),
-       EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '` + tenant.GroupRole + `')`
+       EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '` + tenant.GroupRole + `'),
+       -- PostgreSQL 16 and later: a CREATEROLE role grants only roles it
+       -- holds WITH ADMIN OPTION (a superuser any).
+       current_setting('server_version_num')::int < 160000
+         OR coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = current_user), false)
+         OR NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '` + tenant.GroupRole + `')
+         OR pg_has_role(current_user, '` + tenant.GroupRole + `', 'MEMBER WITH ADMIN OPTION')`
 
 // ownerPrivileges says whether the owner role can migrate, and which of the
 // two ways of giving namespaces their credentials it can serve: database
@@ -36,8 +42,8 @@ SELECT current_user::text, current_database()::text,
 // (nothing more than migrating).
 func ownerPrivileges(ctx context.Context, conn *pgx.Conn) Finding {
 	var role, database string
-	var create, ownsSchema, createRole, group bool
-	if err := conn.QueryRow(ctx, qOwnerPrivileges).Scan(&role, &database, &create, &ownsSchema, &createRole, &group); err != nil {
+	var create, ownsSchema, createRole, group, grantsGroup bool
+	if err := conn.QueryRow(ctx, qOwnerPrivileges).Scan(&role, &database, &create, &ownsSchema, &createRole, &group, &grantsGroup); err != nil {
 		return Finding{Check: "privileges", Status: StatusFail, Detail: "cannot read the role's privileges: " + err.Error(),
 			Fix: "run dislock check again once the database answers"}
 	}
@@ -59,6 +65,12 @@ func ownerPrivileges(ctx context.Context, conn *pgx.Conn) Finding {
 	how := "may create schema dislock"
 	if ownsSchema {
 		how = "owns schema dislock"
+	}
+	if createRole && !grantsGroup {
+		return Finding{Check: "privileges", Status: StatusWarn,
+			Detail: fmt.Sprintf("role %s %s (migrate) and may create roles, but may not grant %s, which someone else created: namespaces cannot get database roles of their own "+
+				"(access paths: lock gateway yes, tenant roles no)", role, how, tenant.GroupRole),
+			Fix: "for tenant roles: GRANT " + tenant.GroupRole + " TO " + ident + " WITH ADMIN OPTION (as the role that created it); or install with the lock gateway (the chart's gateway.enabled)"}
 	}
 	if !createRole {
 		return Finding{Check: "privileges", Status: StatusWarn,
