@@ -155,3 +155,21 @@ func kebab(s string) string {
 	}
 	return b.String()
 }
+
+// Turning the gateway off in two steps: with gateway.drain the gateway keeps
+// serving (and the certificate keeps its name) while the webhook gives
+// namespaces roles again.
+func TestADrainingGatewayServesWhileTheWebhookMintsRoles(t *testing.T) {
+	t.Parallel()
+	m := helmTemplate(t, "dislock", "dislock-system", base("gateway.drain", true))
+	gatewayArgs(t, m, "dislock") // the gateway still runs
+	args := typed[appsv1.Deployment](t, m.get(t, "Deployment", "dislock-webhook")).Spec.Template.Spec.Containers[0].Args
+	for _, a := range args {
+		if strings.HasPrefix(a, "--tenant-gateway-url") {
+			t.Errorf("a draining gateway's webhook still mints gateway credentials: %s", a)
+		}
+	}
+	if !slices.Contains(args, "--cert-extra-dns-name=dislock-gateway.dislock-system.svc") {
+		t.Errorf("a draining gateway's certificate loses its name: %q", args)
+	}
+}
