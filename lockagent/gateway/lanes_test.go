@@ -107,25 +107,15 @@ func TestAFullQueueRefusesAtOnce(t *testing.T) {
 	unblock := blockViews(t, srv.BouncerDSN())
 	running := make(chan error, 1)
 	go func() { running <- recordView(ctx, c, ns) }()
-	awaitLane := func(want gateway.LaneStats) {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for gw.Server.Lanes()["decisions"] != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("decisions lane: %+v, want %+v", gw.Server.Lanes()["decisions"], want)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 	// The first call holds the one connection; two more fill the queue,
 	// one of them from a pod that stops waiting.
-	awaitLane(gateway.LaneStats{Running: 1})
+	awaitLane(t, gw, "decisions", gateway.LaneStats{Running: 1})
 	leaveCtx, leave := context.WithCancel(ctx)
 	left := make(chan error, 1)
 	queued := make(chan error, 1)
 	go func() { left <- recordView(leaveCtx, c, ns) }()
 	go func() { queued <- recordView(ctx, c, ns) }()
-	awaitLane(gateway.LaneStats{Queued: 2, Running: 1})
+	awaitLane(t, gw, "decisions", gateway.LaneStats{Queued: 2, Running: 1})
 	start := time.Now()
 	if err := recordView(ctx, c, ns); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("a call past the queue: %v, want ErrUnavailable", err)
@@ -137,7 +127,7 @@ func TestAFullQueueRefusesAtOnce(t *testing.T) {
 	if err := <-left; !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("the call whose pod left: %v", err)
 	}
-	awaitLane(gateway.LaneStats{Queued: 1, Running: 1})
+	awaitLane(t, gw, "decisions", gateway.LaneStats{Queued: 1, Running: 1})
 	unblock()
 	for _, ch := range []chan error{running, queued} {
 		if err := <-ch; err != nil {
@@ -193,13 +183,8 @@ func TestANamespaceStuckOnItsOwnRowLockDoesNotStallOthersRenewals(t *testing.T) 
 					_, _ = sc.Renew(ctx, store.Renewal{LeaseKey: stuck + "/x", LeaseToken: grant.Lease.Token, TTL: time.Hour})
 				}()
 			}
-			deadline := time.Now().Add(20 * time.Second)
-			for gw.Server.Lanes()["renewals"] != (gateway.LaneStats{Queued: 2, Running: 1}) {
-				if time.Now().After(deadline) {
-					t.Fatalf("renewals lane %+v, want the stuck namespace's three renewals: one running, two waiting", gw.Server.Lanes()["renewals"])
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			// The stuck namespace's three renewals: one running, two waiting.
+			awaitLane(t, gw, "renewals", gateway.LaneStats{Queued: 2, Running: 1})
 			for i := range 3 {
 				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				_, _, err := oc.Heartbeat(cctx, other+"/report", tick, store.NotIndexed, claim.Window.Token, 30*time.Second)

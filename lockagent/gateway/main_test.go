@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/gateway"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/migrate"
+	"github.com/dislock/dislock/test/gatewaytest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -42,4 +44,17 @@ func owner(cluster, ns, pod string) store.Owner {
 
 func claimRequest(key string, o store.Owner) store.ClaimRequest {
 	return store.ClaimRequest{Key: key, Window: tick, Index: store.NotIndexed, Owner: o, TTL: 30 * time.Second}
+}
+
+// awaitLane waits until the gateway's lane ("decisions", "renewals") is
+// doing exactly want.
+func awaitLane(t *testing.T, gw *gatewaytest.Gateway, lane string, want gateway.LaneStats) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for gw.Server.Lanes()[lane] != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s lane: %+v, want %+v", lane, gw.Server.Lanes()[lane], want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -110,19 +110,14 @@ func TestAClaimWhosePodStoppedWaitingRunsToItsEnd(t *testing.T) {
 				_, err := c.ClaimWindow(ctx, req)
 				done <- err
 			}()
-			deadline := time.Now().Add(20 * time.Second)
-			for gw.Server.Lanes()["decisions"].Running != 1 {
-				if time.Now().After(deadline) {
-					t.Fatal("the claim never started")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			awaitLane(t, gw, "decisions", gateway.LaneStats{Running: 1}) // the claim started
 			cancel()
 			if err := <-done; !errors.Is(err, store.ErrUnavailable) {
 				t.Fatalf("the abandoned claim: %v, want ErrUnavailable", err)
 			}
 			unblock()
 			var row store.Window
+			deadline := time.Now().Add(20 * time.Second)
 			for {
 				w, err := owner0.GetWindow(context.Background(), key, tick, store.NotIndexed)
 				if err == nil {
