@@ -77,14 +77,12 @@ func ProvisionGateway(ctx context.Context, st *store.Store, cluster, namespace s
 	digest := Digest(secret)
 	op := fmt.Sprintf("provisioning a gateway credential for namespace %s of cluster %s", namespace, cluster)
 	err = tenantTx(ctx, h, op, cluster, namespace, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, qNextTenantGeneration, cluster, namespace).Scan(&c.Generation); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, qSupersedeTenants, cluster, namespace); err != nil {
+		var err error
+		if c.Generation, err = nextGeneration(ctx, tx, cluster, namespace); err != nil {
 			return err
 		}
 		c.Name = gatewayRowName(cluster, namespace, c.Generation)
-		_, err := tx.Exec(ctx, qInsertGatewayCredential, c.Name, cluster, namespace, c.Generation, digest[:])
+		_, err = tx.Exec(ctx, qInsertGatewayCredential, c.Name, cluster, namespace, c.Generation, digest[:])
 		return err
 	})
 	if err != nil {

@@ -232,13 +232,11 @@ func Provision(ctx context.Context, st *store.Store, cluster, namespace string) 
 	c := Credential{Password: password, Namespace: namespace, Cluster: cluster}
 	op := fmt.Sprintf("provisioning a role for namespace %s of cluster %s", namespace, cluster)
 	err = tenantTx(ctx, h, op, cluster, namespace, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, qNextTenantGeneration, cluster, namespace).Scan(&c.Generation); err != nil {
+		var err error
+		if c.Generation, err = nextGeneration(ctx, tx, cluster, namespace); err != nil {
 			return err
 		}
 		c.Role = tenantRoleName(cluster, namespace, c.Generation)
-		if _, err := tx.Exec(ctx, qSupersedeTenants, cluster, namespace); err != nil {
-			return err
-		}
 		// Utility statements take no parameters; both values are built
 		// here from a hash and base64 and quoted anyway.
 		role := pgx.Identifier{c.Role}.Sanitize()
@@ -260,13 +258,25 @@ func Provision(ctx context.Context, st *store.Store, cluster, namespace string) 
 		if err := boundTenantTempFiles(ctx, tx, role); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, qInsertTenant, c.Role, cluster, namespace, c.Generation)
+		_, err = tx.Exec(ctx, qInsertTenant, c.Role, cluster, namespace, c.Generation)
 		return err
 	})
 	if err != nil {
 		return Credential{}, err
 	}
 	return c, nil
+}
+
+// nextGeneration is the (cluster, namespace) tenant's next generation, a
+// role's or a gateway credential's, with every live one superseded by it;
+// inside a tenants' transaction.
+func nextGeneration(ctx context.Context, tx pgx.Tx, cluster, namespace string) (int, error) {
+	var g int
+	if err := tx.QueryRow(ctx, qNextTenantGeneration, cluster, namespace).Scan(&g); err != nil {
+		return 0, err
+	}
+	_, err := tx.Exec(ctx, qSupersedeTenants, cluster, namespace)
+	return g, err
 }
 
 // Roles lists the live generations (newest first) with when they were
