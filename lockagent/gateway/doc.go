@@ -3,7 +3,8 @@
 // (store.Locks) on the pod's behalf, so that a tenant namespace holds no
 // database credential at all.
 //
-// Why it exists (docs/design.md, "One login, many namespaces"): with a
+// Why it exists (docs/design.md, "The lock gateway: one login, many
+// namespaces"): with a
 // PostgreSQL role per namespace, a pooler keeps a pool per role, so server
 // connections and logins grow with namespaces × clusters instead of with
 // load, and PgBouncer needs a superuser's auth_query to learn each role.
@@ -16,9 +17,11 @@
 // namespace and cluster, and never sees SQL.
 //
 // The wire is HTTPS: POST /v1/<call> with a JSON body and the namespace and
-// its credential as HTTP basic authentication (wire.go). Errors travel as
-// kinds that the Client turns back into the store package's errors, so the
-// agent decides the same way on either path.
+// its credential as HTTP basic authentication (internal/wire). Errors travel
+// as kinds that the pods' client (lockagent/gateway/client) turns back into
+// the store package's errors, so the agent decides the same way on either
+// path. Which namespace a credential belongs to the database says
+// (credentials.go); `dislock gateway` (internal/gatewaycmd) runs the server.
 //
 // The server (server.go) keeps two lanes, each with its own connections:
 // decisions (the herd at the top of the hour) and renewals (heartbeats,
@@ -31,5 +34,6 @@
 // refused at once as unavailable, and the pod retries later as it does when
 // the database is unreachable.
 //
-// The package imports no Kubernetes code: the agent links the client.
+// The sidecar links the client and the wire only, never this package
+// (test/repo checks it); no part imports Kubernetes code.
 package gateway
