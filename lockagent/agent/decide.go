@@ -295,7 +295,7 @@ func (a *agent) claimWindow(ctx context.Context) (store.Claim, string, error) {
 		a.noteDisagreement(v, claim.Others)
 		if err == nil {
 			a.windowToken = claim.Window.Token
-			a.windowUntil = a.safeFrom(sent)
+			a.windowUntil = a.safeFrom(sent, claim.Waited)
 			return claim, "", nil
 		}
 		if errors.Is(err, store.ErrWindowStale) {
@@ -422,7 +422,7 @@ func (a *agent) acquireLease(ctx context.Context, tookOver bool) (store.LeaseGra
 		})
 		if err == nil {
 			a.leaseToken = grant.Lease.Token
-			a.leaseUntil = a.safeFrom(sent)
+			a.leaseUntil = a.safeFrom(sent, grant.Waited)
 			return grant, "", nil
 		}
 		if errors.Is(err, store.ErrCompletionModesDisagree) {
@@ -451,16 +451,21 @@ func (a *agent) acquireLease(ctx context.Context, tookOver bool) (store.LeaseGra
 			}); err != nil {
 				return grant, "", err
 			}
-			a.windowUntil = a.safeFrom(sent)
+			a.windowUntil = a.safeFrom(sent, 0)
 		}
 	}
 }
 
 // safeFrom is the safety deadline earned by a grant or renewal sent at local
-// monotonic time sent: the database computed the expiry from a now() no
-// earlier than that, so sent + ttl − margin is before the expiry.
-func (a *agent) safeFrom(sent int64) int64 {
-	return sent + int64(a.cfg.TTL-a.cfg.Margin())
+// monotonic time sent that waited so long before it started on the database
+// (store.Claim.Waited: a lock gateway's queue): the database computed the
+// expiry from a now() no earlier than sent + waited, so that + ttl − margin
+// is before the expiry. A herd's claims queue in their gateway; counted
+// from when they were sent, a claim that queued longer than the margin
+// would reach its pod with its deadline spent, and every such pod would
+// renew before it runs, behind the same herd.
+func (a *agent) safeFrom(sent int64, waited time.Duration) int64 {
+	return sent + int64(waited) + int64(a.cfg.TTL-a.cfg.Margin())
 }
 
 // deadline is the earliest safety deadline of what this pod holds that

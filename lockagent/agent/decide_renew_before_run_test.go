@@ -2,14 +2,18 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dislock/dislock/lockagent/gateway"
 	"github.com/dislock/dislock/lockagent/protocol"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/test/gatewaytest"
 	"github.com/dislock/dislock/test/pgtest"
 )
 
@@ -74,4 +78,91 @@ func TestARunWhoseDeadlineWasUsedUpWaitingRenewsBeforeItRuns(t *testing.T) {
 	if code := a.finish(); code != 0 || a.decision().Action != protocol.ActionRun {
 		t.Fatalf("dc-a exited %d, decision %+v:\n%s", code, a.decision(), a.agentLog)
 	}
+}
+
+// A claim that queued in its lock gateway longer than the lease's margin —
+// a herd's claims do — reaches its pod with the deadline counted from when
+// the claim started on the database, not from when the pod sent it: the
+// pod runs without first renewing behind the same herd, and its deadline
+// still ends before the database's expiry.
+func TestAClaimThatQueuedInTheGatewayRunsWithoutRenewingFirst(t *testing.T) {
+	const ttl = 3 * time.Second // a deadline ttl − margin = 2 s after the claim starts
+	srv := pgtest.Need(t)
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			j := newJob(t, tg.DSN, "schedule", ttl)
+			ns, _, _ := strings.Cut(j.key, "/")
+			var mu sync.Mutex
+			var renewedAt []int64 // CLOCK_MONOTONIC ns of each renewal's answer
+			gw := gatewaytest.Start(t, j.dsn, gateway.Config{Cluster: "dc-a", DecisionConns: 1,
+				Observe: func(call, answer string, _ time.Duration) {
+					if call == "renew" {
+						mu.Lock()
+						renewedAt = append(renewedAt, protocol.MonotonicNow())
+						mu.Unlock()
+					}
+				}})
+			j.gateways = map[string]*gatewaytest.Gateway{"dc-a": gw}
+			// Another call holds the gateway's one decision connection,
+			// stuck on the views' lock, so the pod's claim queues.
+			ctx := context.Background()
+			su, err := pgx.Connect(ctx, srv.SuperuserDSN())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer su.Close(ctx)
+			tx, err := su.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
+			if _, err := tx.Exec(ctx, "LOCK TABLE dislock.views IN EXCLUSIVE MODE"); err != nil {
+				t.Fatal(err)
+			}
+			c := gw.Client(t, ns)
+			stuck := make(chan error, 1)
+			go func() {
+				_, err := c.RecordView(ctx, ns+"/other", "dc-a", store.View{Schedule: "* * * * *"}, time.Hour)
+				stuck <- err
+			}()
+			awaitGatewayLane(t, gw, gateway.LaneStats{Running: 1})
+			po := j.sidecar(t, podSpec{cluster: "dc-a", window: tick0, app: app(0.2, 0)})
+			po.startWrapper()
+			awaitGatewayLane(t, gw, gateway.LaneStats{Queued: 1, Running: 1})
+			queuedAt := protocol.MonotonicNow()
+			// The claim waits in the queue past ttl − margin.
+			time.Sleep(ttl)
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-stuck; err != nil {
+				t.Fatal(err)
+			}
+			if code := po.finish(); code != 0 {
+				t.Fatalf("the app's container exited %d:\n%s\n%s", code, po.agentLog, po.wrapperLog)
+			}
+			d := po.decision()
+			if d.Action != protocol.ActionRun {
+				t.Fatalf("decision %+v, want run", d)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, at := range renewedAt {
+				if at < d.DecidedAt {
+					t.Errorf("the pod renewed %s before it decided to run, behind the queue its claim waited in", time.Duration(d.DecidedAt-at))
+				}
+			}
+			if d.DecidedAt-queuedAt < int64(ttl-ttl/3) {
+				t.Fatalf("the claim was answered %s after it queued, within the deadline a claim earns: the story proves nothing", time.Duration(d.DecidedAt-queuedAt))
+			}
+		})
+	}
+}
+
+// awaitGatewayLane waits until gw's decisions lane is doing exactly want.
+func awaitGatewayLane(t *testing.T, gw *gatewaytest.Gateway, want gateway.LaneStats) {
+	t.Helper()
+	await(t, fmt.Sprintf("the gateway's decisions lane at %+v", want), 30*time.Second, func() bool {
+		return gw.Server.Lanes()["decisions"] == want
+	})
 }

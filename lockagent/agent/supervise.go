@@ -109,16 +109,16 @@ func (a *agent) heartbeat(ctx context.Context) error {
 	sent := protocol.MonotonicNow()
 	callCtx, cancel := context.WithTimeout(ctx, a.callTimeout())
 	defer cancel()
-	_, err := a.store.Renew(callCtx, store.Renewal{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, WindowToken: a.windowToken,
+	r, err := a.store.Renew(callCtx, store.Renewal{Key: a.cfg.Key, Window: a.window, Index: a.cfg.JobIndex, WindowToken: a.windowToken,
 		LeaseKey: a.leaseKey(), LeaseToken: a.leaseToken, TTL: a.cfg.TTL})
 	if err != nil {
 		return err
 	}
 	if a.windowToken != 0 {
-		a.windowUntil = a.safeFrom(sent)
+		a.windowUntil = a.safeFrom(sent, r.Waited)
 	}
 	if a.leaseToken != 0 {
-		a.leaseUntil = a.safeFrom(sent)
+		a.leaseUntil = a.safeFrom(sent, r.Waited)
 	}
 	if dl := a.deadline(); dl != 0 {
 		return a.dir.WriteDeadline(dl)
@@ -297,7 +297,7 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 			a.revoke(fmt.Sprintf("re-entering the window after a restart: the claim had lapsed (%s with token %d, had %d)", claim.Outcome, claim.Window.Token, prev.Token))
 			return
 		}
-		a.windowToken, a.windowUntil = claim.Window.Token, a.safeFrom(sent)
+		a.windowToken, a.windowUntil = claim.Window.Token, a.safeFrom(sent, claim.Waited)
 	}
 	if a.cfg.Mode.Lease {
 		sent := protocol.MonotonicNow()
@@ -307,7 +307,7 @@ func (a *agent) resume(ctx context.Context, prev protocol.Decision) {
 			return err
 		})
 		if err == nil {
-			a.leaseToken, a.leaseUntil = grant.Lease.Token, a.safeFrom(sent)
+			a.leaseToken, a.leaseUntil = grant.Lease.Token, a.safeFrom(sent, grant.Waited)
 		}
 		if err != nil || grant.Lease.Token != prev.Token {
 			// A new token means the old lease expired while the agent was

@@ -94,6 +94,67 @@ func TestRenewalsDoNotWaitBehindDecisions(t *testing.T) {
 	}
 }
 
+// A claim that queued in the gateway says how long it waited before it
+// started on the database, and never more than its pod waited for it: the
+// pod's safety deadline counts from that start (a herd's claims queue far
+// longer than a lease's margin), and counting past it would outlive the
+// database's expiry.
+func TestAQueuedClaimSaysHowLongItWaitedInTheGateway(t *testing.T) {
+	srv := pgtest.Need(t)
+	for _, tg := range srv.Targets() {
+		t.Run(tg.Name, func(t *testing.T) {
+			migrated(t, tg.DSN)
+			gw := gatewaytest.Start(t, tg.DSN, gateway.Config{DecisionConns: 1})
+			ns := namespace()
+			c := gw.Client(t, ns)
+			ctx := context.Background()
+			unblock := blockViews(t, tg.DSN)
+			stuck := make(chan error, 1)
+			go func() { stuck <- recordView(ctx, c, ns) }()
+			awaitLane(t, gw, "decisions", gateway.LaneStats{Running: 1})
+			type answer struct {
+				claim    store.Claim
+				err      error
+				sent, at time.Time
+			}
+			answered := make(chan answer, 1)
+			go func() {
+				sent := time.Now()
+				claim, err := c.ClaimWindow(ctx, claimRequest(ns+"/report", owner("dc-a", ns, "p")))
+				answered <- answer{claim, err, sent, time.Now()}
+			}()
+			awaitLane(t, gw, "decisions", gateway.LaneStats{Queued: 1, Running: 1})
+			queuedAt := time.Now()
+			// The claim's time in the queue, long enough to tell from a
+			// call's own run.
+			time.Sleep(300 * time.Millisecond)
+			freedAt := time.Now()
+			unblock()
+			if err := <-stuck; err != nil {
+				t.Fatal(err)
+			}
+			a := <-answered
+			if a.err != nil {
+				t.Fatal(a.err)
+			}
+			if least := freedAt.Sub(queuedAt); a.claim.Waited < least {
+				t.Errorf("the claim says it waited %s; it was queued for at least %s", a.claim.Waited, least)
+			}
+			if most := a.at.Sub(a.sent); a.claim.Waited > most {
+				t.Errorf("the claim says it waited %s; its pod waited %s for the answer", a.claim.Waited, most)
+			}
+			// Unqueued, the next call's wait is its own reading and checking.
+			r, err := c.Renew(ctx, store.Renewal{Key: ns + "/report", Window: tick, Index: store.NotIndexed, WindowToken: a.claim.Window.Token, TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Waited >= a.claim.Waited {
+				t.Errorf("an unqueued renewal says it waited %s, as long as the queued claim (%s)", r.Waited, a.claim.Waited)
+			}
+		})
+	}
+}
+
 // Past its bound a lane's queue refuses a call at once as unavailable (the
 // pod retries later, as it does when the database is down), and a call
 // whose pod stopped waiting before it started never runs.

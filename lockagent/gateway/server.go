@@ -230,6 +230,7 @@ func (s *Server) Lanes() map[string]LaneStats {
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now()
 	name, ok := strings.CutPrefix(r.URL.Path, wire.PathPrefix)
 	c, known := s.calls[name]
 	if known && s.cfg.Observe != nil {
@@ -261,14 +262,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var result any
+	var waited time.Duration
 	run, err := c.prepare(s, ns, body)
 	if err == nil {
 		result, err = c.lane.serve(r.Context(), ns, s.cfg.CallTimeout, func(ctx context.Context) (any, error) {
+			waited = time.Since(arrived)
 			return run(ctx, c.lane.locks)
 		})
 	}
 	if err == nil {
-		answer(w, http.StatusOK, result, nil)
+		answerWaited(w, http.StatusOK, result, waited, nil)
 		return
 	}
 	kind := wire.KindOf(err)
@@ -281,7 +284,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "forbidden":
 		status = http.StatusForbidden
 	}
-	answer(w, status, result, &wire.Error{Kind: kind, Message: err.Error()})
+	answerWaited(w, status, result, waited, &wire.Error{Kind: kind, Message: err.Error()})
 }
 
 // refused logs a refused credential, at most once a second: anyone who
@@ -305,6 +308,12 @@ type observed struct {
 }
 
 func answer(w http.ResponseWriter, status int, result any, e *wire.Error) {
+	answerWaited(w, status, result, 0, e)
+}
+
+// answerWaited is answer for a call that ran after waiting so long in the
+// gateway.
+func answerWaited(w http.ResponseWriter, status int, result any, waited time.Duration, e *wire.Error) {
 	if o, ok := w.(*observed); ok && e != nil {
 		o.answer = e.Kind
 		if o.answer == "" {
@@ -313,7 +322,7 @@ func answer(w http.ResponseWriter, status int, result any, e *wire.Error) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(wire.Reply{V: wire.Version, Result: result, Error: e})
+	_ = json.NewEncoder(w).Encode(wire.Reply{V: wire.Version, Result: result, Error: e, Waited: waited})
 }
 
 // prepare reads a call's body into a Req, checks it, and returns what runs

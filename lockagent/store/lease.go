@@ -29,6 +29,8 @@ type LeaseGrant struct {
 	Reentered bool
 	// DBTime is now() of the statement that decided.
 	DBTime time.Time
+	// Waited: as Claim.Waited.
+	Waited time.Duration `json:"-"`
 }
 
 // AcquireLease takes a free or expired lease, or re-enters the caller's own.

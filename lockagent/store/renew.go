@@ -28,6 +28,8 @@ type Renewal struct {
 // asked) and the database time.
 type Renewed struct {
 	WindowUntil, LeaseUntil, DBTime time.Time
+	// Waited: as Claim.Waited.
+	Waited time.Duration `json:"-"`
 }
 
 // Renew extends, in one round trip and one commit, the liveness of the

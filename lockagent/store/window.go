@@ -104,6 +104,13 @@ type Claim struct {
 	// Others are the other clusters' recent views that differ from the
 	// request's View (none when it had none).
 	Others []ClusterView
+	// Waited is how long the call waited after it was sent before it
+	// started on the database, as far as its path can tell: a lock
+	// gateway's queue (lockagent/gateway/client sets it from the
+	// gateway's answer); 0 straight to the database. The grant runs from
+	// no earlier than that start, so the holder's safety deadline may
+	// count from it.
+	Waited time.Duration `json:"-"`
 }
 
 // ViewRefresh is how old a cluster's unchanged view may grow before a claim

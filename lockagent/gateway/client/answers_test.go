@@ -102,3 +102,42 @@ func TestARedirectIsNotFollowed(t *testing.T) {
 		t.Fatal("the redirect was followed, credential and all")
 	}
 }
+
+// A gateway's word on how long a call queued moves the pod's safety
+// deadline, so it is taken only up to the time the pod itself waited for
+// the answer: a gateway cannot have queued a call longer than that, and a
+// figure past it (a bug, a clock gone wrong) would let the pod trust its
+// grant past the database's expiry.
+func TestAGatewaysQueueTimeIsNeverTakenPastThePodsOwnWait(t *testing.T) {
+	c := answering(t, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"v":1,"waited":3600000000000,"result":{"Outcome":"claimed","Window":{"token":5},"Lease":{"token":6,"expireAt":"2026-12-06T06:01:00Z"},"WindowUntil":"2026-12-06T06:01:00Z","LeaseUntil":"2026-12-06T06:01:00Z","DBTime":"2026-12-06T06:00:00Z"}}`)
+	})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		call string
+		do   func() (time.Duration, error)
+	}{
+		{"claim", func() (time.Duration, error) {
+			r, err := c.ClaimWindow(ctx, store.ClaimRequest{Key: "ns/report", Window: tick, Index: store.NotIndexed, Owner: owner, TTL: time.Minute})
+			return r.Waited, err
+		}},
+		{"lease", func() (time.Duration, error) {
+			r, err := c.AcquireLease(ctx, "ns/report", owner, time.Minute)
+			return r.Waited, err
+		}},
+		{"renew", func() (time.Duration, error) {
+			r, err := c.Renew(ctx, store.Renewal{Key: "ns/report", Window: tick, Index: store.NotIndexed, WindowToken: 5, LeaseKey: "ns/report", LeaseToken: 6, TTL: time.Minute})
+			return r.Waited, err
+		}},
+	} {
+		start := time.Now()
+		waited, err := tc.do()
+		took := time.Since(start)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.call, err)
+		}
+		if waited <= 0 || waited > took {
+			t.Errorf("%s: the gateway said it queued the call for an hour; taken as %s, for a call answered in %s", tc.call, waited, took)
+		}
+	}
+}

@@ -147,50 +147,66 @@ func (c *Client) Close() { c.http.CloseIdleConnections() }
 // got no answer is ErrUnavailable: it may or may not have run, as a
 // statement whose reply was lost.
 func (c *Client) call(ctx context.Context, name string, req, result any) error {
+	_, err := c.callWaited(ctx, name, req, result)
+	return err
+}
+
+// callWaited is call, also returning how long the call waited in the
+// gateway before it started on the database, never more than it took
+// here: a gateway cannot have queued a call longer than its pod waited
+// for the answer, so a larger figure is taken for the pod's own.
+func (c *Client) callWaited(ctx context.Context, name string, req, result any) (time.Duration, error) {
+	sent := time.Now()
+	waited, err := c.exchange(ctx, name, req, result)
+	return min(max(waited, 0), time.Since(sent)), err
+}
+
+func (c *Client) exchange(ctx context.Context, name string, req, result any) (time.Duration, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
-		return fmt.Errorf("lock gateway %s: encoding the request: %w", name, err)
+		return 0, fmt.Errorf("lock gateway %s: encoding the request: %w", name, err)
 	}
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+name, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("lock gateway %s: %w", name, err)
+		return 0, fmt.Errorf("lock gateway %s: %w", name, err)
 	}
 	hr.SetBasicAuth(c.namespace, c.secret)
 	hr.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(hr)
 	if err != nil {
-		return fmt.Errorf("lock gateway %s: %w at %s: %v", name, store.ErrUnavailable, c.addr, err)
+		return 0, fmt.Errorf("lock gateway %s: %w at %s: %v", name, store.ErrUnavailable, c.addr, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, wire.MaxBody))
 	if err != nil {
-		return fmt.Errorf("lock gateway %s: %w at %s: reading the answer: %v", name, store.ErrUnavailable, c.addr, err)
+		return 0, fmt.Errorf("lock gateway %s: %w at %s: reading the answer: %v", name, store.ErrUnavailable, c.addr, err)
 	}
 	var r struct {
 		V      int             `json:"v"`
 		Result json.RawMessage `json:"result"`
 		Error  *wire.Error     `json:"error"`
+		Waited time.Duration   `json:"waited"`
 	}
 	if err := json.Unmarshal(raw, &r); err != nil || r.V != wire.Version || (r.Error == nil && (resp.StatusCode != http.StatusOK || len(r.Result) == 0 || string(r.Result) == "null")) {
 		// Not the gateway's answer: a proxy's page, another service, or
 		// a gateway cut off mid-answer. Never a grant.
-		return fmt.Errorf("lock gateway %s: %w at %s: answered %s, not as a lock gateway of version %d does: %.200q", name, store.ErrUnavailable, c.addr, resp.Status, wire.Version, raw)
+		return 0, fmt.Errorf("lock gateway %s: %w at %s: answered %s, not as a lock gateway of version %d does: %.200q", name, store.ErrUnavailable, c.addr, resp.Status, wire.Version, raw)
 	}
 	if result != nil && len(r.Result) > 0 && string(r.Result) != "null" {
 		if err := json.Unmarshal(r.Result, result); err != nil {
-			return fmt.Errorf("lock gateway %s: %w at %s: decoding the answer: %v", name, store.ErrUnavailable, c.addr, err)
+			return 0, fmt.Errorf("lock gateway %s: %w at %s: decoding the answer: %v", name, store.ErrUnavailable, c.addr, err)
 		}
 	}
 	if r.Error == nil {
-		return nil
+		return r.Waited, nil
 	}
 	err = wire.Err(r.Error)
 	if r.Error.Kind == "" && resp.StatusCode >= 500 {
 		// The gateway failed without saying how the database answered:
 		// as with no answer, the call may or may not have run.
-		return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
+		return 0, fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 	}
-	return err
+	return r.Waited, err
 }
 
 // Now implements store.Locks.
@@ -211,7 +227,8 @@ func (c *Client) RecordView(ctx context.Context, key, cluster string, v store.Vi
 // token is no grant: the pod must never run on it.
 func (c *Client) ClaimWindow(ctx context.Context, req store.ClaimRequest) (store.Claim, error) {
 	var r store.Claim
-	err := c.call(ctx, wire.Claim, req, &r)
+	var err error
+	r.Waited, err = c.callWaited(ctx, wire.Claim, req, &r)
 	if err == nil && (r.Outcome == "" || r.Window.Token <= 0) {
 		return store.Claim{}, fmt.Errorf("lock gateway claim: %w at %s: a grant without an outcome or a token", store.ErrUnavailable, c.addr)
 	}
@@ -228,7 +245,8 @@ func (c *Client) WindowAt(ctx context.Context, key string, window time.Time, ind
 // AcquireLease implements store.Locks.
 func (c *Client) AcquireLease(ctx context.Context, key string, owner store.Owner, ttl time.Duration) (store.LeaseGrant, error) {
 	var r store.LeaseGrant
-	err := c.call(ctx, wire.Lease, wire.LeaseRequest{Key: key, Owner: owner, TTL: ttl}, &r)
+	var err error
+	r.Waited, err = c.callWaited(ctx, wire.Lease, wire.LeaseRequest{Key: key, Owner: owner, TTL: ttl}, &r)
 	if err == nil && (r.Lease.Token <= 0 || r.Lease.ExpireAt.IsZero()) {
 		return store.LeaseGrant{}, fmt.Errorf("lock gateway lease: %w at %s: a grant without a token or an expiry", store.ErrUnavailable, c.addr)
 	}
@@ -245,7 +263,8 @@ func (c *Client) Heartbeat(ctx context.Context, key string, window time.Time, in
 // Renew implements store.Locks.
 func (c *Client) Renew(ctx context.Context, req store.Renewal) (store.Renewed, error) {
 	var r store.Renewed
-	err := c.call(ctx, wire.Renew, req, &r)
+	var err error
+	r.Waited, err = c.callWaited(ctx, wire.Renew, req, &r)
 	// What was asked is what has a token, as store.Renew reads it: the
 	// agent names its lease's key even when its mode takes no lease.
 	if err == nil && (r.DBTime.IsZero() || (req.WindowToken != 0 && r.WindowUntil.IsZero()) || (req.LeaseToken != 0 && r.LeaseUntil.IsZero())) {

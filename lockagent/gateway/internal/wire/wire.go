@@ -97,6 +97,11 @@ type Reply struct {
 	V      int    `json:"v"`
 	Result any    `json:"result,omitempty"`
 	Error  *Error `json:"error,omitempty"`
+	// Waited is how long the call waited in the gateway, from its arrival
+	// until it started on the database (its queue, mostly): what a grant
+	// or renewal earns runs from that start (store.Claim.Waited). Absent
+	// from a gateway that does not say, and then 0.
+	Waited time.Duration `json:"waited,omitempty"`
 }
 
 // Error is an error on the wire: its message and its kind (kinds).
