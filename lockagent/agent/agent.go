@@ -339,8 +339,9 @@ func (a *agent) retryPaced(ctx context.Context, what string, callTimeout time.Du
 // lapseBound is when a claim whose safety deadline is until (CLOCK_MONOTONIC
 // ns) can no longer be alive in the database: the deadline is a margin
 // (ttl/3) before the expiry the last renewal earned, counted from when it
-// was sent; the database counted from when it ran, at most a call timeout
-// later: StartTimeout when the claim itself earned it (see retry).
+// was sent (and waited, see safeFrom); the database counted from when it
+// ran, at most a call timeout after it was sent: StartTimeout when the
+// claim itself earned it (see retry).
 func (a *agent) lapseBound(until int64) int64 {
 	return until + int64(a.cfg.Margin()+max(a.callTimeout(), a.cfg.StartTimeout))
 }

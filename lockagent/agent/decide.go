@@ -460,12 +460,17 @@ func (a *agent) acquireLease(ctx context.Context, tookOver bool) (store.LeaseGra
 // monotonic time sent that waited so long before it started on the database
 // (store.Claim.Waited: a lock gateway's queue): the database computed the
 // expiry from a now() no earlier than sent + waited, so that + ttl − margin
-// is before the expiry. A herd's claims queue in their gateway; counted
+// is before the expiry, and no call of the pod's that lands later moves the
+// expiry back (schema 15). A herd's claims queue in their gateway; counted
 // from when they were sent, a claim that queued longer than the margin
 // would reach its pod with its deadline spent, and every such pod would
 // renew before it runs, behind the same herd.
+//
+// The wait is counted on the gateway's clock: at most a ttl of it is
+// taken, so that a clock running fast there errs by no more than the
+// pod's own clock may over the ttl it counts anyway.
 func (a *agent) safeFrom(sent int64, waited time.Duration) int64 {
-	return sent + int64(waited) + int64(a.cfg.TTL-a.cfg.Margin())
+	return sent + int64(min(waited, a.cfg.TTL)) + int64(a.cfg.TTL-a.cfg.Margin())
 }
 
 // deadline is the earliest safety deadline of what this pod holds that

@@ -159,6 +159,67 @@ func TestRenewWorksOnASchema10Database(t *testing.T) {
 	}
 }
 
+// A renewal the pod gave up on may still land after the pod's next one
+// succeeded (a lock gateway runs a started call to its end): landing
+// last, with an earlier now(), it must not move the expiries back before
+// those the pod was answered, which its safety deadline counts on.
+func TestARenewalLandingLateDoesNotMoveTheExpiriesBack(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
+		ctx := context.Background()
+		key, _, _, both := holdWindowAndLease(t, s)
+		// The late renewal: its transaction, and so its now(), began first.
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		late, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer late.Rollback(ctx) //nolint:errcheck // committed below
+		var lateNow time.Time
+		if err := late.QueryRow(ctx, "SELECT now()").Scan(&lateNow); err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.Renew(ctx, both)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !lateNow.Before(r.DBTime) {
+			t.Fatalf("the late renewal's now() %s is not before the answered one's %s: the story proves nothing", lateNow, r.DBTime)
+		}
+		var windowUntil, leaseUntil time.Time
+		if err := late.QueryRow(ctx, `SELECT window_until, lease_until FROM dislock.renew($1, $2, $3, $4, $5, $6, $7)`,
+			both.Key, both.Window, both.Index, both.WindowToken, both.LeaseKey, both.LeaseToken, both.TTL.Microseconds()).Scan(&windowUntil, &leaseUntil); err != nil {
+			t.Fatal(err)
+		}
+		if err := late.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		w, err := s.GetWindow(ctx, key, storetest.WindowAt(0), store.NotIndexed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, _, err := s.GetLease(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !w.AliveUntil.Equal(r.WindowUntil) || !l.ExpireAt.Equal(r.LeaseUntil) {
+			t.Fatalf("after the late renewal (now() %s) the window is alive until %s and the lease until %s; the pod was answered %s and %s",
+				lateNow, w.AliveUntil, l.ExpireAt, r.WindowUntil, r.LeaseUntil)
+		}
+		// What ends a hold still ends it.
+		if _, err := s.ReleaseLease(ctx, key, both.LeaseToken); err != nil {
+			t.Fatal(err)
+		}
+		if l, now, err := s.GetLease(ctx, key); err != nil || l.ExpireAt.After(now) {
+			t.Fatalf("after its release the lease expires at %s (now %s, %v)", l.ExpireAt, now, err)
+		}
+	})
+}
+
 // holdWindowAndLease claims window 0 of a fresh key and takes its lease, as
 // one pod, and returns the renewal of both by an hour.
 func holdWindowAndLease(t *testing.T, s *store.Store) (string, store.Claim, store.LeaseGrant, store.Renewal) {
