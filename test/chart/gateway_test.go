@@ -29,6 +29,36 @@ func gatewayArgs(t *testing.T, m manifest, release string) []string {
 	return append([]string{"--database-url=" + testURL}, c.Args[1:]...)
 }
 
+// With a ServiceMonitor asked for, Prometheus scrapes the gateway's
+// metrics as it does the webhook's: each monitor selects its own Service's
+// labels, and the port it scrapes is one that Service has.
+func TestTheGatewaysMetricsAreScrapedWithTheWebhooks(t *testing.T) {
+	t.Parallel()
+	m := helmTemplate(t, "dislock", "dislock-system", base("gateway.enabled", true, "serviceMonitor.enabled", true))
+	for _, name := range []string{"dislock-webhook", "dislock-gateway"} {
+		mon := m.get(t, "ServiceMonitor", name)
+		sel, _, _ := unstructured.NestedStringMap(mon.Object, "spec", "selector", "matchLabels")
+		svc := m.get(t, "Service", name)
+		labels := svc.GetLabels()
+		for k, v := range sel {
+			if labels[k] != v {
+				t.Errorf("ServiceMonitor %s selects %s=%s; Service %s has %q", name, k, v, name, labels[k])
+			}
+		}
+		endpoints, _, _ := unstructured.NestedSlice(mon.Object, "spec", "endpoints")
+		ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+		for _, e := range endpoints {
+			port := e.(map[string]any)["port"]
+			if !slices.ContainsFunc(ports, func(p any) bool { return p.(map[string]any)["name"] == port }) {
+				t.Errorf("ServiceMonitor %s scrapes port %v, which Service %s does not have", name, port, name)
+			}
+		}
+	}
+	if mon := helmTemplate(t, "dislock", "dislock-system", base("serviceMonitor.enabled", true)).find("ServiceMonitor", "dislock-gateway"); mon != nil {
+		t.Error("without the gateway, a ServiceMonitor for it is rendered")
+	}
+}
+
 // With gateway.enabled the chart runs the lock gateway with arguments it
 // starts with, and the webhook mints gateway credentials whose URL names
 // the gateway's Service, trusting the CA of a certificate that names it
