@@ -450,7 +450,7 @@ func (h *herd) warmGateways(b testing.TB) {
 // likes, and only a herd keeps all of them busy at once.
 func (h *herd) warmGatewayBackends(b testing.TB, mode contract.Mode) {
 	const keys = 100
-	if r := h.run(b, keys, mode, 0, viaGateway); r.late || r.errors+r.undecided > 0 {
+	if r := h.run(b, keys, mode, 0, viaGateway, false); r.late || r.errors+r.undecided > 0 {
 		b.Fatalf("warming the gateways' backends: %d error decisions, %d undecided (late: %t); a warning: %s", r.errors, r.undecided, r.late, r.firstIssue)
 	}
 }

@@ -50,6 +50,7 @@ var (
 	herdDrainLimit  = flag.Duration("herd.drain-limit", 45*time.Second, "BenchmarkHerd: pods undecided this long after the herd began count as errors")
 	herdRecordLimit = flag.Duration("herd.record-limit", 20*time.Second, "BenchmarkHerd: winners still recording this long after their apps ended count as errors")
 	herdBaseline    = flag.Duration("herd.pgbench", 10*time.Second, "BenchmarkHerd: how long pgbench runs the heartbeat statement")
+	herdCold        = flag.Bool("herd.cold", false, "BenchmarkHerd: after each herd, the same herd again with every PgBouncer's server connections closed first, as an hourly job finds them after server_idle_timeout")
 )
 
 // herdTTL is the default lease TTL (dislock.io/lease-ttl): a heartbeat
@@ -133,6 +134,7 @@ func (p *herdPod) getenv(k string) string { return p.env[k] }
 // herdRow is one line of the capacity table.
 type herdRow struct {
 	via                    herdPath
+	cold                   bool // the bouncers' server connections closed before the herd
 	keys, pods             int
 	drain, p50, p99, pmax  time.Duration
 	errors, retries, warns int64
@@ -229,18 +231,21 @@ func BenchmarkHerd(b *testing.B) {
 			if via == viaGateway {
 				name = "gateway/" + name
 			}
-			rows = append(rows, h.bench(b, name, m, mode, via)...)
+			rows = append(rows, h.bench(b, name, m, mode, via, false)...)
+			if *herdCold {
+				rows = append(rows, h.bench(b, name+"/cold", m, mode, via, true)...)
+			}
 		}
 	}
 	h.report(rows, limit, byConnections)
 }
 
 // bench runs one size's herd as a sub-benchmark and reports its metrics.
-func (h *herd) bench(b *testing.B, name string, m int, mode contract.Mode, via herdPath) []herdRow {
+func (h *herd) bench(b *testing.B, name string, m int, mode contract.Mode, via herdPath, cold bool) []herdRow {
 	var rows []herdRow
 	b.Run(name, func(b *testing.B) {
 		for range b.N {
-			r := h.run(b, m, mode, *herdRun, via)
+			r := h.run(b, m, mode, *herdRun, via, cold)
 			r.pgbenchTPS = h.heartbeatTPS
 			rows = append(rows, r)
 			b.ReportMetric(r.herd.WALBytes/float64(m), "WAL-B/window")
@@ -403,7 +408,12 @@ func newHerd(b testing.TB, maxKeys, clusters, pool int) *herd {
 // open files and no more (no CAP_SYS_RESOURCE), and a cluster's 10 000 pods
 // each hold a connection, as its PgBouncer holds one per pod. The pods
 // reach the database as via says.
-func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration, via herdPath) herdRow {
+//
+// With cold, every PgBouncer's server connections are closed before the
+// herd: the pools as an hourly job finds them, PgBouncer having closed
+// them after server_idle_timeout. Its clients' connections to PgBouncer
+// stay, as a gateway's do.
+func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration, via herdPath, cold bool) herdRow {
 	ctx := context.Background()
 	h.runs++
 	var now time.Time
@@ -445,6 +455,9 @@ func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration, 
 	} else {
 		h.warm(b)
 	}
+	if cold {
+		h.closeServerConnections(b)
+	}
 	if err := benchscale.ResetStatements(ctx, h.watch.DB); err != nil {
 		b.Fatal(err)
 	}
@@ -456,7 +469,7 @@ func (h *herd) run(b testing.TB, m int, mode contract.Mode, hold time.Duration, 
 		hc.send("go")
 	}
 	var r herdRow
-	r.keys, r.pods, r.via = m, m*len(clusters), via
+	r.keys, r.pods, r.via, r.cold = m, m*len(clusters), via, cold
 	var lat []time.Duration
 	runs := map[string]int{}
 	// A key whose own pods all decided without error must have run
@@ -1099,6 +1112,49 @@ func (h *herd) warm(b testing.TB) {
 	}
 }
 
+// path names the row's path in the tables: "gateway", "PgBouncer, cold"…
+func (r herdRow) path() string {
+	if r.cold {
+		return string(r.via) + ", cold"
+	}
+	return string(r.via)
+}
+
+// closeServerConnections has every bouncer close its server connections
+// (RECONNECT: each once released, and they all are between herds) and
+// waits until none is left.
+func (h *herd) closeServerConnections(b testing.TB) {
+	ctx := context.Background()
+	for _, admin := range h.watch.Admin {
+		if _, err := admin.Exec(ctx, "RECONNECT"); err != nil {
+			b.Fatalf("closing the bouncers' server connections: %v", err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		open := 0
+		for _, admin := range h.watch.Admin {
+			rows, err := admin.Query(ctx, "SHOW SERVERS")
+			if err != nil {
+				b.Fatalf("counting the bouncers' server connections: %v", err)
+			}
+			for rows.Next() {
+				open++
+			}
+			if err := rows.Err(); err != nil {
+				b.Fatalf("counting the bouncers' server connections: %v", err)
+			}
+		}
+		if open == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d server connections still open 30 s after RECONNECT", open)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // read takes the counters, failing the benchmark on error.
 func (h *herd) read(b testing.TB) benchscale.Counters {
 	c, err := h.watch.Read(context.Background())
@@ -1285,7 +1341,7 @@ func (h *herd) report(rows []herdRow, limit decisionLimit, byConnections []decis
 		if r.via == viaGateway {
 			gwCPU, gwPer = fmt.Sprintf("%.1f s", r.herd.Gateways.Seconds()), msf(r.herd.Gateways/time.Duration(r.pods))
 		}
-		t = append(t, []string{string(r.via), strconv.Itoa(r.keys), strconv.Itoa(r.pods), drain, rate, share, p50, p99, pmax,
+		t = append(t, []string{r.path(), strconv.Itoa(r.keys), strconv.Itoa(r.pods), drain, rate, share, p50, p99, pmax,
 			errs, undecided, strconv.FormatInt(r.retries, 10),
 			fmt.Sprintf("%.1f s", r.herd.PostgreSQL.Seconds()), msf(r.herd.PostgreSQL / time.Duration(r.pods)),
 			fmt.Sprintf("%.0f%%", benchscale.Share(r.herd.PostgreSQL, wall, cpus)),
@@ -1303,7 +1359,7 @@ func (h *herd) report(rows []herdRow, limit decisionLimit, byConnections []decis
 			gw = []string{strconv.FormatInt(g.Connections, 10), strconv.FormatInt(g.Calls, 10), strconv.FormatInt(g.Unavailable, 10),
 				strconv.FormatInt(g.PeakInFlight, 10), strconv.FormatInt(g.DatabaseLogins, 10)}
 		}
-		t = append(t, append([]string{string(r.via), strconv.Itoa(r.keys), strconv.FormatInt(r.herd.Sessions, 10), r.connsAtWork.String(), r.conns.String(), strconv.FormatInt(r.tenantLogins, 10)}, gw...))
+		t = append(t, append([]string{r.path(), strconv.Itoa(r.keys), strconv.FormatInt(r.herd.Sessions, 10), r.connsAtWork.String(), r.conns.String(), strconv.FormatInt(r.tenantLogins, 10)}, gw...))
 	}
 	fmt.Printf("\nConnections during the herd (gateways: %d decision and %d renewal connections each, through an owner's pool of %d in its PgBouncer)\n",
 		*herdGatewayDecisionConns, *herdGatewayRenewalConns, *herdGatewayDecisionConns+*herdGatewayRenewalConns)
@@ -1311,17 +1367,17 @@ func (h *herd) report(rows []herdRow, limit decisionLimit, byConnections []decis
 	t = [][]string{{"path", "running jobs", "heartbeat statements/s", "PG CPU share", "pgbench, same statement (before the herds)", "heartbeats ÷ pgbench", "record (apps end)", "record errors", "winners revoked"}}
 	for _, r := range rows {
 		if r.late {
-			t = append(t, []string{string(r.via), strconv.Itoa(r.keys), "–", "–", fmt.Sprintf("%.0f/s", r.pgbenchTPS), "–", "–", "–", "–"})
+			t = append(t, []string{r.path(), strconv.Itoa(r.keys), "–", "–", fmt.Sprintf("%.0f/s", r.pgbenchTPS), "–", "–", "–", "–"})
 			continue
 		}
-		t = append(t, []string{string(r.via), strconv.Itoa(r.keys), fmt.Sprintf("%.0f", r.hbPerSec),
+		t = append(t, []string{r.path(), strconv.Itoa(r.keys), fmt.Sprintf("%.0f", r.hbPerSec),
 			fmt.Sprintf("%.1f%%", benchscale.Share(r.hb.PostgreSQL, r.hbWall, cpus)), fmt.Sprintf("%.0f/s", r.pgbenchTPS),
 			ratio(r.hbPerSec, r.pgbenchTPS), ms(r.record), strconv.FormatInt(r.recordErrors, 10), strconv.FormatInt(r.revoked, 10)})
 	}
 	fmt.Printf("\nHeartbeats of the winners (TTL %s, one every %s) over %s, then their success recorded\n", herdTTL, herdTTL/3, *herdRun)
 	_ = benchscale.Table(os.Stdout, t)
 	for _, r := range rows {
-		row := fmt.Sprintf("%s, keys=%d", r.via, r.keys)
+		row := fmt.Sprintf("%s, keys=%d", r.path(), r.keys)
 		fmt.Printf("\n%s: backends during the herd: %s\n", row, r.herdWaits)
 		fmt.Printf("%s: statements by time, herd:\n  %s\n", row, strings.Join(r.topHerd, "\n  "))
 		fmt.Printf("%s: statements by time, heartbeats:\n  %s\n", row, strings.Join(r.topHeartbeats, "\n  "))
@@ -1394,7 +1450,7 @@ func TestAHerdRunsEveryWindowOnceWithoutErrors(t *testing.T) {
 			if tc.path == viaGateway {
 				h.startGateways(t, tc.keys)
 			}
-			r := h.run(t, tc.keys, mode, tc.hold, tc.path)
+			r := h.run(t, tc.keys, mode, tc.hold, tc.path, false)
 			if r.late || r.errors != 0 || r.undecided != 0 || r.retries != 0 || r.warns != 0 || r.recordErrors != 0 {
 				t.Fatalf("late cluster process: %t; %d error decisions, %d undecided, %d retries, %d warnings, %d successes not recorded; a retry: %s; a warning: %s",
 					r.late, r.errors, r.undecided, r.retries, r.warns, r.recordErrors, r.firstRetry, r.firstIssue)
@@ -1453,7 +1509,7 @@ func TestHerdHeartbeatFiguresCountRealRenewals(t *testing.T) {
 	// A heartbeat every TTL/3 = 10 s: over 11 s of running each winner
 	// renews once (its first beat falls 10 s after its decision, and the
 	// phase starts after the last decision, within the first second here).
-	r := h.run(t, keys, mode, 11*time.Second, viaBouncer)
+	r := h.run(t, keys, mode, 11*time.Second, viaBouncer, false)
 	if r.errors != 0 || r.undecided != 0 || r.recordErrors != 0 {
 		t.Fatalf("%d error decisions, %d undecided, %d successes not recorded", r.errors, r.undecided, r.recordErrors)
 	}
