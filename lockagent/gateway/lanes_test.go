@@ -11,6 +11,7 @@ import (
 	"github.com/dislock/dislock/lockagent/gateway"
 	"github.com/dislock/dislock/lockagent/gateway/client"
 	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/gatewaytest"
 	"github.com/dislock/dislock/test/pgtest"
@@ -255,5 +256,33 @@ func TestANamespaceStuckOnItsOwnRowLockDoesNotStallOthersRenewals(t *testing.T) 
 				}
 			}
 		})
+	}
+}
+
+// On a schema older than migrate.ExpiriesNeverMoveBack a call the pod gave
+// up on could land after its next one and move the expiry back, so the
+// gateway says no call waited: the pod counts its deadline from when it
+// sent the call, as it does without a gateway.
+func TestOnASchemaThatMayMoveExpiriesBackNoWaitIsCounted(t *testing.T) {
+	t.Parallel() // its own server: the shared one stays at the current schema
+	srv := pgtest.New(t, pgtest.Options{Name: "gateway-schema"})
+	st := migrated(t, srv.DirectDSN())
+	ctx := context.Background()
+	if _, err := st.Handle().Pool.Exec(ctx, `DELETE FROM dislock.schema_migrations WHERE version >= $1`, migrate.ExpiriesNeverMoveBack); err != nil {
+		t.Fatal(err)
+	}
+	gw := gatewaytest.Start(t, srv.BouncerDSN(), gateway.Config{})
+	ns := namespace()
+	c := gw.Client(t, ns)
+	claim, err := c.ClaimWindow(ctx, claimRequest(ns+"/report", owner("dc-a", ns, "p")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Renew(ctx, store.Renewal{Key: ns + "/report", Window: tick, Index: store.NotIndexed, WindowToken: claim.Window.Token, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claim.Waited != 0 || r.Waited != 0 {
+		t.Fatalf("on schema %d the claim says it waited %s and the renewal %s; want nothing counted", migrate.ExpiriesNeverMoveBack-1, claim.Waited, r.Waited)
 	}
 }

@@ -100,6 +100,10 @@ type Server struct {
 	lastRefusal atomic.Int64
 	// opened are the Stores Open opened, which Close closes.
 	opened []*store.Store
+	// waitsUncounted: the answers say no call waited (see
+	// watchSchema); closed stops the watch.
+	waitsUncounted atomic.Bool
+	closed         chan struct{}
 }
 
 // call is one of the calls: its lane, and how to read and check its body
@@ -148,6 +152,7 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{
+		closed:    make(chan struct{}),
 		cfg:       cfg,
 		decisions: newLane("decisions", cfg.Decisions, cfg.DecisionConns, cfg.MaxRunningPerNamespace, cfg.MaxQueued, cfg.MaxQueuedPerNamespace),
 		renewals:  newLane("renewals", cfg.Renewals, cfg.RenewalConns, cfg.MaxRunningPerNamespace, cfg.MaxQueued, cfg.MaxQueuedPerNamespace),
@@ -195,11 +200,19 @@ func Open(ctx context.Context, databaseURL string, cfg Config) (*Server, error) 
 		return nil, err
 	}
 	s.opened = opened
+	if st, ok := s.cfg.Decisions.(*store.Store); ok {
+		s.watchSchema(ctx, st)
+	}
 	return s, nil
 }
 
 // Close closes the connections Open opened.
 func (s *Server) Close() {
+	select {
+	case <-s.closed:
+	default:
+		close(s.closed)
+	}
 	for _, st := range s.opened {
 		st.Close()
 	}
@@ -271,7 +284,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		})
 	}
 	if err == nil {
-		answerWaited(w, http.StatusOK, result, waited, nil)
+		answerWaited(w, http.StatusOK, result, s.counted(waited), nil)
 		return
 	}
 	kind := wire.KindOf(err)
@@ -284,7 +297,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "forbidden":
 		status = http.StatusForbidden
 	}
-	answerWaited(w, status, result, waited, &wire.Error{Kind: kind, Message: err.Error()})
+	answerWaited(w, status, result, s.counted(waited), &wire.Error{Kind: kind, Message: err.Error()})
 }
 
 // refused logs a refused credential, at most once a second: anyone who
@@ -323,6 +336,15 @@ func answerWaited(w http.ResponseWriter, status int, result any, waited time.Dur
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(wire.Reply{V: wire.Version, Result: result, Error: e, Waited: waited})
+}
+
+// counted is how long a call waited as the answer says it: nothing while
+// the schema is older than migrate.ExpiriesNeverMoveBack.
+func (s *Server) counted(waited time.Duration) time.Duration {
+	if s.waitsUncounted.Load() {
+		return 0
+	}
+	return waited
 }
 
 // prepare reads a call's body into a Req, checks it, and returns what runs

@@ -126,6 +126,12 @@ func migrations() ([]migration, error) {
 	return out, nil
 }
 
+// ExpiriesNeverMoveBack is the schema version from which a holder's expiry
+// never moves back (0015_expiries_never_move_back.sql): what lets a pod
+// count its safety deadline from when its call started on the database
+// rather than from when it sent it (a lock gateway's queue time).
+const ExpiriesNeverMoveBack = 15
+
 // SchemaVersion is the newest schema version this build knows.
 func SchemaVersion() int {
 	ms, err := migrations()

@@ -21,6 +21,14 @@
 -- The WHEN clauses are evaluated without calling the functions: a renewal
 -- in order pays no trigger. Older agents' statements are kept in order the
 -- same way (hence compatible-from 7).
+
+-- Both tables at once, each wait cut short: the triggers' DDL takes ACCESS
+-- EXCLUSIVE on each table, and holding dislock.windows while waiting for
+-- dislock.leases (behind a tenant's open transaction on its own lease row)
+-- would stall every namespace's window calls for the whole wait. Past
+-- 200 ms per table this attempt gives up and the migrator tries again.
+SET LOCAL lock_timeout = '200ms';
+LOCK TABLE dislock.windows, dislock.leases IN ACCESS EXCLUSIVE MODE;
 CREATE OR REPLACE FUNCTION dislock.keep_window_expiry() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
