@@ -3,7 +3,7 @@ package e2e
 // What a failing test prints: per data centre the pods (status and the
 // agent's termination message), their container logs (read from the node's
 // pod log directory, so that they survive a kubelet that no longer answers),
-// the Events and the webhook's log; then `dislock windows`, `dislock leases`
+// the Events (the webhook's pods and log among them); then `dislock windows`, `dislock leases`
 // and the ledger; last, so that the tail of a CI log shows it, every pod that
 // did not succeed and why.
 
@@ -33,14 +33,11 @@ func (e *Env) Dump() string {
 			continue
 		}
 		fmt.Fprintf(&b, "===== %s =====\n", dc.Name)
-		for _, ns := range Teams {
+		for _, ns := range append([]string{WebhookNamespace}, Teams...) {
 			dumpNamespace(ctx, &b, dc, ns)
 		}
 		if dc.Node != nil {
 			b.WriteString(podLogs(filepath.Join(dc.Node.Dir(), "pod-logs")))
-		}
-		if dc.webhook != nil {
-			b.WriteString(harness.LogTail(dc.webhook.p.LogFile(), 30, 6144) + "\n")
 		}
 		if dc.bouncer != nil {
 			b.WriteString(dc.bouncer.LogTail() + "\n")

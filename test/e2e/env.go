@@ -2,8 +2,8 @@
 // Kubernetes clusters ("data centres"), each with its own etcd,
 // kube-apiserver, kube-controller-manager, kube-scheduler and one real node
 // (kubelet + containerd), its own PgBouncer in transaction mode in front of
-// the one PostgreSQL they share, and its own `dislock webhook` registered
-// with the chart's webhook configurations. CronJobs applied to every cluster
+// the one PostgreSQL they share, and dislock installed with `helm install`
+// (release.go). CronJobs applied to every cluster
 // run real pods with the injected dislock-agent sidecar; a ledger table
 // records which cluster ran which window.
 //
@@ -12,8 +12,9 @@
 // of the primary and a PgBouncer per data centre in front of HAProxy, so
 // that a test can lose a data centre together with the primary.
 //
-// Everything listens on 127.0.0.1, and pods use the host network to reach
-// their data centre's PgBouncer there. Close (and, if the test process dies,
+// Everything listens on the loopback interface (127.0.0.1, and each node's
+// own address there), and pods use the host network to reach their data
+// centre's PgBouncer on 127.0.0.1. Close (and, if the test process dies,
 // the watchdogs of every part) removes every process, mount, cgroup and
 // directory the environment created.
 package e2e
@@ -104,7 +105,6 @@ type DC struct {
 	Node    *node.Node
 	Client  kubernetes.Interface
 	bouncer pgBouncer
-	webhook *webhook
 	// ha and haDC are, with Options.HA, the Patroni cluster and the data
 	// centre of it ("a", "b", "c") that is this one.
 	ha   *hapg.Cluster
@@ -276,13 +276,12 @@ func (e *Env) startDC(dc *DC) error {
 			return err
 		}
 	}
+	// The node has an address of its own: the chart's webhook pod, on the
+	// host's network, is its Service's endpoint there (release.go).
 	dc.Node, err = node.Start(node.Options{Name: dc.Name + "-node", Cluster: dc.Cluster, Images: e.Images.Tarball,
-		Scheduler: true, Logf: e.opts.Logf})
+		Scheduler: true, OwnAddress: true, Logf: e.opts.Logf})
 	if err != nil {
 		return missing(err)
-	}
-	if dc.webhook, err = startWebhook(dc.Name, e.dir, e.dislock(), dc.Cluster, dc.bouncer.DSN()); err != nil {
-		return err
 	}
 	ctx := context.Background()
 	namespaces := []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: WebhookNamespace}}}
@@ -310,9 +309,11 @@ func (e *Env) startDC(dc *DC) error {
 			return fmt.Errorf("e2e: %s: %w", dc.Name, err)
 		}
 	}
-	if err := dc.webhook.register(ctx, dc.Name, e.root, dc.Client); err != nil {
+	installBegun := time.Now()
+	if err := installRelease(ctx, dc, e.root, dc.bouncer.DSN(), e.logf); err != nil {
 		return err
 	}
+	e.logf("%s: helm install %s in %v", dc.Name, ReleaseName, time.Since(installBegun).Round(time.Millisecond))
 	for _, team := range Teams {
 		if err := awaitReady(ctx, dc, team); err != nil {
 			return err
@@ -366,9 +367,6 @@ func (e *Env) Close() error {
 				continue
 			}
 			wg.Go(func() {
-				if dc.webhook != nil {
-					add(dc.webhook.p.Stop())
-				}
 				if dc.Node != nil {
 					add(dc.Node.Close())
 				}

@@ -30,8 +30,8 @@ const checkTimeout = 2 * time.Minute
 // `dislock check` and Succeeds; the same pod with a wrong password in the
 // Secret ends Failed, its status and log naming the fix and never the
 // password. Helm's own `helm test` only creates this pod and waits for its
-// phase, which is what the test does (there is no Helm release here: the
-// webhook runs as a process, not a Deployment).
+// phase, which is what the test does, for releases of its own (the
+// check-* Secrets): the data centre's release keeps its Secret.
 func TestTheChartsHelmTestPodPassesOnARealNodeAndNamesTheFixOfAWrongPassword(t *testing.T) {
 	e := Need(t)
 	dc := e.DCs[0]

@@ -251,6 +251,11 @@ func (c *Cluster) startAPIServer(etcdPort int) error {
 			"--service-account-signing-key-file="+c.path(saPrivateKeyFile),
 			"--service-cluster-ip-range="+serviceCIDR,
 			"--allow-privileged=true",
+			// No kube-proxy here, so a Service's ClusterIP leads nowhere:
+			// the apiserver dials a webhook Service's endpoints instead
+			// (it resolves admission webhooks' Services as aggregated
+			// APIs').
+			"--enable-aggregator-routing=true",
 		)
 		if err != nil {
 			return err

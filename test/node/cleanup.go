@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,6 +66,13 @@ for m in $(cgmounts); do
 	done
 	[ -d "$m$root" ] && { echo "cgroup $m$root still exists" >&2; status=1; }
 done
+
+# The node's address on the loopback interface (Options.Address), in either
+# mode: Close and the watchdog remove it alike.
+if [ -f "$dir.address" ]; then
+	ip addr del "$(cat "$dir.address")/32" dev lo 2>/dev/null
+	rm -f "$dir.address"
+fi
 
 if [ "$2" != now ] && [ -f "$dir.host-paths" ]; then
 	while read -r p; do rm -rf "$p"; done < "$dir.host-paths"
@@ -305,4 +313,28 @@ func createCgroupRoot(root string) error {
 		}
 	}
 	return nil
+}
+
+// addLoopbackAddress draws an address from 198.18.0.0/15 that no other
+// node on the host holds, notes it beside dir for the cleanup script (which
+// removes it), and adds it to the host's loopback interface.
+func addLoopbackAddress(dir string) (string, error) {
+	var lastErr error
+	for range 20 {
+		n := 1 + rand.IntN(1<<17-2) // neither the range's first nor its last
+		address := fmt.Sprintf("198.%d.%d.%d", 18+n>>16, n>>8&0xff, n&0xff)
+		if err := os.WriteFile(dir+".address", []byte(address), 0o644); err != nil {
+			return "", fmt.Errorf("node: %w", err)
+		}
+		out, err := exec.Command("ip", "addr", "add", address+"/32", "dev", "lo").CombinedOutput()
+		if err == nil {
+			return address, nil
+		}
+		_ = os.Remove(dir + ".address") // another node's, or none: not ours to remove
+		lastErr = fmt.Errorf("node: adding %s to the loopback interface: %w: %s", address, err, out)
+		if !strings.Contains(string(out), "File exists") {
+			break
+		}
+	}
+	return "", lastErr
 }

@@ -81,7 +81,7 @@ func (n *Node) kubeletConfig() ([]byte, error) {
 	cfg := map[string]any{
 		"apiVersion": "kubelet.config.k8s.io/v1beta1",
 		"kind":       "KubeletConfiguration",
-		"address":    "127.0.0.1",
+		"address":    n.Address(),
 		"port":       n.kubeletPort,
 		// The read-only port would be another listener on a fixed default.
 		"readOnlyPort":       0,

@@ -68,6 +68,16 @@ type Options struct {
 	// scheduler, and a one-node cluster's scheduler only ever places pods on
 	// this node.
 	Scheduler bool
+	// OwnAddress gives the node an IPv4 address of its own, added to the
+	// host's loopback interface for the node's life: its InternalIP, the
+	// kubelet's serving address, and so the address of its host-network
+	// pods. Kubernetes refuses loopback addresses (127.0.0.0/8) as a
+	// Service's endpoints, so a host-network pod that serves a Service (a
+	// chart-installed webhook) needs a node with one. It is drawn from
+	// 198.18.0.0/15 (for benchmarks, RFC 2544), which no real network
+	// uses; its traffic never leaves the loopback interface. Without it
+	// the node's address is 127.0.0.1.
+	OwnAddress bool
 	// Logf receives progress lines (t.Logf); nil = silent.
 	Logf func(format string, args ...any)
 }
@@ -104,6 +114,7 @@ type Node struct {
 	wd   *harness.Watchdog
 
 	kubeletPort, healthzPort int
+	addr                     string // Options.OwnAddress's
 
 	mu       sync.Mutex
 	closed   bool
@@ -157,6 +168,13 @@ func (n *Node) setUp() error {
 	if err := createCgroupRoot(n.cgroupRoot()); err != nil {
 		return err
 	}
+	if n.opts.OwnAddress {
+		addr, err := addLoopbackAddress(n.dir)
+		if err != nil {
+			return err
+		}
+		n.addr = addr
+	}
 	ports, err := harness.FreePorts(2)
 	if err != nil {
 		return err
@@ -185,7 +203,7 @@ func (n *Node) setUp() error {
 		"--root-dir="+n.path("kubelet"),
 		"--cert-dir="+n.path("kubelet-certs"),
 		"--hostname-override="+n.opts.Name,
-		"--node-ip=127.0.0.1",
+		"--node-ip="+n.Address(),
 	); err != nil {
 		return err
 	}
@@ -474,4 +492,13 @@ func (n *Node) waitFor(name string, probe func() error) error {
 		}
 		time.Sleep(pollInterval)
 	}
+}
+
+// Address is the node's IPv4 address: its own (Options.OwnAddress), or
+// 127.0.0.1.
+func (n *Node) Address() string {
+	if n.addr != "" {
+		return n.addr
+	}
+	return "127.0.0.1"
 }

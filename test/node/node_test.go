@@ -50,14 +50,19 @@ func TestMain(m *testing.M) {
 	}())
 }
 
-// newNode starts a node of its own for the test on the shared cluster.
-func newNode(t *testing.T, name string, scheduler bool) (*Node, kubernetes.Interface) {
+// newNode starts a node of its own for the test on the shared cluster;
+// tune, when given, changes its Options.
+func newNode(t *testing.T, name string, scheduler bool, tune ...func(*Options)) (*Node, kubernetes.Interface) {
 	t.Helper()
 	c := kube.Need(t)
 	if imageErr != nil {
 		harness.Missing(t, imageErr, images.ErrMissing)
 	}
-	n := New(t, Options{Name: name, Cluster: c, Images: imageSet.Tarball, Scheduler: scheduler})
+	opts := Options{Name: name, Cluster: c, Images: imageSet.Tarball, Scheduler: scheduler}
+	for _, f := range tune {
+		f(&opts)
+	}
+	n := New(t, opts)
 	return n, kubernetes.NewForConfigOrDie(c.RESTConfig())
 }
 
@@ -228,6 +233,7 @@ type footprint struct {
 	pids    map[string]int // programs and shims, by name
 	mounts  []string
 	cgroups []string
+	address string // the node's own on the loopback interface, if it has one there
 }
 
 func footprintOf(t *testing.T, n *Node) footprint {
@@ -255,6 +261,13 @@ func footprintOf(t *testing.T, n *Node) footprint {
 		if _, err := os.Stat(filepath.Join(m, n.CgroupRoot())); err == nil {
 			fp.cgroups = append(fp.cgroups, filepath.Join(m, n.CgroupRoot()))
 		}
+	}
+	lo, err := exec.Command("ip", "-4", "-o", "addr", "show", "dev", "lo").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip addr show dev lo: %v: %s", err, lo)
+	}
+	if a := n.Address(); a != "127.0.0.1" && strings.Contains(string(lo), " "+a+"/32 ") {
+		fp.address = a
 	}
 	return fp
 }
@@ -314,6 +327,9 @@ func assertGone(t *testing.T, n *Node, fp footprint) {
 	if _, err := os.Stat(n.Dir()); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("directory %s still there (stat: %v)", n.Dir(), err)
 	}
+	if after.address != "" {
+		t.Errorf("the node's address %s is still on the loopback interface", after.address)
+	}
 }
 
 // absentHostPaths lists the host paths a node creates that do not exist now.
@@ -342,10 +358,13 @@ func assertHostPathsGone(t *testing.T, absentBefore []string) {
 func TestCloseLeavesNoProcessMountCgroupOrChainBehind(t *testing.T) {
 	chainsBefore := iptablesChains(t)
 	absentBefore := absentHostPaths()
-	n, cs := newNode(t, "close", false)
+	n, cs := newNode(t, "close", false, ownAddress)
 	runningPod(t, cs, "close", n.Name())
 
 	fp := footprintOf(t, n)
+	if fp.address == "" {
+		t.Fatalf("the node's own address %s is not on the loopback interface", n.Address())
+	}
 	shims := 0
 	for name := range fp.pids {
 		if strings.HasPrefix(name, "shim ") {
@@ -377,6 +396,10 @@ func TestCloseLeavesNoProcessMountCgroupOrChainBehind(t *testing.T) {
 	// host paths; with no other node running, they go as well.
 	assertHostPathsGone(t, absentBefore)
 }
+
+// ownAddress gives the node an address of its own (Options.OwnAddress),
+// which Close and the watchdog must remove.
+func ownAddress(o *Options) { o.OwnAddress = true }
 
 // shimSocketDir is where containerd 1.6 puts its shims' sockets, whatever
 // its configuration says.
@@ -478,9 +501,12 @@ func TestAKilledNodeLeavesNothingRunningAndCloseStillRemovesEverything(t *testin
 }
 
 func TestTheWatchdogCleansUpANodeWhoseTestProcessDied(t *testing.T) {
-	n, cs := newNode(t, "abandoned", false)
+	n, cs := newNode(t, "abandoned", false, ownAddress)
 	runningPod(t, cs, "abandoned", n.Name())
 	fp := footprintOf(t, n)
+	if fp.address == "" {
+		t.Fatalf("the node's own address %s is not on the loopback interface", n.Address())
+	}
 
 	// What the death of the test process looks like to the watchdog.
 	n.wd.Abandon()

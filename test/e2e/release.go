@@ -1,0 +1,117 @@
+package e2e
+
+// A data centre's dislock, installed as docs/install.md tells a user: `helm
+// install` of charts/dislock into dislock-system, the webhook a Deployment
+// of the published image on the data centre's node, reached by the API
+// server through its Service with the chart's self-signed certificate.
+//
+// Two things differ from a cluster with a pod network, both chart values a
+// user has too:
+//   - webhook.hostNetwork: pods here have no network but the host's. The
+//     node has an address of its own on the loopback interface
+//     (node.Options.Address; Kubernetes refuses 127.0.0.0/8 as an
+//     endpoint), so the webhook pod's endpoint is that address, which the
+//     API server dials (--enable-aggregator-routing, test/kube). The ports
+//     are the node's: different in every data centre, since all nodes share
+//     the host.
+//   - webhook.extraEnv: the API server is reached at 127.0.0.1, since the
+//     "kubernetes" Service's ClusterIP leads nowhere without kube-proxy.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dislock/dislock/test/harness"
+	"github.com/dislock/dislock/test/images"
+	"github.com/dislock/dislock/test/kube"
+)
+
+const (
+	// ReleaseName is the Helm release of every data centre.
+	ReleaseName = "dislock"
+	// WebhookNamespace is where the release is installed; the webhook
+	// configurations never intercept it.
+	WebhookNamespace = "dislock-system"
+)
+
+// installTimeout bounds `helm install --wait`: the webhook pod's start on a
+// node whose image is already imported, its self-signed certificate, and
+// its readiness.
+const installTimeout = 3 * time.Minute
+
+// releaseValues are the chart values of dc's release: the user's
+// (clusterName, the images, the owner's database URL) and the two of this
+// harness (see the file's comment).
+func releaseValues(dc *DC, databaseURL string) ([]string, error) {
+	ports, err := harness.FreePorts(3) // admission, metrics, health: ports of the node
+	if err != nil {
+		return nil, err
+	}
+	api, err := url.Parse(dc.Cluster.URL())
+	if err != nil {
+		return nil, fmt.Errorf("e2e: the API server's URL: %w", err)
+	}
+	env, err := json.Marshal([]map[string]string{
+		{"name": "KUBERNETES_SERVICE_HOST", "value": api.Hostname()},
+		{"name": "KUBERNETES_SERVICE_PORT", "value": api.Port()},
+	})
+	if err != nil {
+		return nil, err
+	}
+	repo, tag, _ := strings.Cut(images.DislockRef, ":")
+	agentRepo, agentTag, _ := strings.Cut(images.AgentRef, ":")
+	return []string{
+		"--set-string", "clusterName=" + dc.Name,
+		"--set-string", "image.repository=" + repo,
+		"--set-string", "image.tag=" + tag,
+		"--set-string", "image.pullPolicy=Never",
+		"--set-string", "agent.image.repository=" + agentRepo,
+		"--set-string", "agent.image.tag=" + agentTag,
+		"--set-string", "database.url=" + databaseURL,
+		"--set", "webhook.replicas=1",
+		"--set", "webhook.hostNetwork=true",
+		"--set", "webhook.port=" + strconv.Itoa(ports[0]),
+		"--set", "webhook.metricsPort=" + strconv.Itoa(ports[1]),
+		"--set", "webhook.healthPort=" + strconv.Itoa(ports[2]),
+		"--set-json", "webhook.extraEnv=" + string(env),
+		// A test serves images from an in-process registry on loopback,
+		// over plain HTTP, for the webhook to resolve entrypoints from.
+		"--set-json", `webhook.extraArgs=["--insecure-registry"]`,
+	}, nil
+}
+
+// installRelease runs `helm install` for dc and returns once the webhook is
+// ready (--wait). logf is told the command line, the database's password
+// left out.
+func installRelease(ctx context.Context, dc *DC, root, databaseURL string, logf func(string, ...any)) error {
+	helm, err := kube.FindBinary("helm")
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrMissing, err)
+	}
+	values, err := releaseValues(dc, databaseURL)
+	if err != nil {
+		return err
+	}
+	args := append([]string{"install", ReleaseName, filepath.Join(root, "charts", "dislock"),
+		"--namespace", WebhookNamespace, "--wait", "--timeout", installTimeout.String()}, values...)
+	shown := strings.Join(args, " ")
+	if u, err := url.Parse(databaseURL); err == nil {
+		shown = strings.ReplaceAll(shown, databaseURL, u.Redacted())
+	}
+	logf("%s: helm %s", dc.Name, shown)
+	cmd := exec.CommandContext(ctx, helm, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+dc.Cluster.Kubeconfig(), "HELM_CACHE_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-config"), "HELM_DATA_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-data"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("e2e: %s: helm install: %w: %s", dc.Name, err, out)
+	}
+	return nil
+}
