@@ -37,19 +37,7 @@ func TestARunWhoseDeadlineWasUsedUpWaitingRenewsBeforeItRuns(t *testing.T) {
 	if _, err := s.ReleaseLease(ctx, j.key, g.Lease.Token); err != nil {
 		t.Fatal(err)
 	}
-	su, err := pgx.Connect(ctx, pgtest.Need(t).SuperuserDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer su.Close(ctx)
-	tx, err := su.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM dislock.leases WHERE lock_key = $1 FOR UPDATE`, j.key); err != nil {
-		t.Fatal(err)
-	}
+	release := holdLocked(t, `SELECT 1 FROM dislock.leases WHERE lock_key = $1 FOR UPDATE`, j.key)
 	// Started as j.start does, without waiting for a decision: there is
 	// none while the lease waits.
 	a := j.sidecar(t, podSpec{cluster: "dc-a", window: tick0, app: app(0.2, 0)})
@@ -72,9 +60,7 @@ func TestARunWhoseDeadlineWasUsedUpWaitingRenewsBeforeItRuns(t *testing.T) {
 		var past bool
 		return s.Handle().Pool.QueryRow(ctx, `SELECT now() > $1`, claimed.Add(ttl*3/4)).Scan(&past) == nil && past
 	})
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	if code := a.finish(); code != 0 || a.decision().Action != protocol.ActionRun {
 		t.Fatalf("dc-a exited %d, decision %+v:\n%s", code, a.decision(), a.agentLog)
 	}
@@ -106,19 +92,7 @@ func TestAClaimThatQueuedInTheGatewayRunsWithoutRenewingFirst(t *testing.T) {
 			// Another call holds the gateway's one decision connection,
 			// stuck on the views' lock, so the pod's claim queues.
 			ctx := context.Background()
-			su, err := pgx.Connect(ctx, srv.SuperuserDSN())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer su.Close(ctx)
-			tx, err := su.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
-			if _, err := tx.Exec(ctx, "LOCK TABLE dislock.views IN EXCLUSIVE MODE"); err != nil {
-				t.Fatal(err)
-			}
+			release := holdLocked(t, "LOCK TABLE dislock.views IN EXCLUSIVE MODE")
 			c := gw.Client(t, ns)
 			stuck := make(chan error, 1)
 			go func() {
@@ -132,9 +106,7 @@ func TestAClaimThatQueuedInTheGatewayRunsWithoutRenewingFirst(t *testing.T) {
 			queuedAt := protocol.MonotonicNow()
 			// The claim waits in the queue past ttl − margin.
 			time.Sleep(ttl)
-			if err := tx.Rollback(ctx); err != nil {
-				t.Fatal(err)
-			}
+			release()
 			if err := <-stuck; err != nil {
 				t.Fatal(err)
 			}
@@ -165,4 +137,32 @@ func awaitGatewayLane(t *testing.T, gw *gatewaytest.Gateway, want gateway.LaneSt
 	await(t, fmt.Sprintf("the gateway's decisions lane at %+v", want), 30*time.Second, func() bool {
 		return gw.Server.Lanes()["decisions"] == want
 	})
+}
+
+// holdLocked runs statement as the superuser in a transaction it keeps
+// open, so that what the statement locks stays locked until release (or
+// the test's end) rolls it back.
+func holdLocked(t *testing.T, statement string, args ...any) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	su, err := pgx.Connect(ctx, pgtest.Need(t).SuperuserDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := su.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, statement, args...); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			_ = tx.Rollback(ctx)
+			_ = su.Close(ctx)
+		})
+	}
+	t.Cleanup(release)
+	return release
 }

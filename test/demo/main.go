@@ -1,7 +1,8 @@
 // Command demo is `make demo`: it starts two (or three) data centres on this
 // machine with the e2e harness — per data centre a control plane, a real
-// node (kubelet + containerd), a PgBouncer and a `dislock webhook`, all
-// sharing one PostgreSQL — applies one `* * * * *` CronJob annotated with
+// node (kubelet + containerd), a PgBouncer and dislock installed with `helm
+// install` (the harness's progress lines print the command), all sharing one
+// PostgreSQL — applies one `* * * * *` CronJob annotated with
 // dislock.io/mode to every data centre, and prints a row per schedule window
 // as it completes: which data centre ran it, with which fencing token, how
 // long the run took, and why every other data centre skipped it, in the
@@ -97,7 +98,7 @@ func run() int {
 	out.step("dislock demo: %d data centres (%s) sharing one PostgreSQL, %d windows",
 		len(names), strings.Join(names, ", "), cfg.windows)
 	out.step("starting: the images, PostgreSQL, and per data centre (in parallel) a control plane,")
-	out.print("          a node (kubelet + containerd), a PgBouncer and a dislock webhook\n")
+	out.print("          a node (kubelet + containerd), a PgBouncer, and `helm install dislock`\n")
 	env, err := e2e.Start(e2e.Options{DCs: names, Logf: out.component})
 	switch {
 	case err != nil && ctx.Err() != nil:

@@ -92,26 +92,34 @@ func releaseValues(dc *DC, databaseURL string) ([]string, error) {
 // ready (--wait). logf is told the command line, the database's password
 // left out.
 func installRelease(ctx context.Context, dc *DC, root, databaseURL string, logf func(string, ...any)) error {
-	helm, err := kube.FindBinary("helm")
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrMissing, err)
-	}
 	values, err := releaseValues(dc, databaseURL)
 	if err != nil {
 		return err
 	}
 	args := append([]string{"install", ReleaseName, filepath.Join(root, "charts", "dislock"),
 		"--namespace", WebhookNamespace, "--wait", "--timeout", installTimeout.String()}, values...)
-	shown := strings.Join(args, " ")
+	shown := strings.ReplaceAll(strings.Join(args, " "), root+string(filepath.Separator), "")
 	if u, err := url.Parse(databaseURL); err == nil {
 		shown = strings.ReplaceAll(shown, databaseURL, u.Redacted())
 	}
 	logf("%s: helm %s", dc.Name, shown)
+	_, err = dc.helm(ctx, args...)
+	return err
+}
+
+// helm runs bin/helm against dc's cluster, with Helm's own files in the
+// cluster's directory.
+func (dc *DC) helm(ctx context.Context, args ...string) ([]byte, error) {
+	helm, err := kube.FindBinary("helm")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMissing, err)
+	}
 	cmd := exec.CommandContext(ctx, helm, args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+dc.Cluster.Kubeconfig(), "HELM_CACHE_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-cache"),
 		"HELM_CONFIG_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-config"), "HELM_DATA_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-data"))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("e2e: %s: helm install: %w: %s", dc.Name, err, out)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("e2e: %s: helm %s: %w: %s", dc.Name, args[0], err, out)
 	}
-	return nil
+	return out, nil
 }
