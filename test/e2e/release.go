@@ -9,7 +9,7 @@ package e2e
 // user has too:
 //   - webhook.hostNetwork: pods here have no network but the host's. The
 //     node has an address of its own on the loopback interface
-//     (node.Options.Address; Kubernetes refuses 127.0.0.0/8 as an
+//     (node.Options.OwnAddress; Kubernetes refuses 127.0.0.0/8 as an
 //     endpoint), so the webhook pod's endpoint is that address, which the
 //     API server dials (--enable-aggregator-routing, test/kube). The ports
 //     are the node's: different in every data centre, since all nodes share
