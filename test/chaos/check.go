@@ -293,8 +293,10 @@ func Check(o *Outcome) []Violation {
 		}
 	}
 
-	// (c) Successive runs: one that started after another ended must carry
-	// a larger token. Runs that overlap (different windows in schedule mode)
+	// (c) Successive grants: a run granted after another ended must carry a
+	// larger token. A run is granted when it starts, except in schedule
+	// mode across windows, where its window's claim is the grant (see
+	// grantedAt). Runs that overlap (different windows in schedule mode)
 	// are concurrent grants, not successive ones, but never share a token.
 	// The indexes of an Indexed Job are fenced apart (each holds its own
 	// lease, <key>#<index>) and run side by side: one index's grant may
@@ -311,8 +313,8 @@ func Check(o *Outcome) []Violation {
 			case a.Token != r.Token && a.Index != r.Index:
 			case a.Token == r.Token:
 				add("c: two runs with one token", podsOf(a, r), "two runs share fencing token %d:\n  %s\n  %s", r.Token, a, r)
-			case !a.End.After(r.Start) && r.Token < a.Token:
-				add("c: tokens do not increase", podsOf(a, r), "a run that started after another ended has a smaller fencing token:\n  %s\n  %s", a, r)
+			case r.Token < a.Token && !a.End.After(o.grantedAt(r, a)):
+				add("c: tokens do not increase", podsOf(a, r), "a run granted after another ended has a smaller fencing token:\n  %s\n  %s", a, r)
 			}
 		}
 	}
@@ -353,6 +355,24 @@ func Check(o *Outcome) []Violation {
 		}
 	}
 	return vs
+}
+
+// grantedAt is when run r's token was granted, as far as its order against
+// run a's goes: when r started, except where a's window is another and the
+// mode is schedule alone. There r's token is its window's claim, drawn when
+// the claim was granted (the row's claimed_at, which a re-entry keeps), and
+// r may start long after that: a pod whose claim's reply was held up (a
+// paused bouncer) renews its own claim, which nobody else may take, and runs
+// its window late, after a later window's run elsewhere ended. Windows are
+// apart in schedule mode; only a lease orders runs of a key by their start.
+func (o *Outcome) grantedAt(r, a Run) time.Time {
+	if o.Plan.HasLease() || r.Window == a.Window {
+		return r.Start
+	}
+	if c, ok := o.rowClaim(unit{r.Window, r.Index}); ok && c.Token == r.Token && c.ClaimedAt.Before(r.Start) {
+		return c.ClaimedAt
+	}
+	return r.Start
 }
 
 // unit is what runs at most once: a window, or one completion index of it.

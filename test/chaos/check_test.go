@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -196,5 +197,59 @@ func TestRunsTakeTheEndTheWrapperSaw(t *testing.T) {
 		if r.Success() != want[r.Pod] {
 			t.Errorf("%s: success %v, want %v", r, r.Success(), want[r.Pod])
 		}
+	}
+}
+
+// TestAWindowClaimedBeforeALaterWindowRanKeepsItsSmallerToken: in schedule
+// mode a pod whose claim's reply was held up renews its own claim and runs
+// its window after a later window's run elsewhere ended; its token was
+// granted with the claim, before that run's, so it is smaller and breaks no
+// promise. The same order of runs is a violation when the claim was granted
+// after the other run ended, within one window, or under a lease.
+func TestAWindowClaimedBeforeALaterWindowRanKeepsItsSmallerToken(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// Window 1 ran in dc-b from 3500 to 4800 ms with token 31; dc-a's run of
+	// window 0 (token 28) started at 7300.
+	later := Run{Cluster: "dc-b", Pod: "w1-b", Window: 1, Index: -1, Token: 31, Start: at(3500), End: at(4800), Code: 0}
+	cases := []struct {
+		name      string
+		mode      string
+		window    int       // of dc-a's late run
+		claimedAt time.Time // its row's claim
+		violated  bool
+	}{
+		{name: "claimed before the later window's grant", mode: "schedule", claimedAt: at(500)},
+		{name: "claimed after the later window's run ended", mode: "schedule", claimedAt: at(5000), violated: true},
+		{name: "the same window", mode: "schedule", window: 1, claimedAt: at(500), violated: true},
+		{name: "under a lease", mode: "schedule,lease", claimedAt: at(500), violated: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			late := Run{Cluster: "dc-a", Pod: "w0-a", Window: c.window, Index: -1, Token: 28, Start: at(7300), End: at(8600), Code: 0}
+			var ledger string
+			for _, r := range []Run{later, late} {
+				ledger += fmt.Sprintf("start %d cluster=%s job=j pod=%s w=%d i=-1 token=%d\n", r.Start.UnixNano(), r.Cluster, r.Pod, r.Window, r.Token)
+				ledger += fmt.Sprintf("stop %d cluster=%s job=j pod=%s w=%d i=-1 token=%d code=0\n", r.End.UnixNano(), r.Cluster, r.Pod, r.Window, r.Token)
+			}
+			windows := []string{"w0", "w1"}
+			o := &Outcome{Plan: Plan{Mode: c.mode}, End: at(20000), Ledger: ledger, Windows: windows,
+				Pods: []PodRecord{
+					{Cluster: "dc-b", Name: "w1-b", Window: 1, Index: -1, AppRan: true, AppEnd: later.End, AppResult: 0},
+					{Cluster: "dc-a", Name: "w0-a", Window: c.window, Index: -1, AppRan: true, AppEnd: late.End, AppResult: 0},
+				},
+				WindowClaims: map[string]WindowClaim{windows[c.window]: {Owner: "dc-a/ns/j/uid/w0-a", Token: 28, ClaimedAt: c.claimedAt}},
+			}
+			var found []string
+			for _, v := range Check(o) {
+				if strings.HasPrefix(v.Kind, "c: ") {
+					found = append(found, v.Kind)
+				}
+			}
+			if got := slices.Contains(found, "c: tokens do not increase"); got != c.violated {
+				t.Errorf("tokens do not increase reported: %t, want %t (token violations %v)", got, c.violated, found)
+			}
+		})
 	}
 }
