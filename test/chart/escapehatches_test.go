@@ -353,6 +353,16 @@ func TestTheHelmTestPodChecksTheDatabaseAsTheWebhookConnects(t *testing.T) {
 			checkCAVolume(t, p.Spec, mount.Name, "db-ca", "", "ca.crt")
 		})
 	}
+	t.Run("on the pod network unless tests.hostNetwork, whatever the webhook's", func(t *testing.T) {
+		t.Parallel()
+		for _, vals := range []map[string]any{base(), base("webhook.hostNetwork", true), base("tests.hostNetwork", true)} {
+			p := typed[corev1.Pod](t, helmTemplate(t, "dislock", "dislock-system", vals).one(t, "Pod")).Spec
+			want := vals["tests"] != nil
+			if p.HostNetwork != want || (want && p.DNSPolicy != corev1.DNSClusterFirstWithHostNet) {
+				t.Errorf("values %v: hostNetwork %t, dnsPolicy %q; want hostNetwork %t (with ClusterFirstWithHostNet)", vals, p.HostNetwork, p.DNSPolicy, want)
+			}
+		}
+	})
 	t.Run("none with tests.enabled false", func(t *testing.T) {
 		t.Parallel()
 		m := helmTemplate(t, "dislock", "dislock-system", base("tests.enabled", false))

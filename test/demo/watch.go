@@ -72,6 +72,13 @@ func (o outcome) ok() bool {
 // watch applies the CronJob, prints a row per window and the summary, and
 // returns the exit code.
 func watch(ctx context.Context, env *e2e.Env, cfg config, out *printer) int {
+	if err := optIn(ctx, env, out); err != nil {
+		if ctx.Err() != nil {
+			return exitInterrupted
+		}
+		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
+		return exitFailed
+	}
 	if wait := time.Until(time.Now().Truncate(time.Minute).Add(time.Minute)); wait < tickMargin {
 		out.step("waiting %v for the minute to turn, so that every data centre gets the same first tick", round(wait))
 		if !sleep(ctx, wait+time.Second) {
@@ -79,20 +86,19 @@ func watch(ctx context.Context, env *e2e.Env, cfg config, out *printer) int {
 		}
 	}
 	first := time.Now().UTC().Truncate(time.Minute).Add(time.Minute)
-	var dcNames []string
-	for _, dc := range env.DCs {
-		cj := e2e.LedgerCronJob(dc.Name, cronJobName, "* * * * *", cfg.mode, e2e.Ledger{DSN: dc.BouncerDSN(), Work: work})
-		if _, err := dc.Client.BatchV1().CronJobs(e2e.Namespace).Create(ctx, cj, metav1.CreateOptions{}); err != nil {
-			if ctx.Err() != nil {
-				return exitInterrupted
-			}
-			fmt.Fprintf(os.Stderr, "demo: %s: creating CronJob %s: %v\n", dc.Name, cronJobName, err)
-			return exitFailed
-		}
-		dcNames = append(dcNames, dc.Name)
+	dir, err := os.MkdirTemp("", "dislock-demo-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
+		return exitFailed
 	}
-	out.step("applied CronJob %s/%s (\"* * * * *\", dislock.io/mode: %s) to %s",
-		e2e.Namespace, cronJobName, cfg.mode, strings.Join(dcNames, ", "))
+	defer os.RemoveAll(dir)
+	if err := applyCronJob(ctx, env, cfg, dir, out); err != nil {
+		if ctx.Err() != nil {
+			return exitInterrupted
+		}
+		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
+		return exitFailed
+	}
 	out.step("its app records each run in a ledger table, then works %v; first tick %s UTC, in %v",
 		work, first.Format("15:04"), round(time.Until(first)))
 	out.print("\nA row per window, once every data centre's Job of it has finished. TOKEN: the fencing token\n" +
@@ -162,7 +168,7 @@ func awaitWindow(ctx context.Context, env *e2e.Env, w time.Time) (outcome, error
 	}
 	for i := range runs {
 		r := &runs[i]
-		if r.Window != w.Format(time.RFC3339) || !strings.HasPrefix(r.Pod, cronJobName+"-") {
+		if r.Window != w.Format(time.RFC3339) || r.Namespace != namespace || !strings.HasPrefix(r.Pod, cronJobName+"-") {
 			continue
 		}
 		o.runs++
@@ -180,7 +186,7 @@ func awaitWindow(ctx context.Context, env *e2e.Env, w time.Time) (outcome, error
 // observe reads one data centre's Job of a window and its pod.
 func observe(ctx context.Context, dc *e2e.DC, jobName string) (dcOutcome, error) {
 	d := dcOutcome{dc: dc.Name}
-	job, err := dc.Client.BatchV1().Jobs(e2e.Namespace).Get(ctx, jobName, metav1.GetOptions{})
+	job, err := dc.Client.BatchV1().Jobs(namespace).Get(ctx, jobName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return d, nil
 	}
@@ -192,7 +198,7 @@ func observe(ctx context.Context, dc *e2e.DC, jobName string) (dcOutcome, error)
 		return d, nil
 	}
 	d.job, d.complete = job, complete
-	pods, err := dc.Pods(ctx, jobName)
+	pods, err := dc.PodsIn(ctx, namespace, jobName)
 	if err != nil {
 		return d, fmt.Errorf("%s: listing the pods of Job %s: %w", dc.Name, jobName, err)
 	}
@@ -243,7 +249,7 @@ func decisionTime(dc *e2e.DC, pod *corev1.Pod) (time.Time, bool) {
 // windowRow is the window's row in dislock.windows, read with the operator
 // CLI the way a user would (`dislock windows -o json`).
 func windowRow(env *e2e.Env, w time.Time) (*store.Window, error) {
-	text, err := env.Dislock("windows", "--key", e2e.Namespace+"/"+cronJobName, "--limit", "100", "-o", "json")
+	text, err := env.Dislock("windows", "--key", namespace+"/"+cronJobName, "--limit", "100", "-o", "json")
 	if err != nil {
 		return nil, fmt.Errorf("dislock windows: %w: %s", err, text)
 	}
@@ -448,7 +454,7 @@ func summary(env *e2e.Env, outcomes []outcome) string {
 	if _, total := env.RSS(); total > 0 {
 		fmt.Fprintf(&b, "resident memory of the whole %d-DC setup: %d MiB\n", len(env.DCs), total>>10)
 	}
-	key := e2e.Namespace + "/" + cronJobName
+	key := namespace + "/" + cronJobName
 	text, err := env.Dislock("windows", "--key", key, "--limit", fmt.Sprint(len(outcomes)+1))
 	if err != nil {
 		text += err.Error() + "\n"

@@ -24,15 +24,52 @@ import (
 // connection attempts.
 const checkTimeout = 2 * time.Minute
 
-// `helm test` on a real kubelet: the chart's test pod, exactly as `helm
-// template` renders it for a release whose database Secret holds the
-// owner's URL through the data centre's PgBouncer, runs the image's
-// `dislock check` and Succeeds; the same pod with a wrong password in the
-// Secret ends Failed, its status and log naming the fix and never the
-// password. Helm's own `helm test` only creates this pod and waits for its
-// phase, which is what the test does, for releases of its own (the
-// check-* Secrets): the data centre's release keeps its Secret.
-func TestTheChartsHelmTestPodPassesOnARealNodeAndNamesTheFixOfAWrongPassword(t *testing.T) {
+// `helm test` on the installed release, as docs/install.md tells a user:
+// the chart's test pod runs the image's `dislock check` on the data
+// centre's node with the release's database Secret (the owner's URL through
+// PgBouncer) and Succeeds, its log showing the findings and never the
+// password. Both data centres: each release has its own values.
+func TestHelmTestPassesOnTheInstalledRelease(t *testing.T) {
+	e := Need(t)
+	for _, dc := range e.DCs {
+		t.Run(dc.Name, func(t *testing.T) {
+			ctx := context.Background()
+			out, err := dc.helm(ctx, "test", ReleaseName, "--namespace", WebhookNamespace, "--timeout", checkTimeout.String())
+			t.Logf("helm test:\n%s", out)
+			pod, getErr := dc.Client.CoreV1().Pods(WebhookNamespace).Get(ctx, ReleaseName+"-check", metav1.GetOptions{})
+			if getErr != nil {
+				t.Fatalf("helm test: %v; its pod: %v", err, getErr)
+			}
+			log := containerLog(t, dc, pod, "check")
+			t.Logf("pod %s: %s\nlog:\n%s", pod.Name, pod.Status.Phase, log)
+			if err != nil {
+				t.Fatalf("helm test failed: %v", err)
+			}
+			if pod.Status.Phase != corev1.PodSucceeded || !strings.Contains(string(out), "Succeeded") {
+				t.Fatalf("helm test returned, but pod %s is %s", pod.Name, pod.Status.Phase)
+			}
+			if !strings.Contains(log, "primary") {
+				t.Errorf("the log does not show the check's findings:\n%s", log)
+			}
+			owner, err := url.Parse(dc.BouncerDSN())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(log, passwordOf(owner)) {
+				t.Errorf("the check's output holds the password:\n%s", log)
+			}
+		})
+	}
+}
+
+// The chart's test pod, rendered by `helm template` for a release whose
+// database Secret holds the owner's URL with a wrong password, ends Failed
+// on a real kubelet, its termination message and log naming the fix and
+// never the password. Helm's own `helm test` only creates this pod and
+// waits for its phase, which is what the test does, for a release of its
+// own (the Secret check-wrong-password-db): the data centre's release keeps
+// its Secret.
+func TestTheChartsHelmTestPodNamesTheFixOfAWrongPassword(t *testing.T) {
 	e := Need(t)
 	dc := e.DCs[0]
 	owner, err := url.Parse(dc.BouncerDSN())
@@ -43,70 +80,50 @@ func TestTheChartsHelmTestPodPassesOnARealNodeAndNamesTheFixOfAWrongPassword(t *
 	wrong := *owner
 	wrong.User = url.UserPassword(owner.User.Username(), wrongPassword)
 
-	for _, tc := range []struct {
-		name, release, url string
-		want               corev1.PodPhase
-	}{
-		{"the owner's URL through PgBouncer", "check-ok", owner.String(), corev1.PodSucceeded},
-		{"a wrong password", "check-wrong-password", wrong.String(), corev1.PodFailed},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
-			secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tc.release + "-db", Namespace: WebhookNamespace},
-				StringData: map[string]string{"url": tc.url}}
-			if _, err := dc.Client.CoreV1().Secrets(WebhookNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				_ = dc.Client.CoreV1().Secrets(WebhookNamespace).Delete(ctx, secret.Name, metav1.DeleteOptions{})
-			})
+	ctx := context.Background()
+	const release = "check-wrong-password"
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: release + "-db", Namespace: WebhookNamespace},
+		StringData: map[string]string{"url": wrong.String()}}
+	if _, err := dc.Client.CoreV1().Secrets(WebhookNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = dc.Client.CoreV1().Secrets(WebhookNamespace).Delete(ctx, secret.Name, metav1.DeleteOptions{})
+	})
 
-			pod := renderCheckPod(t, e, dc.Name, tc.release, secret.Name)
-			// The one change for this harness: PgBouncer listens on the
-			// node's loopback, which pods here reach on the host network.
-			pod.Spec.HostNetwork = true
-			if _, err := dc.Client.CoreV1().Pods(WebhookNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = dc.Client.CoreV1().Pods(WebhookNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}) })
+	pod := renderCheckPod(t, e, dc.Name, release, secret.Name)
+	if _, err := dc.Client.CoreV1().Pods(WebhookNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dc.Client.CoreV1().Pods(WebhookNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}) })
 
-			var got *corev1.Pod
-			await(t, checkTimeout, "the helm test pod "+pod.Name+" to end", func() bool {
-				p, err := dc.Client.CoreV1().Pods(WebhookNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
-				if err != nil {
-					return false
-				}
-				got = p
-				return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-			})
-			log := containerLog(t, dc, got, "check")
-			message := ""
-			if s := got.Status.ContainerStatuses; len(s) == 1 && s[0].State.Terminated != nil {
-				message = s[0].State.Terminated.Message
-			}
-			t.Logf("pod %s: %s\nlog:\n%s", pod.Name, got.Status.Phase, log)
-			if got.Status.Phase != tc.want {
-				t.Fatalf("pod %s ended %s, want %s; termination message %q", pod.Name, got.Status.Phase, tc.want, message)
-			}
-			for _, out := range []string{log, message} {
-				if strings.Contains(out, wrongPassword) || strings.Contains(out, passwordOf(owner)) {
-					t.Errorf("the check's output holds a password:\n%s", out)
-				}
-			}
-			if tc.want == corev1.PodSucceeded {
-				if !strings.Contains(log, "primary") {
-					t.Errorf("the log does not show the check's findings:\n%s", log)
-				}
-				return
-			}
-			// Where helm test users look: `kubectl describe pod` (the
-			// termination message) and `helm test --logs`.
-			for _, out := range []string{log, message} {
-				if !strings.Contains(out, "password") || !strings.Contains(out, "fix") {
-					t.Errorf("the output does not say the password is wrong and how to fix it:\n%s", out)
-				}
-			}
-		})
+	var got *corev1.Pod
+	await(t, checkTimeout, "the helm test pod "+pod.Name+" to end", func() bool {
+		p, err := dc.Client.CoreV1().Pods(WebhookNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		got = p
+		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	})
+	log := containerLog(t, dc, got, "check")
+	message := ""
+	if s := got.Status.ContainerStatuses; len(s) == 1 && s[0].State.Terminated != nil {
+		message = s[0].State.Terminated.Message
+	}
+	t.Logf("pod %s: %s\nlog:\n%s", pod.Name, got.Status.Phase, log)
+	if got.Status.Phase != corev1.PodFailed {
+		t.Fatalf("pod %s ended %s, want Failed; termination message %q", pod.Name, got.Status.Phase, message)
+	}
+	// Where helm test users look: `kubectl describe pod` (the termination
+	// message) and `helm test --logs`.
+	for _, out := range []string{log, message} {
+		if strings.Contains(out, wrongPassword) || strings.Contains(out, passwordOf(owner)) {
+			t.Errorf("the check's output holds a password:\n%s", out)
+		}
+		if !strings.Contains(out, "password") || !strings.Contains(out, "fix") {
+			t.Errorf("the output does not say the password is wrong and how to fix it:\n%s", out)
+		}
 	}
 }
 
@@ -119,9 +136,8 @@ func passwordOf(u *url.URL) string {
 }
 
 // renderCheckPod renders the chart's `helm test` pod for release in the
-// webhook's namespace with the e2e image, the database Secret given and
-// --allow-async-replication (the e2e PostgreSQL has no standby: without it
-// the check rightly fails; tests.extraArgs is the chart's way to say so).
+// webhook's namespace with the e2e image, the database Secret given and the
+// test values of every e2e release (releaseValues).
 func renderCheckPod(t *testing.T, e *Env, cluster, release, secret string) *corev1.Pod {
 	t.Helper()
 	helm, err := kube.FindBinary("helm")
@@ -135,8 +151,8 @@ func renderCheckPod(t *testing.T, e *Env, cluster, release, secret string) *core
 		"--set-string", "database.existingSecret="+secret,
 		"--set-string", "image.repository="+repo,
 		"--set-string", "image.tag="+tag,
-		"--set-string", "image.pullPolicy="+string(corev1.PullNever),
-		"--set-string", "tests.extraArgs[0]=--allow-async-replication")
+		"--set-string", "image.pullPolicy="+string(corev1.PullNever))
+	cmd.Args = append(cmd.Args, testValues...)
 	out, err := cmd.Output()
 	if err != nil {
 		stderr := ""

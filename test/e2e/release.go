@@ -68,7 +68,7 @@ func releaseValues(dc *DC, databaseURL string) ([]string, error) {
 	}
 	repo, tag, _ := strings.Cut(images.DislockRef, ":")
 	agentRepo, agentTag, _ := strings.Cut(images.AgentRef, ":")
-	return []string{
+	return append([]string{
 		"--set-string", "clusterName=" + dc.Name,
 		"--set-string", "image.repository=" + repo,
 		"--set-string", "image.tag=" + tag,
@@ -85,7 +85,15 @@ func releaseValues(dc *DC, databaseURL string) ([]string, error) {
 		// A test serves images from an in-process registry on loopback,
 		// over plain HTTP, for the webhook to resolve entrypoints from.
 		"--set-json", `webhook.extraArgs=["--insecure-registry"]`,
-	}, nil
+	}, testValues...), nil
+}
+
+// testValues are the `helm test` pod's values of every e2e release: the
+// host network, as every pod here, and --allow-async-replication, since the
+// e2e PostgreSQL has no standby (without it the check rightly fails).
+var testValues = []string{
+	"--set", "tests.hostNetwork=true",
+	"--set-json", `tests.extraArgs=["--allow-async-replication"]`,
 }
 
 // installRelease runs `helm install` for dc and returns once the webhook is
@@ -110,16 +118,27 @@ func installRelease(ctx context.Context, dc *DC, root, databaseURL string, logf 
 // helm runs bin/helm against dc's cluster, with Helm's own files in the
 // cluster's directory.
 func (dc *DC) helm(ctx context.Context, args ...string) ([]byte, error) {
-	helm, err := kube.FindBinary("helm")
+	return dc.tool(ctx, "helm", args, "HELM_CACHE_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-config"), "HELM_DATA_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-data"))
+}
+
+// Kubectl runs bin/kubectl against dc's cluster, as a user with the
+// cluster's admin kubeconfig would, and returns its output.
+func (dc *DC) Kubectl(ctx context.Context, args ...string) ([]byte, error) {
+	return dc.tool(ctx, "kubectl", args)
+}
+
+// tool runs one of bin/'s client programs with dc's kubeconfig and env.
+func (dc *DC) tool(ctx context.Context, name string, args []string, env ...string) ([]byte, error) {
+	bin, err := kube.FindBinary(name)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrMissing, err)
 	}
-	cmd := exec.CommandContext(ctx, helm, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+dc.Cluster.Kubeconfig(), "HELM_CACHE_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-config"), "HELM_DATA_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-data"))
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(append(os.Environ(), "KUBECONFIG="+dc.Cluster.Kubeconfig()), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return out, fmt.Errorf("e2e: %s: helm %s: %w: %s", dc.Name, args[0], err, out)
+		return out, fmt.Errorf("e2e: %s: %s %s: %w: %s", dc.Name, name, args[0], err, out)
 	}
 	return out, nil
 }
