@@ -164,9 +164,10 @@ func (o *Outcome) Runs() ([]Run, []string) {
 //	    its never started, exited non-zero or was killed) got a successful
 //	    run; under schedule,lease a window skipped because an earlier
 //	    window's run held the lease is exempt, as designed;
-//	(c) fencing tokens strictly increase from one run to the next: a run
-//	    that started after another ended has a larger token, no two runs
-//	    share one, and every run has one;
+//	(c) fencing tokens strictly increase from one grant to the next: a run
+//	    granted after another ended has a larger token (granted when it
+//	    started, or in schedule mode across windows by its window's claim:
+//	    see grantedAt), no two runs share one, and every run has one;
 //	(d) every pod ended within StuckBound of the later of its creation and
 //	    the last healed fault, a PostgreSQL restart by another schedule
 //	    included (pods whose app never started excepted: they wait for
@@ -357,19 +358,22 @@ func Check(o *Outcome) []Violation {
 	return vs
 }
 
-// grantedAt is when run r's token was granted, as far as its order against
-// run a's goes: when r started, except where a's window is another and the
-// mode is schedule alone. There r's token is its window's claim, drawn when
-// the claim was granted (the row's claimed_at, which a re-entry keeps), and
-// r may start long after that: a pod whose claim's reply was held up (a
-// paused bouncer) renews its own claim, which nobody else may take, and runs
-// its window late, after a later window's run elsewhere ended. Windows are
-// apart in schedule mode; only a lease orders runs of a key by their start.
+// grantedAt is the latest time run r's token can have been granted, as far
+// as its order against run a's goes: when r started, except where a's window
+// is another and the mode is schedule alone. There r's token is its
+// window's claim, and r may start long after it: a pod whose claim's reply
+// was held up (a paused bouncer) renews its own claim, which nobody took
+// meanwhile, and runs its window late, after a later window's run elsewhere
+// ended. Windows are apart in schedule mode; only a lease orders runs of a
+// key by their start. The window's row bounds r's claim from above whoever
+// holds it now: its claimed_at is r's own claim's (a re-entry keeps it) or a
+// later take's. Within a few milliseconds only: claimed_at is the claim's
+// transaction start, just before it drew its token.
 func (o *Outcome) grantedAt(r, a Run) time.Time {
 	if o.Plan.HasLease() || r.Window == a.Window {
 		return r.Start
 	}
-	if c, ok := o.rowClaim(unit{r.Window, r.Index}); ok && c.Token == r.Token && c.ClaimedAt.Before(r.Start) {
+	if c, ok := o.rowClaim(unit{r.Window, r.Index}); ok && c.ClaimedAt.Before(r.Start) {
 		return c.ClaimedAt
 	}
 	return r.Start

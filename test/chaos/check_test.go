@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -204,8 +205,9 @@ func TestRunsTakeTheEndTheWrapperSaw(t *testing.T) {
 // mode a pod whose claim's reply was held up renews its own claim and runs
 // its window after a later window's run elsewhere ended; its token was
 // granted with the claim, before that run's, so it is smaller and breaks no
-// promise. The same order of runs is a violation when the claim was granted
-// after the other run ended, within one window, or under a lease.
+// promise, even when its Job's retry took the window over afterwards. The
+// same order of runs is a violation when the claim was granted after the
+// other run ended, within one window, or under a lease.
 func TestAWindowClaimedBeforeALaterWindowRanKeepsItsSmallerToken(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
@@ -217,11 +219,14 @@ func TestAWindowClaimedBeforeALaterWindowRanKeepsItsSmallerToken(t *testing.T) {
 		name      string
 		mode      string
 		window    int       // of dc-a's late run
-		claimedAt time.Time // its row's claim
+		claimedAt time.Time // its row's last claim
+		token     int64     // its row's token; 0: the late run's, 28
 		violated  bool
 	}{
 		{name: "claimed before the later window's grant", mode: "schedule", claimedAt: at(500)},
+		{name: "claimed, then taken over by its Job's retry", mode: "schedule", claimedAt: at(4000), token: 40},
 		{name: "claimed after the later window's run ended", mode: "schedule", claimedAt: at(5000), violated: true},
+		{name: "its window's row taken only after the later run ended", mode: "schedule", claimedAt: at(9000), token: 40, violated: true},
 		{name: "the same window", mode: "schedule", window: 1, claimedAt: at(500), violated: true},
 		{name: "under a lease", mode: "schedule,lease", claimedAt: at(500), violated: true},
 	}
@@ -239,7 +244,11 @@ func TestAWindowClaimedBeforeALaterWindowRanKeepsItsSmallerToken(t *testing.T) {
 					{Cluster: "dc-b", Name: "w1-b", Window: 1, Index: -1, AppRan: true, AppEnd: later.End, AppResult: 0},
 					{Cluster: "dc-a", Name: "w0-a", Window: c.window, Index: -1, AppRan: true, AppEnd: late.End, AppResult: 0},
 				},
-				WindowClaims: map[string]WindowClaim{windows[c.window]: {Owner: "dc-a/ns/j/uid/w0-a", Token: 28, ClaimedAt: c.claimedAt}},
+				WindowClaims: map[string]WindowClaim{
+					windows[c.window]: {Owner: "dc-a/ns/j/uid/w0-a", Token: cmp.Or(c.token, 28), ClaimedAt: c.claimedAt},
+					// The later window's own row: never r's.
+					windows[1-c.window]: {Owner: "dc-b/ns/j/uid/w1-b", Token: 31, ClaimedAt: at(100)},
+				},
 			}
 			var found []string
 			for _, v := range Check(o) {

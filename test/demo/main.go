@@ -29,6 +29,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/dislock/dislock/test/e2e"
 )
 
@@ -90,6 +92,9 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "demo: it runs real kubelets and containerd, which need root: run it as root (sudo make demo)")
 		return exitUsage
 	}
+	// The harness's dry-run probes draw the webhook's warnings; the demo
+	// shows the one kubectl prints for the user's own CronJob.
+	rest.SetDefaultWarningHandler(rest.NoWarnings{})
 	out := &printer{w: os.Stdout, verbose: cfg.verbose}
 	ctx := interruptible(out)
 

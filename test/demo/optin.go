@@ -10,11 +10,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/dislock/dislock/lockagent/contract"
@@ -57,6 +59,9 @@ func applyCronJob(ctx context.Context, env *e2e.Env, cfg config, dir string, out
 	for _, dc := range env.DCs {
 		cj := e2e.LedgerCronJob(dc.Name, cronJobName, "* * * * *", cfg.mode, e2e.Ledger{DSN: dc.BouncerDSN(), Work: work})
 		cj.Namespace = namespace
+		// As docs/install.md asks: one zone in every cluster, or the same
+		// tick is a different window in each.
+		cj.Spec.TimeZone = ptr.To("Etc/UTC")
 		cj.TypeMeta = metav1.TypeMeta{APIVersion: batchv1.SchemeGroupVersion.String(), Kind: "CronJob"}
 		manifest, err := yaml.Marshal(cj)
 		if err != nil {
@@ -66,8 +71,8 @@ func applyCronJob(ctx context.Context, env *e2e.Env, cfg config, dir string, out
 		if err := os.WriteFile(file, manifest, 0o600); err != nil {
 			return err
 		}
-		out.step("%s: %s holds CronJob %s/%s, schedule %q, annotated %s: %s", dc.Name, filepath.Base(file),
-			namespace, cronJobName, cj.Spec.Schedule, contract.AnnotationMode, cfg.mode)
+		out.step("%s: %s holds CronJob %s/%s, schedule %q in %s, annotated %s: %s", dc.Name, filepath.Base(file),
+			namespace, cronJobName, cj.Spec.Schedule, *cj.Spec.TimeZone, contract.AnnotationMode, cfg.mode)
 		if err := kubectl(ctx, dc, out, "apply", "-f", file); err != nil {
 			return err
 		}
@@ -77,9 +82,9 @@ func applyCronJob(ctx context.Context, env *e2e.Env, cfg config, dir string, out
 
 // kubectl runs and prints one kubectl command against dc, with its output.
 func kubectl(ctx context.Context, dc *e2e.DC, out *printer, args ...string) error {
-	shown := make([]string, len(args))
-	for i, a := range args {
-		shown[i] = filepath.Base(a) // a manifest's path: its name says enough
+	shown := slices.Clone(args)
+	if i := slices.Index(shown, "-f"); i >= 0 && i+1 < len(shown) {
+		shown[i+1] = filepath.Base(shown[i+1]) // a manifest's path: its name says enough
 	}
 	o, err := dc.Kubectl(ctx, args...)
 	out.step("%s: $ kubectl %s\n          %s", dc.Name, strings.Join(shown, " "), strings.TrimSpace(string(o)))

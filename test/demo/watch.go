@@ -270,8 +270,9 @@ var columns = []struct {
 	title string
 	width int
 }{
-	{"WINDOW", 6}, {"DC", 4}, {"OUTCOME", 7}, {"TOKEN", 5}, {"RUN", 5}, {"DECIDED", 7},
-	{"WHY (the dislock-agent sidecar's termination message)", 0},
+	// A token is 2⁴⁰ × epoch + n: 13 digits for years of claims.
+	{"WINDOW", 6}, {"DC", 4}, {"OUTCOME", 7}, {"TOKEN", 13}, {"RUN", 5}, {"DECIDED", 7},
+	{"WHY (the sidecar's termination message)", 0},
 }
 
 func header() string {

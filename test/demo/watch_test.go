@@ -22,8 +22,8 @@ func TestATableRowSaysWhoRanAndWhyTheOthersSkippedInAHundredColumns(t *testing.T
 		row:    &store.Window{Cluster: "dc-b"},
 		dcs: []dcOutcome{
 			{dc: "dc-b", job: &batchv1.Job{}, complete: true, decided: 1500 * time.Millisecond,
-				ran:     &e2e.Run{Token: 41, Cluster: "dc-b", Started: started, Finished: &finished},
-				message: "ran window 2026-12-02T17:48:00Z of e2e/report with token 41: succeeded (1 container(s), exit code 0)"},
+				ran:     &e2e.Run{Token: 1099511627817, Cluster: "dc-b", Started: started, Finished: &finished},
+				message: "ran window 2026-12-02T17:48:00Z of e2e/report with token 1099511627817: succeeded (1 container(s), exit code 0)"},
 			{dc: "dc-a", job: &batchv1.Job{}, complete: true, decided: 1700 * time.Millisecond,
 				message: "skip: window 2026-12-02T17:48:00Z already claimed by cluster dc-b (dc-b/e2e/report-29937228/e3e837e0-15a9-44a2-a73c-4154704e1b44, state running)"},
 			{dc: "dc-c", job: &batchv1.Job{}, complete: true,
@@ -35,10 +35,12 @@ func TestATableRowSaysWhoRanAndWhyTheOthersSkippedInAHundredColumns(t *testing.T
 	}
 	got := strings.Split(strings.TrimSuffix(o.rows(), "\n"), "\n")
 	want := []string{
-		"17:48   dc-b  ran         41   2.0s     1.5s  succeeded (1 container(s), exit code 0)",
-		"        dc-a  skipped      -      -     1.7s  already claimed by cluster dc-b (state running)",
-		"        dc-c  skipped      -      -        -  lease e2e/report held by dc-b until",
-		"                                              2026-12-02T17:48:31Z: an earlier run is still going",
+		"17:48   dc-b  ran      1099511627817   2.0s     1.5s  succeeded (1 container(s), exit code 0)",
+		"        dc-a  skipped              -      -     1.7s  already claimed by cluster dc-b (state",
+		"                                                      running)",
+		"        dc-c  skipped              -      -        -  lease e2e/report held by dc-b until",
+		"                                                      2026-12-02T17:48:31Z: an earlier run is still",
+		"                                                      going",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("rows:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
