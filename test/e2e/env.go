@@ -313,7 +313,7 @@ func (e *Env) startDC(dc *DC) error {
 	if err := installRelease(ctx, dc, e.root, dc.bouncer.DSN(), e.logf); err != nil {
 		return err
 	}
-	e.logf("%s: helm install %s in %v", dc.Name, ReleaseName, time.Since(installBegun).Round(time.Millisecond))
+	e.logf("%s: helm install %s in %v%s", dc.Name, ReleaseName, time.Since(installBegun).Round(time.Millisecond), webhookRestarts(ctx, dc))
 	for _, team := range Teams {
 		if err := awaitReady(ctx, dc, team); err != nil {
 			return err

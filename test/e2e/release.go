@@ -29,6 +29,8 @@ import (
 	"strings"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/dislock/dislock/test/harness"
 	"github.com/dislock/dislock/test/images"
 	"github.com/dislock/dislock/test/kube"
@@ -141,4 +143,32 @@ func (dc *DC) tool(ctx context.Context, name string, args []string, env ...strin
 		return out, fmt.Errorf("e2e: %s: %s %s: %w: %s", dc.Name, name, args[0], err, out)
 	}
 	return out, nil
+}
+
+// webhookRestarts says which of dc's webhook containers restarted before
+// the release was ready, and why they last ended: a slow install's usual
+// cause (a failed start waiting out the kubelet's back-off). Empty when
+// none did.
+func webhookRestarts(ctx context.Context, dc *DC) string {
+	pods, err := dc.Client.CoreV1().Pods(WebhookNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
+	if err != nil {
+		return fmt.Sprintf(" (listing the webhook pods: %v)", err)
+	}
+	var restarts []string
+	for _, p := range pods.Items {
+		for _, c := range p.Status.ContainerStatuses {
+			if c.RestartCount == 0 {
+				continue
+			}
+			why := ""
+			if t := c.LastTerminationState.Terminated; t != nil {
+				why = fmt.Sprintf(", last ended with code %d: %s %s", t.ExitCode, t.Reason, strings.TrimSpace(t.Message))
+			}
+			restarts = append(restarts, fmt.Sprintf("%s/%s restarted %d times%s", p.Name, c.Name, c.RestartCount, why))
+		}
+	}
+	if len(restarts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(restarts, "; ") + ")"
 }
