@@ -246,8 +246,8 @@ func (a *agent) recordView(ctx context.Context, v store.View) {
 }
 
 func joinReason(a, b string) string {
-	if a == "" {
-		return b
+	if a == "" || b == "" {
+		return a + b
 	}
 	return a + "; " + b
 }

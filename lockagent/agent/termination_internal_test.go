@@ -38,3 +38,19 @@ func TestEachDecisionLeavesTheOutcomeThePodComesTo(t *testing.T) {
 		}
 	}
 }
+
+// A run's termination message (what `kubectl get pod` shows) is its summary,
+// with the clusters' disagreement after it only when there is one: never a
+// dangling separator.
+func TestARunsMessageAddsOnlyWhatThereIsToSay(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ a, b, want string }{
+		{"ran window W of k with token 7: succeeded", "", "ran window W of k with token 7: succeeded"},
+		{"ran window W of k with token 7: succeeded", "WARNING clusters disagree", "ran window W of k with token 7: succeeded; WARNING clusters disagree"},
+		{"", "lease k acquired", "lease k acquired"},
+	} {
+		if got := joinReason(tc.a, tc.b); got != tc.want {
+			t.Errorf("joinReason(%q, %q) = %q, want %q", tc.a, tc.b, got, tc.want)
+		}
+	}
+}

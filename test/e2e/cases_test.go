@@ -15,7 +15,6 @@ import (
 	"log"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -33,7 +32,6 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/test/images"
-	"github.com/dislock/dislock/test/kube"
 )
 
 // jobTimeout bounds the wait for one Job to finish.
@@ -283,14 +281,8 @@ func createTick(t *testing.T, e *Env, cjs map[string]*batchv1.CronJob, tick time
 // against the data centre, as an operator would.
 func createManual(t *testing.T, dc *DC, cronJob, job string) {
 	t.Helper()
-	kubectl, err := kube.FindBinary("kubectl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(kubectl, "--kubeconfig", dc.Cluster.Kubeconfig(), "--namespace", Namespace,
-		"create", "job", "--from=cronjob/"+cronJob, job).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s: kubectl create job --from=cronjob/%s %s: %v\n%s", dc.Name, cronJob, job, err, out)
+	if out, err := dc.Kubectl(context.Background(), "--namespace", Namespace, "create", "job", "--from=cronjob/"+cronJob, job); err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
 }
 
