@@ -77,6 +77,10 @@ func runWebhook(args []string) int {
 		LeaderElection:          s.LeaderElect,
 		LeaderElectionID:        "dislock-webhook",
 		LeaderElectionNamespace: cfg.Namespace,
+		// A replica that stops hands the Lease over at once rather than
+		// leaving it to expire: the manager stops the leader's work before
+		// it releases, and the process ends when Start returns.
+		LeaderElectionReleaseOnCancel: true,
 		WebhookServer: crwebhook.NewServer(crwebhook.Options{
 			Port: port, CertDir: cfg.Certs.CertDir, TLSOpts: []func(*tls.Config){secure},
 		}),

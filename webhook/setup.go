@@ -1,13 +1,17 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -239,6 +243,43 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 	return nil
 }
 
+// certsServable says whether the webhook can serve: the kubelet has
+// projected the serving certificate into the cert directory, and both
+// webhook configurations trust the CA beside it. The rotator says so too,
+// but looks for the files with an exponential back-off (a minute apart and
+// more after the first few seconds), on top of the kubelet's own delay in
+// projecting the Secret it wrote (up to its sync period, a minute): a first
+// install could wait minutes for nothing. This looks every second.
+func certsServable(r client.Reader, c CertConfig) bool {
+	if _, err := os.Stat(filepath.Join(c.CertDir, "tls.crt")); err != nil {
+		return false
+	}
+	ca, err := os.ReadFile(filepath.Join(c.CertDir, "ca.crt"))
+	if err != nil || len(ca) == 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var m admissionregistrationv1.MutatingWebhookConfiguration
+	var v admissionregistrationv1.ValidatingWebhookConfiguration
+	if r.Get(ctx, types.NamespacedName{Name: c.MutatingConfigName}, &m) != nil ||
+		r.Get(ctx, types.NamespacedName{Name: c.ValidatingConfigName}, &v) != nil {
+		return false
+	}
+	trusted := func(bundle []byte) bool { return bytes.Equal(bytes.TrimSpace(bundle), bytes.TrimSpace(ca)) }
+	for _, w := range m.Webhooks {
+		if !trusted(w.ClientConfig.CABundle) {
+			return false
+		}
+	}
+	for _, w := range v.Webhooks {
+		if !trusted(w.ClientConfig.CABundle) {
+			return false
+		}
+	}
+	return len(m.Webhooks)+len(v.Webhooks) > 0
+}
+
 // setupSelfSigned adds the certificate rotator. The webhook server can only
 // start once the certificate is on disk, so the handlers are registered (and
 // the server added to the manager) when the rotator says it is ready; until
@@ -276,9 +317,20 @@ func setupSelfSigned(mgr manager.Manager, cfg Config, register func()) error {
 	}
 	started := make(chan struct{})
 	go func() {
-		<-ready
-		register()
-		close(started)
+		servable := time.NewTicker(time.Second)
+		defer servable.Stop()
+		for {
+			select {
+			case <-ready:
+			case <-servable.C:
+				if !certsServable(mgr.GetAPIReader(), cfg.Certs) {
+					continue
+				}
+			}
+			register()
+			close(started)
+			return
+		}
 	}()
 	return mgr.AddReadyzCheck("webhook", func(req *http.Request) error {
 		select {
