@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -21,6 +22,7 @@ import (
 	"github.com/dislock/dislock/internal/cli"
 	"github.com/dislock/dislock/internal/gatewaycmd"
 	"github.com/dislock/dislock/internal/kubeconfig"
+	"github.com/dislock/dislock/internal/listenwait"
 	"github.com/dislock/dislock/webhook"
 	"github.com/dislock/dislock/webhook/flags"
 
@@ -70,6 +72,15 @@ func runWebhook(args []string) int {
 		c.MinVersion = tls.VersionTLS12
 		c.NextProtos = []string{"http/1.1"}
 	}
+	// A host-network replica can start on the node its predecessor is still
+	// leaving (graceful shutdown, then the pod's grace period): wait for its
+	// ports rather than crash-loop.
+	ctx := ctrl.SetupSignalHandler()
+	if err := listenwait.Free(ctx, []string{fmt.Sprintf(":%d", port), s.MetricsAddr, s.ProbeAddr}, portWait, func(addr string, err error) {
+		log.Info("waiting for a port another process still holds (on the host's network, the replica this one replaces)", "addr", addr, "err", err.Error(), "upTo", portWait.String())
+	}); err != nil {
+		log.Error(err, "the ports did not come free; binding them anyway")
+	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Cache:                   webhook.CacheOptions(cfg),
 		Metrics:                 metricsserver.Options{BindAddress: s.MetricsAddr, TLSOpts: []func(*tls.Config){secure}},
@@ -95,11 +106,15 @@ func runWebhook(args []string) int {
 		return 1
 	}
 	log.Info("starting", "cluster", cfg.Inject.ClusterName, "port", port, "selfSignedCerts", cfg.Certs.SelfSigned)
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+	if err := mgr.Start(ctx); err != nil {
 		log.Error(err, "running the manager")
 		return 1
 	}
 	return 0
 }
+
+// portWait bounds the wait for the ports: the predecessor's graceful
+// shutdown (20 s) and its pod's termination grace period (the chart's 30 s).
+const portWait = time.Minute
 
 func ptr[T any](v T) *T { return &v }
