@@ -175,9 +175,16 @@ func renderCheckPod(t *testing.T, e *Env, cluster, release, secret string) *core
 // (the API server cannot reach a kubelet whose only address is loopback).
 func containerLog(t *testing.T, dc *DC, p *corev1.Pod, container string) string {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(dc.Node.Dir(), "pod-logs", fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), container, "*.log"))
+	return nodeContainerLog(t, dc.Node.Dir(), p, container)
+}
+
+// nodeContainerLog is containerLog for a pod of the node whose directory is
+// nodeDir.
+func nodeContainerLog(t *testing.T, nodeDir string, p *corev1.Pod, container string) string {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(nodeDir, "pod-logs", fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), container, "*.log"))
 	if len(files) == 0 {
-		t.Fatalf("no log of %s/%s container %s under %s", p.Namespace, p.Name, container, filepath.Join(dc.Node.Dir(), "pod-logs"))
+		t.Fatalf("no log of %s/%s container %s under %s", p.Namespace, p.Name, container, filepath.Join(nodeDir, "pod-logs"))
 	}
 	b, err := os.ReadFile(files[len(files)-1])
 	if err != nil {
