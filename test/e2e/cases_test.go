@@ -231,16 +231,23 @@ func TestImageWithoutCommandRunsTheEntrypointResolvedFromItsRegistry(t *testing.
 	if got := job.Spec.Template.Spec.Containers[0].Command; !slices.Equal(got, want) {
 		t.Fatalf("the admitted Job's app command is %q, want the image's entrypoint wrapped: %q", got, want)
 	}
-	pod := completeJob(t, dc, job.Name)
+	ranOnceHere(t, e, dc, job.Name, name, tick)
+	t.Logf("image %s (no command in the pod): the Job was admitted running %q; window %s ran in %s", ref, want, tick.Format(time.RFC3339), dc.Name)
+}
+
+// ranOnceHere waits for dc's Job of cronJob's window tick to complete and
+// checks that its app ran the window, once, there.
+func ranOnceHere(t *testing.T, e *Env, dc *DC, job, cronJob string, tick time.Time) {
+	t.Helper()
+	pod := completeJob(t, dc, job)
 	w := tick.Format(time.RFC3339)
 	if msg := AgentMessage(&pod); !strings.Contains(msg, "ran window "+w) || !strings.Contains(msg, "succeeded") {
 		t.Errorf("agent's termination message %q, want window %s run and succeeded", msg, w)
 	}
-	runs := runsOf(t, e, name)
+	runs := runsOf(t, e, cronJob)
 	if len(runs) != 1 || runs[0].Window != w || runs[0].Cluster != dc.Name {
 		t.Fatalf("ledger %v, want one run of window %s in %s", runs, w, dc.Name)
 	}
-	t.Logf("image %s (no command in the pod): the Job was admitted running %q; window %s ran in %s", ref, want, w, dc.Name)
 }
 
 // suspendedEverywhere applies a suspended ledger CronJob to every data

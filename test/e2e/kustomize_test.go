@@ -143,13 +143,5 @@ func TestKustomizeInstallRunsAWindow(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s: creating the Job of %s for %s: %v", dc.Name, name, tick.Format(time.RFC3339), err)
 	}
-	pod := completeJob(t, dc, job.Name)
-	w := tick.Format(time.RFC3339)
-	if msg := AgentMessage(&pod); !strings.Contains(msg, "ran window "+w) || !strings.Contains(msg, "succeeded") {
-		t.Errorf("agent's termination message %q, want window %s run and succeeded", msg, w)
-	}
-	runs := runsOf(t, e, name)
-	if len(runs) != 1 || runs[0].Window != w || runs[0].Cluster != dc.Name {
-		t.Fatalf("ledger %v, want one run of window %s in %s", runs, w, dc.Name)
-	}
+	ranOnceHere(t, e, dc, job.Name, name, tick)
 }
