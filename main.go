@@ -8,9 +8,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"flag"
-	"fmt"
+	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -76,7 +77,7 @@ func runWebhook(args []string) int {
 	// leaving (graceful shutdown, then the pod's grace period): wait for its
 	// ports rather than crash-loop.
 	ctx := ctrl.SetupSignalHandler()
-	if err := listenwait.Free(ctx, []string{fmt.Sprintf(":%d", port), s.MetricsAddr, s.ProbeAddr}, portWait, func(addr string, err error) {
+	if err := listenwait.Free(ctx, []string{net.JoinHostPort(s.Host, strconv.Itoa(port)), s.MetricsAddr, s.ProbeAddr}, portWait, func(addr string, err error) {
 		log.Info("waiting for a port another process still holds (on the host's network, the replica this one replaces)", "addr", addr, "err", err.Error(), "upTo", portWait.String())
 	}); err != nil {
 		log.Error(err, "the ports did not come free; binding them anyway")
@@ -93,7 +94,7 @@ func runWebhook(args []string) int {
 		// it releases, and the process ends when Start returns.
 		LeaderElectionReleaseOnCancel: true,
 		WebhookServer: crwebhook.NewServer(crwebhook.Options{
-			Port: port, CertDir: cfg.Certs.CertDir, TLSOpts: []func(*tls.Config){secure},
+			Host: s.Host, Port: port, CertDir: cfg.Certs.CertDir, TLSOpts: []func(*tls.Config){secure},
 		}),
 		GracefulShutdownTimeout: ptr(20 * time.Second),
 	})

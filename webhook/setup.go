@@ -249,35 +249,93 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 // but looks for the files with an exponential back-off (a minute apart and
 // more after the first few seconds), on top of the kubelet's own delay in
 // projecting the Secret it wrote (up to its sync period, a minute): a first
-// install could wait minutes for nothing. This looks every second.
-func certsServable(r client.Reader, c CertConfig) bool {
-	if _, err := os.Stat(filepath.Join(c.CertDir, "tls.crt")); err != nil {
-		return false
+// install could wait minutes for nothing. This looks every second. It
+// lists the configurations, which the chart's RBAC grants for the rotator
+// (get it does not).
+func certsServable(ctx context.Context, r client.Reader, c CertConfig) (bool, error) {
+	for _, f := range []string{"tls.crt", "tls.key"} {
+		if _, err := os.Stat(filepath.Join(c.CertDir, f)); err != nil {
+			return false, nil
+		}
 	}
 	ca, err := os.ReadFile(filepath.Join(c.CertDir, "ca.crt"))
-	if err != nil || len(ca) == 0 {
-		return false
+	if err != nil || len(bytes.TrimSpace(ca)) == 0 {
+		return false, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var m admissionregistrationv1.MutatingWebhookConfiguration
-	var v admissionregistrationv1.ValidatingWebhookConfiguration
-	if r.Get(ctx, types.NamespacedName{Name: c.MutatingConfigName}, &m) != nil ||
-		r.Get(ctx, types.NamespacedName{Name: c.ValidatingConfigName}, &v) != nil {
-		return false
+	var bundles [][]byte
+	var m admissionregistrationv1.MutatingWebhookConfigurationList
+	if err := r.List(ctx, &m); err != nil {
+		return false, fmt.Errorf("listing the mutating webhook configurations: %w", err)
 	}
-	trusted := func(bundle []byte) bool { return bytes.Equal(bytes.TrimSpace(bundle), bytes.TrimSpace(ca)) }
-	for _, w := range m.Webhooks {
-		if !trusted(w.ClientConfig.CABundle) {
-			return false
+	for _, cfg := range m.Items {
+		if cfg.Name == c.MutatingConfigName {
+			for _, w := range cfg.Webhooks {
+				bundles = append(bundles, w.ClientConfig.CABundle)
+			}
 		}
 	}
-	for _, w := range v.Webhooks {
-		if !trusted(w.ClientConfig.CABundle) {
-			return false
+	var v admissionregistrationv1.ValidatingWebhookConfigurationList
+	if err := r.List(ctx, &v); err != nil {
+		return false, fmt.Errorf("listing the validating webhook configurations: %w", err)
+	}
+	for _, cfg := range v.Items {
+		if cfg.Name == c.ValidatingConfigName {
+			for _, w := range cfg.Webhooks {
+				bundles = append(bundles, w.ClientConfig.CABundle)
+			}
 		}
 	}
-	return len(m.Webhooks)+len(v.Webhooks) > 0
+	for _, b := range bundles {
+		if !bytes.Equal(bytes.TrimSpace(b), bytes.TrimSpace(ca)) {
+			return false, nil
+		}
+	}
+	return len(bundles) > 0, nil
+}
+
+// servingWait registers the webhook's handlers, which adds its server to
+// the manager, once the certificate is servable (certsServable, or the
+// rotator's ready), and never after the manager began to stop: it is one of
+// the manager's runnables, on every replica.
+type servingWait struct {
+	mgr      manager.Manager
+	certs    CertConfig
+	ready    <-chan struct{}
+	register func()
+	started  chan struct{}
+}
+
+func (w *servingWait) NeedLeaderElection() bool { return false }
+
+func (w *servingWait) Start(ctx context.Context) error {
+	log := w.mgr.GetLogger().WithName("certs")
+	every := time.NewTicker(time.Second)
+	defer every.Stop()
+	var said string
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.ready:
+		case <-every.C:
+			ok, err := certsServable(ctx, w.mgr.GetAPIReader(), w.certs)
+			if err != nil && err.Error() != said && ctx.Err() == nil {
+				said = err.Error()
+				log.Error(err, "cannot tell whether the webhook configurations trust the certificate yet; waiting for the rotator instead")
+			}
+			if !ok {
+				continue
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		w.register()
+		close(w.started)
+		return nil
+	}
 }
 
 // setupSelfSigned adds the certificate rotator. The webhook server can only
@@ -315,23 +373,11 @@ func setupSelfSigned(mgr manager.Manager, cfg Config, register func()) error {
 	if err != nil {
 		return fmt.Errorf("adding the certificate rotator: %w", err)
 	}
-	started := make(chan struct{})
-	go func() {
-		servable := time.NewTicker(time.Second)
-		defer servable.Stop()
-		for {
-			select {
-			case <-ready:
-			case <-servable.C:
-				if !certsServable(mgr.GetAPIReader(), cfg.Certs) {
-					continue
-				}
-			}
-			register()
-			close(started)
-			return
-		}
-	}()
+	wait := &servingWait{mgr: mgr, certs: cfg.Certs, ready: ready, register: register, started: make(chan struct{})}
+	if err := mgr.Add(wait); err != nil {
+		return fmt.Errorf("adding the wait for the certificate: %w", err)
+	}
+	started := wait.started
 	return mgr.AddReadyzCheck("webhook", func(req *http.Request) error {
 		select {
 		case <-started:

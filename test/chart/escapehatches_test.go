@@ -104,6 +104,8 @@ func TestTheEscapeHatchesReachTheWebhookAfterTheChartsOwn(t *testing.T) {
 // webhook still resolves Services, and every place a port is named agrees
 // with the host-unique ports the operator picked: the container's ports,
 // the flags the webhook listens on, the probes and the Service's target.
+// There it listens on the node's own address (the pod's IP) only, not on
+// every interface of the node.
 func TestOnTheNodesNetworkEveryPortIsTheOneChosen(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -112,10 +114,12 @@ func TestOnTheNodesNetworkEveryPortIsTheOneChosen(t *testing.T) {
 		hostNetwork          bool
 		dnsPolicy            corev1.DNSPolicy
 		webhook, metrics, hp int32
+		host, hostPort       string // --host, and the host part of the other two addresses
 	}{
-		{"by default, the pod network and the usual ports", base(), false, "", 9443, 8080, 8081},
+		{"by default, the pod network and the usual ports", base(), false, "", 9443, 8080, 8081, "", ""},
 		{"hostNetwork with ports of its own", base("webhook.hostNetwork", true, "webhook.port", 10443,
-			"webhook.metricsPort", 10480, "webhook.healthPort", 10481), true, corev1.DNSClusterFirstWithHostNet, 10443, 10480, 10481},
+			"webhook.metricsPort", 10480, "webhook.healthPort", 10481), true, corev1.DNSClusterFirstWithHostNet, 10443, 10480, 10481,
+			"$(POD_IP)", "[$(POD_IP)]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -130,8 +134,8 @@ func TestOnTheNodesNetworkEveryPortIsTheOneChosen(t *testing.T) {
 				port              int32
 			}{
 				{"webhook", "port", fmt.Sprint(tc.webhook), tc.webhook},
-				{"metrics", "metrics-bind-address", fmt.Sprintf(":%d", tc.metrics), tc.metrics},
-				{"health", "health-probe-bind-address", fmt.Sprintf(":%d", tc.hp), tc.hp},
+				{"metrics", "metrics-bind-address", fmt.Sprintf("%s:%d", tc.hostPort, tc.metrics), tc.metrics},
+				{"health", "health-probe-bind-address", fmt.Sprintf("%s:%d", tc.hostPort, tc.hp), tc.hp},
 			} {
 				if got := portNamed(t, c, p.name); got != p.port {
 					t.Errorf("container port %s is %d, want %d", p.name, got, p.port)
@@ -139,6 +143,15 @@ func TestOnTheNodesNetworkEveryPortIsTheOneChosen(t *testing.T) {
 				if got := flags.value(p.flag); got != p.value {
 					t.Errorf("--%s=%s, want %s", p.flag, got, p.value)
 				}
+			}
+			if got := flags.value("host"); got != tc.host {
+				t.Errorf("--host=%s, want %q", got, tc.host)
+			}
+			podIP := slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+				return e.Name == "POD_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP"
+			})
+			if podIP != tc.hostNetwork {
+				t.Errorf("env POD_IP from status.podIP: %t, want %t", podIP, tc.hostNetwork)
 			}
 			for _, probe := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
 				if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Port.String() != "health" {

@@ -221,8 +221,10 @@ func startProcess(t *testing.T, bin string, args, env []string) <-chan struct{} 
 // projectSecret plays the kubelet: it copies the Secret's keys into the
 // cert dir now (a pod starts only once its secret volumes are mounted) and
 // again whenever they change, the way a secret volume is updated, until the
-// test ends.
-func (r *release) projectSecret(t *testing.T, name string) {
+// test ends. A kubelet updates a secret volume at its next pod sync, up to
+// its sync period after the Secret changed: after holds off every update
+// but the first for that long.
+func (r *release) projectSecret(t *testing.T, name string, after time.Duration) {
 	t.Helper()
 	var last map[string][]byte
 	project := func() error {
@@ -244,6 +246,11 @@ func (r *release) projectSecret(t *testing.T, name string) {
 	t.Cleanup(func() { close(stop); <-done })
 	go func() {
 		defer close(done)
+		select {
+		case <-stop:
+			return
+		case <-time.After(after):
+		}
 		for {
 			select {
 			case <-stop:
@@ -284,13 +291,24 @@ func (r *release) awaitReady(t *testing.T) {
 	})
 }
 
+// kubeletProjection is how long the test's kubelet takes to project the
+// certificate the webhook wrote: past the certificate rotator's first four
+// looks for the files (1, 2, 4, 8 s apart, up to twice that with jitter).
+const kubeletProjection = 16 * time.Second
+
+// servingAfterProjection bounds how long after the projection the webhook is
+// ready: it looks every second, where the rotator alone would look next up
+// to 32 s later.
+const servingAfterProjection = 5 * time.Second
+
 // The chart as installed by default (own certificates, the database Secret
 // copied, leader election) works with nothing but its own RBAC: the webhook
 // publishes a certificate for the Service's name, takes the lease, migrates
 // the schema through PgBouncer, keeps copies of the database Secret, and
 // injects Jobs of opted-in CronJobs, reading a pull secret to ask the
 // registry for an image's entrypoint; its own namespace and kube-system are
-// never intercepted.
+// never intercepted. It is ready within seconds of its certificate's
+// projection, however late the kubelet projects it.
 func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 	c := kube.Need(t)
 	pg := pgtest.New(t, pgtest.Options{Name: "chart"})
@@ -298,14 +316,19 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 	begun := time.Now()
 	r := installChart(t, c, "dislock-defaults", values("clusterName", "dc-a", "database.url", pg.BouncerDSN()))
 	ctx := context.Background()
-	r.projectSecret(t, r.flags.value("cert-secret-name"))
+	projected := time.Now().Add(kubeletProjection)
+	r.projectSecret(t, r.flags.value("cert-secret-name"), kubeletProjection)
 	r.start(t,
 		// The API server dials localhost: the generated certificate must name it too.
 		"--cert-extra-dns-name=localhost",
 		// The test's registry speaks plain HTTP.
 		"--insecure-registry")
 	r.awaitReady(t)
-	t.Logf("ready %s after the install", time.Since(begun).Round(time.Millisecond))
+	serving := time.Since(projected)
+	t.Logf("ready %s after the install, %s after the certificate's projection", time.Since(begun).Round(time.Millisecond), serving.Round(time.Millisecond))
+	if serving > servingAfterProjection {
+		t.Errorf("with the chart's own permissions the webhook was ready %v after its certificate was projected, want within %v: it waits for the rotator's back-off", serving, servingAfterProjection)
+	}
 
 	t.Run("the certificate is published and names the Service", func(t *testing.T) {
 		var ca []byte
@@ -476,7 +499,7 @@ func TestWithCertManagerTheWebhookServesTheIssuedCertificate(t *testing.T) {
 		patch, _ := json.Marshal([]map[string]any{{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": ca.CertPEM}})
 		kubectl(t, c, nil, "patch", strings.ToLower(kind), cfg.GetName(), "--type=json", "--patch", string(patch))
 	}
-	r.projectSecret(t, secretName)
+	r.projectSecret(t, secretName, 0)
 	r.start(t)
 	r.awaitReady(t)
 

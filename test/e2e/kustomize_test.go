@@ -51,12 +51,14 @@ patches:
       - {op: add, path: /spec/template/spec/dnsPolicy, value: ClusterFirstWithHostNet}
       - {op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}
       - {op: add, path: /spec/template/spec/containers/0/args/-, value: --port=%[5]d}
-      - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--metrics-bind-address=:%[6]d"}
-      - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--health-probe-bind-address=:%[7]d"}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --host=$(POD_IP)}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--metrics-bind-address=[$(POD_IP)]:%[6]d"}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--health-probe-bind-address=[$(POD_IP)]:%[7]d"}
       - {op: add, path: /spec/template/spec/containers/0/args/-, value: --insecure-registry}
       - op: replace
         path: /spec/template/spec/containers/0/ports
         value: [{name: webhook, containerPort: %[5]d}, {name: metrics, containerPort: %[6]d}, {name: health, containerPort: %[7]d}]
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}}
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "%[8]s"}}
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "%[9]s"}}
 `

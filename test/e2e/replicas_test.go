@@ -21,6 +21,10 @@ import (
 // Lease. A replica that stops releases it first (main.go).
 const leaseDuration = 15 * time.Second
 
+// waitingForPort is what a replica logs while another process holds one of
+// its ports (main.go).
+const waitingForPort = "waiting for a port another process still holds"
+
 // acquiredLease says whether a replica's log has the line it writes when
 // it becomes the leader.
 func acquiredLease(log string) bool {
@@ -42,11 +46,7 @@ func TestTheOtherWebhookReplicaTakesOverAndDrainsKeepOneServing(t *testing.T) {
 	e := Need(t)
 	dc := e.DCs[0]
 	ctx := context.Background()
-	second, err := node.Start(node.Options{Name: dc.Name + "-node-2", Cluster: dc.Cluster, Images: e.Images.Tarball,
-		OwnAddress: true, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
+	second := spareNode(t, e, dc)
 	first, chart := dc.Node.Name(), filepath.Join(e.root, "charts", "dislock")
 	t.Cleanup(func() {
 		// Back to one replica on the first node before the second goes.
@@ -57,15 +57,6 @@ func TestTheOtherWebhookReplicaTakesOverAndDrainsKeepOneServing(t *testing.T) {
 		}
 		if _, err := dc.helm(ctx, "upgrade", ReleaseName, chart, "--namespace", WebhookNamespace, "--reuse-values",
 			"--set", "webhook.replicas=1", "--wait", "--timeout", installTimeout.String()); err != nil {
-			t.Error(err)
-		}
-		if err := second.Close(); err != nil {
-			t.Error(err)
-		}
-		if err := dc.Client.CoreV1().Nodes().Delete(ctx, second.Name(), metav1.DeleteOptions{}); err != nil {
-			t.Error(err)
-		}
-		if err := awaitReady(ctx, dc, Namespace); err != nil {
 			t.Error(err)
 		}
 	})
@@ -79,6 +70,13 @@ func TestTheOtherWebhookReplicaTakesOverAndDrainsKeepOneServing(t *testing.T) {
 		t.Fatalf("want two ready replicas on two nodes, got %s", describePods(pods))
 	}
 	nodeDirs := map[string]string{first: dc.Node.Dir(), second.Name(): second.Dir()}
+	// Both serve: the nodes share this machine's network, so a replica that
+	// listened on every address would wait for the other's ports.
+	for _, p := range pods {
+		if log := nodeContainerLog(t, nodeDirs[p.Spec.NodeName], &p, "webhook"); strings.Contains(log, waitingForPort) {
+			t.Fatalf("replica %s on %s waits for a port the other replica holds:\n%s", p.Name, p.Spec.NodeName, log)
+		}
+	}
 	leader := awaitLeader(t, nodeDirs, pods, "")
 
 	// The leader's pod deleted, as a rolling update or an eviction does.
@@ -198,4 +196,40 @@ func awaitLeader(t *testing.T, nodeDirs map[string]string, pods []corev1.Pod, no
 		return false
 	})
 	return leader
+}
+
+// spareNode starts a second node for dc, where a second host-network
+// webhook replica can run. When the test ends, after its own cleanups, the
+// node's pods are evicted (the webhook's replica goes back to dc's own
+// node), it stops, and its Node object is deleted.
+func spareNode(t *testing.T, e *Env, dc *DC) *node.Node {
+	t.Helper()
+	ctx := context.Background()
+	n, err := node.Start(node.Options{Name: dc.Name + "-node-2", Cluster: dc.Cluster, Images: e.Images.Tarball,
+		OwnAddress: true, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if out, err := dc.Kubectl(ctx, "uncordon", dc.Node.Name()); err != nil {
+			t.Errorf("%v\n%s", err, out)
+		}
+		if out, err := dc.Kubectl(ctx, "drain", n.Name(), "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout", "60s"); err != nil {
+			t.Errorf("%v\n%s", err, out)
+		}
+		if out, err := dc.Kubectl(ctx, "--namespace", WebhookNamespace, "rollout", "status", "deployment/dislock-webhook",
+			"--timeout", installTimeout.String()); err != nil {
+			t.Errorf("%v\n%s", err, out)
+		}
+		if err := n.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := dc.Client.CoreV1().Nodes().Delete(ctx, n.Name(), metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
+		}
+		if err := awaitReady(ctx, dc, Namespace); err != nil {
+			t.Error(err)
+		}
+	})
+	return n
 }

@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/dislock/dislock/test/images"
+)
+
+// admissionProbeEvery is how often the test asks the API server to admit a
+// Job (a dry run, which calls the webhook) while a release rolls.
+const admissionProbeEvery = 100 * time.Millisecond
+
+// `helm upgrade` and then `helm rollback` of dc-a's release, each a rolling
+// update of its webhook Deployment (the chart's maxSurge 1, maxUnavailable 0:
+// the new replica starts on a second node, the old one goes once the new one
+// is ready), around a tick of `* * * * *` CronJobs in both data centres. No
+// Job creation is refused meanwhile — neither a dry-run Job created every
+// 100 ms through both rolls nor the CronJob controller's (no FailedCreate
+// event) — and the tick's window runs once.
+func TestHelmUpgradeAndRollbackRefuseNoJobWhileCronJobsTick(t *testing.T) {
+	e := Need(t)
+	dc := e.DCs[0]
+	ctx := context.Background()
+	spareNode(t, e, dc)
+	chart := filepath.Join(e.root, "charts", "dislock")
+
+	const name = "rolling"
+	clearOfMinuteBoundary(25 * time.Second)
+	applyEverywhere(t, e, name, "* * * * *", "schedule", Ledger{Work: time.Second})
+	tick := time.Now().UTC().Truncate(time.Minute).Add(time.Minute)
+	// The rolls begin shortly before the tick, so that the CronJob
+	// controllers create their Jobs while dc-a's webhook rolls.
+	time.Sleep(time.Until(tick.Add(-8 * time.Second)))
+
+	probes := probeAdmission(t, dc)
+	begun := time.Now()
+	if out, err := dc.helm(ctx, "upgrade", ReleaseName, chart, "--namespace", WebhookNamespace, "--reuse-values",
+		"--set", "webhook.logLevel=debug", "--wait", "--timeout", installTimeout.String()); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	upgraded := time.Since(begun)
+	if out, err := dc.helm(ctx, "rollback", ReleaseName, "--namespace", WebhookNamespace, "--wait", "--timeout", installTimeout.String()); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	n, refused := probes()
+	t.Logf("helm upgrade rolled in %v, helm rollback in %v (the tick at %s); %d dry-run Jobs admitted meanwhile",
+		upgraded.Round(time.Millisecond), (time.Since(begun) - upgraded).Round(time.Millisecond), tick.Format(time.TimeOnly), n)
+	if len(refused) > 0 {
+		t.Errorf("%d of %d Job creations were refused while the release rolled, e.g. %s", len(refused), n, refused[0])
+	}
+	if n == 0 {
+		t.Error("no dry-run Job was created while the release rolled")
+	}
+
+	w := tick.Format(time.RFC3339)
+	await(t, 2*time.Minute, "every data centre's Job of window "+w+" to finish", func() bool {
+		for _, jobs := range windowJobs(t, e, Namespace, name) {
+			j, ok := jobs[w]
+			if done, _ := Finished(&j); !ok || !done {
+				return false
+			}
+		}
+		return true
+	})
+	var once []Run
+	for _, r := range runsOf(t, e, name) {
+		if r.Window == w {
+			once = append(once, r)
+		}
+	}
+	if len(once) != 1 {
+		t.Errorf("window %s ran %d times, want once: %v", w, len(once), once)
+	}
+	for _, dc := range e.DCs {
+		events, err := dc.Client.CoreV1().Events(Namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: "involvedObject.kind=CronJob,involvedObject.name=" + name + ",reason=FailedCreate"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range events.Items {
+			t.Errorf("%s: the CronJob controller could not create a Job: %s", dc.Name, ev.Message)
+		}
+	}
+}
+
+// probeAdmission creates a dry-run Job in dc's opted-in namespace every
+// admissionProbeEvery (the API server calls the webhook for it as for any
+// Job there) until the returned function is called, which says how many
+// were created and why those refused were.
+func probeAdmission(t *testing.T, dc *DC) func() (int, []string) {
+	t.Helper()
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "admission-probe", Namespace: Namespace},
+		Spec: batchv1.JobSpec{
+			BackoffLimit: ptr.To(int32(0)),
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "app", Image: images.BusyboxRef, ImagePullPolicy: corev1.PullNever,
+					Command: []string{"true"}}},
+			}},
+		},
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var n int
+	var refused []string
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(admissionProbeEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			_, err := dc.Client.BatchV1().Jobs(Namespace).Create(context.Background(), job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			mu.Lock()
+			n++
+			if err != nil {
+				refused = append(refused, fmt.Sprintf("%s: %v", time.Now().Format("15:04:05.000"), strings.TrimSpace(err.Error())))
+			}
+			mu.Unlock()
+		}
+	}()
+	var once sync.Once
+	finish := func() (int, []string) {
+		once.Do(func() { close(stop); <-done })
+		mu.Lock()
+		defer mu.Unlock()
+		return n, refused
+	}
+	t.Cleanup(func() { finish() })
+	return finish
+}
