@@ -182,13 +182,20 @@ func containerLog(t *testing.T, dc *DC, p *corev1.Pod, container string) string 
 // nodeDir.
 func nodeContainerLog(t *testing.T, nodeDir string, p *corev1.Pod, container string) string {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(nodeDir, "pod-logs", fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), container, "*.log"))
-	if len(files) == 0 {
-		t.Fatalf("no log of %s/%s container %s under %s", p.Namespace, p.Name, container, filepath.Join(nodeDir, "pod-logs"))
-	}
-	b, err := os.ReadFile(files[len(files)-1])
+	log, err := readContainerLog(nodeDir, p, container)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return string(b)
+	return log
+}
+
+// readContainerLog reads the latest log file of a pod's container on the
+// node whose directory is nodeDir; an error when there is none (yet).
+func readContainerLog(nodeDir string, p *corev1.Pod, container string) (string, error) {
+	files, _ := filepath.Glob(filepath.Join(nodeDir, "pod-logs", fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), container, "*.log"))
+	if len(files) == 0 {
+		return "", fmt.Errorf("no log of %s/%s container %s under %s", p.Namespace, p.Name, container, filepath.Join(nodeDir, "pod-logs"))
+	}
+	b, err := os.ReadFile(files[len(files)-1])
+	return string(b), err
 }
