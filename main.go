@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"flag"
+	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -35,6 +36,11 @@ func main() {
 		os.Exit(runWebhook(os.Args[2:]))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	if len(os.Args) > 1 && os.Args[1] == "wait-for-ports" {
+		code := waitForPorts(ctx, os.Args[2:])
+		stop()
+		os.Exit(code)
+	}
 	if len(os.Args) > 1 && os.Args[1] == "gateway" {
 		code := gatewaycmd.Main(ctx, os.Args[2:], os.Stderr)
 		stop()
@@ -109,6 +115,31 @@ func runWebhook(args []string) int {
 	log.Info("starting", "cluster", cfg.Inject.ClusterName, "port", port, "selfSignedCerts", cfg.Certs.SelfSigned)
 	if err := mgr.Start(ctx); err != nil {
 		log.Error(err, "running the manager")
+		return 1
+	}
+	return 0
+}
+
+// waitForPorts is `dislock wait-for-ports [--timeout D] ADDR...`, the
+// chart's init container on the host's network: it returns once every
+// address can be bound. Waiting there rather than in the webhook keeps the
+// kubelet from probing the pod meanwhile, when the predecessor still
+// holding the address would answer for it.
+func waitForPorts(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("wait-for-ports", flag.ContinueOnError)
+	timeout := fs.Duration("timeout", 2*time.Minute, "how long to wait before giving up (exit 1)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() == 0 {
+		fmt.Fprintln(os.Stderr, "dislock wait-for-ports: name the addresses to wait for, e.g. [10.0.0.7]:9443")
+		return 2
+	}
+	err := listenwait.Free(ctx, fs.Args(), *timeout, func(addr string, err error) {
+		fmt.Fprintf(os.Stderr, "dislock wait-for-ports: %s is in use (on the host's network, the replica this one replaces): waiting up to %v: %v\n", addr, *timeout, err)
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "dislock wait-for-ports: %v\n", err)
 		return 1
 	}
 	return 0

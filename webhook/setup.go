@@ -250,8 +250,8 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 // more after the first few seconds), on top of the kubelet's own delay in
 // projecting the Secret it wrote (up to its sync period, a minute): a first
 // install could wait minutes for nothing. This looks every second. It
-// lists the configurations, which the chart's RBAC grants for the rotator
-// (get it does not).
+// lists the two configurations by name, which the chart's RBAC grants for
+// the rotator (get it does not).
 func certsServable(ctx context.Context, r client.Reader, c CertConfig) (bool, error) {
 	for _, f := range []string{"tls.crt", "tls.key"} {
 		if _, err := os.Stat(filepath.Join(c.CertDir, f)); err != nil {
@@ -266,7 +266,7 @@ func certsServable(ctx context.Context, r client.Reader, c CertConfig) (bool, er
 	defer cancel()
 	var bundles [][]byte
 	var m admissionregistrationv1.MutatingWebhookConfigurationList
-	if err := r.List(ctx, &m); err != nil {
+	if err := r.List(ctx, &m, client.MatchingFields{"metadata.name": c.MutatingConfigName}); err != nil {
 		return false, fmt.Errorf("listing the mutating webhook configurations: %w", err)
 	}
 	for _, cfg := range m.Items {
@@ -277,7 +277,7 @@ func certsServable(ctx context.Context, r client.Reader, c CertConfig) (bool, er
 		}
 	}
 	var v admissionregistrationv1.ValidatingWebhookConfigurationList
-	if err := r.List(ctx, &v); err != nil {
+	if err := r.List(ctx, &v, client.MatchingFields{"metadata.name": c.ValidatingConfigName}); err != nil {
 		return false, fmt.Errorf("listing the validating webhook configurations: %w", err)
 	}
 	for _, cfg := range v.Items {
@@ -323,7 +323,7 @@ func (w *servingWait) Start(ctx context.Context) error {
 			ok, err := certsServable(ctx, w.mgr.GetAPIReader(), w.certs)
 			if err != nil && err.Error() != said && ctx.Err() == nil {
 				said = err.Error()
-				log.Error(err, "cannot tell whether the webhook configurations trust the certificate yet; waiting for the rotator instead")
+				log.Error(err, "cannot tell whether the webhook configurations trust the certificate yet; still looking every second, and the rotator's own look counts too")
 			}
 			if !ok {
 				continue

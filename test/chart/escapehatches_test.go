@@ -153,6 +153,24 @@ func TestOnTheNodesNetworkEveryPortIsTheOneChosen(t *testing.T) {
 			if podIP != tc.hostNetwork {
 				t.Errorf("env POD_IP from status.podIP: %t, want %t", podIP, tc.hostNetwork)
 			}
+			// On the host's network a replacement waits for its
+			// predecessor's ports before the kubelet probes it.
+			var waits []string
+			for _, ic := range pod.InitContainers {
+				if ic.Name == "wait-for-ports" {
+					waits = append(slices.Clone(ic.Command[1:]), ic.Args...)
+				}
+			}
+			var want []string
+			if tc.hostNetwork {
+				want = []string{"wait-for-ports"}
+				for _, port := range []int32{tc.webhook, tc.metrics, tc.hp} {
+					want = append(want, fmt.Sprintf("%s:%d", tc.hostPort, port))
+				}
+			}
+			if !slices.Equal(waits, want) {
+				t.Errorf("init container wait-for-ports runs %q, want %q", waits, want)
+			}
 			for _, probe := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
 				if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Port.String() != "health" {
 					t.Errorf("probe %+v does not use the port named health", probe)

@@ -316,6 +316,7 @@ func TestTheDefaultInstallWorksWithOnlyTheChartsPermissions(t *testing.T) {
 	begun := time.Now()
 	r := installChart(t, c, "dislock-defaults", values("clusterName", "dc-a", "database.url", pg.BouncerDSN()))
 	ctx := context.Background()
+	dislockBinary(t) // built before the kubelet's delay starts, which it would eat into
 	projected := time.Now().Add(kubeletProjection)
 	r.projectSecret(t, r.flags.value("cert-secret-name"), kubeletProjection)
 	r.start(t,

@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,9 +14,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-
-	"github.com/dislock/dislock/test/images"
 )
 
 // admissionProbeEvery is how often the test asks the API server to admit a
@@ -25,9 +24,9 @@ const admissionProbeEvery = 100 * time.Millisecond
 // update of its webhook Deployment (the chart's maxSurge 1, maxUnavailable 0:
 // the new replica starts on a second node, the old one goes once the new one
 // is ready), around a tick of `* * * * *` CronJobs in both data centres. No
-// Job creation is refused meanwhile — neither a dry-run Job created every
-// 100 ms through both rolls nor the CronJob controller's (no FailedCreate
-// event) — and the tick's window runs once.
+// Job creation is refused meanwhile — neither a dry run of a tick's Job every
+// 100 ms through both rolls, which the webhook admits, nor the CronJob
+// controller's (no FailedCreate event) — and the tick's window runs once.
 func TestHelmUpgradeAndRollbackRefuseNoJobWhileCronJobsTick(t *testing.T) {
 	e := Need(t)
 	dc := e.DCs[0]
@@ -43,7 +42,11 @@ func TestHelmUpgradeAndRollbackRefuseNoJobWhileCronJobsTick(t *testing.T) {
 	// controllers create their Jobs while dc-a's webhook rolls.
 	time.Sleep(time.Until(tick.Add(-8 * time.Second)))
 
-	probes := probeAdmission(t, dc)
+	cj, err := dc.Client.BatchV1().CronJobs(Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	probes := probeAdmission(t, dc, cj)
 	begun := time.Now()
 	if out, err := dc.helm(ctx, "upgrade", ReleaseName, chart, "--namespace", WebhookNamespace, "--reuse-values",
 		"--set", "webhook.logLevel=debug", "--wait", "--timeout", installTimeout.String()); err != nil {
@@ -94,23 +97,15 @@ func TestHelmUpgradeAndRollbackRefuseNoJobWhileCronJobsTick(t *testing.T) {
 	}
 }
 
-// probeAdmission creates a dry-run Job in dc's opted-in namespace every
-// admissionProbeEvery (the API server calls the webhook for it as for any
-// Job there) until the returned function is called, which says how many
-// were created and why those refused were.
-func probeAdmission(t *testing.T, dc *DC) func() (int, []string) {
+// probeAdmission creates in dc, every admissionProbeEvery, a dry run of the
+// Job cj's controller would make for the current minute: the API server
+// calls the webhook for it as for a tick's Job (a hand-made Job it never
+// calls). It goes on until the returned function is called, which says how
+// many were created and why those refused were.
+func probeAdmission(t *testing.T, dc *DC, cj *batchv1.CronJob) func() (int, []string) {
 	t.Helper()
-	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Name: "admission-probe", Namespace: Namespace},
-		Spec: batchv1.JobSpec{
-			BackoffLimit: ptr.To(int32(0)),
-			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
-				RestartPolicy: corev1.RestartPolicyNever,
-				Containers: []corev1.Container{{Name: "app", Image: images.BusyboxRef, ImagePullPolicy: corev1.PullNever,
-					Command: []string{"true"}}},
-			}},
-		},
-	}
+	job := controllerJob(cj, time.Now().UTC().Truncate(time.Minute))
+	job.Name = "admission-probe"
 	stop, done := make(chan struct{}), make(chan struct{})
 	var mu sync.Mutex
 	var n int
@@ -125,7 +120,10 @@ func probeAdmission(t *testing.T, dc *DC) func() (int, []string) {
 				return
 			case <-tick.C:
 			}
-			_, err := dc.Client.BatchV1().Jobs(Namespace).Create(context.Background(), job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			got, err := dc.Client.BatchV1().Jobs(Namespace).Create(context.Background(), job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			if err == nil && !slices.ContainsFunc(got.Spec.Template.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == "dislock-agent" }) {
+				err = errors.New("admitted without the sidecar: the webhook was not called")
+			}
 			mu.Lock()
 			n++
 			if err != nil {
