@@ -209,30 +209,38 @@ func TestManualRunsBypassTheWindowAndTakeTurnsOnTheLease(t *testing.T) {
 
 func TestImageWithoutCommandRunsTheEntrypointResolvedFromItsRegistry(t *testing.T) {
 	e := Need(t)
-	ctx := context.Background()
 	const name = "noentry"
 	dc := e.DCs[0]
 	ref, entrypoint := serveImage(t, e, dc, images.LedgerRef)
 	cj := LedgerCronJob(dc.Name, name, "* * * * *", "schedule", Ledger{DSN: dc.BouncerDSN(), Work: time.Second, Suspend: true})
 	app := &cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0]
 	app.Image, app.Command = ref, nil
-	cj, err := dc.Client.BatchV1().CronJobs(Namespace).Create(ctx, cj, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("%s: creating CronJob %s: %v", dc.Name, name, err)
-	}
-	t.Cleanup(func() { deleteCronJob(dc, name) })
-
-	tick := time.Now().UTC().Truncate(time.Minute)
-	job, err := dc.Client.BatchV1().Jobs(Namespace).Create(ctx, controllerJob(cj, tick), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("%s: creating a Job of %s: %v", dc.Name, name, err)
-	}
+	job, tick := tickHere(t, dc, cj)
 	want := append([]string{"/dislock/bin/dislock-agent", "exec", "--"}, entrypoint...)
 	if got := job.Spec.Template.Spec.Containers[0].Command; !slices.Equal(got, want) {
 		t.Fatalf("the admitted Job's app command is %q, want the image's entrypoint wrapped: %q", got, want)
 	}
 	ranOnceHere(t, e, dc, job.Name, name, tick)
 	t.Logf("image %s (no command in the pod): the Job was admitted running %q; window %s ran in %s", ref, want, tick.Format(time.RFC3339), dc.Name)
+}
+
+// tickHere creates the suspended CronJob cj in dc (deleted when the test
+// ends) and the Job its controller would make for the current minute, and
+// returns the Job as admitted and its tick.
+func tickHere(t *testing.T, dc *DC, cj *batchv1.CronJob) (*batchv1.Job, time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	cj, err := dc.Client.BatchV1().CronJobs(Namespace).Create(ctx, cj, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("%s: creating CronJob %s: %v", dc.Name, cj.Name, err)
+	}
+	t.Cleanup(func() { deleteCronJob(dc, cj.Name) })
+	tick := time.Now().UTC().Truncate(time.Minute)
+	job, err := dc.Client.BatchV1().Jobs(Namespace).Create(ctx, controllerJob(cj, tick), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("%s: creating the Job of %s for %s: %v", dc.Name, cj.Name, tick.Format(time.RFC3339), err)
+	}
+	return job, tick
 }
 
 // ranOnceHere waits for dc's Job of cronJob's window tick to complete and

@@ -134,16 +134,6 @@ func TestKustomizeInstallRunsAWindow(t *testing.T) {
 	t.Logf("%s: kubectl apply -k to a webhook answering in %v", dc.Name, time.Since(begun).Round(time.Millisecond))
 
 	const name = "kustomized"
-	cj, err := dc.Client.BatchV1().CronJobs(Namespace).Create(ctx,
-		LedgerCronJob(dc.Name, name, "* * * * *", "schedule", Ledger{DSN: dc.BouncerDSN(), Work: time.Second, Suspend: true}), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("%s: creating CronJob %s: %v", dc.Name, name, err)
-	}
-	t.Cleanup(func() { deleteCronJob(dc, name) })
-	tick := time.Now().UTC().Truncate(time.Minute)
-	job, err := dc.Client.BatchV1().Jobs(Namespace).Create(ctx, controllerJob(cj, tick), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("%s: creating the Job of %s for %s: %v", dc.Name, name, tick.Format(time.RFC3339), err)
-	}
+	job, tick := tickHere(t, dc, LedgerCronJob(dc.Name, name, "* * * * *", "schedule", Ledger{DSN: dc.BouncerDSN(), Work: time.Second, Suspend: true}))
 	ranOnceHere(t, e, dc, job.Name, name, tick)
 }
