@@ -400,8 +400,13 @@ func runtimeTimes(logFile, uid string) (criTimes, error) {
 }
 
 // bouncerLogin is the first time PgBouncer logged a login of role at or
-// after from: the agent's connection (the runs are one at a time).
+// after from, less a slack: the agent's connection (the runs are one at a
+// time, seconds apart).
 func bouncerLogin(dc *DC, role string, from time.Time) (time.Time, error) {
+	// PgBouncer's log once stamped the agent's login 4 ms before the agent's
+	// own "starting" line, which precedes the dial: the two clocks' reading
+	// of one instant differ by that much.
+	const loginSlack = 100 * time.Millisecond
 	b, ok := dc.bouncer.(*bouncer)
 	if !ok || b.p == nil {
 		return time.Time{}, fmt.Errorf("%s: no PgBouncer log to read logins from", dc.Name)
@@ -423,7 +428,7 @@ func bouncerLogin(dc *DC, role string, from time.Time) (time.Time, error) {
 		}
 		at, err := time.Parse("2006-01-02 15:04:05.000 MST", line[:27])
 		// The log has milliseconds; the agent's start line nanoseconds.
-		if err == nil && !at.Before(from.Truncate(time.Millisecond)) {
+		if err == nil && !at.Before(from.Add(-loginSlack).Truncate(time.Millisecond)) {
 			return at, nil
 		}
 	}
