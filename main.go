@@ -146,7 +146,8 @@ func waitForPorts(ctx context.Context, args []string) int {
 }
 
 // portWait bounds the wait for the ports: the predecessor's graceful
-// shutdown (20 s) and its pod's termination grace period (the chart's 30 s).
+// shutdown (20 s) within its pod's termination grace period (the chart's
+// 30 s, after a 5 s preStop sleep).
 const portWait = time.Minute
 
 func ptr[T any](v T) *T { return &v }

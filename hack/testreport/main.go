@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -154,7 +155,7 @@ func report(r io.Reader, w io.Writer) ([]Row, error) {
 			delete(p.out, e.Test)
 		case "fail":
 			p.row.Failed++
-			failed = append(failed, e.Package+" "+e.Test)
+			failed = append(failed, e.Package+" "+e.Test+testFileLines(p.out[e.Test]))
 			fmt.Fprint(w, strings.Join(p.out[e.Test], ""))
 			delete(p.out, e.Test)
 		}
@@ -173,6 +174,32 @@ func report(r io.Reader, w io.Writer) ([]Row, error) {
 		return rows, errors.New("go test reported no package")
 	}
 	return rows, nil
+}
+
+// summaryLines bounds the lines of one failing test in the summary.
+const summaryLines = 12
+
+// testLine is a line a test's own code logged or failed with (t.Log,
+// t.Error, t.Fatal, attributed to a _test.go file): not a helper package's
+// log, nor a dump. A failing test's output can run to hundreds of lines, and
+// a reader who sees only the end of a long run still learns from these why
+// it failed.
+var testLine = regexp.MustCompile(`^\s+[\w.-]+_test\.go:\d+: `)
+
+// testFileLines is the last summaryLines of lines that testLine matches,
+// each on a line of its own, indented under the test's name; a message's
+// continuation lines are left out.
+func testFileLines(lines []string) string {
+	var keep []string
+	for _, l := range lines {
+		if testLine.MatchString(l) {
+			keep = append(keep, "\n      "+strings.TrimSpace(l))
+		}
+	}
+	if len(keep) > summaryLines {
+		keep = append([]string{fmt.Sprintf("\n      (%d earlier lines)", len(keep)-summaryLines)}, keep[len(keep)-summaryLines:]...)
+	}
+	return strings.Join(keep, "")
 }
 
 // skipReason is the last line a skipped test printed before "--- SKIP".

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +16,9 @@ const stream = `{"Action":"start","Package":"m/a"}
 {"Action":"output","Package":"m/a","Test":"TestPass","Output":"    a_test.go:9: quiet when it passes\n"}
 {"Action":"pass","Package":"m/a","Test":"TestPass","Elapsed":0.1}
 {"Action":"run","Package":"m/a","Test":"TestFail"}
+{"Action":"output","Package":"m/a","Test":"TestFail","Output":"    node.go:405: node Ready in 2.3s\n"}
 {"Action":"output","Package":"m/a","Test":"TestFail","Output":"    a_test.go:12: the window ran twice\n"}
+{"Action":"output","Package":"m/a","Test":"TestFail","Output":"        KEY  WINDOW  TOKEN\n"}
 {"Action":"output","Package":"m/a","Test":"TestFail","Output":"--- FAIL: TestFail (0.20s)\n"}
 {"Action":"fail","Package":"m/a","Test":"TestFail","Elapsed":0.2}
 {"Action":"run","Package":"m/a","Test":"TestSkip"}
@@ -38,6 +41,12 @@ func TestTheReportShowsFailuresAndSkipsAndHidesPassingOutput(t *testing.T) {
 	rows, err := report(strings.NewReader(stream), &out)
 	if err == nil || !strings.Contains(err.Error(), "m/a TestFail") || !strings.Contains(err.Error(), "m/b") {
 		t.Errorf("error = %v, want it to name m/a TestFail and the package m/b that died", err)
+	}
+	// The summary, the end of a long run's output, says why the test
+	// failed: its own lines, not a helper's log or a dump.
+	if err != nil && (!strings.Contains(err.Error(), "m/a TestFail\n      a_test.go:12: the window ran twice") ||
+		strings.Contains(err.Error(), "node Ready") || strings.Contains(err.Error(), "KEY  WINDOW")) {
+		t.Errorf("error = %v, want the failing test's own line under its name and nothing else of its output", err)
 	}
 	got := out.String()
 	for _, want := range []string{"the window ran twice", "panic: test timed out", "SKIP m/a TestSkip: a_test.go:20: PostgreSQL is not installed", "FAIL\tm/a\t12.5s"} {
@@ -93,5 +102,16 @@ func TestTheTableListsEachPackageSlowestFirst(t *testing.T) {
 func TestAnEmptyStreamIsAFailure(t *testing.T) {
 	if _, err := report(strings.NewReader(""), os.Stdout); err == nil {
 		t.Error("no error for a stream without packages")
+	}
+}
+
+func TestTheSummaryKeepsTheLastLinesOfATestThatLoggedMany(t *testing.T) {
+	var lines []string
+	for i := range 20 {
+		lines = append(lines, fmt.Sprintf("    a_test.go:%d: line %d\n", i+1, i))
+	}
+	got := testFileLines(lines)
+	if !strings.HasPrefix(got, "\n      (8 earlier lines)\n      a_test.go:9: line 8") || !strings.HasSuffix(got, "a_test.go:20: line 19") {
+		t.Errorf("summary = %q, want the last %d lines after a count of the earlier ones", got, summaryLines)
 	}
 }

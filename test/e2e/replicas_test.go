@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -83,6 +84,9 @@ func TestTheOtherWebhookReplicaTakesOverAndDrainsKeepOneServing(t *testing.T) {
 		}
 	}
 	leader := awaitLeader(t, nodeDirs, pods, "")
+	// From here on Jobs keep being created: deleting a replica and
+	// draining its node refuse none of them.
+	probes := probeAdmission(t, dc, suspendedCronJob(t, dc, "replica-probe"))
 
 	// The leader's pod deleted, as a rolling update or an eviction does.
 	holder := leaseHolder(t, dc)
@@ -132,6 +136,28 @@ func TestTheOtherWebhookReplicaTakesOverAndDrainsKeepOneServing(t *testing.T) {
 	if err := awaitReady(ctx, dc, Namespace); err != nil {
 		t.Fatalf("with one replica left the webhook must still answer: %v", err)
 	}
+	n, refused := probes()
+	t.Logf("%d dry-run Jobs admitted while a replica was deleted and the nodes drained", n)
+	if len(refused) > 0 {
+		t.Errorf("%d of %d Job creations were refused while a replica was deleted and the nodes drained, e.g. %s", len(refused), n, refused[0])
+	}
+}
+
+// suspendedCronJob creates in dc an opted-in CronJob that never ticks, for
+// probeAdmission to make its Jobs, and deletes it when the test ends.
+func suspendedCronJob(t *testing.T, dc *DC, name string) *batchv1.CronJob {
+	t.Helper()
+	ctx := context.Background()
+	cj, err := dc.Client.BatchV1().CronJobs(Namespace).Create(ctx, LedgerCronJob(dc.Name, name, "* * * * *", "schedule", Ledger{Suspend: true}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := dc.Client.BatchV1().CronJobs(Namespace).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
+		}
+	})
+	return cj
 }
 
 // webhookPods lists dc's webhook pods that are not being deleted, oldest
