@@ -99,9 +99,9 @@ func runWebhook(args []string) int {
 		// leaving it to expire: the manager stops the leader's work before
 		// it releases, and the process ends when Start returns.
 		LeaderElectionReleaseOnCancel: true,
-		WebhookServer: crwebhook.NewServer(crwebhook.Options{
-			Host: s.Host, Port: port, CertDir: cfg.Certs.CertDir, TLSOpts: []func(*tls.Config){secure},
-		}),
+		WebhookServer: crwebhook.NewServer(cfg.ServerOptions(crwebhook.Options{
+			Host: s.Host, Port: port, TLSOpts: []func(*tls.Config){secure},
+		})),
 		GracefulShutdownTimeout: ptr(20 * time.Second),
 	})
 	if err != nil {

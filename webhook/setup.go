@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
@@ -95,6 +93,10 @@ type CertConfig struct {
 	ExtraDNSNames        []string
 	MutatingConfigName   string
 	ValidatingConfigName string
+
+	// serving is where the server's TLS option reads self-signed
+	// certificates from (Config.ServerOptions).
+	serving *secretCertificate
 }
 
 // Validate lists every problem.
@@ -243,48 +245,48 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 	return nil
 }
 
-// certsServable says whether the webhook can serve: the kubelet has
-// projected the serving certificate into the cert directory, and both
-// webhook configurations trust the CA beside it. The rotator says so too,
-// but looks for the files with an exponential back-off (a minute apart and
-// more after the first few seconds), on top of the kubelet's own delay in
-// projecting the Secret it wrote (up to its sync period, a minute): a first
-// install could wait minutes for nothing. This looks every second. It
-// lists the two configurations by name, which the chart's RBAC grants for
-// the rotator (get it does not).
+// certsServable says whether the webhook can serve: the rotator has
+// written the serving certificate into its Secret, which the server serves
+// from, and both webhook configurations trust the CA beside it. The
+// rotator's own readiness waits for the kubelet to project the Secret into
+// the cert directory (up to its sync period, a minute, after the write) and
+// looks for the files with an exponential back-off (a minute apart and more
+// after the first few seconds): a first install could wait minutes for
+// nothing. This looks every second. It lists the two configurations by
+// name, which the chart's RBAC grants for the rotator (get it does not).
 func certsServable(ctx context.Context, r client.Reader, c CertConfig) (bool, error) {
-	for _, f := range []string{"tls.crt", "tls.key"} {
-		if _, err := os.Stat(filepath.Join(c.CertDir, f)); err != nil {
-			return false, nil
-		}
-	}
-	ca, err := os.ReadFile(filepath.Join(c.CertDir, "ca.crt"))
-	if err != nil || len(bytes.TrimSpace(ca)) == 0 {
-		return false, nil
-	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var bundles [][]byte
-	var m admissionregistrationv1.MutatingWebhookConfigurationList
-	if err := r.List(ctx, &m, client.MatchingFields{"metadata.name": c.MutatingConfigName}); err != nil {
-		return false, fmt.Errorf("listing the mutating webhook configurations: %w", err)
+	data, _, err := c.serving.data(ctx)
+	if errors.Is(err, errNoCertificate) {
+		return false, nil
 	}
-	for _, cfg := range m.Items {
-		if cfg.Name == c.MutatingConfigName {
-			for _, w := range cfg.Webhooks {
-				bundles = append(bundles, w.ClientConfig.CABundle)
-			}
+	if err != nil {
+		return false, err
+	}
+	ca := data["ca.crt"]
+	if len(bytes.TrimSpace(ca)) == 0 {
+		return false, nil
+	}
+	var m admissionregistrationv1.MutatingWebhookConfigurationList
+	var v admissionregistrationv1.ValidatingWebhookConfigurationList
+	for _, l := range []struct {
+		list       client.ObjectList
+		name, kind string
+	}{{&m, c.MutatingConfigName, "mutating"}, {&v, c.ValidatingConfigName, "validating"}} {
+		if err := r.List(ctx, l.list, client.MatchingFields{"metadata.name": l.name}); err != nil {
+			return false, fmt.Errorf("listing the %s webhook configurations: %w", l.kind, err)
 		}
 	}
-	var v admissionregistrationv1.ValidatingWebhookConfigurationList
-	if err := r.List(ctx, &v, client.MatchingFields{"metadata.name": c.ValidatingConfigName}); err != nil {
-		return false, fmt.Errorf("listing the validating webhook configurations: %w", err)
+	var bundles [][]byte
+	for _, cfg := range m.Items {
+		for _, w := range cfg.Webhooks {
+			bundles = append(bundles, w.ClientConfig.CABundle)
+		}
 	}
 	for _, cfg := range v.Items {
-		if cfg.Name == c.ValidatingConfigName {
-			for _, w := range cfg.Webhooks {
-				bundles = append(bundles, w.ClientConfig.CABundle)
-			}
+		for _, w := range cfg.Webhooks {
+			bundles = append(bundles, w.ClientConfig.CABundle)
 		}
 	}
 	for _, b := range bundles {
@@ -338,12 +340,17 @@ func (w *servingWait) Start(ctx context.Context) error {
 	}
 }
 
-// setupSelfSigned adds the certificate rotator. The webhook server can only
-// start once the certificate is on disk, so the handlers are registered (and
-// the server added to the manager) when the rotator says it is ready; until
+// setupSelfSigned adds the certificate rotator and points the server's
+// certificate at its Secret, read through the manager's cache (which holds
+// the release namespace's Secrets). The handlers are registered (and the
+// server added to the manager) once the certificate is servable; until
 // then the pod is not ready.
 func setupSelfSigned(mgr manager.Manager, cfg Config, register func()) error {
+	if cfg.Certs.serving == nil {
+		return errors.New("self-signed certificates are served from their Secret: build the webhook server with Config.ServerOptions")
+	}
 	key := types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Certs.SecretName}
+	cfg.Certs.serving.reader, cfg.Certs.serving.key = mgr.GetClient(), key
 	if len(cfg.Certs.ExtraDNSNames) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		dropped, err := dropCertLackingNames(ctx, mgr.GetAPIReader(), mgr.GetClient(), key, cfg.Certs.ExtraDNSNames)

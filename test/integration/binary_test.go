@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -241,53 +240,41 @@ func TestTheWebhookBinaryServesProbesMetricsAndARenewedCertificate(t *testing.T)
 	assertInjected(t, createJob(t, cs, jobFor(annotated, tick.Add(24*time.Hour))), "2026-12-03T03:00:00Z", "schedule")
 }
 
-// With --self-signed-certs the pod must not receive traffic before its
-// certificate is on disk, and must not be restarted for waiting: /readyz
-// fails and /healthz passes until the kubelet has projected the Secret the
-// webhook wrote.
-func TestTheWebhookBinaryIsNotReadyUntilItsSelfSignedCertificateIsMounted(t *testing.T) {
+// With --self-signed-certs the webhook serves the certificate it wrote
+// straight from its Secret: it is ready, and the API server's calls are
+// admitted through it, while nothing is in its cert dir yet — in a pod the
+// kubelet projects the Secret there only at its next sync of the pod, a
+// minute or more later. /healthz passes throughout, so waiting never
+// restarts it.
+func TestTheSelfSignedWebhookServesItsCertificateBeforeTheKubeletProjectsIt(t *testing.T) {
 	c := kube.Need(t)
 	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
 	ctx := context.Background()
 	namespace(t, cs, webhookNamespace, false)
+	namespace(t, cs, "unmounted", true)
 	const secretName = "dislock-webhook-cert-binary"
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: webhookNamespace, Name: secretName}}
 	if _, err := cs.CoreV1().Secrets(webhookNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	certDir := t.TempDir()
+	begun := time.Now()
 	w := startBinary(t, c, "--cert-dir="+certDir, "--self-signed-certs", "--cert-secret-name="+secretName,
 		"--service-name="+webhook.DefaultServiceName, "--cert-extra-dns-name=localhost")
 	registerWebhooks(t, cs, fmt.Sprintf("https://localhost:%d", w.port), nil)
-
-	var data map[string][]byte
-	await(t, "the webhook to write its certificate Secret", func() (bool, error) {
-		s, err := cs.CoreV1().Secrets(webhookNamespace).Get(ctx, secretName, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		data = s.Data
-		return len(s.Data["tls.crt"]) > 0 && len(s.Data["tls.key"]) > 0, nil
-	})
-	for _, p := range []struct {
-		path string
-		want int
-	}{{"/readyz", http.StatusInternalServerError}, {"/healthz", http.StatusOK}} {
-		var code int
-		await(t, p.path+" to answer", func() (bool, error) {
-			var err error
-			code, err = w.probe(p.path)
-			return code != 0, err
-		})
-		if code != p.want {
-			t.Errorf("before the certificate is mounted %s answers %d, want %d", p.path, code, p.want)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(certDir, "tls.crt")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("the certificate is already in the cert dir (%v): the test would not show anything", err)
-	}
-	if err := tlstest.WriteFiles(certDir, data); err != nil {
-		t.Fatal(err)
-	}
 	w.awaitReady(t)
+	t.Logf("ready %v after the start, with an empty cert dir", time.Since(begun).Round(time.Millisecond))
+	if code, err := w.probe("/healthz"); err != nil || code != http.StatusOK {
+		t.Errorf("/healthz: %d %v", code, err)
+	}
+	awaitOptedIn(t, cs, "unmounted")
+	cj, err := cs.BatchV1().CronJobs("unmounted").Create(ctx, withAnnotations(cronJob("unmounted", "report", "0 3 * * *"), map[string]string{contract.AnnotationMode: "schedule"}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a CronJob through the validating webhook: %v", err)
+	}
+	tick := time.Date(2026, 12, 2, 3, 0, 0, 0, time.UTC)
+	assertInjected(t, createJob(t, cs, jobFor(cj, tick)), "2026-12-02T03:00:00Z", "schedule")
+	if entries, err := os.ReadDir(certDir); err != nil || len(entries) != 0 {
+		t.Fatalf("the cert dir holds %v (%v): the test would not show that the Secret is served", entries, err)
+	}
 }

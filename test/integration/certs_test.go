@@ -1,9 +1,7 @@
 package integration
 
 import (
-	"bytes"
 	"context"
-	"maps"
 	"testing"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/test/kube"
-	"github.com/dislock/dislock/test/tlstest"
 	"github.com/dislock/dislock/webhook"
 )
 
@@ -31,18 +28,13 @@ func TestSelfSignedCertificatesAreGeneratedAndPublished(t *testing.T) {
 	if _, err := cs.CoreV1().Secrets(webhookNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	var certDir string
 	startWebhook(t, c, cs, func(cfg *webhook.Config) {
-		certDir = cfg.Certs.CertDir
-		cfg.Certs = webhook.CertConfig{SelfSigned: true, CertDir: certDir, SecretName: webhook.DefaultCertSecretName,
+		cfg.Certs = webhook.CertConfig{SelfSigned: true, CertDir: cfg.Certs.CertDir, SecretName: webhook.DefaultCertSecretName,
 			ServiceName: webhook.DefaultServiceName, ExtraDNSNames: []string{"localhost"},
 			MutatingConfigName: "dislock", ValidatingConfigName: "dislock"}
 	})
-	// In a pod the kubelet projects the certificate Secret into --cert-dir
-	// (the chart mounts it there); here the test plays the kubelet.
-	stop := make(chan struct{})
-	t.Cleanup(func() { close(stop) })
-	go projectSecret(cs, webhookNamespace, webhook.DefaultCertSecretName, certDir, stop)
+	// Nothing plays the kubelet: the server serves the certificate from
+	// its Secret, not from the cert dir a pod's secret volume would fill.
 	await(t, "the caBundle of both configurations", func() (bool, error) {
 		m, err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "dislock", metav1.GetOptions{})
 		if err != nil {
@@ -61,8 +53,9 @@ func TestSelfSignedCertificatesAreGeneratedAndPublished(t *testing.T) {
 
 	namespace(t, cs, "selfsigned", true)
 	awaitOptedIn(t, cs, "selfsigned")
-	// The server starts serving once the certificate is on disk; until then
-	// the API server's calls fail and, with failurePolicy Fail, so do creates.
+	// The server is added once the certificate is published and trusted;
+	// until then the API server's calls fail and, with failurePolicy Fail,
+	// so do creates.
 	var cj *batchv1.CronJob
 	await(t, "the webhook to admit a CronJob", func() (bool, error) {
 		var err error
@@ -79,24 +72,4 @@ func TestSelfSignedCertificatesAreGeneratedAndPublished(t *testing.T) {
 		assertInjected(t, job, "2026-12-02T12:00:00Z", "schedule")
 		return true, nil
 	})
-}
-
-// projectSecret writes the Secret's keys into dir whenever they change, the
-// way the kubelet updates a secret volume.
-func projectSecret(cs kubernetes.Interface, ns, name, dir string, stop <-chan struct{}) {
-	var last map[string][]byte
-	for {
-		select {
-		case <-stop:
-			return
-		case <-time.After(100 * time.Millisecond):
-		}
-		s, err := cs.CoreV1().Secrets(ns).Get(context.Background(), name, metav1.GetOptions{})
-		if err != nil || len(s.Data) == 0 || maps.EqualFunc(s.Data, last, bytes.Equal) {
-			continue
-		}
-		if tlstest.WriteFiles(dir, s.Data) == nil {
-			last = s.Data
-		}
-	}
 }

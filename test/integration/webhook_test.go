@@ -78,7 +78,7 @@ func startWebhook(t *testing.T, c *kube.Cluster, cs kubernetes.Interface, tune .
 		Cache:                  webhook.CacheOptions(cfg),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		WebhookServer:          crwebhook.NewServer(crwebhook.Options{Host: "127.0.0.1", Port: port, CertDir: dir}),
+		WebhookServer:          crwebhook.NewServer(cfg.ServerOptions(crwebhook.Options{Host: "127.0.0.1", Port: port})),
 		// Each test starts a webhook of its own in this one process.
 		Controller: crconfig.Controller{SkipNameValidation: ptr.To(true)},
 	})
