@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 )
 
@@ -31,7 +33,11 @@ func (c *Config) ServerOptions(o crwebhook.Options) crwebhook.Options {
 }
 
 // secretCertificate is the serving certificate as its Secret holds it now,
-// parsed again only when the Secret changed.
+// parsed again only when the Secret changed. Once one was served, a Secret
+// that cannot be read or holds no usable pair (deleted, or edited by hand)
+// leaves the last good certificate served and is logged: failing every
+// handshake would refuse every opted-in Job in the cluster at once, where the
+// kubelet's copy of a broken Secret kept the old files.
 type secretCertificate struct {
 	// reader (the manager's cache) and key are set by SetupWithManager,
 	// before the server starts.
@@ -41,6 +47,8 @@ type secretCertificate struct {
 	mu   sync.Mutex
 	rv   string
 	cert *tls.Certificate
+	// broken is the last problem logged, logged again only when it changes.
+	broken string
 }
 
 // errNoCertificate is returned while the rotator has not written the
@@ -49,6 +57,9 @@ var errNoCertificate = errors.New("no serving certificate in the Secret yet")
 
 // data reads the Secret's keys.
 func (s *secretCertificate) data(ctx context.Context) (map[string][]byte, string, error) {
+	if s.reader == nil {
+		return nil, "", errNoCertificate
+	}
 	var secret corev1.Secret
 	if err := s.reader.Get(ctx, s.key, &secret); err != nil {
 		return nil, "", fmt.Errorf("reading the serving certificate's Secret %s: %w", s.key, err)
@@ -64,18 +75,46 @@ func (s *secretCertificate) GetCertificate(*tls.ClientHelloInfo) (*tls.Certifica
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	data, rv, err := s.data(ctx)
-	if err != nil {
-		return nil, err
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cert != nil && rv == s.rv {
+	if err == nil && s.cert != nil && rv == s.rv {
 		return s.cert, nil
 	}
-	cert, err := tls.X509KeyPair(data["tls.crt"], data["tls.key"])
-	if err != nil {
-		return nil, fmt.Errorf("the serving certificate in Secret %s: %w", s.key, err)
+	if err == nil {
+		var cert tls.Certificate
+		if cert, err = tls.X509KeyPair(data["tls.crt"], data["tls.key"]); err == nil {
+			s.cert, s.rv, s.broken = &cert, rv, ""
+			return s.cert, nil
+		}
+		err = fmt.Errorf("the serving certificate in Secret %s: %w", s.key, err)
 	}
-	s.cert, s.rv = &cert, rv
+	if s.cert == nil {
+		return nil, err
+	}
+	if err.Error() != s.broken {
+		s.broken = err.Error()
+		log.Log.WithName("certs").Error(err, "serving the last good certificate meanwhile; the certificate rotator writes a good one when it next looks (at the latest at the webhook's restart)")
+	}
 	return s.cert, nil
+}
+
+// verifyPair says why data, a serving certificate Secret's keys, cannot
+// serve name: a key that is not the certificate's, or a certificate that
+// does not chain to the Secret's CA (the one the webhook configurations are
+// given) or does not name the Service.
+func verifyPair(data map[string][]byte, name string) error {
+	pair, err := tls.X509KeyPair(data["tls.crt"], data["tls.key"])
+	if err != nil {
+		return err
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(data["ca.crt"]) {
+		return errors.New("ca.crt holds no PEM certificate")
+	}
+	_, err = leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: name})
+	return err
 }

@@ -60,6 +60,52 @@ func TestTheSelfSignedServerPresentsTheCertificateItsSecretHoldsNow(t *testing.T
 			t.Errorf("certificate %d: presented serial %s, want %s (the Secret's now)", i, x.SerialNumber, leaf.Serial)
 		}
 	}
+	last, err := presented()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Broken by hand, then deleted: the last good certificate is still
+	// presented, rather than every call refused.
+	other := ca.Issue(t)
+	secret.Data["tls.key"] = other.KeyPEM
+	if err := c.Update(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := presented(); err != nil || got != last {
+		t.Errorf("with a key that is not the certificate's: %v, %v; want the last good certificate", got, err)
+	}
+	if err := c.Delete(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := presented(); err != nil || got != last {
+		t.Errorf("with the Secret deleted: %v, %v; want the last good certificate", got, err)
+	}
+}
+
+// The webhook is ready only with a certificate that can serve the
+// Service's name: its key is its own, it names the Service, and it chains
+// to the CA the webhook configurations are given.
+func TestACertificateServesOnlyWithItsOwnKeyTheServicesNameAndItsCA(t *testing.T) {
+	ca, stranger := tlstest.NewCA(t), tlstest.NewCA(t)
+	leaf, other := ca.Issue(t), ca.Issue(t) // for 127.0.0.1 and localhost
+	for _, tc := range []struct {
+		name           string
+		cert, key, caC []byte
+		serves         string
+		ok             bool
+	}{
+		{"its own key, its name, its CA", leaf.CertPEM, leaf.KeyPEM, ca.CertPEM, "localhost", true},
+		{"another certificate's key", leaf.CertPEM, other.KeyPEM, ca.CertPEM, "localhost", false},
+		{"not the Service's name", leaf.CertPEM, leaf.KeyPEM, ca.CertPEM, "dislock-webhook.dislock-system.svc", false},
+		{"signed by another CA", leaf.CertPEM, leaf.KeyPEM, stranger.CertPEM, "localhost", false},
+		{"no CA", leaf.CertPEM, leaf.KeyPEM, []byte("x"), "localhost", false},
+	} {
+		err := verifyPair(map[string][]byte{"tls.crt": tc.cert, "tls.key": tc.key, "ca.crt": tc.caC}, tc.serves)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: %v, want ok=%t", tc.name, err, tc.ok)
+		}
+	}
 }
 
 // A webhook set up with self-signed certificates whose server was not built

@@ -247,7 +247,8 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 
 // certsServable says whether the webhook can serve: the rotator has
 // written the serving certificate into its Secret, which the server serves
-// from, and both webhook configurations trust the CA beside it. The
+// from, its key is its own and it names the Service, and both webhook
+// configurations trust the CA beside it, which signed it. The
 // rotator's own readiness waits for the kubelet to project the Secret into
 // the cert directory (up to its sync period, a minute, after the write) and
 // looks for the files with an exponential back-off (a minute apart and more
@@ -267,6 +268,10 @@ func certsServable(ctx context.Context, r client.Reader, c CertConfig) (bool, er
 	ca := data["ca.crt"]
 	if len(bytes.TrimSpace(ca)) == 0 {
 		return false, nil
+	}
+	service := fmt.Sprintf("%s.%s.svc", c.ServiceName, c.serving.key.Namespace)
+	if err := verifyPair(data, service); err != nil {
+		return false, fmt.Errorf("the certificate in Secret %s cannot serve %s: %w", c.serving.key, service, err)
 	}
 	var m admissionregistrationv1.MutatingWebhookConfigurationList
 	var v admissionregistrationv1.ValidatingWebhookConfigurationList

@@ -120,8 +120,9 @@ func installChart(t *testing.T, c *kube.Cluster, name string, vals map[string]an
 // start runs the webhook as the Deployment's pod would, with its command
 // line and env. Only what a pod gets from its node differs: the ports and
 // --cert-dir (local), --kubeconfig holding a token of the chart's
-// ServiceAccount (the in-cluster config), and the extra flags. The caller
-// plays the kubelet (projectSecret) and, with cert-manager, cert-manager.
+// ServiceAccount (the in-cluster config), and the extra flags. With
+// cert-manager the caller plays the kubelet (projectSecret) and
+// cert-manager; a self-signed certificate is served from its Secret.
 func (r *release) start(t *testing.T, extra ...string) {
 	t.Helper()
 	args := slices.Clone(r.container.Args)
@@ -221,10 +222,8 @@ func startProcess(t *testing.T, bin string, args, env []string) <-chan struct{} 
 // projectSecret plays the kubelet: it copies the Secret's keys into the
 // cert dir now (a pod starts only once its secret volumes are mounted) and
 // again whenever they change, the way a secret volume is updated, until the
-// test ends. A kubelet updates a secret volume at its next pod sync, up to
-// its sync period after the Secret changed: after holds off every update
-// but the first for that long.
-func (r *release) projectSecret(t *testing.T, name string, after time.Duration) {
+// test ends.
+func (r *release) projectSecret(t *testing.T, name string) {
 	t.Helper()
 	var last map[string][]byte
 	project := func() error {
@@ -246,11 +245,6 @@ func (r *release) projectSecret(t *testing.T, name string, after time.Duration) 
 	t.Cleanup(func() { close(stop); <-done })
 	go func() {
 		defer close(done)
-		select {
-		case <-stop:
-			return
-		case <-time.After(after):
-		}
 		for {
 			select {
 			case <-stop:
@@ -488,7 +482,7 @@ func TestWithCertManagerTheWebhookServesTheIssuedCertificate(t *testing.T) {
 		patch, _ := json.Marshal([]map[string]any{{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": ca.CertPEM}})
 		kubectl(t, c, nil, "patch", strings.ToLower(kind), cfg.GetName(), "--type=json", "--patch", string(patch))
 	}
-	r.projectSecret(t, secretName, 0)
+	r.projectSecret(t, secretName)
 	r.start(t)
 	r.awaitReady(t)
 

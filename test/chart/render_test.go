@@ -625,3 +625,35 @@ func TestTheRegistryBoundsAndSidecarSizesBecomeTheWebhooksFlags(t *testing.T) {
 		})
 	}
 }
+
+// A deleted webhook pod keeps serving for webhook.shutdownDelaySeconds (a
+// preStop sleep, added to the termination grace period) while its removal
+// from the Service reaches the API server; 0 leaves the hook out.
+func TestADeletedWebhookPodKeepsServingForTheShutdownDelay(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		vals  map[string]any
+		sleep int64 // 0: no preStop hook
+		grace int64
+	}{
+		{"by default", base(), 5, 35},
+		{"longer", base("webhook.shutdownDelaySeconds", 15), 15, 45},
+		{"none", base("webhook.shutdownDelaySeconds", 0), 0, 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			m := helmTemplate(t, "dislock", "dislock-system", tc.vals)
+			pod := typed[appsv1.Deployment](t, m.one(t, "Deployment")).Spec.Template.Spec
+			var sleep int64
+			if l := pod.Containers[0].Lifecycle; l != nil && l.PreStop != nil && l.PreStop.Sleep != nil {
+				sleep = l.PreStop.Sleep.Seconds
+			} else if l != nil {
+				t.Errorf("lifecycle %+v: want a preStop sleep or none", l)
+			}
+			if sleep != tc.sleep || pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds != tc.grace {
+				t.Errorf("preStop sleep %d s, grace period %v; want %d s and %d s", sleep, pod.TerminationGracePeriodSeconds, tc.sleep, tc.grace)
+			}
+		})
+	}
+}

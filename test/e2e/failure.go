@@ -38,6 +38,7 @@ func SpareNode(t *testing.T, e *Env, dc *DC, name string) *node.Node {
 		t.Fatalf("%s: starting node %s: %v", dc.Name, name, err)
 	}
 	t.Cleanup(func() {
+		t.Helper() // a failure here is the test's, in the summary of a long run
 		if t.Failed() {
 			t.Logf("%s: logs of node %s's pods:\n%s", dc.Name, name, podLogs(filepath.Join(n.Dir(), "pod-logs")))
 		}

@@ -50,6 +50,7 @@ func New[T io.Closer](t testing.TB, start func() (T, error), missing error, tail
 		Missing(t, err, missing)
 	}
 	t.Cleanup(func() {
+		t.Helper() // a failure here is the test's, in the summary of a long run
 		if t.Failed() {
 			t.Logf("%s", tails(v))
 		}

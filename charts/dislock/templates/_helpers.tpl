@@ -52,7 +52,7 @@ dislock-webhook
 dislock-token-record
 {{- end -}}
 
-{{/* Where the serving certificate is mounted; the webhook reads tls.crt and tls.key there. */}}
+{{/* Where the serving certificate is mounted: cert-manager's is read there; a self-signed one is served from its Secret, and the rotator waits for its files there. */}}
 {{- define "dislock.certDir" -}}
 /tmp/k8s-webhook-server/serving-certs
 {{- end -}}
