@@ -9,10 +9,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 )
 
@@ -33,20 +33,28 @@ func (c *Config) ServerOptions(o crwebhook.Options) crwebhook.Options {
 }
 
 // secretCertificate is the serving certificate as its Secret holds it now,
-// parsed again only when the Secret changed. Once one was served, a Secret
-// that cannot be read or holds no usable pair (deleted, or edited by hand)
-// leaves the last good certificate served and is logged: failing every
-// handshake would refuse every opted-in Job in the cluster at once, where the
+// served only when it can serve the Service: its key is its own, it names
+// the Service and chains to the Secret's CA (the one the webhook
+// configurations are given). Once one was served, a Secret that cannot be
+// read or holds no such certificate (deleted, or edited by hand) leaves the
+// last good certificate served and is logged once: failing every handshake
+// would refuse every opted-in Job in the cluster at once, where the
 // kubelet's copy of a broken Secret kept the old files.
 type secretCertificate struct {
-	// reader (the manager's cache) and key are set by SetupWithManager,
-	// before the server starts.
+	// reader (the manager's cache), key, name (the Service's DNS name) and
+	// log are set by SetupWithManager, before the server starts.
 	reader client.Reader
 	key    types.NamespacedName
+	name   string
+	log    logr.Logger
 
 	mu   sync.Mutex
-	rv   string
+	rv   string // the resourceVersion cert came from
 	cert *tls.Certificate
+	// badRV is a resourceVersion found unservable for badErr: not parsed
+	// again on every handshake.
+	badRV  string
+	badErr error
 	// broken is the last problem logged, logged again only when it changes.
 	broken string
 }
@@ -71,50 +79,59 @@ func (s *secretCertificate) data(ctx context.Context) (map[string][]byte, string
 }
 
 // GetCertificate is the server's tls.Config.GetCertificate.
-func (s *secretCertificate) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+func (s *secretCertificate) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	ctx := context.Background()
+	if hello != nil && hello.Context() != nil {
+		ctx = hello.Context()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	data, rv, err := s.data(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err == nil && s.cert != nil && rv == s.rv {
+	switch {
+	case err != nil:
+	case s.cert != nil && rv == s.rv:
 		return s.cert, nil
-	}
-	if err == nil {
-		var cert tls.Certificate
-		if cert, err = tls.X509KeyPair(data["tls.crt"], data["tls.key"]); err == nil {
-			s.cert, s.rv, s.broken = &cert, rv, ""
-			return s.cert, nil
+	case rv == s.badRV:
+		err = s.badErr
+	default:
+		var cert *tls.Certificate
+		if cert, err = servable(data, s.name); err == nil {
+			s.cert, s.rv, s.broken = cert, rv, ""
+			return cert, nil
 		}
-		err = fmt.Errorf("the serving certificate in Secret %s: %w", s.key, err)
+		err = fmt.Errorf("the serving certificate in Secret %s cannot serve %s: %w", s.key, s.name, err)
+		s.badRV, s.badErr = rv, err
 	}
 	if s.cert == nil {
 		return nil, err
 	}
 	if err.Error() != s.broken {
 		s.broken = err.Error()
-		log.Log.WithName("certs").Error(err, "serving the last good certificate meanwhile; the certificate rotator writes a good one when it next looks (at the latest at the webhook's restart)")
+		s.log.Error(err, "serving the last good certificate meanwhile: the certificate rotator replaces a bad one when it next looks; a deleted Secret must be created again (helm upgrade creates it empty), which the rotator then fills")
 	}
 	return s.cert, nil
 }
 
-// verifyPair says why data, a serving certificate Secret's keys, cannot
-// serve name: a key that is not the certificate's, or a certificate that
-// does not chain to the Secret's CA (the one the webhook configurations are
-// given) or does not name the Service.
-func verifyPair(data map[string][]byte, name string) error {
+// servable is data's pair, a serving certificate Secret's keys, if it can
+// serve name: its key is the certificate's, and the certificate names name
+// and chains to ca.crt.
+func servable(data map[string][]byte, name string) (*tls.Certificate, error) {
 	pair, err := tls.X509KeyPair(data["tls.crt"], data["tls.key"])
 	if err != nil {
-		return err
+		return nil, err
 	}
 	leaf, err := x509.ParseCertificate(pair.Certificate[0])
 	if err != nil {
-		return err
+		return nil, err
 	}
 	roots := x509.NewCertPool()
 	if !roots.AppendCertsFromPEM(data["ca.crt"]) {
-		return errors.New("ca.crt holds no PEM certificate")
+		return nil, errors.New("ca.crt holds no PEM certificate")
 	}
-	_, err = leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: name})
-	return err
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: name}); err != nil {
+		return nil, err
+	}
+	return &pair, nil
 }

@@ -6,10 +6,15 @@ import (
 	"crypto/x509"
 	"errors"
 	"testing"
+	"time"
 
+	"github.com/go-logr/logr/funcr"
+	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -18,8 +23,11 @@ import (
 
 // With self-signed certificates the server presents what the Secret holds
 // now: nothing (an error, no handshake) before the rotator wrote it, then
-// its certificate, and a renewed one as soon as the Secret changes.
-func TestTheSelfSignedServerPresentsTheCertificateItsSecretHoldsNow(t *testing.T) {
+// its certificate, and a renewed one as soon as the Secret changes. A
+// Secret broken by hand (a key that is not the certificate's, a pair from
+// another CA) or deleted leaves the last good certificate presented, logged
+// once per problem; a good certificate written afterwards is presented.
+func TestTheSelfSignedServerPresentsTheGoodCertificateItsSecretHoldsNow(t *testing.T) {
 	key := types.NamespacedName{Namespace: "dislock-system", Name: "dislock-webhook-cert"}
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
 	c := fake.NewClientBuilder().WithObjects(secret).Build()
@@ -28,83 +36,96 @@ func TestTheSelfSignedServerPresentsTheCertificateItsSecretHoldsNow(t *testing.T
 	if opts.CertDir != cfg.Certs.CertDir || cfg.Certs.serving == nil {
 		t.Fatalf("ServerOptions: cert dir %q, serving %v", opts.CertDir, cfg.Certs.serving)
 	}
-	cfg.Certs.serving.reader, cfg.Certs.serving.key = c, key
+	var logged []string
+	s := cfg.Certs.serving
+	// tlstest's certificates are for localhost.
+	s.reader, s.key, s.name = c, key, "localhost"
+	s.log = funcr.New(func(_, args string) { logged = append(logged, args) }, funcr.Options{})
 	var served tls.Config
 	for _, o := range opts.TLSOpts {
 		o(&served)
 	}
 	presented := func() (*tls.Certificate, error) { return served.GetCertificate(&tls.ClientHelloInfo{}) }
+	serial := func(c *tls.Certificate) string {
+		if c == nil {
+			return "none"
+		}
+		x, err := x509.ParseCertificate(c.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x.SerialNumber.String()
+	}
+	ctx := context.Background()
+	write := func(data map[string][]byte) {
+		t.Helper()
+		if err := c.Get(ctx, key, secret); err != nil {
+			t.Fatal(err)
+		}
+		secret.Data = data
+		if err := c.Update(ctx, secret); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	if _, err := presented(); !errors.Is(err, errNoCertificate) {
 		t.Fatalf("before the rotator wrote the Secret: %v, want %v", err, errNoCertificate)
 	}
-	ctx := context.Background()
-	ca := tlstest.NewCA(t)
+	ca, stranger := tlstest.NewCA(t), tlstest.NewCA(t)
+	var last *tls.Certificate
 	for i, leaf := range []tlstest.Leaf{ca.Issue(t), ca.Issue(t)} {
-		if err := c.Get(ctx, key, secret); err != nil {
-			t.Fatal(err)
-		}
-		secret.Data = map[string][]byte{"ca.crt": ca.CertPEM, "tls.crt": leaf.CertPEM, "tls.key": leaf.KeyPEM}
-		if err := c.Update(ctx, secret); err != nil {
-			t.Fatal(err)
-		}
+		write(map[string][]byte{"ca.crt": ca.CertPEM, "tls.crt": leaf.CertPEM, "tls.key": leaf.KeyPEM})
 		got, err := presented()
 		if err != nil {
 			t.Fatalf("certificate %d: %v", i, err)
 		}
-		x, err := x509.ParseCertificate(got.Certificate[0])
-		if err != nil {
-			t.Fatal(err)
+		if serial(got) != leaf.Serial.String() {
+			t.Errorf("certificate %d: presented serial %s, want %s (the Secret's now)", i, serial(got), leaf.Serial)
 		}
-		if x.SerialNumber.Cmp(leaf.Serial) != 0 {
-			t.Errorf("certificate %d: presented serial %s, want %s (the Secret's now)", i, x.SerialNumber, leaf.Serial)
-		}
+		last = got
 	}
-	last, err := presented()
-	if err != nil {
-		t.Fatal(err)
+	if len(logged) != 0 {
+		t.Errorf("logged while the Secret was good: %q", logged)
 	}
 
-	// Broken by hand, then deleted: the last good certificate is still
-	// presented, rather than every call refused.
-	other := ca.Issue(t)
-	secret.Data["tls.key"] = other.KeyPEM
-	if err := c.Update(ctx, secret); err != nil {
-		t.Fatal(err)
+	other, foreign := ca.Issue(t), stranger.Issue(t)
+	for _, broken := range []struct {
+		name string
+		data map[string][]byte
+	}{
+		{"a key that is not the certificate's", map[string][]byte{"ca.crt": ca.CertPEM, "tls.crt": last.Leaf.Raw, "tls.key": other.KeyPEM}},
+		{"a pair from another CA", map[string][]byte{"ca.crt": ca.CertPEM, "tls.crt": foreign.CertPEM, "tls.key": foreign.KeyPEM}},
+	} {
+		logged = nil
+		write(broken.data)
+		for range 3 {
+			if got, err := presented(); err != nil || got != last {
+				t.Errorf("%s: presented %s, %v; want the last good certificate %s", broken.name, serial(got), err, serial(last))
+			}
+		}
+		if len(logged) != 1 {
+			t.Errorf("%s: logged %d times over 3 handshakes, want once: %q", broken.name, len(logged), logged)
+		}
 	}
-	if got, err := presented(); err != nil || got != last {
-		t.Errorf("with a key that is not the certificate's: %v, %v; want the last good certificate", got, err)
+
+	fixed := ca.Issue(t)
+	write(map[string][]byte{"ca.crt": ca.CertPEM, "tls.crt": fixed.CertPEM, "tls.key": fixed.KeyPEM})
+	if got, err := presented(); err != nil || serial(got) != fixed.Serial.String() {
+		t.Fatalf("after the Secret was mended: %v; want the mended certificate %s", err, fixed.Serial)
 	}
+	last = nil
+	if last, _ = presented(); last == nil {
+		t.Fatal("no certificate")
+	}
+	logged = nil
 	if err := c.Delete(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := presented(); err != nil || got != last {
-		t.Errorf("with the Secret deleted: %v, %v; want the last good certificate", got, err)
+		t.Errorf("with the Secret deleted: presented %s, %v; want the last good certificate %s", serial(got), err, serial(last))
 	}
-}
-
-// The webhook is ready only with a certificate that can serve the
-// Service's name: its key is its own, it names the Service, and it chains
-// to the CA the webhook configurations are given.
-func TestACertificateServesOnlyWithItsOwnKeyTheServicesNameAndItsCA(t *testing.T) {
-	ca, stranger := tlstest.NewCA(t), tlstest.NewCA(t)
-	leaf, other := ca.Issue(t), ca.Issue(t) // for 127.0.0.1 and localhost
-	for _, tc := range []struct {
-		name           string
-		cert, key, caC []byte
-		serves         string
-		ok             bool
-	}{
-		{"its own key, its name, its CA", leaf.CertPEM, leaf.KeyPEM, ca.CertPEM, "localhost", true},
-		{"another certificate's key", leaf.CertPEM, other.KeyPEM, ca.CertPEM, "localhost", false},
-		{"not the Service's name", leaf.CertPEM, leaf.KeyPEM, ca.CertPEM, "dislock-webhook.dislock-system.svc", false},
-		{"signed by another CA", leaf.CertPEM, leaf.KeyPEM, stranger.CertPEM, "localhost", false},
-		{"no CA", leaf.CertPEM, leaf.KeyPEM, []byte("x"), "localhost", false},
-	} {
-		err := verifyPair(map[string][]byte{"tls.crt": tc.cert, "tls.key": tc.key, "ca.crt": tc.caC}, tc.serves)
-		if (err == nil) != tc.ok {
-			t.Errorf("%s: %v, want ok=%t", tc.name, err, tc.ok)
-		}
+	if len(logged) != 1 {
+		t.Errorf("with the Secret deleted logged %d times, want once: %q", len(logged), logged)
 	}
 }
 
@@ -114,5 +135,60 @@ func TestSelfSignedCertificatesNeedTheServerOptions(t *testing.T) {
 	cfg := Config{Certs: CertConfig{SelfSigned: true}}
 	if err := setupSelfSigned(nil, cfg, func() {}); err == nil {
 		t.Fatal("setupSelfSigned without ServerOptions: no error")
+	}
+}
+
+// The webhook is ready with the certificate the rotator makes for the
+// Service once both webhook configurations trust its CA, and not with a
+// pair whose key is another's, a certificate for another name, or while a
+// configuration trusts another CA.
+func TestTheRotatorsCertificateIsServableOnceBothConfigurationsTrustItsCA(t *testing.T) {
+	const service = "dislock-webhook.dislock-system.svc"
+	key := types.NamespacedName{Namespace: "dislock-system", Name: "dislock-webhook-cert"}
+	now := time.Now()
+	made := func(dnsName string) (*rotator.KeyPairArtifacts, []byte, []byte) {
+		t.Helper()
+		// What AddRotator defaults ExtKeyUsages to.
+		cr := &rotator.CertRotator{DNSName: dnsName, CAName: "dislock-webhook-ca", CAOrganization: "dislock",
+			ExtKeyUsages: &[]x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+		ca, err := cr.CreateCACert(now.Add(-time.Hour), now.Add(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, k, err := cr.CreateCertPEM(ca, now.Add(-time.Hour), now.Add(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ca, cert, k
+	}
+	ca, cert, k := made(service)
+	otherCA, otherCert, otherKey := made("elsewhere.dislock-system.svc")
+	for _, tc := range []struct {
+		name                 string
+		caPEM, certPEM, kPEM []byte
+		validatingTrusts     []byte
+		ok                   bool
+	}{
+		{"the rotator's pair, both configurations trust its CA", ca.CertPEM, cert, k, ca.CertPEM, true},
+		{"one configuration still trusts another CA", ca.CertPEM, cert, k, otherCA.CertPEM, false},
+		{"a key that is not the certificate's", ca.CertPEM, cert, otherKey, ca.CertPEM, false},
+		{"a certificate for another name", otherCA.CertPEM, otherCert, otherKey, otherCA.CertPEM, false},
+	} {
+		secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name},
+			Data: map[string][]byte{"ca.crt": tc.caPEM, "tls.crt": tc.certPEM, "tls.key": tc.kPEM}}
+		mutating := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "dislock"},
+			Webhooks: []admissionregistrationv1.MutatingWebhook{{Name: "jobs.dislock.io", ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: tc.caPEM}}}}
+		validating := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "dislock"},
+			Webhooks: []admissionregistrationv1.ValidatingWebhook{{Name: "cronjobs.dislock.io", ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: tc.validatingTrusts}}}}
+		byName := func(o client.Object) []string { return []string{o.GetName()} }
+		c := fake.NewClientBuilder().WithObjects(secret, mutating, validating).
+			WithIndex(&admissionregistrationv1.MutatingWebhookConfiguration{}, "metadata.name", byName).
+			WithIndex(&admissionregistrationv1.ValidatingWebhookConfiguration{}, "metadata.name", byName).Build()
+		certs := CertConfig{SelfSigned: true, MutatingConfigName: "dislock", ValidatingConfigName: "dislock",
+			serving: &secretCertificate{reader: c, key: key, name: service}}
+		ok, err := certsServable(context.Background(), c, certs)
+		if ok != tc.ok {
+			t.Errorf("%s: servable %t (%v), want %t", tc.name, ok, err, tc.ok)
+		}
 	}
 }

@@ -269,9 +269,8 @@ func certsServable(ctx context.Context, r client.Reader, c CertConfig) (bool, er
 	if len(bytes.TrimSpace(ca)) == 0 {
 		return false, nil
 	}
-	service := fmt.Sprintf("%s.%s.svc", c.ServiceName, c.serving.key.Namespace)
-	if err := verifyPair(data, service); err != nil {
-		return false, fmt.Errorf("the certificate in Secret %s cannot serve %s: %w", c.serving.key, service, err)
+	if _, err := servable(data, c.serving.name); err != nil {
+		return false, fmt.Errorf("the certificate in Secret %s cannot serve %s: %w", c.serving.key, c.serving.name, err)
 	}
 	var m admissionregistrationv1.MutatingWebhookConfigurationList
 	var v admissionregistrationv1.ValidatingWebhookConfigurationList
@@ -320,7 +319,10 @@ func (w *servingWait) Start(ctx context.Context) error {
 	log := w.mgr.GetLogger().WithName("certs")
 	every := time.NewTicker(time.Second)
 	defer every.Stop()
+	// A changed problem is logged, at most once a minute: some change their
+	// text every second (an expired certificate's says the time).
 	var said string
+	var saidAt time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -328,9 +330,9 @@ func (w *servingWait) Start(ctx context.Context) error {
 		case <-w.ready:
 		case <-every.C:
 			ok, err := certsServable(ctx, w.mgr.GetAPIReader(), w.certs)
-			if err != nil && err.Error() != said && ctx.Err() == nil {
-				said = err.Error()
-				log.Error(err, "cannot tell whether the webhook configurations trust the certificate yet; still looking every second, and the rotator's own look counts too")
+			if err != nil && err.Error() != said && time.Since(saidAt) >= time.Minute && ctx.Err() == nil {
+				said, saidAt = err.Error(), time.Now()
+				log.Error(err, "the certificate cannot be served yet; still looking every second, and the rotator's own look counts too")
 			}
 			if !ok {
 				continue
@@ -355,7 +357,9 @@ func setupSelfSigned(mgr manager.Manager, cfg Config, register func()) error {
 		return errors.New("self-signed certificates are served from their Secret: build the webhook server with Config.ServerOptions")
 	}
 	key := types.NamespacedName{Namespace: cfg.Namespace, Name: cfg.Certs.SecretName}
-	cfg.Certs.serving.reader, cfg.Certs.serving.key = mgr.GetClient(), key
+	service := fmt.Sprintf("%s.%s.svc", cfg.Certs.ServiceName, cfg.Namespace)
+	cfg.Certs.serving.reader, cfg.Certs.serving.key, cfg.Certs.serving.name = mgr.GetClient(), key, service
+	cfg.Certs.serving.log = mgr.GetLogger().WithName("certs")
 	if len(cfg.Certs.ExtraDNSNames) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		dropped, err := dropCertLackingNames(ctx, mgr.GetAPIReader(), mgr.GetClient(), key, cfg.Certs.ExtraDNSNames)
@@ -374,7 +378,7 @@ func setupSelfSigned(mgr manager.Manager, cfg Config, register func()) error {
 		CertDir:        cfg.Certs.CertDir,
 		CAName:         "dislock-webhook-ca",
 		CAOrganization: "dislock",
-		DNSName:        fmt.Sprintf("%s.%s.svc", cfg.Certs.ServiceName, cfg.Namespace),
+		DNSName:        service,
 		ExtraDNSNames:  cfg.Certs.ExtraDNSNames,
 		IsReady:        ready,
 		Webhooks: []rotator.WebhookInfo{
