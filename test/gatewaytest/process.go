@@ -58,7 +58,8 @@ func NewProcess(bin, dsn, cluster, dir string) (*Process, error) {
 			return nil, err
 		}
 	}
-	port, err := harness.FreePort()
+	// Restart starts it again on this port.
+	port, err := harness.StablePort()
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -106,6 +107,37 @@ func FreePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// StablePort returns a TCP port on 127.0.0.1, free a moment ago, below the
+// kernel's ephemeral range (net.ipv4.ip_local_port_range), for a server the
+// test stops and starts again on the same port. FreePort's ports are in
+// that range: once the server stops, any outgoing connection (a pooler's
+// to PostgreSQL, a pod's to the server) can be given the port as its local
+// one and hold it for as long as it lives, so the restart cannot bind.
+func StablePort() (int, error) {
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	from := max(1024, low-12000)
+	if from >= low {
+		return FreePort()
+	}
+	for range 100 {
+		port := from + rand.IntN(low-from)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
+	}
+	return 0, fmt.Errorf("finding a free port below %d: 100 tries failed", low)
 }
 
 // FreePorts returns n distinct TCP ports on 127.0.0.1 that were free a
