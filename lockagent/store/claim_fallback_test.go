@@ -97,7 +97,7 @@ func TestARefusalNeverNamesAnOwnerWhoFailed(t *testing.T) {
 }
 
 // previousReleaseClaim is the claim statement of the previous release
-// (test/skew's previousRelease), without its commit guard: during an
+// (test/previous.Commit), without its commit guard: during an
 // upgrade its agents run it beside the new statement, against the same
 // rows. It always takes the row lock and draws a token before it knows of
 // a conflict.

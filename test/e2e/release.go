@@ -49,28 +49,44 @@ const (
 // its readiness.
 const installTimeout = 3 * time.Minute
 
-// releaseValues are the chart values of dc's release: the user's
-// (clusterName, the images, the owner's database URL) and the two of this
-// harness (see the file's comment).
+// releaseValues are the chart values of dc's release: the user's and the
+// two of this harness (see the file's comment).
 func releaseValues(dc *DC, databaseURL string) ([]string, error) {
-	ports, err := harness.FreePorts(3) // admission, metrics, health: ports of the node
+	values, err := userValues(dc, images.DislockRef, images.AgentRef, databaseURL)
 	if err != nil {
 		return nil, err
 	}
-	api, err := url.Parse(dc.Cluster.URL())
+	host, port, err := apiServer(dc)
 	if err != nil {
-		return nil, fmt.Errorf("e2e: the API server's URL: %w", err)
+		return nil, err
 	}
 	env, err := json.Marshal([]map[string]string{
-		{"name": "KUBERNETES_SERVICE_HOST", "value": api.Hostname()},
-		{"name": "KUBERNETES_SERVICE_PORT", "value": api.Port()},
+		{"name": "KUBERNETES_SERVICE_HOST", "value": host},
+		{"name": "KUBERNETES_SERVICE_PORT", "value": port},
 	})
 	if err != nil {
 		return nil, err
 	}
-	repo, tag, _ := strings.Cut(images.DislockRef, ":")
-	agentRepo, agentTag, _ := strings.Cut(images.AgentRef, ":")
-	return append([]string{
+	return append(append(values,
+		"--set", "webhook.hostNetwork=true",
+		"--set-json", "webhook.extraEnv="+string(env),
+		// A test serves images from an in-process registry on loopback,
+		// over plain HTTP, for the webhook to resolve entrypoints from.
+		"--set-json", `webhook.extraArgs=["--insecure-registry"]`,
+	), testValues...), nil
+}
+
+// userValues are the values a user of any release sets (clusterName, the
+// images, the owner's database URL), one replica, and ports of the node
+// not used before (each release binds its own).
+func userValues(dc *DC, dislockRef, agentRef, databaseURL string) ([]string, error) {
+	ports, err := harness.FreePorts(3) // admission, metrics, health
+	if err != nil {
+		return nil, err
+	}
+	repo, tag, _ := strings.Cut(dislockRef, ":")
+	agentRepo, agentTag, _ := strings.Cut(agentRef, ":")
+	return []string{
 		"--set-string", "clusterName=" + dc.Name,
 		"--set-string", "image.repository=" + repo,
 		"--set-string", "image.tag=" + tag,
@@ -79,15 +95,19 @@ func releaseValues(dc *DC, databaseURL string) ([]string, error) {
 		"--set-string", "agent.image.tag=" + agentTag,
 		"--set-string", "database.url=" + databaseURL,
 		"--set", "webhook.replicas=1",
-		"--set", "webhook.hostNetwork=true",
 		"--set", "webhook.port=" + strconv.Itoa(ports[0]),
 		"--set", "webhook.metricsPort=" + strconv.Itoa(ports[1]),
 		"--set", "webhook.healthPort=" + strconv.Itoa(ports[2]),
-		"--set-json", "webhook.extraEnv=" + string(env),
-		// A test serves images from an in-process registry on loopback,
-		// over plain HTTP, for the webhook to resolve entrypoints from.
-		"--set-json", `webhook.extraArgs=["--insecure-registry"]`,
-	}, testValues...), nil
+	}, nil
+}
+
+// apiServer is the host and port a webhook pod reaches dc's API server at.
+func apiServer(dc *DC) (host, port string, err error) {
+	api, err := url.Parse(dc.Cluster.URL())
+	if err != nil {
+		return "", "", fmt.Errorf("e2e: the API server's URL: %w", err)
+	}
+	return api.Hostname(), api.Port(), nil
 }
 
 // testValues are the `helm test` pod's values of every e2e release: the
@@ -106,23 +126,31 @@ func installRelease(ctx context.Context, dc *DC, root, databaseURL string, logf 
 	if err != nil {
 		return err
 	}
-	args := append([]string{"install", ReleaseName, filepath.Join(root, "charts", "dislock"),
-		"--namespace", WebhookNamespace, "--wait", "--timeout", installTimeout.String()}, values...)
+	_, err = dc.helmShown(ctx, logf, root, databaseURL, append([]string{"install", ReleaseName, filepath.Join(root, "charts", "dislock"),
+		"--namespace", WebhookNamespace, "--wait", "--timeout", installTimeout.String()}, values...)...)
+	return err
+}
+
+// helmShown is dc.helm that first tells logf the command line, with paths
+// below root relative and the database's password left out.
+func (dc *DC) helmShown(ctx context.Context, logf func(string, ...any), root, databaseURL string, args ...string) ([]byte, error) {
 	shown := strings.ReplaceAll(strings.Join(args, " "), root+string(filepath.Separator), "")
 	if u, err := url.Parse(databaseURL); err == nil {
 		shown = strings.ReplaceAll(shown, databaseURL, u.Redacted())
 	}
 	logf("%s: helm %s", dc.Name, shown)
-	_, err = dc.helm(ctx, args...)
-	return err
+	return dc.helm(ctx, args...)
 }
 
 // helm runs bin/helm against dc's cluster, with Helm's own files in the
 // cluster's directory.
 func (dc *DC) helm(ctx context.Context, args ...string) ([]byte, error) {
 	return dc.tool(ctx, "helm", args, "HELM_CACHE_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-config"), "HELM_DATA_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-data"))
+		"HELM_CONFIG_HOME="+filepath.Join(dc.Cluster.Dir(), "helm-config"), "HELM_DATA_HOME="+dc.helmDataHome())
 }
+
+// helmDataHome is where dc's helm keeps its data, plugins among them.
+func (dc *DC) helmDataHome() string { return filepath.Join(dc.Cluster.Dir(), "helm-data") }
 
 // Kubectl runs bin/kubectl against dc's cluster, as a user with the
 // cluster's admin kubeconfig would, and returns its output.

@@ -26,8 +26,12 @@ var shared = harness.Shared[*Env]{
 // packages of hack/install-deps.sh and hack/install-node-deps.sh, root) the
 // tests are skipped, except under CI=true, where Main prints what is missing
 // and how to get it and returns 1. If the tests fail, Main prints the
-// state of every data centre and the database first.
+// state of every data centre and the database first. Run by Helm as a
+// post-renderer (previous.go), it post-renders instead.
 func Main(m *testing.M, opts Options) int {
+	if len(os.Args) > 1 && os.Args[1] == postRenderArg {
+		return postRenderMain(os.Args[2:])
+	}
 	if opts.Logf == nil {
 		opts.Logf = func(format string, args ...any) {
 			fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05.000 ")+format+"\n", args...)

@@ -14,25 +14,37 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dislock/dislock/test/previous"
 )
 
 // admissionProbeEvery is how often the test asks the API server to admit a
 // Job (a dry run, which calls the webhook) while a release rolls.
 const admissionProbeEvery = 100 * time.Millisecond
 
-// `helm upgrade` and then `helm rollback` of dc-a's release, each a rolling
-// update of its webhook Deployment (the chart's maxSurge 1, maxUnavailable 0:
-// the new replica starts on a second node, the old one goes once the new one
-// is ready), around a tick of `* * * * *` CronJobs in both data centres. No
-// Job creation is refused meanwhile — neither a dry run of a tick's Job every
-// 100 ms through both rolls, which the webhook admits, nor the CronJob
-// controller's (no FailedCreate event) — and the tick's window runs once.
-func TestHelmUpgradeAndRollbackRefuseNoJobWhileCronJobsTick(t *testing.T) {
+// dc-a runs the previous release, installed with its own chart and images
+// (test/previous). `helm upgrade` to the working tree's chart, then `helm
+// rollback` to the previous release, are each a rolling update of its
+// webhook Deployment (maxSurge 1, maxUnavailable 0: the new replica starts
+// on a second node, the old one goes once the new one is ready), around a
+// tick of `* * * * *` CronJobs in both data centres; at the next tick dc-a
+// injects the previous release's agent again. No Job creation is refused
+// meanwhile — neither a dry run of a tick's Job every 100 ms through both
+// rolls, which the webhook admits, nor the CronJob controller's (no
+// FailedCreate event) — each tick's window runs once, and the second's
+// fencing token is above the first's.
+func TestHelmUpgradeFromThePreviousReleaseAndRollbackRefuseNoJobWhileCronJobsTick(t *testing.T) {
 	e := Need(t)
 	dc := e.DCs[0]
 	ctx := context.Background()
-	spareNode(t, e, dc)
-	chart := filepath.Join(e.root, "charts", "dislock")
+	spare := spareNode(t, e, dc)
+	begun := time.Now()
+	installPrevious(t, e, dc, dc.Node, spare)
+	t.Logf("the previous release (%s) installed in %s in %v", previous.Commit[:7], dc.Name, time.Since(begun).Round(time.Millisecond))
+	values, err := releaseValues(dc, dc.BouncerDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	const name = "rolling"
 	clearOfMinuteBoundary(25 * time.Second)
@@ -47,13 +59,14 @@ func TestHelmUpgradeAndRollbackRefuseNoJobWhileCronJobsTick(t *testing.T) {
 		t.Fatal(err)
 	}
 	probes := probeAdmission(t, dc, cj)
-	begun := time.Now()
-	if out, err := dc.helm(ctx, "upgrade", ReleaseName, chart, "--namespace", WebhookNamespace, "--reuse-values",
-		"--set", "webhook.logLevel=debug", "--wait", "--timeout", installTimeout.String()); err != nil {
+	begun = time.Now()
+	if out, err := dc.helmShown(ctx, t.Logf, e.root, dc.BouncerDSN(), append([]string{"upgrade", ReleaseName, filepath.Join(e.root, "charts", "dislock"),
+		"--namespace", WebhookNamespace, "--wait", "--timeout", installTimeout.String()}, values...)...); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	upgraded := time.Since(begun)
-	if out, err := dc.helm(ctx, "rollback", ReleaseName, "--namespace", WebhookNamespace, "--wait", "--timeout", installTimeout.String()); err != nil {
+	if out, err := dc.helmShown(ctx, t.Logf, e.root, "", "rollback", ReleaseName, "--namespace", WebhookNamespace,
+		"--wait", "--timeout", installTimeout.String()); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	n, refused := probes()
@@ -66,24 +79,32 @@ func TestHelmUpgradeAndRollbackRefuseNoJobWhileCronJobsTick(t *testing.T) {
 		t.Error("no dry-run Job was created while the release rolled")
 	}
 
-	w := tick.Format(time.RFC3339)
-	await(t, 2*time.Minute, "every data centre's Job of window "+w+" to finish", func() bool {
-		for _, jobs := range windowJobs(t, e, Namespace, name) {
-			j, ok := jobs[w]
-			if done, _ := Finished(&j); !ok || !done {
-				return false
+	windows := []string{tick.Format(time.RFC3339), tick.Add(time.Minute).Format(time.RFC3339)}
+	var jobs map[string]map[string]batchv1.Job
+	await(t, 3*time.Minute, "every data centre's Jobs of windows "+strings.Join(windows, ", ")+" to finish", func() bool {
+		jobs = windowJobs(t, e, Namespace, name)
+		for _, byWindow := range jobs {
+			for _, w := range windows {
+				j, ok := byWindow[w]
+				if done, _ := Finished(&j); !ok || !done {
+					return false
+				}
 			}
 		}
 		return true
 	})
-	var once []Run
-	for _, r := range runsOf(t, e, name) {
-		if r.Window == w {
-			once = append(once, r)
+	rolledBack := jobs[dc.Name][windows[1]]
+	if got := sidecarImage(&rolledBack); got != previous.AgentRef {
+		t.Errorf("%s's Job %s after the rollback runs agent image %q, want the previous release's %s", dc.Name, rolledBack.Name, got, previous.AgentRef)
+	}
+	byWindow := runsByWindow(t, e, Namespace, name)
+	for _, w := range windows {
+		if len(byWindow[w]) != 1 {
+			t.Errorf("window %s ran %d times, want once: %v", w, len(byWindow[w]), byWindow[w])
 		}
 	}
-	if len(once) != 1 {
-		t.Errorf("window %s ran %d times, want once: %v", w, len(once), once)
+	if a, b := byWindow[windows[0]], byWindow[windows[1]]; len(a) == 1 && len(b) == 1 && b[0].Token <= a[0].Token {
+		t.Errorf("window %s's token %d is not above window %s's %d", windows[1], b[0].Token, windows[0], a[0].Token)
 	}
 	for _, dc := range e.DCs {
 		events, err := dc.Client.CoreV1().Events(Namespace).List(ctx, metav1.ListOptions{
@@ -95,6 +116,16 @@ func TestHelmUpgradeAndRollbackRefuseNoJobWhileCronJobsTick(t *testing.T) {
 			t.Errorf("%s: the CronJob controller could not create a Job: %s", dc.Name, ev.Message)
 		}
 	}
+}
+
+// sidecarImage is the image of the agent the webhook injected into j.
+func sidecarImage(j *batchv1.Job) string {
+	for _, c := range j.Spec.Template.Spec.InitContainers {
+		if c.Name == sidecarName {
+			return c.Image
+		}
+	}
+	return ""
 }
 
 // probeAdmission creates in dc, every admissionProbeEvery, a dry run of the
@@ -121,7 +152,7 @@ func probeAdmission(t *testing.T, dc *DC, cj *batchv1.CronJob) func() (int, []st
 			case <-tick.C:
 			}
 			got, err := dc.Client.BatchV1().Jobs(Namespace).Create(context.Background(), job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-			if err == nil && !slices.ContainsFunc(got.Spec.Template.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == "dislock-agent" }) {
+			if err == nil && !slices.ContainsFunc(got.Spec.Template.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == sidecarName }) {
 				err = errors.New("admitted without the sidecar: the webhook was not called")
 			}
 			mu.Lock()

@@ -1,17 +1,16 @@
 package skew_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-// previousRelease is the commit the previous release landed as:
-// its dislock knows schema version 5. Move it forward when a release is cut.
-const previousRelease = "845a3c5854ff13b40f67990b5f51fe7f591c4efd"
+	"github.com/dislock/dislock/test/previous"
+)
 
 // binaries are one release's two programs.
 type binaries struct {
@@ -28,31 +27,15 @@ func repoRoot(t *testing.T) string {
 	return strings.TrimSpace(string(out))
 }
 
-// buildRelease builds commit's dislock and dislock-agent, from a copy
-// `git archive` makes, into bin/skew/<commit>/ (git-ignored), which a later
-// run reuses. The module cache is the caller's.
-func buildRelease(t *testing.T, root, commit string) binaries {
+// buildPrevious builds the previous release (test/previous), or finds the
+// build an earlier run left in bin/previous/.
+func buildPrevious(t *testing.T, root string) binaries {
 	t.Helper()
-	dir := filepath.Join(root, "bin", "skew", commit)
-	bins := binaries{dislock: filepath.Join(dir, "dislock"), agent: filepath.Join(dir, "dislock-agent")}
-	if exists(bins.dislock) && exists(bins.agent) {
-		return bins
-	}
-	// A shallow clone lacks the previous release: that is a setup to
-	// mend, never a reason to test less.
-	if err := exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
-		t.Fatalf("commit %s (the previous release) is not in the repository at %s, probably a shallow clone: run `git fetch --unshallow` and test again", commit, root)
-	}
-	src := t.TempDir()
-	archive := exec.Command("sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", root, commit, src)
-	if out, err := archive.CombinedOutput(); err != nil {
-		t.Fatalf("extracting %s: %v\n%s", commit, err, out)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	r, err := previous.Build(context.Background(), root)
+	if err != nil {
 		t.Fatal(err)
 	}
-	goBuild(t, src, dir, bins)
-	return bins
+	return binaries{dislock: r.Dislock, agent: r.Agent}
 }
 
 // buildWorkingTree builds the working tree's programs into a temporary
@@ -81,9 +64,4 @@ func goBuild(t *testing.T, src, dir string, bins binaries) {
 			t.Fatal(err)
 		}
 	}
-}
-
-func exists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }

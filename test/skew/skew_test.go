@@ -15,6 +15,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/pgtest"
+	"github.com/dislock/dislock/test/previous"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, pgtest.Options{Name: "skew"})) }
@@ -55,7 +56,7 @@ func TestUpgradingOneClusterAtATime(t *testing.T) {
 	srv := pgtest.Need(t)
 	dsn := srv.BouncerDSN()
 	root := repoRoot(t)
-	prev := buildRelease(t, root, previousRelease)
+	prev := buildPrevious(t, root)
 	cur := buildWorkingTree(t, root)
 	ledger := t.TempDir() + "/ledger"
 	ctx := context.Background()
@@ -72,9 +73,8 @@ func TestUpgradingOneClusterAtATime(t *testing.T) {
 		}
 		return v
 	}
-	const previousSchema = 5 // what the previous release knows
-	if migrate.SchemaVersion() <= previousSchema {
-		t.Fatalf("this build knows schema %d, no newer than the previous release's %d: move previousRelease forward", migrate.SchemaVersion(), previousSchema)
+	if migrate.SchemaVersion() <= previous.Schema {
+		t.Fatalf("this build knows schema %d, no newer than the previous release's %d: move previous.Commit and previous.Schema forward", migrate.SchemaVersion(), previous.Schema)
 	}
 	decisions := map[int]map[string]string{} // window → cluster → action
 
@@ -92,8 +92,8 @@ func TestUpgradingOneClusterAtATime(t *testing.T) {
 
 	t.Run("the previous release installs schema 5 and runs windows 1-3", func(t *testing.T) {
 		mustCLI(t, prev.dislock, dsn, "migrate")
-		if v := schemaVersion(t); v != previousSchema {
-			t.Fatalf("schema at %d after the previous release's migrate, want %d", v, previousSchema)
+		if v := schemaVersion(t); v != previous.Schema {
+			t.Fatalf("schema at %d after the previous release's migrate, want %d", v, previous.Schema)
 		}
 		windows(1, 3, prev, prev, "")
 	})
