@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -58,6 +59,19 @@ type Release struct {
 func Build(ctx context.Context, root string) (Release, error) {
 	dir := filepath.Join(root, "bin", "previous", Commit)
 	r := layout(dir)
+	// Test binaries of several packages build it at once: one builds, the
+	// others wait and find its build.
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return Release{}, err
+	}
+	lock, err := os.OpenFile(filepath.Join(filepath.Dir(dir), ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return Release{}, err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return Release{}, fmt.Errorf("previous: locking %s: %w", lock.Name(), err)
+	}
 	if exists(r.Dislock) && exists(r.Agent) && exists(r.Images) && exists(r.Source) {
 		return r, nil
 	}
@@ -68,9 +82,6 @@ func Build(ctx context.Context, root string) (Release, error) {
 	}
 	// Build beside the cache and rename, so that an interrupted build
 	// never leaves a half that a later run would take for whole.
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return Release{}, err
-	}
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".build-")
 	if err != nil {
 		return Release{}, err
