@@ -97,11 +97,10 @@ func (s *secretCertificate) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Cer
 		err = s.badErr
 	default:
 		var cert *tls.Certificate
-		if cert, err = servable(data, s.name); err == nil {
+		if cert, err = s.servable(data); err == nil {
 			s.cert, s.rv, s.broken = cert, rv, ""
 			return cert, nil
 		}
-		err = fmt.Errorf("the serving certificate in Secret %s cannot serve %s: %w", s.key, s.name, err)
 		s.badRV, s.badErr = rv, err
 	}
 	if s.cert == nil {
@@ -112,6 +111,16 @@ func (s *secretCertificate) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Cer
 		s.log.Error(err, "serving the last good certificate meanwhile: the certificate rotator replaces a bad one when it next looks; a deleted Secret must be created again (helm upgrade creates it empty), which the rotator then fills")
 	}
 	return s.cert, nil
+}
+
+// servable is servable for the Secret's keys, data, saying which Secret
+// and name it failed for.
+func (s *secretCertificate) servable(data map[string][]byte) (*tls.Certificate, error) {
+	cert, err := servable(data, s.name)
+	if err != nil {
+		return nil, fmt.Errorf("the serving certificate in Secret %s cannot serve %s: %w", s.key, s.name, err)
+	}
+	return cert, nil
 }
 
 // servable is data's pair, a serving certificate Secret's keys, if it can

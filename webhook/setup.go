@@ -269,8 +269,8 @@ func certsServable(ctx context.Context, r client.Reader, c CertConfig) (bool, er
 	if len(bytes.TrimSpace(ca)) == 0 {
 		return false, nil
 	}
-	if _, err := servable(data, c.serving.name); err != nil {
-		return false, fmt.Errorf("the certificate in Secret %s cannot serve %s: %w", c.serving.key, c.serving.name, err)
+	if _, err := c.serving.servable(data); err != nil {
+		return false, err
 	}
 	var m admissionregistrationv1.MutatingWebhookConfigurationList
 	var v admissionregistrationv1.ValidatingWebhookConfigurationList

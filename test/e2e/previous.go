@@ -13,6 +13,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -38,9 +39,9 @@ const (
 
 // installPrevious replaces dc's release with the previous release's,
 // nodes holding its images, and waits until the previous webhook serves
-// every team's namespace. When the test ends dc's release is upgraded to the
-// working tree's chart again, as in the tests that follow.
-func installPrevious(t *testing.T, e *Env, dc *DC, nodes ...*node.Node) previous.Release {
+// every team's namespace. When the test ends dc gets the working tree's
+// release again, as the tests that follow expect.
+func installPrevious(t *testing.T, e *Env, dc *DC, nodes ...*node.Node) {
 	t.Helper()
 	ctx := context.Background()
 	rel, err := previous.Build(ctx, e.root)
@@ -55,15 +56,19 @@ func installPrevious(t *testing.T, e *Env, dc *DC, nodes ...*node.Node) previous
 	if err := writePostRenderer(dc); err != nil {
 		t.Fatal(err)
 	}
+	uninstall := func() error {
+		_, err := dc.helm(ctx, "uninstall", ReleaseName, "--namespace", WebhookNamespace, "--wait", "--ignore-not-found")
+		return err
+	}
+	// Whatever state the test leaves the release in (a failed install
+	// among them), it goes and the working tree's comes.
 	t.Cleanup(func() {
 		t.Helper()
-		values, err := releaseValues(dc, dc.bouncer.DSN())
-		if err != nil {
+		if err := uninstall(); err != nil {
 			t.Fatal(err)
 		}
-		if out, err := dc.helmShown(ctx, t.Logf, e.root, dc.bouncer.DSN(), append([]string{"upgrade", "--install", ReleaseName,
-			filepath.Join(e.root, "charts", "dislock"), "--namespace", WebhookNamespace, "--wait", "--timeout", installTimeout.String()}, values...)...); err != nil {
-			t.Fatalf("%v\n%s", err, out)
+		if err := installRelease(ctx, dc, e.root, dc.BouncerDSN(), t.Logf); err != nil {
+			t.Fatalf("installing %s again: %v", ReleaseName, err)
 		}
 		for _, team := range Teams {
 			if err := awaitReady(ctx, dc, team); err != nil {
@@ -71,16 +76,15 @@ func installPrevious(t *testing.T, e *Env, dc *DC, nodes ...*node.Node) previous
 			}
 		}
 	})
-	if out, err := dc.helm(ctx, "uninstall", ReleaseName, "--namespace", WebhookNamespace, "--wait"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
+	if err := uninstall(); err != nil {
+		t.Fatal(err)
 	}
-	values, err := userValues(dc, previous.DislockRef, previous.AgentRef, dc.bouncer.DSN())
+	values, err := userValues(dc, previous.DislockRef, previous.AgentRef, dc.BouncerDSN())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := dc.helmShown(ctx, t.Logf, e.root, dc.bouncer.DSN(), append([]string{"install", ReleaseName,
-		filepath.Join(rel.Source, "charts", "dislock"), "--namespace", WebhookNamespace, "--post-renderer", postRenderer,
-		"--wait", "--timeout", installTimeout.String()}, values...)...); err != nil {
+	if out, err := dc.helmShown(ctx, t.Logf, e.root, dc.BouncerDSN(), append([]string{"install", ReleaseName, rel.Chart,
+		"--namespace", WebhookNamespace, "--post-renderer", postRenderer, "--wait", "--timeout", installTimeout.String()}, values...)...); err != nil {
 		t.Fatalf("%v\n%s%s", err, out, webhookRestarts(ctx, dc))
 	}
 	for _, team := range Teams {
@@ -88,17 +92,16 @@ func installPrevious(t *testing.T, e *Env, dc *DC, nodes ...*node.Node) previous
 			t.Fatal(err)
 		}
 	}
-	return rel
 }
 
 // writePostRenderer installs the plugin where dc's helm finds it: its
-// command is this test binary, told dc's API server.
+// command is this test binary, given the environment webhook.extraEnv sets.
 func writePostRenderer(dc *DC) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	host, port, err := apiServer(dc)
+	env, err := apiServerEnv(dc)
 	if err != nil {
 		return err
 	}
@@ -109,7 +112,7 @@ func writePostRenderer(dc *DC) error {
 		"version":    "0.1.0",
 		"runtime":    "subprocess",
 		"runtimeConfig": map[string]any{
-			"platformCommand": []map[string]any{{"command": self, "args": []string{postRenderArg, host, port}}},
+			"platformCommand": []map[string]any{{"command": self, "args": []string{postRenderArg, env}}},
 		},
 	})
 	if err != nil {
@@ -122,14 +125,16 @@ func writePostRenderer(dc *DC) error {
 	return os.WriteFile(filepath.Join(dir, "plugin.yaml"), manifest, 0o644)
 }
 
-// postRenderMain is the plugin's program: args are the API server's host
-// and port; the manifests come on stdin and go to stdout.
+// postRenderMain is the plugin's program: its argument is the webhook
+// container's extra environment, as JSON; the manifests come on stdin and
+// go to stdout.
 func postRenderMain(args []string) int {
-	if len(args) != 2 {
-		fmt.Fprintf(os.Stderr, "%s: want the API server's host and port, got %q\n", postRenderer, args)
+	var env []any
+	if len(args) != 1 || json.Unmarshal([]byte(args[0]), &env) != nil {
+		fmt.Fprintf(os.Stderr, "%s: want the webhook's extra environment as a JSON list, got %q\n", postRenderer, args)
 		return 2
 	}
-	if err := postRender(os.Stdin, os.Stdout, args[0], args[1]); err != nil {
+	if err := postRender(os.Stdin, os.Stdout, env); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", postRenderer, err)
 		return 1
 	}
@@ -137,12 +142,12 @@ func postRenderMain(args []string) int {
 }
 
 // postRender copies the manifests from in to out, the webhook Deployment
-// put on the host network with the API server's address in its webhook
-// container's environment, as the current chart's webhook.hostNetwork and
+// put on the host network with env added to its webhook container's
+// environment, as the current chart's webhook.hostNetwork and
 // webhook.extraEnv render them. It fails unless it finds exactly one such
 // Deployment and container, so that a chart that changed under it is not
 // installed unchanged.
-func postRender(in io.Reader, out io.Writer, host, port string) error {
+func postRender(in io.Reader, out io.Writer, env []any) error {
 	dec := utilyaml.NewYAMLOrJSONDecoder(in, 4096)
 	deployments := 0
 	for {
@@ -157,7 +162,7 @@ func postRender(in io.Reader, out io.Writer, host, port string) error {
 		}
 		if obj["kind"] == "Deployment" {
 			deployments++
-			if err := hostNetwork(obj, host, port); err != nil {
+			if err := hostNetwork(obj, env); err != nil {
 				return err
 			}
 		}
@@ -176,7 +181,7 @@ func postRender(in io.Reader, out io.Writer, host, port string) error {
 }
 
 // hostNetwork edits the webhook Deployment obj.
-func hostNetwork(obj map[string]any, host, port string) error {
+func hostNetwork(obj map[string]any, extra []any) error {
 	pod := []string{"spec", "template", "spec"}
 	if err := unstructured.SetNestedField(obj, true, append(pod, "hostNetwork")...); err != nil {
 		return err
@@ -196,9 +201,7 @@ func hostNetwork(obj map[string]any, host, port string) error {
 		}
 		found++
 		env, _ := c["env"].([]any)
-		c["env"] = append(env,
-			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": host},
-			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": port})
+		c["env"] = append(env, extra...)
 	}
 	if found != 1 {
 		return fmt.Errorf("the Deployment has %d containers named webhook, want 1", found)

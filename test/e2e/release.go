@@ -42,6 +42,8 @@ const (
 	// WebhookNamespace is where the release is installed; the webhook
 	// configurations never intercept it.
 	WebhookNamespace = "dislock-system"
+	// webhookSelector selects the webhook's pods, of every release.
+	webhookSelector = "app.kubernetes.io/component=webhook"
 )
 
 // installTimeout bounds `helm install --wait`: the webhook pod's start on a
@@ -56,20 +58,13 @@ func releaseValues(dc *DC, databaseURL string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	host, port, err := apiServer(dc)
-	if err != nil {
-		return nil, err
-	}
-	env, err := json.Marshal([]map[string]string{
-		{"name": "KUBERNETES_SERVICE_HOST", "value": host},
-		{"name": "KUBERNETES_SERVICE_PORT", "value": port},
-	})
+	env, err := apiServerEnv(dc)
 	if err != nil {
 		return nil, err
 	}
 	return append(append(values,
 		"--set", "webhook.hostNetwork=true",
-		"--set-json", "webhook.extraEnv="+string(env),
+		"--set-json", "webhook.extraEnv="+env,
 		// A test serves images from an in-process registry on loopback,
 		// over plain HTTP, for the webhook to resolve entrypoints from.
 		"--set-json", `webhook.extraArgs=["--insecure-registry"]`,
@@ -78,9 +73,11 @@ func releaseValues(dc *DC, databaseURL string) ([]string, error) {
 
 // userValues are the values a user of any release sets (clusterName, the
 // images, the owner's database URL), one replica, and ports of the node
-// not used before (each release binds its own).
+// not used before (each release binds its own). They are below the
+// ephemeral range: a rollback binds its revision's ports again, and an
+// outgoing connection may have taken one meanwhile.
 func userValues(dc *DC, dislockRef, agentRef, databaseURL string) ([]string, error) {
-	ports, err := harness.FreePorts(3) // admission, metrics, health
+	ports, err := harness.StablePorts(3) // admission, metrics, health
 	if err != nil {
 		return nil, err
 	}
@@ -101,13 +98,18 @@ func userValues(dc *DC, dislockRef, agentRef, databaseURL string) ([]string, err
 	}, nil
 }
 
-// apiServer is the host and port a webhook pod reaches dc's API server at.
-func apiServer(dc *DC) (host, port string, err error) {
+// apiServerEnv is the webhook container's environment that points it at
+// dc's API server (webhook.extraEnv), as JSON.
+func apiServerEnv(dc *DC) (string, error) {
 	api, err := url.Parse(dc.Cluster.URL())
 	if err != nil {
-		return "", "", fmt.Errorf("e2e: the API server's URL: %w", err)
+		return "", fmt.Errorf("e2e: the API server's URL: %w", err)
 	}
-	return api.Hostname(), api.Port(), nil
+	env, err := json.Marshal([]map[string]string{
+		{"name": "KUBERNETES_SERVICE_HOST", "value": api.Hostname()},
+		{"name": "KUBERNETES_SERVICE_PORT", "value": api.Port()},
+	})
+	return string(env), err
 }
 
 // testValues are the `helm test` pod's values of every e2e release: the
@@ -135,7 +137,7 @@ func installRelease(ctx context.Context, dc *DC, root, databaseURL string, logf 
 // below root relative and the database's password left out.
 func (dc *DC) helmShown(ctx context.Context, logf func(string, ...any), root, databaseURL string, args ...string) ([]byte, error) {
 	shown := strings.ReplaceAll(strings.Join(args, " "), root+string(filepath.Separator), "")
-	if u, err := url.Parse(databaseURL); err == nil {
+	if u, err := url.Parse(databaseURL); err == nil && databaseURL != "" {
 		shown = strings.ReplaceAll(shown, databaseURL, u.Redacted())
 	}
 	logf("%s: helm %s", dc.Name, shown)
@@ -178,7 +180,7 @@ func (dc *DC) tool(ctx context.Context, name string, args []string, env ...strin
 // cause (a failed start waiting out the kubelet's back-off). Empty when
 // none did.
 func webhookRestarts(ctx context.Context, dc *DC) string {
-	pods, err := dc.Client.CoreV1().Pods(WebhookNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
+	pods, err := dc.Client.CoreV1().Pods(WebhookNamespace).List(ctx, metav1.ListOptions{LabelSelector: webhookSelector})
 	if err != nil {
 		return fmt.Sprintf(" (listing the webhook pods: %v)", err)
 	}

@@ -164,7 +164,7 @@ func suspendedCronJob(t *testing.T, dc *DC, name string) *batchv1.CronJob {
 // first.
 func webhookPods(t *testing.T, dc *DC) []corev1.Pod {
 	t.Helper()
-	list, err := dc.Client.CoreV1().Pods(WebhookNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
+	list, err := dc.Client.CoreV1().Pods(WebhookNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: webhookSelector})
 	if err != nil {
 		t.Fatal(err)
 	}

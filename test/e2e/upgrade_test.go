@@ -14,6 +14,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/dislock/dislock/test/previous"
 )
@@ -25,10 +26,11 @@ const admissionProbeEvery = 100 * time.Millisecond
 // dc-a runs the previous release, installed with its own chart and images
 // (test/previous). `helm upgrade` to the working tree's chart, then `helm
 // rollback` to the previous release, are each a rolling update of its
-// webhook Deployment (maxSurge 1, maxUnavailable 0: the new replica starts
-// on a second node, the old one goes once the new one is ready), around a
+// webhook Deployment (maxSurge 1, maxUnavailable 0: the new replica
+// starts beside the old one, which goes once the new one is ready; a
+// second node gives it room), around a
 // tick of `* * * * *` CronJobs in both data centres; at the next tick dc-a
-// injects the previous release's agent again. No Job creation is refused
+// injects the previous release's agent. No Job creation is refused
 // meanwhile — neither a dry run of a tick's Job every 100 ms through both
 // rolls, which the webhook admits, nor the CronJob controller's (no
 // FailedCreate event) — each tick's window runs once, and the second's
@@ -41,6 +43,20 @@ func TestHelmUpgradeFromThePreviousReleaseAndRollbackRefuseNoJobWhileCronJobsTic
 	begun := time.Now()
 	installPrevious(t, e, dc, dc.Node, spare)
 	t.Logf("the previous release (%s) installed in %s in %v", previous.Commit[:7], dc.Name, time.Since(begun).Round(time.Millisecond))
+	// The previous release's pods bind their ports on every interface of
+	// the host these nodes share: one still leaving would answer the
+	// probes of the next on its ports, so each roll waits for the pods it
+	// replaced to be gone, as a user's next step comes later anyway.
+	webhookPodsSettled := func() {
+		t.Helper()
+		await(t, installTimeout, "the webhook's replaced pods to be gone", func() bool {
+			pods, err := dc.Client.CoreV1().Pods(WebhookNamespace).List(ctx, metav1.ListOptions{LabelSelector: webhookSelector})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(pods.Items) == 1 && pods.Items[0].DeletionTimestamp == nil
+		})
+	}
 	values, err := releaseValues(dc, dc.BouncerDSN())
 	if err != nil {
 		t.Fatal(err)
@@ -65,13 +81,16 @@ func TestHelmUpgradeFromThePreviousReleaseAndRollbackRefuseNoJobWhileCronJobsTic
 		t.Fatalf("%v\n%s", err, out)
 	}
 	upgraded := time.Since(begun)
+	webhookPodsSettled()
 	if out, err := dc.helmShown(ctx, t.Logf, e.root, "", "rollback", ReleaseName, "--namespace", WebhookNamespace,
 		"--wait", "--timeout", installTimeout.String()); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
+	rolled := time.Now()
 	n, refused := probes()
 	t.Logf("helm upgrade rolled in %v, helm rollback in %v (the tick at %s); %d dry-run Jobs admitted meanwhile",
-		upgraded.Round(time.Millisecond), (time.Since(begun) - upgraded).Round(time.Millisecond), tick.Format(time.TimeOnly), n)
+		upgraded.Round(time.Millisecond), (rolled.Sub(begun) - upgraded).Round(time.Millisecond), tick.Format(time.TimeOnly), n)
+	webhookPodsSettled()
 	if len(refused) > 0 {
 		t.Errorf("%d of %d Job creations were refused while the release rolled, e.g. %s", len(refused), n, refused[0])
 	}
@@ -93,6 +112,20 @@ func TestHelmUpgradeFromThePreviousReleaseAndRollbackRefuseNoJobWhileCronJobsTic
 		}
 		return true
 	})
+	// Every agent decided, run or skip, whichever release injected it: a
+	// skip completes its Job too.
+	for cluster, byWindow := range jobs {
+		for _, w := range windows {
+			if j := byWindow[w]; !complete(&j) {
+				t.Errorf("%s's Job %s of window %s (agent %s) failed", cluster, j.Name, w, sidecarImage(&j))
+			}
+		}
+	}
+	// Job creation times are whole seconds.
+	if created := jobs[dc.Name][windows[0]].CreationTimestamp.Time; created.Before(begun.Truncate(time.Second)) || created.After(rolled) {
+		t.Errorf("%s's Job of the tick was created at %s, outside the rolls (%s to %s): the test proved nothing about them",
+			dc.Name, created.Format(time.TimeOnly), begun.Format(time.TimeOnly), rolled.Format(time.TimeOnly))
+	}
 	rolledBack := jobs[dc.Name][windows[1]]
 	if got := sidecarImage(&rolledBack); got != previous.AgentRef {
 		t.Errorf("%s's Job %s after the rollback runs agent image %q, want the previous release's %s", dc.Name, rolledBack.Name, got, previous.AgentRef)
@@ -101,7 +134,10 @@ func TestHelmUpgradeFromThePreviousReleaseAndRollbackRefuseNoJobWhileCronJobsTic
 	for _, w := range windows {
 		if len(byWindow[w]) != 1 {
 			t.Errorf("window %s ran %d times, want once: %v", w, len(byWindow[w]), byWindow[w])
+			continue
 		}
+		r := byWindow[w][0]
+		t.Logf("window %s ran in %s (token %d), its Job there injected with agent %s", w, r.Cluster, r.Token, sidecarImage(ptr.To(jobs[r.Cluster][w])))
 	}
 	if a, b := byWindow[windows[0]], byWindow[windows[1]]; len(a) == 1 && len(b) == 1 && b[0].Token <= a[0].Token {
 		t.Errorf("window %s's token %d is not above window %s's %d", windows[1], b[0].Token, windows[0], a[0].Token)
@@ -116,6 +152,11 @@ func TestHelmUpgradeFromThePreviousReleaseAndRollbackRefuseNoJobWhileCronJobsTic
 			t.Errorf("%s: the CronJob controller could not create a Job: %s", dc.Name, ev.Message)
 		}
 	}
+}
+
+func complete(j *batchv1.Job) bool {
+	_, ok := Finished(j)
+	return ok
 }
 
 // sidecarImage is the image of the agent the webhook injected into j.

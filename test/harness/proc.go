@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -138,6 +139,21 @@ func StablePort() (int, error) {
 		return port, nil
 	}
 	return 0, fmt.Errorf("finding a free port below %d: 100 tries failed", low)
+}
+
+// StablePorts returns n distinct StablePort ports.
+func StablePorts(n int) ([]int, error) {
+	var ports []int
+	for len(ports) < n {
+		p, err := StablePort()
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(ports, p) {
+			ports = append(ports, p)
+		}
+	}
+	return ports, nil
 }
 
 // FreePorts returns n distinct TCP ports on 127.0.0.1 that were free a

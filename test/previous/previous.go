@@ -1,21 +1,29 @@
 // Package previous builds the previous release of dislock from git, for the
 // tests of an upgrade from it and a rollback to it: its two programs
-// (test/skew runs them as processes) and its two published images
-// (test/e2e installs them with that release's own chart).
+// (test/skew runs them as processes), its two images (test/e2e installs
+// them) and its chart.
 //
 // The images are made by this checkout's recipe (internal/image) from the
-// previous release's source: the same layers, paths and flags its
-// Dockerfile gave them. Everything goes into bin/previous/<commit>/
-// (git-ignored), which later runs reuse.
+// previous release's source: the binaries at the paths that release's
+// chart and webhook run them from (/usr/local/bin), built with the
+// release's flags, as user 65532. The base layer, labels and stamped
+// version are this recipe's, not that release's Dockerfile's (it built on
+// a distroless image this machine cannot pull).
+//
+// Everything goes into bin/previous/<commit>-<recipe>/ (git-ignored), which
+// later runs reuse; a change of the recipe builds anew.
 package previous
 
 import (
+	"bytes"
 	"context"
-	"errors"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -39,9 +47,6 @@ const (
 	AgentRef   = "e2e.local/dislock-agent:previous"
 )
 
-// ErrShallow is returned (wrapped) when the repository lacks Commit.
-var ErrShallow = errors.New("previous: the previous release's commit is not in the repository")
-
 // Release is the built previous release.
 type Release struct {
 	// Dislock and Agent are its programs, the very files its images hold.
@@ -49,22 +54,27 @@ type Release struct {
 	// Images is the tarball holding DislockRef and AgentRef, for
 	// `ctr images import`.
 	Images string
-	// Source is its source tree (its charts/dislock is its chart). It is
-	// kept beside the build.
-	Source string
+	// Chart is its chart's directory (charts/dislock at Commit).
+	Chart string
 }
 
 // Build builds the previous release of the repository at root, or returns
 // the one an earlier run built.
 func Build(ctx context.Context, root string) (Release, error) {
-	dir := filepath.Join(root, "bin", "previous", Commit)
+	recipe, err := os.ReadFile(filepath.Join(root, "internal", "image", "image.go"))
+	if err != nil {
+		return Release{}, fmt.Errorf("previous: the image recipe: %w", err)
+	}
+	sum := sha256.Sum256(recipe)
+	parent := filepath.Join(root, "bin", "previous")
+	dir := filepath.Join(parent, Commit[:12]+"-"+hex.EncodeToString(sum[:6]))
 	r := layout(dir)
 	// Test binaries of several packages build it at once: one builds, the
 	// others wait and find its build.
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return Release{}, err
 	}
-	lock, err := os.OpenFile(filepath.Join(filepath.Dir(dir), ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	lock, err := os.OpenFile(filepath.Join(parent, ".lock"), os.O_CREATE|os.O_RDONLY, 0o644)
 	if err != nil {
 		return Release{}, err
 	}
@@ -72,47 +82,33 @@ func Build(ctx context.Context, root string) (Release, error) {
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
 		return Release{}, fmt.Errorf("previous: locking %s: %w", lock.Name(), err)
 	}
-	if exists(r.Dislock) && exists(r.Agent) && exists(r.Images) && exists(r.Source) {
+	if exists(r.Dislock) && exists(r.Agent) && exists(r.Images) && exists(r.Chart) {
 		return r, nil
 	}
-	// A shallow clone lacks the previous release: that is a setup to
-	// mend, never a reason to test less.
-	if err := exec.CommandContext(ctx, "git", "-C", root, "cat-file", "-e", Commit+"^{commit}").Run(); err != nil {
-		return Release{}, fmt.Errorf("%w: commit %s is not in %s, probably a shallow clone: run `git fetch --unshallow` and test again", ErrShallow, Commit, root)
+	// Builds a killed process left behind: no one else builds now.
+	if stale, err := filepath.Glob(filepath.Join(parent, ".build-*")); err == nil {
+		for _, s := range stale {
+			os.RemoveAll(s)
+		}
+	}
+	if out, err := exec.CommandContext(ctx, "git", "-C", root, "cat-file", "-e", Commit+"^{commit}").CombinedOutput(); err != nil {
+		// A shallow clone lacks the previous release: that is a setup to
+		// mend, never a reason to test less.
+		return Release{}, fmt.Errorf("previous: commit %s (the previous release) is not readable in %s: %v: %s; in a shallow clone, run `git fetch --unshallow` and test again",
+			Commit, root, err, strings.TrimSpace(string(out)))
 	}
 	// Build beside the cache and rename, so that an interrupted build
 	// never leaves a half that a later run would take for whole.
-	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".build-")
+	tmp, err := os.MkdirTemp(parent, ".build-")
 	if err != nil {
 		return Release{}, err
 	}
 	defer os.RemoveAll(tmp)
-	built := layout(tmp)
-	if err := os.MkdirAll(built.Source, 0o755); err != nil {
+	if err := build(ctx, root, layout(tmp)); err != nil {
 		return Release{}, err
 	}
-	archive := exec.CommandContext(ctx, "sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", root, Commit, built.Source)
-	if out, err := archive.CombinedOutput(); err != nil {
-		return Release{}, fmt.Errorf("previous: extracting %s: %w\n%s", Commit, err, out)
-	}
-	b := image.Build{Version: "v0.0.0-previous", Commit: Commit[:7], Dir: built.Source}.WithDefaults()
-	if err := b.Validate(); err != nil {
-		return Release{}, fmt.Errorf("previous: %w", err)
-	}
-	refs := map[name.Reference]v1.Image{}
-	for ref, im := range map[string]image.Image{DislockRef: image.Webhook, AgentRef: image.Agent} {
-		img, _, err := b.Make(ctx, im, filepath.Dir(built.Dislock))
-		if err != nil {
-			return Release{}, fmt.Errorf("previous: %w", err)
-		}
-		tag, err := name.ParseReference(ref)
-		if err != nil {
-			return Release{}, err
-		}
-		refs[tag] = img
-	}
-	if err := tarball.MultiRefWriteToFile(built.Images, refs); err != nil {
-		return Release{}, fmt.Errorf("previous: writing %s: %w", built.Images, err)
+	if err := os.Chmod(tmp, 0o755); err != nil { // MkdirTemp's 0700 would keep others out
+		return Release{}, err
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return Release{}, err
@@ -123,13 +119,61 @@ func Build(ctx context.Context, root string) (Release, error) {
 	return r, nil
 }
 
+// build writes the release into r's paths. The source is extracted outside
+// the repository, so that go build there finds neither this repository's
+// git metadata nor a go.work above it.
+func build(ctx context.Context, root string, r Release) error {
+	src, err := os.MkdirTemp("", "dislock-previous-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(src)
+	if err := extract(ctx, root, src, "."); err != nil {
+		return err
+	}
+	if err := extract(ctx, root, filepath.Dir(filepath.Dir(r.Chart)), "charts/dislock"); err != nil {
+		return err
+	}
+	b := image.Build{Version: "v0.0.0-previous", Commit: Commit[:7], Dir: src}.WithDefaults()
+	if err := b.Validate(); err != nil {
+		return fmt.Errorf("previous: %w", err)
+	}
+	refs := map[name.Reference]v1.Image{}
+	for ref, im := range map[string]image.Image{DislockRef: image.Webhook, AgentRef: image.Agent} {
+		img, _, err := b.Make(ctx, im, filepath.Dir(r.Dislock))
+		if err != nil {
+			return fmt.Errorf("previous: %w", err)
+		}
+		tag, err := name.ParseReference(ref)
+		if err != nil {
+			return err
+		}
+		refs[tag] = img
+	}
+	if err := tarball.MultiRefWriteToFile(r.Images, refs); err != nil {
+		return fmt.Errorf("previous: writing %s: %w", r.Images, err)
+	}
+	return nil
+}
+
+// extract writes path of Commit's tree under dir.
+func extract(ctx context.Context, root, dir, path string) error {
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "sh", "-c", `git -C "$1" archive "$2" "$3" | tar -x -C "$4"`, "sh", root, Commit, path, dir)
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("previous: extracting %s of %s: %w: %s", path, Commit, err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
 // layout is where a build in dir keeps each part.
 func layout(dir string) Release {
 	return Release{
 		Dislock: filepath.Join(dir, "bin", image.Webhook.Binary),
 		Agent:   filepath.Join(dir, "bin", image.Agent.Binary),
 		Images:  filepath.Join(dir, "images.tar"),
-		Source:  filepath.Join(dir, "src"),
+		Chart:   filepath.Join(dir, "charts", "dislock"),
 	}
 }
 

@@ -2,13 +2,12 @@ package skew_test
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/dislock/dislock/internal/image"
 	"github.com/dislock/dislock/test/previous"
 )
 
@@ -39,29 +38,17 @@ func buildPrevious(t *testing.T, root string) binaries {
 }
 
 // buildWorkingTree builds the working tree's programs into a temporary
-// directory: they change with every edit, so they are not cached.
+// directory, as the images' recipe builds them: they change with every
+// edit, so they are not cached.
 func buildWorkingTree(t *testing.T, root string) binaries {
 	t.Helper()
 	dir := t.TempDir()
-	bins := binaries{dislock: filepath.Join(dir, "dislock"), agent: filepath.Join(dir, "dislock-agent")}
-	goBuild(t, root, dir, bins)
-	return bins
-}
-
-// goBuild builds static binaries as the image does, each into a temporary
-// name first so that an interrupted build never leaves a cached half.
-func goBuild(t *testing.T, src, dir string, bins binaries) {
-	t.Helper()
-	for _, b := range []struct{ pkg, out string }{{".", bins.dislock}, {"./lockagent/cmd/dislock-agent", bins.agent}} {
-		tmp := filepath.Join(dir, fmt.Sprintf(".%s.tmp", filepath.Base(b.out)))
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", tmp, b.pkg)
-		cmd.Dir = src
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("building %s in %s: %v\n%s", b.pkg, src, err, out)
-		}
-		if err := os.Rename(tmp, b.out); err != nil {
+	bins := binaries{dislock: filepath.Join(dir, image.Webhook.Binary), agent: filepath.Join(dir, image.Agent.Binary)}
+	b := image.Build{Dir: root}.WithDefaults()
+	for im, out := range map[image.Image]string{image.Webhook: bins.dislock, image.Agent: bins.agent} {
+		if err := b.Compile(context.Background(), im.Package, out); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return bins
 }
