@@ -36,7 +36,11 @@ type Config struct {
 	Catchup  time.Duration
 	// MissedAfter is dislock.io/missed-after, recorded in the view; 0: unset.
 	MissedAfter time.Duration
-	Owner       store.Owner
+	// PreferCluster is dislock.io/prefer-cluster ("" unset): in any other
+	// cluster the agent claims a window only from its start + PreferGrace.
+	PreferCluster string
+	PreferGrace   time.Duration
+	Owner         store.Owner
 	// JobIndex is the completion index of an Indexed Job's pod, -1 otherwise.
 	JobIndex int
 	// Completions is an Indexed Job's spec.completions, 0 when unknown.
@@ -124,6 +128,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	c.Window, c.Manual = env.Window, env.Manual
 	c.Schedule, c.TimeZone = env.Schedule, env.TimeZone
 	c.TTL, c.Standby, c.Catchup, c.MissedAfter = env.LeaseTTL, env.Standby, env.Catchup, env.MissedAfter
+	c.PreferCluster, c.PreferGrace = env.PreferCluster, env.PreferGrace
 	c.AppStartTimeout, c.AppContainers = env.AppStartTimeout, env.AppContainers
 	c.RestartPolicy, c.ProxyQuit = env.RestartPolicy, env.ProxyQuit
 	c.JobIndex = -1

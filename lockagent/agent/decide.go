@@ -96,6 +96,9 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 			return d, nil
 		}
 	}
+	if err := a.yieldToPreferred(ctx); err != nil {
+		return d, err
+	}
 	var tookOver bool
 	if c.Mode.Schedule && !c.Manual {
 		claim, skip, err := a.claimWindow(ctx)
@@ -141,6 +144,43 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 		d.Reason = joinReason(d.Reason, a.disagreement)
 	}
 	return d, nil
+}
+
+// yieldToPreferred holds a pod of a cluster other than the CronJob's
+// preferred one (dislock.io/prefer-cluster) until the window's start + the
+// grace, by the database's clock as read now, so that the preferred
+// cluster's pods, if they start in time, claim the window first. The
+// preference orders claims and changes nothing in them: whoever claims
+// after it is refused as before. It returns at once in the preferred
+// cluster, for a manual run (no window), and when the grace is over. It
+// writes nothing to the database: at the top of the hour every waiting pod
+// would.
+func (a *agent) yieldToPreferred(ctx context.Context) error {
+	c := a.cfg
+	if c.Manual || c.PreferCluster == "" || c.PreferCluster == c.Owner.Cluster {
+		return nil
+	}
+	now, err := a.dbNow(ctx)
+	if err != nil {
+		return err
+	}
+	from := a.window.Add(c.PreferGrace)
+	left := from.Sub(now)
+	if left <= 0 {
+		return nil
+	}
+	why := fmt.Sprintf("cluster %s is preferred for this job: this cluster claims window %s%s only from %s, its start + prefer-grace %s, by database time",
+		c.PreferCluster, formatWindow(a.window), a.indexSuffix(), from.Format(time.RFC3339), c.PreferGrace)
+	a.log.Info("waiting: "+why, "key", c.Key, "for", left.Round(time.Millisecond).String())
+	a.terminate(contract.Termination{Outcome: contract.OutcomeError, Message: "waiting: " + why})
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // leaseKey is the lease's key: the lock key, or for an Indexed Job's pod
@@ -198,6 +238,9 @@ func (a *agent) view() store.View {
 	if c.MissedAfter > 0 {
 		v.MissedAfter = c.MissedAfter.String()
 	}
+	if c.PreferCluster != "" {
+		v.PreferCluster, v.PreferGrace = c.PreferCluster, c.PreferGrace.String()
+	}
 	v.CompletionMode = store.CompletionModeNonIndexed
 	if c.JobIndex != store.NotIndexed {
 		v.CompletionMode, v.Completions = store.CompletionModeIndexed, c.Completions
@@ -212,18 +255,19 @@ func (a *agent) noteDisagreement(v store.View, others []store.ClusterView) {
 		return
 	}
 	var parts []string
+	views := []store.View{v}
 	for _, o := range others {
 		// A view differs in what the Diff leaves out (completions an
 		// older webhook did not pass on): nothing to warn about.
 		if diff := v.Diff(o.View); len(diff) > 0 {
 			parts = append(parts, fmt.Sprintf("cluster %s has %s", o.Cluster, strings.Join(diff, ", ")))
+			views = append(views, o.View)
 		}
 	}
 	if len(parts) == 0 {
 		return
 	}
-	a.disagreement = "WARNING clusters disagree about this job (" + strings.Join(parts, "; ") +
-		"): the same tick may be a different window in each cluster and run once in each; make the CronJobs identical (set spec.timeZone)"
+	a.disagreement = "WARNING clusters disagree about this job (" + strings.Join(parts, "; ") + "): " + store.DisagreementAdvice(views...)
 	a.log.Warn("clusters disagree about this job", "key", a.cfg.Key, "cluster", a.cfg.Owner.Cluster, "others", parts)
 }
 

@@ -36,6 +36,12 @@ type AgentEnv struct {
 	// the agent records it in its view of the job, which the missed-window
 	// detection reads.
 	MissedAfter time.Duration
+	// PreferCluster is the CronJob's dislock.io/prefer-cluster, "" when
+	// unset; PreferGrace its grace (0 when unset). A pod of another
+	// cluster claims a window only from its start + PreferGrace, by the
+	// database's clock.
+	PreferCluster string
+	PreferGrace   time.Duration
 	// AppStartTimeout bounds the time from a "run" decision to the first
 	// wrapper starting its app; after it the claim is given up.
 	AppStartTimeout time.Duration
@@ -161,6 +167,10 @@ func (e AgentEnv) Render() []EnvVar {
 	}
 	if e.MissedAfter != 0 {
 		vars = append(vars, EnvVar{Name: EnvMissedAfter, Value: shortDuration(e.MissedAfter)})
+	}
+	if e.PreferCluster != "" {
+		vars = append(vars, EnvVar{Name: EnvPreferCluster, Value: e.PreferCluster},
+			EnvVar{Name: EnvPreferGrace, Value: shortDuration(e.PreferGrace)})
 	}
 	if len(e.ProxyQuit) > 0 {
 		vars = append(vars, EnvVar{Name: EnvProxyQuit, Value: strings.Join(e.ProxyQuit, ",")})
@@ -340,6 +350,20 @@ func ParseAgentEnv(getenv func(string) string, opts ParseOptions) (AgentEnv, err
 			bad(EnvMissedAfter, v, problem)
 		} else {
 			e.MissedAfter = d
+		}
+	}
+
+	switch c, g := getenv(EnvPreferCluster), getenv(EnvPreferGrace); {
+	case c == "" && g != "":
+		bad(EnvPreferGrace, g, "needs "+EnvPreferCluster+" (the cluster to prefer)")
+	case c == "":
+	case !ValidClusterName(c):
+		bad(EnvPreferCluster, c, "is not a cluster name "+wantCluster)
+	default:
+		if d, problem := parseDuration(g, MinPreferGrace, MaxPreferGrace, "20s"); problem != "" {
+			bad(EnvPreferGrace, g, problem)
+		} else {
+			e.PreferCluster, e.PreferGrace = c, d
 		}
 	}
 

@@ -2,6 +2,7 @@ package contract
 
 import (
 	"errors"
+	"maps"
 	"reflect"
 	"strconv"
 	"strings"
@@ -108,6 +109,7 @@ func TestAgentEnvRoundTrip(t *testing.T) {
 	}{
 		{name: "a scheduled window with every option", edit: func(e *AgentEnv) {}},
 		{name: "a missed-after", edit: func(e *AgentEnv) { e.MissedAfter = 3 * time.Hour }},
+		{name: "a preferred cluster", edit: func(e *AgentEnv) { e.PreferCluster, e.PreferGrace = "dc-b", 20*time.Second }},
 		{name: "defaults", edit: func(e *AgentEnv) {
 			e.Mode, e.Standby, e.Catchup, e.TimeZone = Mode{Lease: true}, false, 0, ""
 			e.LeaseTTL, e.AppStartTimeout = DefaultLeaseTTL, DefaultAppStartTimeout
@@ -237,6 +239,14 @@ func TestParseAgentEnv(t *testing.T) {
 			want: func(e *AgentEnv) {
 				e.LeaseTTL, e.Standby, e.Catchup, e.AppStartTimeout = DefaultLeaseTTL, false, 0, DefaultAppStartTimeout
 			}},
+		{name: "a preferred cluster and its grace", env: map[string]string{EnvPreferCluster: "dc-b", EnvPreferGrace: "1s"},
+			want: func(e *AgentEnv) { e.PreferCluster, e.PreferGrace = "dc-b", time.Second }},
+		{name: "a prefer grace without its cluster", env: map[string]string{EnvPreferGrace: "20s"},
+			errs: []string{`DISLOCK_PREFER_GRACE="20s" needs DISLOCK_PREFER_CLUSTER (the cluster to prefer)`}},
+		{name: "a preferred cluster without its grace", env: map[string]string{EnvPreferCluster: "dc-b"},
+			errs: []string{`DISLOCK_PREFER_GRACE is not a duration (want e.g. "20s", between 1s and 10m)`}},
+		{name: "a preferred cluster that names none", env: map[string]string{EnvPreferCluster: "dc/b", EnvPreferGrace: "20s"},
+			errs: []string{`DISLOCK_PREFER_CLUSTER="dc/b" is not a cluster name`}},
 		{name: "a completion index", env: map[string]string{EnvJobIndex: "12"},
 			want: func(e *AgentEnv) { e.Indexed, e.JobIndex = true, 12 }},
 		{name: "test flag: a lease TTL and app-start timeout of 1s", short: true,
@@ -354,16 +364,25 @@ func TestEnvAndAnnotationsShareBounds(t *testing.T) {
 	t.Parallel()
 	durations := []string{"0s", "1s", "4.999s", "5s", "30s", "59m59s", "1h", "1h0m1s", "29s", "30s", "10m", "24h", "24h0m0.001s", "-5s"}
 	for _, d := range durations {
-		for _, c := range []struct{ annotation, env string }{
-			{AnnotationLeaseTTL, EnvLeaseTTL},
-			{AnnotationCatchup, EnvCatchup},
-			{AnnotationAppStartTimeout, EnvAppStartTimeout},
-			{AnnotationMissedAfter, EnvMissedAfter},
+		for _, c := range []struct {
+			annotation, env string
+			// the setting the value needs beside it, in each spelling
+			needs, needsEnv map[string]string
+		}{
+			{annotation: AnnotationLeaseTTL, env: EnvLeaseTTL},
+			{annotation: AnnotationCatchup, env: EnvCatchup},
+			{annotation: AnnotationAppStartTimeout, env: EnvAppStartTimeout},
+			{annotation: AnnotationMissedAfter, env: EnvMissedAfter},
+			{annotation: AnnotationPreferGrace, env: EnvPreferGrace,
+				needs: map[string]string{AnnotationPreferCluster: "dc-a"}, needsEnv: map[string]string{EnvPreferCluster: "dc-a"}},
 		} {
-			_, aerr := FromAnnotations(map[string]string{AnnotationMode: "schedule", c.annotation: d}, "team-a", "report")
+			annotations := map[string]string{AnnotationMode: "schedule", c.annotation: d}
+			maps.Copy(annotations, c.needs)
+			_, aerr := FromAnnotations(annotations, "team-a", "report")
 			base := validEnv()
 			env := resolve(t, base.Render(), podOf(base))
 			env[c.env] = d
+			maps.Copy(env, c.needsEnv)
 			_, eerr := ParseAgentEnv(lookup(env), ParseOptions{})
 			if (aerr == nil) != (eerr == nil) {
 				t.Errorf("%s: annotation %s says %v, env %s says %v", d, c.annotation, aerr, c.env, eerr)

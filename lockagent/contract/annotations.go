@@ -33,6 +33,20 @@ const (
 	// as stale. Unset means no limit.
 	AnnotationCatchup = Prefix + "catchup"
 
+	// AnnotationPreferCluster names the data centre (a webhook's
+	// --cluster-name) that should run the CronJob's windows: its pods claim
+	// a window at once, and the other clusters' pods only from the window's
+	// start + AnnotationPreferGrace by the database's clock. If the
+	// preferred cluster has not claimed by then, another cluster runs the
+	// window. Manual runs have no window and ignore it.
+	AnnotationPreferCluster = Prefix + "prefer-cluster"
+	// AnnotationPreferGrace is a Go duration between MinPreferGrace and
+	// MaxPreferGrace (default DefaultPreferGrace), below dislock.io/catchup
+	// and dislock.io/missed-after when they are set: how long the other
+	// clusters leave the preferred one to claim. Needs
+	// AnnotationPreferCluster.
+	AnnotationPreferGrace = Prefix + "prefer-grace"
+
 	// AnnotationMissedAfter is a Go duration between MinMissedAfter and
 	// MaxMissedAfter: a window with no successful run this long after its
 	// start counts as missed (dislock_missed_windows_total, `dislock
@@ -157,11 +171,19 @@ const (
 	// at most a day back.
 	MinMissedAfter = time.Minute
 	MaxMissedAfter = 24 * time.Hour
+
+	// DefaultPreferGrace, MinPreferGrace and MaxPreferGrace are the default
+	// and bounds of dislock.io/prefer-grace. The grace delays every window
+	// the preferred cluster does not take by as much, so it is short.
+	DefaultPreferGrace = 30 * time.Second
+	MinPreferGrace     = time.Second
+	MaxPreferGrace     = 10 * time.Minute
 )
 
 // userAnnotations are the keys users set, in the order errors list them.
 var userAnnotations = []string{
 	AnnotationMode, AnnotationKey, AnnotationLeaseTTL,
-	AnnotationStandby, AnnotationCatchup, AnnotationMissedAfter, AnnotationAppStartTimeout, AnnotationEntrypoint, AnnotationProxyQuit,
+	AnnotationStandby, AnnotationCatchup, AnnotationMissedAfter, AnnotationPreferCluster, AnnotationPreferGrace,
+	AnnotationAppStartTimeout, AnnotationEntrypoint, AnnotationProxyQuit,
 	AnnotationAgentCPURequest, AnnotationAgentCPULimit, AnnotationAgentMemoryRequest, AnnotationAgentMemoryLimit,
 }

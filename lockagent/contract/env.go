@@ -27,6 +27,11 @@ const (
 	// EnvMissedAfter is Spec.MissedAfter as a Go duration; set only when the
 	// CronJob sets dislock.io/missed-after.
 	EnvMissedAfter = "DISLOCK_MISSED_AFTER"
+	// EnvPreferCluster and EnvPreferGrace are Spec.PreferCluster and
+	// Spec.PreferGrace (a Go duration); set only when the CronJob prefers
+	// a cluster.
+	EnvPreferCluster = "DISLOCK_PREFER_CLUSTER"
+	EnvPreferGrace   = "DISLOCK_PREFER_GRACE"
 	// EnvAppStartTimeout is Spec.AppStartTimeout as a Go duration: after a
 	// "run" decision, how long the agent waits for a wrapper to start the app
 	// before it gives the claim up.

@@ -16,6 +16,9 @@ func FuzzFromAnnotations(f *testing.F) {
 	f.Add(uint8(0x80), "lease", "", "", "", "", "", "", "dislock.io/proxy-quit", " http://127.0.0.1:15020/quitquitquit, http://localhost:4191/shutdown", "team-a", "report")
 	f.Add(uint8(0x80), "lease", "", "", "", "", "", "", "dislock.io/proxy-quit", "NONE", "team-a", "report")
 	f.Add(uint8(0x80), "lease", "", "", "", "", "", "", "dislock.io/proxy-quit", "http://10.0.0.1:15020/quitquitquit,,", "team-a", "report")
+	f.Add(uint8(0x90), "schedule", "", "", "", "10s", "", "", "dislock.io/prefer-cluster", " dc-a ", "team-a", "report")
+	f.Add(uint8(0x90), "lease", "", "", "", "1h", "", "", "dislock.io/prefer-cluster", "dc-a", "team-a", "report")
+	f.Add(uint8(0x80), "schedule", "", "", "", "", "", "", "dislock.io/prefer-grace", "20s", "team-a", "report")
 	f.Fuzz(func(t *testing.T, present uint8, mode, key, ttl, standby, catchup, entrypoint, appStart, extraKey, extraValue, namespace, cronJobName string) {
 		a := map[string]string{}
 		for i, kv := range [][2]string{

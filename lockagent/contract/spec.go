@@ -31,6 +31,11 @@ type Spec struct {
 	Catchup   time.Duration // 0 = unset
 	// MissedAfter is dislock.io/missed-after; 0 = unset (the default grace).
 	MissedAfter time.Duration
+	// PreferCluster is dislock.io/prefer-cluster, "" when unset; then
+	// PreferGrace is dislock.io/prefer-grace or DefaultPreferGrace, and 0
+	// otherwise.
+	PreferCluster string
+	PreferGrace   time.Duration
 	// AppStartTimeout bounds the time from winning a claim to the first app
 	// container starting; DefaultAppStartTimeout when unset.
 	AppStartTimeout time.Duration
@@ -246,6 +251,32 @@ func FromAnnotations(annotations map[string]string, namespace, cronJobName strin
 		}
 	}
 
+	grace, graceSet := annotations[AnnotationPreferGrace]
+	graceOK := true
+	if graceSet {
+		if d, problem := parseDuration(strings.TrimSpace(grace), MinPreferGrace, MaxPreferGrace, "20s"); problem != "" {
+			bad(AnnotationPreferGrace, grace, problem)
+			graceOK = false
+		} else {
+			s.PreferGrace = d
+		}
+	}
+	if v, ok := annotations[AnnotationPreferCluster]; ok {
+		if c := strings.TrimSpace(v); !ValidClusterName(c) {
+			bad(AnnotationPreferCluster, v, "is not a cluster name "+wantCluster+": one of the webhooks' --cluster-name")
+		} else {
+			s.PreferCluster = c
+		}
+		if !graceSet {
+			s.PreferGrace, grace = DefaultPreferGrace, shortDuration(DefaultPreferGrace)+" (the default)"
+		}
+		if problem := s.preferGraceProblem(); problem != "" && graceOK {
+			bad(AnnotationPreferGrace, grace, problem)
+		}
+	} else if graceSet {
+		bad(AnnotationPreferGrace, grace, "needs "+AnnotationPreferCluster+" (name the cluster to prefer, or remove "+AnnotationPreferGrace+")")
+	}
+
 	if v, ok := annotations[AnnotationAppStartTimeout]; ok {
 		d, err := time.ParseDuration(strings.TrimSpace(v))
 		switch {
@@ -313,6 +344,22 @@ var (
 	wantAppStartTimeout = `(want e.g. "10m", ` + between(MinAppStartTimeout, MaxAppStartTimeout) + ")"
 	wantMissedAfter     = `(want e.g. "2h", ` + between(MinMissedAfter, MaxMissedAfter) + ": longer than the Job's retries take)"
 )
+
+// preferGraceProblem says why PreferGrace does not fit the other
+// settings, or "". The other clusters claim a window the preferred one
+// left only once the grace has passed: by then the window must be neither
+// stale nor counted missed.
+func (s Spec) preferGraceProblem() string {
+	switch {
+	case s.Catchup > 0 && s.PreferGrace >= s.Catchup:
+		return fmt.Sprintf("is not below %s %s: every window the preferred cluster leaves would be stale before another cluster may claim it (want a grace below the catchup)",
+			AnnotationCatchup, shortDuration(s.Catchup))
+	case s.MissedAfter > 0 && s.PreferGrace >= s.MissedAfter:
+		return fmt.Sprintf("is not below %s %s: every window the preferred cluster leaves would count as missed before another cluster may claim it (want a grace below it)",
+			AnnotationMissedAfter, shortDuration(s.MissedAfter))
+	}
+	return ""
+}
 
 // ParseMissedAfter reads a dislock.io/missed-after value: a Go duration
 // between MinMissedAfter and MaxMissedAfter. The error is a *FieldError
@@ -502,6 +549,17 @@ func (s Spec) Validate() error {
 	if s.MissedAfter != 0 && (s.MissedAfter < MinMissedAfter || s.MissedAfter > MaxMissedAfter) {
 		errs = append(errs, fmt.Errorf("missed-after %s is out of range (want 0 for unset, or %s)", s.MissedAfter, between(MinMissedAfter, MaxMissedAfter)))
 	}
+	switch {
+	case s.PreferCluster == "" && s.PreferGrace != 0:
+		errs = append(errs, fmt.Errorf("prefer grace %s is set without a preferred cluster", s.PreferGrace))
+	case s.PreferCluster == "":
+	case !ValidClusterName(s.PreferCluster):
+		errs = append(errs, fmt.Errorf("preferred cluster %q is not a cluster name %s", s.PreferCluster, wantCluster))
+	case s.PreferGrace < MinPreferGrace || s.PreferGrace > MaxPreferGrace:
+		errs = append(errs, fmt.Errorf("prefer grace %s is out of range (want %s)", s.PreferGrace, between(MinPreferGrace, MaxPreferGrace)))
+	case s.preferGraceProblem() != "":
+		errs = append(errs, fmt.Errorf("prefer grace %s %s", s.PreferGrace, s.preferGraceProblem()))
+	}
 	if s.AppStartTimeout < MinAppStartTimeout || s.AppStartTimeout > MaxAppStartTimeout {
 		errs = append(errs, fmt.Errorf("app start timeout %s is out of range (want %s)", s.AppStartTimeout, between(MinAppStartTimeout, MaxAppStartTimeout)))
 	}
@@ -544,6 +602,10 @@ func (s Spec) Annotations() map[string]string {
 	}
 	if s.MissedAfter != 0 {
 		a[AnnotationMissedAfter] = s.MissedAfter.String()
+	}
+	if s.PreferCluster != "" {
+		a[AnnotationPreferCluster] = s.PreferCluster
+		a[AnnotationPreferGrace] = s.PreferGrace.String()
 	}
 	if s.Entrypoint != nil {
 		b, _ := json.Marshal(s.Entrypoint)

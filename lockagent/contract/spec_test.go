@@ -207,6 +207,53 @@ func TestFromAnnotations(t *testing.T) {
 			want:        Spec{Mode: Mode{Schedule: true}, Name: "report", Namespace: "team-a", LeaseTTL: DefaultLeaseTTL, AppStartTimeout: DefaultAppStartTimeout, MissedAfter: 2 * time.Hour},
 		},
 		{
+			name:        "prefer-cluster alone takes the default grace",
+			annotations: map[string]string{AnnotationMode: "schedule", AnnotationPreferCluster: " dc-b "},
+			want: Spec{Mode: Mode{Schedule: true}, Name: "report", Namespace: "team-a", LeaseTTL: DefaultLeaseTTL, AppStartTimeout: DefaultAppStartTimeout,
+				PreferCluster: "dc-b", PreferGrace: DefaultPreferGrace},
+		},
+		{
+			name:        "prefer-cluster with its grace, below catchup and missed-after",
+			annotations: map[string]string{AnnotationMode: "schedule,lease", AnnotationPreferCluster: "dc-a", AnnotationPreferGrace: "20s", AnnotationCatchup: "21s", AnnotationMissedAfter: "1m"},
+			want: Spec{Mode: Mode{Schedule: true, Lease: true}, Name: "report", Namespace: "team-a", LeaseTTL: DefaultLeaseTTL, AppStartTimeout: DefaultAppStartTimeout,
+				Catchup: 21 * time.Second, MissedAfter: time.Minute, PreferCluster: "dc-a", PreferGrace: 20 * time.Second},
+		},
+		{
+			name:        "a prefer-grace without a cluster names the fix",
+			annotations: map[string]string{AnnotationMode: "schedule", AnnotationPreferGrace: "20s"},
+			wantErrs:    []string{`annotation dislock.io/prefer-grace: "20s" needs dislock.io/prefer-cluster (name the cluster to prefer, or remove dislock.io/prefer-grace)`},
+		},
+		{
+			name:        "a prefer-cluster that cannot name a cluster",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationPreferCluster: "dc a"},
+			wantErrs:    []string{`annotation dislock.io/prefer-cluster: "dc a" is not a cluster name (want at most 63 printable characters without '/' or spaces, e.g. dc-a): one of the webhooks' --cluster-name`},
+		},
+		{
+			name:        "an empty prefer-cluster",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationPreferCluster: ""},
+			wantErrs:    []string{`annotation dislock.io/prefer-cluster is not a cluster name`},
+		},
+		{
+			name:        "a prefer-grace out of range names the bounds",
+			annotations: map[string]string{AnnotationMode: "schedule", AnnotationPreferCluster: "dc-a", AnnotationPreferGrace: "11m"},
+			wantErrs:    []string{`annotation dislock.io/prefer-grace: "11m" is out of range (want between 1s and 10m)`},
+		},
+		{
+			name:        "a prefer-grace not below catchup",
+			annotations: map[string]string{AnnotationMode: "schedule", AnnotationPreferCluster: "dc-a", AnnotationPreferGrace: "1m", AnnotationCatchup: "1m"},
+			wantErrs:    []string{`annotation dislock.io/prefer-grace: "1m" is not below dislock.io/catchup 1m: every window the preferred cluster leaves would be stale before another cluster may claim it (want a grace below the catchup)`},
+		},
+		{
+			name:        "the default prefer-grace not below catchup says it is the default",
+			annotations: map[string]string{AnnotationMode: "schedule", AnnotationPreferCluster: "dc-a", AnnotationCatchup: "10s"},
+			wantErrs:    []string{`annotation dislock.io/prefer-grace: "30s (the default)" is not below dislock.io/catchup 10s`},
+		},
+		{
+			name:        "a prefer-grace not below missed-after",
+			annotations: map[string]string{AnnotationMode: "schedule", AnnotationPreferCluster: "dc-a", AnnotationPreferGrace: "2m", AnnotationMissedAfter: "2m"},
+			wantErrs:    []string{`annotation dislock.io/prefer-grace: "2m" is not below dislock.io/missed-after 2m: every window the preferred cluster leaves would count as missed`},
+		},
+		{
 			name:        "a missed-after below a minute names the bounds and the fix",
 			annotations: map[string]string{AnnotationMode: "schedule", AnnotationMissedAfter: "30s"},
 			wantErrs:    []string{`annotation dislock.io/missed-after: "30s" is out of range (want e.g. "2h", between 1m and 24h: longer than the Job's retries take)`},
@@ -315,7 +362,7 @@ func TestFromAnnotations(t *testing.T) {
 			name:        "a misspelt annotation is an error with a suggestion",
 			annotations: map[string]string{AnnotationMode: "lease", "dislock.io/leasettl": "30s"},
 			wantErrs: []string{
-				`annotation dislock.io/leasettl: "30s" is not a dislock annotation (did you mean dislock.io/lease-ttl? known: dislock.io/mode, dislock.io/key, dislock.io/lease-ttl, dislock.io/standby, dislock.io/catchup, dislock.io/missed-after, dislock.io/app-start-timeout, dislock.io/entrypoint, dislock.io/proxy-quit, dislock.io/agent-cpu-request, dislock.io/agent-cpu-limit, dislock.io/agent-memory-request, dislock.io/agent-memory-limit)`,
+				`annotation dislock.io/leasettl: "30s" is not a dislock annotation (did you mean dislock.io/lease-ttl? known: dislock.io/mode, dislock.io/key, dislock.io/lease-ttl, dislock.io/standby, dislock.io/catchup, dislock.io/missed-after, dislock.io/prefer-cluster, dislock.io/prefer-grace, dislock.io/app-start-timeout, dislock.io/entrypoint, dislock.io/proxy-quit, dislock.io/agent-cpu-request, dislock.io/agent-cpu-limit, dislock.io/agent-memory-request, dislock.io/agent-memory-limit)`,
 			},
 		},
 		{
@@ -479,6 +526,11 @@ func TestValidate(t *testing.T) {
 		{"standby in lease mode", func(s *Spec) { s.Mode, s.Standby = Mode{Lease: true}, true }, "standby needs schedule mode"},
 		{"a negative catchup", func(s *Spec) { s.Catchup = -time.Second }, "catchup -1s"},
 		{"no app-start timeout", func(s *Spec) { s.AppStartTimeout = 0 }, "app start timeout 0s is out of range (want between 30s and 24h)"},
+		{"a preferred cluster", func(s *Spec) { s.PreferCluster, s.PreferGrace = "dc-a", time.Second }, ""},
+		{"a prefer grace alone", func(s *Spec) { s.PreferGrace = time.Second }, "prefer grace 1s is set without a preferred cluster"},
+		{"a preferred cluster without a grace", func(s *Spec) { s.PreferCluster = "dc-a" }, "prefer grace 0s is out of range (want between 1s and 10m)"},
+		{"a preferred cluster with a slash", func(s *Spec) { s.PreferCluster, s.PreferGrace = "dc/a", time.Second }, `preferred cluster "dc/a" is not a cluster name`},
+		{"a prefer grace not below catchup", func(s *Spec) { s.PreferCluster, s.PreferGrace, s.Catchup = "dc-a", time.Minute, time.Minute }, "prefer grace 1m0s is not below dislock.io/catchup 1m"},
 		{"an empty entrypoint", func(s *Spec) { s.Entrypoint = []string{} }, "empty array"},
 		{"an entrypoint with an empty argument", func(s *Spec) { s.Entrypoint = []string{"run", ""} }, "index 1"},
 		{"proxy-quit none", func(s *Spec) { s.ProxyQuit = ProxyQuit{Set: true} }, ""},

@@ -26,6 +26,12 @@ type View struct {
 	// window without a successful run counts as missed. Empty: the default
 	// (DefaultMissedGrace).
 	MissedAfter string `json:"missedAfter,omitempty"`
+	// PreferCluster and PreferGrace are dislock.io/prefer-cluster and its
+	// grace; empty when unset, and in the views of agents older than the
+	// fields, which claim at once: a cluster that prefers another differs
+	// from one that does not.
+	PreferCluster string `json:"preferCluster,omitempty"`
+	PreferGrace   string `json:"preferGrace,omitempty"`
 	// CompletionMode is the Job's completionMode, CompletionModeIndexed or
 	// CompletionModeNonIndexed; empty in the views of agents older than the
 	// field, where it is not known. Completions is an Indexed Job's
@@ -48,6 +54,9 @@ const (
 func (v View) String() string {
 	s := fmt.Sprintf("schedule %q, timeZone %q, mode %s, standby %t, leaseTTL %s, catchup %q, missedAfter %q",
 		v.Schedule, v.TimeZone, v.Mode, v.Standby, v.LeaseTTL, v.Catchup, v.MissedAfter)
+	if v.PreferCluster != "" {
+		s += fmt.Sprintf(", preferCluster %q, preferGrace %s", v.PreferCluster, v.PreferGrace)
+	}
 	if v.CompletionMode != "" {
 		s += ", completionMode " + v.CompletionMode
 	}
@@ -81,6 +90,8 @@ func (v View) Diff(other View) []string {
 	add("leaseTTL", v.LeaseTTL, other.LeaseTTL)
 	add("catchup", v.Catchup, other.Catchup)
 	add("missedAfter", v.MissedAfter, other.MissedAfter)
+	add("preferCluster", v.PreferCluster, other.PreferCluster)
+	add("preferGrace", v.PreferGrace, other.PreferGrace)
 	// "" and 0 are "not known" (an older agent or webhook): no
 	// disagreement to report.
 	if v.CompletionMode != "" && other.CompletionMode != "" {
@@ -90,6 +101,16 @@ func (v View) Diff(other View) []string {
 		add("completions", v.Completions, other.Completions)
 	}
 	return out
+}
+
+// DisagreementAdvice says what views that differ lead to, and the fix.
+func DisagreementAdvice(views ...View) string {
+	for _, v := range views {
+		if v.Schedule != views[0].Schedule || v.TimeZone != views[0].TimeZone {
+			return "one tick may be a different window in each cluster and run once in each; make the CronJobs identical, above all spec.timeZone"
+		}
+	}
+	return "each cluster's pods lock as its own CronJob says; make the CronJobs' dislock.io/ annotations identical"
 }
 
 // DefaultViewRecency is how far back another cluster's view counts as

@@ -547,6 +547,8 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 		Standby:         s.Standby,
 		Catchup:         s.Catchup,
 		MissedAfter:     s.MissedAfter,
+		PreferCluster:   s.PreferCluster,
+		PreferGrace:     s.PreferGrace,
 		AppStartTimeout: s.AppStartTimeout,
 		// Each pod reads its own index from the downward API.
 		Indexed: ptr.Deref(job.Spec.CompletionMode, batchv1.NonIndexedCompletion) == batchv1.IndexedCompletion,

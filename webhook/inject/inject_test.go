@@ -521,6 +521,31 @@ func TestInjectJobWithoutName(t *testing.T) {
 	}
 }
 
+// The agent is told the preferred cluster and its grace, the default when
+// the CronJob names none.
+func TestInjectPassesThePreferredClusterToTheAgent(t *testing.T) {
+	t.Parallel()
+	for grace, want := range map[string]string{"": "30s", "20s": "20s"} {
+		annotations := map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationPreferCluster: "dc-a"}
+		if grace != "" {
+			annotations[contract.AnnotationPreferGrace] = grace
+		}
+		cj, job := errCase(annotations, nil)
+		out, _, err := Inject(job, cj, goldenOptions(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := map[string]string{}
+		for _, e := range out.Spec.Template.Spec.InitContainers[0].Env {
+			env[e.Name] = e.Value
+		}
+		if env[contract.EnvPreferCluster] != "dc-a" || env[contract.EnvPreferGrace] != want {
+			t.Errorf("prefer-grace %q: %s=%q, %s=%q; want dc-a and %s", grace,
+				contract.EnvPreferCluster, env[contract.EnvPreferCluster], contract.EnvPreferGrace, env[contract.EnvPreferGrace], want)
+		}
+	}
+}
+
 func TestInjectUsesOptions(t *testing.T) {
 	t.Parallel()
 	cj, job := errCase(map[string]string{contract.AnnotationMode: "schedule"}, nil)

@@ -48,14 +48,15 @@ func disagreements(views []store.ClusterView, cronJobs []batchv1.CronJob) []disa
 			continue
 		}
 		parts := make([]string, 0, len(vs))
+		views := make([]store.View, 0, len(vs))
 		for _, v := range vs {
 			parts = append(parts, v.Cluster+": "+v.View.String())
+			views = append(views, v.View)
 		}
 		sort.Strings(parts)
 		out = append(out, disagreement{
 			cronJob: client.ObjectKeyFromObject(&cj),
-			message: fmt.Sprintf("clusters see lock %s differently (%s): one tick may be a different window in each cluster and run once in each; make the CronJobs identical, above all spec.timeZone",
-				s.Key(), strings.Join(parts, "; ")),
+			message: fmt.Sprintf("clusters see lock %s differently (%s): %s", s.Key(), strings.Join(parts, "; "), store.DisagreementAdvice(views...)),
 		})
 	}
 	return out

@@ -36,3 +36,30 @@ func TestDisagreementsNameTheCronJobsThatLockTheKey(t *testing.T) {
 		}
 	}
 }
+
+// Clusters that prefer different clusters run the same windows, but each
+// waits as its own CronJob says: the report names the preference and asks
+// for identical annotations, not for a time zone.
+func TestADisagreementOnThePreferredClusterAsksForIdenticalAnnotations(t *testing.T) {
+	t.Parallel()
+	views := []store.ClusterView{
+		{Key: "reports/nightly", Cluster: "dc-a", View: store.View{Schedule: "0 2 * * *", Mode: "schedule", PreferCluster: "dc-a", PreferGrace: "20s"}},
+		{Key: "reports/nightly", Cluster: "dc-b", View: store.View{Schedule: "0 2 * * *", Mode: "schedule"}},
+	}
+	if diff := views[0].View.Diff(views[1].View); len(diff) != 2 {
+		t.Fatalf("Diff = %q, want the preferred cluster and its grace", diff)
+	}
+	got := disagreements(views, []batchv1.CronJob{{ObjectMeta: metav1.ObjectMeta{Namespace: "reports", Name: "nightly",
+		Annotations: map[string]string{"dislock.io/mode": "schedule"}}}})
+	if len(got) != 1 {
+		t.Fatalf("disagreements = %+v", got)
+	}
+	for _, want := range []string{`dc-a: schedule "0 2 * * *", timeZone "", mode schedule`, `preferCluster "dc-a", preferGrace 20s`, "make the CronJobs' dislock.io/ annotations identical"} {
+		if !strings.Contains(got[0].message, want) {
+			t.Errorf("message %q lacks %q", got[0].message, want)
+		}
+	}
+	if strings.Contains(got[0].message, "above all spec.timeZone") {
+		t.Errorf("message %q blames the time zone", got[0].message)
+	}
+}
