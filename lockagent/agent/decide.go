@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -75,6 +76,7 @@ func (a *agent) retryAfterError(ctx context.Context) {
 func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 	c := a.cfg
 	d := protocol.Decision{Key: c.Key}
+	var now time.Time // database time, when read
 	switch {
 	case c.Manual:
 	case c.Mode.Schedule && !c.Window.IsZero():
@@ -82,8 +84,8 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 		// late by the database's clock (maxLate), in the same round trip.
 		a.window, d.Window = c.Window, formatWindow(c.Window)
 	default:
-		now, err := a.dbNow(ctx)
-		if err != nil {
+		var err error
+		if now, err = a.dbNow(ctx); err != nil {
 			return d, err
 		}
 		w, err := a.resolveWindow(now)
@@ -96,7 +98,7 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 			return d, nil
 		}
 	}
-	if err := a.yieldToPreferred(ctx); err != nil {
+	if err := a.yieldToPreferred(ctx, now); err != nil {
 		return d, err
 	}
 	var tookOver bool
@@ -148,27 +150,34 @@ func (a *agent) take(ctx context.Context) (protocol.Decision, error) {
 
 // yieldToPreferred holds a pod of a cluster other than the CronJob's
 // preferred one (dislock.io/prefer-cluster) until the window's start + the
-// grace, by the database's clock as read now, so that the preferred
-// cluster's pods, if they start in time, claim the window first. The
-// preference orders claims and changes nothing in them: whoever claims
+// grace, by the database's clock (now, or read now when zero), so that the
+// preferred cluster's pods, if they start in time, claim the window first.
+// The preference orders claims and changes nothing in them: whoever claims
 // after it is refused as before. It returns at once in the preferred
-// cluster, for a manual run (no window), and when the grace is over. It
-// writes nothing to the database: at the top of the hour every waiting pod
-// would.
-func (a *agent) yieldToPreferred(ctx context.Context) error {
+// cluster, for a manual run (no window), and when the grace is over.
+//
+// The wait is at most the grace, whatever the database says (a window in
+// its future), plus a spread of up to a tenth of the grace (at most
+// preferSpread), so that the pods of every other cluster, which would all
+// wake at one instant, reach the database spread out. It writes nothing to
+// the database: at the top of the hour every waiting pod would.
+func (a *agent) yieldToPreferred(ctx context.Context, now time.Time) error {
 	c := a.cfg
 	if c.Manual || c.PreferCluster == "" || c.PreferCluster == c.Owner.Cluster {
 		return nil
 	}
-	now, err := a.dbNow(ctx)
-	if err != nil {
-		return err
+	if now.IsZero() {
+		var err error
+		if now, err = a.dbNow(ctx); err != nil {
+			return err
+		}
 	}
 	from := a.window.Add(c.PreferGrace)
-	left := from.Sub(now)
+	left := min(from.Sub(now), c.PreferGrace)
 	if left <= 0 {
 		return nil
 	}
+	left += rand.N(min(c.PreferGrace/10, preferSpread) + 1)
 	why := fmt.Sprintf("cluster %s is preferred for this job: this cluster claims window %s%s only from %s, its start + prefer-grace %s, by database time",
 		c.PreferCluster, formatWindow(a.window), a.indexSuffix(), from.Format(time.RFC3339), c.PreferGrace)
 	a.log.Info("waiting: "+why, "key", c.Key, "for", left.Round(time.Millisecond).String())
@@ -182,6 +191,10 @@ func (a *agent) yieldToPreferred(ctx context.Context) error {
 		return nil
 	}
 }
+
+// preferSpread bounds the spread of the pods that waited for a preferred
+// cluster.
+const preferSpread = 2 * time.Second
 
 // leaseKey is the lease's key: the lock key, or for an Indexed Job's pod
 // "<key>#<index>". The indexes of one window run side by side, each with

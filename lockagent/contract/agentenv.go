@@ -359,6 +359,8 @@ func ParseAgentEnv(getenv func(string) string, opts ParseOptions) (AgentEnv, err
 	case c == "":
 	case !ValidClusterName(c):
 		bad(EnvPreferCluster, c, "is not a cluster name "+wantCluster)
+	case modeKnown && !e.Mode.Schedule:
+		bad(EnvPreferCluster, c, "needs schedule mode (set "+EnvMode+` to "schedule" or "schedule,lease", or unset `+EnvPreferCluster+")")
 	default:
 		if d, problem := parseDuration(g, MinPreferGrace, MaxPreferGrace, "20s"); problem != "" {
 			bad(EnvPreferGrace, g, problem)

@@ -245,6 +245,8 @@ func TestParseAgentEnv(t *testing.T) {
 			errs: []string{`DISLOCK_PREFER_GRACE="20s" needs DISLOCK_PREFER_CLUSTER (the cluster to prefer)`}},
 		{name: "a preferred cluster without its grace", env: map[string]string{EnvPreferCluster: "dc-b"},
 			errs: []string{`DISLOCK_PREFER_GRACE is not a duration (want e.g. "20s", between 1s and 10m)`}},
+		{name: "a preferred cluster in lease mode", env: map[string]string{EnvMode: "lease", EnvStandby: "false", EnvPreferCluster: "dc-b", EnvPreferGrace: "20s"},
+			errs: []string{`DISLOCK_PREFER_CLUSTER="dc-b" needs schedule mode`}},
 		{name: "a preferred cluster that names none", env: map[string]string{EnvPreferCluster: "dc/b", EnvPreferGrace: "20s"},
 			errs: []string{`DISLOCK_PREFER_CLUSTER="dc/b" is not a cluster name`}},
 		{name: "a completion index", env: map[string]string{EnvJobIndex: "12"},

@@ -38,7 +38,7 @@ const (
 	// a window at once, and the other clusters' pods only from the window's
 	// start + AnnotationPreferGrace by the database's clock. If the
 	// preferred cluster has not claimed by then, another cluster runs the
-	// window. Manual runs have no window and ignore it.
+	// window. Schedule modes only; manual runs have no window and ignore it.
 	AnnotationPreferCluster = Prefix + "prefer-cluster"
 	// AnnotationPreferGrace is a Go duration between MinPreferGrace and
 	// MaxPreferGrace (default DefaultPreferGrace), below dislock.io/catchup

@@ -262,9 +262,12 @@ func FromAnnotations(annotations map[string]string, namespace, cronJobName strin
 		}
 	}
 	if v, ok := annotations[AnnotationPreferCluster]; ok {
-		if c := strings.TrimSpace(v); !ValidClusterName(c) {
+		switch c := strings.TrimSpace(v); {
+		case !ValidClusterName(c):
 			bad(AnnotationPreferCluster, v, "is not a cluster name "+wantCluster+": one of the webhooks' --cluster-name")
-		} else {
+		case modeKnown && !s.Mode.Schedule:
+			bad(AnnotationPreferCluster, v, preferNeedsSchedule)
+		default:
 			s.PreferCluster = c
 		}
 		if !graceSet {
@@ -344,6 +347,12 @@ var (
 	wantAppStartTimeout = `(want e.g. "10m", ` + between(MinAppStartTimeout, MaxAppStartTimeout) + ")"
 	wantMissedAfter     = `(want e.g. "2h", ` + between(MinMissedAfter, MaxMissedAfter) + ": longer than the Job's retries take)"
 )
+
+// preferNeedsSchedule is the problem of a preferred cluster in lease mode,
+// which has no windows: a pod of another cluster that takes the lease once
+// the grace is over runs the tick again if the preferred cluster's run has
+// ended, where without the preference it would have found the lease held.
+const preferNeedsSchedule = `needs schedule mode: without windows, a cluster that waits out the grace runs the tick again once the preferred cluster's run ended (set dislock.io/mode to "schedule" or "schedule,lease", or remove dislock.io/prefer-cluster)`
 
 // preferGraceProblem says why PreferGrace does not fit the other
 // settings, or "". The other clusters claim a window the preferred one
@@ -555,6 +564,8 @@ func (s Spec) Validate() error {
 	case s.PreferCluster == "":
 	case !ValidClusterName(s.PreferCluster):
 		errs = append(errs, fmt.Errorf("preferred cluster %q is not a cluster name %s", s.PreferCluster, wantCluster))
+	case !s.Mode.Schedule:
+		errs = append(errs, fmt.Errorf("preferred cluster %q in mode %q %s", s.PreferCluster, s.Mode, preferNeedsSchedule))
 	case s.PreferGrace < MinPreferGrace || s.PreferGrace > MaxPreferGrace:
 		errs = append(errs, fmt.Errorf("prefer grace %s is out of range (want %s)", s.PreferGrace, between(MinPreferGrace, MaxPreferGrace)))
 	case s.preferGraceProblem() != "":

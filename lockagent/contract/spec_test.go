@@ -234,6 +234,11 @@ func TestFromAnnotations(t *testing.T) {
 			wantErrs:    []string{`annotation dislock.io/prefer-cluster is not a cluster name`},
 		},
 		{
+			name:        "a prefer-cluster in lease mode, which has no windows, is refused naming the fix",
+			annotations: map[string]string{AnnotationMode: "lease", AnnotationPreferCluster: "dc-a"},
+			wantErrs:    []string{`annotation dislock.io/prefer-cluster: "dc-a" needs schedule mode: without windows, a cluster that waits out the grace runs the tick again once the preferred cluster's run ended (set dislock.io/mode to "schedule" or "schedule,lease", or remove dislock.io/prefer-cluster)`},
+		},
+		{
 			name:        "a prefer-grace out of range names the bounds",
 			annotations: map[string]string{AnnotationMode: "schedule", AnnotationPreferCluster: "dc-a", AnnotationPreferGrace: "11m"},
 			wantErrs:    []string{`annotation dislock.io/prefer-grace: "11m" is out of range (want between 1s and 10m)`},
@@ -528,6 +533,7 @@ func TestValidate(t *testing.T) {
 		{"no app-start timeout", func(s *Spec) { s.AppStartTimeout = 0 }, "app start timeout 0s is out of range (want between 30s and 24h)"},
 		{"a preferred cluster", func(s *Spec) { s.PreferCluster, s.PreferGrace = "dc-a", time.Second }, ""},
 		{"a prefer grace alone", func(s *Spec) { s.PreferGrace = time.Second }, "prefer grace 1s is set without a preferred cluster"},
+		{"a preferred cluster in lease mode", func(s *Spec) { s.Mode, s.PreferCluster, s.PreferGrace = Mode{Lease: true}, "dc-a", time.Second }, `preferred cluster "dc-a" in mode "lease" needs schedule mode`},
 		{"a preferred cluster without a grace", func(s *Spec) { s.PreferCluster = "dc-a" }, "prefer grace 0s is out of range (want between 1s and 10m)"},
 		{"a preferred cluster with a slash", func(s *Spec) { s.PreferCluster, s.PreferGrace = "dc/a", time.Second }, `preferred cluster "dc/a" is not a cluster name`},
 		{"a prefer grace not below catchup", func(s *Spec) { s.PreferCluster, s.PreferGrace, s.Catchup = "dc-a", time.Minute, time.Minute }, "prefer grace 1m0s is not below dislock.io/catchup 1m"},

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store/internal/db"
@@ -103,14 +104,33 @@ func (v View) Diff(other View) []string {
 	return out
 }
 
-// DisagreementAdvice says what views that differ lead to, and the fix.
+// DisagreementAdvice says what views that differ lead to, and what to make
+// identical.
 func DisagreementAdvice(views ...View) string {
+	var fix []string
+	windows := false
 	for _, v := range views {
-		if v.Schedule != views[0].Schedule || v.TimeZone != views[0].TimeZone {
-			return "one tick may be a different window in each cluster and run once in each; make the CronJobs identical, above all spec.timeZone"
+		w := views[0]
+		windows = windows || v.Schedule != w.Schedule || v.TimeZone != w.TimeZone
+		// "" and 0 are not known (see Diff).
+		if v.CompletionMode != "" && w.CompletionMode != "" && v.CompletionMode != w.CompletionMode ||
+			v.Completions > 0 && w.Completions > 0 && v.Completions != w.Completions {
+			fix = append(fix, "spec.jobTemplate.spec.completionMode and completions")
+		}
+		if v.Mode != w.Mode || v.Standby != w.Standby || v.LeaseTTL != w.LeaseTTL || v.Catchup != w.Catchup ||
+			v.MissedAfter != w.MissedAfter || v.PreferCluster != w.PreferCluster || v.PreferGrace != w.PreferGrace {
+			fix = append(fix, "the dislock.io/ annotations")
 		}
 	}
-	return "each cluster's pods lock as its own CronJob says; make the CronJobs' dislock.io/ annotations identical"
+	slices.Sort(fix)
+	fix = slices.Compact(fix)
+	if windows {
+		return "one tick may be a different window in each cluster and run once in each; make the CronJobs identical, above all spec.timeZone"
+	}
+	if len(fix) == 0 {
+		return "make the CronJobs identical"
+	}
+	return "each cluster's pods lock as its own CronJob says; make " + strings.Join(fix, " and ") + " identical in every cluster"
 }
 
 // DefaultViewRecency is how far back another cluster's view counts as

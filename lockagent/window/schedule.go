@@ -131,6 +131,26 @@ func (s Schedule) next(after time.Time) time.Time {
 	return t.UTC()
 }
 
+// ShortestGap is the shortest time between two consecutive activations
+// among the first n+1 after after: the period of a regular schedule, and of
+// an irregular one ("0 1,2 * * *") its densest stretch. It is 0 when the
+// schedule fires fewer than twice in that time.
+func (s Schedule) ShortestGap(after time.Time, n int) time.Duration {
+	var gap time.Duration
+	prev := s.Next(after)
+	for range n {
+		next := s.Next(prev)
+		if prev.IsZero() || next.IsZero() {
+			break
+		}
+		if d := next.Sub(prev); gap == 0 || d < gap {
+			gap = d
+		}
+		prev = next
+	}
+	return gap
+}
+
 // Latest returns the latest activation at or before at, in UTC; an activation
 // exactly at at counts. It looks back at most nine years and wraps
 // ErrNoActivation when the schedule did not fire in that time (e.g.

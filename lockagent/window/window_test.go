@@ -590,3 +590,30 @@ func BenchmarkLatest(b *testing.B) {
 		})
 	}
 }
+
+func TestShortestGapIsTheDensestStretchOfTheSchedule(t *testing.T) {
+	t.Parallel()
+	from := time.Date(2026, 3, 1, 0, 0, 30, 0, time.UTC)
+	for _, tc := range []struct {
+		spec, zone string
+		want       time.Duration
+	}{
+		{"* * * * *", "", time.Minute},
+		{"*/15 * * * *", "UTC", 15 * time.Minute},
+		{"0 1,2 * * *", "UTC", time.Hour},
+		// A day in Berlin is 23 hours once a year, in spring.
+		{"30 3 * * *", "Europe/Berlin", 23 * time.Hour},
+		{"0 0 1 1 *", "UTC", 365 * 24 * time.Hour},
+	} {
+		s, err := ParseSchedule(tc.spec, tc.zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.ShortestGap(from, 400); got != tc.want {
+			t.Errorf("%s: ShortestGap = %s, want %s", s, got, tc.want)
+		}
+	}
+	if got := (Schedule{}).ShortestGap(from, 10); got != 0 {
+		t.Errorf("the zero Schedule's gap is %s, want 0", got)
+	}
+}

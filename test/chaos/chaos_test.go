@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/migrate"
 	"github.com/dislock/dislock/test/gatewaytest"
@@ -171,8 +172,12 @@ func TestChaos(t *testing.T) {
 					continue
 				}
 				vs := Check(o)
-				line := fmt.Sprintf("schedule %d seed %d: %s standby=%t gateway=%t %d clusters × %d windows × %d completions, %d fault kinds %v, %s",
-					i, plan.Seed, plan.Mode, plan.Standby, plan.Gateway, plan.Clusters, plan.Windows, plan.Completions, len(o.Kinds), o.Kinds,
+				prefer := "-"
+				if plan.Prefer >= 0 {
+					prefer = ClusterName(plan.Prefer)
+				}
+				line := fmt.Sprintf("schedule %d seed %d: %s standby=%t gateway=%t prefer=%s %d clusters × %d windows × %d completions, %d fault kinds %v, %s",
+					i, plan.Seed, plan.Mode, plan.Standby, plan.Gateway, prefer, plan.Clusters, plan.Windows, plan.Completions, len(o.Kinds), o.Kinds,
 					time.Since(start).Round(100*time.Millisecond))
 				exceptions, violations := Exceptions(vs)
 				mu.Lock()
@@ -371,5 +376,44 @@ func TestSomeSchedulesFireAHerdWithTheirWindow(t *testing.T) {
 	}
 	if herds < seeds/5 || herds > seeds/2 {
 		t.Fatalf("%d of %d plans fire a herd, want about a third", herds, seeds)
+	}
+}
+
+// TestSomeSchedulesPreferAClusterAndSomeCutItOffAsAWindowStarts: about a
+// third of the plans prefer a cluster, with a grace the agent accepts, and
+// about half of those cut that cluster off from the database just before
+// one of its windows' Jobs, so that another cluster must take that window
+// once the grace has passed.
+func TestSomeSchedulesPreferAClusterAndSomeCutItOffAsAWindowStarts(t *testing.T) {
+	t.Parallel()
+	s := Settings{TTL: 2 * time.Second, MaxRun: time.Second}
+	const seeds = 300
+	preferring, cut := 0, 0
+	for seed := uint64(1); seed <= seeds; seed++ {
+		p := Draw(seed, s)
+		if p.Prefer < 0 {
+			continue
+		}
+		preferring++
+		if p.PreferGrace < contract.MinPreferGrace || p.PreferGrace > contract.MaxPreferGrace {
+			t.Fatalf("seed %d: prefer grace %s, which the agent refuses", seed, p.PreferGrace)
+		}
+		for _, f := range p.Faults {
+			if f.Kind != CutCluster || f.Cluster != p.Prefer {
+				continue
+			}
+			for w := range p.Windows {
+				if at := p.JobAt(p.Prefer, w); f.At <= at && at-f.At <= 200*time.Millisecond {
+					cut++
+					break
+				}
+			}
+		}
+	}
+	if preferring < seeds/5 || preferring > seeds/2 {
+		t.Fatalf("%d of %d plans prefer a cluster, want about a third", preferring, seeds)
+	}
+	if cut < preferring/4 {
+		t.Fatalf("%d of %d plans that prefer a cluster cut it off as a window starts, want about half", cut, preferring)
 	}
 }

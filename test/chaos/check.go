@@ -329,7 +329,7 @@ func Check(o *Outcome) []Violation {
 			add("d: pod never ended", []string{id}, "pod %s never ended, even when killed", id)
 		case pr.Stuck:
 			add("d: pod stuck", []string{id}, "pod %s (window %d) was still alive %s after the later of its creation (%s) and the last healed fault (%s); its Job's deadline deleted it",
-				id, pr.Window, o.Settings.StuckBound(), pr.Created.Format("15:04:05.000"), o.Quiet.Format("15:04:05.000"))
+				id, pr.Window, o.Plan.StuckBound(o.Settings), pr.Created.Format("15:04:05.000"), o.Quiet.Format("15:04:05.000"))
 		}
 	}
 	if o.Overran {

@@ -41,11 +41,14 @@
 // 40 other CronJobs fire in every cluster, their pods (goroutines of the
 // harness using the agent's statements, not processes) claiming through the
 // same PgBouncers, so the schedule's pods decide and renew queued behind
-// them. After
+// them; and, in about a third, a preferred cluster (dislock.io/prefer-cluster,
+// a grace of 1–2 s), cut off from the database just before one of its
+// windows' Jobs in half of those, so that the others take the window once
+// the grace has passed. After
 // each schedule Check holds the ledger, the event log and the database rows
 // to the invariants (see Check for exactly what is checked).
 //
-// Reproducibility: a schedule's plan — mode, standby, clusters, windows,
+// Reproducibility: a schedule's plan — mode, standby, preferred cluster, clusters, windows,
 // jitter, every fault's kind, time, target and length, every app's sleep and
 // exit code — is a pure function of its seed (make chaos SEED=<seed>
 // SCHEDULES=1 replays it). What the faults then hit is not: it depends on

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/dislock/dislock/lockagent/contract"
 )
 
 // Kind names one fault the nemesis injects.
@@ -121,6 +123,13 @@ func (s Settings) StuckBound() time.Duration {
 	return s.AppStartTimeout + s.MaxRun + 4*s.TTL + 8*time.Second
 }
 
+// StuckBound is the Settings' bound for the plan's pods: a pod of a cluster
+// the plan does not prefer first waits the grace, and up to a tenth of it
+// more (the agent's spread), before it claims.
+func (p Plan) StuckBound(s Settings) time.Duration {
+	return s.StuckBound() + p.PreferGrace + p.PreferGrace/10
+}
+
 // Plan is one schedule, a pure function of its seed and Settings: the
 // simulated CronJob's shape and the faults with their times and targets.
 // What the faults then hit at run time depends on real process timing.
@@ -146,8 +155,13 @@ type Plan struct {
 	// gateway of their cluster's (lockagent/gateway), a process in front
 	// of the cluster's PgBouncer, instead of through the PgBouncer itself.
 	Gateway bool
-	Jitter  [][]time.Duration // [cluster][window]
-	Faults  []Fault
+	// Prefer, when ≥ 0, is the cluster the CronJob prefers
+	// (dislock.io/prefer-cluster), with PreferGrace: the other clusters'
+	// pods claim a window only from its start + the grace.
+	Prefer      int
+	PreferGrace time.Duration
+	Jitter      [][]time.Duration // [cluster][window]
+	Faults      []Fault
 }
 
 // Fault is one planned fault.
@@ -221,6 +235,9 @@ func (p Plan) String() string {
 	}
 	if p.Gateway {
 		b.WriteString(", through lock gateways")
+	}
+	if p.Prefer >= 0 {
+		fmt.Fprintf(&b, ", preferring %s for %s", ClusterName(p.Prefer), p.PreferGrace.Round(time.Millisecond))
 	}
 	b.WriteString("\n")
 	for _, f := range p.Faults {
@@ -324,6 +341,21 @@ func Draw(seed uint64, s Settings) Plan {
 		for range gw.IntN(3) {
 			f := Fault{Kind: RestartGateway, Cluster: gw.IntN(p.Clusters), Window: -1}
 			f.At = p.JobAt(f.Cluster, gw.IntN(p.Windows)) + between(gw, 0, 2500*time.Millisecond)
+			p.Faults = append(p.Faults, f)
+		}
+	}
+	// Drawn apart, so that every other part of a seed's plan stays what it
+	// was before preferred clusters: a third of the schedules prefer one,
+	// and half of those cut it off as one of its windows starts, so that
+	// the others take that window over once the grace has passed.
+	p.Prefer = -1
+	if pr := rand.New(rand.NewPCG(seed, 0x9e_fe_2c1a)); pr.IntN(3) == 0 {
+		p.Prefer = pr.IntN(p.Clusters)
+		p.PreferGrace = between(pr, contract.MinPreferGrace, 2*contract.MinPreferGrace)
+		if pr.IntN(2) == 0 {
+			f := Fault{Kind: CutCluster, Cluster: p.Prefer, Window: -1, Variant: []string{"pause", "stop"}[pr.IntN(2)]}
+			f.At = max(0, p.JobAt(p.Prefer, pr.IntN(p.Windows))-between(pr, 0, 200*time.Millisecond))
+			f.For = between(pr, s.TTL+s.TTL/5, 3*s.TTL)
 			p.Faults = append(p.Faults, f)
 		}
 	}

@@ -196,6 +196,7 @@ func (r *run) podEnv(j *job, p *pod) (agent, app []string, err error) {
 		LeaseTTL:        s.TTL,
 		Standby:         r.plan.Standby,
 		AppStartTimeout: s.AppStartTimeout,
+		PreferGrace:     r.plan.PreferGrace,
 		Indexed:         j.index >= 0,
 		JobIndex:        max(j.index, 0),
 		Completions:     r.plan.Completions,
@@ -209,6 +210,9 @@ func (r *run) podEnv(j *job, p *pod) (agent, app []string, err error) {
 		PodName:        p.name,
 		SharedDir:      p.dir,
 		TerminationLog: filepath.Join(p.dir, "termination-log"),
+	}
+	if r.plan.Prefer >= 0 {
+		e.PreferCluster = ClusterName(r.plan.Prefer)
 	}
 	path := "PATH=" + os.Getenv("PATH")
 	agent = []string{path}
@@ -482,7 +486,7 @@ func (r *run) drain(quiet time.Time) (time.Time, bool) {
 	s := r.w.Settings
 	for {
 		quiet = maxTime(quiet, r.w.pgQuiet())
-		hard := quiet.Add(s.StuckBound() + s.Grace + 15*time.Second)
+		hard := quiet.Add(r.plan.StuckBound(s) + s.Grace + 15*time.Second)
 		r.mu.Lock()
 		pods := slices.Clone(r.pods)
 		r.mu.Unlock()
@@ -519,11 +523,11 @@ func (r *run) drain(quiet time.Time) (time.Time, bool) {
 			if !terminatingAt.IsZero() {
 				continue
 			}
-			if !p.deleted() && now.After(maxTime(p.created, quiet).Add(s.StuckBound())) {
+			if !p.deleted() && now.After(maxTime(p.created, quiet).Add(r.plan.StuckBound(s))) {
 				p.mu.Lock()
 				p.stuck = true
 				p.mu.Unlock()
-				p.event(false, "stuck", "alive %s after the later of its creation and the last healed fault", s.StuckBound())
+				p.event(false, "stuck", "alive %s after the later of its creation and the last healed fault", r.plan.StuckBound(s))
 				p.job.deadline()
 			}
 		}

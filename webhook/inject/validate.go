@@ -2,6 +2,8 @@ package inject
 
 import (
 	"errors"
+	"fmt"
+	"time"
 	"unicode/utf8"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -29,13 +31,7 @@ func ValidateCronJob(cj *batchv1.CronJob, opts Options) field.ErrorList {
 		return nil
 	}
 	var errs field.ErrorList
-	// Where a merged annotation came from: the template wins.
-	annotationPath := func(key string) *field.Path {
-		if _, ok := tmpl[key]; ok {
-			return field.NewPath("spec", "jobTemplate", "metadata", "annotations").Key(key)
-		}
-		return field.NewPath("metadata", "annotations").Key(key)
-	}
+	annotationPath := func(key string) *field.Path { return annotationPathOf(cj, key) }
 	if _, err := contract.FromAnnotations(merged, cj.Namespace, cj.Name); err != nil {
 		for _, e := range flatten(err) {
 			var fe *contract.FieldError
@@ -60,6 +56,7 @@ func ValidateCronJob(cj *batchv1.CronJob, opts Options) field.ErrorList {
 			"only the dislock webhook writes this annotation, on the Jobs it injects (remove it)"))
 	}
 	errs = append(errs, scheduleProblems(cj, merged)...)
+	errs = append(errs, preferProblems(cj, merged)...)
 	errs = append(errs, templateProblems(field.NewPath("spec", "jobTemplate", "spec"), &cj.Spec.JobTemplate.Spec)...)
 	return errs
 }
@@ -113,6 +110,47 @@ func scheduleProblems(cj *batchv1.CronJob, annotations map[string]string) field.
 			err.Error()+"; dislock.io/mode "+mode.String()+" needs it"))
 	}
 	return errs
+}
+
+// annotationPathOf is where the CronJob's merged annotation key came
+// from: the job template's wins.
+func annotationPathOf(cj *batchv1.CronJob, key string) *field.Path {
+	if _, ok := cj.Spec.JobTemplate.Annotations[key]; ok {
+		return field.NewPath("spec", "jobTemplate", "metadata", "annotations").Key(key)
+	}
+	return field.NewPath("metadata", "annotations").Key(key)
+}
+
+// gapLookahead is how many of its next activations a schedule's shortest
+// period is taken from: a daily schedule's cover its days across both
+// daylight saving changes.
+const gapLookahead = 1000
+
+// preferProblems checks that a preferred cluster's grace ends before the
+// schedule's next window begins. The other clusters claim a window the
+// preferred one left only once the grace is over: by then the next tick's
+// Job must not have replaced it (concurrencyPolicy Replace) or been held
+// back by it (Forbid), and the window must not be judged missed yet (the
+// default dislock.io/missed-after is one period).
+func preferProblems(cj *batchv1.CronJob, annotations map[string]string) field.ErrorList {
+	s, err := contract.FromAnnotations(annotations, cj.Namespace, cj.Name)
+	if err != nil || s.PreferCluster == "" {
+		return nil // a bad annotation is reported by its own error
+	}
+	sched, err := window.ParseSchedule(cj.Spec.Schedule, ptr.Deref(cj.Spec.TimeZone, ""))
+	if err != nil {
+		return nil // reported by scheduleProblems
+	}
+	gap := sched.ShortestGap(time.Now(), gapLookahead)
+	if gap == 0 || s.PreferGrace < gap {
+		return nil
+	}
+	value, ok := annotations[contract.AnnotationPreferGrace]
+	if !ok {
+		value = s.PreferGrace.String() + " (the default)"
+	}
+	return field.ErrorList{field.Invalid(annotationPathOf(cj, contract.AnnotationPreferGrace), shown(value),
+		fmt.Sprintf("is not below the schedule's shortest period, %s: a window the preferred cluster leaves would be claimed elsewhere only after the next one began (want a grace below %s)", gap, gap))}
 }
 
 // flatten lists the leaves of an errors.Join tree.

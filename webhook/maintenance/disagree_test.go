@@ -54,12 +54,24 @@ func TestADisagreementOnThePreferredClusterAsksForIdenticalAnnotations(t *testin
 	if len(got) != 1 {
 		t.Fatalf("disagreements = %+v", got)
 	}
-	for _, want := range []string{`dc-a: schedule "0 2 * * *", timeZone "", mode schedule`, `preferCluster "dc-a", preferGrace 20s`, "make the CronJobs' dislock.io/ annotations identical"} {
+	for _, want := range []string{`dc-a: schedule "0 2 * * *", timeZone "", mode schedule`, `preferCluster "dc-a", preferGrace 20s`, "make the dislock.io/ annotations identical in every cluster"} {
 		if !strings.Contains(got[0].message, want) {
 			t.Errorf("message %q lacks %q", got[0].message, want)
 		}
 	}
 	if strings.Contains(got[0].message, "above all spec.timeZone") {
 		t.Errorf("message %q blames the time zone", got[0].message)
+	}
+}
+
+// Clusters whose Jobs differ in completion mode are told to mend the Job
+// template, not an annotation.
+func TestADisagreementOnTheCompletionModeNamesTheJobTemplate(t *testing.T) {
+	t.Parallel()
+	a := store.View{Schedule: "0 2 * * *", Mode: "schedule", CompletionMode: store.CompletionModeIndexed, Completions: 3}
+	b := store.View{Schedule: "0 2 * * *", Mode: "schedule", CompletionMode: store.CompletionModeNonIndexed}
+	got := store.DisagreementAdvice(a, b)
+	if want := "make spec.jobTemplate.spec.completionMode and completions identical in every cluster"; !strings.Contains(got, want) || strings.Contains(got, "annotations") {
+		t.Errorf("advice %q, want it to say %q and nothing of annotations", got, want)
 	}
 }
