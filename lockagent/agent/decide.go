@@ -182,14 +182,7 @@ func (a *agent) yieldToPreferred(ctx context.Context, now time.Time) error {
 		c.PreferCluster, formatWindow(a.window), a.indexSuffix(), from.Format(time.RFC3339), c.PreferGrace)
 	a.log.Info("waiting: "+why, "key", c.Key, "for", left.Round(time.Millisecond).String())
 	a.terminate(contract.Termination{Outcome: contract.OutcomeError, Message: "waiting: " + why})
-	t := time.NewTimer(left)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return sleep(ctx, left)
 }
 
 // preferSpread bounds the spread of the pods that waited for a preferred
