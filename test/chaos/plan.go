@@ -345,11 +345,12 @@ func Draw(seed uint64, s Settings) Plan {
 		}
 	}
 	// Drawn apart, so that every other part of a seed's plan stays what it
-	// was before preferred clusters: a third of the schedules prefer one,
-	// and half of those cut it off as one of its windows starts, so that
-	// the others take that window over once the grace has passed.
+	// was before preferred clusters: a third of the schedules with windows
+	// (lease mode refuses a preference) prefer one, and half of those cut
+	// it off as one of its windows starts, so that the others take that
+	// window over once the grace has passed.
 	p.Prefer = -1
-	if pr := rand.New(rand.NewPCG(seed, 0x9e_fe_2c1a)); pr.IntN(3) == 0 {
+	if pr := rand.New(rand.NewPCG(seed, 0x9e_fe_2c1a)); p.HasSchedule() && pr.IntN(3) == 0 {
 		p.Prefer = pr.IntN(p.Clusters)
 		p.PreferGrace = between(pr, contract.MinPreferGrace, 2*contract.MinPreferGrace)
 		if pr.IntN(2) == 0 {
