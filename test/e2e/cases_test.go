@@ -263,8 +263,15 @@ func ranOnceHere(t *testing.T, e *Env, dc *DC, job, cronJob string, tick time.Ti
 // data centre, for the Jobs' controller references.
 func suspendedEverywhere(t *testing.T, e *Env, name, mode string, l Ledger) map[string]*batchv1.CronJob {
 	t.Helper()
+	return suspendedEverywhereOn(t, e, name, "* * * * *", mode, l)
+}
+
+// suspendedEverywhereOn is suspendedEverywhere with another schedule than
+// every minute.
+func suspendedEverywhereOn(t *testing.T, e *Env, name, schedule, mode string, l Ledger) map[string]*batchv1.CronJob {
+	t.Helper()
 	l.Suspend = true
-	applyEverywhere(t, e, name, "* * * * *", mode, l)
+	applyEverywhere(t, e, name, schedule, mode, l)
 	out := map[string]*batchv1.CronJob{}
 	for _, dc := range e.DCs {
 		cj, err := dc.Client.BatchV1().CronJobs(Namespace).Get(context.Background(), name, metav1.GetOptions{})

@@ -26,15 +26,15 @@ const admissionProbeEvery = 100 * time.Millisecond
 // dc-a runs the previous release, installed with its own chart and images
 // (test/previous). `helm upgrade` to the working tree's chart, then `helm
 // rollback` to the previous release, are each a rolling update of its
-// webhook Deployment (maxSurge 1, maxUnavailable 0: the new replica
-// starts beside the old one, which goes once the new one is ready; a
-// second node gives it room), around a
-// tick of `* * * * *` CronJobs in both data centres; at the next tick dc-a
-// injects the previous release's agent. No Job creation is refused
-// meanwhile — neither a dry run of a tick's Job every 100 ms through both
-// rolls, which the webhook admits, nor the CronJob controller's (no
-// FailedCreate event) — each tick's window runs once, and the second's
-// fencing token is above the first's.
+// webhook Deployment (maxSurge 1, maxUnavailable 0: the new replica starts
+// beside the old one, which goes once the new one is ready; a second node
+// gives it room), around a tick of `* * * * *` CronJobs in both data
+// centres. No Job creation is refused meanwhile — neither a dry run of a
+// tick's Job every 100 ms through both rolls, which the webhook admits, nor
+// the CronJob controller's (no FailedCreate event) — and the tick's window
+// runs once. After the rollback, dc-a injects the previous release's agent
+// into the Job of another window, which runs once too, with a larger
+// fencing token.
 func TestHelmUpgradeFromThePreviousReleaseAndRollbackRefuseNoJobWhileCronJobsTick(t *testing.T) {
 	e := Need(t)
 	dc := e.DCs[0]
@@ -98,7 +98,18 @@ func TestHelmUpgradeFromThePreviousReleaseAndRollbackRefuseNoJobWhileCronJobsTic
 		t.Error("no dry-run Job was created while the release rolled")
 	}
 
-	windows := []string{tick.Format(time.RFC3339), tick.Add(time.Minute).Format(time.RFC3339)}
+	// The window after the rollback: the Jobs of the minute before the
+	// tick, made as the CronJob controllers make them, at once rather than
+	// a minute later.
+	earlier := tick.Add(-time.Minute)
+	for _, d := range e.DCs {
+		cj, err := d.Client.BatchV1().CronJobs(Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		createTickIn(t, d, cj, earlier, nil)
+	}
+	windows := []string{tick.Format(time.RFC3339), earlier.Format(time.RFC3339)}
 	var jobs map[string]map[string]batchv1.Job
 	await(t, 3*time.Minute, "every data centre's Jobs of windows "+strings.Join(windows, ", ")+" to finish", func() bool {
 		jobs = windowJobs(t, e, Namespace, name)
