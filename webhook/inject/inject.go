@@ -571,7 +571,7 @@ func makePlan(job *batchv1.Job, cronJob *batchv1.CronJob, namespace *corev1.Name
 	// A Job of a CronJob that should not have passed ValidateCronJob (it
 	// predates the webhook, say) is denied with the same message.
 	badSchedule := scheduleProblems(cronJob, annotations)
-	for _, e := range append(badSchedule, preferProblems(cronJob, annotations)...) {
+	for _, e := range append(badSchedule, preferProblems(cronJob, s, annotations)...) {
 		errs = append(errs, fmt.Errorf("CronJob %s: %w", cronJob.Name, e))
 	}
 	if err := resolveWindow(&p, job, cronJob); err != nil && len(badSchedule) == 0 {

@@ -32,7 +32,8 @@ func ValidateCronJob(cj *batchv1.CronJob, opts Options) field.ErrorList {
 	}
 	var errs field.ErrorList
 	annotationPath := func(key string) *field.Path { return annotationPathOf(cj, key) }
-	if _, err := contract.FromAnnotations(merged, cj.Namespace, cj.Name); err != nil {
+	spec, err := contract.FromAnnotations(merged, cj.Namespace, cj.Name)
+	if err != nil {
 		for _, e := range flatten(err) {
 			var fe *contract.FieldError
 			switch {
@@ -56,7 +57,7 @@ func ValidateCronJob(cj *batchv1.CronJob, opts Options) field.ErrorList {
 			"only the dislock webhook writes this annotation, on the Jobs it injects (remove it)"))
 	}
 	errs = append(errs, scheduleProblems(cj, merged)...)
-	errs = append(errs, preferProblems(cj, merged)...)
+	errs = append(errs, preferProblems(cj, spec, merged)...)
 	errs = append(errs, templateProblems(field.NewPath("spec", "jobTemplate", "spec"), &cj.Spec.JobTemplate.Spec)...)
 	return errs
 }
@@ -132,10 +133,11 @@ const gapLookahead = 1000
 // Job must not have replaced it (concurrencyPolicy Replace) or been held
 // back by it (Forbid), and the window must not be judged missed yet (the
 // default dislock.io/missed-after is one period).
-func preferProblems(cj *batchv1.CronJob, annotations map[string]string) field.ErrorList {
-	s, err := contract.FromAnnotations(annotations, cj.Namespace, cj.Name)
-	if err != nil || s.PreferCluster == "" {
-		return nil // a bad annotation is reported by its own error
+// s is the CronJob's parsed annotations (the zero Spec when they are bad,
+// which their own errors report).
+func preferProblems(cj *batchv1.CronJob, s contract.Spec, annotations map[string]string) field.ErrorList {
+	if s.PreferCluster == "" {
+		return nil
 	}
 	sched, err := window.ParseSchedule(cj.Spec.Schedule, ptr.Deref(cj.Spec.TimeZone, ""))
 	if err != nil {
