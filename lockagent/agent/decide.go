@@ -360,6 +360,9 @@ func (a *agent) claimWindow(ctx context.Context) (store.Claim, string, error) {
 			}
 			return store.Claim{}, why, nil
 		}
+		if errors.Is(err, store.ErrKeyPaused) {
+			return store.Claim{}, pausedSkip(err), nil
+		}
 		if errors.Is(err, store.ErrCompletionModesDisagree) {
 			a.recordView(ctx, v)
 			return claim, shapeRefused(err), nil
@@ -419,6 +422,12 @@ func shapeRefused(err error) string {
 		"; make spec.jobTemplate.spec.completionMode (and completions) the same in every cluster's CronJob"
 }
 
+// pausedSkip is the reason of a skip the database answered with
+// ErrKeyPaused: an operator paused the key everywhere.
+func pausedSkip(err error) string {
+	return "skipped: " + err.Error() + "; no run of this key starts in any cluster until it is resumed (kubectl dislock resume)"
+}
+
 // awaitOwnerChange polls the window, reading only, until it may have
 // changed hands or may be taken: the owner lapsed, or the row is no longer
 // the running claim of owner. Claiming on every poll would draw a fencing
@@ -474,6 +483,9 @@ func (a *agent) acquireLease(ctx context.Context, tookOver bool) (store.LeaseGra
 			a.leaseToken = grant.Lease.Token
 			a.leaseUntil = a.safeFrom(sent, grant.Waited)
 			return grant, "", nil
+		}
+		if errors.Is(err, store.ErrKeyPaused) {
+			return grant, pausedSkip(err), nil
 		}
 		if errors.Is(err, store.ErrCompletionModesDisagree) {
 			return grant, shapeRefused(err), nil

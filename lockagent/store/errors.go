@@ -41,6 +41,10 @@ var (
 	// ErrTokensExhausted: the token epoch or the counter's offset in it
 	// reached its bound; an operator moves to a new epoch.
 	ErrTokensExhausted = errors.New("fencing tokens exhausted")
+	// ErrKeyPaused: an operator paused the key everywhere (dislock pause):
+	// no run of it starts until it is resumed or the pause ends. The error
+	// names who paused it, until when and why.
+	ErrKeyPaused = errors.New("paused everywhere")
 	// ErrNotFound: no such window or lease.
 	ErrNotFound = errors.New("not found")
 	// ErrForbidden: the database refused the statement to this role: a

@@ -46,7 +46,7 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 		var g LeaseGrant
 		var inserted bool
 		err := s.writeRow(ctx, func(row pgx.Row) error { return scanLease(row, &g.Lease, &inserted, &g.DBTime) },
-			qAcquireLease, key, owner.LeaseOwner(), db.Micros(ttl))
+			qAcquireLease, key, owner.LeaseOwner(), db.Micros(ttl), PauseKey(key))
 		switch {
 		case err == nil:
 			g.Reentered = !inserted && !g.Lease.AcquiredAt.Equal(g.DBTime)
@@ -54,12 +54,28 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 		case !errors.Is(err, pgx.ErrNoRows):
 			return LeaseGrant{}, s.classify("acquiring lease "+key, err)
 		}
-		err = scanLease(s.h.Pool.QueryRow(ctx, qGetLease, key), &g.Lease, &g.DBTime)
+		// The holder's columns are NULL when there is none.
+		var holderKey, holderOwner *string
+		var holderToken *int64
+		var acquired, expires *time.Time
+		var problems []string
+		var pause pauseColumns
+		err = s.h.Pool.QueryRow(ctx, qLeaseRefusal, key, PauseKey(key)).Scan(&holderKey, &holderOwner, &holderToken,
+			&db.FiniteTime{Column: "acquired_at", Nullable: &acquired, Problems: &problems},
+			&db.FiniteTime{Column: "expire_at", Nullable: &expires, Problems: &problems},
+			&g.DBTime, &pause.by, &pause.reason, &pause.until)
 		switch {
-		case err == nil:
-			return g, fmt.Errorf("lease %s: %w: %s until %s", key, ErrLeaseHeld, g.Lease.Owner, g.Lease.ExpireAt.Format(time.RFC3339))
-		case !errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
 			return LeaseGrant{}, s.classify("reading holder of lease "+key, err)
+		case pause.by != nil:
+			g.DBTime = g.DBTime.UTC()
+			return g, fmt.Errorf("lease %s: %w", key, pause.err())
+		case len(problems) > 0:
+			return LeaseGrant{}, s.classify("reading holder of lease "+key, &db.UnreadableRow{Table: "leases", Key: key, Problems: problems})
+		case holderKey != nil && holderOwner != nil && holderToken != nil && acquired != nil && expires != nil:
+			g.DBTime = g.DBTime.UTC()
+			g.Lease = Lease{Key: *holderKey, Owner: *holderOwner, Token: *holderToken, AcquiredAt: acquired.UTC(), ExpireAt: expires.UTC()}
+			return g, fmt.Errorf("lease %s: %w: %s until %s", key, ErrLeaseHeld, g.Lease.Owner, g.Lease.ExpireAt.Format(time.RFC3339))
 		}
 	}
 	return LeaseGrant{}, fmt.Errorf("acquiring lease %s: the row kept disappearing", key)

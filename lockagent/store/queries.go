@@ -41,7 +41,9 @@ const commitGuard = `,
 // an unchanged view is written again) the same call records the cluster's
 // view of the job and returns the other clusters' recent views that differ
 // from it; with $13 it refuses a window started longer ago than that, by
-// the database's clock. Durations travel as microseconds.
+// the database's clock. Durations travel as microseconds. A key paused
+// everywhere (migration 16) is answered 'paused' with the pause's author,
+// reason and end, and nothing is written.
 //
 // The call comes first in the text, so that pg_stat_activity's cut of a
 // long statement still names it.
@@ -49,7 +51,7 @@ var qClaimWindow = `
 WITH c AS (SELECT * FROM dislock.claim_window($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
     $7::bigint, $8::text, $9::boolean, $10::jsonb, $11::bigint, $12::bigint, $13::bigint))
 SELECT ` + qualified("(c.w).", windowColumns) + `, c.outcome, c.db_now,
-    c.other_clusters, c.other_views, c.other_seen` + commitGuard + `
+    c.other_clusters, c.other_views, c.other_seen, c.paused_by, c.pause_reason, c.paused_until` + commitGuard + `
 FROM c`
 
 // qualified prefixes each of a comma-separated list of columns.
@@ -122,15 +124,23 @@ DELETE FROM dislock.windows WHERE lock_key = $1::text AND window_start = $2::tim
 // live lease (same pod: a restarted sidecar) keeping its token. Taking an
 // expired or released lease, even one's own, is a new grant with a new token.
 //
-// Fencing tokens must grow in the order leases are granted. The VALUES token
+// Fencing tokens must grow in the order leases are granted. The token the INSERT proposes
 // is drawn before the statement knows whether it will insert, so a slow
 // caller could insert with an old token after faster ones came and went.
 // Hence a lease row, once created, is never deleted (release and operator
 // release only expire it), and every later grant draws its token in DO UPDATE,
 // while it holds the row lock.
+//
+// Parameters: lease $1, owner $2, TTL $3 in µs, and $4 the key whose pause
+// applies (the CronJob's key: "key" for "key#i"). While $4 is paused
+// (migration 16) only the owner's own live lease is re-entered, and
+// nothing else is written. No row: refused, and qLeaseRefusal says why.
 const qAcquireLease = `
+WITH p AS (SELECT * FROM dislock.pause_of($4::text))
 INSERT INTO dislock.leases AS l (lock_key, owner, token, acquired_at, expire_at)
-VALUES ($1::text, $2::text, dislock.next_token(), now(), now() + $3::bigint * interval '1 microsecond')
+SELECT $1::text, $2::text, dislock.next_token(), now(), now() + $3::bigint * interval '1 microsecond'
+WHERE NOT EXISTS (SELECT FROM p)
+   OR EXISTS (SELECT FROM dislock.leases x WHERE x.lock_key = $1::text AND x.owner = $2::text AND x.expire_at > now())
 ON CONFLICT (lock_key) DO UPDATE SET
     token       = CASE WHEN l.owner = EXCLUDED.owner AND l.expire_at > now()
                        THEN l.token ELSE dislock.next_token() END,
@@ -138,8 +148,17 @@ ON CONFLICT (lock_key) DO UPDATE SET
                        THEN l.acquired_at ELSE EXCLUDED.acquired_at END,
     owner       = EXCLUDED.owner,
     expire_at   = EXCLUDED.expire_at
-WHERE l.expire_at <= now() OR l.owner = EXCLUDED.owner
+WHERE (l.expire_at <= now() OR l.owner = EXCLUDED.owner)
+  AND (NOT EXISTS (SELECT FROM p) OR (l.owner = EXCLUDED.owner AND l.expire_at > now()))
 RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
+
+// qLeaseRefusal says why qAcquireLease returned no row: lease $1's holder
+// (NULL columns when there is none) and key $2's pause, if any.
+var qLeaseRefusal = `
+SELECT ` + qualified("l.", leaseColumns) + `, now(), p.paused_by, p.reason, p.until
+FROM (SELECT) one
+LEFT JOIN dislock.leases l ON l.lock_key = $1::text
+LEFT JOIN dislock.pause_of($2::text) p ON true`
 
 const leaseColumns = `lock_key, owner, token, acquired_at, expire_at`
 

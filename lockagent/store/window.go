@@ -147,8 +147,9 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 	var outcome string
 	var clusters, views []string
 	var seen []time.Time
+	var pause pauseColumns
 	err := s.writeRowActing(ctx, func(row pgx.Row) error {
-		return scanWindow(row, &c.Window, &outcome, &c.DBTime, &clusters, &views, &seen)
+		return scanWindow(row, &c.Window, &outcome, &c.DBTime, &clusters, &views, &seen, &pause.by, &pause.reason, &pause.until)
 	}, func() bool { return claims(outcome) }, qClaimWindow, r.Key, start, r.Index, r.Owner.String(), r.Owner.Cluster, r.Owner.Pod, db.Micros(r.TTL),
 		r.Owner.JobPrefix(), r.Standby, view, db.Micros(DefaultViewRecency), db.Micros(ViewRefresh), maxLate)
 	if err != nil {
@@ -161,6 +162,9 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		return c, nil
 	case outcome == "refused":
 		return c, windowTaken(start, r.Key, c.Window)
+	case outcome == "paused":
+		c.Window = Window{}
+		return c, fmt.Errorf("window %s of %s: %w", formatWindow(start), r.Key, pause.err())
 	case outcome == "stale":
 		c.Window = Window{}
 		return c, fmt.Errorf("window %s of %s started %s ago by database time: %w", formatWindow(start), r.Key,

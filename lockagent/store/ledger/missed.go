@@ -13,6 +13,7 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/db"
+	"github.com/dislock/dislock/lockagent/store/pause"
 	"github.com/dislock/dislock/lockagent/window"
 )
 
@@ -38,7 +39,10 @@ import (
 //   - a schedule (or time zone) change: the windows before the new
 //     schedule's first one are judged with the schedule the checkpoint was
 //     judged with (recorded beside it, checked_with), those from it on with
-//     the new one, so that no tick of the new schedule from before it is.
+//     the new one, so that no tick of the new schedule from before it is;
+//   - a pause: a window that started while its key was paused everywhere
+//     (lockagent/store/pause) was skipped on purpose, and is judged as not
+//     missed.
 //
 // A key with no claimed window and no decision for SilentPeriods periods
 // plus the grace is silent: its CronJob was deleted or suspended
@@ -335,10 +339,17 @@ func DetectMissed(ctx context.Context, s *store.Store, opts MissedOptions) (Dete
 	if err != nil {
 		return det, err
 	}
+	paused, err := pausesOf(ctx, h, tx, judge, now)
+	if err != nil {
+		return det, err
+	}
 	var found []MissedWindow
 	for _, k := range judge {
 		judged := len(k.expected)
 		for i, w := range k.expected {
+			if slices.ContainsFunc(paused[k.key], func(p pause.Pause) bool { return p.Covers(w.start) }) {
+				continue // started paused: skipped on purpose, never missed
+			}
 			kind, pending := judgeWindow(rows[refOf(k.key, w.start)], now)
 			if pending {
 				// Judged again next time, with every later window.
@@ -586,6 +597,31 @@ func keysToJudge(ctx context.Context, h *db.Handle, q db.Querier, opts MissedOpt
 		}
 	}
 	return out, now.UTC(), nil
+}
+
+// pausesOf reads the pauses that held during the keys' expected windows,
+// by key (lockagent/store/pause): a window that started while its key was
+// paused everywhere is not missed.
+func pausesOf(ctx context.Context, h *db.Handle, q db.Querier, keys []*keyToJudge, now time.Time) (map[string][]pause.Pause, error) {
+	var names []string
+	from := now
+	for _, k := range keys {
+		if len(k.expected) > 0 {
+			names = append(names, k.key)
+			if k.expected[0].start.Before(from) {
+				from = k.expected[0].start
+			}
+		}
+	}
+	ps, err := pause.Overlapping(ctx, q, names, from, now)
+	if err != nil {
+		return nil, h.Classify("reading the pauses of the windows to judge", err)
+	}
+	out := map[string][]pause.Pause{}
+	for _, p := range ps {
+		out[p.Key] = append(out[p.Key], p)
+	}
+	return out, nil
 }
 
 // windowsToJudge reads the rows of every expected window, one query.

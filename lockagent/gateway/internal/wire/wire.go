@@ -126,6 +126,7 @@ var kinds = []struct {
 	{"lease-held", []error{store.ErrLeaseHeld}},
 	{"lease-lost", []error{store.ErrLeaseLost}},
 	{"completion-modes-disagree", []error{store.ErrCompletionModesDisagree}},
+	{"key-paused", []error{store.ErrKeyPaused}},
 	{"tokens-exhausted", []error{store.ErrTokensExhausted}},
 	{"not-found", []error{store.ErrNotFound}},
 	{"forbidden", []error{store.ErrForbidden}},

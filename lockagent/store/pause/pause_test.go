@@ -1,0 +1,249 @@
+package pause_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/lockagent/store"
+	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/pause"
+	"github.com/dislock/dislock/test/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, pgtest.Options{Name: "pause"})) }
+
+const ttl = time.Minute
+
+// tenantOwner is a pod of job in namespace ns, cluster cluster.
+func tenantOwner(cluster, ns, job, pod string) store.Owner {
+	return store.Owner{Cluster: cluster, Namespace: ns, Job: job, JobUID: "uid-" + job, Pod: pod}
+}
+
+func claimAs(t *testing.T, s *store.Store, key string, w time.Time, o store.Owner, index int) (store.Claim, error) {
+	t.Helper()
+	return s.ClaimWindow(context.Background(), store.ClaimRequest{Key: key, Window: w, Index: index, Owner: o, TTL: ttl})
+}
+
+// mustBePaused checks that err is the pause, spelt with who, until when and
+// why.
+func mustBePaused(t *testing.T, what string, err error, want string) {
+	t.Helper()
+	if !errors.Is(err, store.ErrKeyPaused) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("%s: %v, want ErrKeyPaused saying %q", what, err, want)
+	}
+}
+
+func TestAPausedKeyStartsNoRunInAnyClusterButWhatRunsGoesOn(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		owner := storetest.Open(t, dsn, 4)
+		ns := storetest.Namespace(t, "pause")
+		// The agents' own roles: what they may do is what a pause must stop.
+		a := storetest.TenantStore(t, dsn, storetest.Provision(t, owner, ns))
+		key, other := ns+"/report", ns+"/other"
+		podA, podB := tenantOwner("dc-a", ns, "report-1", "report-1-a"), tenantOwner("dc-b", ns, "report-1", "report-1-b")
+		standbyB := tenantOwner("dc-b", ns, "report-2", "report-2-b")
+
+		running, err := claimAs(t, a, key, storetest.WindowAt(0), podA, store.NotIndexed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease, err := a.AcquireLease(ctx, key, podA, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := pause.Set(ctx, owner, pause.Request{Key: key, By: "alice", Reason: "bad release", For: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Until == nil || p.Until.Sub(p.PausedAt) != time.Hour || p.PausedBy != "alice" {
+			t.Fatalf("pause = %+v, want alice's for an hour", p)
+		}
+		said := `paused by alice until ` + p.Until.Format(time.RFC3339) + ` ("bad release")`
+
+		t.Run("a new window, in every completion index, is refused and nothing is written", func(t *testing.T) {
+			for _, index := range []int{store.NotIndexed, 0, 3} {
+				_, err := claimAs(t, a, key, storetest.WindowAt(1), podB, index)
+				mustBePaused(t, "claim", err, said)
+				if _, _, err := owner.WindowAt(ctx, key, storetest.WindowAt(1), index); !errors.Is(err, store.ErrNotFound) {
+					t.Fatalf("index %d: the refused claim left a row (%v)", index, err)
+				}
+			}
+		})
+		t.Run("a new lease, of the key or of one index, is refused", func(t *testing.T) {
+			for _, k := range []string{key, key + "#2"} {
+				_, err := a.AcquireLease(ctx, k, podB, ttl)
+				mustBePaused(t, "lease "+k, err, said)
+			}
+		})
+		t.Run("the running claim and the live lease are re-entered by their own pod only", func(t *testing.T) {
+			c, err := claimAs(t, a, key, storetest.WindowAt(0), podA, store.NotIndexed)
+			if err != nil || c.Outcome != store.Reentered || c.Window.Token != running.Window.Token {
+				t.Fatalf("re-entering the running claim: %+v, %v", c, err)
+			}
+			g, err := a.AcquireLease(ctx, key, podA, ttl)
+			if err != nil || !g.Reentered || g.Lease.Token != lease.Lease.Token {
+				t.Fatalf("re-entering the live lease: %+v, %v", g, err)
+			}
+			_, err = a.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed,
+				Owner: standbyB, TTL: ttl, Standby: true})
+			mustBePaused(t, "a standby's claim of the running window", err, said)
+			// Renewals go on: the pause does not stop a running run.
+			if _, err := a.Renew(ctx, store.Renewal{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed,
+				WindowToken: running.Window.Token, LeaseKey: key, LeaseToken: lease.Lease.Token, TTL: ttl}); err != nil {
+				t.Fatalf("renewing while paused: %v", err)
+			}
+		})
+		t.Run("a failed run is not taken over while paused", func(t *testing.T) {
+			if _, err := a.Finish(ctx, key, storetest.WindowAt(0), store.NotIndexed, running.Window.Token, store.StateFailed, storetest.Ptr(1)); err != nil {
+				t.Fatal(err)
+			}
+			_, err := a.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed,
+				Owner: standbyB, TTL: ttl, Standby: true})
+			mustBePaused(t, "a standby's takeover", err, said)
+			if _, err := a.ReleaseLease(ctx, key, lease.Lease.Token); err != nil {
+				t.Fatal(err)
+			}
+			// Released, the lease is no longer live: its own pod may not
+			// take it anew either.
+			_, err = a.AcquireLease(ctx, key, podA, ttl)
+			mustBePaused(t, "re-acquiring a released lease", err, said)
+		})
+		t.Run("another key of the namespace is not paused", func(t *testing.T) {
+			if _, err := claimAs(t, a, other, storetest.WindowAt(1), podB, store.NotIndexed); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.AcquireLease(ctx, other, podB, ttl); err != nil {
+				t.Fatal(err)
+			}
+		})
+		t.Run("pausing again changes who, why and until, and keeps when it began", func(t *testing.T) {
+			again, err := pause.Set(ctx, owner, pause.Request{Key: key, By: "bob", Reason: "still bad"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !again.PausedAt.Equal(p.PausedAt) || again.Until != nil || again.PausedBy != "bob" {
+				t.Fatalf("paused again = %+v, first %+v", again, p)
+			}
+			_, err = claimAs(t, a, key, storetest.WindowAt(2), podB, store.NotIndexed)
+			mustBePaused(t, "claim", err, `paused by bob until resumed ("still bad")`)
+			active, _, err := pause.Active(ctx, owner, ns+"/")
+			if err != nil || len(active) != 1 || active[0].Key != key {
+				t.Fatalf("active pauses of %s: %+v, %v", ns, active, err)
+			}
+		})
+		t.Run("resumed, the next window runs; resuming again says there was nothing to resume", func(t *testing.T) {
+			r, ok, err := pause.Resume(ctx, owner, key, "carol")
+			if err != nil || !ok || r.ResumedAt == nil || r.ResumedBy != "carol" {
+				t.Fatalf("resume: %+v, %t, %v", r, ok, err)
+			}
+			if c, err := claimAs(t, a, key, storetest.WindowAt(3), podB, store.NotIndexed); err != nil || c.Outcome != store.Claimed {
+				t.Fatalf("claim after the resume: %+v, %v", c, err)
+			}
+			if _, ok, err := pause.Resume(ctx, owner, key, "carol"); ok || err != nil {
+				t.Fatalf("resuming twice: %t, %v", ok, err)
+			}
+			// The history keeps the pause, and when it held.
+			hist, err := pause.Overlapping(ctx, owner.Handle().Pool, []string{key}, p.PausedAt, r.ResumedAt.Add(time.Second))
+			if err != nil || len(hist) != 1 || !hist[0].Covers(p.PausedAt) || hist[0].Covers(*r.ResumedAt) {
+				t.Fatalf("history: %+v, %v", hist, err)
+			}
+		})
+	})
+}
+
+func TestAPauseEndsByItselfAtItsUntilByDatabaseTime(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		s := storetest.Open(t, dsn, 4)
+		key := storetest.UniqueKey(t)
+		o := storetest.Owner("dc-a", "job-a", "pod-a")
+		p, err := pause.Set(ctx, s, pause.Request{Key: key, By: "alice", For: 300 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = claimAs(t, s, key, storetest.WindowAt(0), o, store.NotIndexed)
+		mustBePaused(t, "claim", err, "paused by alice until "+p.Until.Format(time.RFC3339))
+		storetest.AwaitDBPast(t, s, *p.Until)
+		if c, err := claimAs(t, s, key, storetest.WindowAt(0), o, store.NotIndexed); err != nil || c.Outcome != store.Claimed {
+			t.Fatalf("claim after the until: %+v, %v", c, err)
+		}
+		if _, ok, err := pause.Resume(ctx, s, key, "bob"); ok || err != nil {
+			t.Fatalf("resuming an ended pause: %t, %v", ok, err)
+		}
+		// Closed at its until, not at the resume: the history says when it
+		// really ended.
+		hist, err := pause.Overlapping(ctx, s.Handle().Pool, []string{key}, p.PausedAt, p.Until.Add(time.Hour))
+		if err != nil || len(hist) != 1 || hist[0].ResumedAt == nil || !hist[0].ResumedAt.Equal(*p.Until) || hist[0].ResumedBy != "" {
+			t.Fatalf("history: %+v, %v", hist, err)
+		}
+		// A new pause of the key is a new row.
+		if _, err := pause.Set(ctx, s, pause.Request{Key: key, By: "dave"}); err != nil {
+			t.Fatal(err)
+		}
+		active, _, err := pause.Active(ctx, s, key)
+		if err != nil || len(active) != 1 || active[0].PausedBy != "dave" || active[0].PausedAt.Equal(p.PausedAt) {
+			t.Fatalf("active: %+v, %v", active, err)
+		}
+	})
+}
+
+func TestPauseRequestsNameWhatIsWrong(t *testing.T) {
+	for _, tc := range []struct {
+		r    pause.Request
+		want string
+	}{
+		{pause.Request{Key: "report", By: "a"}, `key "report" is not <namespace>/<name>`},
+		{pause.Request{Key: "ns/report#1", By: "a"}, `is not <namespace>/<name>`},
+		{pause.Request{Key: "ns/report"}, "who pauses must be named"},
+		{pause.Request{Key: "ns/report", By: "a", Reason: strings.Repeat("x", pause.MaxReasonBytes+1)}, "the reason has 1025 bytes"},
+		{pause.Request{Key: "ns/report", By: "a", For: -time.Second}, "negative"},
+	} {
+		if err := tc.r.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.r, err, tc.want)
+		}
+	}
+	if err := (pause.Request{Key: "ns/report", By: "a"}).Validate(); err != nil {
+		t.Errorf("a good request: %v", err)
+	}
+}
+
+// A tenant may not read another namespace's pause, and may not write
+// pauses at all.
+func TestATenantNeitherReadsAnotherNamespacesPauseNorWritesOne(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		owner := storetest.Open(t, dsn, 4)
+		nsA, nsB := storetest.Namespace(t, "pa"), storetest.Namespace(t, "pb")
+		a := storetest.TenantStore(t, dsn, storetest.Provision(t, owner, nsA))
+		storetest.Provision(t, owner, nsB)
+		if _, err := pause.Set(ctx, owner, pause.Request{Key: nsB + "/report", By: "alice", Reason: "secret"}); err != nil {
+			t.Fatal(err)
+		}
+		conn := a.Handle().Pool
+		var n int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM dislock.pause_of($1)`, nsB+"/report").Scan(&n)
+		if !errors.Is(a.Handle().Classify("pause_of", err), store.ErrForbidden) {
+			t.Fatalf("reading another namespace's pause: %d rows, %v", n, err)
+		}
+		for _, q := range []string{
+			`INSERT INTO dislock.pauses (lock_key, paused_at, paused_by) VALUES ('` + nsA + `/report', now(), 'me')`,
+			`UPDATE dislock.pauses SET resumed_at = now()`,
+			`SELECT * FROM dislock.pauses`,
+		} {
+			if _, err := conn.Exec(ctx, q); !errors.Is(a.Handle().Classify("pauses", err), store.ErrForbidden) {
+				t.Fatalf("%s: %v, want refused", q, err)
+			}
+		}
+		// Its own key's pause it is told of, in the call itself.
+		if _, err := pause.Set(ctx, owner, pause.Request{Key: nsA + "/report", By: "alice"}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = claimAs(t, a, nsA+"/report", storetest.WindowAt(0), tenantOwner("dc-a", nsA, "report-1", "p"), store.NotIndexed)
+		mustBePaused(t, "its own key's claim", err, "paused by alice until resumed")
+	})
+}
