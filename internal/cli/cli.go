@@ -1,6 +1,7 @@
 // Package cli is the operator's command line: migrate the schema, read which
 // cluster ran which window and what every cluster decided, find the windows
-// that ran nowhere, inspect and release leases. It answers questions such as
+// that ran nowhere, inspect and release leases, pause and resume keys in
+// every cluster. It answers questions such as
 // "which DC ran the 12:00 run of ns/report, how long did it take, did it
 // succeed, why did dc-b skip it" from the same tables the agents write.
 package cli
@@ -158,12 +159,15 @@ var commands = map[string]command{
 		[]string{formatTable, formatJSON, formatYAML}},
 	"leases":  {"list leases and who holds them", true, setupLeases, nil},
 	"release": {"release a lease, or delete a window so that it can run again", true, setupRelease, nil},
+	"pause":   {"pause a key in every cluster: its pods skip, saying who paused it, until when and why; a run already going goes on", true, setupPause, nil},
+	"resume":  {"resume a paused key in every cluster: its next window runs", true, setupResume, nil},
+	"paused":  {"list the keys paused now", true, setupPaused, nil},
 	"tokens":  {"confirm the fencing token epoch, moving it past a restore or a recorded high water (--new-epoch: always)", true, setupTokens, nil},
 	"version": {"print the version and schema version", false, setupVersion, nil},
 }
 
 // commandOrder is the order usage lists the commands in.
-var commandOrder = []string{"migrate", "check", "windows", "missed", "leases", "release", "tokens", "version"}
+var commandOrder = []string{"migrate", "check", "windows", "missed", "leases", "release", "pause", "resume", "paused", "tokens", "version"}
 
 // servers are the commands main runs before this package: the ones a
 // Deployment runs, with flags of their own (`dislock <server> -h`).

@@ -65,9 +65,13 @@ func exitCode(c *int) string {
 	return fmt.Sprint(*c)
 }
 
-func setupLeases(*flag.FlagSet) func(context.Context, *common) error {
+func setupLeases(fs *flag.FlagSet) func(context.Context, *common) error {
+	sc := addScope(fs)
 	return func(ctx context.Context, c *common) error {
-		rows, dbNow, err := c.store.ListLeases(ctx)
+		if err := sc.validate(); err != nil {
+			return err
+		}
+		rows, dbNow, err := c.store.ListLeasesOf(ctx, sc.namespace)
 		if err != nil {
 			return err
 		}
@@ -77,6 +81,9 @@ func setupLeases(*flag.FlagSet) func(context.Context, *common) error {
 		}
 		views := make([]leaseView, 0, len(rows))
 		for _, l := range rows {
+			if !sc.covers(store.PauseKey(l.Key)) {
+				continue
+			}
 			views = append(views, leaseView{l, l.ExpireAt.After(dbNow)})
 		}
 		return c.print(views, func(t *table) {

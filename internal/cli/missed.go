@@ -39,13 +39,13 @@ type silentKey struct {
 }
 
 func setupMissed(fs *flag.FlagSet) func(context.Context, *common) error {
-	key := fs.String("key", "", "only this lock key <namespace>/<name>")
+	sc := addScope(fs)
 	limit := fs.Int("limit", store.DefaultListLimit, "list at most this many missed windows, newest first")
 	tr := addTimeRange(fs, DefaultMissedSince, "only windows that started within this `duration` before now, by database time (0: no bound)")
 	failOnMissed := fs.Bool("fail-on-missed", false, fmt.Sprintf("exit %d when a missed window or a silent key is listed", exitProblems))
 	return func(ctx context.Context, c *common) error {
 		var errs []error
-		if err := validKey(*key, false); err != nil {
+		if err := sc.validate(); err != nil {
 			errs = append(errs, err)
 		}
 		if *limit <= 0 {
@@ -59,7 +59,7 @@ func setupMissed(fs *flag.FlagSet) func(context.Context, *common) error {
 		}
 		// The detection is idempotent and safe beside every webhook's:
 		// each window is judged and recorded once, whoever runs it.
-		det, err := ledger.DetectMissed(ctx, c.store, ledger.MissedOptions{})
+		det, err := ledger.DetectMissed(ctx, c.store, ledger.MissedOptions{Namespace: sc.namespace})
 		if err != nil {
 			return err
 		}
@@ -67,11 +67,11 @@ func setupMissed(fs *flag.FlagSet) func(context.Context, *common) error {
 		if err != nil {
 			return err
 		}
-		missed, _, err := ledger.ListMissed(ctx, c.store, ledger.MissedFilter{Key: *key, From: from, To: to, Limit: *limit})
+		missed, _, err := ledger.ListMissed(ctx, c.store, ledger.MissedFilter{Key: sc.key, Namespace: sc.namespace, From: from, To: to, Limit: *limit})
 		if err != nil {
 			return err
 		}
-		rep := report(det, missed, *key, tr.loc)
+		rep := report(det, missed, sc, tr.loc)
 		err = c.print(rep, func(t *table) {
 			if len(rep.Missed) > 0 {
 				t.row("KEY", "WINDOW", "KIND", "DETECTED", "REASON")
@@ -108,8 +108,8 @@ func setupMissed(fs *flag.FlagSet) func(context.Context, *common) error {
 	}
 }
 
-// report keeps what concerns key ("" for all) and puts times in zone loc.
-func report(det ledger.Detection, missed []ledger.MissedWindow, key string, loc *time.Location) missedReport {
+// report keeps what concerns the scope and puts times in zone loc.
+func report(det ledger.Detection, missed []ledger.MissedWindow, sc *scope, loc *time.Location) missedReport {
 	rep := missedReport{Missed: make([]ledger.MissedWindow, 0, len(missed)), Silent: []silentKey{}}
 	isNew := map[string]bool{}
 	for _, m := range det.New {
@@ -123,13 +123,13 @@ func report(det ledger.Detection, missed []ledger.MissedWindow, key string, loc 
 		rep.Missed = append(rep.Missed, m)
 	}
 	for _, k := range det.Silent {
-		if key == "" || k.Key == key {
+		if sc.covers(k.Key) {
 			rep.Silent = append(rep.Silent, silentKey{Key: k.Key, LastDecided: k.LastDecided.In(loc), Period: k.Period.String(),
 				ExpectedNext: k.ExpectedNext.In(loc)})
 		}
 	}
 	for _, p := range det.Problems {
-		if key == "" || strings.HasPrefix(p, key+": ") {
+		if k, _, _ := strings.Cut(p, ": "); sc.covers(k) {
 			rep.Problems = append(rep.Problems, p)
 		}
 	}

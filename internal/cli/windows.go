@@ -23,14 +23,14 @@ const (
 )
 
 func setupWindows(fs *flag.FlagSet) func(context.Context, *common) error {
-	key := fs.String("key", "", "only this lock key <namespace>/<name>")
+	sc := addScope(fs)
 	limit := fs.Int("limit", DefaultWindowsLimit, "show at most this many windows, newest first (rows of the owners; windows with -o wide)")
 	tr := addTimeRange(fs, 0, "only windows that started within this `duration` before now, by database time, e.g. 2h (0: no bound)")
 	watch := fs.Bool("watch", false, "after the listing, print what is new every --interval until interrupted")
 	interval := fs.Duration("interval", DefaultWatchInterval, "how often --watch asks the database (at least "+MinWatchInterval.String()+")")
 	return func(ctx context.Context, c *common) error {
 		var errs []error
-		if err := validKey(*key, false); err != nil {
+		if err := sc.validate(); err != nil {
 			errs = append(errs, err)
 		}
 		if *limit <= 0 {
@@ -45,7 +45,7 @@ func setupWindows(fs *flag.FlagSet) func(context.Context, *common) error {
 		if err := errors.Join(errs...); err != nil {
 			return usageError{err}
 		}
-		l := &windowsListing{c: c, key: *key, limit: *limit, tr: tr}
+		l := &windowsListing{c: c, scope: sc, limit: *limit, tr: tr}
 		entries, err := l.entries(ctx)
 		if err != nil {
 			return err
@@ -64,7 +64,7 @@ func setupWindows(fs *flag.FlagSet) func(context.Context, *common) error {
 // how it prints.
 type windowsListing struct {
 	c     *common
-	key   string
+	scope *scope
 	limit int
 	tr    *timeRange
 }
@@ -89,7 +89,7 @@ func (l *windowsListing) entries(ctx context.Context) ([]entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := store.WindowFilter{Key: l.key, From: from, To: to, Limit: l.limit}
+	f := store.WindowFilter{Key: l.scope.key, Namespace: l.scope.namespace, From: from, To: to, Limit: l.limit}
 	rows, dbNow, err := l.c.store.ListWindowsIn(ctx, f)
 	if err != nil {
 		return nil, err

@@ -116,7 +116,7 @@ var pgbenchBaselines = map[string]pgbenchBaseline{
 		query:   store.AcquireLeaseSQL,
 		prelude: "\\set w random(1, 1000000000000)\n",
 		args: func(prefix string) []string {
-			return []string{"'" + prefix + "lease-' || :w", "'dc-a/ns/job/uid/pod'", "30000000"}
+			return []string{"'" + prefix + "lease-' || :w", "'dc-a/ns/job/uid/pod'", "30000000", "'" + prefix + "lease-' || :w"}
 		},
 		written: `SELECT count(*) FROM dislock.leases WHERE starts_with(lock_key, $1)`,
 	},

@@ -128,7 +128,12 @@ func (s *Store) GetLease(ctx context.Context, key string) (Lease, time.Time, err
 
 // ListLeases returns every lease row (expired ones too) and the database time.
 func (s *Store) ListLeases(ctx context.Context) ([]Lease, time.Time, error) {
-	return db.List(ctx, &s.h, "listing leases", scanLease, qListLeases)
+	return s.ListLeasesOf(ctx, "")
+}
+
+// ListLeasesOf lists the leases of namespace's keys ("" for every key).
+func (s *Store) ListLeasesOf(ctx context.Context, namespace string) ([]Lease, time.Time, error) {
+	return db.List(ctx, &s.h, "listing leases", scanLease, qListLeases, namespace)
 }
 
 // scanLease reads a row of leaseColumns and then extra; a row holding a

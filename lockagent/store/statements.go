@@ -17,7 +17,7 @@ var ClaimWindowSQL = qClaimWindow
 
 const (
 	// AcquireLeaseSQL is the statement AcquireLease runs, with its
-	// parameters $1..$3 (key, owner, TTL in µs).
+	// parameters $1..$4 (key, owner, TTL in µs, PauseKey(key)).
 	AcquireLeaseSQL = qAcquireLease
 	// RenewSQL is the statement Renew runs, with its parameters $1..$7
 	// (key, window, job index, the window's token or NULL, the lease's key

@@ -65,6 +65,15 @@ const (
 	// schedule's pods for the same few server connections), the winners
 	// renewing for a while and then recording success.
 	Herd Kind = "herd"
+	// PauseKey: the owner pauses the schedule's key everywhere
+	// (lockagent/store/pause) about as one of its windows starts, while
+	// its pods, and a herd's when one fires with that window, are
+	// deciding; it resumes the key later (Variant "resume") or lets the
+	// pause end by itself at its until (Variant "for"), and may pause it
+	// again while it is paused (Again). The runner records each flip's
+	// bracket in database time (PauseFlip), which the checker holds the
+	// key's grants to.
+	PauseKey Kind = "pause-key"
 )
 
 // HerdKeys is how many other CronJobs a Herd fires in each cluster: each
@@ -89,7 +98,7 @@ func Kinds() []Kind {
 	for _, kw := range kindWeights {
 		ks = append(ks, kw.kind)
 	}
-	return append(ks, Herd, RestartGateway)
+	return append(ks, Herd, RestartGateway, PauseKey)
 }
 
 // Settings are the timings every schedule of a run shares. They are scaled
@@ -176,9 +185,20 @@ type Fault struct {
 	Attempt int
 	// For is how long a pause or a cut lasts.
 	For time.Duration
-	// Variant: "pause" or "stop" for CutCluster.
+	// Variant: "pause" or "stop" for CutCluster; "resume" or "for" for
+	// PauseKey (see PauseVariant).
 	Variant string
+	// Again, for PauseKey when > 0, is when (after At) the owner pauses
+	// the key again while it is paused.
+	Again time.Duration
 }
+
+// The variants of PauseKey: For after At the owner resumes the key, or
+// the pause, set for For, ends by itself.
+const (
+	PauseResumed = "resume"
+	PauseFor     = "for"
+)
 
 // ClusterName names cluster i: dc-a, dc-b, ...
 func ClusterName(i int) string { return "dc-" + string(rune('a'+i)) }
@@ -200,6 +220,9 @@ func (f Fault) String() string {
 	}
 	if f.For > 0 {
 		fmt.Fprintf(&b, " for %s", f.For.Round(time.Millisecond))
+	}
+	if f.Again > 0 {
+		fmt.Fprintf(&b, ", paused again at +%s", (f.At + f.Again).Round(time.Millisecond))
 	}
 	if f.Variant != "" {
 		fmt.Fprintf(&b, " (%s)", f.Variant)
@@ -360,6 +383,13 @@ func Draw(seed uint64, s Settings) Plan {
 			p.Faults = append(p.Faults, f)
 		}
 	}
+	// Drawn apart, so that every other part of a seed's plan stays what it
+	// was before pauses: a quarter of the schedules have the owner pause
+	// their key as one of their windows starts, at the herd's window in
+	// half of those that fire one.
+	if pz := rand.New(rand.NewPCG(seed, 0x9a_05e_4e7)); pz.IntN(4) == 0 {
+		p.Faults = append(p.Faults, drawPause(pz, p))
+	}
 	slices.SortStableFunc(p.Faults, func(a, b Fault) int { return int(a.At - b.At) })
 	// Drawn apart, so that every other part of a seed's plan stays what it
 	// was before plans could mix completion modes.
@@ -368,6 +398,30 @@ func Draw(seed uint64, s Settings) Plan {
 		p.PlainCluster = mixed.IntN(p.Clusters)
 	}
 	return p
+}
+
+// drawPause draws p's PauseKey: from 300 ms before its window's first Job
+// to 1.5 s after it (the pods start, wait for their preferred cluster or
+// queue behind a herd, and claim), for 200 ms to two periods; a third of
+// the pauses end by themselves, and a third are set again while they hold.
+func drawPause(r *rand.Rand, p Plan) Fault {
+	f := Fault{Kind: PauseKey, Cluster: -1, Window: r.IntN(p.Windows), Variant: PauseResumed}
+	if i := slices.IndexFunc(p.Faults, func(h Fault) bool { return h.Kind == Herd }); i >= 0 && r.IntN(2) == 0 {
+		f.Window = p.Faults[i].Window
+	}
+	first := p.JobAt(0, f.Window)
+	for c := range p.Clusters {
+		first = min(first, p.JobAt(c, f.Window))
+	}
+	f.At = max(0, first+between(r, -300*time.Millisecond, 1500*time.Millisecond))
+	f.For = between(r, 200*time.Millisecond, 2*p.Period)
+	if r.IntN(3) == 0 {
+		f.Variant = PauseFor
+	}
+	if r.IntN(3) == 0 {
+		f.Again = between(r, f.For/4, 3*f.For/4)
+	}
+	return f
 }
 
 // Indexes are the completion indexes of cluster c's Jobs: -1 alone for a

@@ -126,7 +126,7 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 		if claim != nil && claim[12] != "refused" {
 			windowToken = claim[6]
 		}
-		lease, err := firstRow(ctx, tx, store.AcquireLeaseSQL, key, o.LeaseOwner(), db.Micros(ttl))
+		lease, err := firstRow(ctx, tx, store.AcquireLeaseSQL, key, o.LeaseOwner(), db.Micros(ttl), store.PauseKey(key))
 		if err != nil {
 			return fmt.Errorf("taking a lease: %w", err)
 		}

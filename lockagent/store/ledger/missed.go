@@ -791,7 +791,9 @@ func recordMissed(ctx context.Context, h *db.Handle, keys []*keyToJudge, found [
 
 // MissedFilter selects missed windows. Zero fields do not filter.
 type MissedFilter struct {
-	Key      string
+	Key string
+	// Namespace keeps the keys of one namespace ("<namespace>/...").
+	Namespace string
 	From, To time.Time
 	// DetectedAfter selects the windows detected after it (by any
 	// cluster's detection).
@@ -813,5 +815,5 @@ func ListMissed(ctx context.Context, s *store.Store, f MissedFilter) ([]MissedWi
 			return &db.UnreadableRow{Table: "missed", Key: m.Key, Problems: problems}
 		}
 		return err
-	}, qListMissed, f.Key, db.NullTime(f.From), db.NullTime(f.To), limitOr(f.Limit), db.NullTime(f.DetectedAfter), f.PerKey)
+	}, qListMissed, f.Key, db.NullTime(f.From), db.NullTime(f.To), limitOr(f.Limit), db.NullTime(f.DetectedAfter), f.PerKey, f.Namespace)
 }

@@ -183,13 +183,14 @@ u AS (
     WHERE k.lock_key = ck.lock_key AND k.lock_key IN (SELECT lock_key FROM locked))
 SELECT lock_key, window_start, detected_at FROM m`
 
-// qListMissed lists missed windows by key ($1, empty for all), window
+// qListMissed lists missed windows by key ($1, empty for all; $7 a namespace, empty for all), window
 // range ($2, $3) and detection time ($5), at most $6 per key (0: all),
 // newest first, at most $4.
 const qListMissed = `
 SELECT lock_key, window_start, kind, reason, detected_at, now() FROM (
     SELECT *, row_number() OVER (PARTITION BY lock_key ORDER BY window_start) AS nth FROM dislock.missed
     WHERE ($1::text = '' OR lock_key = $1::text)
+      AND ($7::text = '' OR starts_with(lock_key, $7::text || '/'))
       AND ($2::timestamptz IS NULL OR window_start >= $2::timestamptz)
       AND ($3::timestamptz IS NULL OR window_start < $3::timestamptz)
       AND ($5::timestamptz IS NULL OR detected_at > $5::timestamptz)) m

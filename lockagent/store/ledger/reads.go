@@ -65,11 +65,11 @@ func ListWindowDecisions(ctx context.Context, s *store.Store, f store.WindowFilt
 		return nil, time.Time{}, err
 	}
 	return db.List(ctx, h, "listing the decisions of windows", scanDecision, qListWindowDecisions,
-		f.Key, db.NullTime(f.From), db.NullTime(f.To), limitOr(f.Limit), MaxDecisionsPerWindow)
+		f.Key, db.NullTime(f.From), db.NullTime(f.To), limitOr(f.Limit), MaxDecisionsPerWindow, f.Namespace)
 }
 
 // qListWindowDecisions picks the $4 newest (key, window) pairs of key $1
-// (” for all) within [$2, $3) from the owners' rows and the ledger, and
+// (” for all) of namespace $6 (” for all) within [$2, $3) from the owners' rows and the ledger, and
 // returns at most $5 decisions of each. A window whose owner's row has no
 // decision is picked but has no row here: the caller has its owner's row.
 const qListWindowDecisions = `
@@ -77,12 +77,14 @@ WITH picked AS (
     SELECT lock_key, window_start FROM (
         SELECT lock_key, window_start FROM dislock.windows
         WHERE ($1::text = '' OR lock_key = $1::text)
+          AND ($6::text = '' OR starts_with(lock_key, $6::text || '/'))
           AND ($2::timestamptz IS NULL OR window_start >= $2::timestamptz)
           AND ($3::timestamptz IS NULL OR window_start < $3::timestamptz)
         UNION
         SELECT lock_key, window_start FROM dislock.decisions
         WHERE window_start IS NOT NULL
           AND ($1::text = '' OR lock_key = $1::text)
+          AND ($6::text = '' OR starts_with(lock_key, $6::text || '/'))
           AND ($2::timestamptz IS NULL OR window_start >= $2::timestamptz)
           AND ($3::timestamptz IS NULL OR window_start < $3::timestamptz)) u
     ORDER BY window_start DESC, lock_key

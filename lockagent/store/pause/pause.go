@@ -50,8 +50,10 @@ type Request struct {
 	Key    string
 	By     string
 	Reason string
-	// For is how long it holds from now (database time); 0: until resumed.
-	For time.Duration
+	// For is how long it holds from now (database time), or Until when it
+	// ends; neither: until resumed.
+	For   time.Duration
+	Until *time.Time
 }
 
 // Validate names what is wrong with r.
@@ -69,6 +71,9 @@ func (r Request) Validate() error {
 	if r.For < 0 {
 		bad = append(bad, fmt.Sprintf("the duration %s is negative", r.For))
 	}
+	if r.For != 0 && r.Until != nil {
+		bad = append(bad, "give a duration or an end, not both")
+	}
 	if len(bad) > 0 {
 		return fmt.Errorf("pause: %s", strings.Join(bad, "; "))
 	}
@@ -83,9 +88,11 @@ WHERE lock_key = $1::text AND resumed_at IS NULL AND until <= now()`
 
 // qPause opens a pause, or changes the open one (who, why, until) keeping
 // when it began.
+// An end not after now() is refused: no row.
 const qPause = `INSERT INTO dislock.pauses AS p (lock_key, paused_at, paused_by, reason, until)
-VALUES ($1::text, now(), $2::text, $3::text,
-        CASE WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 microsecond' END)
+SELECT $1::text, now(), $2::text, $3::text, u.until
+FROM (SELECT coalesce($5::timestamptz, CASE WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 microsecond' END) AS until) u
+WHERE u.until IS NULL OR u.until > now()
 ON CONFLICT (lock_key) WHERE resumed_at IS NULL DO UPDATE SET
     paused_by = EXCLUDED.paused_by, reason = EXCLUDED.reason, until = EXCLUDED.until
 RETURNING ` + columns
@@ -123,7 +130,14 @@ func Set(ctx context.Context, s *store.Store, r Request) (Pause, error) {
 			return err
 		}
 		var err error
-		p, _, err = scan(tx.QueryRow(ctx, qPause, r.Key, r.By, r.Reason, db.Micros(r.For)))
+		var now time.Time
+		p, _, err = scan(tx.QueryRow(ctx, qPause, r.Key, r.By, r.Reason, db.Micros(r.For), r.Until))
+		if errors.Is(err, pgx.ErrNoRows) {
+			if err := tx.QueryRow(ctx, db.QNow).Scan(&now); err != nil {
+				return err
+			}
+			return fmt.Errorf("pause: the end %s is not after the database's now, %s", r.Until.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+		}
 		return err
 	})
 	if err != nil {

@@ -181,6 +181,10 @@ func TestAPauseEndsByItselfAtItsUntilByDatabaseTime(t *testing.T) {
 		if err != nil || len(hist) != 1 || hist[0].ResumedAt == nil || !hist[0].ResumedAt.Equal(*p.Until) || hist[0].ResumedBy != "" {
 			t.Fatalf("history: %+v, %v", hist, err)
 		}
+		// An end already past, by the database's clock, pauses nothing.
+		if _, err := pause.Set(ctx, s, pause.Request{Key: key, By: "erin", Until: p.Until}); err == nil || !strings.Contains(err.Error(), "is not after the database's now") {
+			t.Fatalf("pausing until a past time: %v", err)
+		}
 		// A new pause of the key is a new row.
 		if _, err := pause.Set(ctx, s, pause.Request{Key: key, By: "dave"}); err != nil {
 			t.Fatal(err)
@@ -202,6 +206,7 @@ func TestPauseRequestsNameWhatIsWrong(t *testing.T) {
 		{pause.Request{Key: "ns/report"}, "who pauses must be named"},
 		{pause.Request{Key: "ns/report", By: "a", Reason: strings.Repeat("x", pause.MaxReasonBytes+1)}, "the reason has 1025 bytes"},
 		{pause.Request{Key: "ns/report", By: "a", For: -time.Second}, "negative"},
+		{pause.Request{Key: "ns/report", By: "a", For: time.Second, Until: &time.Time{}}, "not both"},
 	} {
 		if err := tc.r.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.r, err, tc.want)
