@@ -47,7 +47,7 @@ func (s *Store) ListWindowsIn(ctx context.Context, f WindowFilter) ([]Window, ti
 }
 
 // qListWindowsIn is qListWindows bounded by window start ($2 <= start < $3,
-// each NULL for no bound) and namespace ($5, '' for all).
+// each NULL for no bound) and namespace ($5, ” for all).
 const qListWindowsIn = `SELECT ` + windowColumns + `, now() FROM dislock.windows
 WHERE ($1::text = '' OR lock_key = $1::text)
   AND ($5::text = '' OR starts_with(lock_key, $5::text || '/'))

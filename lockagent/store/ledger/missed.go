@@ -794,7 +794,7 @@ type MissedFilter struct {
 	Key string
 	// Namespace keeps the keys of one namespace ("<namespace>/...").
 	Namespace string
-	From, To time.Time
+	From, To  time.Time
 	// DetectedAfter selects the windows detected after it (by any
 	// cluster's detection).
 	DetectedAfter time.Time

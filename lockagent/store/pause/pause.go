@@ -102,7 +102,7 @@ const qResume = `UPDATE dislock.pauses SET resumed_at = now(), resumed_by = $2::
 WHERE lock_key = $1::text AND resumed_at IS NULL AND (until IS NULL OR until > now())
 RETURNING ` + columns
 
-// qActive lists the pauses in force of keys with prefix $1 ('' for all).
+// qActive lists the pauses in force of keys with prefix $1 (” for all).
 const qActive = `SELECT ` + columns + ` FROM dislock.pauses
 WHERE resumed_at IS NULL AND (until IS NULL OR until > now()) AND starts_with(lock_key, $1::text)
 ORDER BY lock_key`
