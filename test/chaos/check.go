@@ -173,7 +173,18 @@ func (o *Outcome) Runs() ([]Run, []string) {
 //	    included (pods whose app never started excepted: they wait for
 //	    their Job's deadline as in Kubernetes);
 //	(e) the database agrees with the ledger: a window with a successful
-//	    run is recorded succeeded, and one recorded succeeded had one.
+//	    run is recorded succeeded, and one recorded succeeded had one;
+//	(f) no run starts while the key is paused: no window claim or lease
+//	    grant (re-entries keep their grant and are none) was checked while
+//	    a pause the owner set held, as far as the flips' brackets in
+//	    database time prove it (see PausedSpan); a pod that skipped
+//	    because of a pause ran no app and exited as a skip (exit 0: its
+//	    Job succeeds), and did so only once a pause had been sent; and a
+//	    run already going is not stopped by one: no Job completed by such
+//	    a skip had its running pod deleted.
+//
+// A window where a pod skipped because of a pause is exempt from (b): the
+// pause kept it from being run, as designed.
 //
 // A window that ran to completion twice (a), or whose success is not
 // recorded (e), is the design's documented exception, not a violation, only
@@ -281,6 +292,9 @@ func Check(o *Outcome) []Violation {
 			if o.otherShapeClaimed(u) {
 				continue
 			}
+			if o.pausedIn(u) {
+				continue
+			}
 			if clean := o.cleanClusters(u); len(clean) > 0 {
 				var pods []string
 				for _, pr := range o.Pods {
@@ -354,6 +368,11 @@ func Check(o *Outcome) []Violation {
 				add("e: recorded success without a run", nil, "window %s is recorded succeeded but no run of it completed", u)
 			}
 		}
+	}
+
+	// (f)
+	for _, v := range o.checkPauses(runs) {
+		add(v.Kind, v.Pods, "%s", v.Text)
 	}
 	return vs
 }
@@ -844,4 +863,216 @@ func tail(s string, n int) string {
 		lines = append([]string{fmt.Sprintf("[... %d lines]\n", len(lines)-n)}, lines[len(lines)-n:]...)
 	}
 	return strings.Join(lines, "")
+}
+
+// checkPauses holds the schedule to (f).
+func (o *Outcome) checkPauses(runs []Run) []Violation {
+	var vs []Violation
+	add := func(kind string, pods []string, format string, args ...any) {
+		vs = append(vs, Violation{Kind: kind, Text: fmt.Sprintf(format, args...), Pods: pods})
+	}
+	var flips []string
+	for _, f := range o.Pauses {
+		flips = append(flips, f.String())
+	}
+	spans := PausedSpans(o.Pauses)
+	seen := map[string]bool{}
+	for _, g := range o.Grants {
+		id := fmt.Sprintf("%t %s %d %d", g.Lease, g.Key, g.Token, g.GrantedAt.UnixMicro())
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		for _, s := range spans {
+			if s.holds(g.GrantedAt, g.Token) {
+				add("f: a run was granted while the key was paused", o.podsOwning(g.Owner),
+					"%s, its check in the span the key was surely %s\n  the owner's flips:\n    %s", g, s, strings.Join(flips, "\n    "))
+				break
+			}
+		}
+	}
+
+	var firstSent time.Time
+	if len(o.Pauses) > 0 {
+		firstSent = o.Pauses[0].Sent
+	}
+	ranIn := map[string]Run{}
+	for _, r := range runs {
+		ranIn[r.Cluster+"/"+r.Pod] = r
+	}
+	for _, pr := range o.Pods {
+		id := pr.Cluster + "/" + pr.Name
+		if d, ok := pausedSkip(pr); ok && (firstSent.IsZero() || d.At.Before(firstSent)) {
+			add("f: a pod skipped because of a pause never set", []string{id},
+				"pod %s decided at %s %q, before the owner sent any pause (first at %s)", id, d.At.Format("15:04:05.000"), d.Reason, timeOrNever(firstSent))
+		}
+		d, ok := firstDecision(pr)
+		if !ok || !d.pausedSkip() {
+			continue
+		}
+		// What the app container did follows the pod's first decision: it
+		// starts once a decision is published, and a restarted sidecar
+		// keeps a skip.
+		if r, ran := ranIn[id]; ran {
+			add("f: the app ran in a pod that skipped because of a pause", []string{id},
+				"pod %s decided %q at %s, yet its app ran: %s", id, d.Reason, d.At.Format("15:04:05.000"), r)
+		}
+		if pr.AppRan && pr.AppCode != 0 && pr.DeletedWhy == "" && !o.Overran && !o.hitBy(pr, KillApp) {
+			add("f: a pod that skipped because of a pause did not exit as a skip", []string{id},
+				"pod %s decided %q at %s, but its app container exited %d, not 0: its Job does not succeed", id, d.Reason, d.At.Format("15:04:05.000"), pr.AppCode)
+		}
+	}
+	vs = append(vs, o.runsStoppedByAPause(runs)...)
+	return vs
+}
+
+// runsStoppedByAPause finds the Jobs completed by a pod that skipped
+// because of a pause (its exit 0 was the Job's first success) while
+// another of their pods ran: the Job controller deleted that pod, and a
+// run already going was stopped by the pause. (A pod of the owner's Job
+// waits for a live owner rather than skip, for this reason.)
+func (o *Outcome) runsStoppedByAPause(runs []Run) []Violation {
+	var vs []Violation
+	for _, j := range o.Jobs {
+		if j.Result != "succeeded" {
+			continue
+		}
+		var pods []PodRecord
+		for _, pr := range o.Pods {
+			if pr.Cluster == j.Cluster && pr.Job == j.Name && pr.Window == j.Window && pr.Index == j.Index {
+				pods = append(pods, pr)
+			}
+		}
+		var completer *PodRecord
+		for i, pr := range pods {
+			if pr.AppRan && pr.AppCode == 0 && !pr.Ended.IsZero() && (completer == nil || pr.Ended.Before(completer.Ended)) {
+				completer = &pods[i]
+			}
+		}
+		if completer == nil {
+			continue
+		}
+		d, ok := firstDecision(*completer)
+		if !ok || !d.pausedSkip() {
+			continue
+		}
+		for _, pr := range pods {
+			if pr.Name == completer.Name || pr.DeletedWhy != "job complete" {
+				continue
+			}
+			for _, r := range runs {
+				if r.Cluster == pr.Cluster && r.Pod == pr.Name && !r.Success() && r.Start.Before(completer.Ended) {
+					vs = append(vs, Violation{Kind: "f: a run was stopped by a pause",
+						Pods: []string{completer.Cluster + "/" + completer.Name, pr.Cluster + "/" + pr.Name},
+						Text: fmt.Sprintf("pod %s of Job %s decided %q at %s and exited 0 at %s, completing its Job, whose controller deleted pod %s while its run went on:\n  %s",
+							completer.Name, j.Name, d.Reason, d.At.Format("15:04:05.000"), completer.Ended.Format("15:04:05.000"), pr.Name, r)})
+				}
+			}
+		}
+	}
+	return vs
+}
+
+// pausedIn tells that a pod of unit u skipped because of a pause.
+func (o *Outcome) pausedIn(u unit) bool {
+	for _, pr := range o.Pods {
+		if pr.Window == u.window && pr.Index == u.index {
+			if _, ok := pausedSkip(pr); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// PausedSkips counts the pods that skipped because of a pause.
+func (o *Outcome) PausedSkips() int {
+	n := 0
+	for _, pr := range o.Pods {
+		if _, ok := pausedSkip(pr); ok {
+			n++
+		}
+	}
+	return n
+}
+
+// podsOwning are the pods whose owner string is owner.
+func (o *Outcome) podsOwning(owner string) []string {
+	var ps []string
+	for _, pr := range o.Pods {
+		if strings.HasSuffix(owner, "/"+pr.Name) {
+			ps = append(ps, pr.Cluster+"/"+pr.Name)
+		}
+	}
+	return ps
+}
+
+// hitBy tells that the nemesis injected a fault of kind into pod.
+func (o *Outcome) hitBy(pod PodRecord, kind Kind) bool {
+	return slices.ContainsFunc(o.Events, func(e Event) bool {
+		return e.Fault && e.Kind == string(kind) && e.Cluster == pod.Cluster && e.Pod == pod.Name
+	})
+}
+
+func timeOrNever(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return t.Format("15:04:05.000")
+}
+
+// loggedDecision is one decision line of an agent log.
+type loggedDecision struct {
+	At     time.Time
+	Action string
+	Reason string
+	Token  int64
+}
+
+// pausedSkip: the database answered the pod's claim or lease "paused"
+// (the agent's pausedSkip reason).
+func (d loggedDecision) pausedSkip() bool {
+	return d.Action == "skip" && strings.HasPrefix(d.Reason, "skipped: paused by ")
+}
+
+// loggedDecisions are the decision lines of pod's agent log, in order.
+func loggedDecisions(pr PodRecord) []loggedDecision {
+	b, err := os.ReadFile(pr.AgentLog)
+	if err != nil {
+		return nil
+	}
+	var ds []loggedDecision
+	for _, line := range strings.Split(string(b), "\n") {
+		var l struct {
+			Time   time.Time `json:"time"`
+			Msg    string    `json:"msg"`
+			Action string    `json:"action"`
+			Reason string    `json:"reason"`
+			Token  int64     `json:"token"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "decision" {
+			ds = append(ds, loggedDecision{At: l.Time, Action: l.Action, Reason: l.Reason, Token: l.Token})
+		}
+	}
+	return ds
+}
+
+// firstDecision is the first decision pod's sidecars published: the one
+// its app container acted on.
+func firstDecision(pr PodRecord) (loggedDecision, bool) {
+	ds := loggedDecisions(pr)
+	if len(ds) == 0 {
+		return loggedDecision{}, false
+	}
+	return ds[0], true
+}
+
+// pausedSkip is pod's first decision to skip because of a pause, if any.
+func pausedSkip(pr PodRecord) (loggedDecision, bool) {
+	for _, d := range loggedDecisions(pr) {
+		if d.pausedSkip() {
+			return d, true
+		}
+	}
+	return loggedDecision{}, false
 }

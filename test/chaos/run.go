@@ -132,6 +132,8 @@ type run struct {
 	cuts map[string][][2]time.Time
 	// outages are this schedule's own (PostgreSQL's are the World's).
 	outages []Outage
+	// flips are the owner's pauses and resumes of the key, in order.
+	flips []PauseFlip
 }
 
 func (r *run) outage(from time.Time, cluster, pod, what string) {
@@ -332,6 +334,12 @@ type Outcome struct {
 	WindowClaims map[string]WindowClaim
 	// Overran: the schedule had to be killed at its hard deadline.
 	Overran bool
+	// Pauses are the owner's pauses and resumes of the key, in order, with
+	// their brackets in database time (PauseKey).
+	Pauses []PauseFlip
+	// Grants are every grant of the key's windows and leases (the grant
+	// log's, and the rows' last ones), by the database's clock.
+	Grants []Grant
 }
 
 // WindowClaim is a window row's owner (dislock's owner string, ending in
@@ -576,6 +584,9 @@ func (r *run) inject(f Fault) {
 	case Herd:
 		r.herd(f)
 		return
+	case PauseKey:
+		r.pauseKey(f)
+		return
 	case RestartBouncer:
 		cl := r.clusters[f.Cluster]
 		from := time.Now()
@@ -774,7 +785,8 @@ func (r *run) outcome(quiet time.Time, overran bool) *Outcome {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	o := &Outcome{Plan: r.plan, Settings: r.w.Settings, Key: r.key, Dir: r.dir, Start: r.start, Quiet: quiet,
-		End: time.Now(), Faults: r.faults, Events: slices.Clone(r.events), Cuts: r.cuts, Overran: overran}
+		End: time.Now(), Faults: r.faults, Events: slices.Clone(r.events), Cuts: r.cuts, Overran: overran,
+		Pauses: slices.Clone(r.flips)}
 	for w := range r.plan.Windows {
 		o.Windows = append(o.Windows, r.windowStart(w).Format(time.RFC3339))
 	}
@@ -858,7 +870,7 @@ func (r *run) outcome(quiet time.Time, overran bool) *Outcome {
 	if b, err := os.ReadFile(r.ledger); err == nil {
 		o.Ledger = string(b)
 	}
-	o.Rows, o.WindowStates, o.WindowClaims = r.dumpRows()
+	o.Rows, o.WindowStates, o.WindowClaims, o.Grants = r.dumpRows()
 	return o
 }
 
@@ -878,15 +890,18 @@ func (o *Outcome) addKind(k Kind) {
 }
 
 // dumpRows reads every row of the key from every table of schema dislock
-// that has a lock_key column (whatever the schema version), straight from
-// PostgreSQL, retrying while another schedule restarts it.
-func (r *run) dumpRows() (string, map[string]string, map[string]WindowClaim) {
+// that has a lock_key column (whatever the schema version), and the key's
+// grants from the grant log, straight from PostgreSQL, retrying while
+// another schedule restarts it.
+func (r *run) dumpRows() (string, map[string]string, map[string]WindowClaim, []Grant) {
 	var rows strings.Builder
 	states, claims := map[string]string{}, map[string]WindowClaim{}
+	var grants []Grant
 	for attempt := 0; attempt < 20; attempt++ {
 		rows.Reset()
 		clear(states)
 		clear(claims)
+		grants = nil
 		err := func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -916,6 +931,9 @@ func (r *run) dumpRows() (string, map[string]string, map[string]WindowClaim) {
 				}
 				for _, l := range lines {
 					fmt.Fprintf(&rows, "%s: %s\n", t, l)
+					if g, ok := leaseGrant(l); ok && t == "leases" {
+						grants = append(grants, g)
+					}
 					if t == "windows" {
 						w := struct {
 							WindowStart time.Time `json:"window_start"`
@@ -928,19 +946,28 @@ func (r *run) dumpRows() (string, map[string]string, map[string]WindowClaim) {
 						if json.Unmarshal([]byte(l), &w) == nil {
 							k := unitKey(w.WindowStart.UTC().Format(time.RFC3339), w.JobIndex)
 							states[k], claims[k] = w.State, WindowClaim{Owner: w.Owner, Token: w.Token, ClaimedAt: w.ClaimedAt}
+							grants = append(grants, Grant{Key: r.key, Window: k, Owner: w.Owner, Token: w.Token, GrantedAt: w.ClaimedAt})
 						}
 					}
 				}
 			}
+			logged, err := readGrants(ctx, conn, r.key)
+			if err != nil {
+				return fmt.Errorf("reading the grant log: %w", err)
+			}
+			for _, g := range logged {
+				fmt.Fprintf(&rows, "grant log: %s\n", g)
+			}
+			grants = append(grants, logged...)
 			return nil
 		}()
 		if err == nil {
-			return rows.String(), states, claims
+			return rows.String(), states, claims, grants
 		}
 		if attempt == 19 {
-			return "reading rows: " + err.Error(), nil, nil
+			return "reading rows: " + err.Error(), nil, nil, nil
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	return "", nil, nil
+	return "", nil, nil, nil
 }

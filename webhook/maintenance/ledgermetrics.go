@@ -25,6 +25,7 @@ import (
 	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/ledger"
+	"github.com/dislock/dislock/lockagent/store/pause"
 	"github.com/dislock/dislock/webhook/internal/eventnote"
 )
 
@@ -118,6 +119,8 @@ type keySnapshot struct {
 	Silent string `json:"s,omitempty"`
 	// Disagree is set while the clusters' recent views differ.
 	Disagree bool `json:"x,omitempty"`
+	// Paused is set while the key is paused everywhere.
+	Paused bool `json:"p,omitempty"`
 	// Lease is the age (seconds) of the oldest unexpired lease of the key
 	// (an Indexed Job holds one per index).
 	Lease *float64 `json:"l,omitempty"`
@@ -138,6 +141,7 @@ type ledgerInputs struct {
 	stats       ledger.Stats
 	detection   ledger.Detection
 	disagreeing []store.ClusterView
+	paused      []pause.Pause
 	// looks is this cluster's look of each silent key (LooksUnknown when
 	// missing).
 	looks map[string]string
@@ -201,6 +205,9 @@ func buildLedgerSnapshot(in ledgerInputs) ledgerSnapshot {
 	for _, v := range in.disagreeing {
 		key(v.Key).Disagree = true
 	}
+	for _, p := range in.paused {
+		key(p.Key).Paused = true
+	}
 	for _, k := range slices.Sorted(maps.Keys(byKey)) {
 		snap.Keys = append(snap.Keys, *byKey[k])
 	}
@@ -244,6 +251,7 @@ var (
 	descLastSuccess = prometheus.NewDesc("dislock_last_success_timestamp_seconds", "When the newest successful run of the lock key finished (database clock).", keyLabels, nil)
 	descMissed      = prometheus.NewDesc("dislock_missed_windows_total", "Windows of the lock key found missed: no successful run by the window's start plus its grace (nobody ran it, or its run failed or went silent and nobody took it over).", keyLabels, nil)
 	descLastMissed  = prometheus.NewDesc("dislock_last_missed_window_timestamp_seconds", "Start of the lock key's newest missed window.", keyLabels, nil)
+	descPaused      = prometheus.NewDesc("dislock_key_paused", "1 while the lock key is paused in every cluster (dislock pause, kubectl dislock pause): its pods skip; absent otherwise.", keyLabels, nil)
 	descSilent      = prometheus.NewDesc("dislock_key_silent", "1 while no cluster decided anything for the lock key for several periods; looks is what this cluster's CronJob looks like (deleted, suspended, unknown).", append(slices.Clone(keyLabels), "looks"), nil)
 	descDisagree    = prometheus.NewDesc("dislock_clusters_disagree", "1 while the clusters' recent views of the lock key's job (schedule, time zone, mode, ...) differ.", keyLabels, nil)
 	descLease       = prometheus.NewDesc("dislock_lease_held_seconds", "Age of the lock key's current unexpired lease (the oldest, for an Indexed Job's per-index leases).", keyLabels, nil)
@@ -254,7 +262,7 @@ var (
 	descDatabaseUp  = prometheus.NewDesc("dislock_database_up", "1 if this replica's last ping of the database (every 15s) answered, else 0.", nil, nil)
 	descDatabaseRTT = prometheus.NewDesc("dislock_database_round_trip_seconds", "Round trip of this replica's last ping of the database (until it failed, if it did).", nil, nil)
 	descAlerting    = prometheus.NewDesc("dislock_alerting_cluster", "1 while this cluster is the alerting cluster, the one of all the clusters sharing the database whose Prometheus raises the alerts on the metrics computed from it; 0 while it is not.", nil, nil)
-	ledgerDescs     = []*prometheus.Desc{descDecisions, descLastSuccess, descMissed, descLastMissed, descSilent, descDisagree, descLease, descRunDuration, descSnapshotAt, descQueryTime, descLeftOut, descDatabaseUp, descDatabaseRTT, descAlerting}
+	ledgerDescs     = []*prometheus.Desc{descDecisions, descLastSuccess, descMissed, descLastMissed, descSilent, descPaused, descDisagree, descLease, descRunDuration, descSnapshotAt, descQueryTime, descLeftOut, descDatabaseUp, descDatabaseRTT, descAlerting}
 )
 
 // ledgerState is what a replica serves: the snapshot last computed or
@@ -356,6 +364,9 @@ func (snap *ledgerSnapshot) collect(ch chan<- prometheus.Metric) {
 		if k.Silent != "" {
 			emit(ch, descSilent, prometheus.GaugeValue, 1, ns, name, k.Silent)
 		}
+		if k.Paused {
+			emit(ch, descPaused, prometheus.GaugeValue, 1, ns, name)
+		}
 		if k.Missed != nil || k.Disagree {
 			emit(ch, descDisagree, prometheus.GaugeValue, boolValue(k.Disagree), ns, name)
 		}
@@ -445,6 +456,9 @@ type LedgerMetrics struct {
 	alertingTTL, alertingSettle time.Duration
 	// alertingSaid is what logAlerting last logged.
 	alertingSaid string
+	// pausesSaid are the pauses this cluster put an Event for, by key:
+	// each pause, and its end, is told once per leader.
+	pausesSaid map[string]pause.Pause
 	// reportedThrough is the detection time of the newest missed window
 	// this cluster put an Event for: the detection of another cluster may
 	// find a window first, and this cluster's CronJob gets its Event too.
@@ -495,6 +509,11 @@ func (m *LedgerMetrics) Compute(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("computing the ledger metrics: %w", err)
 	}
+	paused, _, err := pause.Active(ctx, m.store, "")
+	if err != nil {
+		return fmt.Errorf("computing the ledger metrics: %w", err)
+	}
+	m.reportPauses(ctx, cronJobs, paused)
 	looks := map[string]string{}
 	for _, s := range det.Silent {
 		if m.cronJobs == nil {
@@ -508,7 +527,7 @@ func (m *LedgerMetrics) Compute(ctx context.Context) error {
 		}
 		looks[s.Key] = looksOf(cjs)
 	}
-	snap := buildLedgerSnapshot(ledgerInputs{stats: stats, detection: det, disagreeing: views, looks: looks, queries: queries})
+	snap := buildLedgerSnapshot(ledgerInputs{stats: stats, detection: det, disagreeing: views, paused: paused, looks: looks, queries: queries})
 	body, err := json.Marshal(snap)
 	if err != nil {
 		return fmt.Errorf("encoding the ledger metrics: %w", err)
@@ -626,6 +645,55 @@ func (m *LedgerMetrics) reportMissed(ctx context.Context, cronJobs *cronJobsByKe
 			}
 		}
 	}
+}
+
+// Reasons of the Normal Events put on this cluster's CronJobs of a key when
+// a pause of it begins (or changes) and when it ends.
+const (
+	ReasonPaused  = "DislockPaused"
+	ReasonResumed = "DislockResumed"
+)
+
+// reportPauses puts an Event on this cluster's CronJobs of each key whose
+// pause began or changed, or ended, since the last computation.
+func (m *LedgerMetrics) reportPauses(ctx context.Context, cronJobs *cronJobsByKey, active []pause.Pause) {
+	if m.Events == nil || m.cronJobs == nil {
+		return
+	}
+	now := map[string]pause.Pause{}
+	for _, p := range active {
+		now[p.Key] = p
+	}
+	event := func(key, reason, note string) {
+		cjs, err := cronJobs.of(ctx, key)
+		if err != nil {
+			log.FromContext(ctx).Error(err, "reading the CronJobs of a paused key", "key", key)
+			return
+		}
+		for i := range cjs {
+			m.Events.Eventf(&cjs[i], nil, corev1.EventTypeNormal, reason, "Pause", "%s", eventnote.Cut(note))
+		}
+	}
+	for _, key := range slices.Sorted(maps.Keys(now)) {
+		p := now[key]
+		if said, ok := m.pausesSaid[key]; ok && samePause(said, p) {
+			continue
+		}
+		event(key, ReasonPaused, fmt.Sprintf("%s is %s in every cluster since %s: its pods skip, a run already going goes on",
+			key, p.Text(), rfc3339(p.PausedAt)))
+	}
+	for _, key := range slices.Sorted(maps.Keys(m.pausesSaid)) {
+		if _, ok := now[key]; !ok {
+			event(key, ReasonResumed, fmt.Sprintf("%s is no longer paused (it was %s): its next window runs", key, m.pausesSaid[key].Text()))
+		}
+	}
+	m.pausesSaid = now
+}
+
+// samePause reports whether a and b are the same pause, unchanged.
+func samePause(a, b pause.Pause) bool {
+	return a.PausedAt.Equal(b.PausedAt) && a.PausedBy == b.PausedBy && a.Reason == b.Reason &&
+		((a.Until == nil) == (b.Until == nil)) && (a.Until == nil || a.Until.Equal(*b.Until))
 }
 
 // missedNotes are the Event notes of one key's missed windows, oldest
