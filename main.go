@@ -1,6 +1,7 @@
 // Command dislock is the admission webhook server (`dislock webhook`), the
 // lock gateway (`dislock gateway`) and the operator CLI (migrate, windows,
-// leases, release, version, …).
+// leases, release, pause, version, …); named kubectl-dislock it is
+// `kubectl dislock`, which asks a cluster's webhook instead of the database.
 package main
 
 import (
@@ -12,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/dislock/dislock/internal/cli"
 	"github.com/dislock/dislock/internal/gatewaycmd"
 	"github.com/dislock/dislock/internal/kubeconfig"
+	"github.com/dislock/dislock/internal/kubectldislock"
 	"github.com/dislock/dislock/internal/listenwait"
 	"github.com/dislock/dislock/webhook"
 	"github.com/dislock/dislock/webhook/flags"
@@ -32,6 +35,12 @@ import (
 )
 
 func main() {
+	if filepath.Base(os.Args[0]) == kubectldislock.BinaryName {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := kubectldislock.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
 	if len(os.Args) > 1 && os.Args[1] == "webhook" {
 		os.Exit(runWebhook(os.Args[2:]))
 	}
@@ -83,7 +92,14 @@ func runWebhook(args []string) int {
 	// leaving (graceful shutdown, then the pod's grace period): wait for its
 	// ports rather than crash-loop.
 	ctx := ctrl.SetupSignalHandler()
-	if err := listenwait.Free(ctx, []string{net.JoinHostPort(s.Host, strconv.Itoa(port)), s.MetricsAddr, s.ProbeAddr}, portWait, func(addr string, err error) {
+	addrs := []string{net.JoinHostPort(s.Host, strconv.Itoa(port)), s.MetricsAddr, s.ProbeAddr}
+	if s.PluginAPIPort != 0 {
+		addrs = append(addrs, net.JoinHostPort(s.Host, strconv.Itoa(s.PluginAPIPort)))
+		cfg.PluginAPI = crwebhook.NewServer(cfg.ServerOptions(crwebhook.Options{
+			Host: s.Host, Port: s.PluginAPIPort, TLSOpts: []func(*tls.Config){secure},
+		}))
+	}
+	if err := listenwait.Free(ctx, addrs, portWait, func(addr string, err error) {
 		log.Info("waiting for a port another process still holds (on the host's network, the replica this one replaces)", "addr", addr, "err", err.Error(), "upTo", portWait.String())
 	}); err != nil {
 		log.Error(err, "the ports did not come free; binding them anyway")

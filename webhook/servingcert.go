@@ -26,7 +26,10 @@ import (
 func (c *Config) ServerOptions(o crwebhook.Options) crwebhook.Options {
 	o.CertDir = c.Certs.CertDir
 	if c.Certs.SelfSigned {
-		c.Certs.serving = &secretCertificate{}
+		// One for every server (the admission server, kubectl dislock's).
+		if c.Certs.serving == nil {
+			c.Certs.serving = &secretCertificate{}
+		}
 		o.TLSOpts = append(o.TLSOpts, func(t *tls.Config) { t.GetCertificate = c.Certs.serving.GetCertificate })
 	}
 	return o

@@ -27,7 +27,9 @@ import (
 	"github.com/dislock/dislock/webhook/controller/secretcopy"
 	"github.com/dislock/dislock/webhook/controller/tenants"
 	"github.com/dislock/dislock/webhook/inject"
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook/maintenance"
+	"github.com/dislock/dislock/webhook/pluginapi"
 	"github.com/dislock/dislock/webhook/registry"
 )
 
@@ -75,6 +77,10 @@ type Config struct {
 	TenantGatewayURL    string
 	TenantGatewayCAFile string
 	Certs               CertConfig
+	// PluginAPI, when set, is the server `kubectl dislock` reaches through
+	// the API server's service proxy (webhook/pluginapi); it needs
+	// DatabaseURL.
+	PluginAPI webhook.Server
 }
 
 // CertConfig chooses where the serving certificate comes from.
@@ -115,6 +121,9 @@ func (c Config) Validate() error {
 			errs = append(errs, errors.New("--copy-db-secret would put the owner's credential into every opted-in namespace, where tenant roles put each namespace's own: drop --copy-db-secret (or pass --tenant-roles=false to keep copying, which lets every tenant touch every other's locks)"))
 		}
 		errs = append(errs, c.tenantOptions().Validate())
+	}
+	if c.PluginAPI != nil && c.DatabaseURL == "" {
+		errs = append(errs, errors.New("kubectl dislock's API (--plugin-api-port) answers from the database: set --database-url, or --plugin-api-port=0"))
 	}
 	if c.TenantGatewayURL != "" && !c.TenantRoles {
 		errs = append(errs, errors.New("--tenant-gateway-url gives each namespace a lock gateway credential, which the webhook mints with the owner's credential: set --database-url (and keep --tenant-roles)"))
@@ -240,6 +249,18 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 	if cfg.DatabaseURL != "" {
 		if err := maintenance.SetupWithManager(mgr, cfg.maintenanceOptions()); err != nil {
 			return err
+		}
+	}
+	if cfg.PluginAPI != nil {
+		// Connections are made when a request comes.
+		s, err := store.Open(context.Background(), cfg.DatabaseURL, store.Options{MaxConns: pluginapi.MaxInFlight})
+		if err != nil {
+			return fmt.Errorf("kubectl dislock's API: %w", err)
+		}
+		cfg.PluginAPI.Register(pluginapi.PathPrefix, &pluginapi.Handler{Client: mgr.GetClient(), Reader: mgr.GetClient(),
+			Store: s, Cluster: cfg.Inject.ClusterName})
+		if err := mgr.Add(cfg.PluginAPI); err != nil {
+			return fmt.Errorf("kubectl dislock's API: %w", err)
 		}
 	}
 	return nil

@@ -40,6 +40,25 @@ const DefaultWindowsLimit = 50
 
 // Main runs one operator command and returns the process exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return run(ctx, nil, args, stdout, stderr)
+}
+
+// Served are the commands a cluster's webhook runs for `kubectl dislock`
+// (webhook/pluginapi), on its own Store: what they print is what dislock
+// prints.
+var Served = []string{"windows", "missed", "leases", "paused", "pause", "resume"}
+
+// MainWithStore runs one of the Served commands on s (no --database-url),
+// as Main does.
+func MainWithStore(ctx context.Context, s *store.Store, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || !slices.Contains(Served, args[0]) {
+		fmt.Fprintf(stderr, "dislock: %q is not a command served through the cluster (want %s)\n", strings.Join(args[:min(len(args), 1)], ""), orList(Served))
+		return exitUsage
+	}
+	return run(ctx, s, args, stdout, stderr)
+}
+
+func run(ctx context.Context, s *store.Store, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)
 		if len(args) == 0 {
@@ -59,8 +78,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return exitUsage
 	}
-	c := &common{}
-	fs, run := cmd.flags(args[0], c, stderr)
+	c := &common{store: s}
+	fs, body := cmd.flags(args[0], c, stderr)
 	formats := cmd.outputFormats()
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -77,7 +96,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	c.stdout, c.stderr = stdout, stderr
-	if cmd.db {
+	if cmd.db && c.store == nil {
 		if c.databaseURL == "" {
 			c.databaseURL = os.Getenv(contract.EnvDatabaseURL)
 		}
@@ -89,7 +108,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer s.Close()
 		c.store = s
 	}
-	if err := run(ctx, c); err != nil {
+	if err := body(ctx, c); err != nil {
 		fmt.Fprintf(stderr, "dislock %s: %v\n", args[0], err)
 		var u usageError
 		if errors.As(err, &u) {
@@ -132,7 +151,7 @@ func (cmd command) flags(name string, c *common, stderr io.Writer) (*flag.FlagSe
 	fs := flag.NewFlagSet("dislock "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.output, "o", formatTable, "output format: "+orList(cmd.outputFormats()))
-	if cmd.db {
+	if cmd.db && c.store == nil {
 		fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL (default $"+contract.EnvDatabaseURL+")")
 	}
 	run := cmd.setup(fs)

@@ -88,6 +88,9 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("migrating: %v", err)
 	}
 	db.Close()
+	if err := InstallGrantLog(ctx, pg.DirectDSN()); err != nil {
+		t.Fatal(err)
+	}
 
 	schedules, parallel := *flagSchedules, max(1, *flagParallel)
 	if testing.Short() {
@@ -179,6 +182,9 @@ func TestChaos(t *testing.T) {
 				line := fmt.Sprintf("schedule %d seed %d: %s standby=%t gateway=%t prefer=%s %d clusters × %d windows × %d completions, %d fault kinds %v, %s",
 					i, plan.Seed, plan.Mode, plan.Standby, plan.Gateway, prefer, plan.Clusters, plan.Windows, plan.Completions, len(o.Kinds), o.Kinds,
 					time.Since(start).Round(100*time.Millisecond))
+				if len(o.Pauses) > 0 {
+					line += fmt.Sprintf(", %d pause flips, %d pods skipped because of a pause", len(o.Pauses), o.PausedSkips())
+				}
 				exceptions, violations := Exceptions(vs)
 				mu.Lock()
 				results = append(results, result{o, vs})
@@ -227,10 +233,26 @@ func TestChaos(t *testing.T) {
 	minK, maxK, sumK, bad, excepted := len(Kinds()), 0, 0, 0, 0
 	used := map[Kind]bool{}
 	gateways := 0
+	var pausing, pausingHerds, flips, flipsFailed, pausedSkips, grants int
 	for _, r := range results {
 		if r.o.Plan.Gateway {
 			gateways++
 		}
+		if i := slices.IndexFunc(r.o.Plan.Faults, func(f Fault) bool { return f.Kind == PauseKey }); i >= 0 {
+			pausing++
+			pause := r.o.Plan.Faults[i]
+			if slices.ContainsFunc(r.o.Plan.Faults, func(f Fault) bool { return f.Kind == Herd && f.Window == pause.Window }) {
+				pausingHerds++
+			}
+			grants += len(r.o.DistinctGrants())
+		}
+		for _, f := range r.o.Pauses {
+			flips++
+			if !f.Done {
+				flipsFailed++
+			}
+		}
+		pausedSkips += r.o.PausedSkips()
 		n := len(r.o.Kinds)
 		minK, maxK, sumK = min(minK, n), max(maxK, n), sumK+n
 		for _, k := range r.o.Kinds {
@@ -263,6 +285,8 @@ func TestChaos(t *testing.T) {
 	if len(results) > 0 {
 		fmt.Fprintf(&b, "distinct fault kinds per schedule: min %d, mean %.1f, max %d; %d of %d kinds used overall; %d schedules through lock gateways\n",
 			minK, float64(sumK)/float64(len(results)), maxK, len(used), len(Kinds()), gateways)
+		fmt.Fprintf(&b, "pauses: %d schedules paused their key (%d at a herd's window), %d flips (%d failed), %d pods skipped because of a pause, %d grants of those keys held to their pauses\n",
+			pausing, pausingHerds, flips, flipsFailed, pausedSkips, grants)
 	}
 	tally := func(title string, m map[string][]uint64) {
 		if len(m) == 0 {
@@ -416,5 +440,67 @@ func TestSomeSchedulesPreferAClusterAndSomeCutItOffAsAWindowStarts(t *testing.T)
 	}
 	if cut < preferring/4 {
 		t.Fatalf("%d of %d plans that prefer a cluster cut it off as a window starts, want about half", cut, preferring)
+	}
+}
+
+// TestSomeSchedulesPauseTheirKeyAsAWindowStarts: about a quarter of the
+// plans have the owner pause their key, once, from just before one of its
+// windows' first Job to 1.5 s after it (while its pods, and a herd's where
+// one fires with that window, decide), for 200 ms to two periods; some
+// pauses are resumed, some end by themselves, some are set again while
+// they hold, and some fall in a herd's window.
+func TestSomeSchedulesPauseTheirKeyAsAWindowStarts(t *testing.T) {
+	t.Parallel()
+	s := Settings{TTL: 2 * time.Second, MaxRun: time.Second}
+	const seeds = 400
+	pausing, resumed, ending, again, herds := 0, 0, 0, 0, 0
+	for seed := uint64(1); seed <= seeds; seed++ {
+		p := Draw(seed, s)
+		n := 0
+		for _, f := range p.Faults {
+			if f.Kind != PauseKey {
+				continue
+			}
+			n++
+			first := p.JobAt(0, f.Window)
+			for c := range p.Clusters {
+				first = min(first, p.JobAt(c, f.Window))
+			}
+			if f.At < first-300*time.Millisecond || f.At > first+1500*time.Millisecond {
+				t.Fatalf("seed %d: the pause is set at %s, not near window %d's first Job (%s):\n%s", seed, f.At, f.Window, first, p)
+			}
+			if f.For < 200*time.Millisecond || f.For > 2*p.Period {
+				t.Fatalf("seed %d: the pause holds for %s, want 200 ms to two periods (%s)", seed, f.For, 2*p.Period)
+			}
+			if f.Again < 0 || f.Again >= f.For {
+				t.Fatalf("seed %d: the pause is set again at +%s, not while it holds (for %s)", seed, f.Again, f.For)
+			}
+			switch f.Variant {
+			case PauseResumed:
+				resumed++
+			case PauseFor:
+				ending++
+			default:
+				t.Fatalf("seed %d: pause variant %q", seed, f.Variant)
+			}
+			if f.Again > 0 {
+				again++
+			}
+			if slices.ContainsFunc(p.Faults, func(h Fault) bool { return h.Kind == Herd && h.Window == f.Window }) {
+				herds++
+			}
+		}
+		if n > 1 {
+			t.Fatalf("seed %d plans %d pauses:\n%s", seed, n, p)
+		}
+		pausing += n
+	}
+	if pausing < seeds/6 || pausing > seeds/3 {
+		t.Fatalf("%d of %d plans pause their key, want about a quarter", pausing, seeds)
+	}
+	for what, n := range map[string]int{"are resumed": resumed, "end by themselves": ending, "are set again": again, "fall in a herd's window": herds} {
+		if n < pausing/10 {
+			t.Errorf("%d of %d pauses %s, want some", n, pausing, what)
+		}
 	}
 }

@@ -826,6 +826,15 @@ func (o *Outcome) Report(vs []Violation) string {
 	for _, e := range o.Events {
 		b.WriteString(e.String() + "\n")
 	}
+	if len(o.Pauses) > 0 {
+		b.WriteString("--- the owner's pauses of the key (database times)\n")
+		for _, f := range o.Pauses {
+			b.WriteString(f.String() + "\n")
+		}
+		for _, s := range PausedSpans(o.Pauses) {
+			b.WriteString(s.String() + "\n")
+		}
+	}
 	b.WriteString("--- jobs\n")
 	for _, j := range o.Jobs {
 		fmt.Fprintf(&b, "%s %s window %s: %s after %d pod(s)\n", j.Cluster, j.Name, unitKey(strconv.Itoa(j.Window), j.Index), j.Result, j.Pods)
@@ -876,13 +885,7 @@ func (o *Outcome) checkPauses(runs []Run) []Violation {
 		flips = append(flips, f.String())
 	}
 	spans := PausedSpans(o.Pauses)
-	seen := map[string]bool{}
-	for _, g := range o.Grants {
-		id := fmt.Sprintf("%t %s %d %d", g.Lease, g.Key, g.Token, g.GrantedAt.UnixMicro())
-		if seen[id] {
-			continue
-		}
-		seen[id] = true
+	for _, g := range o.DistinctGrants() {
 		for _, s := range spans {
 			if s.holds(g.GrantedAt, g.Token) {
 				add("f: a run was granted while the key was paused", o.podsOwning(g.Owner),
@@ -973,6 +976,21 @@ func (o *Outcome) runsStoppedByAPause(runs []Run) []Violation {
 	return vs
 }
 
+// DistinctGrants are o.Grants without the rows' grants the grant log has
+// too.
+func (o *Outcome) DistinctGrants() []Grant {
+	var gs []Grant
+	seen := map[string]bool{}
+	for _, g := range o.Grants {
+		id := fmt.Sprintf("%t %s %d %d", g.Lease, g.Key, g.Token, g.GrantedAt.UnixMicro())
+		if !seen[id] {
+			seen[id] = true
+			gs = append(gs, g)
+		}
+	}
+	return gs
+}
+
 // pausedIn tells that a pod of unit u skipped because of a pause.
 func (o *Outcome) pausedIn(u unit) bool {
 	for _, pr := range o.Pods {
@@ -1030,9 +1048,12 @@ type loggedDecision struct {
 }
 
 // pausedSkip: the database answered the pod's claim or lease "paused"
-// (the agent's pausedSkip reason).
+// (the agent's pausedSkip reason: "skipped: window ... of <key>: paused by
+// <who> until ...; no run of this key starts in any cluster until it is
+// resumed ...").
 func (d loggedDecision) pausedSkip() bool {
-	return d.Action == "skip" && strings.HasPrefix(d.Reason, "skipped: paused by ")
+	return d.Action == "skip" && strings.HasPrefix(d.Reason, "skipped: ") && strings.Contains(d.Reason, ": paused by ") &&
+		strings.Contains(d.Reason, "; no run of this key starts in any cluster until it is resumed")
 }
 
 // loggedDecisions are the decision lines of pod's agent log, in order.

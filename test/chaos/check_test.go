@@ -262,3 +262,220 @@ func TestAWindowClaimedBeforeALaterWindowRanKeepsItsSmallerToken(t *testing.T) {
 		})
 	}
 }
+
+// TestNoRunIsGrantedWhileTheKeyIsPaused: a window claim or lease grant
+// whose check the flips' brackets prove came after a pause committed and
+// before it ended is a violation; one that may have been checked before
+// the pause committed, or after it was resumed or ran out, is not, nor is
+// a re-entry, which keeps its grant from before.
+func TestNoRunIsGrantedWhileTheKeyIsPaused(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	ptr := func(t time.Time) *time.Time { return &t }
+	// Paused from 1100 (read once Set returned), resumed after 5000 (read,
+	// with the token high water 20, before Resume was sent).
+	resumed := []PauseFlip{
+		{Sent: at(1000), Before: at(1000), BeforeHighWater: 10, Done: true, After: at(1100)},
+		{Resume: true, Sent: at(5000), Before: at(5000), BeforeHighWater: 20, Done: true},
+	}
+	// Paused from 1100 until 3000 by itself.
+	ranOut := []PauseFlip{{For: 1900 * time.Millisecond, Sent: at(1000), Before: at(1000), BeforeHighWater: 10, Done: true, After: at(1100), Until: ptr(at(3000))}}
+	// Paused from 1100, set again for a while: read 2000 (high water 14)
+	// before, 2100 after, until 2600.
+	again := []PauseFlip{
+		{Sent: at(1000), Before: at(1000), BeforeHighWater: 10, Done: true, After: at(1100)},
+		{For: 500 * time.Millisecond, Sent: at(2000), Before: at(2000), BeforeHighWater: 14, Done: true, After: at(2100), Until: ptr(at(2600))},
+	}
+	claim := func(ms int, token int64) Grant {
+		return Grant{Key: "chaos/j0", Window: "w0", Owner: "dc-b/chaos/j0-1/uid/j0-1-b-p0", Token: token, GrantedAt: at(ms)}
+	}
+	lease := func(ms int, token int64) Grant {
+		return Grant{Lease: true, Key: "chaos/j0", Owner: "dc-b/chaos/j0-1/uid/j0-1-b-p0", Token: token, GrantedAt: at(ms)}
+	}
+	cases := []struct {
+		name     string
+		flips    []PauseFlip
+		grant    Grant
+		violated bool
+	}{
+		{"a claim checked while the key was paused", resumed, claim(2000, 15), true},
+		{"a lease granted while the key was paused", resumed, lease(3000, 16), true},
+		{"a claim begun before the pause was read committed", resumed, claim(1050, 12), false},
+		{"a re-entry keeps its claim from before the pause", resumed, claim(900, 9), false},
+		{"a claim after the resume", resumed, claim(5200, 21), false},
+		// Begun before the resume's bracket, its token drawn after it: its
+		// check may have come after the resume committed.
+		{"a claim begun before the resume whose token came after it", resumed, claim(4900, 21), false},
+		{"a claim while a pause for a while held", ranOut, claim(2500, 15), true},
+		{"a claim once a pause for a while ran out", ranOut, claim(3000, 15), false},
+		{"a claim while the pause set again held", again, claim(2300, 15), true},
+		{"a claim while the pause was being set again", again, claim(2050, 14), false},
+		{"a claim once the pause set again ran out", again, claim(2700, 16), false},
+		{"a claim before the first span's end, under the first flip's bracket", again, claim(1500, 13), true},
+		// A Resume whose bracket was never read ends the span at an
+		// unknown time: nothing after the Set is proven paused.
+		{"a resume whose bracket is unknown", []PauseFlip{resumed[0], {Resume: true, Sent: at(5000), Done: true}}, claim(2000, 15), false},
+		{"a pause whose Set failed", []PauseFlip{{Sent: at(1000), Before: at(1000), BeforeHighWater: 10, Err: "database unavailable"}}, claim(2000, 15), false},
+		{"no pause", nil, claim(2000, 15), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := &Outcome{End: at(20000), Pauses: c.flips, Grants: []Grant{c.grant}, Windows: []string{"w0"}}
+			var kinds []string
+			for _, v := range Check(o) {
+				kinds = append(kinds, v.Kind)
+			}
+			if got := slices.Contains(kinds, "f: a run was granted while the key was paused"); got != c.violated {
+				t.Errorf("%s: reported %t, want %t (violations %v)", c.grant, got, c.violated, kinds)
+			}
+		})
+	}
+}
+
+// pausedSkipLine is an agent log's decision to skip because of a pause,
+// as the agent words it.
+func pausedSkipLine(at time.Time) string {
+	return fmt.Sprintf(`{"time":%q,"level":"INFO","msg":"decision","action":"skip","key":"chaos/j0","token":0,"reason":%q}`,
+		at.Format(time.RFC3339Nano), `skipped: window w0 of chaos/j0: paused by chaos-owner until resumed ("fault schedule, set 1"); no run of this key starts in any cluster until it is resumed (kubectl dislock resume)`)
+}
+
+// TestAPodThatSkippedBecauseOfAPauseExitsAsASkip: its app never runs and
+// its app container exits 0, so that its Job succeeds; it skips only once
+// a pause was sent; and a pod whose app container acted on an earlier
+// error, or was deleted, is not held to it.
+func TestAPodThatSkippedBecauseOfAPauseExitsAsASkip(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	errorLine := fmt.Sprintf(`{"time":%q,"level":"INFO","msg":"decision","action":"error","reason":"could not decide: database unavailable"}`, at(1200).Format(time.RFC3339Nano))
+	flips := []PauseFlip{{Sent: at(1000), Before: at(1000), BeforeHighWater: 10, Done: true, After: at(1100)}}
+	cases := []struct {
+		name  string
+		log   []string
+		pod   PodRecord
+		ran   bool // the ledger has a run of the pod
+		flips []PauseFlip
+		want  string
+	}{
+		{name: "skipped and exited 0", log: []string{pausedSkipLine(at(1500))}, pod: PodRecord{AppRan: true, AppCode: 0}},
+		{name: "skipped, yet its app ran", log: []string{pausedSkipLine(at(1500))}, pod: PodRecord{AppRan: true, AppCode: 0}, ran: true,
+			want: "f: the app ran in a pod that skipped because of a pause"},
+		{name: "skipped, yet its app container failed", log: []string{pausedSkipLine(at(1500))}, pod: PodRecord{AppRan: true, AppCode: 75},
+			want: "f: a pod that skipped because of a pause did not exit as a skip"},
+		{name: "skipped, and deleted before its container exited", log: []string{pausedSkipLine(at(1500))}, pod: PodRecord{AppRan: true, AppCode: 143, DeletedWhy: "evicted"}},
+		{name: "an error first, which its container acted on", log: []string{errorLine, pausedSkipLine(at(6500))}, pod: PodRecord{AppRan: true, AppCode: 75}},
+		{name: "skipped before the pause was sent", log: []string{pausedSkipLine(at(900))}, pod: PodRecord{AppRan: true, AppCode: 0},
+			want: "f: a pod skipped because of a pause never set"},
+		{name: "skipped with no pause at all", log: []string{pausedSkipLine(at(1500))}, pod: PodRecord{AppRan: true, AppCode: 0}, flips: []PauseFlip{},
+			want: "f: a pod skipped because of a pause never set"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			pod := c.pod
+			pod.Cluster, pod.Name, pod.Window, pod.Index, pod.Ended = "dc-a", "j0-1-a-p0", 0, -1, at(2000)
+			pod.AgentLog = filepath.Join(dir, "agent.log")
+			if err := os.WriteFile(pod.AgentLog, []byte(strings.Join(c.log, "\n")+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var ledger string
+			if c.ran {
+				ledger = fmt.Sprintf("start %d cluster=dc-a job=j0-1 pod=j0-1-a-p0 w=0 i=-1 token=11\n", at(1600).UnixNano())
+			}
+			o := &Outcome{End: at(20000), Pauses: flips, Pods: []PodRecord{pod}, Ledger: ledger, Windows: []string{"w0"}}
+			if c.flips != nil {
+				o.Pauses = c.flips
+			}
+			var kinds []string
+			for _, v := range Check(o) {
+				if strings.HasPrefix(v.Kind, "f: ") {
+					kinds = append(kinds, v.Kind)
+				}
+			}
+			if c.want == "" && len(kinds) > 0 || c.want != "" && !slices.Contains(kinds, c.want) {
+				t.Errorf("pause violations %v, want %q", kinds, c.want)
+			}
+		})
+	}
+}
+
+// TestARunGoingIsNotStoppedByAPause: a pod of the owner's Job that skips
+// because of a pause while the owner's pod still runs (its node lost)
+// completes the Job, whose controller deletes the running pod: a run
+// stopped by a pause. A skip after the owner's run succeeded stops
+// nothing.
+func TestARunGoingIsNotStoppedByAPause(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for _, c := range []struct {
+		name     string
+		code     string // the owner's stop line's
+		violated bool
+	}{
+		{"the owner's run was deleted with its Job", "143", true},
+		{"the owner's run had succeeded", "0", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			logOf := func(name string, lines ...string) string {
+				f := filepath.Join(dir, name+".agent.log")
+				if err := os.WriteFile(f, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return f
+			}
+			owner := PodRecord{Cluster: "dc-a", Job: "j0-1", Name: "j0-1-a-p0", Window: 0, Index: -1, AppRan: true, AppEnd: at(3000), AppCode: 143,
+				Ended: at(3100), DeletedWhy: "job complete",
+				AgentLog: logOf("owner", fmt.Sprintf(`{"time":%q,"msg":"decision","action":"run","token":11}`, at(500).Format(time.RFC3339Nano)))}
+			if c.code == "0" {
+				owner.AppCode, owner.DeletedWhy = 0, ""
+			}
+			replacement := PodRecord{Cluster: "dc-a", Job: "j0-1", Name: "j0-1-a-p1", Window: 0, Index: -1, Attempt: 1, AppRan: true, AppCode: 0,
+				Ended: at(2900), AgentLog: logOf("replacement", pausedSkipLine(at(2500)))}
+			ledger := fmt.Sprintf("start %d cluster=dc-a job=j0-1 pod=j0-1-a-p0 w=0 i=-1 token=11\nstop %d cluster=dc-a job=j0-1 pod=j0-1-a-p0 w=0 i=-1 token=11 code=%s\n",
+				at(600).UnixNano(), at(3000).UnixNano(), c.code)
+			o := &Outcome{End: at(20000), Windows: []string{"w0"}, Ledger: ledger, Pods: []PodRecord{owner, replacement},
+				Pauses: []PauseFlip{{Sent: at(2000), Before: at(2000), BeforeHighWater: 11, Done: true, After: at(2100)}},
+				Jobs:   []JobRecord{{Cluster: "dc-a", Name: "j0-1", Window: 0, Index: -1, Result: "succeeded", Pods: 2}}}
+			var kinds []string
+			for _, v := range Check(o) {
+				kinds = append(kinds, v.Kind)
+			}
+			if got := slices.Contains(kinds, "f: a run was stopped by a pause"); got != c.violated {
+				t.Errorf("reported %t, want %t (violations %v)", got, c.violated, kinds)
+			}
+		})
+	}
+}
+
+// TestAWindowAPauseKeptFromRunningIsNotLost: with standby, a window none
+// of whose clean clusters ran is lost, unless a pod of it skipped because
+// of a pause.
+func TestAWindowAPauseKeptFromRunningIsNotLost(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for _, paused := range []bool{true, false} {
+		t.Run(fmt.Sprintf("paused %t", paused), func(t *testing.T) {
+			line := fmt.Sprintf(`{"time":%q,"msg":"decision","action":"skip","reason":"window w0 already claimed by cluster dc-b"}`, at(500).Format(time.RFC3339Nano))
+			if paused {
+				line = pausedSkipLine(at(500))
+			}
+			log := filepath.Join(t.TempDir(), "agent.log")
+			if err := os.WriteFile(log, []byte(line+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			o := &Outcome{Plan: Plan{Mode: "schedule", Standby: true, Clusters: 1, Windows: 1, Completions: 1, PlainCluster: -1}, End: at(20000),
+				Windows: []string{"w0"}, WindowStates: map[string]string{},
+				Pods: []PodRecord{{Cluster: "dc-a", Job: "j0-1", Name: "j0-1-a-p0", Window: 0, Index: -1, AppRan: true, AppCode: 0,
+					Created: at(0), Ended: at(1000), AgentLog: log}},
+				Pauses: []PauseFlip{{Sent: at(200), Before: at(200), BeforeHighWater: 3, Done: true, After: at(300)}}}
+			lost := slices.ContainsFunc(Check(o), func(v Violation) bool { return v.Kind == "b: window lost although a cluster was healthy" })
+			if lost == paused {
+				t.Errorf("window reported lost: %t, want %t", lost, !paused)
+			}
+		})
+	}
+}

@@ -44,9 +44,17 @@
 // them; and, in about a third, a preferred cluster (dislock.io/prefer-cluster,
 // a grace of 1–2 s), cut off from the database just before one of its
 // windows' Jobs in half of those, so that the others take the window once
-// the grace has passed. After
+// the grace has passed; and, in about a quarter, the owner pausing the
+// schedule's key everywhere (lockagent/store/pause) as one of its windows'
+// Jobs are created, at a herd's window in half of those that fire one, so
+// that the pause lands while pods decide, and resuming it or letting it run
+// out a moment later, sometimes pausing it again while it holds. After
 // each schedule Check holds the ledger, the event log and the database rows
-// to the invariants (see Check for exactly what is checked).
+// to the invariants (see Check for exactly what is checked). A row keeps
+// only its last grant, so the test logs every grant of the schedules' keys
+// (triggers on dislock.windows and dislock.leases writing to a schema of
+// the harness's, chaos_audit): a grant made while a key was paused is
+// found even when the window was taken over since.
 //
 // Reproducibility: a schedule's plan — mode, standby, preferred cluster, clusters, windows,
 // jitter, every fault's kind, time, target and length, every app's sleep and

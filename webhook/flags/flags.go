@@ -29,7 +29,9 @@ import (
 type Settings struct {
 	Config      webhook.Config
 	Port        int
-	Host        string
+	// PluginAPIPort serves kubectl dislock (0: not served).
+	PluginAPIPort int
+	Host          string
 	MetricsAddr string
 	ProbeAddr   string
 	Kubeconfig  string
@@ -81,6 +83,7 @@ func Parse(args []string, out io.Writer) (*Settings, error) {
 	fs.BoolVar(&cfg.AlertingCandidate, "alerting-candidate", false, "let this cluster raise the alerts on the database's metrics for every cluster (the alerting cluster, docs/operations.md): set it where Prometheus evaluates dislock's rules (with --database-url)")
 	fs.DurationVar(&cfg.LedgerInterval, "ledger-interval", maintenance.DefaultLedgerInterval, "compute the ledger's metrics (missed windows, decisions, run durations) this often on the elected leader (with --database-url)")
 	fs.IntVar(&s.Port, "port", 9443, "webhook HTTPS port")
+	fs.IntVar(&s.PluginAPIPort, "plugin-api-port", 0, "HTTPS port serving kubectl dislock through the API server's service proxy, with the callers' own RBAC (with --database-url; 0: not served)")
 	fs.StringVar(&s.Host, "host", "", "address the webhook's HTTPS server listens on (default: every address; on the host's network the chart gives the pod's IP)")
 	fs.StringVar(&cfg.Certs.CertDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory with tls.crt and tls.key (reloaded on change)")
 	fs.BoolVar(&cfg.Certs.SelfSigned, "self-signed-certs", false, "generate and rotate the serving certificate in process and keep the webhook configurations' caBundle current")
