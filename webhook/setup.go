@@ -22,12 +22,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook/controller"
 	"github.com/dislock/dislock/webhook/controller/outcome"
 	"github.com/dislock/dislock/webhook/controller/secretcopy"
 	"github.com/dislock/dislock/webhook/controller/tenants"
 	"github.com/dislock/dislock/webhook/inject"
-	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/webhook/maintenance"
 	"github.com/dislock/dislock/webhook/pluginapi"
 	"github.com/dislock/dislock/webhook/registry"

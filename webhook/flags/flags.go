@@ -27,16 +27,16 @@ import (
 // Settings is what the flags set: the webhook's Config and the manager's
 // own settings. Check completes Config from the flags it reads as text.
 type Settings struct {
-	Config      webhook.Config
-	Port        int
+	Config webhook.Config
+	Port   int
 	// PluginAPIPort serves kubectl dislock (0: not served).
 	PluginAPIPort int
 	Host          string
-	MetricsAddr string
-	ProbeAddr   string
-	Kubeconfig  string
-	LeaderElect bool
-	Zap         zap.Options
+	MetricsAddr   string
+	ProbeAddr     string
+	Kubeconfig    string
+	LeaderElect   bool
+	Zap           zap.Options
 
 	agentCPU, agentCPULimit   string
 	agentMem, agentMemRequest string
