@@ -431,7 +431,7 @@ var decisionCalls = []struct {
 	calls benchscale.DecisionStatements
 }{
 	{"schema-10-row-level-security", benchscale.DecisionStatements{
-		Claim:  strings.Replace(store.ClaimWindowSQL, "dislock.claim_window(", "dislock.claim_window_unchecked(", 1),
+		Claim:  strings.Replace(store.ClaimWindowSchema15SQL, "dislock.claim_window(", "dislock.claim_window_unchecked(", 1),
 		Record: strings.Replace(store.RecordDecisionSQL, "dislock.record_decision(", "dislock.record_decision_unchecked(", 1)}},
 	{"checked", benchscale.AgentDecision},
 }

@@ -100,6 +100,18 @@ func undefinedFunction(err error, function string) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedFunction && strings.Contains(pgErr.Message, function)
 }
 
+// sqlstateUndefinedColumn: a column the statement reads does not exist.
+const sqlstateUndefinedColumn = "42703"
+
+// beforePauses reports whether err says the database knows no pause: its
+// claim_window has no pause column, or it has no pause_of (schemas before
+// 16).
+func beforePauses(err error) bool {
+	var pgErr *pgconn.PgError
+	return undefinedFunction(err, "dislock.pause_of(") ||
+		errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedColumn && strings.Contains(pgErr.Message, "paused_by")
+}
+
 // sqlstateTokensHeld and sqlstateTokensExhausted are raised by
 // dislock.next_token() (migration 9).
 const (

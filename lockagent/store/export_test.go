@@ -6,3 +6,7 @@ package store
 const GetWindowTakeableSQL = `SELECT ` + windowColumns + `, now(), dislock.window_takeable(w, $4::text, $5::text, $6::boolean)
 FROM dislock.windows w
 WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3::int`
+
+// ClaimWindowSchema15SQL is the claim without the pause columns, as it runs
+// on schemas before 16: the statement of the schema-10 baselines.
+var ClaimWindowSchema15SQL = qClaimWindowSchema15

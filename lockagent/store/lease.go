@@ -45,8 +45,16 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 	for attempt := 0; attempt < 3; attempt++ {
 		var g LeaseGrant
 		var inserted bool
-		err := s.writeRow(ctx, func(row pgx.Row) error { return scanLease(row, &g.Lease, &inserted, &g.DBTime) },
-			qAcquireLease, key, owner.LeaseOwner(), db.Micros(ttl), PauseKey(key))
+		scan := func(row pgx.Row) error { return scanLease(row, &g.Lease, &inserted, &g.DBTime) }
+		var err error
+		if !s.noPauses.Load() {
+			err = s.writeRow(ctx, scan, qAcquireLease, key, owner.LeaseOwner(), db.Micros(ttl), PauseKey(key))
+		}
+		if s.noPauses.Load() || beforePauses(err) {
+			// A database not migrated to schema 16 yet: no pause to hear of.
+			s.noPauses.Store(true)
+			err = s.writeRow(ctx, scan, qAcquireLeaseSchema15, key, owner.LeaseOwner(), db.Micros(ttl))
+		}
 		switch {
 		case err == nil:
 			g.Reentered = !inserted && !g.Lease.AcquiredAt.Equal(g.DBTime)
@@ -60,10 +68,14 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 		var acquired, expires *time.Time
 		var problems []string
 		var pause pauseColumns
-		err = s.h.Pool.QueryRow(ctx, qLeaseRefusal, key, PauseKey(key)).Scan(&holderKey, &holderOwner, &holderToken,
+		refusal, args, dest := qLeaseRefusal, []any{key, PauseKey(key)}, []any{&pause.by, &pause.reason, &pause.until}
+		if s.noPauses.Load() {
+			refusal, args, dest = qLeaseRefusalSchema15, args[:1], nil
+		}
+		err = s.h.Pool.QueryRow(ctx, refusal, args...).Scan(append([]any{&holderKey, &holderOwner, &holderToken,
 			&db.FiniteTime{Column: "acquired_at", Nullable: &acquired, Problems: &problems},
 			&db.FiniteTime{Column: "expire_at", Nullable: &expires, Problems: &problems},
-			&g.DBTime, &pause.by, &pause.reason, &pause.until)
+			&g.DBTime}, dest...)...)
 		switch {
 		case err != nil:
 			return LeaseGrant{}, s.classify("reading holder of lease "+key, err)

@@ -47,12 +47,20 @@ const commitGuard = `,
 //
 // The call comes first in the text, so that pg_stat_activity's cut of a
 // long statement still names it.
-var qClaimWindow = `
+var qClaimWindow = claimWindowQuery(", c.paused_by, c.pause_reason, c.paused_until")
+
+// qClaimWindowSchema15 is qClaimWindow on a database not migrated to schema
+// 16 yet, whose claim_window knows no pause (see Store.noPauses).
+var qClaimWindowSchema15 = claimWindowQuery("")
+
+func claimWindowQuery(pauseColumns string) string {
+	return `
 WITH c AS (SELECT * FROM dislock.claim_window($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
     $7::bigint, $8::text, $9::boolean, $10::jsonb, $11::bigint, $12::bigint, $13::bigint))
 SELECT ` + qualified("(c.w).", windowColumns) + `, c.outcome, c.db_now,
-    c.other_clusters, c.other_views, c.other_seen, c.paused_by, c.pause_reason, c.paused_until` + commitGuard + `
+    c.other_clusters, c.other_views, c.other_seen` + pauseColumns + commitGuard + `
 FROM c`
+}
 
 // qualified prefixes each of a comma-separated list of columns.
 func qualified(prefix, columns string) string {
@@ -152,6 +160,22 @@ WHERE (l.expire_at <= now() OR l.owner = EXCLUDED.owner)
   AND (NOT EXISTS (SELECT FROM p) OR (l.owner = EXCLUDED.owner AND l.expire_at > now()))
 RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
 
+// qAcquireLeaseSchema15 is qAcquireLease ($1..$3) on a database not migrated
+// to schema 16 yet, which knows no pause (see Store.noPauses).
+const qAcquireLeaseSchema15 = `
+INSERT INTO dislock.leases AS l (lock_key, owner, token, acquired_at, expire_at)
+VALUES ($1::text, $2::text, dislock.next_token(), now(), now() + $3::bigint * interval '1 microsecond')
+ON CONFLICT (lock_key) DO UPDATE SET
+    token       = CASE WHEN l.owner = EXCLUDED.owner AND l.expire_at > now()
+                       THEN l.token ELSE dislock.next_token() END,
+    acquired_at = CASE WHEN l.owner = EXCLUDED.owner AND l.expire_at > now()
+                       THEN l.acquired_at ELSE EXCLUDED.acquired_at END,
+    owner       = EXCLUDED.owner,
+    expire_at   = EXCLUDED.expire_at
+WHERE l.expire_at <= now() OR l.owner = EXCLUDED.owner
+RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
+
+
 // qLeaseRefusal says why qAcquireLease returned no row: lease $1's holder
 // (NULL columns when there is none) and key $2's pause, if any.
 var qLeaseRefusal = `
@@ -159,6 +183,12 @@ SELECT ` + qualified("l.", leaseColumns) + `, now(), p.paused_by, p.reason, p.un
 FROM (SELECT) one
 LEFT JOIN dislock.leases l ON l.lock_key = $1::text
 LEFT JOIN dislock.pause_of($2::text) p ON true`
+
+// qLeaseRefusalSchema15 is qLeaseRefusal ($1) before schema 16.
+var qLeaseRefusalSchema15 = `
+SELECT ` + qualified("l.", leaseColumns) + `, now()
+FROM (SELECT) one
+LEFT JOIN dislock.leases l ON l.lock_key = $1::text`
 
 const leaseColumns = `lock_key, owner, token, acquired_at, expire_at`
 

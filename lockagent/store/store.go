@@ -47,6 +47,10 @@ type Store struct {
 	// migrated yet); Renew uses schema 10's renewals from then on (see
 	// Store.Renew).
 	schema10Renewals atomic.Bool
+	// noPauses: the database was not migrated to schema 16, and knows no
+	// pause; claims and leases use schema 15's statements from then on (see
+	// Store.ClaimWindow).
+	noPauses atomic.Bool
 }
 
 // ParseDatabaseURL turns a libpq connection string (URL or key=value) into a

@@ -148,10 +148,22 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 	var clusters, views []string
 	var seen []time.Time
 	var pause pauseColumns
-	err := s.writeRowActing(ctx, func(row pgx.Row) error {
-		return scanWindow(row, &c.Window, &outcome, &c.DBTime, &clusters, &views, &seen, &pause.by, &pause.reason, &pause.until)
-	}, func() bool { return claims(outcome) }, qClaimWindow, r.Key, start, r.Index, r.Owner.String(), r.Owner.Cluster, r.Owner.Pod, db.Micros(r.TTL),
-		r.Owner.JobPrefix(), r.Standby, view, db.Micros(DefaultViewRecency), db.Micros(ViewRefresh), maxLate)
+	args := []any{r.Key, start, r.Index, r.Owner.String(), r.Owner.Cluster, r.Owner.Pod, db.Micros(r.TTL),
+		r.Owner.JobPrefix(), r.Standby, view, db.Micros(DefaultViewRecency), db.Micros(ViewRefresh), maxLate}
+	claim := func(query string, dest ...any) error {
+		return s.writeRowActing(ctx, func(row pgx.Row) error {
+			return scanWindow(row, &c.Window, append([]any{&outcome, &c.DBTime, &clusters, &views, &seen}, dest...)...)
+		}, func() bool { return claims(outcome) }, query, args...)
+	}
+	var err error
+	if !s.noPauses.Load() {
+		err = claim(qClaimWindow, &pause.by, &pause.reason, &pause.until)
+	}
+	if s.noPauses.Load() || beforePauses(err) {
+		// A database not migrated to schema 16 yet: no pause to hear of.
+		s.noPauses.Store(true)
+		err = claim(qClaimWindowSchema15)
+	}
 	if err != nil {
 		return Claim{}, s.classify(fmt.Sprintf("claiming window %s of %s", formatWindow(start), r.Key), err)
 	}

@@ -316,7 +316,13 @@ func TestNoRunIsGrantedWhileTheKeyIsPaused(t *testing.T) {
 		// A Resume whose bracket was never read ends the span at an
 		// unknown time: nothing after the Set is proven paused.
 		{"a resume whose bracket is unknown", []PauseFlip{resumed[0], {Resume: true, Sent: at(5000), Done: true}}, claim(2000, 15), false},
-		{"a pause whose Set failed", []PauseFlip{{Sent: at(1000), Before: at(1000), BeforeHighWater: 10, Err: "database unavailable"}}, claim(2000, 15), false},
+		// A failed try of the Set may commit later, ending the pause at
+		// its own start + For, no earlier than 1000 + 1900.
+		{"a claim while a pause for a while held, one of its tries failed", []PauseFlip{{For: 1900 * time.Millisecond, Sent: at(1000), Before: at(1000),
+			BeforeHighWater: 10, Done: true, FailedTries: 1, After: at(1300), Until: ptr(at(3200))}}, claim(2800, 15), true},
+		{"a claim after a failed try of the pause could have ended it", []PauseFlip{{For: 1900 * time.Millisecond, Sent: at(1000), Before: at(1000),
+			BeforeHighWater: 10, Done: true, FailedTries: 1, After: at(1300), Until: ptr(at(3200))}}, claim(3000, 15), false},
+		{"a pause whose Set failed", []PauseFlip{{Sent: at(1000), Before: at(1000), BeforeHighWater: 10, FailedTries: 3, Err: "database unavailable"}}, claim(2000, 15), false},
 		{"no pause", nil, claim(2000, 15), false},
 	}
 	for _, c := range cases {

@@ -52,9 +52,11 @@ type PauseFlip struct {
 	Before          time.Time
 	BeforeHighWater int64
 	// Done: a try returned without error. Err is the last try's error
-	// otherwise.
-	Done bool
-	Err  string
+	// otherwise. FailedTries counts the tries that returned an error: each
+	// may have committed, even long after.
+	Done        bool
+	Err         string
+	FailedTries int
 	// After (Set only) is the database time read in a new statement once
 	// Set returned (zero: never read); Until is the pause's until as Set
 	// returned it (nil: until resumed).
@@ -73,9 +75,12 @@ func (f PauseFlip) String() string {
 		}
 	}
 	fmt.Fprintf(&b, " sent %s, before it: database time %s, token high water %d", f.Sent.Format("15:04:05.000"), dbTime(f.Before), f.BeforeHighWater)
+	if f.FailedTries > 0 {
+		fmt.Fprintf(&b, "; %d tries failed, the last: %s", f.FailedTries, f.Err)
+	}
 	switch {
 	case !f.Done:
-		fmt.Fprintf(&b, "; failed: %s", f.Err)
+		b.WriteString("; not done")
 	case !f.Resume:
 		fmt.Fprintf(&b, "; after it returned: database time %s", dbTime(f.After))
 		if f.Until != nil {
@@ -133,14 +138,28 @@ func (s PausedSpan) String() string {
 // returned and was followed by a read of the database time. A span ends at
 // the next flip whatever it was (a Set again may shorten the pause); a
 // flip whose Before was never read ends no span soundly, so the span
-// before it is left out.
+// before it is left out. A try of a Set for a while that failed may have
+// committed, at any later time, an until as early as its flip's Before +
+// For: the spans from its flip on end there.
 func PausedSpans(flips []PauseFlip) []PausedSpan {
 	var spans []PausedSpan
+spans:
 	for i, f := range flips {
 		if f.Resume || !f.Done || f.After.IsZero() {
 			continue
 		}
 		s := PausedSpan{From: f.After, Until: f.Until}
+		for _, g := range flips[:i+1] {
+			if g.Resume || g.For <= 0 || g.FailedTries == 0 {
+				continue
+			}
+			if g.Before.IsZero() {
+				continue spans
+			}
+			if end := g.Before.Add(g.For); s.Until == nil || end.Before(*s.Until) {
+				s.Until = &end
+			}
+		}
 		if i+1 < len(flips) {
 			next := flips[i+1]
 			if next.Before.IsZero() {
@@ -345,8 +364,7 @@ const flipTries = 20 * time.Second
 func (r *run) flip(ctx context.Context, st *store.Store, o *ownerConn, q flipRequest) {
 	f := PauseFlip{Resume: q.resume, For: q.req.For}
 	q.req.Key = r.key
-	limit := time.Now().Add(flipTries)
-	for time.Now().Before(limit) {
+	for limit := time.Now().Add(flipTries); time.Now().Before(limit) && ctx.Err() == nil; {
 		var err error
 		if f.Before, f.BeforeHighWater, err = o.read(ctx); err == nil {
 			break
@@ -355,7 +373,7 @@ func (r *run) flip(ctx context.Context, st *store.Store, o *ownerConn, q flipReq
 		time.Sleep(100 * time.Millisecond)
 	}
 	f.Sent = time.Now()
-	for time.Now().Before(limit) && ctx.Err() == nil {
+	for limit := time.Now().Add(flipTries); time.Now().Before(limit) && ctx.Err() == nil; {
 		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		var err error
 		if q.resume {
@@ -372,10 +390,11 @@ func (r *run) flip(ctx context.Context, st *store.Store, o *ownerConn, q flipReq
 			break
 		}
 		f.Err = err.Error()
+		f.FailedTries++
 		time.Sleep(100 * time.Millisecond)
 	}
 	if f.Done && !q.resume {
-		for time.Now().Before(limit.Add(flipTries)) {
+		for limit := time.Now().Add(flipTries); time.Now().Before(limit) && ctx.Err() == nil; {
 			var err error
 			if f.After, _, err = o.read(ctx); err == nil {
 				break
