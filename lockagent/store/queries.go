@@ -175,7 +175,6 @@ ON CONFLICT (lock_key) DO UPDATE SET
 WHERE l.expire_at <= now() OR l.owner = EXCLUDED.owner
 RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
 
-
 // qLeaseRefusal says why qAcquireLease returned no row: lease $1's holder
 // (NULL columns when there is none) and key $2's pause, if any.
 var qLeaseRefusal = `
