@@ -62,7 +62,13 @@ func releaseValues(dc *DC, databaseURL string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The plugin's port, which releases before it do not have.
+	plugin, err := harness.StablePorts(1)
+	if err != nil {
+		return nil, err
+	}
 	return append(append(values,
+		"--set", "kubectlPlugin.port="+strconv.Itoa(plugin[0]),
 		"--set", "webhook.hostNetwork=true",
 		"--set-json", "webhook.extraEnv="+env,
 		// A test serves images from an in-process registry on loopback,
