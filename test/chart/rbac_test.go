@@ -23,7 +23,7 @@ func (p permission) String() string {
 
 // install is what decides the webhook's permissions.
 type install struct {
-	selfSigned, copier, leaderElection bool
+	selfSigned, copier, leaderElection, plugin bool
 	// Names the chart gives the objects the webhook touches by name.
 	dbSecret, certSecret, configurations string
 }
@@ -41,6 +41,7 @@ func always(install) bool           { return true }
 func selfSigned(i install) bool     { return i.selfSigned }
 func copier(i install) bool         { return i.copier }
 func leaderElection(i install) bool { return i.leaderElection }
+func plugin(i install) bool         { return i.plugin }
 
 // objectName resolves n.name for an install.
 func (n need) objectName(i install) string {
@@ -92,6 +93,10 @@ var needs = []need{
 		"the rotator's cache of its namespace's Secrets"},
 	{"secrets", "cert", []string{"update"}, true, selfSigned,
 		"the rotator stores the CA and the serving certificate in its Secret"},
+	{"tokenreviews.authentication.k8s.io", "", []string{"create"}, false, plugin,
+		"pluginapi.Handler asks who sent a kubectl dislock request (TokenReview)"},
+	{"subjectaccessreviews.authorization.k8s.io", "", []string{"create"}, false, plugin,
+		"pluginapi.Handler asks whether the caller may get, list or patch the CronJobs (SubjectAccessReview)"},
 	{"configmaps", "", []string{"create"}, true, always,
 		"tokenKeeper creates the token record (tokenrecord.Raise) when there is none"},
 	{"configmaps", "record", []string{"get", "update"}, true, always,
@@ -131,12 +136,13 @@ func TestTheServiceAccountMayDoWhatTheCodeNeedsAndNothingMore(t *testing.T) {
 		vals          map[string]any
 		install       install
 	}{
-		{"own certificates, Secret copies, leader election (the defaults)", "rbac-defaults", base(),
-			install{selfSigned: true, copier: true, leaderElection: true}},
+		{"own certificates, Secret copies, leader election, kubectl dislock (the defaults)", "rbac-defaults", base(),
+			install{selfSigned: true, copier: true, leaderElection: true, plugin: true}},
 		{"cert-manager", "rbac-certmanager", base("certManager.enabled", true),
-			install{copier: true, leaderElection: true}},
-		{"cert-manager, no Secret copies, no leader election", "rbac-minimal",
-			base("certManager.enabled", true, "database.copyToNamespaces", false, "webhook.leaderElection.enabled", false), install{}},
+			install{copier: true, leaderElection: true, plugin: true}},
+		{"cert-manager, no Secret copies, no leader election, no kubectl dislock", "rbac-minimal",
+			base("certManager.enabled", true, "database.copyToNamespaces", false, "webhook.leaderElection.enabled", false,
+				"kubectlPlugin.enabled", false), install{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := tc.release
@@ -160,6 +166,48 @@ func TestTheServiceAccountMayDoWhatTheCodeNeedsAndNothingMore(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// kubectl dislock comes through the API server's service proxy: the chart
+// lets every authenticated user reach the plugin's port of the webhook's
+// Service that way, and no other port (the admission port answers reviews
+// for anyone who reaches it), and what they see there is what their own
+// RBAC on CronJobs allows (test/integration, test/e2e).
+func TestTheChartOpensOnlyThePluginPortToAuthenticatedUsersThroughTheProxy(t *testing.T) {
+	c := kube.Need(t)
+	const ns = "rbac-plugin"
+	kubectl(t, c, nil, "create", "namespace", ns)
+	m := helmTemplate(t, ns, ns, base())
+	rbac := m.only("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+	kubectl(t, c, rbac.yaml(t), "apply", "--server-side", "-f", "-")
+	t.Cleanup(func() { kubectl(t, c, rbac.yaml(t), "delete", "-f", "-") })
+	svc := ns + "-dislock-webhook"
+	anyone := "system:serviceaccount:default:anyone"
+	for _, tc := range []struct {
+		verb, name string
+		want       string
+	}{
+		{"get", "https:" + svc + ":plugin-api", "yes"},
+		{"create", "https:" + svc + ":plugin-api", "yes"},
+		{"delete", "https:" + svc + ":plugin-api", "no"},
+		{"get", "https:" + svc + ":webhook", "no"},
+		{"create", "https:" + svc + ":webhook", "no"},
+		{"get", "https:" + svc + ":metrics", "no"},
+		{"get", svc, "no"},
+	} {
+		out, _ := run(nil, tool(t, "kubectl"), "--kubeconfig", c.Kubeconfig(), "auth", "can-i", tc.verb, "services/"+tc.name,
+			"--subresource=proxy", "--namespace", ns, "--as", anyone)
+		if got := strings.TrimSpace(string(out)); got != tc.want {
+			t.Errorf("may an authenticated user %s services/%s/proxy in %s? %q, want %q", tc.verb, tc.name, ns, got, tc.want)
+		}
+	}
+	// Turned off, nothing is opened.
+	off := helmTemplate(t, ns, ns, base("kubectlPlugin.enabled", false))
+	for _, o := range off.only("Role", "RoleBinding") {
+		if strings.HasSuffix(o.GetName(), "-kubectl-plugin") {
+			t.Errorf("kubectlPlugin.enabled=false still renders %s %s", o.GetKind(), o.GetName())
+		}
 	}
 }
 
