@@ -964,7 +964,9 @@ func (o *Outcome) runsStoppedByAPause(runs []Run) []Violation {
 				continue
 			}
 			for _, r := range runs {
-				if r.Cluster == pr.Cluster && r.Pod == pr.Name && !r.Success() && r.Start.Before(completer.Ended) {
+				// Going when the Job completed: its app's end, SIGTERMed
+				// on the deletion, is no earlier.
+				if r.Cluster == pr.Cluster && r.Pod == pr.Name && !r.Success() && r.Start.Before(completer.Ended) && !r.End.Before(completer.Ended) {
 					vs = append(vs, Violation{Kind: "f: a run was stopped by a pause",
 						Pods: []string{completer.Cluster + "/" + completer.Name, pr.Cluster + "/" + pr.Name},
 						Text: fmt.Sprintf("pod %s of Job %s decided %q at %s and exited 0 at %s, completing its Job, whose controller deleted pod %s while its run went on:\n  %s",

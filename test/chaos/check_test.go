@@ -418,10 +418,13 @@ func TestARunGoingIsNotStoppedByAPause(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		code     string // the owner's stop line's
+		end      int    // and its time, in ms
 		violated bool
 	}{
-		{"the owner's run was deleted with its Job", "143", true},
-		{"the owner's run had succeeded", "0", false},
+		{"the owner's run was deleted with its Job", "143", 3000, true},
+		{"the owner's run had succeeded", "0", 3000, false},
+		// Its sidecar paused, its safety deadline ended it.
+		{"the owner's run had been stopped before", "143", 1800, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -432,7 +435,7 @@ func TestARunGoingIsNotStoppedByAPause(t *testing.T) {
 				}
 				return f
 			}
-			owner := PodRecord{Cluster: "dc-a", Job: "j0-1", Name: "j0-1-a-p0", Window: 0, Index: -1, AppRan: true, AppEnd: at(3000), AppCode: 143,
+			owner := PodRecord{Cluster: "dc-a", Job: "j0-1", Name: "j0-1-a-p0", Window: 0, Index: -1, AppRan: true, AppEnd: at(c.end), AppCode: 143,
 				Ended: at(3100), DeletedWhy: "job complete",
 				AgentLog: logOf("owner", fmt.Sprintf(`{"time":%q,"msg":"decision","action":"run","token":11}`, at(500).Format(time.RFC3339Nano)))}
 			if c.code == "0" {
@@ -441,7 +444,7 @@ func TestARunGoingIsNotStoppedByAPause(t *testing.T) {
 			replacement := PodRecord{Cluster: "dc-a", Job: "j0-1", Name: "j0-1-a-p1", Window: 0, Index: -1, Attempt: 1, AppRan: true, AppCode: 0,
 				Ended: at(2900), AgentLog: logOf("replacement", pausedSkipLine(at(2500)))}
 			ledger := fmt.Sprintf("start %d cluster=dc-a job=j0-1 pod=j0-1-a-p0 w=0 i=-1 token=11\nstop %d cluster=dc-a job=j0-1 pod=j0-1-a-p0 w=0 i=-1 token=11 code=%s\n",
-				at(600).UnixNano(), at(3000).UnixNano(), c.code)
+				at(600).UnixNano(), at(c.end).UnixNano(), c.code)
 			o := &Outcome{End: at(20000), Windows: []string{"w0"}, Ledger: ledger, Pods: []PodRecord{owner, replacement},
 				Pauses: []PauseFlip{{Sent: at(2000), Before: at(2000), BeforeHighWater: 11, Done: true, After: at(2100)}},
 				Jobs:   []JobRecord{{Cluster: "dc-a", Name: "j0-1", Window: 0, Index: -1, Result: "succeeded", Pods: 2}}}

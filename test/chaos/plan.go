@@ -400,9 +400,10 @@ func Draw(seed uint64, s Settings) Plan {
 	return p
 }
 
-// drawPause draws p's PauseKey: from 300 ms before its window's first Job
-// to 1.5 s after it (the pods start, wait for their preferred cluster or
-// queue behind a herd, and claim), for 200 ms to two periods; a third of
+// drawPause draws p's PauseKey: in two thirds of the plans from 600 ms
+// before its window's first Job to 300 ms after it, as the pods start and
+// claim (or queue behind a herd), else up to 1.5 s after it, as retries,
+// replacements and standbys claim; for 200 ms to two periods. A third of
 // the pauses end by themselves, and a third are set again while they hold.
 func drawPause(r *rand.Rand, p Plan) Fault {
 	f := Fault{Kind: PauseKey, Cluster: -1, Window: r.IntN(p.Windows), Variant: PauseResumed}
@@ -413,7 +414,11 @@ func drawPause(r *rand.Rand, p Plan) Fault {
 	for c := range p.Clusters {
 		first = min(first, p.JobAt(c, f.Window))
 	}
-	f.At = max(0, first+between(r, -300*time.Millisecond, 1500*time.Millisecond))
+	from, to := -600*time.Millisecond, 300*time.Millisecond
+	if r.IntN(3) == 0 {
+		from, to = to, 1500*time.Millisecond
+	}
+	f.At = max(0, first+between(r, from, to))
 	f.For = between(r, 200*time.Millisecond, 2*p.Period)
 	if r.IntN(3) == 0 {
 		f.Variant = PauseFor

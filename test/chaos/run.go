@@ -472,7 +472,24 @@ func (w *World) Run(plan Plan, index int, slot *Slot, dir string) (*Outcome, err
 			r.event(Event{Kind: "error", Cluster: cl.name, Detail: "restoring the bouncer: " + err.Error()})
 		}
 	}
+	w.awaitPostgresRestart(time.Minute)
 	return r.outcome(quiet, overran), nil
+}
+
+// awaitPostgresRestart waits, for at most limit, until no PostgreSQL
+// restart is under way. Another schedule's restart is in the outages only
+// once it is over (every bouncer serving again, which a bouncer another
+// cut holds paused may take the probe's whole limit): a schedule whose
+// outcome were read before would miss an outage that hit its pods.
+func (w *World) awaitPostgresRestart(limit time.Duration) {
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		w.pgEventsMu.Lock()
+		busy := w.pgBusy
+		w.pgEventsMu.Unlock()
+		if !busy {
+			return
+		}
+	}
 }
 
 func (r *run) jobCount() int {
