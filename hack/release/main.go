@@ -4,7 +4,9 @@
 //
 //	images/<image>/            an OCI image layout per image, one index of linux/amd64 and linux/arm64
 //	cli/dislock-<os>-<arch>    the static CLI for linux and darwin, amd64 and arm64
+//	cli/kubectl-dislock-<os>-<arch>.tar.gz  the same CLI as kubectl-dislock, for krew
 //	cli/SHA256SUMS             their checksums
+//	krew/dislock.yaml          the krew plugin manifest naming those archives at -download-url
 //	charts/dislock-<v>.tgz     the chart, version and appVersion <v>, and the repository's index.yaml
 //	sbom/<artefact>.cdx.json   a CycloneDX SBOM per binary, in an image or not (cyclonedx-gomod)
 //	*.sig                      a cosign signature beside every file; the images are signed in a
@@ -61,6 +63,7 @@ type config struct {
 	cyclonedx       string
 	key             string // cosign private key; "" generates one
 	repoURL         string
+	downloadURL     string
 }
 
 func main() {
@@ -76,6 +79,7 @@ func main() {
 	fs.StringVar(&c.cyclonedx, "cyclonedx-gomod", "bin/cyclonedx-gomod", "cyclonedx-gomod binary")
 	fs.StringVar(&c.key, "key", "", "cosign private key (COSIGN_PASSWORD holds its password); empty: a key pair generated for this run")
 	fs.StringVar(&c.repoURL, "chart-repo-url", "https://dislock.github.io/dislock/charts", "the URL the chart repository's index.yaml names")
+	fs.StringVar(&c.downloadURL, "download-url", "", "where the forge's release serves the CLI's files, which the krew manifest names (default: https://github.com/dislock/dislock/releases/download/v<version>)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
@@ -97,7 +101,10 @@ func run(ctx context.Context, c config) error {
 	if err := os.RemoveAll(c.out); err != nil {
 		return err
 	}
-	for _, d := range []string{"images", "cli", "charts", "sbom"} {
+	if c.downloadURL == "" {
+		c.downloadURL = "https://github.com/dislock/dislock/releases/download/v" + c.version
+	}
+	for _, d := range []string{"images", "cli", "charts", "sbom", "krew"} {
 		if err := os.MkdirAll(filepath.Join(c.out, d), 0o755); err != nil {
 			return err
 		}
@@ -192,6 +199,7 @@ func buildImages(ctx context.Context, c config) ([]builtImage, error) {
 // and SHA256SUMS.
 func buildCLI(ctx context.Context, c config) error {
 	var sums []string
+	var archives []krewArchive
 	for _, goos := range cliOSes {
 		for _, arch := range imageArchs {
 			b := image.Build{Version: c.version, Commit: c.commit, OS: goos, Arch: arch}.WithDefaults()
@@ -208,7 +216,16 @@ func buildCLI(ctx context.Context, c config) error {
 			if err := sbom(ctx, c, path, filepath.Join(c.out, "sbom", file+".cdx.json")); err != nil {
 				return err
 			}
+			a, err := writeKrewArchive(filepath.Join(c.out, "cli"), goos, arch, path, "LICENSE")
+			if err != nil {
+				return err
+			}
+			sums = append(sums, a.sha256+"  "+a.file)
+			archives = append(archives, a)
 		}
+	}
+	if err := os.WriteFile(filepath.Join(c.out, "krew", "dislock.yaml"), []byte(krewManifest(c.version, c.downloadURL, archives)), 0o644); err != nil {
+		return err
 	}
 	return os.WriteFile(filepath.Join(c.out, "cli", "SHA256SUMS"), []byte(strings.Join(sums, "\n")+"\n"), 0o644)
 }
@@ -265,7 +282,7 @@ func signingKey(ctx context.Context, c config) (key, pub string, err error) {
 // (signed in a registry) and the build directory.
 func artefactFiles(out string) ([]string, error) {
 	var files []string
-	for _, d := range []string{"cli", "charts", "sbom"} {
+	for _, d := range []string{"cli", "charts", "sbom", "krew"} {
 		entries, err := os.ReadDir(filepath.Join(out, d))
 		if err != nil {
 			return nil, err
@@ -296,6 +313,10 @@ func verify(ctx context.Context, c config, pub, host string, images []builtImage
 		path := filepath.Join(c.out, "cli", file)
 		if got, err := sha256File(path); err != nil || got != want {
 			errs = append(errs, fmt.Errorf("%s: sha256 %s, SHA256SUMS says %s (%v)", file, got, want, err))
+		}
+		if strings.HasSuffix(file, ".tar.gz") {
+			errs = append(errs, checkKrewArchive(path))
+			continue
 		}
 		errs = append(errs, checkBinary(c, path), checkSBOM(path, filepath.Join(c.out, "sbom", file+".cdx.json")))
 	}
