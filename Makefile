@@ -103,6 +103,7 @@ FUZZ_TARGETS = \
 	./webhook/inject:FuzzForgedInjection \
 	./webhook/inject:FuzzInject \
 	./webhook/inject:FuzzValidateCronJob \
+	./webhook/pluginapi:FuzzParse \
 	./webhook/registry:FuzzPullSecretKeychain \
 	./webhook:FuzzAdmission \
 	./webhook:FuzzPatch

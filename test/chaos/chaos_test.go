@@ -120,6 +120,8 @@ func TestChaos(t *testing.T) {
 	type result struct {
 		o  *Outcome
 		vs []Violation
+		// pausedSkips is read before the schedule's files are removed.
+		pausedSkips int
 	}
 	var (
 		mu      sync.Mutex
@@ -175,6 +177,7 @@ func TestChaos(t *testing.T) {
 					continue
 				}
 				vs := Check(o)
+				pausedSkips := o.PausedSkips()
 				prefer := "-"
 				if plan.Prefer >= 0 {
 					prefer = ClusterName(plan.Prefer)
@@ -183,11 +186,11 @@ func TestChaos(t *testing.T) {
 					i, plan.Seed, plan.Mode, plan.Standby, plan.Gateway, prefer, plan.Clusters, plan.Windows, plan.Completions, len(o.Kinds), o.Kinds,
 					time.Since(start).Round(100*time.Millisecond))
 				if len(o.Pauses) > 0 {
-					line += fmt.Sprintf(", %d pause flips, %d pods skipped because of a pause", len(o.Pauses), o.PausedSkips())
+					line += fmt.Sprintf(", %d pause flips, %d pods skipped because of a pause", len(o.Pauses), pausedSkips)
 				}
 				exceptions, violations := Exceptions(vs)
 				mu.Lock()
-				results = append(results, result{o, vs})
+				results = append(results, result{o, vs, pausedSkips})
 				full := len(violations) > 0 && dumped < *flagDumps
 				if full {
 					dumped++
@@ -252,7 +255,7 @@ func TestChaos(t *testing.T) {
 				flipsFailed++
 			}
 		}
-		pausedSkips += r.o.PausedSkips()
+		pausedSkips += r.pausedSkips
 		n := len(r.o.Kinds)
 		minK, maxK, sumK = min(minK, n), max(maxK, n), sumK+n
 		for _, k := range r.o.Kinds {

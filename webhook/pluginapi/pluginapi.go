@@ -281,12 +281,12 @@ func (h *Handler) args(ctx context.Context, q request, user authnv1.UserInfo) ([
 			}
 		}
 	}) {
-		v := q.params.Get(name)
+		// name=value, one argument: a value is never read as a flag.
+		prefix := "--"
 		if name == "o" {
-			args = append(args, "-o", v)
-			continue
+			prefix = "-"
 		}
-		args = append(args, "--"+name+"="+v)
+		args = append(args, prefix+name+"="+q.params.Get(name))
 	}
 	return args, 0, nil
 }
