@@ -67,11 +67,15 @@ func exitCode(c *int) string {
 
 func setupLeases(fs *flag.FlagSet) func(context.Context, *common) error {
 	sc := addScope(fs)
+	limit := fs.Int("limit", 0, "list at most this many leases, by key (0: all)")
 	return func(ctx context.Context, c *common) error {
 		if err := sc.validate(); err != nil {
 			return err
 		}
-		rows, dbNow, err := c.store.ListLeasesOf(ctx, sc.namespace)
+		if *limit < 0 {
+			return usageError{fmt.Errorf("--limit %d is negative", *limit)}
+		}
+		rows, dbNow, err := c.store.ListLeasesOf(ctx, store.LeaseFilter{Namespace: sc.namespace, Key: sc.key, Limit: *limit})
 		if err != nil {
 			return err
 		}

@@ -58,8 +58,8 @@ func (f *pauseFlags) request() (pause.Request, error) {
 	if f.until != "" && f.For != 0 {
 		errs = append(errs, errors.New("--for and --until both end the pause: give one"))
 	}
-	if f.For < 0 {
-		errs = append(errs, fmt.Errorf("--for %s is negative", f.For))
+	if f.For < 0 || f.For > 0 && f.For < pause.MinFor {
+		errs = append(errs, fmt.Errorf("--for %s is shorter than %s (leave it out to pause until resumed)", f.For, pause.MinFor))
 	}
 	if len(f.reason) > pause.MaxReasonBytes {
 		errs = append(errs, fmt.Errorf("--reason has %d bytes, more than %d", len(f.reason), pause.MaxReasonBytes))

@@ -425,7 +425,7 @@ func shapeRefused(err error) string {
 // pausedSkip is the reason of a skip the database answered with
 // ErrKeyPaused: an operator paused the key everywhere.
 func pausedSkip(err error) string {
-	return "skipped: " + err.Error() + "; no run of this key starts in any cluster until it is resumed (kubectl dislock resume)"
+	return "skipped: " + err.Error() + "; while a key is paused no run of it starts in any cluster, and a window that started meanwhile never runs (kubectl dislock resume)"
 }
 
 // awaitOwnerChange polls the window, reading only, until it may have

@@ -70,6 +70,8 @@ func (s *Store) classify(op string, err error) error {
 		switch pgErr.Code {
 		case sqlstateShapesDisagree:
 			return fmt.Errorf("%s: %w: %s", op, ErrCompletionModesDisagree, pgErr.Message)
+		case sqlstatePausedMeanwhile:
+			return fmt.Errorf("%s: %w", op, pausedMeanwhile(pgErr))
 		case sqlstateTokensHeld:
 			return fmt.Errorf("%s: %w (%w): %s", op, ErrTokensHeld, ErrUnavailable, pgErr.Message)
 		case sqlstateTokensExhausted:
@@ -89,6 +91,10 @@ func (s *Store) classify(op string, err error) error {
 // sqlstateShapesDisagree is raised by the schema's triggers (migration 7)
 // when a claim or lease would give a window or key a second shape.
 const sqlstateShapesDisagree = "DL001"
+
+// sqlstatePausedMeanwhile is raised by claim_window (migration 16) when the
+// key was paused while the claim waited for its row: the claim is undone.
+const sqlstatePausedMeanwhile = "DL004"
 
 // sqlstateUndefinedFunction: a function the statement calls does not exist.
 const sqlstateUndefinedFunction = "42883"

@@ -47,12 +47,15 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 		var inserted bool
 		scan := func(row pgx.Row) error { return scanLease(row, &g.Lease, &inserted, &g.DBTime) }
 		var err error
-		if !s.noPauses.Load() {
+		old := s.noPauses()
+		if !old {
 			err = s.writeRow(ctx, scan, qAcquireLease, key, owner.LeaseOwner(), db.Micros(ttl), PauseKey(key))
 		}
-		if s.noPauses.Load() || beforePauses(err) {
+		if old || beforePauses(err) {
 			// A database not migrated to schema 16 yet: no pause to hear of.
-			s.noPauses.Store(true)
+			if !old {
+				s.foundNoPauses()
+			}
 			err = s.writeRow(ctx, scan, qAcquireLeaseSchema15, key, owner.LeaseOwner(), db.Micros(ttl))
 		}
 		switch {
@@ -69,7 +72,7 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 		var problems []string
 		var pause pauseColumns
 		refusal, args, dest := qLeaseRefusal, []any{key, PauseKey(key)}, []any{&pause.by, &pause.reason, &pause.until}
-		if s.noPauses.Load() {
+		if old || s.noPauses() {
 			refusal, args, dest = qLeaseRefusalSchema15, args[:1], nil
 		}
 		err = s.h.Pool.QueryRow(ctx, refusal, args...).Scan(append([]any{&holderKey, &holderOwner, &holderToken,
@@ -140,12 +143,26 @@ func (s *Store) GetLease(ctx context.Context, key string) (Lease, time.Time, err
 
 // ListLeases returns every lease row (expired ones too) and the database time.
 func (s *Store) ListLeases(ctx context.Context) ([]Lease, time.Time, error) {
-	return s.ListLeasesOf(ctx, "")
+	return s.ListLeasesOf(ctx, LeaseFilter{})
 }
 
-// ListLeasesOf lists the leases of namespace's keys ("" for every key).
-func (s *Store) ListLeasesOf(ctx context.Context, namespace string) ([]Lease, time.Time, error) {
-	return db.List(ctx, &s.h, "listing leases", scanLease, qListLeases, namespace)
+// LeaseFilter selects leases for the operator's listings. Zero fields do
+// not filter.
+type LeaseFilter struct {
+	// Namespace keeps the leases of one namespace's keys; Key those of one
+	// CronJob's key ("key", and "key#i" of an Indexed Job).
+	Namespace, Key string
+	// Limit bounds the rows, by key.
+	Limit int
+}
+
+// ListLeasesOf lists the leases f selects, by key, and the database time.
+func (s *Store) ListLeasesOf(ctx context.Context, f LeaseFilter) ([]Lease, time.Time, error) {
+	var limit *int
+	if f.Limit > 0 {
+		limit = &f.Limit
+	}
+	return db.List(ctx, &s.h, "listing leases", scanLease, qListLeases, f.Namespace, limit, f.Key)
 }
 
 // scanLease reads a row of leaseColumns and then extra; a row holding a

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // A key paused everywhere (migration 16) starts no run in any cluster: its
@@ -64,3 +66,14 @@ type pausedError struct {
 
 func (e pausedError) Error() string        { return PauseText(e.by, e.reason, e.until) }
 func (e pausedError) Is(target error) bool { return target == ErrKeyPaused }
+
+// pausedMeanwhile is the pause claim_window found after its claim waited
+// (sqlstatePausedMeanwhile): who in the error's detail, why in its hint,
+// until when (RFC 3339, empty for until resumed) in its column name.
+func pausedMeanwhile(e *pgconn.PgError) error {
+	p := pausedError{by: e.Detail, reason: e.Hint}
+	if t, err := time.Parse(time.RFC3339Nano, e.ColumnName); err == nil {
+		p.until = &t
+	}
+	return p
+}

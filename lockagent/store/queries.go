@@ -202,7 +202,9 @@ const qForceReleaseLease = `UPDATE dislock.leases SET expire_at = now()
 WHERE lock_key = $1::text AND expire_at > now()`
 
 const qListLeases = `SELECT ` + leaseColumns + `, now() FROM dislock.leases
-WHERE $1::text = '' OR starts_with(lock_key, $1::text || '/') ORDER BY lock_key`
+WHERE ($1::text = '' OR starts_with(lock_key, $1::text || '/'))
+  AND ($3::text = '' OR lock_key = $3::text OR starts_with(lock_key, $3::text || '#'))
+ORDER BY lock_key LIMIT $2::int`
 
 // qRecordView stores this cluster's view of the job and returns the views of
 // other clusters seen within $4 that differ from it: one statement, so it is

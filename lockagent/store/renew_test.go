@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/pause"
 	"github.com/dislock/dislock/lockagent/store/tenant"
 	"github.com/dislock/dislock/test/pgtest"
 )
@@ -275,4 +277,40 @@ func rolesWithoutANamespace(t *testing.T, dsn, suffix string) (byHand, wholesale
 	return made("by_hand_", "GRANT "+tenant.GroupRole+" TO $role"),
 		made("monitoring_", "ALTER ROLE $role BYPASSRLS", "GRANT USAGE ON SCHEMA dislock TO $role",
 			"GRANT SELECT ON ALL TABLES IN SCHEMA dislock TO $role", "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA dislock TO $role")
+}
+
+// A Store that found the database without pauses (schema 15, its
+// migration not committed yet) keeps to schema 15's statements only a
+// while: a lock gateway lives through the migration, and must hear of a
+// pause set after it.
+func TestAStoreThatFoundNoPausesAsksAgainAfterTheMigration(t *testing.T) {
+	store.SetPauseProbeInterval(t, 200*time.Millisecond)
+	srv := pgtest.New(t, pgtest.Options{Name: "reprobe"})
+	s := storetest.Open(t, srv.DirectDSN(), 2)
+	super := storetest.RawConn(t, srv.SuperuserDSN())
+	ctx := context.Background()
+	exec := func(q string) {
+		t.Helper()
+		if err := super.PgConn().Exec(ctx, q).Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := storetest.UniqueKey(t)
+	o := storetest.Owner("dc-a", "job-a", "pod-a")
+	exec(`ALTER FUNCTION dislock.pause_of(text) RENAME TO pause_of_not_yet`)
+	if _, err := s.AcquireLease(ctx, key+"-before", o, time.Minute); err != nil {
+		t.Fatalf("a lease on a database without pause_of: %v", err)
+	}
+	exec(`ALTER FUNCTION dislock.pause_of_not_yet(text) RENAME TO pause_of`)
+	if _, err := pause.Set(ctx, s, pause.Request{Key: key, By: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	// Another pod each time: a pod's own live lease is re-entered, paused
+	// or not.
+	n := 0
+	storetest.AwaitCond(t, "the Store to hear of the pause", func() bool {
+		n++
+		_, err := s.AcquireLease(ctx, key, storetest.Owner("dc-a", "job-a", fmt.Sprintf("pod-%d", n)), time.Minute)
+		return errors.Is(err, store.ErrKeyPaused)
+	})
 }

@@ -47,11 +47,24 @@ type Store struct {
 	// migrated yet); Renew uses schema 10's renewals from then on (see
 	// Store.Renew).
 	schema10Renewals atomic.Bool
-	// noPauses: the database was not migrated to schema 16, and knows no
-	// pause; claims and leases use schema 15's statements from then on (see
-	// Store.ClaimWindow).
-	noPauses atomic.Bool
+	// noPausesUntil (Unix nanoseconds): the database was not migrated to
+	// schema 16 when last asked, and knows no pause; claims and leases use
+	// schema 15's statements until then, and ask again after (see
+	// noPauses).
+	noPausesUntil atomic.Int64
 }
+
+// pauseProbeInterval (a variable for the tests) is how long a Store that found a database without
+// pauses keeps to schema 15's statements before it tries schema 16's
+// again: a lock gateway lives through the migration.
+var pauseProbeInterval = time.Minute
+
+// noPauses reports whether the database was found without pauses less
+// than pauseProbeInterval ago.
+func (s *Store) noPauses() bool { return time.Now().UnixNano() < s.noPausesUntil.Load() }
+
+// foundNoPauses notes that the database knows no pause.
+func (s *Store) foundNoPauses() { s.noPausesUntil.Store(time.Now().Add(pauseProbeInterval).UnixNano()) }
 
 // ParseDatabaseURL turns a libpq connection string (URL or key=value) into a
 // pool configuration. Unless the string sets default_query_exec_mode itself,

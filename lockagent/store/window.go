@@ -156,12 +156,15 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		}, func() bool { return claims(outcome) }, query, args...)
 	}
 	var err error
-	if !s.noPauses.Load() {
+	old := s.noPauses()
+	if !old {
 		err = claim(qClaimWindow, &pause.by, &pause.reason, &pause.until)
 	}
-	if s.noPauses.Load() || beforePauses(err) {
+	if old || beforePauses(err) {
 		// A database not migrated to schema 16 yet: no pause to hear of.
-		s.noPauses.Store(true)
+		if !old {
+			s.foundNoPauses()
+		}
 		err = claim(qClaimWindowSchema15)
 	}
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -196,6 +197,62 @@ func TestThePluginAPIAnswersEachUserWithItsOwnRBACAndNothingMore(t *testing.T) {
 		}
 		if ps, _, err := pause.Active(ctx, s, "plug-a/"); err != nil || len(ps) != 0 {
 			t.Fatalf("pauses after the resume: %+v, %v", ps, err)
+		}
+	})
+	t.Run("a CronJob locking another's key is paused only by who may patch both", func(t *testing.T) {
+		borrower := withAnnotations(cronJob("plug-a", "borrower", "0 * * * *"), map[string]string{contract.AnnotationMode: "schedule", contract.AnnotationKey: "report"})
+		if err := cl.Create(ctx, borrower); err != nil {
+			t.Fatal(err)
+		}
+		// patch on borrower alone, as a Role with resourceNames grants.
+		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: "plug-a", Name: "borrower-only"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{"batch"}, Resources: []string{"cronjobs"}, ResourceNames: []string{"borrower"}, Verbs: []string{"get", "patch"}}}}
+		if err := cl.Create(ctx, role); err != nil {
+			t.Fatal(err)
+		}
+		narrow := userToken(t, cs, "plug-a", "narrow", "")
+		rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "plug-a", Name: "narrow"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "borrower-only"},
+			Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: "plug-a", Name: "narrow"}}}
+		if err := cl.Create(ctx, rb); err != nil {
+			t.Fatal(err)
+		}
+		await(t, "the narrow role to apply", func() (bool, error) {
+			sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{User: "system:serviceaccount:plug-a:narrow",
+				ResourceAttributes: &authzv1.ResourceAttributes{Namespace: "plug-a", Group: "batch", Resource: "cronjobs", Name: "borrower", Verb: "patch"}}}
+			err := cl.Create(ctx, sar)
+			return err == nil && sar.Status.Allowed, err
+		})
+		status, r := ask("POST", "/v1/namespaces/plug-a/cronjobs/borrower/pause", nil, narrow)
+		mustRefuse("pausing report's key through borrower", status, http.StatusForbidden, r, "may not patch cronjob report in namespace plug-a of cluster dc-a, which kubectl dislock pause needs (it locks the same key as borrower)")
+		if ps, _, err := pause.Active(ctx, s, "plug-a/"); err != nil || len(ps) != 0 {
+			t.Fatalf("pauses: %+v, %v", ps, err)
+		}
+	})
+	t.Run("a listing is bounded, and a database failure is told without the database's address", func(t *testing.T) {
+		status, r := ask("GET", "/v1/namespaces/plug-a/leases", url.Values{"limit": {"1001"}}, viewer)
+		mustRefuse("limit over the bound", status, http.StatusBadRequest, r, `limit "1001" is not a number from 1 to 1000`)
+		down, err := store.Open(ctx, "postgres://secret-role:pw@127.0.0.1:1/secret-db?connect_timeout=1", store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer down.Close()
+		downSrv := httptest.NewServer(&pluginapi.Handler{Client: cl, Reader: cl, Store: down, Cluster: "dc-a"})
+		defer downSrv.Close()
+		req, _ := http.NewRequestWithContext(ctx, "GET", downSrv.URL+"/v1/namespaces/plug-a/leases", nil)
+		req.Header.Set(pluginapi.TokenHeader, viewer)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var got pluginapi.Reply
+		if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got.ExitCode != 1 || !strings.Contains(got.Stderr, "could not answer from the database") ||
+			strings.Contains(got.Stderr, "secret-role") || strings.Contains(got.Stderr, "127.0.0.1:1") || strings.Contains(got.Stderr, "secret-db") {
+			t.Fatalf("a failure's reply: %+v", got)
 		}
 	})
 	t.Run("a CronJob not using dislock, or not there, cannot be paused", func(t *testing.T) {

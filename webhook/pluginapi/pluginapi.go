@@ -20,7 +20,9 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
@@ -47,12 +49,25 @@ const PortName = "plugin-api"
 // PathPrefix is where the API lives on its server.
 const PathPrefix = "/v1/"
 
-// MaxInFlight bounds the requests served at once: each costs the API
-// server two reviews and the database a query.
-const MaxInFlight = 8
-
-// requestTimeout bounds one request, reviews and query together.
-const requestTimeout = 30 * time.Second
+// Bounds of what one caller can make the webhook do: the same process
+// answers every admission of its cluster.
+const (
+	// MaxInFlight bounds the requests served at once: each costs the API
+	// server two reviews and the database a query.
+	MaxInFlight = 8
+	// MaxInFlightPerUser bounds one caller's, so that nobody takes every
+	// slot.
+	MaxInFlightPerUser = 2
+	// MaxLimit bounds a listing's --limit.
+	MaxLimit = 1000
+	// MaxReplyBytes bounds what a command prints into a reply; a larger
+	// answer is refused, asking for a narrower listing.
+	MaxReplyBytes = 4 << 20
+	// requestTimeout bounds one request, reviews, query and the writing of
+	// the reply together (a caller that stops reading holds its slot no
+	// longer).
+	requestTimeout = 30 * time.Second
+)
 
 // Reply is every answer's body: what the command printed and its exit code,
 // or why the request was refused before it ran.
@@ -74,7 +89,10 @@ type Handler struct {
 	// Cluster names this cluster in the answers' errors.
 	Cluster string
 
+	once     sync.Once
 	inFlight chan struct{}
+	mu       sync.Mutex
+	perUser  map[string]int
 }
 
 // Reads are the commands that read, and the query parameters each takes
@@ -82,7 +100,7 @@ type Handler struct {
 var Reads = map[string][]string{
 	"windows": {"o", "limit", "since", "from", "to", "tz"},
 	"missed":  {"o", "limit", "since", "from", "to", "tz", "fail-on-missed"},
-	"leases":  {"o"},
+	"leases":  {"o", "limit"},
 	"paused":  {"o"},
 }
 
@@ -137,10 +155,15 @@ func parse(r *http.Request) (request, int, error) {
 		allowed = Writes[q.command]
 	}
 	for name, vs := range q.params {
-		if !slices.Contains(allowed, name) {
+		switch {
+		case !slices.Contains(allowed, name):
 			bad = append(bad, fmt.Sprintf("parameter %q is not one of %s's (%s)", name, q.command, strings.Join(allowed, ", ")))
-		} else if len(vs) != 1 {
+		case len(vs) != 1:
 			bad = append(bad, fmt.Sprintf("parameter %q is given %d times", name, len(vs)))
+		case name == "limit":
+			if n, err := strconv.Atoi(vs[0]); err != nil || n < 1 || n > MaxLimit {
+				bad = append(bad, fmt.Sprintf("limit %q is not a number from 1 to %d", vs[0], MaxLimit))
+			}
 		}
 	}
 	if len(bad) > 0 {
@@ -152,14 +175,17 @@ func parse(r *http.Request) (request, int, error) {
 
 // ServeHTTP authenticates, authorises, and runs the command.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.once.Do(func() { h.inFlight, h.perUser = make(chan struct{}, MaxInFlight), map[string]int{} })
 	select {
-	case h.slots() <- struct{}{}:
-		defer func() { <-h.slots() }()
+	case h.inFlight <- struct{}{}:
+		defer func() { <-h.inFlight }()
 	default:
 		reply(w, http.StatusTooManyRequests, Reply{Error: fmt.Sprintf("more than %d requests at once; try again", MaxInFlight)})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+	deadline := time.Now().Add(requestTimeout)
+	_ = http.NewResponseController(w).SetWriteDeadline(deadline) //nolint:errcheck // a server without deadlines is bounded by the context alone
+	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	defer cancel()
 	q, status, err := parse(r)
 	if err != nil {
@@ -171,31 +197,88 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		reply(w, status, Reply{Error: err.Error()})
 		return
 	}
-	if status, err := h.authorize(ctx, user, q); err != nil {
+	if !h.take(user.Username) {
+		reply(w, http.StatusTooManyRequests, Reply{Error: fmt.Sprintf("%s has %d requests going; try again when they are answered", user.Username, MaxInFlightPerUser)})
+		return
+	}
+	defer h.give(user.Username)
+	if status, err := h.authorize(ctx, user, q, q.cronJob); err != nil {
 		reply(w, status, Reply{Error: err.Error()})
 		return
 	}
-	args, status, err := h.args(ctx, q, user)
+	args, sharers, status, err := h.args(ctx, q, user)
 	if err != nil {
 		reply(w, status, Reply{Error: err.Error()})
 		return
 	}
-	var stdout, stderr bytes.Buffer
-	code := cli.MainWithStore(ctx, h.Store, args, &stdout, &stderr)
+	// Every other CronJob locking the same key (dislock.io/key) is asked
+	// for too: its key is theirs as well.
+	for _, name := range sharers {
+		if status, err := h.authorize(ctx, user, q, name); err != nil {
+			reply(w, status, Reply{Error: err.Error() + fmt.Sprintf(" (it locks the same key as %s)", q.cronJob)})
+			return
+		}
+	}
+	stdout, stderr := &cappedBuffer{max: MaxReplyBytes}, &cappedBuffer{max: MaxReplyBytes}
+	code := cli.MainWithStore(ctx, h.Store, args, stdout, stderr)
 	logger := log.FromContext(ctx).WithName("kubectl-dislock")
 	if _, write := Writes[q.command]; write {
 		logger.Info("kubectl dislock "+q.command, "user", user.Username, "namespace", q.namespace, "cronjob", q.cronJob, "exitCode", code, "stderr", stderr.String())
 	} else {
-		logger.V(1).Info("kubectl dislock "+q.command, "user", user.Username, "namespace", q.namespace, "cronjob", q.cronJob, "exitCode", code)
+		logger.V(1).Info("kubectl dislock "+q.command, "user", user.Username, "namespace", q.namespace, "cronjob", q.cronJob, "exitCode", code, "stderr", stderr.String())
+	}
+	switch {
+	case stdout.over:
+		reply(w, http.StatusRequestEntityTooLarge, Reply{Error: fmt.Sprintf("the answer is over %d bytes: narrow it (--limit, --since, a CronJob)", MaxReplyBytes)})
+		return
+	case code == exitError:
+		// The database's address and role, and its driver's words, stay in
+		// the webhook's log.
+		stderr.Reset()
+		fmt.Fprintf(stderr, "kubectl dislock %s: the webhook of cluster %s could not answer from the database; its log says why (kubectl logs -n <its namespace> -l app.kubernetes.io/component=webhook)\n", q.command, h.Cluster)
+		if !stdout.over {
+			logger.Error(nil, "kubectl dislock failed", "command", q.command, "user", user.Username, "namespace", q.namespace)
+		}
 	}
 	reply(w, http.StatusOK, Reply{ExitCode: code, Stdout: stdout.String(), Stderr: stderr.String()})
 }
 
-func (h *Handler) slots() chan struct{} {
-	if h.inFlight == nil {
-		h.inFlight = make(chan struct{}, MaxInFlight)
+// exitError is the CLI's exit code of a failure (not of a bad request,
+// whose message names the flag, nor of problems found).
+const exitError = 1
+
+// take holds one of user's request slots, if one is free.
+func (h *Handler) take(user string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.perUser[user] >= MaxInFlightPerUser {
+		return false
 	}
-	return h.inFlight
+	h.perUser[user]++
+	return true
+}
+
+func (h *Handler) give(user string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.perUser[user]--; h.perUser[user] <= 0 {
+		delete(h.perUser, user)
+	}
+}
+
+// cappedBuffer keeps at most max bytes and notes what it dropped.
+type cappedBuffer struct {
+	bytes.Buffer
+	max  int
+	over bool
+}
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > b.max {
+		b.over = true
+		return len(p), nil
+	}
+	return b.Buffer.Write(p)
 }
 
 // authenticate asks the API server who token belongs to.
@@ -217,15 +300,15 @@ func (h *Handler) authenticate(ctx context.Context, token string) (authnv1.UserI
 	return tr.Status.User, 0, nil
 }
 
-// authorize asks the API server whether user may do to the namespace's
-// CronJobs what q does: get (list without a CronJob) to read, patch to
-// pause or resume.
-func (h *Handler) authorize(ctx context.Context, user authnv1.UserInfo, q request) (int, error) {
-	attrs := &authzv1.ResourceAttributes{Namespace: q.namespace, Group: "batch", Resource: "cronjobs", Name: q.cronJob}
+// authorize asks the API server whether user may do to CronJob name of the
+// namespace (all of them: "") what q does: get (list for all) to read,
+// patch to pause or resume.
+func (h *Handler) authorize(ctx context.Context, user authnv1.UserInfo, q request, name string) (int, error) {
+	attrs := &authzv1.ResourceAttributes{Namespace: q.namespace, Group: "batch", Resource: "cronjobs", Name: name}
 	switch {
 	case Writes[q.command] != nil:
 		attrs.Verb = "patch"
-	case q.cronJob != "":
+	case name != "":
 		attrs.Verb = "get"
 	default:
 		attrs.Verb = "list"
@@ -241,8 +324,8 @@ func (h *Handler) authorize(ctx context.Context, user authnv1.UserInfo, q reques
 	}
 	if !sar.Status.Allowed {
 		target := "cronjobs"
-		if q.cronJob != "" {
-			target = "cronjob " + q.cronJob
+		if name != "" {
+			target = "cronjob " + name
 		}
 		return http.StatusForbidden, fmt.Errorf("%s may not %s %s in namespace %s of cluster %s, which kubectl dislock %s needs", user.Username, attrs.Verb, target, q.namespace, h.Cluster, q.command)
 	}
@@ -250,9 +333,10 @@ func (h *Handler) authorize(ctx context.Context, user authnv1.UserInfo, q reques
 }
 
 // args are the command line q runs: confined to its namespace, its
-// CronJob's key, and, for a pause, the caller's name.
-func (h *Handler) args(ctx context.Context, q request, user authnv1.UserInfo) ([]string, int, error) {
-	args := []string{q.command}
+// CronJob's key, and, for a pause, the caller's name; and the other
+// CronJobs of the namespace that lock the same key.
+func (h *Handler) args(ctx context.Context, q request, user authnv1.UserInfo) (args, sharers []string, status int, err error) {
+	args = []string{q.command}
 	_, write := Writes[q.command]
 	if q.cronJob != "" {
 		key, err := h.keyOf(ctx, q.namespace, q.cronJob)
@@ -262,9 +346,12 @@ func (h *Handler) args(ctx context.Context, q request, user authnv1.UserInfo) ([
 			// its name.
 			key = q.namespace + "/" + q.cronJob
 		case apierrors.IsNotFound(err):
-			return nil, http.StatusNotFound, fmt.Errorf("no CronJob %s in namespace %s of cluster %s", q.cronJob, q.namespace, h.Cluster)
+			return nil, nil, http.StatusNotFound, fmt.Errorf("no CronJob %s in namespace %s of cluster %s", q.cronJob, q.namespace, h.Cluster)
 		case err != nil:
-			return nil, http.StatusBadRequest, err
+			return nil, nil, http.StatusBadRequest, err
+		}
+		if sharers, err = h.sharers(ctx, q.namespace, q.cronJob, key); err != nil {
+			return nil, nil, http.StatusBadGateway, err
 		}
 		args = append(args, "--key", key)
 	}
@@ -273,6 +360,9 @@ func (h *Handler) args(ctx context.Context, q request, user authnv1.UserInfo) ([
 	}
 	if q.command == "pause" || q.command == "resume" {
 		args = append(args, "--by", user.Username)
+	}
+	if slices.Contains(Reads[q.command], "limit") && !q.params.Has("limit") {
+		args = append(args, fmt.Sprintf("--limit=%d", min(MaxLimit, defaultLimit(q.command))))
 	}
 	for _, name := range slices.Sorted(func(yield func(string) bool) {
 		for k := range q.params {
@@ -288,7 +378,34 @@ func (h *Handler) args(ctx context.Context, q request, user authnv1.UserInfo) ([
 		}
 		args = append(args, prefix+name+"="+q.params.Get(name))
 	}
-	return args, 0, nil
+	return args, sharers, 0, nil
+}
+
+// defaultLimit is the listing's own default bound (MaxLimit where it has
+// none).
+func defaultLimit(command string) int {
+	if command == "windows" {
+		return cli.DefaultWindowsLimit
+	}
+	return MaxLimit
+}
+
+// sharers are the other CronJobs of namespace whose key is key.
+func (h *Handler) sharers(ctx context.Context, namespace, name, key string) ([]string, error) {
+	var list batchv1.CronJobList
+	if err := h.Reader.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return nil, fmt.Errorf("cluster %s: listing the CronJobs of namespace %s: %v", h.Cluster, namespace, err)
+	}
+	var out []string
+	for _, cj := range list.Items {
+		if cj.Name == name {
+			continue
+		}
+		if k, err := keyOfCronJob(&cj); err == nil && k == key {
+			out = append(out, cj.Name)
+		}
+	}
+	return out, nil
 }
 
 // keyOf is the lock key of CronJob namespace/name in this cluster.
@@ -297,13 +414,22 @@ func (h *Handler) keyOf(ctx context.Context, namespace, name string) (string, er
 	if err := h.Reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &cj); err != nil {
 		return "", err
 	}
+	key, err := keyOfCronJob(&cj)
+	if err != nil {
+		return "", fmt.Errorf("CronJob %s/%s of cluster %s %w", namespace, name, h.Cluster, err)
+	}
+	return key, nil
+}
+
+// keyOfCronJob is the lock key a CronJob's annotations name.
+func keyOfCronJob(cj *batchv1.CronJob) (string, error) {
 	annotations := contract.Merge(cj.Annotations, cj.Spec.JobTemplate.Annotations)
 	if !contract.Enabled(annotations) {
-		return "", fmt.Errorf("CronJob %s/%s of cluster %s does not use dislock (no %s annotation)", namespace, name, h.Cluster, contract.AnnotationMode)
+		return "", fmt.Errorf("does not use dislock (no %s annotation)", contract.AnnotationMode)
 	}
-	spec, err := contract.FromAnnotations(annotations, namespace, name)
+	spec, err := contract.FromAnnotations(annotations, cj.Namespace, cj.Name)
 	if err != nil {
-		return "", fmt.Errorf("CronJob %s/%s of cluster %s: %w", namespace, name, h.Cluster, err)
+		return "", fmt.Errorf("has bad annotations: %w", err)
 	}
 	return spec.Key(), nil
 }

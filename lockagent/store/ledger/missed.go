@@ -41,8 +41,9 @@ import (
 //     judged with (recorded beside it, checked_with), those from it on with
 //     the new one, so that no tick of the new schedule from before it is;
 //   - a pause: a window that started while its key was paused everywhere
-//     (lockagent/store/pause) was skipped on purpose, and is judged as not
-//     missed.
+//     (lockagent/store/pause) and that nobody claimed was skipped on
+//     purpose, and is judged as not missed; one that was claimed (a run
+//     going when the pause began) is judged by its rows.
 //
 // A key with no claimed window and no decision for SilentPeriods periods
 // plus the grace is silent: its CronJob was deleted or suspended
@@ -347,10 +348,11 @@ func DetectMissed(ctx context.Context, s *store.Store, opts MissedOptions) (Dete
 	for _, k := range judge {
 		judged := len(k.expected)
 		for i, w := range k.expected {
-			if slices.ContainsFunc(paused[k.key], func(p pause.Pause) bool { return p.Covers(w.start) }) {
-				continue // started paused: skipped on purpose, never missed
+			got := rows[refOf(k.key, w.start)]
+			if len(got) == 0 && slices.ContainsFunc(paused[k.key], func(p pause.Pause) bool { return p.Covers(w.start) }) {
+				continue // started paused and nobody ran it: skipped on purpose, never missed
 			}
-			kind, pending := judgeWindow(rows[refOf(k.key, w.start)], now)
+			kind, pending := judgeWindow(got, now)
 			if pending {
 				// Judged again next time, with every later window.
 				judged = i

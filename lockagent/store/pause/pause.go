@@ -45,6 +45,9 @@ const (
 	MaxByBytes     = 512
 )
 
+// MinFor is the shortest pause that ends by itself.
+const MinFor = time.Second
+
 // Request is a pause to set.
 type Request struct {
 	Key    string
@@ -68,8 +71,8 @@ func (r Request) Validate() error {
 	if len(r.Reason) > MaxReasonBytes {
 		bad = append(bad, fmt.Sprintf("the reason has %d bytes, more than %d", len(r.Reason), MaxReasonBytes))
 	}
-	if r.For < 0 {
-		bad = append(bad, fmt.Sprintf("the duration %s is negative", r.For))
+	if r.For < 0 || r.For > 0 && r.For < MinFor {
+		bad = append(bad, fmt.Sprintf("the duration %s is shorter than %s", r.For, MinFor))
 	}
 	if r.For != 0 && r.Until != nil {
 		bad = append(bad, "give a duration or an end, not both")

@@ -205,7 +205,8 @@ func TestPauseRequestsNameWhatIsWrong(t *testing.T) {
 		{pause.Request{Key: "ns/report#1", By: "a"}, `is not <namespace>/<name>`},
 		{pause.Request{Key: "ns/report"}, "who pauses must be named"},
 		{pause.Request{Key: "ns/report", By: "a", Reason: strings.Repeat("x", pause.MaxReasonBytes+1)}, "the reason has 1025 bytes"},
-		{pause.Request{Key: "ns/report", By: "a", For: -time.Second}, "negative"},
+		{pause.Request{Key: "ns/report", By: "a", For: -time.Second}, "shorter than 1s"},
+		{pause.Request{Key: "ns/report", By: "a", For: 999 * time.Nanosecond}, "shorter than 1s"},
 		{pause.Request{Key: "ns/report", By: "a", For: time.Second, Until: &time.Time{}}, "not both"},
 	} {
 		if err := tc.r.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -230,10 +231,14 @@ func TestATenantNeitherReadsAnotherNamespacesPauseNorWritesOne(t *testing.T) {
 			t.Fatal(err)
 		}
 		conn := a.Handle().Pool
-		var n int
-		err := conn.QueryRow(ctx, `SELECT count(*) FROM dislock.pause_of($1)`, nsB+"/report").Scan(&n)
-		if !errors.Is(a.Handle().Classify("pause_of", err), store.ErrForbidden) {
-			t.Fatalf("reading another namespace's pause: %d rows, %v", n, err)
+		// Paused or not, another namespace's key is not the tenant's to ask
+		// about.
+		for _, key := range []string{nsB + "/report", nsB + "/not-paused"} {
+			var n int
+			err := conn.QueryRow(ctx, `SELECT count(*) FROM dislock.pause_of($1)`, key).Scan(&n)
+			if !errors.Is(a.Handle().Classify("pause_of", err), store.ErrForbidden) {
+				t.Fatalf("reading the pause of %s: %d rows, %v", key, n, err)
+			}
 		}
 		for _, q := range []string{
 			`INSERT INTO dislock.pauses (lock_key, paused_at, paused_by) VALUES ('` + nsA + `/report', now(), 'me')`,
@@ -248,7 +253,97 @@ func TestATenantNeitherReadsAnotherNamespacesPauseNorWritesOne(t *testing.T) {
 		if _, err := pause.Set(ctx, owner, pause.Request{Key: nsA + "/report", By: "alice"}); err != nil {
 			t.Fatal(err)
 		}
-		_, err = claimAs(t, a, nsA+"/report", storetest.WindowAt(0), tenantOwner("dc-a", nsA, "report-1", "p"), store.NotIndexed)
+		_, err := claimAs(t, a, nsA+"/report", storetest.WindowAt(0), tenantOwner("dc-a", nsA, "report-1", "p"), store.NotIndexed)
 		mustBePaused(t, "its own key's claim", err, "paused by alice until resumed")
+	})
+}
+
+// A window that started while its key was paused never runs, not even
+// once the pause is over; a window that started before it runs once
+// resumed.
+func TestAWindowThatStartedWhilePausedNeverRunsEvenAfterTheResume(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		s := storetest.Open(t, dsn, 4)
+		key := storetest.UniqueKey(t)
+		o := storetest.Owner("dc-a", "job-a", "pod-a")
+		before, err := s.Now(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := pause.Set(ctx, s, pause.Request{Key: key, By: "alice", Reason: "bad release"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.AwaitDBPast(t, s, p.PausedAt)
+		during, err := s.Now(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, err := pause.Resume(ctx, s, key, "bob"); err != nil || !ok {
+			t.Fatalf("resume: %t, %v", ok, err)
+		}
+		_, err = claimAs(t, s, key, during, o, store.NotIndexed)
+		mustBePaused(t, "a claim of a window that started while paused, after the resume", err, `paused by alice until resumed ("bad release")`)
+		if c, err := claimAs(t, s, key, before, o, store.NotIndexed); err != nil || c.Outcome != store.Claimed {
+			t.Fatalf("a window that started before the pause, after the resume: %+v, %v", c, err)
+		}
+	})
+}
+
+// A claim that waited for its window's row (another pod's claim of it, in
+// flight) while the key was paused is undone: it looked for a pause before
+// the pause committed, and runs nothing after it.
+func TestAClaimThatWaitedForItsWindowWhileTheKeyWasPausedIsUndone(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		owner := storetest.Open(t, dsn, 4)
+		ns := storetest.Namespace(t, "race")
+		a := storetest.TenantStore(t, dsn, storetest.Provision(t, owner, ns))
+		key := ns + "/report"
+		w := storetest.WindowAt(7)
+		holder := storetest.RawConn(t, dsn)
+		tx, err := holder.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
+		if _, err := tx.Exec(ctx, `INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
+			VALUES ($1, $2, -1, 'dc-x/`+ns+`/j/u/p', 'dc-x', 'p', 1, 'running', now(), now())`, key, w); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := claimAs(t, a, key, w, tenantOwner("dc-b", ns, "report-1", "report-1-b"), store.NotIndexed)
+			done <- err
+		}()
+		watcher := storetest.RawConn(t, dsn)
+		storetest.AwaitCond(t, "the claim to wait for the window's row", func() bool {
+			var n int
+			err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&n)
+			return err == nil && n > 0
+		})
+		if _, err := pause.Set(ctx, owner, pause.Request{Key: key, By: "alice", Reason: "stop now"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mustBePaused(t, "the claim that waited", <-done, `paused by alice until resumed ("stop now")`)
+		if _, _, err := owner.WindowAt(ctx, key, w, store.NotIndexed); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("the undone claim left a row (%v)", err)
+		}
+	})
+}
+
+// What the database holds of a pause is what every reader can read.
+func TestAPauseOfInfiniteTimeIsRefused(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		conn := storetest.RawConn(t, dsn)
+		storetest.Open(t, dsn, 1)
+		_, err := conn.Exec(context.Background(), `INSERT INTO dislock.pauses (lock_key, paused_at, paused_by, until) VALUES ('ns/x', now(), 'me', 'infinity')`)
+		if err == nil || !strings.Contains(err.Error(), "pauses_finite") {
+			t.Fatalf("an infinite until: %v", err)
+		}
 	})
 }

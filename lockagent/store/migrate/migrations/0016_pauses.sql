@@ -5,19 +5,23 @@
 -- the one place every cluster's pods ask: from then on, until it is resumed
 -- or its until passes, no pod of any cluster starts a run of it. A pod
 -- asking for a new window, taking over a failed or lapsed one, or acquiring
--- a lease is answered 'paused', and skips. What already runs is not
--- stopped: the same pod re-entering its running claim or its live lease
--- (its agent restarted) still may.
+-- a lease is answered 'paused', and skips; so is, for ever, a pod of a
+-- window that started while a pause held (it never runs late). What
+-- already runs is not stopped: the same pod re-entering its running claim
+-- or its live lease (its agent restarted) still may.
 --
 -- The pauses are kept as history: one row per pause, closed when resumed or
 -- replaced, so that missed-window detection can tell a window that started
 -- paused (never missed) from one that was missed.
 --
--- Agents of schemas 7-15 know no 'paused' outcome: against a paused key
+-- Agents of schemas 10-15 know no 'paused' outcome: against a paused key
 -- their pods fail closed (claim_window's answer is unknown to them) or, in
--- lease mode alone, do not see the pause at all. Without a pause nothing
--- changes for them (hence compatible-from 7; docs/operations.md says to
--- upgrade every cluster's agent before relying on pauses).
+-- lease mode alone, do not see the pause at all; agents of schemas 7-9
+-- claim with statements of their own and do not see it either. Without a
+-- pause nothing changes for them (hence compatible-from 7;
+-- docs/operations.md says to upgrade every cluster's agent before relying
+-- on pauses). A pause is the operator's brake on the agents, not a wall
+-- against a namespace's own role, which may write its own rows.
 
 CREATE TABLE IF NOT EXISTS dislock.pauses (
     lock_key   text        NOT NULL,
@@ -33,7 +37,10 @@ CREATE TABLE IF NOT EXISTS dislock.pauses (
     resumed_by text,
     PRIMARY KEY (lock_key, paused_at),
     CONSTRAINT pauses_until_after CHECK (until IS NULL OR until > paused_at),
-    CONSTRAINT pauses_resumed_after CHECK (resumed_at IS NULL OR resumed_at >= paused_at)
+    CONSTRAINT pauses_resumed_after CHECK (resumed_at IS NULL OR resumed_at >= paused_at),
+    -- Every reader's time.Time holds them.
+    CONSTRAINT pauses_finite CHECK (isfinite(paused_at) AND (until IS NULL OR isfinite(until))
+                                    AND (resumed_at IS NULL OR isfinite(resumed_at)))
 );
 
 -- At most one open pause per key, and the index every decision's lookup
@@ -46,20 +53,18 @@ CREATE UNIQUE INDEX IF NOT EXISTS pauses_open ON dislock.pauses (lock_key) WHERE
 REVOKE ALL ON dislock.pauses FROM PUBLIC;
 
 -- pause_of returns key's pause in force at now(), or no row. It runs with
--- the owner's rights, so that a tenant needs no grant on the table; a
--- pause's author and reason are shown only to a role that may write the
--- key (see session_scope).
+-- the owner's rights, so that a tenant needs no grant on the table, and
+-- answers only a role that may write the key (see session_scope): whether
+-- another namespace's key is paused is not a tenant's to learn.
 CREATE OR REPLACE FUNCTION dislock.pause_of(p_key text,
     OUT paused_by text, OUT reason text, OUT until timestamptz)
 RETURNS SETOF record
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    PERFORM dislock.require_scope(p_key, 'read the pause of');
     RETURN QUERY SELECT p.paused_by, p.reason, p.until FROM dislock.pauses p
         WHERE p.lock_key = p_key AND p.resumed_at IS NULL AND (p.until IS NULL OR p.until > now());
-    IF FOUND THEN
-        PERFORM dislock.require_scope(p_key, 'read the pause of');
-    END IF;
 END
 $$;
 
@@ -85,10 +90,13 @@ DECLARE
     c record;
 BEGIN
     PERFORM dislock.require_scope(p_key, 'claim');
-    -- A paused key starts no run; only the same pod's running claim may
-    -- be re-entered.
+    -- A paused key starts no run, nor does a window that started while a
+    -- pause held; only the same pod's running claim may be re-entered.
     SELECT p.paused_by, p.reason, p.until INTO paused_by, pause_reason, paused_until FROM dislock.pauses p
-        WHERE p.lock_key = p_key AND p.resumed_at IS NULL AND (p.until IS NULL OR p.until > now());
+        WHERE p.lock_key = p_key
+          AND (p.resumed_at IS NULL AND (p.until IS NULL OR p.until > now())
+               OR p.paused_at <= p_window AND p_window < coalesce(p.resumed_at, p.until, 'infinity'))
+        ORDER BY p.paused_at DESC LIMIT 1;
     IF FOUND AND NOT EXISTS (SELECT FROM dislock.windows x WHERE x.lock_key = p_key AND x.window_start = p_window
                              AND x.job_index = p_index AND x.owner = p_owner AND x.state = 'running') THEN
         -- The caller's own fields, as a stale answer carries (migration
@@ -104,6 +112,19 @@ BEGIN
         p_ttl_us, p_job_prefix, p_standby, p_view, p_view_recency_us, p_view_refresh_us, p_max_late_us);
     w := c.w; outcome := c.outcome; db_now := c.db_now;
     other_clusters := c.other_clusters; other_views := c.other_views; other_seen := c.other_seen;
+    -- A pause that committed while this claim waited for the window's row
+    -- (its first look above was before it): the claim is undone. This
+    -- statement sees what committed until it began.
+    IF outcome IN ('claimed', 'took-over') THEN
+        SELECT p.paused_by, p.reason, p.until INTO paused_by, pause_reason, paused_until FROM dislock.pauses p
+            WHERE p.lock_key = p_key AND p.resumed_at IS NULL AND (p.until IS NULL OR p.until > statement_timestamp());
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'DL004',
+                MESSAGE = format('dislock: %s was paused while this claim of window %s waited', p_key, p_window),
+                DETAIL = paused_by, HINT = pause_reason,
+                COLUMN = coalesce(to_char(paused_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), '');
+        END IF;
+    END IF;
     IF outcome <> 'refused' AND outcome <> 'stale' AND dislock.session_scope() <> '' AND w.token > dislock.token_high_water() THEN
         RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
             MESSAGE = format('dislock: role %s may not hold window %s of %s: its token %s is above the high water %s',
