@@ -65,7 +65,8 @@ func TestBashCompletesCommandsFlagsAndOutputFormats(t *testing.T) {
 		{[]string{"dislock", "check", "--tenant"}, "--tenant-database-url"},
 		{[]string{"dislock", "windows", "-o", ""}, "table wide json yaml"},
 		{[]string{"dislock", "leases", "-o", ""}, "table json"},
-		{[]string{"dislock", "leases", "--li"}, ""},
+		{[]string{"dislock", "leases", "--li"}, "--limit"},
+		{[]string{"dislock", "release", "--li"}, ""},
 		{[]string{"dislock", "completion", "f"}, "fish"},
 	} {
 		if got := complete(tc.words...); got != tc.want {
