@@ -149,13 +149,7 @@ INSERT INTO dislock.leases AS l (lock_key, owner, token, acquired_at, expire_at)
 SELECT $1::text, $2::text, dislock.next_token(), now(), now() + $3::bigint * interval '1 microsecond'
 WHERE NOT EXISTS (SELECT FROM p)
    OR EXISTS (SELECT FROM dislock.leases x WHERE x.lock_key = $1::text AND x.owner = $2::text AND x.expire_at > now())
-ON CONFLICT (lock_key) DO UPDATE SET
-    token       = CASE WHEN l.owner = EXCLUDED.owner AND l.expire_at > now()
-                       THEN l.token ELSE dislock.next_token() END,
-    acquired_at = CASE WHEN l.owner = EXCLUDED.owner AND l.expire_at > now()
-                       THEN l.acquired_at ELSE EXCLUDED.acquired_at END,
-    owner       = EXCLUDED.owner,
-    expire_at   = EXCLUDED.expire_at
+` + leaseGrant + `
 WHERE (l.expire_at <= now() OR l.owner = EXCLUDED.owner)
   AND (NOT EXISTS (SELECT FROM p) OR (l.owner = EXCLUDED.owner AND l.expire_at > now()))
 RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
@@ -165,15 +159,21 @@ RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
 const qAcquireLeaseSchema15 = `
 INSERT INTO dislock.leases AS l (lock_key, owner, token, acquired_at, expire_at)
 VALUES ($1::text, $2::text, dislock.next_token(), now(), now() + $3::bigint * interval '1 microsecond')
-ON CONFLICT (lock_key) DO UPDATE SET
+` + leaseGrant + `
+WHERE l.expire_at <= now() OR l.owner = EXCLUDED.owner
+RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
+
+// leaseGrant is how a lease's row is granted again: the same owner's live
+// lease keeps its token and acquisition, anyone else's grant draws a new
+// token under the row lock.
+const leaseGrant = `ON CONFLICT (lock_key) DO UPDATE SET
     token       = CASE WHEN l.owner = EXCLUDED.owner AND l.expire_at > now()
                        THEN l.token ELSE dislock.next_token() END,
     acquired_at = CASE WHEN l.owner = EXCLUDED.owner AND l.expire_at > now()
                        THEN l.acquired_at ELSE EXCLUDED.acquired_at END,
     owner       = EXCLUDED.owner,
     expire_at   = EXCLUDED.expire_at
-WHERE l.expire_at <= now() OR l.owner = EXCLUDED.owner
-RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
+`
 
 // qLeaseRefusal says why qAcquireLease returned no row: lease $1's holder
 // (NULL columns when there is none) and key $2's pause, if any.

@@ -98,9 +98,9 @@ func TestThePluginAPIAnswersEachUserWithItsOwnRBACAndNothingMore(t *testing.T) {
 	editor := userToken(t, cs, "plug-a", "editor", "edit")
 	nobody := userToken(t, cs, "plug-a", "nobody", "")
 
-	ask := func(method, path string, q url.Values, token string) (int, pluginapi.Reply) {
+	askAt := func(base, method, path string, q url.Values, token string) (int, pluginapi.Reply) {
 		t.Helper()
-		u := srv.URL + path
+		u := base + path
 		if len(q) > 0 {
 			u += "?" + q.Encode()
 		}
@@ -121,6 +121,10 @@ func TestThePluginAPIAnswersEachUserWithItsOwnRBACAndNothingMore(t *testing.T) {
 			t.Fatalf("%s %s: %v", method, path, err)
 		}
 		return resp.StatusCode, r
+	}
+	ask := func(method, path string, q url.Values, token string) (int, pluginapi.Reply) {
+		t.Helper()
+		return askAt(srv.URL, method, path, q, token)
 	}
 	mustRefuse := func(what string, status, wantStatus int, r pluginapi.Reply, want string) {
 		t.Helper()
@@ -239,17 +243,7 @@ func TestThePluginAPIAnswersEachUserWithItsOwnRBACAndNothingMore(t *testing.T) {
 		defer down.Close()
 		downSrv := httptest.NewServer(&pluginapi.Handler{Client: cl, Reader: cl, Store: down, Cluster: "dc-a"})
 		defer downSrv.Close()
-		req, _ := http.NewRequestWithContext(ctx, "GET", downSrv.URL+"/v1/namespaces/plug-a/leases", nil)
-		req.Header.Set(pluginapi.TokenHeader, viewer)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var got pluginapi.Reply
-		if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
-			t.Fatal(err)
-		}
+		_, got := askAt(downSrv.URL, "GET", "/v1/namespaces/plug-a/leases", nil, viewer)
 		if got.ExitCode != 1 || !strings.Contains(got.Stderr, "could not answer from the database") ||
 			strings.Contains(got.Stderr, "secret-role") || strings.Contains(got.Stderr, "127.0.0.1:1") || strings.Contains(got.Stderr, "secret-db") {
 			t.Fatalf("a failure's reply: %+v", got)

@@ -380,16 +380,7 @@ func (d tenantsDB) tenant(t *testing.T, ns string) *pgx.Conn {
 func TestATenantsMissedWindowsCannotBuryAnotherNamespacesEvent(t *testing.T) {
 	d := newTenantsDB(t)
 	ctx := context.Background()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	cj := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: "victim", Name: "report", UID: "cj-uid",
-		Annotations: map[string]string{contract.AnnotationMode: "schedule"}}, Spec: batchv1.CronJobSpec{Schedule: "0 * * * *"}}
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(cj).Build()
-	rec := events.NewFakeRecorder(100000)
-	m := NewLedgerMetrics(d.own, "dc-a", c)
-	m.Events = rec
+	m, rec := eventingMetrics(t, d, optedIn("victim", "report", "0 * * * *"), 100000)
 	if err := m.Compute(ctx); err != nil { // the leader's first computation
 		t.Fatal(err)
 	}
@@ -450,4 +441,24 @@ func TestATenantsMissedWindowsCannotBuryAnotherNamespacesEvent(t *testing.T) {
 			}
 		}
 	}
+}
+
+// optedIn is an opted-in CronJob of this cluster.
+func optedIn(namespace, name, schedule string) *batchv1.CronJob {
+	return &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: "cj-uid",
+		Annotations: map[string]string{contract.AnnotationMode: "schedule"}}, Spec: batchv1.CronJobSpec{Schedule: schedule}}
+}
+
+// eventingMetrics are the ledger metrics of cluster dc-a on d, whose
+// CronJob is cj, recording up to n Events.
+func eventingMetrics(t *testing.T, d tenantsDB, cj *batchv1.CronJob, n int) (*LedgerMetrics, *events.FakeRecorder) {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	rec := events.NewFakeRecorder(n)
+	m := NewLedgerMetrics(d.own, "dc-a", fake.NewClientBuilder().WithScheme(scheme).WithObjects(cj).Build())
+	m.Events = rec
+	return m, rec
 }

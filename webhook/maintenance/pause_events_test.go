@@ -5,14 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	batchv1 "k8s.io/api/batch/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
-	"github.com/dislock/dislock/lockagent/contract"
 	"github.com/dislock/dislock/lockagent/store/pause"
 )
 
@@ -35,15 +29,7 @@ func drain(rec *events.FakeRecorder) []string {
 func TestAPauseIsAnEventOnTheCronJobAndAMetricWhileItHolds(t *testing.T) {
 	d := newTenantsDB(t)
 	ctx := context.Background()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	cj := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: "reports", Name: "nightly", UID: "cj-uid",
-		Annotations: map[string]string{contract.AnnotationMode: "schedule"}}, Spec: batchv1.CronJobSpec{Schedule: "0 2 * * *"}}
-	rec := events.NewFakeRecorder(100)
-	m := NewLedgerMetrics(d.own, "dc-a", fake.NewClientBuilder().WithScheme(scheme).WithObjects(cj).Build())
-	m.Events = rec
+	m, rec := eventingMetrics(t, d, optedIn("reports", "nightly", "0 2 * * *"), 100)
 	const metric = `dislock_key_paused{cronjob="nightly",namespace="reports"} 1`
 
 	if _, err := pause.Set(ctx, d.own, pause.Request{Key: "reports/nightly", By: "alice", Reason: "bad release"}); err != nil {
