@@ -16,8 +16,8 @@
 --
 -- Agents of schemas 10-15 know no 'paused' outcome: against a paused key
 -- their pods fail closed (claim_window's answer is unknown to them) or, in
--- lease mode alone, do not see the pause at all; agents of schemas 7-9
--- claim with statements of their own and do not see it either. Without a
+-- lease mode alone, do not see the pause at all; agents of schemas before
+-- 10 claim with statements of their own and do not see it either. Without a
 -- pause nothing changes for them (hence compatible-from 7;
 -- docs/operations.md says to upgrade every cluster's agent before relying
 -- on pauses). A pause is the operator's brake on the agents, not a wall
