@@ -103,10 +103,13 @@ func TestARunGoingWhenItsKeyIsPausedRunsToItsEndAndTheNextWindowRunsOnceResumed(
 		if d := running.decision(); d.Action != protocol.ActionRun {
 			t.Fatalf("dc-a: decision %+v, want run", d)
 		}
-		p := pauseKey(t, j)
-		// Another cluster's pod of the same window is refused for the
-		// pause, not for the claim it meets.
-		mustSkipForThePause(t, "dc-b", j.start(t, podSpec{cluster: "dc-b", window: w, app: app(0, 0)}), p)
+		pauseKey(t, j)
+		// Another cluster's pod of the same window skips for the run it
+		// meets, paused or not.
+		other := j.start(t, podSpec{cluster: "dc-b", window: w, app: app(0, 0)})
+		if code := other.finish(); code != 0 || other.decision().Action != protocol.ActionSkip || !strings.Contains(other.decision().Reason, "already claimed by cluster dc-a") {
+			t.Fatalf("dc-b: exit %d, decision %+v; want a skip for dc-a's run", code, other.decision())
+		}
 		if code := running.finish(); code != 0 {
 			t.Fatalf("the run going when the key was paused: exit %d, want it to run to its end", code)
 		}
@@ -119,6 +122,40 @@ func TestARunGoingWhenItsKeyIsPausedRunsToItsEndAndTheNextWindowRunsOnceResumed(
 		}
 		if runs := readLedger(t, j.ledger); len(runs) != 2 || runs[0].cluster != "dc-a" || runs[1].cluster != "dc-b" {
 			t.Fatalf("runs %+v, want dc-a's of the paused window's start and dc-b's after the resume", runs)
+		}
+	})
+}
+
+// A replacement pod of the Job whose run is going (its node lost, the pod
+// evicted) waits for that run while the key is paused, as it would
+// unpaused: had it skipped, its success would complete the Job, and the
+// Job controller would delete the running pod.
+func TestAReplacementPodWaitsForTheRunningPodOfItsJobWhileTheKeyIsPaused(t *testing.T) {
+	eachTarget(t, func(t *testing.T, dsn string) {
+		for _, mode := range []string{"schedule", "lease", "schedule,lease"} {
+			t.Run(mode, func(t *testing.T) {
+				j := newJob(t, dsn, mode, 5*time.Second)
+				w := nowWindow()
+				first := j.start(t, podSpec{cluster: "dc-a", window: w, app: app(3, 0)})
+				if d := first.decision(); d.Action != protocol.ActionRun {
+					t.Fatalf("the first pod: decision %+v, want run", d)
+				}
+				pauseKey(t, j)
+				replacement := j.start(t, podSpec{cluster: "dc-a", window: w, jobName: first.spec.jobName,
+					podName: first.spec.jobName + "-replacement", app: app(0, 0)})
+				if msg := replacement.terminationMessage(); !strings.HasPrefix(msg, "waiting: ") {
+					t.Fatalf("the replacement's termination message while the run goes on: %q, want it to wait", msg)
+				}
+				if code := first.finish(); code != 0 {
+					t.Fatalf("the running pod: exit %d", code)
+				}
+				if code := replacement.finish(); code != 0 || replacement.decision().Action != protocol.ActionSkip {
+					t.Fatalf("the replacement: exit %d, decision %+v; want a skip once the run ended", code, replacement.decision())
+				}
+				if runs := readLedger(t, j.ledger); len(runs) != 1 || runs[0].stop == 0 {
+					t.Fatalf("runs %+v, want the first pod's, to its end", runs)
+				}
+			})
 		}
 	})
 }

@@ -106,16 +106,10 @@ func undefinedFunction(err error, function string) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedFunction && strings.Contains(pgErr.Message, function)
 }
 
-// sqlstateUndefinedColumn: a column the statement reads does not exist.
-const sqlstateUndefinedColumn = "42703"
-
-// beforePauses reports whether err says the database knows no pause: its
-// claim_window has no pause column, or it has no pause_of (schemas before
-// 16).
+// beforePauses reports whether err says the database knows no pause: it
+// has no claim_unless_paused or pause_of (schemas before 16).
 func beforePauses(err error) bool {
-	var pgErr *pgconn.PgError
-	return undefinedFunction(err, "dislock.pause_of(") ||
-		errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedColumn && strings.Contains(pgErr.Message, "paused_by")
+	return undefinedFunction(err, "dislock.claim_unless_paused(") || undefinedFunction(err, "dislock.pause_of(")
 }
 
 // sqlstateTokensHeld and sqlstateTokensExhausted are raised by

@@ -79,10 +79,14 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 			&db.FiniteTime{Column: "acquired_at", Nullable: &acquired, Problems: &problems},
 			&db.FiniteTime{Column: "expire_at", Nullable: &expires, Problems: &problems},
 			&g.DBTime}, dest...)...)
+		live := holderKey != nil && expires != nil && expires.After(g.DBTime) && holderOwner != nil && *holderOwner != owner.LeaseOwner()
 		switch {
 		case err != nil:
 			return LeaseGrant{}, s.classify("reading holder of lease "+key, err)
-		case pause.by != nil:
+		case pause.by != nil && !live:
+			// Another's live lease is answered as ever, paused or not:
+			// another pod of its Job waits for the run to end (a pause
+			// stops no run), anyone else skips.
 			g.DBTime = g.DBTime.UTC()
 			return g, fmt.Errorf("lease %s: %w", key, pause.err())
 		case len(problems) > 0:

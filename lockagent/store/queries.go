@@ -27,7 +27,8 @@ const commitGuard = `,
          ELSE '' END,
     current_setting('lc_messages') IN ('C', 'POSIX')` // as englishMessages
 
-// qClaimWindow claims through dislock.claim_window (migration 10), the one
+// qClaimWindow claims through dislock.claim_unless_paused (migration 16),
+// which is dislock.claim_window (migration 10), the one
 // place the rule of "Ownership and re-entry" is decided: the same pod
 // re-enters its running claim and keeps its token and claim time; another
 // pod of the same Job ($8 is the Job's owner prefix), or any pod when
@@ -54,8 +55,12 @@ var qClaimWindow = claimWindowQuery(", c.paused_by, c.pause_reason, c.paused_unt
 var qClaimWindowSchema15 = claimWindowQuery("")
 
 func claimWindowQuery(pauseColumns string) string {
+	function := "dislock.claim_unless_paused"
+	if pauseColumns == "" {
+		function = "dislock.claim_window"
+	}
 	return `
-WITH c AS (SELECT * FROM dislock.claim_window($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
+WITH c AS (SELECT * FROM ` + function + `($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
     $7::bigint, $8::text, $9::boolean, $10::jsonb, $11::bigint, $12::bigint, $13::bigint))
 SELECT ` + qualified("(c.w).", windowColumns) + `, c.outcome, c.db_now,
     c.other_clusters, c.other_views, c.other_seen` + pauseColumns + commitGuard + `

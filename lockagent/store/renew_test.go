@@ -132,13 +132,9 @@ func TestRenewWorksOnASchema10Database(t *testing.T) {
 	// Back to schema 10's functions: its claim and renewals as they were,
 	// and none of schema 11's or 16's.
 	for _, q := range []string{
-		`DROP FUNCTION dislock.claim_window(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint)`,
+		`DROP FUNCTION dislock.claim_unless_paused(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint)`,
 		`DROP FUNCTION dislock.pause_of(text)`,
 		string(schema10),
-		// Made again by this superuser: the schema's owner owns it, as
-		// the migrator made it.
-		`DO $$ BEGIN EXECUTE format('ALTER FUNCTION dislock.claim_window(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) OWNER TO %I',
-			(SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'dislock')); END $$`,
 		`DROP FUNCTION dislock.renew(text, timestamptz, int, bigint, text, bigint, bigint)`,
 		`DROP FUNCTION dislock.session_scope()`,
 		`DELETE FROM dislock.schema_migrations WHERE version > 10`} {
@@ -298,10 +294,12 @@ func TestAStoreThatFoundNoPausesAsksAgainAfterTheMigration(t *testing.T) {
 	key := storetest.UniqueKey(t)
 	o := storetest.Owner("dc-a", "job-a", "pod-a")
 	exec(`ALTER FUNCTION dislock.pause_of(text) RENAME TO pause_of_not_yet`)
+	exec(`ALTER FUNCTION dislock.claim_unless_paused(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_unless_paused_not_yet`)
 	if _, err := s.AcquireLease(ctx, key+"-before", o, time.Minute); err != nil {
 		t.Fatalf("a lease on a database without pause_of: %v", err)
 	}
 	exec(`ALTER FUNCTION dislock.pause_of_not_yet(text) RENAME TO pause_of`)
+	exec(`ALTER FUNCTION dislock.claim_unless_paused_not_yet(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_unless_paused`)
 	if _, err := pause.Set(ctx, s, pause.Request{Key: key, By: "alice"}); err != nil {
 		t.Fatal(err)
 	}

@@ -276,15 +276,16 @@ func TestCheckURLNamesATenantsMissingGrant(t *testing.T) {
 			ns := storetest.Namespace(t, "grant")
 			c := storetest.Provision(t, owner, ns)
 			dsn := storetest.TenantDSN(t, tg.DSN, c)
-			if _, err := super.Exec(ctx, "REVOKE EXECUTE ON FUNCTION dislock.claim_window FROM "+tenant.GroupRole); err != nil {
+			// The claim of this release's agents.
+			if _, err := super.Exec(ctx, "REVOKE EXECUTE ON FUNCTION dislock.claim_unless_paused FROM "+tenant.GroupRole); err != nil {
 				t.Fatal(err)
 			}
 			rep := check.URL(ctx, dsn, check.Options{AllowAsync: true})
-			if _, err := super.Exec(ctx, "GRANT EXECUTE ON FUNCTION dislock.claim_window TO "+tenant.GroupRole); err != nil {
+			if _, err := super.Exec(ctx, "GRANT EXECUTE ON FUNCTION dislock.claim_unless_paused TO "+tenant.GroupRole); err != nil {
 				t.Fatal(err)
 			}
 			wantFinding(t, rep, "privileges", check.StatusFail, []string{"namespace " + ns, "missing: EXECUTE on the agent's functions"},
-				[]string{"GRANT EXECUTE ON FUNCTION dislock.claim_window"})
+				[]string{"GRANT EXECUTE ON FUNCTION dislock.claim_unless_paused"})
 			noPassword(t, rep, c.Password)
 
 			// Without the group role, every grant is missing at once.
@@ -313,7 +314,7 @@ func TestCheckURLFailsATenantThatCannotRenewOrWriteItsLedger(t *testing.T) {
 		revoke, restore, missing, fix string
 	}{
 		{"REVOKE EXECUTE ON FUNCTION dislock.renew FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew TO ",
-			"missing: EXECUTE on the agent's functions", "GRANT EXECUTE ON FUNCTION dislock.claim_window, dislock.window_takeable, dislock.renew, dislock.renew_window"},
+			"missing: EXECUTE on the agent's functions", "GRANT EXECUTE ON FUNCTION dislock.claim_unless_paused, dislock.claim_window, dislock.pause_of, dislock.window_takeable, dislock.renew, dislock.renew_window"},
 
 		{"REVOKE EXECUTE ON FUNCTION dislock.record_decision FROM ", "GRANT EXECUTE ON FUNCTION dislock.record_decision TO ",
 			"missing: EXECUTE on the agent's functions", "dislock.record_decision TO " + tenant.GroupRole},

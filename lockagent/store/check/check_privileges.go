@@ -237,7 +237,7 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
       'GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO ` + tenant.GroupRole + `',
       (SELECT bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water'))),
-  (9, 'EXECUTE on the agent''s functions: dislock.claim_window(), window_takeable(), renew(), renew_window(), renew_lease(), record_decision() and pause_of()',
+  (9, 'EXECUTE on the agent''s functions: dislock.claim_window(), claim_unless_paused(), window_takeable(), renew(), renew_window(), renew_lease(), record_decision() and pause_of()',
       'GRANT EXECUTE ON FUNCTION ` + strings.Join(agentFunctions, ", ") + ` TO ` + tenant.GroupRole + `',
       (SELECT count(DISTINCT p.proname) = ` + strconv.Itoa(len(agentFunctions)) + ` AND bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND 'dislock.' || p.proname = ANY(ARRAY['` + strings.Join(agentFunctions, "', '") + `']))),
@@ -256,8 +256,8 @@ ORDER BY n`
 // (each name is one function): renew_window and renew_lease are the
 // renewals of agents of schema 10, still running in clusters not upgraded
 // yet.
-var agentFunctions = []string{"dislock.claim_window", "dislock.window_takeable", "dislock.renew", "dislock.renew_window",
-	"dislock.renew_lease", "dislock.record_decision", "dislock.pause_of"}
+var agentFunctions = []string{"dislock.claim_unless_paused", "dislock.claim_window", "dislock.pause_of", "dislock.window_takeable",
+	"dislock.renew", "dislock.renew_window", "dislock.renew_lease", "dislock.record_decision"}
 
 // catalogRel is the OID of table dislock.<name>, looked up without a
 // privilege on the schema.

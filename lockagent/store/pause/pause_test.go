@@ -74,10 +74,11 @@ func TestAPausedKeyStartsNoRunInAnyClusterButWhatRunsGoesOn(t *testing.T) {
 				}
 			}
 		})
-		t.Run("a new lease, of the key or of one index, is refused", func(t *testing.T) {
-			for _, k := range []string{key, key + "#2"} {
-				_, err := a.AcquireLease(ctx, k, podB, ttl)
-				mustBePaused(t, "lease "+k, err, said)
+		t.Run("a new lease is refused; a live one is held, paused or not", func(t *testing.T) {
+			_, err := a.AcquireLease(ctx, key+"#2", podB, ttl)
+			mustBePaused(t, "lease "+key+"#2", err, said)
+			if _, err := a.AcquireLease(ctx, key, podB, ttl); !errors.Is(err, store.ErrLeaseHeld) {
+				t.Fatalf("lease %s, held: %v, want ErrLeaseHeld", key, err)
 			}
 		})
 		t.Run("the running claim and the live lease are re-entered by their own pod only", func(t *testing.T) {
@@ -89,9 +90,17 @@ func TestAPausedKeyStartsNoRunInAnyClusterButWhatRunsGoesOn(t *testing.T) {
 			if err != nil || !g.Reentered || g.Lease.Token != lease.Lease.Token {
 				t.Fatalf("re-entering the live lease: %+v, %v", g, err)
 			}
-			_, err = a.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed,
-				Owner: standbyB, TTL: ttl, Standby: true})
-			mustBePaused(t, "a standby's claim of the running window", err, said)
+			// Another pod of the run's Job, or a standby, is told the run
+			// goes on, paused or not: it waits for the run's end, where a
+			// skip would complete the Job and have its running pod deleted.
+			if _, err := a.ClaimWindow(ctx, store.ClaimRequest{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed,
+				Owner: standbyB, TTL: ttl, Standby: true}); !errors.Is(err, store.ErrWindowTaken) {
+				t.Fatalf("a standby's claim of the running window: %v, want ErrWindowTaken", err)
+			}
+			sameJob := tenantOwner("dc-a", ns, "report-1", "report-1-replacement")
+			if _, err := a.AcquireLease(ctx, key, sameJob, ttl); !errors.Is(err, store.ErrLeaseHeld) {
+				t.Fatalf("a replacement pod's lease while the run holds it: %v, want ErrLeaseHeld", err)
+			}
 			// Renewals go on: the pause does not stop a running run.
 			if _, err := a.Renew(ctx, store.Renewal{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed,
 				WindowToken: running.Window.Token, LeaseKey: key, LeaseToken: lease.Lease.Token, TTL: ttl}); err != nil {
@@ -162,7 +171,7 @@ func TestAPauseEndsByItselfAtItsUntilByDatabaseTime(t *testing.T) {
 		s := storetest.Open(t, dsn, 4)
 		key := storetest.UniqueKey(t)
 		o := storetest.Owner("dc-a", "job-a", "pod-a")
-		p, err := pause.Set(ctx, s, pause.Request{Key: key, By: "alice", For: 300 * time.Millisecond})
+		p, err := pause.Set(ctx, s, pause.Request{Key: key, By: "alice", For: pause.MinFor})
 		if err != nil {
 			t.Fatal(err)
 		}

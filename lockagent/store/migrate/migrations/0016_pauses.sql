@@ -14,7 +14,8 @@
 -- replaced, so that missed-window detection can tell a window that started
 -- paused (never missed) from one that was missed.
 --
--- Agents of schemas 10-15 know no 'paused' outcome: against a paused key
+-- This release's agents call claim_unless_paused, which says who paused the
+-- key; agents of schemas 10-15 know no 'paused' outcome: against a paused key
 -- their pods fail closed (claim_window's answer is unknown to them) or, in
 -- lease mode alone, do not see the pause at all; agents of schemas before
 -- 10 claim with statements of their own and do not see it either. Without a
@@ -71,34 +72,52 @@ $$;
 REVOKE ALL ON FUNCTION dislock.pause_of(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION dislock.pause_of(text) TO dislock_tenant;
 
--- claim_window (migration 12) gains the 'paused' outcome and the pause's
--- author, reason and end. Its result type changes, so it is dropped and
--- made again in this transaction: callers select its columns by name, and
--- older agents' statements keep working.
-DROP FUNCTION IF EXISTS dislock.claim_window(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint);
+-- pause_holding is the pause that refuses a claim of window p_window of
+-- p_key: one in force now, or one that held when the window started. No
+-- row: none. Only the claim functions (with the owner's rights) call it;
+-- VOLATILE, so that each call sees what committed until it began.
+CREATE OR REPLACE FUNCTION dislock.pause_holding(p_key text, p_window timestamptz,
+    OUT paused_by text, OUT reason text, OUT until timestamptz)
+RETURNS SETOF record
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT p.paused_by, p.reason, p.until FROM dislock.pauses p
+    WHERE p.lock_key = p_key
+      AND (p.resumed_at IS NULL AND (p.until IS NULL OR p.until > statement_timestamp())
+           OR p.paused_at <= p_window AND p_window < coalesce(p.resumed_at, p.until, 'infinity'))
+    ORDER BY p.paused_at DESC LIMIT 1
+$$;
 
-CREATE FUNCTION dislock.claim_window(
+REVOKE ALL ON FUNCTION dislock.pause_holding(text, timestamptz) FROM PUBLIC, dislock_tenant;
+
+-- claim_window (migration 12) gains the 'paused' outcome. Its result type
+-- stays, so that migrations 10 and 12 run again over it (an older
+-- migrator, a schema_migrations row lost) as they did; who paused, until
+-- when and why this release's agents read from claim_unless_paused.
+CREATE OR REPLACE FUNCTION dislock.claim_window(
     p_key text, p_window timestamptz, p_index int, p_owner text, p_cluster text, p_pod text,
     p_ttl_us bigint, p_job_prefix text, p_standby boolean,
     p_view jsonb, p_view_recency_us bigint, p_view_refresh_us bigint, p_max_late_us bigint,
     OUT w dislock.windows, OUT outcome text, OUT db_now timestamptz,
-    OUT other_clusters text[], OUT other_views text[], OUT other_seen timestamptz[],
-    OUT paused_by text, OUT pause_reason text, OUT paused_until timestamptz)
+    OUT other_clusters text[], OUT other_views text[], OUT other_seen timestamptz[])
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     c record;
+    p record;
 BEGIN
     PERFORM dislock.require_scope(p_key, 'claim');
     -- A paused key starts no run, nor does a window that started while a
-    -- pause held; only the same pod's running claim may be re-entered.
-    SELECT p.paused_by, p.reason, p.until INTO paused_by, pause_reason, paused_until FROM dislock.pauses p
-        WHERE p.lock_key = p_key
-          AND (p.resumed_at IS NULL AND (p.until IS NULL OR p.until > now())
-               OR p.paused_at <= p_window AND p_window < coalesce(p.resumed_at, p.until, 'infinity'))
-        ORDER BY p.paused_at DESC LIMIT 1;
-    IF FOUND AND NOT EXISTS (SELECT FROM dislock.windows x WHERE x.lock_key = p_key AND x.window_start = p_window
-                             AND x.job_index = p_index AND x.owner = p_owner AND x.state = 'running') THEN
+    -- pause held. A running claim that is the caller's, or whose owner is
+    -- alive, is answered as ever (re-entered, or refused: another pod of
+    -- its Job, or a standby, waits for the run to end; a pause stops no
+    -- run, and a replacement pod that skipped would complete the Job and
+    -- have its running pod deleted). What would take a run over is
+    -- refused below.
+    IF EXISTS (SELECT FROM dislock.pause_holding(p_key, p_window))
+       AND NOT EXISTS (SELECT FROM dislock.windows x WHERE x.lock_key = p_key AND x.window_start = p_window
+                       AND x.job_index = p_index AND x.state = 'running'
+                       AND (x.owner = p_owner OR x.alive_until > now())) THEN
         -- The caller's own fields, as a stale answer carries (migration
         -- 10): nothing was written.
         db_now := now();
@@ -112,17 +131,17 @@ BEGIN
         p_ttl_us, p_job_prefix, p_standby, p_view, p_view_recency_us, p_view_refresh_us, p_max_late_us);
     w := c.w; outcome := c.outcome; db_now := c.db_now;
     other_clusters := c.other_clusters; other_views := c.other_views; other_seen := c.other_seen;
-    -- A pause that committed while this claim waited for the window's row
-    -- (its first look above was before it): the claim is undone. This
-    -- statement sees what committed until it began.
+    -- A claim that starts a run while a pause holds (one that committed
+    -- while this claim waited for the window's row, after the look above,
+    -- or a live owner that lapsed meanwhile) is undone. This statement sees
+    -- what committed until it began.
     IF outcome IN ('claimed', 'took-over') THEN
-        SELECT p.paused_by, p.reason, p.until INTO paused_by, pause_reason, paused_until FROM dislock.pauses p
-            WHERE p.lock_key = p_key AND p.resumed_at IS NULL AND (p.until IS NULL OR p.until > statement_timestamp());
+        SELECT h.paused_by, h.reason, h.until INTO p FROM dislock.pause_holding(p_key, p_window) h;
         IF FOUND THEN
             RAISE EXCEPTION USING ERRCODE = 'DL004',
                 MESSAGE = format('dislock: %s was paused while this claim of window %s waited', p_key, p_window),
-                DETAIL = paused_by, HINT = pause_reason,
-                COLUMN = coalesce(to_char(paused_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), '');
+                DETAIL = p.paused_by, HINT = p.reason,
+                COLUMN = coalesce(to_char(p.until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), '');
         END IF;
     END IF;
     IF outcome <> 'refused' AND outcome <> 'stale' AND dislock.session_scope() <> '' AND w.token > dislock.token_high_water() THEN
@@ -134,5 +153,30 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION dislock.claim_window(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION dislock.claim_window(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) TO dislock_tenant;
+-- claim_unless_paused is claim_window with, on a 'paused' answer, who
+-- paused the key, until when and why: what this release's agents call.
+CREATE OR REPLACE FUNCTION dislock.claim_unless_paused(
+    p_key text, p_window timestamptz, p_index int, p_owner text, p_cluster text, p_pod text,
+    p_ttl_us bigint, p_job_prefix text, p_standby boolean,
+    p_view jsonb, p_view_recency_us bigint, p_view_refresh_us bigint, p_max_late_us bigint,
+    OUT w dislock.windows, OUT outcome text, OUT db_now timestamptz,
+    OUT other_clusters text[], OUT other_views text[], OUT other_seen timestamptz[],
+    OUT paused_by text, OUT pause_reason text, OUT paused_until timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c record;
+BEGIN
+    SELECT * INTO c FROM dislock.claim_window(p_key, p_window, p_index, p_owner, p_cluster, p_pod,
+        p_ttl_us, p_job_prefix, p_standby, p_view, p_view_recency_us, p_view_refresh_us, p_max_late_us);
+    w := c.w; outcome := c.outcome; db_now := c.db_now;
+    other_clusters := c.other_clusters; other_views := c.other_views; other_seen := c.other_seen;
+    IF outcome = 'paused' THEN
+        SELECT h.paused_by, h.reason, h.until INTO paused_by, pause_reason, paused_until
+            FROM dislock.pause_holding(p_key, p_window) h;
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION dislock.claim_unless_paused(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dislock.claim_unless_paused(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) TO dislock_tenant;
