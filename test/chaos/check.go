@@ -513,10 +513,10 @@ const recordSlack = time.Second
 //
 // L is not observable, so the proof bounds it. The claim is taken by
 // another pod (a run decision for the window with another token, time T in
-// that pod's agent log; or, earlier, the row's last claim by another pod,
-// time T by the database's clock: a standby waiting for the lease, or a pod
-// stopped before it decided, took the row without a run decision) only
-// once lapsed, so L ≤ T. And L = h + TTL, h the
+// that pod's agent log; or, earlier, a claim of the row by another pod, its
+// last or one the grant log kept, time T by the database's clock: a
+// standby waiting for the lease, or a pod stopped before it decided, took
+// the row without a run decision) only once lapsed, so L ≤ T. And L = h + TTL, h the
 // owner's last call that reached the database: so if the pod could not reach
 // it during [E, M] with M = min(T, max(E+TTL, T−TTL)), then h < E (h lies at
 // or before T−TTL ≤ M), so L < E+TTL ≤ M, and [E, L] ⊆ [E, M]. Without a
@@ -549,6 +549,17 @@ func (o *Outcome) unrecordable(r Run, u unit) (bool, string) {
 	if c, ok := o.rowClaim(u); ok && !strings.HasSuffix(c.Owner, "/"+r.Pod) && c.ClaimedAt.After(claimed) &&
 		(take == nil || c.ClaimedAt.Before(take.At)) {
 		take = &decision{At: c.ClaimedAt, Pod: c.Owner + "'s claim of the row", Token: c.Token}
+	}
+	// The grant log has every claim of the row, not only its last: a
+	// standby that took it and then waited, or was stopped, before its
+	// run decision, and whose claim another took in turn.
+	if u.window < len(o.Windows) {
+		for _, g := range o.Grants {
+			if !g.Lease && g.Window == o.unitKey(u) && !strings.HasSuffix(g.Owner, "/"+r.Pod) && g.GrantedAt.After(claimed) &&
+				(take == nil || g.GrantedAt.Before(take.At)) {
+				take = &decision{At: g.GrantedAt, Pod: g.Owner + "'s claim (grant log)", Token: g.Token}
+			}
+		}
 	}
 	m := o.End
 	if take != nil {
@@ -1050,12 +1061,11 @@ type loggedDecision struct {
 }
 
 // pausedSkip: the database answered the pod's claim or lease "paused"
-// (the agent's pausedSkip reason: "skipped: window ... of <key>: paused by
-// <who> until ...; no run of this key starts in any cluster until it is
-// resumed ...").
+// with the harness's pause, as the agent's reason quotes it ("skipped:
+// window ... of <key>: paused by chaos-owner until ...", spelt by
+// store.PauseText).
 func (d loggedDecision) pausedSkip() bool {
-	return d.Action == "skip" && strings.HasPrefix(d.Reason, "skipped: ") && strings.Contains(d.Reason, ": paused by ") &&
-		strings.Contains(d.Reason, "; no run of this key starts in any cluster until it is resumed")
+	return d.Action == "skip" && strings.HasPrefix(d.Reason, "skipped: ") && strings.Contains(d.Reason, ": paused by "+pauseBy+" until ")
 }
 
 // loggedDecisions are the decision lines of pod's agent log, in order.

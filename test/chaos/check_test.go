@@ -26,6 +26,7 @@ func TestUnrecordable(t *testing.T) {
 		sidecars  []Incarnation // the owner's; default: one running throughout
 		take      *time.Time    // the standby's run decision; nil: none
 		rowTaken  *time.Time    // the row's last claim, by the standby; nil: the row is the owner's
+		logTaken  *time.Time    // a claim of the row by a third pod, in the grant log only
 		ownerLog  []string      // more lines of the owner's agent log
 		exception bool
 		says      string
@@ -119,6 +120,12 @@ func TestUnrecordable(t *testing.T) {
 			outages:   []Outage{{From: at(500), To: at(3600), Cluster: "dc-a", What: "cut-cluster (stop)"}},
 			sidecars:  []Incarnation{{From: at(-500), To: at(8000), Code: 0}},
 			exception: true, says: "cut-cluster"},
+		// The row's last claim is the standby's; another pod took it
+		// before, waited for the lease and lost it in turn.
+		{name: "taken first by a claim only the grant log kept", take: nil, rowTaken: ptr(at(6000)), logTaken: ptr(at(3500)),
+			outages:   []Outage{{From: at(500), To: at(3600), Cluster: "dc-a", What: "restart-postgres"}},
+			sidecars:  []Incarnation{{From: at(-500), To: at(3700), Code: 0}},
+			exception: true, says: "grant log"},
 		{name: "taken in the row after the pod could have recorded", take: nil, rowTaken: ptr(at(6000)),
 			outages:   []Outage{{From: at(500), To: at(2000), Cluster: "dc-a", What: "cut-cluster (stop)"}},
 			sidecars:  []Incarnation{{From: at(-500), To: at(8000), Code: 0}},
@@ -152,6 +159,9 @@ func TestUnrecordable(t *testing.T) {
 			o := &Outcome{Settings: Settings{TTL: ttl}, End: at(20000), Outages: c.outages, Pods: []PodRecord{owner, standby}, Windows: []string{"w0"}}
 			if c.rowTaken != nil {
 				o.WindowClaims = map[string]WindowClaim{"w0": {Owner: "dc-b/ns/j/uid/standby", Token: 9, ClaimedAt: *c.rowTaken}}
+			}
+			if c.logTaken != nil {
+				o.Grants = []Grant{{Key: "ns/j", Window: "w0", Owner: "dc-c/ns/j/uid/third", Token: 8, GrantedAt: *c.logTaken}}
 			}
 			run := Run{Cluster: "dc-a", Pod: "owner", Window: 0, Index: -1, Token: 7, Start: at(100), End: at(1000), Code: 0}
 			ok, why := o.unrecordable(run, unit{0, -1})
