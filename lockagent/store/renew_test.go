@@ -303,12 +303,13 @@ func TestAStoreThatFoundNoPausesAsksAgainAfterTheMigration(t *testing.T) {
 	if _, err := pause.Set(ctx, s, pause.Request{Key: key, By: "alice"}); err != nil {
 		t.Fatal(err)
 	}
-	// Another pod each time: a pod's own live lease is re-entered, paused
-	// or not.
+	// Another lease of the key each time (an Indexed Job's index): one
+	// granted before the Store asked again is live, and a live lease is
+	// answered as held, paused or not.
 	n := 0
 	storetest.AwaitCond(t, "the Store to hear of the pause", func() bool {
 		n++
-		_, err := s.AcquireLease(ctx, key, storetest.Owner("dc-a", "job-a", fmt.Sprintf("pod-%d", n)), time.Minute)
+		_, err := s.AcquireLease(ctx, fmt.Sprintf("%s#%d", key, n), o, time.Minute)
 		return errors.Is(err, store.ErrKeyPaused)
 	})
 }

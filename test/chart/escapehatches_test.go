@@ -113,13 +113,13 @@ func TestOnTheNodesNetworkEveryPortIsTheOneChosen(t *testing.T) {
 		vals                 map[string]any
 		hostNetwork          bool
 		dnsPolicy            corev1.DNSPolicy
-		webhook, metrics, hp int32
+		webhook, metrics, hp, plugin int32
 		host, hostPort       string // --host, and the host part of the other two addresses
 	}{
-		{"by default, the pod network and the usual ports", base(), false, "", 9443, 8080, 8081, "", ""},
+		{"by default, the pod network and the usual ports", base(), false, "", 9443, 8080, 8081, 9446, "", ""},
 		{"hostNetwork with ports of its own", base("webhook.hostNetwork", true, "webhook.port", 10443,
-			"webhook.metricsPort", 10480, "webhook.healthPort", 10481), true, corev1.DNSClusterFirstWithHostNet, 10443, 10480, 10481,
-			"$(POD_IP)", "[$(POD_IP)]"},
+			"webhook.metricsPort", 10480, "webhook.healthPort", 10481, "kubectlPlugin.port", 10446), true, corev1.DNSClusterFirstWithHostNet,
+			10443, 10480, 10481, 10446, "$(POD_IP)", "[$(POD_IP)]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -164,7 +164,7 @@ func TestOnTheNodesNetworkEveryPortIsTheOneChosen(t *testing.T) {
 			var want []string
 			if tc.hostNetwork {
 				want = []string{"wait-for-ports"}
-				for _, port := range []int32{tc.webhook, tc.metrics, tc.hp} {
+				for _, port := range []int32{tc.webhook, tc.metrics, tc.hp, tc.plugin} {
 					want = append(want, fmt.Sprintf("%s:%d", tc.hostPort, port))
 				}
 			}

@@ -198,6 +198,18 @@ func (m manifest) find(kind, name string) *unstructured.Unstructured {
 	return nil
 }
 
+// named returns the object of kind called name.
+func (m manifest) named(t testing.TB, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range m {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s in the manifest; it has %s", kind, name, m.ids())
+	return nil
+}
+
 // one returns the only object of kind.
 func (m manifest) one(t testing.TB, kind string) *unstructured.Unstructured {
 	t.Helper()

@@ -430,8 +430,10 @@ func checkContract(t *testing.T, m manifest, w expected) {
 		if pod.ServiceAccountName != sa.GetName() || sa.GetNamespace() != w.ns {
 			t.Errorf("pod runs as %q, the ServiceAccount is %s", pod.ServiceAccountName, id(sa))
 		}
+		// kubectl dislock's RoleBinding binds the plugin's users, not the
+		// webhook (TestTheChartOpensOnlyThePluginPortToAuthenticatedUsersThroughTheProxy).
 		for _, kind := range []string{"ClusterRoleBinding", "RoleBinding"} {
-			b := typed[rbacv1.RoleBinding](t, m.one(t, kind))
+			b := typed[rbacv1.RoleBinding](t, m.named(t, kind, sa.GetName()))
 			if len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != sa.GetName() || b.Subjects[0].Namespace != w.ns {
 				t.Errorf("%s subjects %+v", kind, b.Subjects)
 			}

@@ -51,13 +51,14 @@ patches:
       - {op: add, path: /spec/template/spec/dnsPolicy, value: ClusterFirstWithHostNet}
       - {op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}
       - {op: add, path: /spec/template/spec/containers/0/args/-, value: --port=%[5]d}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --plugin-api-port=%[10]d}
       - {op: add, path: /spec/template/spec/containers/0/args/-, value: --host=$(POD_IP)}
       - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--metrics-bind-address=[$(POD_IP)]:%[6]d"}
       - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--health-probe-bind-address=[$(POD_IP)]:%[7]d"}
       - {op: add, path: /spec/template/spec/containers/0/args/-, value: --insecure-registry}
       - op: replace
         path: /spec/template/spec/containers/0/ports
-        value: [{name: webhook, containerPort: %[5]d}, {name: metrics, containerPort: %[6]d}, {name: health, containerPort: %[7]d}]
+        value: [{name: webhook, containerPort: %[5]d}, {name: metrics, containerPort: %[6]d}, {name: health, containerPort: %[7]d}, {name: plugin-api, containerPort: %[10]d}]
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}}
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "%[8]s"}}
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "%[9]s"}}
@@ -97,7 +98,7 @@ func TestKustomizeInstallRunsAWindow(t *testing.T) {
 		}
 	})
 
-	ports, err := harness.FreePorts(3)
+	ports, err := harness.FreePorts(4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestKustomizeInstallRunsAWindow(t *testing.T) {
 	}
 	repo, tag, _ := strings.Cut(images.DislockRef, ":")
 	overlay := fmt.Sprintf(strings.ReplaceAll(kustomizeOverlay, "CONFIG", config),
-		dc.Name, images.AgentRef, repo, tag, ports[0], ports[1], ports[2], api.Hostname(), api.Port())
+		dc.Name, images.AgentRef, repo, tag, ports[0], ports[1], ports[2], api.Hostname(), api.Port(), ports[3])
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(overlay), 0o600); err != nil {
 		t.Fatal(err)
 	}
