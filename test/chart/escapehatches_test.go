@@ -109,12 +109,12 @@ func TestTheEscapeHatchesReachTheWebhookAfterTheChartsOwn(t *testing.T) {
 func TestOnTheNodesNetworkEveryPortIsTheOneChosen(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name                 string
-		vals                 map[string]any
-		hostNetwork          bool
-		dnsPolicy            corev1.DNSPolicy
+		name                         string
+		vals                         map[string]any
+		hostNetwork                  bool
+		dnsPolicy                    corev1.DNSPolicy
 		webhook, metrics, hp, plugin int32
-		host, hostPort       string // --host, and the host part of the other two addresses
+		host, hostPort               string // --host, and the host part of the other two addresses
 	}{
 		{"by default, the pod network and the usual ports", base(), false, "", 9443, 8080, 8081, 9446, "", ""},
 		{"hostNetwork with ports of its own", base("webhook.hostNetwork", true, "webhook.port", 10443,
