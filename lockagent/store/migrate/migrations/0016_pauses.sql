@@ -75,7 +75,8 @@ GRANT EXECUTE ON FUNCTION dislock.pause_of(text) TO dislock_tenant;
 -- pause_holding is the pause that refuses a claim of window p_window of
 -- p_key: one in force now, or one that held when the window started. No
 -- row: none. Only the claim functions (with the owner's rights) call it;
--- VOLATILE, so that each call sees what committed until it began.
+-- VOLATILE, so that each call sees what committed until it began. A pause
+-- in force is judged at now(), the time a claim records as its claim's.
 CREATE OR REPLACE FUNCTION dislock.pause_holding(p_key text, p_window timestamptz,
     OUT paused_by text, OUT reason text, OUT until timestamptz)
 RETURNS SETOF record
@@ -83,7 +84,7 @@ LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT p.paused_by, p.reason, p.until FROM dislock.pauses p
     WHERE p.lock_key = p_key
-      AND (p.resumed_at IS NULL AND (p.until IS NULL OR p.until > statement_timestamp())
+      AND (p.resumed_at IS NULL AND (p.until IS NULL OR p.until > now())
            OR p.paused_at <= p_window AND p_window < coalesce(p.resumed_at, p.until, 'infinity'))
     ORDER BY p.paused_at DESC LIMIT 1
 $$;
