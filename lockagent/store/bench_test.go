@@ -116,7 +116,7 @@ var pgbenchBaselines = map[string]pgbenchBaseline{
 		query:   store.AcquireLeaseSQL,
 		prelude: "\\set w random(1, 1000000000000)\n",
 		args: func(prefix string) []string {
-			return []string{"'" + prefix + "lease-' || :w", "'dc-a/ns/job/uid/pod'", "30000000", "'" + prefix + "lease-' || :w"}
+			return []string{"'" + prefix + "lease-' || :w", "'dc-a/ns/job/uid/pod'", "30000000"}
 		},
 		written: `SELECT count(*) FROM dislock.leases WHERE starts_with(lock_key, $1)`,
 	},
@@ -474,6 +474,88 @@ func (d decisionBench) run(tb testing.TB, calls benchscale.DecisionStatements, c
 	// start), and then the second's three pods are all refused.
 	if windows == 0 || windows > n || decisions != decisionClusters*n {
 		tb.Fatalf("%d pgbench transactions claimed %d windows and recorded %d decisions; want 1 to %d, and %d", n, windows, decisions, n, decisionClusters*n)
+	}
+	return tps, n
+}
+
+// BenchmarkLeaseDecision measures what a lease-mode pod's decision costs
+// PostgreSQL: pgbench through PgBouncer as a tenant role, each transaction
+// one key's pods of three clusters asking for a fresh lease (one is
+// granted, two refused), as AcquireLease sends it: one call of
+// dislock.acquire_lease (schema 17), against the baseline, in the same run
+// on the same database, of schema 16's statements (the grant under
+// row-level security, and for a refusal a second statement to read who
+// holds the lease and whether the key is paused).
+func BenchmarkLeaseDecision(b *testing.B) {
+	l := leaseBench{newTenantBench(b, "lease")}
+	const clients = 4
+	for _, v := range leaseCalls {
+		b.Run("calls="+v.name, func(b *testing.B) {
+			tps, cpu := l.measure(b, func() (float64, int) { return l.run(b, v.pod, clients, max(1, b.N/clients)) })
+			b.ReportMetric(decisionClusters*tps, "decisions/s")
+			b.ReportMetric(float64(cpu)/float64(time.Millisecond)/decisionClusters, "PG-CPU-ms/decision")
+		})
+	}
+}
+
+// TestLeaseBaselinesDecide runs BenchmarkLeaseDecision's scripts for a few
+// transactions each, as make bench runs them for thousands.
+func TestLeaseBaselinesDecide(t *testing.T) {
+	l := leaseBench{newTenantBench(t, "lease")}
+	for _, v := range leaseCalls {
+		t.Run(v.name, func(t *testing.T) { l.run(t, v.pod, 2, 3) })
+	}
+}
+
+// leaseCalls are what BenchmarkLeaseDecision compares: what one pod of
+// cluster sends for lease key, granted when it is the first to ask.
+var leaseCalls = []struct {
+	name string
+	pod  func(key, cluster string, first bool) (string, error)
+}{
+	{"schema-16-statements", func(key, cluster string, first bool) (string, error) {
+		grant, err := benchscale.PgbenchScript(store.AcquireLeaseSchema16SQL, "", []string{key, "'" + cluster + "/ns/job/uid/pod'", "60000000", key})
+		if err != nil || first {
+			return grant, err
+		}
+		refusal, err := benchscale.PgbenchScript(store.LeaseRefusalSQL, "", []string{key, key})
+		return grant + refusal, err
+	}},
+	{"acquire_lease", func(key, cluster string, _ bool) (string, error) {
+		return benchscale.PgbenchScript(store.AcquireLeaseSQL, "", []string{key, "'" + cluster + "/ns/job/uid/pod'", "60000000"})
+	}},
+}
+
+// leaseBench takes leases of its namespace.
+type leaseBench struct{ *tenantBench }
+
+// run has pgbench decide clients × transactions times with pod on fresh
+// lease keys of its own, checks that each transaction granted one lease,
+// and returns pgbench's transactions per second and their number.
+func (l leaseBench) run(tb testing.TB, pod func(key, cluster string, first bool) (string, error), clients, transactions int) (float64, int) {
+	ctx := context.Background()
+	prefix := l.ns + "/t" + strconv.FormatInt(storetest.Seq(), 10) + "-"
+	key := "'" + prefix + "' || :w"
+	script := "\\set w random(1, 1000000000000)\n"
+	for c := range decisionClusters {
+		one, err := pod(key, fmt.Sprintf("dc-%d", c), c == 0)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		script += one
+	}
+	tps, err := benchscale.PgbenchTransactions(ctx, l.srv.Pgbench(), l.dsn, script, clients, transactions)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n := clients * transactions
+	var leases, first int
+	if err := l.owner.Handle().Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE starts_with(owner, 'dc-0/'))
+		FROM dislock.leases WHERE starts_with(lock_key, $1)`, prefix).Scan(&leases, &first); err != nil {
+		tb.Fatal(err)
+	}
+	if leases != n || first != n {
+		tb.Fatalf("%d pgbench transactions left %d leases, %d of them the first cluster's; want %d each", n, leases, first, n)
 	}
 	return tps, n
 }

@@ -13,10 +13,18 @@ WHERE lock_key = $1::text AND window_start = $2::timestamptz AND job_index = $3:
 // on schemas before 16: the statement of the schema-10 baselines.
 var ClaimWindowSchema15SQL = qClaimWindowSchema15
 
-// SetPauseProbeInterval sets how long a Store that found no pauses keeps to
-// schema 15's statements, until the test ends.
-func SetPauseProbeInterval(t interface{ Cleanup(func()) }, d time.Duration) {
-	old := pauseProbeInterval
-	pauseProbeInterval = d
-	t.Cleanup(func() { pauseProbeInterval = old })
+// AcquireLeaseSchema16SQL and LeaseRefusalSQL are what AcquireLease sends
+// on a database at schema 16 (no dislock.acquire_lease): the grant ($1..$4:
+// key, owner, TTL in µs, PauseKey(key)), and on no row the refusal's read
+// ($1 key, $2 PauseKey(key)).
+const AcquireLeaseSchema16SQL = qAcquireLeaseSchema16
+
+var LeaseRefusalSQL = qLeaseRefusal
+
+// SetProbeInterval sets how long a Store that found the database without
+// a function it calls keeps to the older statements, until the test ends.
+func SetProbeInterval(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := probeInterval
+	probeInterval = d
+	t.Cleanup(func() { probeInterval = old })
 }

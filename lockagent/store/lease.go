@@ -34,7 +34,8 @@ type LeaseGrant struct {
 }
 
 // AcquireLease takes a free or expired lease, or re-enters the caller's own.
-// A live lease of another owner is ErrLeaseHeld with the holder's row.
+// A live lease of another owner is ErrLeaseHeld with the holder's row; a
+// paused key ErrKeyPaused (see qAcquireLease).
 func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl time.Duration) (LeaseGrant, error) {
 	if err := owner.Validate(); err != nil {
 		return LeaseGrant{}, fmt.Errorf("acquiring lease %s: %w", key, err)
@@ -44,60 +45,143 @@ func (s *Store) AcquireLease(ctx context.Context, key string, owner Owner, ttl t
 	}
 	for attempt := 0; attempt < 3; attempt++ {
 		var g LeaseGrant
-		var inserted bool
-		scan := func(row pgx.Row) error { return scanLease(row, &g.Lease, &inserted, &g.DBTime) }
+		var retry bool
 		var err error
-		old := s.noPauses()
+		old := s.noLeaseCall.now()
 		if !old {
-			err = s.writeRow(ctx, scan, qAcquireLease, key, owner.LeaseOwner(), db.Micros(ttl), PauseKey(key))
+			g, retry, err = s.acquireLease(ctx, key, owner, ttl)
 		}
-		if old || beforePauses(err) {
-			// A database not migrated to schema 16 yet: no pause to hear of.
+		if old || undefinedFunction(err, "dislock.acquire_lease(") {
+			// A database not migrated to schema 17 yet.
 			if !old {
-				s.foundNoPauses()
+				s.noLeaseCall.found()
 			}
-			err = s.writeRow(ctx, scan, qAcquireLeaseSchema15, key, owner.LeaseOwner(), db.Micros(ttl))
+			g, retry, err = s.acquireLeaseSchema16(ctx, key, owner, ttl)
 		}
-		switch {
-		case err == nil:
-			g.Reentered = !inserted && !g.Lease.AcquiredAt.Equal(g.DBTime)
-			return g, nil
-		case !errors.Is(err, pgx.ErrNoRows):
-			return LeaseGrant{}, s.classify("acquiring lease "+key, err)
-		}
-		// The holder's columns are NULL when there is none.
-		var holderKey, holderOwner *string
-		var holderToken *int64
-		var acquired, expires *time.Time
-		var problems []string
-		var pause pauseColumns
-		refusal, args, dest := qLeaseRefusal, []any{key, PauseKey(key)}, []any{&pause.by, &pause.reason, &pause.until}
-		if old || s.noPauses() {
-			refusal, args, dest = qLeaseRefusalSchema15, args[:1], nil
-		}
-		err = s.h.Pool.QueryRow(ctx, refusal, args...).Scan(append([]any{&holderKey, &holderOwner, &holderToken,
-			&db.FiniteTime{Column: "acquired_at", Nullable: &acquired, Problems: &problems},
-			&db.FiniteTime{Column: "expire_at", Nullable: &expires, Problems: &problems},
-			&g.DBTime}, dest...)...)
-		live := holderKey != nil && expires != nil && expires.After(g.DBTime) && holderOwner != nil && *holderOwner != owner.LeaseOwner()
-		switch {
-		case err != nil:
-			return LeaseGrant{}, s.classify("reading holder of lease "+key, err)
-		case pause.by != nil && !live:
-			// Another's live lease is answered as ever, paused or not:
-			// another pod of its Job waits for the run to end (a pause
-			// stops no run), anyone else skips.
-			g.DBTime = g.DBTime.UTC()
-			return g, fmt.Errorf("lease %s: %w", key, pause.err())
-		case len(problems) > 0:
-			return LeaseGrant{}, s.classify("reading holder of lease "+key, &db.UnreadableRow{Table: "leases", Key: key, Problems: problems})
-		case holderKey != nil && holderOwner != nil && holderToken != nil && acquired != nil && expires != nil:
-			g.DBTime = g.DBTime.UTC()
-			g.Lease = Lease{Key: *holderKey, Owner: *holderOwner, Token: *holderToken, AcquiredAt: acquired.UTC(), ExpireAt: expires.UTC()}
-			return g, fmt.Errorf("lease %s: %w: %s until %s", key, ErrLeaseHeld, g.Lease.Owner, g.Lease.ExpireAt.Format(time.RFC3339))
+		if !retry {
+			return g, err
 		}
 	}
 	return LeaseGrant{}, fmt.Errorf("acquiring lease %s: the row kept disappearing", key)
+}
+
+// acquireLease is one call of dislock.acquire_lease (migration 17). retry:
+// refused by a holder whose row was gone when read.
+func (s *Store) acquireLease(ctx context.Context, key string, owner Owner, ttl time.Duration) (g LeaseGrant, retry bool, err error) {
+	var outcome string
+	var h holder
+	var pause pauseColumns
+	err = s.writeRowActing(ctx, func(row pgx.Row) error {
+		return row.Scan(append(h.dest(), &outcome, &g.DBTime, &pause.by, &pause.reason, &pause.until)...)
+	}, func() bool { return outcome == "granted" || outcome == "reentered" }, qAcquireLease, key, owner.LeaseOwner(), db.Micros(ttl))
+	switch {
+	case undefinedFunction(err, "dislock.acquire_lease("):
+		return LeaseGrant{}, false, err // AcquireLease falls back
+	case err != nil:
+		return LeaseGrant{}, false, s.classify("acquiring lease "+key, err)
+	}
+	g.DBTime = g.DBTime.UTC()
+	switch outcome {
+	case "granted", "reentered":
+		l, ok, err := h.lease(key)
+		switch {
+		case err != nil:
+			return LeaseGrant{}, false, fmt.Errorf("acquiring lease %s: %w", key, err)
+		case !ok:
+			return LeaseGrant{}, false, fmt.Errorf("acquiring lease %s: the database granted it without a row", key)
+		}
+		g.Lease, g.Reentered = l, outcome == "reentered"
+		return g, false, nil
+	case "paused":
+		return g, false, fmt.Errorf("lease %s: %w", key, pause.err())
+	case "held":
+		return h.refusal(g, key)
+	}
+	return LeaseGrant{}, false, fmt.Errorf("acquiring lease %s: the database answered %q, which this dislock does not know", key, outcome)
+}
+
+// acquireLeaseSchema16 acquires with the statements of schemas 15 and 16
+// (qAcquireLeaseSchema16, and qLeaseRefusal to say why it was refused).
+func (s *Store) acquireLeaseSchema16(ctx context.Context, key string, owner Owner, ttl time.Duration) (g LeaseGrant, retry bool, err error) {
+	var inserted bool
+	scan := func(row pgx.Row) error { return scanLease(row, &g.Lease, &inserted, &g.DBTime) }
+	old := s.noPauses.now()
+	if !old {
+		err = s.writeRow(ctx, scan, qAcquireLeaseSchema16, key, owner.LeaseOwner(), db.Micros(ttl), PauseKey(key))
+	}
+	if old || beforePauses(err) {
+		// A database not migrated to schema 16 yet: no pause to hear of.
+		if !old {
+			s.noPauses.found()
+		}
+		err = s.writeRow(ctx, scan, qAcquireLeaseSchema15, key, owner.LeaseOwner(), db.Micros(ttl))
+	}
+	switch {
+	case err == nil:
+		g.Reentered = !inserted && !g.Lease.AcquiredAt.Equal(g.DBTime)
+		return g, false, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return LeaseGrant{}, false, s.classify("acquiring lease "+key, err)
+	}
+	var h holder
+	var pause pauseColumns
+	refusal, args, dest := qLeaseRefusal, []any{key, PauseKey(key)}, []any{&pause.by, &pause.reason, &pause.until}
+	if old || s.noPauses.now() {
+		refusal, args, dest = qLeaseRefusalSchema15, args[:1], nil
+	}
+	if err := s.h.Pool.QueryRow(ctx, refusal, args...).Scan(append(append(h.dest(), &g.DBTime), dest...)...); err != nil {
+		return LeaseGrant{}, false, s.classify("reading holder of lease "+key, err)
+	}
+	g.DBTime = g.DBTime.UTC()
+	live := h.owner != nil && h.expires != nil && h.expires.After(g.DBTime) && *h.owner != owner.LeaseOwner()
+	if pause.by != nil && !live {
+		// Another's live lease is answered as ever, paused or not:
+		// another pod of its Job waits for the run to end (a pause stops
+		// no run), anyone else skips.
+		return g, false, fmt.Errorf("lease %s: %w", key, pause.err())
+	}
+	return h.refusal(g, key)
+}
+
+// holder is a lease's row as a refusal reads it: every column NULL when
+// there is none.
+type holder struct {
+	key, owner        *string
+	token             *int64
+	acquired, expires *time.Time
+	problems          []string
+}
+
+// dest is where a row of leaseColumns scans into.
+func (h *holder) dest() []any {
+	return []any{&h.key, &h.owner, &h.token,
+		&db.FiniteTime{Column: "acquired_at", Nullable: &h.acquired, Problems: &h.problems},
+		&db.FiniteTime{Column: "expire_at", Nullable: &h.expires, Problems: &h.problems}}
+}
+
+// lease is the row; ok false when there was none.
+func (h *holder) lease(key string) (l Lease, ok bool, err error) {
+	if len(h.problems) > 0 {
+		return Lease{}, false, &db.UnreadableRow{Table: "leases", Key: key, Problems: h.problems}
+	}
+	if h.key == nil || h.owner == nil || h.token == nil || h.acquired == nil || h.expires == nil {
+		return Lease{}, false, nil
+	}
+	return Lease{Key: *h.key, Owner: *h.owner, Token: *h.token, AcquiredAt: h.acquired.UTC(), ExpireAt: h.expires.UTC()}, true, nil
+}
+
+// refusal is ErrLeaseHeld with the holder's row in g; retry when the row
+// was gone when read.
+func (h *holder) refusal(g LeaseGrant, key string) (LeaseGrant, bool, error) {
+	l, ok, err := h.lease(key)
+	switch {
+	case err != nil:
+		return LeaseGrant{}, false, fmt.Errorf("reading holder of lease %s: %w", key, err)
+	case !ok:
+		return LeaseGrant{}, true, nil
+	}
+	g.Lease = l
+	return g, false, fmt.Errorf("lease %s: %w: %s until %s", key, ErrLeaseHeld, l.Owner, l.ExpireAt.Format(time.RFC3339))
 }
 
 // RenewLease extends the caller's lease while it is still live at database

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
+	"github.com/dislock/dislock/lockagent/store/pause"
+	"github.com/dislock/dislock/test/pgtest"
 )
 
 func TestLeaseHasOneHolderAndTheSamePodReenters(t *testing.T) {
@@ -162,6 +165,76 @@ func TestContendedLeaseNeverHasTwoLiveHolders(t *testing.T) {
 		wg.Wait()
 		if granted.Load() < acquisitions {
 			t.Fatalf("only %d acquisitions", granted.Load())
+		}
+	})
+}
+
+// This release's agents take a lease in one call (schema 17) and, on a
+// database not migrated yet, with schema 16's statements: each answer is
+// the same on both, paused or not.
+func TestALeaseIsAnsweredAlikeOnSchemas16And17(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "lease16"})
+	storetest.Open(t, srv.DirectDSN(), 1) // migrated to this release's schema
+	super := storetest.RawConn(t, srv.SuperuserDSN())
+	ctx := context.Background()
+	exec := func(q string) {
+		t.Helper()
+		if err := super.PgConn().Exec(ctx, q).Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scenario := func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
+		key := storetest.UniqueKey(t)
+		a, b := storetest.Owner("dc-a", "job-a", "pod-a"), storetest.Owner("dc-b", "job-b", "pod-b")
+		g, err := s.AcquireLease(ctx, key, a, ttl)
+		if err != nil || g.Reentered || g.Lease.Owner != a.LeaseOwner() || g.Lease.Token == 0 || !g.Lease.AcquiredAt.Equal(g.DBTime) {
+			t.Fatalf("a free lease: %+v, %v", g, err)
+		}
+		again, err := s.AcquireLease(ctx, key, a, ttl)
+		if err != nil || !again.Reentered || again.Lease.Token != g.Lease.Token || !again.Lease.AcquiredAt.Equal(g.Lease.AcquiredAt) {
+			t.Fatalf("the holder again: %+v, %v", again, err)
+		}
+		if held, err := s.AcquireLease(ctx, key, b, ttl); !errors.Is(err, store.ErrLeaseHeld) || held.Lease != again.Lease {
+			t.Fatalf("another owner: %+v, %v (holder %+v)", held, err, again.Lease)
+		}
+		if _, err := pause.Set(ctx, s, pause.Request{Key: key, By: "alice", Reason: "hold on"}); err != nil {
+			t.Fatal(err)
+		}
+		// A pause stops no run: the holder re-enters, and another owner
+		// meets the holder, not the pause.
+		if again, err := s.AcquireLease(ctx, key, a, ttl); err != nil || !again.Reentered || again.Lease.Token != g.Lease.Token {
+			t.Fatalf("the holder while paused: %+v, %v", again, err)
+		}
+		if _, err := s.AcquireLease(ctx, key, b, ttl); !errors.Is(err, store.ErrLeaseHeld) {
+			t.Fatalf("another owner while the holder runs paused: %v", err)
+		}
+		if ok, err := s.ReleaseLease(ctx, key, g.Lease.Token); err != nil || !ok {
+			t.Fatalf("release: %v, %v", ok, err)
+		}
+		for _, k := range []string{key, key + "#3"} {
+			p, err := s.AcquireLease(ctx, k, b, ttl)
+			if !errors.Is(err, store.ErrKeyPaused) || !strings.Contains(err.Error(), `paused by alice until resumed ("hold on")`) || p.Lease != (store.Lease{}) {
+				t.Fatalf("lease %s while paused: %+v, %v", k, p, err)
+			}
+		}
+		if _, ok, err := pause.Resume(ctx, s, key, "alice"); err != nil || !ok {
+			t.Fatal(err)
+		}
+		if next, err := s.AcquireLease(ctx, key, b, ttl); err != nil || next.Reentered || next.Lease.Token <= g.Lease.Token {
+			t.Fatalf("after the resume: %+v, %v", next, err)
+		}
+	}
+	t.Run("schema17", func(t *testing.T) {
+		for _, tg := range srv.Targets() {
+			t.Run(tg.Name, func(t *testing.T) { scenario(t, tg.DSN) })
+		}
+	})
+	exec(`ALTER FUNCTION dislock.acquire_lease(text, text, bigint) RENAME TO acquire_lease_not_yet`)
+	defer exec(`ALTER FUNCTION dislock.acquire_lease_not_yet(text, text, bigint) RENAME TO acquire_lease`)
+	t.Run("schema16", func(t *testing.T) {
+		for _, tg := range srv.Targets() {
+			t.Run(tg.Name, func(t *testing.T) { scenario(t, tg.DSN) })
 		}
 	})
 }

@@ -133,7 +133,18 @@ WITH unit AS (
     DELETE FROM dislock.window_units WHERE lock_key = $1::text AND window_start = $2::timestamptz)
 DELETE FROM dislock.windows WHERE lock_key = $1::text AND window_start = $2::timestamptz`
 
-// qAcquireLease takes a free or expired lease, or re-enters the caller's own
+// qAcquireLease calls dislock.acquire_lease (migration 17): lease $1 for
+// owner $2 for TTL $3 µs, granted, re-entered or refused in one call: the
+// row (the holder's when refused, NULL when there is none or the key is
+// paused), the outcome (granted, reentered, held, paused), now(), and who
+// paused the key, why and until when. See qAcquireLeaseSchema16 for the
+// rule.
+var qAcquireLease = `
+WITH a AS (SELECT * FROM dislock.acquire_lease($1::text, $2::text, $3::bigint))
+SELECT ` + qualified("(a.l).", leaseColumns) + `, a.outcome, a.db_now, a.paused_by, a.pause_reason, a.paused_until` + commitGuard + `
+FROM a`
+
+// qAcquireLeaseSchema16 takes a free or expired lease, or re-enters the caller's own
 // live lease (same pod: a restarted sidecar) keeping its token. Taking an
 // expired or released lease, even one's own, is a new grant with a new token.
 //
@@ -148,7 +159,7 @@ DELETE FROM dislock.windows WHERE lock_key = $1::text AND window_start = $2::tim
 // applies (the CronJob's key: "key" for "key#i"). While $4 is paused
 // (migration 16) only the owner's own live lease is re-entered, and
 // nothing else is written. No row: refused, and qLeaseRefusal says why.
-const qAcquireLease = `
+const qAcquireLeaseSchema16 = `
 WITH p AS (SELECT * FROM dislock.pause_of($4::text))
 INSERT INTO dislock.leases AS l (lock_key, owner, token, acquired_at, expire_at)
 SELECT $1::text, $2::text, dislock.next_token(), now(), now() + $3::bigint * interval '1 microsecond'
@@ -159,7 +170,7 @@ WHERE (l.expire_at <= now() OR l.owner = EXCLUDED.owner)
   AND (NOT EXISTS (SELECT FROM p) OR (l.owner = EXCLUDED.owner AND l.expire_at > now()))
 RETURNING ` + leaseColumns + `, (xmax = 0), now()` + commitGuard
 
-// qAcquireLeaseSchema15 is qAcquireLease ($1..$3) on a database not migrated
+// qAcquireLeaseSchema15 is qAcquireLeaseSchema16 ($1..$3) on a database not migrated
 // to schema 16 yet, which knows no pause (see Store.noPauses).
 const qAcquireLeaseSchema15 = `
 INSERT INTO dislock.leases AS l (lock_key, owner, token, acquired_at, expire_at)
@@ -180,7 +191,7 @@ const leaseGrant = `ON CONFLICT (lock_key) DO UPDATE SET
     expire_at   = EXCLUDED.expire_at
 `
 
-// qLeaseRefusal says why qAcquireLease returned no row: lease $1's holder
+// qLeaseRefusal says why qAcquireLeaseSchema16 returned no row: lease $1's holder
 // (NULL columns when there is none) and key $2's pause, if any.
 var qLeaseRefusal = `
 SELECT ` + qualified("l.", leaseColumns) + `, now(), p.paused_by, p.reason, p.until

@@ -130,8 +130,9 @@ func TestRenewWorksOnASchema10Database(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Back to schema 10's functions: its claim and renewals as they were,
-	// and none of schema 11's or 16's.
+	// and none of schema 11's, 16's or 17's.
 	for _, q := range []string{
+		`DROP FUNCTION dislock.acquire_lease(text, text, bigint)`,
 		`DROP FUNCTION dislock.claim_unless_paused(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint)`,
 		`DROP FUNCTION dislock.pause_of(text)`,
 		string(schema10),
@@ -275,12 +276,12 @@ func rolesWithoutANamespace(t *testing.T, dsn, suffix string) (byHand, wholesale
 			"GRANT SELECT ON ALL TABLES IN SCHEMA dislock TO $role", "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA dislock TO $role")
 }
 
-// A Store that found the database without pauses (schema 15, its
-// migration not committed yet) keeps to schema 15's statements only a
-// while: a lock gateway lives through the migration, and must hear of a
-// pause set after it.
+// A Store that found the database without pauses (schema 15, the
+// migrations of 16 and 17 not committed yet) keeps to schema 15's
+// statements only a while: a lock gateway lives through the migration,
+// and must hear of a pause set after it.
 func TestAStoreThatFoundNoPausesAsksAgainAfterTheMigration(t *testing.T) {
-	store.SetPauseProbeInterval(t, 200*time.Millisecond)
+	store.SetProbeInterval(t, 200*time.Millisecond)
 	srv := pgtest.New(t, pgtest.Options{Name: "reprobe"})
 	s := storetest.Open(t, srv.DirectDSN(), 2)
 	super := storetest.RawConn(t, srv.SuperuserDSN())
@@ -293,11 +294,13 @@ func TestAStoreThatFoundNoPausesAsksAgainAfterTheMigration(t *testing.T) {
 	}
 	key := storetest.UniqueKey(t)
 	o := storetest.Owner("dc-a", "job-a", "pod-a")
+	exec(`ALTER FUNCTION dislock.acquire_lease(text, text, bigint) RENAME TO acquire_lease_not_yet`)
 	exec(`ALTER FUNCTION dislock.pause_of(text) RENAME TO pause_of_not_yet`)
 	exec(`ALTER FUNCTION dislock.claim_unless_paused(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_unless_paused_not_yet`)
 	if _, err := s.AcquireLease(ctx, key+"-before", o, time.Minute); err != nil {
 		t.Fatalf("a lease on a database without pause_of: %v", err)
 	}
+	exec(`ALTER FUNCTION dislock.acquire_lease_not_yet(text, text, bigint) RENAME TO acquire_lease`)
 	exec(`ALTER FUNCTION dislock.pause_of_not_yet(text) RENAME TO pause_of`)
 	exec(`ALTER FUNCTION dislock.claim_unless_paused_not_yet(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_unless_paused`)
 	if _, err := pause.Set(ctx, s, pause.Request{Key: key, By: "alice"}); err != nil {

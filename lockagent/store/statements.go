@@ -15,10 +15,12 @@ package store
 // synchronous_commit for the rest of its transaction.
 var ClaimWindowSQL = qClaimWindow
 
+// AcquireLeaseSQL is the statement AcquireLease runs, with its parameters
+// $1..$3 (key, owner, TTL in µs); it answers a row whatever the outcome
+// (see qAcquireLease).
+var AcquireLeaseSQL = qAcquireLease
+
 const (
-	// AcquireLeaseSQL is the statement AcquireLease runs, with its
-	// parameters $1..$4 (key, owner, TTL in µs, PauseKey(key)).
-	AcquireLeaseSQL = qAcquireLease
 	// RenewSQL is the statement Renew runs, with its parameters $1..$7
 	// (key, window, job index, the window's token or NULL, the lease's key
 	// or NULL, the lease's token or NULL, TTL in µs). The herd benchmark

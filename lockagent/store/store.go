@@ -47,24 +47,31 @@ type Store struct {
 	// migrated yet); Renew uses schema 10's renewals from then on (see
 	// Store.Renew).
 	schema10Renewals atomic.Bool
-	// noPausesUntil (Unix nanoseconds): the database was not migrated to
-	// schema 16 when last asked, and knows no pause; claims and leases use
-	// schema 15's statements until then, and ask again after (see
-	// noPauses).
-	noPausesUntil atomic.Int64
+	// noPauses: the database was not migrated to schema 16 when last
+	// asked, and knows no pause; claims and leases use schema 15's
+	// statements meanwhile.
+	noPauses lacking
+	// noLeaseCall: the database was not migrated to schema 17 when last
+	// asked, and has no dislock.acquire_lease; leases use schema 16's
+	// statements meanwhile.
+	noLeaseCall lacking
 }
 
-// pauseProbeInterval (a variable for the tests) is how long a Store that found a database without
-// pauses keeps to schema 15's statements before it tries schema 16's
-// again: a lock gateway lives through the migration.
-var pauseProbeInterval = time.Minute
+// probeInterval (a variable for the tests) is how long a Store that found
+// the database without a function this release calls keeps to the older
+// statements before it tries the newer ones again: a lock gateway, or a
+// webhook, lives through the migration.
+var probeInterval = time.Minute
 
-// noPauses reports whether the database was found without pauses less
-// than pauseProbeInterval ago.
-func (s *Store) noPauses() bool { return time.Now().UnixNano() < s.noPausesUntil.Load() }
+// lacking remembers, for probeInterval, that the database lacked something
+// this release calls (a migration not applied yet).
+type lacking struct{ until atomic.Int64 } // Unix nanoseconds
 
-// foundNoPauses notes that the database knows no pause.
-func (s *Store) foundNoPauses() { s.noPausesUntil.Store(time.Now().Add(pauseProbeInterval).UnixNano()) }
+// now reports whether it was found lacking less than probeInterval ago.
+func (l *lacking) now() bool { return time.Now().UnixNano() < l.until.Load() }
+
+// found notes that the database lacks it.
+func (l *lacking) found() { l.until.Store(time.Now().Add(probeInterval).UnixNano()) }
 
 // ParseDatabaseURL turns a libpq connection string (URL or key=value) into a
 // pool configuration. Unless the string sets default_query_exec_mode itself,

@@ -156,14 +156,14 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 		}, func() bool { return claims(outcome) }, query, args...)
 	}
 	var err error
-	old := s.noPauses()
+	old := s.noPauses.now()
 	if !old {
 		err = claim(qClaimWindow, &pause.by, &pause.reason, &pause.until)
 	}
 	if old || beforePauses(err) {
 		// A database not migrated to schema 16 yet: no pause to hear of.
 		if !old {
-			s.foundNoPauses()
+			s.noPauses.found()
 		}
 		err = claim(qClaimWindowSchema15)
 	}

@@ -126,12 +126,12 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 		if claim != nil && claim[12] != "refused" {
 			windowToken = claim[6]
 		}
-		lease, err := firstRow(ctx, tx, store.AcquireLeaseSQL, key, o.LeaseOwner(), db.Micros(ttl), store.PauseKey(key))
+		lease, err := firstRow(ctx, tx, store.AcquireLeaseSQL, key, o.LeaseOwner(), db.Micros(ttl))
 		if err != nil {
 			return fmt.Errorf("taking a lease: %w", err)
 		}
 		var leaseKey, leaseToken any
-		if lease != nil {
+		if lease != nil && (lease[5] == "granted" || lease[5] == "reentered") {
 			leaseKey, leaseToken = key, lease[2]
 		}
 		// A real job of the probe's key may hold the window or the lease:
@@ -190,7 +190,8 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 // firstRow runs query and returns its first row's values, nil when there
 // is none (a grant refused): the probe passes on the token a grant
 // returned (the window's is the 7th column of ClaimWindowSQL, its outcome
-// the 13th; the lease's token the 3rd of AcquireLeaseSQL).
+// the 13th; the lease's token the 3rd of AcquireLeaseSQL, its outcome the
+// 6th).
 func firstRow(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]any, error) {
 	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
@@ -237,7 +238,7 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
       'GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO ` + tenant.GroupRole + `',
       (SELECT bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water'))),
-  (9, 'EXECUTE on the agent''s functions: dislock.claim_window(), claim_unless_paused(), window_takeable(), renew(), renew_window(), renew_lease(), record_decision() and pause_of()',
+  (9, 'EXECUTE on the agent''s functions: dislock.claim_window(), claim_unless_paused(), window_takeable(), acquire_lease(), renew(), renew_window(), renew_lease(), record_decision() and pause_of()',
       'GRANT EXECUTE ON FUNCTION ` + strings.Join(agentFunctions, ", ") + ` TO ` + tenant.GroupRole + `',
       (SELECT count(DISTINCT p.proname) = ` + strconv.Itoa(len(agentFunctions)) + ` AND bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND 'dislock.' || p.proname = ANY(ARRAY['` + strings.Join(agentFunctions, "', '") + `']))),
@@ -252,12 +253,12 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
 ) AS p(n, what, fix, held)
 ORDER BY n`
 
-// agentFunctions are the functions of migrations 10, 11 and 16 agents call
+// agentFunctions are the functions of migrations 10, 11, 16 and 17 agents call
 // (each name is one function): renew_window and renew_lease are the
 // renewals of agents of schema 10, still running in clusters not upgraded
 // yet.
 var agentFunctions = []string{"dislock.claim_unless_paused", "dislock.claim_window", "dislock.pause_of", "dislock.window_takeable",
-	"dislock.renew", "dislock.renew_window", "dislock.renew_lease", "dislock.record_decision"}
+	"dislock.acquire_lease", "dislock.renew", "dislock.renew_window", "dislock.renew_lease", "dislock.record_decision"}
 
 // catalogRel is the OID of table dislock.<name>, looked up without a
 // privilege on the schema.

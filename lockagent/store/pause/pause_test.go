@@ -345,6 +345,51 @@ func TestAClaimThatWaitedForItsWindowWhileTheKeyWasPausedIsUndone(t *testing.T) 
 	})
 }
 
+// A lease grant that waited for the lease's row (another pod's grant of
+// it, in flight) while the key was paused is undone, as a claim is: an
+// Indexed Job's lease ("key#i") heeds its CronJob's pause.
+func TestALeaseGrantThatWaitedForItsRowWhileTheKeyWasPausedIsUndone(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		owner := storetest.Open(t, dsn, 4)
+		ns := storetest.Namespace(t, "leaserace")
+		a := storetest.TenantStore(t, dsn, storetest.Provision(t, owner, ns))
+		key := ns + "/report"
+		lease := key + "#2"
+		holder := storetest.RawConn(t, dsn)
+		tx, err := holder.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
+		if _, err := tx.Exec(ctx, `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at)
+			VALUES ($1, 'dc-x/`+ns+`/j/u/p', 1, now(), now())`, lease); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := a.AcquireLease(ctx, lease, tenantOwner("dc-b", ns, "report-1", "report-1-b"), ttl)
+			done <- err
+		}()
+		watcher := storetest.RawConn(t, dsn)
+		storetest.AwaitCond(t, "the grant to wait for the lease's row", func() bool {
+			var n int
+			err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&n)
+			return err == nil && n > 0
+		})
+		if _, err := pause.Set(ctx, owner, pause.Request{Key: key, By: "alice", Reason: "stop now"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mustBePaused(t, "the grant that waited", <-done, `paused by alice until resumed ("stop now")`)
+		if _, _, err := owner.GetLease(ctx, lease); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("the undone grant left a row (%v)", err)
+		}
+	})
+}
+
 // What the database holds of a pause is what every reader can read.
 func TestAPauseOfInfiniteTimeIsRefused(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {

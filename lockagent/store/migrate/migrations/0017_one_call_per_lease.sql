@@ -1,0 +1,98 @@
+-- dislock: compatible-from 7
+-- Version 17: a lease in one call.
+--
+-- A pod took its lease with one statement under row-level security, and a
+-- refused pod sent a second to learn who holds the lease or who paused its
+-- key: two round trips, each planned afresh (no prepared statements through
+-- PgBouncer's transaction pooling), and the namespace and the token's high
+-- water checked per row by the policies.
+--
+-- acquire_lease grants, re-enters or refuses in one call, with its owner's
+-- rights behind one namespace check (require_scope, as claim_window and
+-- renew do) and the high-water check row-level security made on the rows
+-- written, its plans kept per connection. A refusal writes nothing.
+--
+-- A grant that waited for the lease's row while a pause of its key
+-- committed is undone (SQLSTATE DL004), as a claim's is (migration 16):
+-- the pause was read before the wait, and no grant starts a run after a
+-- pause committed. The key whose pause applies is the lease key up to its
+-- first '#' (an Indexed Job's lease "ns/name#i" is paused with "ns/name"),
+-- decided here rather than by the caller, so that no caller can ask about
+-- another namespace's pause through it.
+--
+-- Older agents keep their statements, against the same rows, under the
+-- same rule (hence compatible-from 7).
+
+CREATE OR REPLACE FUNCTION dislock.acquire_lease(p_key text, p_owner text, p_ttl_us bigint,
+    OUT l dislock.leases, OUT outcome text, OUT db_now timestamptz,
+    OUT paused_by text, OUT pause_reason text, OUT paused_until timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pause_key text := split_part(p_key, '#', 1);
+    paused boolean;
+    inserted boolean;
+    p record;
+BEGIN
+    PERFORM dislock.require_scope(p_key, 'acquire the lease');
+    db_now := now();
+    SELECT h.paused_by, h.reason, h.until INTO p FROM dislock.pause_holding(pause_key, NULL) h;
+    paused := FOUND;
+    -- While paused only the caller's own live lease is re-entered (a
+    -- restarted sidecar of a run going: a pause stops no run).
+    INSERT INTO dislock.leases AS x (lock_key, owner, token, acquired_at, expire_at)
+    SELECT p_key, p_owner, dislock.next_token(), db_now, db_now + p_ttl_us * interval '1 microsecond'
+    WHERE NOT paused
+       OR EXISTS (SELECT FROM dislock.leases y WHERE y.lock_key = p_key AND y.owner = p_owner AND y.expire_at > db_now)
+    ON CONFLICT (lock_key) DO UPDATE SET
+        -- The same owner's live lease keeps its token and acquisition;
+        -- anyone else's grant draws a new token under the row lock, so that
+        -- tokens grow in the order leases are granted.
+        token       = CASE WHEN x.owner = EXCLUDED.owner AND x.expire_at > now()
+                           THEN x.token ELSE dislock.next_token() END,
+        acquired_at = CASE WHEN x.owner = EXCLUDED.owner AND x.expire_at > now()
+                           THEN x.acquired_at ELSE EXCLUDED.acquired_at END,
+        owner       = EXCLUDED.owner,
+        expire_at   = EXCLUDED.expire_at
+    WHERE (x.expire_at <= now() OR x.owner = EXCLUDED.owner)
+      AND (NOT paused OR (x.owner = EXCLUDED.owner AND x.expire_at > now()))
+    RETURNING x.lock_key, x.owner, x.token, x.acquired_at, x.expire_at, (x.xmax = 0)
+        INTO l.lock_key, l.owner, l.token, l.acquired_at, l.expire_at, inserted;
+    IF FOUND THEN
+        outcome := CASE WHEN inserted OR l.acquired_at = db_now THEN 'granted' ELSE 'reentered' END;
+        -- A grant that waited for the row while a pause committed is
+        -- undone. This statement sees what committed until it began.
+        IF outcome = 'granted' THEN
+            SELECT h.paused_by, h.reason, h.until INTO p FROM dislock.pause_holding(pause_key, NULL) h;
+            IF FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'DL004',
+                    MESSAGE = format('dislock: %s was paused while this grant of lease %s waited', pause_key, p_key),
+                    DETAIL = p.paused_by, HINT = p.reason,
+                    COLUMN = coalesce(to_char(p.until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), '');
+            END IF;
+        END IF;
+        IF dislock.session_scope() <> '' AND l.token > dislock.token_high_water() THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+                MESSAGE = format('dislock: role %s may not hold lease %s: its token %s is above the high water %s',
+                                 session_user, p_key, l.token, dislock.token_high_water()),
+                HINT = 'run dislock check with the owner''s URL and apply its fix for the tokens';
+        END IF;
+        RETURN;
+    END IF;
+    -- Refused: the holder's row, read afresh (all NULL when there is none,
+    -- which only a pause refuses).
+    SELECT y.* INTO l FROM dislock.leases y WHERE y.lock_key = p_key;
+    -- Another's live lease is answered as ever, paused or not: another pod
+    -- of its Job waits for the run to end, anyone else skips.
+    IF paused AND NOT (l.lock_key IS NOT NULL AND l.owner <> p_owner AND l.expire_at > db_now) THEN
+        outcome := 'paused';
+        l := NULL;
+        paused_by := p.paused_by; pause_reason := p.reason; paused_until := p.until;
+        RETURN;
+    END IF;
+    outcome := 'held';
+END
+$$;
+
+REVOKE ALL ON FUNCTION dislock.acquire_lease(text, text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dislock.acquire_lease(text, text, bigint) TO dislock_tenant;
