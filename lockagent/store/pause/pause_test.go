@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/lockagent/store/pause"
@@ -398,6 +400,27 @@ func TestAPauseOfInfiniteTimeIsRefused(t *testing.T) {
 		_, err := conn.Exec(context.Background(), `INSERT INTO dislock.pauses (lock_key, paused_at, paused_by, until) VALUES ('ns/x', now(), 'me', 'infinity')`)
 		if err == nil || !strings.Contains(err.Error(), "pauses_finite") {
 			t.Fatalf("an infinite until: %v", err)
+		}
+	})
+}
+
+// A session at a stricter isolation level than read committed reads one
+// snapshot for the whole call, and could not undo a grant that waited
+// while a pause committed: its lease is refused with the setting named.
+func TestALeaseAskedForAboveReadCommittedIsRefusedNamingTheSetting(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		conn := storetest.RawConn(t, dsn)
+		for _, level := range []string{"repeatable read", "serializable"} {
+			tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.TxIsoLevel(level)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = tx.Exec(ctx, store.AcquireLeaseSQL, storetest.UniqueKey(t), "dc-a/ns/job/uid/pod", int64(60e6))
+			tx.Rollback(ctx) //nolint:errcheck // nothing was written
+			if err == nil || !strings.Contains(err.Error(), "isolation level "+level) || !strings.Contains(err.Error(), "read committed") {
+				t.Fatalf("a lease at %s: %v, want a refusal naming the isolation level", level, err)
+			}
 		}
 	})
 }

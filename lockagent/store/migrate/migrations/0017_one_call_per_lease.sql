@@ -18,7 +18,9 @@
 -- pause committed. The key whose pause applies is the lease key up to its
 -- first '#' (an Indexed Job's lease "ns/name#i" is paused with "ns/name"),
 -- decided here rather than by the caller, so that no caller can ask about
--- another namespace's pause through it.
+-- another namespace's pause through it. The undo needs each statement of
+-- the call to see what committed before it began: the call refuses to run
+-- at an isolation level stricter than read committed.
 --
 -- Older agents keep their statements, against the same rows, under the
 -- same rule (hence compatible-from 7).
@@ -30,60 +32,81 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pause_key text := split_part(p_key, '#', 1);
-    paused boolean;
+    paused boolean := false;
     inserted boolean;
     p record;
 BEGIN
     PERFORM dislock.require_scope(p_key, 'acquire the lease');
-    db_now := now();
-    SELECT h.paused_by, h.reason, h.until INTO p FROM dislock.pause_holding(pause_key, NULL) h;
-    paused := FOUND;
-    -- While paused only the caller's own live lease is re-entered (a
-    -- restarted sidecar of a run going: a pause stops no run).
-    INSERT INTO dislock.leases AS x (lock_key, owner, token, acquired_at, expire_at)
-    SELECT p_key, p_owner, dislock.next_token(), db_now, db_now + p_ttl_us * interval '1 microsecond'
-    WHERE NOT paused
-       OR EXISTS (SELECT FROM dislock.leases y WHERE y.lock_key = p_key AND y.owner = p_owner AND y.expire_at > db_now)
-    ON CONFLICT (lock_key) DO UPDATE SET
-        -- The same owner's live lease keeps its token and acquisition;
-        -- anyone else's grant draws a new token under the row lock, so that
-        -- tokens grow in the order leases are granted.
-        token       = CASE WHEN x.owner = EXCLUDED.owner AND x.expire_at > now()
-                           THEN x.token ELSE dislock.next_token() END,
-        acquired_at = CASE WHEN x.owner = EXCLUDED.owner AND x.expire_at > now()
-                           THEN x.acquired_at ELSE EXCLUDED.acquired_at END,
-        owner       = EXCLUDED.owner,
-        expire_at   = EXCLUDED.expire_at
-    WHERE (x.expire_at <= now() OR x.owner = EXCLUDED.owner)
-      AND (NOT paused OR (x.owner = EXCLUDED.owner AND x.expire_at > now()))
-    RETURNING x.lock_key, x.owner, x.token, x.acquired_at, x.expire_at, (x.xmax = 0)
-        INTO l.lock_key, l.owner, l.token, l.acquired_at, l.expire_at, inserted;
-    IF FOUND THEN
-        outcome := CASE WHEN inserted OR l.acquired_at = db_now THEN 'granted' ELSE 'reentered' END;
-        -- A grant that waited for the row while a pause committed is
-        -- undone. This statement sees what committed until it began.
-        IF outcome = 'granted' THEN
-            SELECT h.paused_by, h.reason, h.until INTO p FROM dislock.pause_holding(pause_key, NULL) h;
-            IF FOUND THEN
-                RAISE EXCEPTION USING ERRCODE = 'DL004',
-                    MESSAGE = format('dislock: %s was paused while this grant of lease %s waited', pause_key, p_key),
-                    DETAIL = p.paused_by, HINT = p.reason,
-                    COLUMN = coalesce(to_char(p.until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), '');
-            END IF;
-        END IF;
-        IF dislock.session_scope() <> '' AND l.token > dislock.token_high_water() THEN
-            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
-                MESSAGE = format('dislock: role %s may not hold lease %s: its token %s is above the high water %s',
-                                 session_user, p_key, l.token, dislock.token_high_water()),
-                HINT = 'run dislock check with the owner''s URL and apply its fix for the tokens';
-        END IF;
-        RETURN;
+    -- Each statement below must see what committed before it began: the
+    -- recheck of a pause after a grant that waited, and the holder's row
+    -- read after a refusal under the lock. A session defaulting to a
+    -- stricter isolation (default_transaction_isolation) would read one
+    -- snapshot throughout, and keep a grant a pause should have undone.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_transaction_state',
+            MESSAGE = format('dislock: lease %s asked for at isolation level %s: dislock decides at read committed',
+                             p_key, current_setting('transaction_isolation')),
+            HINT = 'reset default_transaction_isolation for the role or database the agents log in with (ALTER ROLE … RESET default_transaction_isolation)';
     END IF;
-    -- Refused: the holder's row, read afresh (all NULL when there is none,
-    -- which only a pause refuses).
+    db_now := now();
+    -- The row is read first: another's live lease (the common answer at
+    -- the top of the hour, another cluster's pod was first) is refused
+    -- without the insert, which would lock the row and draw a token, and
+    -- so without a write to wait for.
     SELECT y.* INTO l FROM dislock.leases y WHERE y.lock_key = p_key;
-    -- Another's live lease is answered as ever, paused or not: another pod
-    -- of its Job waits for the run to end, anyone else skips.
+    IF NOT (l.lock_key IS NOT NULL AND l.owner <> p_owner AND l.expire_at > db_now) THEN
+        SELECT h.paused_by, h.reason, h.until INTO p FROM dislock.pause_holding(pause_key, NULL) h;
+        paused := FOUND;
+        -- While paused only the caller's own live lease is re-entered (a
+        -- restarted sidecar of a run going: a pause stops no run).
+        IF NOT paused OR (l.lock_key IS NOT NULL AND l.owner = p_owner AND l.expire_at > db_now) THEN
+            -- The insert decides under the row lock, by the same rule,
+            -- what committed since the look included.
+            INSERT INTO dislock.leases AS x (lock_key, owner, token, acquired_at, expire_at)
+            VALUES (p_key, p_owner, dislock.next_token(), db_now, db_now + p_ttl_us * interval '1 microsecond')
+            ON CONFLICT (lock_key) DO UPDATE SET
+                -- The same owner's live lease keeps its token and
+                -- acquisition; anyone else's grant draws a new token under
+                -- the row lock, so that tokens grow in the order leases
+                -- are granted.
+                token       = CASE WHEN x.owner = EXCLUDED.owner AND x.expire_at > now()
+                                   THEN x.token ELSE dislock.next_token() END,
+                acquired_at = CASE WHEN x.owner = EXCLUDED.owner AND x.expire_at > now()
+                                   THEN x.acquired_at ELSE EXCLUDED.acquired_at END,
+                owner       = EXCLUDED.owner,
+                expire_at   = EXCLUDED.expire_at
+            WHERE (x.expire_at <= now() OR x.owner = EXCLUDED.owner)
+              AND (NOT paused OR (x.owner = EXCLUDED.owner AND x.expire_at > now()))
+            RETURNING x.lock_key, x.owner, x.token, x.acquired_at, x.expire_at, (x.xmax = 0)
+                INTO l.lock_key, l.owner, l.token, l.acquired_at, l.expire_at, inserted;
+            IF FOUND THEN
+                outcome := CASE WHEN inserted OR l.acquired_at = db_now THEN 'granted' ELSE 'reentered' END;
+                -- A grant that waited for the row while a pause committed
+                -- is undone. This statement sees what committed until it
+                -- began.
+                IF outcome = 'granted' THEN
+                    SELECT h.paused_by, h.reason, h.until INTO p FROM dislock.pause_holding(pause_key, NULL) h;
+                    IF FOUND THEN
+                        RAISE EXCEPTION USING ERRCODE = 'DL004',
+                            MESSAGE = format('dislock: %s was paused while this grant of lease %s waited', pause_key, p_key),
+                            DETAIL = p.paused_by, HINT = p.reason,
+                            COLUMN = coalesce(to_char(p.until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), '');
+                    END IF;
+                END IF;
+                IF dislock.session_scope() <> '' AND l.token > dislock.token_high_water() THEN
+                    RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+                        MESSAGE = format('dislock: role %s may not hold lease %s: its token %s is above the high water %s',
+                                         session_user, p_key, l.token, dislock.token_high_water()),
+                        HINT = 'run dislock check with the owner''s URL and apply its fix for the tokens';
+                END IF;
+                RETURN;
+            END IF;
+            -- Refused under the row lock: the holder's row, read afresh.
+            SELECT y.* INTO l FROM dislock.leases y WHERE y.lock_key = p_key;
+        END IF;
+    END IF;
+    -- Refused. Another's live lease is answered as held, paused or not:
+    -- another pod of its Job waits for the run to end, anyone else skips.
     IF paused AND NOT (l.lock_key IS NOT NULL AND l.owner <> p_owner AND l.expire_at > db_now) THEN
         outcome := 'paused';
         l := NULL;
