@@ -1,5 +1,5 @@
 -- dislock: compatible-from 7
--- Version 17: a lease in one call.
+-- Version 17: a lease in one call, and a pause looked up with a kept plan.
 --
 -- A pod took its lease with one statement under row-level security, and a
 -- refused pod sent a second to learn who holds the lease or who paused its
@@ -21,6 +21,9 @@
 -- another namespace's pause through it. The undo needs each statement of
 -- the call to see what committed before it began: the call refuses to run
 -- at an isolation level stricter than read committed.
+--
+-- pause_holding, which every claim calls, becomes PL/pgSQL, so that its
+-- plan is kept per server connection (see below).
 --
 -- Older agents keep their statements, against the same rows, under the
 -- same rule (hence compatible-from 7).
@@ -119,3 +122,23 @@ $$;
 
 REVOKE ALL ON FUNCTION dislock.acquire_lease(text, text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION dislock.acquire_lease(text, text, bigint) TO dislock_tenant;
+
+-- pause_holding (migration 16) in PL/pgSQL, with the same answers: as a
+-- SQL function with its own search_path it was never inlined, and was
+-- planned again on every call, once for every claim and twice for every
+-- winner; PL/pgSQL keeps its plan per server connection.
+CREATE OR REPLACE FUNCTION dislock.pause_holding(p_key text, p_window timestamptz,
+    OUT paused_by text, OUT reason text, OUT until timestamptz)
+RETURNS SETOF record
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN QUERY SELECT p.paused_by, p.reason, p.until FROM dislock.pauses p
+        WHERE p.lock_key = p_key
+          AND (p.resumed_at IS NULL AND (p.until IS NULL OR p.until > now())
+               OR p.paused_at <= p_window AND p_window < coalesce(p.resumed_at, p.until, 'infinity'))
+        ORDER BY p.paused_at DESC LIMIT 1;
+END
+$$;
+
+REVOKE ALL ON FUNCTION dislock.pause_holding(text, timestamptz) FROM PUBLIC, dislock_tenant;
