@@ -170,7 +170,11 @@ func (s checker) tenantPrivileges(ctx context.Context, conn *pgx.Conn, namespace
 	f := Finding{Check: "privileges", Status: StatusFail,
 		Detail: fmt.Sprintf("the role cannot do what an agent of %s does (tried on key %s in a transaction rolled back): %v", whose, key, err)}
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "25000": // invalid_transaction_state: above read committed
+		f.Fix = pgErr.Hint
+		return f
+	case !errors.As(err, &pgErr) || pgErr.Code != "42501": // insufficient_privilege
 		f.Fix = "run `dislock migrate` with the owner's URL, then dislock check again"
 		return f
 	}

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
@@ -127,5 +129,24 @@ func TestTheProbeDuringAHerdKeepsTokensGrowing(t *testing.T) {
 			default:
 			}
 		}
+	})
+}
+
+// A tenant role whose sessions default to repeatable read would claim and
+// take leases at one snapshot per call, where a pause could not undo what
+// waited for its row: the agent's calls refuse to run, and dislock check
+// fails naming the setting and the fix.
+func TestTheProbeFailsForARoleThatDefaultsAboveReadCommitted(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		owner := storetest.Open(t, dsn, 2)
+		ns := storetest.Namespace(t, "iso")
+		c := storetest.Provision(t, owner, ns)
+		if _, err := owner.Handle().Pool.Exec(ctx, "ALTER ROLE "+pgx.Identifier{c.Role}.Sanitize()+" SET default_transaction_isolation = 'repeatable read'"); err != nil {
+			t.Fatal(err)
+		}
+		rep := check.URL(ctx, storetest.TenantDSN(t, dsn, c), check.Options{AllowAsync: true})
+		wantFinding(t, rep, "privileges", check.StatusFail, []string{"isolation level repeatable read", "read committed"},
+			[]string{"RESET default_transaction_isolation"})
 	})
 }

@@ -405,21 +405,47 @@ func TestAPauseOfInfiniteTimeIsRefused(t *testing.T) {
 }
 
 // A session at a stricter isolation level than read committed reads one
-// snapshot for the whole call, and could not undo a grant that waited
-// while a pause committed: its lease is refused with the setting named.
-func TestALeaseAskedForAboveReadCommittedIsRefusedNamingTheSetting(t *testing.T) {
+// snapshot for the whole call, and could not undo a claim or grant that
+// waited while a pause committed: its claims and leases are refused with
+// the setting named.
+func TestAClaimOrLeaseAskedForAboveReadCommittedIsRefusedNamingTheSetting(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
+		storetest.Open(t, dsn, 1) // migrated
 		conn := storetest.RawConn(t, dsn)
-		for _, level := range []string{"repeatable read", "serializable"} {
-			tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.TxIsoLevel(level)})
+		key := storetest.UniqueKey(t)
+		o := storetest.Owner("dc-a", "job-a", "pod-a")
+		calls := map[string]func(tx pgx.Tx) error{
+			"claim": func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, store.ClaimWindowSQL, key, storetest.WindowAt(0), store.NotIndexed, o.WindowOwner(), o.Cluster, o.Pod,
+					int64(60e6), o.JobPrefix(), false, nil, int64(60e6), int64(60e6), nil)
+				return err
+			},
+			"lease": func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, store.AcquireLeaseSQL, key, o.LeaseOwner(), int64(60e6))
+				return err
+			},
+		}
+		for name, call := range calls {
+			for _, level := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+				tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: level})
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = call(tx)
+				tx.Rollback(ctx) //nolint:errcheck // nothing was written
+				if err == nil || !strings.Contains(err.Error(), "isolation level "+string(level)) || !strings.Contains(err.Error(), "read committed") {
+					t.Fatalf("a %s at %s: %v, want a refusal naming the isolation level", name, level, err)
+				}
+			}
+			tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = tx.Exec(ctx, store.AcquireLeaseSQL, storetest.UniqueKey(t), "dc-a/ns/job/uid/pod", int64(60e6))
-			tx.Rollback(ctx) //nolint:errcheck // nothing was written
-			if err == nil || !strings.Contains(err.Error(), "isolation level "+level) || !strings.Contains(err.Error(), "read committed") {
-				t.Fatalf("a lease at %s: %v, want a refusal naming the isolation level", level, err)
+			err = call(tx)
+			tx.Rollback(ctx) //nolint:errcheck // only tried
+			if err != nil {
+				t.Fatalf("a %s at read committed: %v", name, err)
 			}
 		}
 	})

@@ -18,15 +18,39 @@
 -- pause committed. The key whose pause applies is the lease key up to its
 -- first '#' (an Indexed Job's lease "ns/name#i" is paused with "ns/name"),
 -- decided here rather than by the caller, so that no caller can ask about
--- another namespace's pause through it. The undo needs each statement of
--- the call to see what committed before it began: the call refuses to run
--- at an isolation level stricter than read committed.
+-- another namespace's pause through it.
 --
 -- pause_holding, which every claim calls, becomes PL/pgSQL, so that its
--- plan is kept per server connection (see below).
+-- plan is kept per server connection (see below). Both undos need each
+-- statement of the call to see what committed before it began:
+-- acquire_lease and claim_unless_paused refuse to run above read
+-- committed.
 --
 -- Older agents keep their statements, against the same rows, under the
 -- same rule (hence compatible-from 7).
+
+-- require_read_committed raises unless the transaction runs at read
+-- committed. The decision functions need each of their statements to see
+-- what committed before it began: the recheck of a pause after a claim or
+-- grant that waited for its row, and the row read again after a refusal
+-- under the row lock. A session defaulting to a stricter isolation
+-- (default_transaction_isolation on the agents' role or database) would
+-- read one snapshot throughout, and keep a claim or grant a pause should
+-- have undone.
+CREATE OR REPLACE FUNCTION dislock.require_read_committed(p_what text) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_transaction_state',
+            MESSAGE = format('dislock: %s asked for at isolation level %s: dislock decides at read committed',
+                             p_what, current_setting('transaction_isolation')),
+            HINT = 'reset default_transaction_isolation for the role or database the agents log in with (ALTER ROLE … RESET default_transaction_isolation)';
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION dislock.require_read_committed(text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION dislock.acquire_lease(p_key text, p_owner text, p_ttl_us bigint,
     OUT l dislock.leases, OUT outcome text, OUT db_now timestamptz,
@@ -40,17 +64,7 @@ DECLARE
     p record;
 BEGIN
     PERFORM dislock.require_scope(p_key, 'acquire the lease');
-    -- Each statement below must see what committed before it began: the
-    -- recheck of a pause after a grant that waited, and the holder's row
-    -- read after a refusal under the lock. A session defaulting to a
-    -- stricter isolation (default_transaction_isolation) would read one
-    -- snapshot throughout, and keep a grant a pause should have undone.
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_transaction_state',
-            MESSAGE = format('dislock: lease %s asked for at isolation level %s: dislock decides at read committed',
-                             p_key, current_setting('transaction_isolation')),
-            HINT = 'reset default_transaction_isolation for the role or database the agents log in with (ALTER ROLE … RESET default_transaction_isolation)';
-    END IF;
+    PERFORM dislock.require_read_committed(format('lease %s', p_key));
     db_now := now();
     -- The row is read first: another's live lease (the common answer at
     -- the top of the hour, another cluster's pod was first) is refused
@@ -142,3 +156,31 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION dislock.pause_holding(text, timestamptz) FROM PUBLIC, dislock_tenant;
+
+-- claim_unless_paused (migration 16), what this release's agents claim
+-- with, refuses to run above read committed too (see
+-- require_read_committed): its undo of a claim that waited while the key
+-- was paused needs it.
+CREATE OR REPLACE FUNCTION dislock.claim_unless_paused(
+    p_key text, p_window timestamptz, p_index int, p_owner text, p_cluster text, p_pod text,
+    p_ttl_us bigint, p_job_prefix text, p_standby boolean,
+    p_view jsonb, p_view_recency_us bigint, p_view_refresh_us bigint, p_max_late_us bigint,
+    OUT w dislock.windows, OUT outcome text, OUT db_now timestamptz,
+    OUT other_clusters text[], OUT other_views text[], OUT other_seen timestamptz[],
+    OUT paused_by text, OUT pause_reason text, OUT paused_until timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c record;
+BEGIN
+    PERFORM dislock.require_read_committed(format('window %s of %s', p_window, p_key));
+    SELECT * INTO c FROM dislock.claim_window(p_key, p_window, p_index, p_owner, p_cluster, p_pod,
+        p_ttl_us, p_job_prefix, p_standby, p_view, p_view_recency_us, p_view_refresh_us, p_max_late_us);
+    w := c.w; outcome := c.outcome; db_now := c.db_now;
+    other_clusters := c.other_clusters; other_views := c.other_views; other_seen := c.other_seen;
+    IF outcome = 'paused' THEN
+        SELECT h.paused_by, h.reason, h.until INTO paused_by, pause_reason, paused_until
+            FROM dislock.pause_holding(p_key, p_window) h;
+    END IF;
+END
+$$;
