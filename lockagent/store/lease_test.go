@@ -177,12 +177,7 @@ func TestALeaseIsAnsweredAlikeOnSchemas16And17(t *testing.T) {
 	storetest.Open(t, srv.DirectDSN(), 1) // migrated to this release's schema
 	super := storetest.RawConn(t, srv.SuperuserDSN())
 	ctx := context.Background()
-	exec := func(q string) {
-		t.Helper()
-		if err := super.PgConn().Exec(ctx, q).Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	exec := func(q string) { t.Helper(); storetest.Exec(t, super, q) }
 	scenario := func(t *testing.T, dsn string) {
 		s := storetest.Open(t, dsn, 2)
 		key := storetest.UniqueKey(t)

@@ -139,9 +139,7 @@ func TestRenewWorksOnASchema10Database(t *testing.T) {
 		`DROP FUNCTION dislock.renew(text, timestamptz, int, bigint, text, bigint, bigint)`,
 		`DROP FUNCTION dislock.session_scope()`,
 		`DELETE FROM dislock.schema_migrations WHERE version > 10`} {
-		if err := super.PgConn().Exec(ctx, q).Close(); err != nil {
-			t.Fatal(err)
-		}
+		storetest.Exec(t, super, q)
 	}
 	for _, tg := range srv.Targets() {
 		t.Run(tg.Name, func(t *testing.T) {
@@ -286,12 +284,7 @@ func TestAStoreThatFoundNoPausesAsksAgainAfterTheMigration(t *testing.T) {
 	s := storetest.Open(t, srv.DirectDSN(), 2)
 	super := storetest.RawConn(t, srv.SuperuserDSN())
 	ctx := context.Background()
-	exec := func(q string) {
-		t.Helper()
-		if err := super.PgConn().Exec(ctx, q).Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	exec := func(q string) { t.Helper(); storetest.Exec(t, super, q) }
 	key := storetest.UniqueKey(t)
 	o := storetest.Owner("dc-a", "job-a", "pod-a")
 	exec(`ALTER FUNCTION dislock.acquire_lease(text, text, bigint) RENAME TO acquire_lease_not_yet`)

@@ -302,94 +302,87 @@ func TestAWindowThatStartedWhilePausedNeverRunsEvenAfterTheResume(t *testing.T) 
 	})
 }
 
-// A claim that waited for its window's row (another pod's claim of it, in
-// flight) while the key was paused is undone: it looked for a pause before
-// the pause committed, and runs nothing after it.
-func TestAClaimThatWaitedForItsWindowWhileTheKeyWasPausedIsUndone(t *testing.T) {
-	storetest.EachTarget(t, func(t *testing.T, dsn string) {
-		ctx := context.Background()
-		owner := storetest.Open(t, dsn, 4)
-		ns := storetest.Namespace(t, "race")
-		a := storetest.TenantStore(t, dsn, storetest.Provision(t, owner, ns))
-		key := ns + "/report"
-		w := storetest.WindowAt(7)
-		holder := storetest.RawConn(t, dsn)
-		tx, err := holder.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
-		if _, err := tx.Exec(ctx, `INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
-			VALUES ($1, $2, -1, 'dc-x/`+ns+`/j/u/p', 'dc-x', 'p', 1, 'running', now(), now())`, key, w); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() {
-			_, err := claimAs(t, a, key, w, tenantOwner("dc-b", ns, "report-1", "report-1-b"), store.NotIndexed)
-			done <- err
-		}()
-		watcher := storetest.RawConn(t, dsn)
-		storetest.AwaitCond(t, "the claim to wait for the window's row", func() bool {
-			var n int
-			err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&n)
-			return err == nil && n > 0
+// A claim that waited for its window's row, or a lease grant that waited
+// for the lease's (another pod's claim or grant of it, in flight), while
+// the key was paused is undone: it looked for a pause before the pause
+// committed, and runs nothing after it. An Indexed Job's lease ("key#i")
+// heeds its CronJob's pause.
+func TestWhatWaitedForItsRowWhileTheKeyWasPausedIsUndone(t *testing.T) {
+	w := storetest.WindowAt(7)
+	for _, c := range []struct {
+		name string
+		// hold writes the row a call then waits for, in tx; call asks for
+		// it as tenant a; left reads what the call left of it.
+		hold func(ctx context.Context, tx pgx.Tx, ns, key string) error
+		call func(ctx context.Context, a *store.Store, ns, key string) error
+		left func(ctx context.Context, owner *store.Store, key string) error
+	}{
+		{"claim",
+			func(ctx context.Context, tx pgx.Tx, ns, key string) error {
+				_, err := tx.Exec(ctx, `INSERT INTO dislock.windows (lock_key, window_start, job_index, owner, cluster, pod, token, state, claimed_at, alive_until)
+					VALUES ($1, $2, -1, 'dc-x/`+ns+`/j/u/p', 'dc-x', 'p', 1, 'running', now(), now())`, key, w)
+				return err
+			},
+			func(ctx context.Context, a *store.Store, ns, key string) error {
+				_, err := claimAs(t, a, key, w, tenantOwner("dc-b", ns, "report-1", "report-1-b"), store.NotIndexed)
+				return err
+			},
+			func(ctx context.Context, owner *store.Store, key string) error {
+				_, _, err := owner.WindowAt(ctx, key, w, store.NotIndexed)
+				return err
+			}},
+		{"lease",
+			func(ctx context.Context, tx pgx.Tx, ns, key string) error {
+				_, err := tx.Exec(ctx, `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at)
+					VALUES ($1, 'dc-x/`+ns+`/j/u/p', 1, now(), now())`, key+"#2")
+				return err
+			},
+			func(ctx context.Context, a *store.Store, ns, key string) error {
+				_, err := a.AcquireLease(ctx, key+"#2", tenantOwner("dc-b", ns, "report-1", "report-1-b"), ttl)
+				return err
+			},
+			func(ctx context.Context, owner *store.Store, key string) error {
+				_, _, err := owner.GetLease(ctx, key+"#2")
+				return err
+			}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			storetest.EachTarget(t, func(t *testing.T, dsn string) {
+				ctx := context.Background()
+				owner := storetest.Open(t, dsn, 4)
+				ns := storetest.Namespace(t, "race"+c.name)
+				a := storetest.TenantStore(t, dsn, storetest.Provision(t, owner, ns))
+				key := ns + "/report"
+				holder := storetest.RawConn(t, dsn)
+				tx, err := holder.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
+				if err := c.hold(ctx, tx, ns, key); err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- c.call(ctx, a, ns, key) }()
+				watcher := storetest.RawConn(t, dsn)
+				storetest.AwaitCond(t, "the "+c.name+" to wait for its row", func() bool {
+					var n int
+					err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&n)
+					return err == nil && n > 0
+				})
+				if _, err := pause.Set(ctx, owner, pause.Request{Key: key, By: "alice", Reason: "stop now"}); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Rollback(ctx); err != nil {
+					t.Fatal(err)
+				}
+				mustBePaused(t, "the "+c.name+" that waited", <-done, `paused by alice until resumed ("stop now")`)
+				if err := c.left(ctx, owner, key); !errors.Is(err, store.ErrNotFound) {
+					t.Fatalf("the undone %s left a row (%v)", c.name, err)
+				}
+			})
 		})
-		if _, err := pause.Set(ctx, owner, pause.Request{Key: key, By: "alice", Reason: "stop now"}); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Rollback(ctx); err != nil {
-			t.Fatal(err)
-		}
-		mustBePaused(t, "the claim that waited", <-done, `paused by alice until resumed ("stop now")`)
-		if _, _, err := owner.WindowAt(ctx, key, w, store.NotIndexed); !errors.Is(err, store.ErrNotFound) {
-			t.Fatalf("the undone claim left a row (%v)", err)
-		}
-	})
-}
-
-// A lease grant that waited for the lease's row (another pod's grant of
-// it, in flight) while the key was paused is undone, as a claim is: an
-// Indexed Job's lease ("key#i") heeds its CronJob's pause.
-func TestALeaseGrantThatWaitedForItsRowWhileTheKeyWasPausedIsUndone(t *testing.T) {
-	storetest.EachTarget(t, func(t *testing.T, dsn string) {
-		ctx := context.Background()
-		owner := storetest.Open(t, dsn, 4)
-		ns := storetest.Namespace(t, "leaserace")
-		a := storetest.TenantStore(t, dsn, storetest.Provision(t, owner, ns))
-		key := ns + "/report"
-		lease := key + "#2"
-		holder := storetest.RawConn(t, dsn)
-		tx, err := holder.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
-		if _, err := tx.Exec(ctx, `INSERT INTO dislock.leases (lock_key, owner, token, acquired_at, expire_at)
-			VALUES ($1, 'dc-x/`+ns+`/j/u/p', 1, now(), now())`, lease); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() {
-			_, err := a.AcquireLease(ctx, lease, tenantOwner("dc-b", ns, "report-1", "report-1-b"), ttl)
-			done <- err
-		}()
-		watcher := storetest.RawConn(t, dsn)
-		storetest.AwaitCond(t, "the grant to wait for the lease's row", func() bool {
-			var n int
-			err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&n)
-			return err == nil && n > 0
-		})
-		if _, err := pause.Set(ctx, owner, pause.Request{Key: key, By: "alice", Reason: "stop now"}); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Rollback(ctx); err != nil {
-			t.Fatal(err)
-		}
-		mustBePaused(t, "the grant that waited", <-done, `paused by alice until resumed ("stop now")`)
-		if _, _, err := owner.GetLease(ctx, lease); !errors.Is(err, store.ErrNotFound) {
-			t.Fatalf("the undone grant left a row (%v)", err)
-		}
-	})
+	}
 }
 
 // What the database holds of a pause is what every reader can read.

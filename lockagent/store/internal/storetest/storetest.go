@@ -143,6 +143,15 @@ func TenantStore(t testing.TB, ownerDSN string, c tenant.Credential) *store.Stor
 	return s
 }
 
+// Exec runs q on conn, one or more statements as a migration file holds
+// them, failing the test on an error.
+func Exec(t testing.TB, conn *pgx.Conn, q string) {
+	t.Helper()
+	if err := conn.PgConn().Exec(context.Background(), q).Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // RawConn is a plain connection for statements the Store never sends,
 // usable through PgBouncer's transaction pooling.
 func RawConn(t testing.TB, dsn string) *pgx.Conn {
