@@ -94,7 +94,8 @@ SELECT pg_is_in_recovery(),
                  WHERE sync_state IN ('sync', 'quorum') AND state = 'streaming'), ''),
        (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum') AND state = 'streaming'),
        current_setting('lc_messages'),
-       current_setting('client_connection_check_interval')`
+       current_setting('client_connection_check_interval'),
+       current_setting('default_transaction_isolation')`
 
 // qRoleSettings lists the defaults, for this role or every role, in this
 // database or every database, that weaken a commit: the checking session's
@@ -138,11 +139,11 @@ func (s checker) database(ctx context.Context, opts Options) ([]Finding, error) 
 	var (
 		inRecovery, readOnly                         bool
 		syncCommit, syncNames, version, syncStandbys string
-		lcMessages, checkInterval                    string
+		lcMessages, checkInterval, isolation         string
 		senders, hidden, streaming                   int64
 	)
 	err := s.h.Pool.QueryRow(ctx, qTopology).Scan(&inRecovery, &readOnly, &syncCommit, &syncNames, &version,
-		&senders, &hidden, &syncStandbys, &streaming, &lcMessages, &checkInterval)
+		&senders, &hidden, &syncStandbys, &streaming, &lcMessages, &checkInterval, &isolation)
 	if err != nil {
 		return nil, s.h.Classify("checking the database", err)
 	}
@@ -227,6 +228,10 @@ func (s checker) database(ctx context.Context, opts Options) ([]Finding, error) 
 	if !englishMessages.MatchString(lcMessages) {
 		add("lc_messages", StatusWarn, "ALTER ROLE <dislock's role> SET lc_messages = 'C' (as a superuser)",
 			"lc_messages = %q: only under C or POSIX are PostgreSQL's messages surely English, and dislock tells the warning that a commit's wait for the standby was cut short from harmless ones only in English; any warning during a lock write makes it retry", lcMessages)
+	}
+	if isolation != "read committed" && isolation != "read uncommitted" { // PostgreSQL runs the latter as read committed
+		add("isolation", StatusFail, "ALTER ROLE <dislock's role> RESET default_transaction_isolation (or ALTER DATABASE …, or postgresql.conf)",
+			"default_transaction_isolation = %s: a claim or lease grant that starts a run is made at read committed only, where a pause can undo one that waited for its row; at this level it is refused and the pod decides error (through a lock gateway with this role, every pod)", isolation)
 	}
 	if checkInterval == "0" {
 		add("client_connection_check_interval", StatusWarn, "ALTER ROLE <dislock's role> SET client_connection_check_interval = '2s'",

@@ -134,8 +134,9 @@ func TestTheProbeDuringAHerdKeepsTokensGrowing(t *testing.T) {
 
 // A tenant role whose sessions default to repeatable read would claim and
 // take leases at one snapshot per call, where a pause could not undo what
-// waited for its row: the agent's calls refuse to run, and dislock check
-// fails naming the setting and the fix.
+// waited for its row: the agent's calls refuse to start a run, and dislock
+// check fails the probe and the setting, naming the fix (the isolation
+// finding is every URL's, a lock gateway's owner role's too).
 func TestTheProbeFailsForARoleThatDefaultsAboveReadCommitted(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
@@ -147,6 +148,8 @@ func TestTheProbeFailsForARoleThatDefaultsAboveReadCommitted(t *testing.T) {
 		}
 		rep := check.URL(ctx, storetest.TenantDSN(t, dsn, c), check.Options{AllowAsync: true})
 		wantFinding(t, rep, "privileges", check.StatusFail, []string{"isolation level repeatable read", "read committed"},
+			[]string{"RESET default_transaction_isolation"})
+		wantFinding(t, rep, "isolation", check.StatusFail, []string{"default_transaction_isolation = repeatable read"},
 			[]string{"RESET default_transaction_isolation"})
 	})
 }

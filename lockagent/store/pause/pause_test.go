@@ -3,6 +3,7 @@ package pause_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -399,47 +400,74 @@ func TestAPauseOfInfiniteTimeIsRefused(t *testing.T) {
 
 // A session at a stricter isolation level than read committed reads one
 // snapshot for the whole call, and could not undo a claim or grant that
-// waited while a pause committed: its claims and leases are refused with
-// the setting named.
-func TestAClaimOrLeaseAskedForAboveReadCommittedIsRefusedNamingTheSetting(t *testing.T) {
+// waited while a pause committed: what would start a run is refused with
+// the setting named, and undone. A run going (its pod re-entering its
+// claim and lease) and the refusals are answered as ever.
+func TestAClaimOrLeaseStartsNoRunAboveReadCommittedButARunGoingReenters(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		storetest.Open(t, dsn, 1) // migrated
+		s := storetest.Open(t, dsn, 1)
 		conn := storetest.RawConn(t, dsn)
-		key := storetest.UniqueKey(t)
 		o := storetest.Owner("dc-a", "job-a", "pod-a")
-		calls := map[string]func(tx pgx.Tx) error{
-			"claim": func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, store.ClaimWindowSQL, key, storetest.WindowAt(0), store.NotIndexed, o.WindowOwner(), o.Cluster, o.Pod,
-					int64(60e6), o.JobPrefix(), false, nil, int64(60e6), int64(60e6), nil)
-				return err
+		other := storetest.Owner("dc-b", "job-b", "pod-b")
+		calls := map[string]func(tx pgx.Tx, key string, o store.Owner) (string, error){
+			"claim": func(tx pgx.Tx, key string, o store.Owner) (string, error) {
+				return column(tx.Query(ctx, store.ClaimWindowSQL, key, storetest.WindowAt(0), store.NotIndexed, o.WindowOwner(), o.Cluster, o.Pod,
+					int64(60e6), o.JobPrefix(), false, nil, int64(60e6), int64(60e6), nil))(12)
 			},
-			"lease": func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, store.AcquireLeaseSQL, key, o.LeaseOwner(), int64(60e6))
-				return err
+			"lease": func(tx pgx.Tx, key string, o store.Owner) (string, error) {
+				return column(tx.Query(ctx, store.AcquireLeaseSQL, key, o.LeaseOwner(), int64(60e6)))(5)
 			},
 		}
-		for name, call := range calls {
-			for _, level := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
-				tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: level})
-				if err != nil {
-					t.Fatal(err)
-				}
-				err = call(tx)
-				tx.Rollback(ctx) //nolint:errcheck // nothing was written
-				if err == nil || !strings.Contains(err.Error(), "isolation level "+string(level)) || !strings.Contains(err.Error(), "read committed") {
-					t.Fatalf("a %s at %s: %v, want a refusal naming the isolation level", name, level, err)
-				}
-			}
-			tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		at := func(level pgx.TxIsoLevel, call func(tx pgx.Tx, key string, o store.Owner) (string, error), key string, o store.Owner) (string, error) {
+			tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: level})
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = call(tx)
-			tx.Rollback(ctx) //nolint:errcheck // only tried
-			if err != nil {
-				t.Fatalf("a %s at read committed: %v", name, err)
+			defer tx.Rollback(ctx) //nolint:errcheck // only tried
+			return call(tx, key, o)
+		}
+		for name, call := range calls {
+			key := storetest.UniqueKey(t) + "-" + name
+			for _, level := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+				outcome, err := at(level, call, key, o)
+				if err == nil || !strings.Contains(err.Error(), "isolation level "+string(level)) || !strings.Contains(err.Error(), "read committed") {
+					t.Fatalf("a fresh %s at %s: %q, %v; want a refusal naming the isolation level", name, level, outcome, err)
+				}
+			}
+			// Held at read committed (by the Store), then asked for again.
+			if name == "claim" {
+				storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, time.Minute, store.Claimed)
+			} else if _, err := s.AcquireLease(ctx, key, o, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			for _, level := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.ReadUncommitted, pgx.ReadCommitted} {
+				if outcome, err := at(level, call, key, o); err != nil || outcome != "reentered" {
+					t.Fatalf("the holder's %s again at %s: %q, %v; want reentered", name, level, outcome, err)
+				}
+				if outcome, err := at(level, call, key, other); err != nil || (outcome != "refused" && outcome != "held") {
+					t.Fatalf("another's %s at %s: %q, %v; want a refusal", name, level, outcome, err)
+				}
 			}
 		}
 	})
+}
+
+// column reads column i (the outcome) of a statement's one row as text.
+func column(rows pgx.Rows, err error) func(i int) (string, error) {
+	return func(i int) (string, error) {
+		if err != nil {
+			return "", err
+		}
+		defer rows.Close()
+		if !rows.Next() {
+			return "", fmt.Errorf("no row (%v)", rows.Err())
+		}
+		vals, err := rows.Values()
+		if err != nil {
+			return "", err
+		}
+		outcome, _ := vals[i].(string)
+		return outcome, nil
+	}
 }

@@ -23,25 +23,26 @@
 -- pause_holding, which every claim calls, becomes PL/pgSQL, so that its
 -- plan is kept per server connection (see below). Both undos need each
 -- statement of the call to see what committed before it began:
--- acquire_lease and claim_unless_paused refuse to run above read
+-- acquire_lease and claim_unless_paused refuse to start a run above read
 -- committed.
 --
 -- Older agents keep their statements, against the same rows, under the
 -- same rule (hence compatible-from 7).
 
 -- require_read_committed raises unless the transaction runs at read
--- committed. The decision functions need each of their statements to see
--- what committed before it began: the recheck of a pause after a claim or
--- grant that waited for its row, and the row read again after a refusal
--- under the row lock. A session defaulting to a stricter isolation
+-- committed. A claim or grant that starts a run needs each statement of its
+-- call to see what committed before it began: the recheck of a pause after
+-- it waited for its row. A session defaulting to a stricter isolation
 -- (default_transaction_isolation on the agents' role or database) would
 -- read one snapshot throughout, and keep a claim or grant a pause should
--- have undone.
+-- have undone. Raised after the claim or grant, it undoes it; refusals and
+-- re-entries (a run going) need no recheck, and are answered at any level.
 CREATE OR REPLACE FUNCTION dislock.require_read_committed(p_what text) RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
+    -- PostgreSQL runs read uncommitted as read committed.
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_transaction_state',
             MESSAGE = format('dislock: %s asked for at isolation level %s: dislock decides at read committed',
                              p_what, current_setting('transaction_isolation')),
@@ -64,7 +65,6 @@ DECLARE
     p record;
 BEGIN
     PERFORM dislock.require_scope(p_key, 'acquire the lease');
-    PERFORM dislock.require_read_committed(format('lease %s', p_key));
     db_now := now();
     -- The row is read first: another's live lease (the common answer at
     -- the top of the hour, another cluster's pod was first) is refused
@@ -102,6 +102,7 @@ BEGIN
                 -- is undone. This statement sees what committed until it
                 -- began.
                 IF outcome = 'granted' THEN
+                    PERFORM dislock.require_read_committed(format('lease %s', p_key));
                     SELECT h.paused_by, h.reason, h.until INTO p FROM dislock.pause_holding(pause_key, NULL) h;
                     IF FOUND THEN
                         RAISE EXCEPTION USING ERRCODE = 'DL004',
@@ -158,9 +159,9 @@ $$;
 REVOKE ALL ON FUNCTION dislock.pause_holding(text, timestamptz) FROM PUBLIC, dislock_tenant;
 
 -- claim_unless_paused (migration 16), what this release's agents claim
--- with, refuses to run above read committed too (see
+-- with, undoes a claim that starts a run above read committed too (see
 -- require_read_committed): its undo of a claim that waited while the key
--- was paused needs it.
+-- was paused needs read committed.
 CREATE OR REPLACE FUNCTION dislock.claim_unless_paused(
     p_key text, p_window timestamptz, p_index int, p_owner text, p_cluster text, p_pod text,
     p_ttl_us bigint, p_job_prefix text, p_standby boolean,
@@ -173,12 +174,13 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     c record;
 BEGIN
-    PERFORM dislock.require_read_committed(format('window %s of %s', p_window, p_key));
     SELECT * INTO c FROM dislock.claim_window(p_key, p_window, p_index, p_owner, p_cluster, p_pod,
         p_ttl_us, p_job_prefix, p_standby, p_view, p_view_recency_us, p_view_refresh_us, p_max_late_us);
     w := c.w; outcome := c.outcome; db_now := c.db_now;
     other_clusters := c.other_clusters; other_views := c.other_views; other_seen := c.other_seen;
-    IF outcome = 'paused' THEN
+    IF outcome IN ('claimed', 'took-over') THEN
+        PERFORM dislock.require_read_committed(format('window %s of %s', p_window, p_key));
+    ELSIF outcome = 'paused' THEN
         SELECT h.paused_by, h.reason, h.until INTO paused_by, pause_reason, paused_until
             FROM dislock.pause_holding(p_key, p_window) h;
     END IF;
