@@ -76,6 +76,10 @@ func (s *Store) classify(op string, err error) error {
 			return fmt.Errorf("%s: %w (%w): %s", op, ErrTokensHeld, ErrUnavailable, pgErr.Message)
 		case sqlstateTokensExhausted:
 			return fmt.Errorf("%s: %w: %s (%s)", op, ErrTokensExhausted, pgErr.Message, pgErr.Hint)
+		case sqlstateAboveReadCommitted:
+			// The fix is the operator's: say it where the pod says why it
+			// decided error.
+			return fmt.Errorf("%s: %s (%s)", op, pgErr.Message, pgErr.Hint)
 		case sqlstateUndefinedFunction:
 			if strings.Contains(pgErr.Message, "dislock.") {
 				// This dislock is newer than the schema: the webhook of
@@ -95,6 +99,11 @@ const sqlstateShapesDisagree = "DL001"
 // sqlstatePausedMeanwhile is raised by claim_window (migration 16) when the
 // key was paused while the claim waited for its row: the claim is undone.
 const sqlstatePausedMeanwhile = "DL004"
+
+// sqlstateAboveReadCommitted (invalid_transaction_state) is raised by
+// require_read_committed (migration 17): a claim or lease grant that would
+// start a run at a stricter isolation level than read committed.
+const sqlstateAboveReadCommitted = "25000"
 
 // sqlstateUndefinedFunction: a function the statement calls does not exist.
 const sqlstateUndefinedFunction = "42883"

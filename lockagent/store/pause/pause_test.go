@@ -453,6 +453,29 @@ func TestAClaimOrLeaseStartsNoRunAboveReadCommittedButARunGoingReenters(t *testi
 	})
 }
 
+// A pod whose role defaults above read committed learns why it cannot
+// start a run, and the fix, from its Store.
+func TestAStoreAboveReadCommittedSaysHowToFixIt(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		owner := storetest.Open(t, dsn, 1)
+		ns := storetest.Namespace(t, "isofix")
+		c := storetest.Provision(t, owner, ns)
+		if _, err := owner.Handle().Pool.Exec(ctx, "ALTER ROLE "+pgx.Identifier{c.Role}.Sanitize()+" SET default_transaction_isolation = 'serializable'"); err != nil {
+			t.Fatal(err)
+		}
+		a := storetest.TenantStore(t, dsn, c)
+		_, err := claimAs(t, a, ns+"/report", storetest.WindowAt(0), tenantOwner("dc-a", ns, "report-1", "report-1-a"), store.NotIndexed)
+		if err == nil || !strings.Contains(err.Error(), "isolation level serializable") || !strings.Contains(err.Error(), "RESET default_transaction_isolation") {
+			t.Fatalf("a claim as a role defaulting to serializable: %v, want the level and the fix", err)
+		}
+		_, err = a.AcquireLease(ctx, ns+"/report", tenantOwner("dc-a", ns, "report-1", "report-1-a"), ttl)
+		if err == nil || !strings.Contains(err.Error(), "RESET default_transaction_isolation") {
+			t.Fatalf("a lease as a role defaulting to serializable: %v, want the fix", err)
+		}
+	})
+}
+
 // column reads column i (the outcome) of a statement's one row as text.
 func column(rows pgx.Rows, err error) func(i int) (string, error) {
 	return func(i int) (string, error) {
