@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/check"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
@@ -142,10 +140,7 @@ func TestTheProbeFailsForARoleThatDefaultsAboveReadCommitted(t *testing.T) {
 		ctx := context.Background()
 		owner := storetest.Open(t, dsn, 2)
 		ns := storetest.Namespace(t, "iso")
-		c := storetest.Provision(t, owner, ns)
-		if _, err := owner.Handle().Pool.Exec(ctx, "ALTER ROLE "+pgx.Identifier{c.Role}.Sanitize()+" SET default_transaction_isolation = 'repeatable read'"); err != nil {
-			t.Fatal(err)
-		}
+		c := storetest.ProvisionDefaulting(t, owner, ns, "repeatable read")
 		rep := check.URL(ctx, storetest.TenantDSN(t, dsn, c), check.Options{AllowAsync: true})
 		wantFinding(t, rep, "privileges", check.StatusFail, []string{"isolation level repeatable read", "read committed"},
 			[]string{"RESET default_transaction_isolation"})

@@ -460,10 +460,7 @@ func TestAStoreAboveReadCommittedSaysHowToFixIt(t *testing.T) {
 		ctx := context.Background()
 		owner := storetest.Open(t, dsn, 1)
 		ns := storetest.Namespace(t, "isofix")
-		c := storetest.Provision(t, owner, ns)
-		if _, err := owner.Handle().Pool.Exec(ctx, "ALTER ROLE "+pgx.Identifier{c.Role}.Sanitize()+" SET default_transaction_isolation = 'serializable'"); err != nil {
-			t.Fatal(err)
-		}
+		c := storetest.ProvisionDefaulting(t, owner, ns, "serializable")
 		a := storetest.TenantStore(t, dsn, c)
 		_, err := claimAs(t, a, ns+"/report", storetest.WindowAt(0), tenantOwner("dc-a", ns, "report-1", "report-1-a"), store.NotIndexed)
 		if err == nil || !strings.Contains(err.Error(), "isolation level serializable") || !strings.Contains(err.Error(), "RESET default_transaction_isolation") {

@@ -143,6 +143,19 @@ func TenantStore(t testing.TB, ownerDSN string, c tenant.Credential) *store.Stor
 	return s
 }
 
+// ProvisionDefaulting provisions namespace ns's tenant role, as Provision
+// does, with its sessions defaulting to isolation level (a
+// default_transaction_isolation), as an operator's ALTER ROLE would.
+func ProvisionDefaulting(t testing.TB, owner *store.Store, ns, level string) tenant.Credential {
+	t.Helper()
+	c := Provision(t, owner, ns)
+	if _, err := owner.Handle().Pool.Exec(context.Background(),
+		"ALTER ROLE "+pgx.Identifier{c.Role}.Sanitize()+" SET default_transaction_isolation = '"+strings.ReplaceAll(level, "'", "''")+"'"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // Exec runs q on conn, one or more statements as a migration file holds
 // them, failing the test on an error.
 func Exec(t testing.TB, conn *pgx.Conn, q string) {
