@@ -50,7 +50,7 @@ func TestARunWhoseDeadlineWasUsedUpWaitingRenewsBeforeItRuns(t *testing.T) {
 		}
 		claimed = w.ClaimedAt
 		var n int
-		err = s.Handle().Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%dislock.leases%'
+		err = s.Handle().Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%dislock.acquire_lease(%'
 			AND query NOT LIKE '%pg_stat_activity%'`).Scan(&n)
 		return err == nil && n > 0
 	})
