@@ -199,14 +199,17 @@ func (j job) start(t *testing.T, p podSpec) *pod {
 	t.Helper()
 	po := j.sidecar(t, p)
 	po.startWrapper()
+	// By the log line, not the decision file: the agent writes the
+	// decision file, then the termination message, then logs; a test that
+	// reads the termination message after start must find it written.
 	await(t, "the agent's first step (a decision, or waiting)", 60*time.Second, func() bool {
 		select {
 		case <-po.agentDone:
 			return true
 		default:
 		}
-		_, decided := decisionOf(po)
-		return decided || strings.Contains(po.agentLog.String(), `"msg":"waiting: `)
+		log := po.agentLog.String()
+		return strings.Contains(log, `"msg":"decision"`) || strings.Contains(log, `"msg":"waiting: `)
 	})
 	return po
 }

@@ -138,9 +138,11 @@ func TestAWinnerWhoseAppNeverStartsGivesTheWindowUp(t *testing.T) {
 				if code := b.finish(); code != 0 || b.decision().Action != protocol.ActionRun {
 					t.Fatalf("dc-b: exit %d, decision %+v\n%s", code, b.decision(), a.agentLog)
 				}
-				if msg := a.terminationMessage(); !strings.Contains(msg, "app-start timeout") {
-					t.Fatalf("dc-a's termination message %q", msg)
-				}
+				// dc-a writes its message after the give-up's database
+				// writes, which are what let dc-b run.
+				await(t, "dc-a's termination message to name the app-start timeout", 10*time.Second, func() bool {
+					return strings.Contains(a.terminationMessage(), "app-start timeout")
+				})
 				// The image finally arrives: the app must not start now.
 				a.startWrapper()
 				if code := a.finish(); code != 75 {
