@@ -224,11 +224,14 @@ func (a *agent) allSucceeded() bool {
 	return true
 }
 
-// revoke tells the wrappers to stop the app now.
+// revoke tells the wrappers to stop the app now: the file first, then the
+// log line, so that the app's stop waits for nothing and whoever read the
+// line finds the file.
 func (a *agent) revoke(reason string) {
 	a.revoked = true
+	err := a.dir.Revoke(reason)
 	a.log.Error("lease lost: stopping the app", "key", a.cfg.Key, "window", formatWindow(a.window), "reason", reason)
-	if err := a.dir.Revoke(reason); err != nil {
+	if err != nil {
 		a.log.Error("writing revoked failed; the wrappers still enforce the deadline", "err", err)
 	}
 }
