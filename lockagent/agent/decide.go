@@ -180,8 +180,7 @@ func (a *agent) yieldToPreferred(ctx context.Context, now time.Time) error {
 	left += rand.N(min(c.PreferGrace/10, preferSpread) + 1)
 	why := fmt.Sprintf("cluster %s is preferred for this job: this cluster claims window %s%s only from %s, its start + prefer-grace %s, by database time",
 		c.PreferCluster, formatWindow(a.window), a.indexSuffix(), from.Format(time.RFC3339), c.PreferGrace)
-	a.terminate(contract.Termination{Outcome: contract.OutcomeError, Message: "waiting: " + why})
-	a.log.Info("waiting: "+why, "key", c.Key, "for", left.Round(time.Millisecond).String())
+	a.sayWaiting(why, "for", left.Round(time.Millisecond).String())
 	return sleep(ctx, left)
 }
 
@@ -458,13 +457,19 @@ func (a *agent) awaitOwnerChange(ctx context.Context, owner store.Window) (time.
 	}
 }
 
-// waiting reports that the pod waits: a termination message in case the
-// sidecar is stopped or restarted before it decides, then a log line. In
-// that order, so that whoever read the line finds the message written.
+// waiting reports that the pod waits (sayWaiting) and leaves it in the
+// ledger.
 func (a *agent) waiting(why string, attrs ...any) {
+	a.sayWaiting(why, attrs...)
+	a.ledger(store.ActionWait, why, 0, 0)
+}
+
+// sayWaiting leaves a termination message in case the sidecar is stopped or
+// restarted before it decides, then logs the wait. In that order, so that
+// whoever read the line finds the message written.
+func (a *agent) sayWaiting(why string, attrs ...any) {
 	a.terminate(contract.Termination{Outcome: contract.OutcomeError, Message: "waiting: " + why})
 	a.log.Info("waiting: "+why, append([]any{"key", a.cfg.Key}, attrs...)...)
-	a.ledger(store.ActionWait, why, 0, 0)
 }
 
 // acquireLease takes the lease. Another Job's live lease means an earlier run
