@@ -54,6 +54,90 @@ func TestALedgerWriteKeepsItsBoundsAndItsCommitSetting(t *testing.T) {
 	})
 }
 
+// A skip (or a wait) of a window says its key was decided then, and no
+// more: it marks the key's statistics only when they say the key was last
+// decided before the window began, and never queues for them behind
+// another session. A window skipped everywhere, its key paused, is still
+// marked (the missed-window detection would take the key for silent
+// otherwise); at the top of the hour the other clusters' skips neither
+// write the row again nor wait for its lock, and their own rows and counts
+// are recorded all the same.
+func TestTheSkipsOfAWindowMarkItsKeyOnceWithoutQueueing(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		s := storetest.Open(t, dsn, 1)
+		su := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
+		key := storetest.UniqueKey(t)
+		now, err := s.Now(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := now.Add(-time.Minute).Truncate(time.Minute)
+		skip := func(cluster string) {
+			t.Helper()
+			d := store.Decision{Key: key, Window: w, Index: store.NotIndexed, Cluster: cluster, Job: "j", Pod: "p-" + cluster,
+				Action: store.ActionSkip, Reason: "the key is paused"}
+			// While another session holds the row, a write that waited
+			// for it would end at its lock timeout, in an error.
+			if err := s.RecordDecision(ctx, d); err != nil {
+				t.Fatalf("recording %s's skip: %v", cluster, err)
+			}
+		}
+		// The row as it is: when it says the key was last decided, and
+		// the version of it (a write makes a new one).
+		row := func() (last time.Time, version string) {
+			t.Helper()
+			if err := su.QueryRow(ctx, "SELECT last_decided, xmin::text FROM dislock.key_stats WHERE lock_key = $1", key).Scan(&last, &version); err != nil {
+				t.Fatal(err)
+			}
+			return last, version
+		}
+		lastDecidedBefore := func() {
+			t.Helper()
+			if _, err := su.Exec(ctx, "UPDATE dislock.key_stats SET last_decided = now() - interval '1 hour' WHERE lock_key = $1", key); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		skip("dc-a") // the key's first decision makes its row
+		lastDecidedBefore()
+		skip("dc-b")
+		if last, _ := row(); last.Before(w) {
+			t.Fatalf("after a skip of window %s the key was last decided at %s: a window skipped everywhere counts as not seen", w, last)
+		}
+		_, marked := row()
+		skip("dc-c")
+		if _, v := row(); v != marked {
+			t.Fatalf("a second skip of window %s wrote the key's statistics again (version %s → %s)", w, marked, v)
+		}
+
+		lastDecidedBefore()
+		tx, err := su.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM dislock.key_stats WHERE lock_key = $1 FOR UPDATE", key); err != nil {
+			t.Fatal(err)
+		}
+		skip("dc-b")
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		skip("dc-c")
+		if last, _ := row(); last.Before(w) {
+			t.Fatalf("a skip of window %s after the lock was released left the key last decided at %s", w, last)
+		}
+		var rows, counted int64
+		if err := su.QueryRow(ctx, `SELECT (SELECT count(*) FROM dislock.decisions WHERE lock_key = $1 AND action = 'skip'),
+			(SELECT coalesce(sum(n), 0) FROM dislock.decision_counts WHERE lock_key = $1 AND action = 'skip')`, key).Scan(&rows, &counted); err != nil {
+			t.Fatal(err)
+		}
+		if rows != 5 || counted != 5 {
+			t.Fatalf("5 skips recorded: %d ledger rows and %d counted, want 5 and 5", rows, counted)
+		}
+	})
+}
+
 // The ledger's and the views' transactions turn synchronous_commit off for
 // themselves. Through PgBouncer's transaction pooling the next transaction
 // on the same server connection is another client's lock write: had the
