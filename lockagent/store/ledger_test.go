@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dislock/dislock/lockagent/store"
 	"github.com/dislock/dislock/lockagent/store/internal/storetest"
 	"github.com/dislock/dislock/test/pgtest"
@@ -135,6 +137,124 @@ func TestTheSkipsOfAWindowMarkItsKeyOnceWithoutQueueing(t *testing.T) {
 		if rows != 5 || counted != 5 {
 			t.Fatalf("5 skips recorded: %d ledger rows and %d counted, want 5 and 5", rows, counted)
 		}
+	})
+}
+
+// A skip of a key whose statistics row was last decided long ago waits for
+// the row instead of passing it by: it may be the retention's, being
+// deleted (the retention takes keys idle for 48 hours or more), and the
+// skip makes it again, so that its key keeps its statistics and its
+// counts stay reachable by the retention.
+func TestASkipRemakesTheStatisticsTheRetentionIsDeleting(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		s := storetest.Open(t, dsn, 1)
+		su := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
+		key := storetest.UniqueKey(t)
+		now, err := s.Now(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := now.Add(-time.Minute).Truncate(time.Minute)
+		d := store.Decision{Key: key, Window: w, Index: store.NotIndexed, Cluster: "dc-a", Job: "j", Pod: "p", Action: store.ActionSkip}
+		if err := s.RecordDecision(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := su.Exec(ctx, "UPDATE dislock.key_stats SET last_decided = now() - interval '3 days' WHERE lock_key = $1", key); err != nil {
+			t.Fatal(err)
+		}
+		retention := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
+		tx, err := retention.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, "DELETE FROM dislock.key_stats WHERE lock_key = $1", key); err != nil {
+			t.Fatal(err)
+		}
+		// The skip, without the agent's lock timeout, so that it waits as
+		// long as the deletion takes.
+		skipper := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
+		skipped := make(chan error, 1)
+		go func() {
+			_, err := skipper.Exec(ctx, store.RecordDecisionSQL, key, w, store.NotIndexed,
+				"dc-b", "j", "p-b", string(store.ActionSkip), "skipped", int64(0), nil, store.DurationBuckets)
+			skipped <- err
+		}()
+		awaitLockWait(t, su, skipper.PgConn().PID(), "the skip waiting for the row the retention deletes")
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-skipped; err != nil {
+			t.Fatalf("the skip: %v", err)
+		}
+		var last time.Time
+		if err := su.QueryRow(ctx, "SELECT last_decided FROM dislock.key_stats WHERE lock_key = $1", key).Scan(&last); err != nil {
+			t.Fatalf("the key's statistics after a skip met the retention's deletion: %v", err)
+		}
+		if last.Before(w) {
+			t.Fatalf("the remade statistics say the key was last decided at %s, before window %s", last, w)
+		}
+	})
+}
+
+// A ledger write locks its key's statistics before its (key, cluster,
+// action) count, the order in which every older agent's write locks them:
+// in the other order an older and a newer agent writing the same key at
+// once could each hold what the other waits for, and both rows be lost at
+// their lock timeouts.
+func TestALedgerWriteLocksTheKeysStatisticsBeforeItsCount(t *testing.T) {
+	storetest.EachTarget(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		s := storetest.Open(t, dsn, 1)
+		su := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
+		key := storetest.UniqueKey(t)
+		d := store.Decision{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, Cluster: "dc-a", Job: "j", Pod: "p", Action: store.ActionRun}
+		if err := s.RecordDecision(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+		holder := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
+		tx, err := holder.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM dislock.decision_counts WHERE lock_key = $1 FOR UPDATE", key); err != nil {
+			t.Fatal(err)
+		}
+		writer := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
+		wrote := make(chan error, 1)
+		go func() {
+			_, err := writer.Exec(ctx, store.RecordDecisionSQL, key, storetest.WindowAt(1), store.NotIndexed,
+				"dc-a", "j", "p", string(store.ActionRun), "claimed", int64(1), nil, store.DurationBuckets)
+			wrote <- err
+		}()
+		awaitLockWait(t, su, writer.PgConn().PID(), "the write waiting for its count")
+		probe, err := su.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = probe.Exec(ctx, "SELECT 1 FROM dislock.key_stats WHERE lock_key = $1 FOR UPDATE NOWAIT", key)
+		_ = probe.Rollback(ctx)
+		if err == nil {
+			t.Fatal("a ledger write waiting for its count had not locked its key's statistics: it takes the two locks in the other order than older agents")
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-wrote; err != nil {
+			t.Fatalf("the write, once the count was free: %v", err)
+		}
+	})
+}
+
+// awaitLockWait waits until backend pid waits for a lock.
+func awaitLockWait(t *testing.T, conn *pgx.Conn, pid uint32, what string) {
+	t.Helper()
+	storetest.AwaitCond(t, what, func() bool {
+		var waiting bool
+		err := conn.QueryRow(context.Background(), "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1", int64(pid)).Scan(&waiting)
+		return err == nil && waiting
 	})
 }
 
