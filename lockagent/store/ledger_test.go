@@ -66,72 +66,51 @@ func TestALedgerWriteKeepsItsBoundsAndItsCommitSetting(t *testing.T) {
 // are recorded all the same.
 func TestTheSkipsOfAWindowMarkItsKeyOnceWithoutQueueing(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
-		ctx := context.Background()
-		s := storetest.Open(t, dsn, 1)
-		su := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
-		key := storetest.UniqueKey(t)
-		now, err := s.Now(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w := now.Add(-time.Minute).Truncate(time.Minute)
+		f := newLedgerFixture(t, dsn, store.ActionSkip)
 		skip := func(cluster string) {
 			t.Helper()
-			d := store.Decision{Key: key, Window: w, Index: store.NotIndexed, Cluster: cluster, Job: "j", Pod: "p-" + cluster,
-				Action: store.ActionSkip, Reason: "the key is paused"}
 			// While another session holds the row, a write that waited
 			// for it would end at its lock timeout, in an error.
-			if err := s.RecordDecision(ctx, d); err != nil {
+			if err := f.s.RecordDecision(f.ctx, f.decision(cluster, store.ActionSkip)); err != nil {
 				t.Fatalf("recording %s's skip: %v", cluster, err)
 			}
 		}
-		// The row as it is: when it says the key was last decided, and
-		// the version of it (a write makes a new one).
-		row := func() (last time.Time, version string) {
+		// The row's version: a write makes a new one.
+		version := func() string {
 			t.Helper()
-			if err := su.QueryRow(ctx, "SELECT last_decided, xmin::text FROM dislock.key_stats WHERE lock_key = $1", key).Scan(&last, &version); err != nil {
+			var v string
+			if err := f.su.QueryRow(f.ctx, "SELECT xmin::text FROM dislock.key_stats WHERE lock_key = $1", f.key).Scan(&v); err != nil {
 				t.Fatal(err)
 			}
-			return last, version
-		}
-		lastDecidedBefore := func() {
-			t.Helper()
-			if _, err := su.Exec(ctx, "UPDATE dislock.key_stats SET last_decided = now() - interval '1 hour' WHERE lock_key = $1", key); err != nil {
-				t.Fatal(err)
-			}
+			return v
 		}
 
-		skip("dc-a") // the key's first decision makes its row
-		lastDecidedBefore()
+		f.lastDecidedAgo(t, "1 hour")
 		skip("dc-b")
-		if last, _ := row(); last.Before(w) {
-			t.Fatalf("after a skip of window %s the key was last decided at %s: a window skipped everywhere counts as not seen", w, last)
-		}
-		_, marked := row()
+		f.mustBeMarked(t, "after a skip of its window")
+		marked := version()
 		skip("dc-c")
-		if _, v := row(); v != marked {
-			t.Fatalf("a second skip of window %s wrote the key's statistics again (version %s → %s)", w, marked, v)
+		if v := version(); v != marked {
+			t.Fatalf("a second skip of window %s wrote the key's statistics again (version %s → %s)", f.w, marked, v)
 		}
 
-		lastDecidedBefore()
-		tx, err := su.Begin(ctx)
+		f.lastDecidedAgo(t, "1 hour")
+		tx, err := f.su.Begin(f.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tx.Exec(ctx, "SELECT 1 FROM dislock.key_stats WHERE lock_key = $1 FOR UPDATE", key); err != nil {
+		if _, err := tx.Exec(f.ctx, "SELECT 1 FROM dislock.key_stats WHERE lock_key = $1 FOR UPDATE", f.key); err != nil {
 			t.Fatal(err)
 		}
 		skip("dc-b")
-		if err := tx.Rollback(ctx); err != nil {
+		if err := tx.Rollback(f.ctx); err != nil {
 			t.Fatal(err)
 		}
 		skip("dc-c")
-		if last, _ := row(); last.Before(w) {
-			t.Fatalf("a skip of window %s after the lock was released left the key last decided at %s", w, last)
-		}
+		f.mustBeMarked(t, "after a skip once the lock was released")
 		var rows, counted int64
-		if err := su.QueryRow(ctx, `SELECT (SELECT count(*) FROM dislock.decisions WHERE lock_key = $1 AND action = 'skip'),
-			(SELECT coalesce(sum(n), 0) FROM dislock.decision_counts WHERE lock_key = $1 AND action = 'skip')`, key).Scan(&rows, &counted); err != nil {
+		if err := f.su.QueryRow(f.ctx, `SELECT (SELECT count(*) FROM dislock.decisions WHERE lock_key = $1 AND action = 'skip'),
+			(SELECT coalesce(sum(n), 0) FROM dislock.decision_counts WHERE lock_key = $1 AND action = 'skip')`, f.key).Scan(&rows, &counted); err != nil {
 			t.Fatal(err)
 		}
 		if rows != 5 || counted != 5 {
@@ -147,54 +126,24 @@ func TestTheSkipsOfAWindowMarkItsKeyOnceWithoutQueueing(t *testing.T) {
 // counts stay reachable by the retention.
 func TestASkipRemakesTheStatisticsTheRetentionIsDeleting(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
-		ctx := context.Background()
-		s := storetest.Open(t, dsn, 1)
-		su := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
-		key := storetest.UniqueKey(t)
-		now, err := s.Now(ctx)
+		f := newLedgerFixture(t, dsn, store.ActionSkip)
+		f.lastDecidedAgo(t, "3 days")
+		tx, err := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN()).Begin(f.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		w := now.Add(-time.Minute).Truncate(time.Minute)
-		d := store.Decision{Key: key, Window: w, Index: store.NotIndexed, Cluster: "dc-a", Job: "j", Pod: "p", Action: store.ActionSkip}
-		if err := s.RecordDecision(ctx, d); err != nil {
+		defer tx.Rollback(f.ctx)
+		if _, err := tx.Exec(f.ctx, "DELETE FROM dislock.key_stats WHERE lock_key = $1", f.key); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := su.Exec(ctx, "UPDATE dislock.key_stats SET last_decided = now() - interval '3 days' WHERE lock_key = $1", key); err != nil {
-			t.Fatal(err)
-		}
-		retention := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
-		tx, err := retention.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx)
-		if _, err := tx.Exec(ctx, "DELETE FROM dislock.key_stats WHERE lock_key = $1", key); err != nil {
-			t.Fatal(err)
-		}
-		// The skip, without the agent's lock timeout, so that it waits as
-		// long as the deletion takes.
-		skipper := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
-		skipped := make(chan error, 1)
-		go func() {
-			_, err := skipper.Exec(ctx, store.RecordDecisionSQL, key, w, store.NotIndexed,
-				"dc-b", "j", "p-b", string(store.ActionSkip), "skipped", int64(0), nil, store.DurationBuckets)
-			skipped <- err
-		}()
-		awaitLockWait(t, su, skipper.PgConn().PID(), "the skip waiting for the row the retention deletes")
-		if err := tx.Commit(ctx); err != nil {
+		skipped := f.blockedWrite(t, f.decision("dc-b", store.ActionSkip), "the skip waiting for the row the retention deletes")
+		if err := tx.Commit(f.ctx); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-skipped; err != nil {
 			t.Fatalf("the skip: %v", err)
 		}
-		var last time.Time
-		if err := su.QueryRow(ctx, "SELECT last_decided FROM dislock.key_stats WHERE lock_key = $1", key).Scan(&last); err != nil {
-			t.Fatalf("the key's statistics after a skip met the retention's deletion: %v", err)
-		}
-		if last.Before(w) {
-			t.Fatalf("the remade statistics say the key was last decided at %s, before window %s", last, w)
-		}
+		f.mustBeMarked(t, "after a skip met the retention's deletion")
 	})
 }
 
@@ -205,41 +154,26 @@ func TestASkipRemakesTheStatisticsTheRetentionIsDeleting(t *testing.T) {
 // their lock timeouts.
 func TestALedgerWriteLocksTheKeysStatisticsBeforeItsCount(t *testing.T) {
 	storetest.EachTarget(t, func(t *testing.T, dsn string) {
-		ctx := context.Background()
-		s := storetest.Open(t, dsn, 1)
-		su := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
-		key := storetest.UniqueKey(t)
-		d := store.Decision{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, Cluster: "dc-a", Job: "j", Pod: "p", Action: store.ActionRun}
-		if err := s.RecordDecision(ctx, d); err != nil {
-			t.Fatal(err)
-		}
-		holder := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
-		tx, err := holder.Begin(ctx)
+		f := newLedgerFixture(t, dsn, store.ActionRun)
+		tx, err := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN()).Begin(f.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer tx.Rollback(ctx)
-		if _, err := tx.Exec(ctx, "SELECT 1 FROM dislock.decision_counts WHERE lock_key = $1 FOR UPDATE", key); err != nil {
+		defer tx.Rollback(f.ctx)
+		if _, err := tx.Exec(f.ctx, "SELECT 1 FROM dislock.decision_counts WHERE lock_key = $1 FOR UPDATE", f.key); err != nil {
 			t.Fatal(err)
 		}
-		writer := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
-		wrote := make(chan error, 1)
-		go func() {
-			_, err := writer.Exec(ctx, store.RecordDecisionSQL, key, storetest.WindowAt(1), store.NotIndexed,
-				"dc-a", "j", "p", string(store.ActionRun), "claimed", int64(1), nil, store.DurationBuckets)
-			wrote <- err
-		}()
-		awaitLockWait(t, su, writer.PgConn().PID(), "the write waiting for its count")
-		probe, err := su.Begin(ctx)
+		wrote := f.blockedWrite(t, f.decision("dc-a", store.ActionRun), "the write waiting for its count")
+		probe, err := f.su.Begin(f.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = probe.Exec(ctx, "SELECT 1 FROM dislock.key_stats WHERE lock_key = $1 FOR UPDATE NOWAIT", key)
-		_ = probe.Rollback(ctx)
+		_, err = probe.Exec(f.ctx, "SELECT 1 FROM dislock.key_stats WHERE lock_key = $1 FOR UPDATE NOWAIT", f.key)
+		_ = probe.Rollback(f.ctx)
 		if err == nil {
 			t.Fatal("a ledger write waiting for its count had not locked its key's statistics: it takes the two locks in the other order than older agents")
 		}
-		if err := tx.Rollback(ctx); err != nil {
+		if err := tx.Rollback(f.ctx); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-wrote; err != nil {
@@ -248,14 +182,79 @@ func TestALedgerWriteLocksTheKeysStatisticsBeforeItsCount(t *testing.T) {
 	})
 }
 
-// awaitLockWait waits until backend pid waits for a lock.
-func awaitLockWait(t *testing.T, conn *pgx.Conn, pid uint32, what string) {
+// ledgerFixture is a key whose first decision (cluster dc-a's) is in the
+// ledger, for window w, which began a minute ago by the database's clock.
+type ledgerFixture struct {
+	ctx context.Context
+	s   *store.Store
+	su  *pgx.Conn // a superuser's
+	key string
+	w   time.Time
+}
+
+func newLedgerFixture(t *testing.T, dsn string, first store.Action) ledgerFixture {
 	t.Helper()
+	f := ledgerFixture{ctx: context.Background(), s: storetest.Open(t, dsn, 1),
+		su: storetest.RawConn(t, pgtest.Need(t).SuperuserDSN()), key: storetest.UniqueKey(t)}
+	now, err := f.s.Now(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.w = now.Add(-time.Minute).Truncate(time.Minute)
+	if err := f.s.RecordDecision(f.ctx, f.decision("dc-a", first)); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// decision is cluster's decision a of the key's window.
+func (f ledgerFixture) decision(cluster string, a store.Action) store.Decision {
+	return store.Decision{Key: f.key, Window: f.w, Index: store.NotIndexed, Cluster: cluster, Job: "j", Pod: "p-" + cluster,
+		Action: a, Reason: "a test's " + string(a)}
+}
+
+// lastDecidedAgo sets the key's statistics to say it was last decided ago
+// (an interval) by the database's clock.
+func (f ledgerFixture) lastDecidedAgo(t *testing.T, ago string) {
+	t.Helper()
+	if _, err := f.su.Exec(f.ctx, "UPDATE dislock.key_stats SET last_decided = now() - $2::interval WHERE lock_key = $1", f.key, ago); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mustBeMarked fails unless the key's statistics say it was decided at or
+// after its window's start.
+func (f ledgerFixture) mustBeMarked(t *testing.T, when string) {
+	t.Helper()
+	var last time.Time
+	if err := f.su.QueryRow(f.ctx, "SELECT last_decided FROM dislock.key_stats WHERE lock_key = $1", f.key).Scan(&last); err != nil {
+		t.Fatalf("the key's statistics %s: %v", when, err)
+	}
+	if last.Before(f.w) {
+		t.Fatalf("%s of window %s the key's statistics say it was last decided at %s", when, f.w, last)
+	}
+}
+
+// blockedWrite sends d's ledger write as RecordDecision does but without
+// its lock timeout (on a connection of its own, so that it waits as long
+// as it must), returns once it waits for a lock, and delivers its result
+// on the channel.
+func (f ledgerFixture) blockedWrite(t *testing.T, d store.Decision, what string) <-chan error {
+	t.Helper()
+	conn := storetest.RawConn(t, pgtest.Need(t).SuperuserDSN())
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(f.ctx, store.RecordDecisionSQL, d.Key, d.Window, d.Index, d.Cluster, d.Job, d.Pod,
+			string(d.Action), d.Reason, d.Token, nil, store.DurationBuckets)
+		done <- err
+	}()
 	storetest.AwaitCond(t, what, func() bool {
 		var waiting bool
-		err := conn.QueryRow(context.Background(), "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1", int64(pid)).Scan(&waiting)
+		err := f.su.QueryRow(f.ctx, "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1",
+			int64(conn.PgConn().PID())).Scan(&waiting)
 		return err == nil && waiting
 	})
+	return done
 }
 
 // The ledger's and the views' transactions turn synchronous_commit off for
