@@ -72,7 +72,7 @@ func (h *heldWindow) awaitWaiters(t *testing.T, n int) time.Time {
 	await(t, "claims waiting for the held row lock", 30*time.Second, func() bool {
 		var waiting int
 		err := h.watch.QueryRow(context.Background(), `SELECT count(*), coalesce(min(xact_start), now()) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%dislock.claim_unless_paused(%' AND pid <> $1`, int(h.txPID)).Scan(&waiting, &xactStart)
+			WHERE wait_event_type = 'Lock' AND query LIKE '%dislock.claim_guarded(%' AND pid <> $1`, int(h.txPID)).Scan(&waiting, &xactStart)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -54,6 +54,14 @@ var qClaimWindow = claimWindowQuery(", c.paused_by, c.pause_reason, c.paused_unt
 // 16 yet, whose claim_window knows no pause (see Store.noPauses).
 var qClaimWindowSchema15 = claimWindowQuery("")
 
+// qClaimGuarded is qClaimWindow as one call of dislock.claim_guarded
+// (migration 20), which answers the same columns in the same order, the
+// commit guard's included: nothing else in the statement for PostgreSQL
+// to parse and plan on every call. A database not migrated to schema 20
+// yet is sent qClaimWindow (see Store.noGuardedCalls).
+const qClaimGuarded = `SELECT * FROM dislock.claim_guarded($1::text, $2::timestamptz, $3::int, $4::text, $5::text, $6::text,
+    $7::bigint, $8::text, $9::boolean, $10::jsonb, $11::bigint, $12::bigint, $13::bigint)`
+
 func claimWindowQuery(pauseColumns string) string {
 	function := "dislock.claim_unless_paused"
 	if pauseColumns == "" {
@@ -95,6 +103,17 @@ const qRenew = `
 WITH r AS (SELECT * FROM dislock.renew($1::text, $2::timestamptz, $3::int, $4::bigint, $5::text, $6::bigint, $7::bigint))
 SELECT r.window_until, r.lease_until, r.db_now` + commitGuard + `
 FROM r`
+
+// qRenewGuarded is qRenew as one call of dislock.renew_guarded (migration
+// 20), which answers the same columns, the commit guard's included. A
+// database not migrated to schema 20 yet is sent qRenew (see
+// Store.noGuardedCalls).
+const qRenewGuarded = `SELECT * FROM dislock.renew_guarded($1::text, $2::timestamptz, $3::int, $4::bigint, $5::text, $6::bigint, $7::bigint)`
+
+// guardedCalls are the functions that answer the commit guard's columns
+// themselves, last (migration 20): a statement calling one is guarded as
+// one ending in commitGuard is.
+var guardedCalls = []string{"dislock.claim_guarded(", "dislock.renew_guarded("}
 
 // qRenewWindowSchema10 and qRenewLeaseSchema10 renew against schema 10
 // (see Store.renewSchema10): no row when the claim or the lease is no

@@ -58,9 +58,22 @@ func (s *Store) Renew(ctx context.Context, r Renewal) (Renewed, error) {
 	// A renewal that renewed nothing wrote nothing: its commit's
 	// durability does not matter, and the loss is what the caller must
 	// hear.
-	err := s.writeRowActing(ctx, func(row pgx.Row) error { return row.Scan(&windowUntil, &leaseUntil, &dbTime) },
-		func() bool { return windowUntil != nil || leaseUntil != nil },
-		qRenew, r.Key, window, r.Index, r.WindowToken, leaseKey, r.LeaseToken, db.Micros(r.TTL))
+	renew := func(query string) error {
+		return s.writeRowActing(ctx, func(row pgx.Row) error { return row.Scan(&windowUntil, &leaseUntil, &dbTime) },
+			func() bool { return windowUntil != nil || leaseUntil != nil },
+			query, r.Key, window, r.Index, r.WindowToken, leaseKey, r.LeaseToken, db.Micros(r.TTL))
+	}
+	var err error
+	sent := false
+	if !s.noGuardedCalls.now() {
+		err = renew(qRenewGuarded)
+		if sent = !undefinedFunction(err, "dislock.renew_guarded("); !sent {
+			s.noGuardedCalls.found() // not migrated to schema 20 yet
+		}
+	}
+	if !sent {
+		err = renew(qRenew)
+	}
 	if undefinedFunction(err, "dislock.renew(") {
 		s.schema10Renewals.Store(true)
 		return s.renewSchema10(ctx, r)

@@ -130,8 +130,11 @@ func TestRenewWorksOnASchema10Database(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Back to schema 10's functions: its claim and renewals as they were,
-	// and none of schema 11's, 16's or 17's.
+	// and none of schema 11's, 16's, 17's or 20's.
 	for _, q := range []string{
+		`DROP FUNCTION dislock.claim_guarded(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint)`,
+		`DROP FUNCTION dislock.renew_guarded(text, timestamptz, int, bigint, text, bigint, bigint)`,
+		`DROP FUNCTION dislock.commit_guard()`,
 		`DROP FUNCTION dislock.acquire_lease(text, text, bigint)`,
 		`DROP FUNCTION dislock.claim_unless_paused(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint)`,
 		`DROP FUNCTION dislock.pause_of(text)`,
@@ -290,12 +293,14 @@ func TestAStoreThatFoundNoPausesAsksAgainAfterTheMigration(t *testing.T) {
 	exec(`ALTER FUNCTION dislock.acquire_lease(text, text, bigint) RENAME TO acquire_lease_not_yet`)
 	exec(`ALTER FUNCTION dislock.pause_of(text) RENAME TO pause_of_not_yet`)
 	exec(`ALTER FUNCTION dislock.claim_unless_paused(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_unless_paused_not_yet`)
+	exec(`ALTER FUNCTION dislock.claim_guarded(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_guarded_not_yet`)
 	if _, err := s.AcquireLease(ctx, key+"-before", o, time.Minute); err != nil {
 		t.Fatalf("a lease on a database without pause_of: %v", err)
 	}
 	exec(`ALTER FUNCTION dislock.acquire_lease_not_yet(text, text, bigint) RENAME TO acquire_lease`)
 	exec(`ALTER FUNCTION dislock.pause_of_not_yet(text) RENAME TO pause_of`)
 	exec(`ALTER FUNCTION dislock.claim_unless_paused_not_yet(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_unless_paused`)
+	exec(`ALTER FUNCTION dislock.claim_guarded_not_yet(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_guarded`)
 	if _, err := pause.Set(ctx, s, pause.Request{Key: key, By: "alice"}); err != nil {
 		t.Fatal(err)
 	}
@@ -307,5 +312,62 @@ func TestAStoreThatFoundNoPausesAsksAgainAfterTheMigration(t *testing.T) {
 		n++
 		_, err := s.AcquireLease(ctx, fmt.Sprintf("%s#%d", key, n), o, time.Minute)
 		return errors.Is(err, store.ErrKeyPaused)
+	})
+}
+
+// This release's agents claim and renew with the calls of schema 20, which
+// answer the commit guard themselves, and on a database not migrated yet
+// with the statements that carry the guard: each answer is the same on
+// both, and a role setting that weakens commits makes a claim and a
+// renewal uncertain on both.
+func TestClaimsAndRenewalsAreAnsweredAlikeOnSchemas19And20(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "guarded19"})
+	storetest.Open(t, srv.DirectDSN(), 1) // migrated to this release's schema
+	su := storetest.Superuser(t, srv)
+	ctx := context.Background()
+	exec := func(q string) { t.Helper(); storetest.Exec(t, su, q) }
+	scenario := func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn, 2)
+		key := storetest.UniqueKey(t)
+		w := storetest.WindowAt(0)
+		a, b := storetest.Owner("dc-a", "job-a", "pod-a"), storetest.Owner("dc-b", "job-b", "pod-b")
+		c := storetest.MustClaim(t, s, key, w, a, false, ttl, store.Claimed)
+		if again := storetest.MustClaim(t, s, key, w, a, false, ttl, store.Reentered); again.Window.Token != c.Window.Token {
+			t.Fatalf("the re-entry's token %d, want the claim's %d", again.Window.Token, c.Window.Token)
+		}
+		storetest.MustBeTaken(t, s, key, w, b, false, a.WindowOwner())
+		renewal := store.Renewal{Key: key, Window: w, Index: store.NotIndexed, WindowToken: c.Window.Token, TTL: ttl}
+		r, err := s.Renew(ctx, renewal)
+		if err != nil || r.WindowUntil.Before(c.Window.AliveUntil) || r.DBTime.IsZero() {
+			t.Fatalf("the holder's renewal: %+v, %v (claimed alive until %s)", r, err, c.Window.AliveUntil)
+		}
+		stale := renewal
+		stale.WindowToken++
+		if _, err := s.Renew(ctx, stale); !errors.Is(err, store.ErrWindowLost) {
+			t.Fatalf("a renewal with another token: %v, want ErrWindowLost", err)
+		}
+		withRoleSetting(t, srv, su, dsn, "client_min_messages", "error", func(s *store.Store) {
+			_, err := s.ClaimWindow(ctx, store.ClaimRequest{Key: key + "-weak", Window: w, Index: store.NotIndexed, Owner: a, TTL: ttl})
+			if !errors.Is(err, store.ErrUncertainCommit) || !strings.Contains(err.Error(), "client_min_messages = error") {
+				t.Fatalf("a claim under client_min_messages = error: %v, want ErrUncertainCommit naming the setting", err)
+			}
+			if _, err := s.Renew(ctx, renewal); !errors.Is(err, store.ErrUncertainCommit) || !strings.Contains(err.Error(), "client_min_messages = error") {
+				t.Fatalf("a renewal under client_min_messages = error: %v, want ErrUncertainCommit naming the setting", err)
+			}
+		})
+	}
+	t.Run("schema20", func(t *testing.T) {
+		for _, tg := range srv.Targets() {
+			t.Run(tg.Name, func(t *testing.T) { scenario(t, tg.DSN) })
+		}
+	})
+	exec(`ALTER FUNCTION dislock.claim_guarded(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_guarded_not_yet`)
+	exec(`ALTER FUNCTION dislock.renew_guarded(text, timestamptz, int, bigint, text, bigint, bigint) RENAME TO renew_guarded_not_yet`)
+	defer exec(`ALTER FUNCTION dislock.claim_guarded_not_yet(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_guarded`)
+	defer exec(`ALTER FUNCTION dislock.renew_guarded_not_yet(text, timestamptz, int, bigint, text, bigint, bigint) RENAME TO renew_guarded`)
+	t.Run("schema19", func(t *testing.T) {
+		for _, tg := range srv.Targets() {
+			t.Run(tg.Name, func(t *testing.T) { scenario(t, tg.DSN) })
+		}
 	})
 }

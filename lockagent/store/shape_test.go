@@ -317,7 +317,7 @@ func TestARenewalThatWaitedPastTheExpiryDoesNotReviveTheOtherShapesRival(t *test
 		storetest.AwaitCond(t, "the renewal to wait on the row lock", func() bool {
 			var n int
 			err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND query LIKE '%dislock.renew(%'`).Scan(&n)
+				WHERE wait_event_type = 'Lock' AND query LIKE '%dislock.renew_guarded(%'`).Scan(&n)
 			return err == nil && n > 0
 		})
 		storetest.AwaitDBPast(t, s, g.Lease.ExpireAt)

@@ -13,7 +13,7 @@ package store
 // largest lateness in µs or NULL). It must run alone in autocommit, as the
 // Store runs it: a refusal that wrote the cluster's view relaxes
 // synchronous_commit for the rest of its transaction.
-var ClaimWindowSQL = qClaimWindow
+var ClaimWindowSQL = qClaimGuarded
 
 // AcquireLeaseSQL is the statement AcquireLease runs, with its parameters
 // $1..$3 (key, owner, TTL in µs); it answers a row whatever the outcome
@@ -26,7 +26,7 @@ const (
 	// or NULL, the lease's token or NULL, TTL in µs). The herd benchmark
 	// hands it to pgbench, so that the heartbeats' share of what the
 	// database can do is measured against this very statement.
-	RenewSQL = qRenew
+	RenewSQL = qRenewGuarded
 	// LedgerBoundsSQL and RecordDecisionSQL are what RecordDecision sends,
 	// as one pipeline: the bounds ($1 lock wait and $2 run, in ms), then
 	// the ledger row with its parameters $1..$11 (key, window or NULL,

@@ -55,6 +55,11 @@ type Store struct {
 	// asked, and has no dislock.acquire_lease; leases use schema 16's
 	// statements meanwhile.
 	noLeaseCall lacking
+	// noGuardedCalls: the database was not migrated to schema 20 when
+	// last asked, and has no dislock.claim_guarded or renew_guarded;
+	// claims and renewals send the commit guard in their statements
+	// meanwhile.
+	noGuardedCalls lacking
 }
 
 // probeInterval (a variable for the tests) is how long a Store that found
@@ -172,7 +177,7 @@ func (s *Store) writeRow(ctx context.Context, scan func(pgx.Row) error, query st
 // its own, so its commit may be relaxed (the claim's view, written on the
 // side, is advice).
 func (s *Store) writeRowActing(ctx context.Context, scan func(pgx.Row) error, acts func() bool, query string, args ...any) error {
-	if !strings.Contains(query, commitGuard) {
+	if !guarded(query) {
 		panic("lock: a write without the commit guard")
 	}
 	conn, err := s.h.Pool.Acquire(ctx)
@@ -197,6 +202,20 @@ func (s *Store) writeRowActing(ctx context.Context, scan func(pgx.Row) error, ac
 		return fmt.Errorf("%w (server warning: %q)", ErrUncertainCommit, warning)
 	}
 	return nil
+}
+
+// guarded tells whether query's answer ends with the commit guard's
+// columns: its own (commitGuard), or those of the function it calls.
+func guarded(query string) bool {
+	if strings.Contains(query, commitGuard) {
+		return true
+	}
+	for _, f := range guardedCalls {
+		if strings.Contains(query, f) {
+			return true
+		}
+	}
+	return false
 }
 
 // guardedRow scans the commit guard's columns after the caller's.

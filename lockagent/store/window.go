@@ -155,16 +155,24 @@ func (s *Store) ClaimWindow(ctx context.Context, r ClaimRequest) (Claim, error) 
 			return scanWindow(row, &c.Window, append([]any{&outcome, &c.DBTime, &clusters, &views, &seen}, dest...)...)
 		}, func() bool { return claims(outcome) }, query, args...)
 	}
+	// The newest statement the database knows, probing again after
+	// probeInterval for what it lacked: an undefined function is refused
+	// before anything runs, so the next statement may try.
 	var err error
-	old := s.noPauses.now()
-	if !old {
-		err = claim(qClaimWindow, &pause.by, &pause.reason, &pause.until)
-	}
-	if old || beforePauses(err) {
-		// A database not migrated to schema 16 yet: no pause to hear of.
-		if !old {
-			s.noPauses.found()
+	sent := false
+	if !s.noGuardedCalls.now() {
+		err = claim(qClaimGuarded, &pause.by, &pause.reason, &pause.until)
+		if sent = !undefinedFunction(err, "dislock.claim_guarded("); !sent {
+			s.noGuardedCalls.found() // not migrated to schema 20 yet
 		}
+	}
+	if !sent && !s.noPauses.now() {
+		err = claim(qClaimWindow, &pause.by, &pause.reason, &pause.until)
+		if sent = !beforePauses(err); !sent {
+			s.noPauses.found() // not migrated to schema 16 yet: no pause to hear of
+		}
+	}
+	if !sent {
 		err = claim(qClaimWindowSchema15)
 	}
 	if err != nil {

@@ -314,7 +314,7 @@ func TestCheckURLFailsATenantThatCannotRenewOrWriteItsLedger(t *testing.T) {
 		revoke, restore, missing, fix string
 	}{
 		{"REVOKE EXECUTE ON FUNCTION dislock.renew FROM ", "GRANT EXECUTE ON FUNCTION dislock.renew TO ",
-			"missing: EXECUTE on the agent's functions", "GRANT EXECUTE ON FUNCTION dislock.claim_unless_paused, dislock.claim_window, dislock.pause_of, dislock.window_takeable, dislock.acquire_lease, dislock.renew, dislock.renew_window"},
+			"missing: EXECUTE on the agent's functions", "GRANT EXECUTE ON FUNCTION dislock.claim_guarded, dislock.claim_unless_paused, dislock.claim_window, dislock.pause_of, dislock.window_takeable, dislock.acquire_lease, dislock.renew_guarded, dislock.renew, dislock.renew_window"},
 
 		{"REVOKE EXECUTE ON FUNCTION dislock.record_decision FROM ", "GRANT EXECUTE ON FUNCTION dislock.record_decision TO ",
 			"missing: EXECUTE on the agent's functions", "dislock.record_decision TO " + tenant.GroupRole},

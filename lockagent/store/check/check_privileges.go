@@ -242,7 +242,7 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
       'GRANT EXECUTE ON FUNCTION dislock.next_token(), dislock.tenant_namespace(), dislock.token_high_water() TO ` + tenant.GroupRole + `',
       (SELECT bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND p.proname IN ('next_token', 'tenant_namespace', 'token_high_water'))),
-  (9, 'EXECUTE on the agent''s functions: dislock.claim_window(), claim_unless_paused(), window_takeable(), acquire_lease(), renew(), renew_window(), renew_lease(), record_decision() and pause_of()',
+  (9, 'EXECUTE on the agent''s functions: dislock.claim_guarded(), claim_window(), claim_unless_paused(), window_takeable(), acquire_lease(), renew_guarded(), renew(), renew_window(), renew_lease(), commit_guard(), record_decision() and pause_of()',
       'GRANT EXECUTE ON FUNCTION ` + strings.Join(agentFunctions, ", ") + ` TO ` + tenant.GroupRole + `',
       (SELECT count(DISTINCT p.proname) = ` + strconv.Itoa(len(agentFunctions)) + ` AND bool_and(has_function_privilege(session_user, p.oid, 'EXECUTE')) FROM pg_proc p
        WHERE p.pronamespace = 'dislock'::regnamespace AND 'dislock.' || p.proname = ANY(ARRAY['` + strings.Join(agentFunctions, "', '") + `']))),
@@ -257,12 +257,14 @@ SELECT what, fix, coalesce(held, false) FROM (VALUES
 ) AS p(n, what, fix, held)
 ORDER BY n`
 
-// agentFunctions are the functions of migrations 10, 11, 16 and 17 agents call
-// (each name is one function): renew_window and renew_lease are the
-// renewals of agents of schema 10, still running in clusters not upgraded
-// yet.
-var agentFunctions = []string{"dislock.claim_unless_paused", "dislock.claim_window", "dislock.pause_of", "dislock.window_takeable",
-	"dislock.acquire_lease", "dislock.renew", "dislock.renew_window", "dislock.renew_lease", "dislock.record_decision"}
+// agentFunctions are the functions of migrations 10, 11, 16, 17 and 20
+// agents call (each name is one function): renew_window and renew_lease
+// are the renewals of agents of schema 10, and claim_unless_paused and
+// renew the calls of agents of schemas 16-19, still running in clusters
+// not upgraded yet.
+var agentFunctions = []string{"dislock.claim_guarded", "dislock.claim_unless_paused", "dislock.claim_window", "dislock.pause_of",
+	"dislock.window_takeable", "dislock.acquire_lease", "dislock.renew_guarded", "dislock.renew", "dislock.renew_window",
+	"dislock.renew_lease", "dislock.commit_guard", "dislock.record_decision"}
 
 // catalogRel is the OID of table dislock.<name>, looked up without a
 // privilege on the schema.
