@@ -290,9 +290,10 @@ func herdFewerNamespaces(all int) []int {
 	return ns
 }
 
-// heartbeatStatement is the heartbeat's statement up to its first
-// constant, which pg_stat_statements holds as a parameter: a prefix of
-// the statement as counted there.
+// heartbeatStatement is the heartbeat's statement as pg_stat_statements
+// counts it: up to its first constant, which it holds as a parameter (the
+// call of schema 20 has none, and is counted whole). Heartbeats sent with
+// an older schema's statement are not counted.
 func heartbeatStatement() string {
 	before, _, _ := strings.Cut(store.RenewSQL, "'")
 	return before

@@ -110,11 +110,6 @@ FROM r`
 // Store.noGuardedCalls).
 const qRenewGuarded = `SELECT * FROM dislock.renew_guarded($1::text, $2::timestamptz, $3::int, $4::bigint, $5::text, $6::bigint, $7::bigint)`
 
-// guardedCalls are the functions that answer the commit guard's columns
-// themselves, last (migration 20): a statement calling one is guarded as
-// one ending in commitGuard is.
-var guardedCalls = []string{"dislock.claim_guarded(", "dislock.renew_guarded("}
-
 // qRenewWindowSchema10 and qRenewLeaseSchema10 renew against schema 10
 // (see Store.renewSchema10): no row when the claim or the lease is no
 // longer the caller's.

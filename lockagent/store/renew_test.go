@@ -371,3 +371,43 @@ func TestClaimsAndRenewalsAreAnsweredAlikeOnSchemas19And20(t *testing.T) {
 		}
 	})
 }
+
+// A Store that found the database without schema 20's calls (a lock
+// gateway, or a webhook, living through the migration) sends the older
+// statements only a while, and the calls again once the migration is in.
+func TestAStoreThatFoundNoGuardedCallsSendsThemAfterTheMigration(t *testing.T) {
+	store.SetProbeInterval(t, 200*time.Millisecond)
+	srv := pgtest.New(t, pgtest.Options{Name: "reprobe20"})
+	s := storetest.Open(t, srv.DirectDSN(), 2)
+	su := storetest.Superuser(t, srv)
+	ctx := context.Background()
+	exec := func(q string) { t.Helper(); storetest.Exec(t, su, q) }
+	exec(`ALTER SYSTEM SET track_functions = 'pl'`)
+	exec(`SELECT pg_reload_conf()`)
+	calls := func(f string) int64 {
+		t.Helper()
+		var n int64
+		if err := su.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_user_functions WHERE schemaname = 'dislock' AND funcname = $1`, f).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	key := storetest.UniqueKey(t)
+	o := storetest.Owner("dc-a", "job-a", "pod-a")
+	exec(`ALTER FUNCTION dislock.claim_guarded(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_guarded_not_yet`)
+	exec(`ALTER FUNCTION dislock.renew_guarded(text, timestamptz, int, bigint, text, bigint, bigint) RENAME TO renew_guarded_not_yet`)
+	c := storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, ttl, store.Claimed)
+	renewal := store.Renewal{Key: key, Window: storetest.WindowAt(0), Index: store.NotIndexed, WindowToken: c.Window.Token, TTL: ttl}
+	if _, err := s.Renew(ctx, renewal); err != nil {
+		t.Fatalf("a renewal on a database without renew_guarded: %v", err)
+	}
+	exec(`ALTER FUNCTION dislock.claim_guarded_not_yet(text, timestamptz, int, text, text, text, bigint, text, boolean, jsonb, bigint, bigint, bigint) RENAME TO claim_guarded`)
+	exec(`ALTER FUNCTION dislock.renew_guarded_not_yet(text, timestamptz, int, bigint, text, bigint, bigint) RENAME TO renew_guarded`)
+	storetest.AwaitCond(t, "the Store to claim and renew with schema 20's calls", func() bool {
+		storetest.MustClaim(t, s, key, storetest.WindowAt(0), o, false, ttl, store.Reentered)
+		if _, err := s.Renew(ctx, renewal); err != nil {
+			t.Fatalf("a renewal during the migration: %v", err)
+		}
+		return calls("claim_guarded") > 0 && calls("renew_guarded") > 0
+	})
+}

@@ -285,7 +285,7 @@ func TestCheckURLNamesATenantsMissingGrant(t *testing.T) {
 				t.Fatal(err)
 			}
 			wantFinding(t, rep, "privileges", check.StatusFail, []string{"namespace " + ns, "missing: EXECUTE on the agent's functions"},
-				[]string{"GRANT EXECUTE ON FUNCTION dislock.claim_unless_paused"})
+				[]string{"GRANT EXECUTE ON FUNCTION dislock.claim_guarded, dislock.claim_unless_paused"})
 			noPassword(t, rep, c.Password)
 
 			// Without the group role, every grant is missing at once.
