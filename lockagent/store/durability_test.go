@@ -285,3 +285,51 @@ CREATE TRIGGER warn BEFORE INSERT ON dislock.windows FOR EACH ROW EXECUTE FUNCTI
 		}
 	}
 }
+
+// The commit guard is written twice, for as long as agents may meet a
+// database before schema 20: in the statements (commitGuard) and in
+// dislock.commit_guard(), which the claim and the renewal call. Both answer
+// alike for every setting that weakens a commit, in any spelling, and for
+// every setting that does not.
+func TestTheCommitGuardIsAnsweredAlikeInTheStatementAndTheCall(t *testing.T) {
+	srv := pgtest.New(t, pgtest.Options{Name: "guard-twins"})
+	storetest.Open(t, srv.DirectDSN(), 1) // migrated
+	su := storetest.Superuser(t, srv)
+	ctx := context.Background()
+	weakened := 0
+	for _, commit := range []string{"on", "off", "false", "0", "local", "remote_write", "remote_apply"} {
+		for _, messages := range []string{"notice", "warning", "error", "log", "debug1"} {
+			for _, lc := range []string{"C", "POSIX", "C.UTF-8"} {
+				tx, err := su.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for name, v := range map[string]string{"synchronous_commit": commit, "client_min_messages": messages, "lc_messages": lc} {
+					if _, err := tx.Exec(ctx, "SELECT set_config($1, $2, true)", name, v); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var one int
+				var stmtWhy, callWhy string
+				var stmtEnglish, callEnglish bool
+				if err := tx.QueryRow(ctx, store.CommitGuardSQL).Scan(&one, &stmtWhy, &stmtEnglish); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.QueryRow(ctx, "SELECT * FROM dislock.commit_guard()").Scan(&callWhy, &callEnglish); err != nil {
+					t.Fatal(err)
+				}
+				_ = tx.Rollback(ctx)
+				if stmtWhy != callWhy || stmtEnglish != callEnglish {
+					t.Errorf("synchronous_commit=%s client_min_messages=%s lc_messages=%s: the statement answers (%q, %v), the call (%q, %v)",
+						commit, messages, lc, stmtWhy, stmtEnglish, callWhy, callEnglish)
+				}
+				if callWhy != "" {
+					weakened++
+				}
+			}
+		}
+	}
+	if weakened == 0 {
+		t.Fatal("no setting weakened a commit: the comparison proves nothing")
+	}
+}

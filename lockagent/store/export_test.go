@@ -28,3 +28,7 @@ func SetProbeInterval(t interface{ Cleanup(func()) }, d time.Duration) {
 	probeInterval = d
 	t.Cleanup(func() { probeInterval = old })
 }
+
+// CommitGuardSQL is the commit guard's two columns as a statement sends
+// them, after a first column (see commitGuard).
+const CommitGuardSQL = `SELECT 1` + commitGuard
